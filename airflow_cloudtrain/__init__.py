@@ -1,0 +1,33 @@
+"""airflow-cloudtrain: run ML training on rented cloud hardware from Apache Airflow.
+
+Importing this package must stay cheap (DAG files import it): no cloud SDK is imported here or in
+``operators``/``sensors``; hooks import boto3 and the Google clients inside functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+
+def get_provider_info() -> dict[str, Any]:
+    """What Airflow's ProvidersManager reads through the ``apache_airflow_provider`` entry point."""
+    return {
+        "package-name": "airflow-cloudtrain",
+        "name": "Cloud Train",
+        "description": "Run ML training on rented cloud hardware (EC2, EC2 spot, GCE, GCE spot) and give it back.",
+        "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "Cloud Train",
+                "external-doc-url": "https://github.com/airflow-cloudtrain/airflow-cloudtrain",
+                "tags": ["software"],
+            }
+        ],
+        "operators": [],
+        "sensors": [],
+        "hooks": [],
+        "triggers": [],
+        "extra-links": [],
+    }

@@ -1,0 +1,116 @@
+"""``cloudtrain``: the command line. ``cloudtrain plan`` shows which offer a spec would get.
+
+The studio tool chose the instance silently; ``plan`` makes the choice visible, with the next
+alternatives and what a bid means in dollars, so a user can check a spec before a DAG runs.
+It uses only the local catalog (snapshot plus any fresh live cache): no network call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_cloudtrain.spec import CLOUDS
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from airflow_cloudtrain.catalog import SNAPSHOT_SOURCE, NoOfferError, rank_offers
+    from airflow_cloudtrain.spec import Bid, Hardware
+
+    try:
+        hardware = Hardware(args.cpus, args.gpus, args.ram, args.hdd, args.gpu_type)
+        bid = Bid(args.bid) if args.bid is not None else None
+        offers = rank_offers(args.cloud, hardware, region=args.region, zone=args.zone, bid=bid)
+    except NoOfferError as err:
+        print(f"cloudtrain plan: {err}", file=sys.stderr)
+        return 2
+    except ValueError as err:
+        print(f"cloudtrain plan: {err}", file=sys.stderr)
+        return 2
+    shown = offers[: args.alternatives + 1]
+
+    def bid_usd(o: Any) -> float | None:
+        return bid.max_price(o.price) if bid is not None and o.is_spot and args.cloud != "gcspot" else None
+
+    if args.json:
+        doc = {
+            "cloud": args.cloud,
+            "hardware": hardware.to_dict(),
+            "bid": str(bid) if bid else None,
+            "chosen": {**shown[0].to_dict(), "bid_usd": bid_usd(shown[0])},
+            "alternatives": [{**o.to_dict(), "bid_usd": bid_usd(o)} for o in shown[1:]],
+            "source": SNAPSHOT_SOURCE,
+        }
+        print(json.dumps(doc, indent=2))
+        return 0
+    print(f"cloud={args.cloud}  wants {hardware}")
+    header = f"{'':2}{'instance type':<22}{'region':<14}{'vCPUs':>6}{'GiB':>8}{'GPUs':>10}{'on-demand':>11}{'spot':>9}"
+    if bid is not None and args.cloud == "ec2spot":
+        header += f"{'bid $/h':>9}"
+    print(header)
+    for i, o in enumerate(shown):
+        gpus = f"{o.gpus}x{o.gpu_type}" if o.gpus else "-"
+        line = (
+            f"{'*' if i == 0 else ' ':2}{o.instance_type:<22}{o.region:<14}{o.vcpus:>6g}{o.memory_gib:>8g}{gpus:>10}"
+            f"{_usd(o.price):>11}{_usd(o.spot_price):>9}"
+        )
+        if bid is not None and args.cloud == "ec2spot":
+            line += f"{_usd(bid_usd(o)):>9}"
+        print(line + ("  (derived price)" if o.derived else ""))
+    chosen = shown[0]
+    print(
+        f"\nchosen: {chosen.describe()} at ${chosen.hourly:g}/h ({'spot' if chosen.is_spot else 'on-demand'})"
+    )
+    if bid is not None and args.cloud == "ec2spot":
+        print(
+            f"bid {bid} = at most ${bid_usd(chosen):g}/h for {chosen.instance_type}; you pay the market price below it"
+        )
+    print(f"prices: {SNAPSHOT_SOURCE} (live prices are used when a task runs)")
+    return 0
+
+
+def _usd(value: float | None) -> str:
+    return "-" if value is None else f"${value:.4f}"
+
+
+def _emulator(args: argparse.Namespace) -> int:  # pragma: no cover - interactive
+    from airflow_cloudtrain.emulator import serve_forever
+
+    return serve_forever()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cloudtrain", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    plan = sub.add_parser("plan", help="show the offer a hardware spec gets, and the alternatives")
+    plan.add_argument("--cloud", required=True, choices=CLOUDS)
+    plan.add_argument("--cpus", default="1")
+    plan.add_argument("--gpus", default="0")
+    plan.add_argument("--ram", default=None, help="e.g. 32g, 512m, 1.5GiB (rounded up to 256 MiB)")
+    plan.add_argument("--hdd", default=None, help="e.g. 200g")
+    plan.add_argument("--gpu-type", default=None, help="e.g. A10G, T4, V100")
+    plan.add_argument("--bid", default=None, help="spot bid: 0.45 (USD/h) or 60%% (of on-demand)")
+    plan.add_argument("--region", default=None)
+    plan.add_argument("--zone", default=None)
+    plan.add_argument("--alternatives", type=int, default=4, help="how many next offers to show")
+    plan.add_argument("--json", action="store_true")
+    plan.set_defaults(func=_plan)
+    emu = sub.add_parser("emulator", help="run the emulated clouds in the foreground")
+    emu.set_defaults(func=_emulator)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda msg, *a, **k: print(f"warning: {msg}", file=sys.stderr)
+        return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Hardware requests and spot bids: parsing and validation only, no cloud calls.
+
+Everything here runs while a DAG file is parsed (operator construction), so it must be cheap and
+must raise a ``ValueError`` that names the field, the bad value and the accepted forms. The rules
+come from the studio tool in ``shared/reference``: sizes with the suffixes ``g``/``G``/``Gb``/``GiB``
+and ``m``/``M``/``MiB``, RAM rounded up to the next 256 MiB, bids in USD or in percent of on-demand.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from typing import Any
+
+CLOUDS: tuple[str, ...] = ("ec2", "ec2spot", "gcloud", "gcspot")
+SPOT_CLOUDS: frozenset[str] = frozenset({"ec2spot", "gcspot"})
+AWS_CLOUDS: frozenset[str] = frozenset({"ec2", "ec2spot"})
+GCP_CLOUDS: frozenset[str] = frozenset({"gcloud", "gcspot"})
+
+RAM_STEP_MIB = 256
+_MIB_PER_UNIT = {
+    "m": 1, "M": 1, "MB": 1, "Mb": 1, "MiB": 1, "mb": 1,
+    "g": 1024, "G": 1024, "GB": 1024, "Gb": 1024, "GiB": 1024, "gb": 1024,
+}  # fmt: skip
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([A-Za-z]*)\s*$")
+_SIZE_FORMS = (
+    "an int ({unit}) or a string like '16g', '512m', '1.5GiB' (suffixes m, M, MB, MiB, g, G, Gb, GB, GiB)"
+)
+
+
+def parse_cloud(cloud: Any) -> str:
+    """Return ``cloud`` if it is one of the four names the studio tool used, else raise."""
+    if isinstance(cloud, str) and cloud.strip().lower() in CLOUDS:
+        return cloud.strip().lower()
+    raise ValueError(f"cloud={cloud!r} is not supported: use one of {', '.join(CLOUDS)}")
+
+
+def parse_count(value: Any, field: str, minimum: int) -> int:
+    """Parse a whole number of cpus/gpus (ints or digit strings, as UI params arrive as strings)."""
+    number: int | None = None
+    if isinstance(value, bool):
+        number = None
+    elif isinstance(value, int):
+        number = value
+    elif (
+        isinstance(value, float)
+        and value.is_integer()
+        or isinstance(value, str)
+        and re.fullmatch(r"\s*-?\d+\s*", value)
+    ):
+        number = int(value)
+    if number is None or number < minimum:
+        raise ValueError(f"{field}={value!r} is not valid: use a whole number >= {minimum}, e.g. {field}=8")
+    return number
+
+
+def parse_size_mib(value: Any, field: str, default_unit_mib: int) -> float:
+    """Parse a size into MiB. Bare numbers are in the field's default unit (MiB for ram, GiB for hdd)."""
+    unit_name = "MiB" if default_unit_mib == 1 else "GiB"
+    forms = _SIZE_FORMS.format(unit=unit_name)
+    mib: float | None = None
+    if isinstance(value, bool):
+        mib = None
+    elif isinstance(value, (int, float)):
+        mib = float(value) * default_unit_mib
+    elif isinstance(value, str):
+        match = _SIZE_RE.match(value)
+        if match:
+            number, suffix = float(match.group(1)), match.group(2)
+            if not suffix:
+                mib = number * default_unit_mib
+            elif suffix in _MIB_PER_UNIT:
+                mib = number * _MIB_PER_UNIT[suffix]
+    if mib is None or not math.isfinite(mib) or mib <= 0:
+        raise ValueError(f"{field}={value!r} is not a valid size: use {forms}; it must be more than zero")
+    return mib
+
+
+def parse_ram_mib(value: Any) -> int:
+    """RAM in MiB, rounded up to the next multiple of 256 MiB (the studio tool's rule)."""
+    mib = parse_size_mib(value, "ram", 1)
+    return int(math.ceil(mib / RAM_STEP_MIB - 1e-9) * RAM_STEP_MIB)
+
+
+def parse_hdd_gib(value: Any) -> int:
+    """Disk in whole GiB (volumes are sized in GiB), rounded up."""
+    mib = parse_size_mib(value, "hdd", 1024)
+    return int(math.ceil(mib / 1024 - 1e-9))
+
+
+def normalise_gpu_type(value: Any) -> str | None:
+    """Accelerator names are compared upper-case: ``"a10g"`` and ``"A10G"`` are the same request."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", value.strip()):
+        raise ValueError(
+            f"gpu_type={value!r} is not valid: use an accelerator name such as 'A10G', 'T4', 'V100'"
+        )
+    return value.strip().upper()
+
+
+class Hardware:
+    """What a job needs, normalised: ``cpus``, ``gpus``, ``gpu_type``, ``ram_mib``, ``hdd_gib``.
+
+    ``ram``/``hdd`` left as None mean "no minimum" (the catalog then picks on vCPUs and GPUs alone;
+    the disk gets a default size at launch).
+    """
+
+    __slots__ = ("cpus", "gpus", "gpu_type", "ram_mib", "hdd_gib")
+
+    def __init__(
+        self,
+        cpus: Any = 1,
+        gpus: Any = 0,
+        ram: Any = None,
+        hdd: Any = None,
+        gpu_type: Any = None,
+    ) -> None:
+        self.cpus: int = parse_count(cpus, "cpus", 1)
+        self.gpus: int = parse_count(gpus, "gpus", 0)
+        self.ram_mib: int | None = None if ram is None else parse_ram_mib(ram)
+        self.hdd_gib: int | None = None if hdd is None else parse_hdd_gib(hdd)
+        self.gpu_type: str | None = normalise_gpu_type(gpu_type)
+        if self.gpu_type and self.gpus == 0:
+            self.gpus = 1
+
+    @property
+    def ram_gib(self) -> float:
+        return (self.ram_mib or 0) / 1024
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Hardware) and self.to_dict() == other.to_dict()
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.to_dict().values()))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in self.to_dict().items())
+        return f"Hardware({fields})"
+
+
+_BID_FORMS = "a price in USD per instance-hour ('0.45', 0.45, '$0.45') or a percentage of on-demand ('60%')"
+
+
+class Bid:
+    """A spot bid: the most we pay for one instance-hour, in USD or as a share of on-demand.
+
+    Exactly one of ``usd`` and ``percent`` is set. A percentage above 100 is allowed but warns:
+    the price paid is the lower of bid and market, so bidding above on-demand only buys the right
+    to pay more than on-demand (the AWS spot guide and the studio tool both advise against it).
+    """
+
+    __slots__ = ("usd", "percent", "raw")
+
+    def __init__(self, value: Any) -> None:
+        self.raw = value
+        self.usd: float | None = None
+        self.percent: float | None = None
+        number: float | None = None
+        is_percent = False
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            number = float(value)
+        elif isinstance(value, str):
+            text = value.strip()
+            if text.endswith("%"):
+                is_percent, text = True, text[:-1].strip()
+            elif text.startswith("$"):
+                text = text[1:].strip()
+            if re.fullmatch(r"\d+(\.\d+)?|\.\d+", text):
+                number = float(text)
+        if number is None or not math.isfinite(number) or number <= 0:
+            raise ValueError(f"bid={value!r} is not valid: use {_BID_FORMS}; it must be more than zero")
+        if is_percent:
+            self.percent = number
+            if number > 100:
+                warnings.warn(
+                    f"bid={value!r} is above 100% of on-demand: the spot price you pay is the lower of "
+                    "bid and market, so a bid above on-demand only lets you pay more than on-demand.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        else:
+            self.usd = number
+
+    def max_price(self, on_demand_usd: float | None) -> float:
+        """The bid in USD per instance-hour; a percentage needs the on-demand price it is a share of."""
+        if self.usd is not None:
+            return self.usd
+        if on_demand_usd is None:
+            raise ValueError(
+                f"bid={self.raw!r} is a percentage but no on-demand price is known for this offer"
+            )
+        return round(on_demand_usd * (self.percent or 0) / 100.0, 6)
+
+    def __repr__(self) -> str:
+        return f"Bid({self.raw!r})"
+
+    def __str__(self) -> str:
+        return f"{self.percent:g}%" if self.percent is not None else f"${self.usd:g}"
