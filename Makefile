@@ -1,0 +1,16 @@
+# Every target sets itself up from a fresh machine: scripts/bootstrap.sh installs the locked versions.
+.PHONY: setup demo test lint bench
+
+setup:
+	@bash scripts/bootstrap.sh
+
+demo: setup
+	.venv/bin/python -m airflow_cloudtrain.demo
+
+test: setup
+	.venv/bin/ruff check .
+	.venv/bin/ruff format --check airflow_cloudtrain tests benchmarks example_dags
+	.venv/bin/python -m pytest -p no:cacheprovider -q
+
+bench: setup
+	.venv/bin/python benchmarks/catalog.py

@@ -1,0 +1,1 @@
+"""Operators: mostly configuration over the run and the cloud interface."""

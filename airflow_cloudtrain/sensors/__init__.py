@@ -1,0 +1,1 @@
+"""Sensors for instance status and queue depth."""
