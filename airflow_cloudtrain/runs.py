@@ -1,0 +1,179 @@
+"""The run folder: the only channel between the operator and the agent on the instance.
+
+Layout under ``run_uri`` (``s3://bucket/prefix/runs/<dag>/<task>/<run>/<map_index>``)::
+
+    spec.json                          RunSpec, written by the operator before launch
+    agent/airflow_cloudtrain.zip       the agent code of the operator's version (the instance fetches it)
+    code/code.tar.gz                   the user's ``code`` when it was a local directory
+    instances/<instance-id>/status.json    agent: RunStatus, rewritten on every change
+    instances/<instance-id>/heartbeat      agent: unix time, every few seconds
+    instances/<instance-id>/logs/<seq>.log log chunks, seq = 000000, 000001, ... in order
+    results/...                        the job's output dir (CLOUDTRAIN_OUTPUT_DIR), at the end
+    checkpoints/<step>/...             checkpoint files; ``MANIFEST.json`` written last = complete
+
+Everything in this module is stdlib only: the agent imports it on the instance (no Airflow there).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SPEC_VERSION = 1
+
+# Agent states. The last four are final: the agent writes one of them and then powers off.
+STARTING, SETUP, RUNNING = "starting", "setup", "running"
+SUCCEEDED, FAILED, INTERRUPTED, TIMED_OUT = "succeeded", "failed", "interrupted", "timed_out"
+FINAL_STATES = frozenset({SUCCEEDED, FAILED, INTERRUPTED, TIMED_OUT})
+
+# Tag / label keys carried by every resource we create (instances and volumes).
+TAG_RUN_KEY = "cloudtrain-run-key"  # sha of the run key: what adoption looks up
+TAG_RUN_URI = "cloudtrain-run-uri"
+TAG_DAG_ID = "cloudtrain-dag-id"
+TAG_TASK_ID = "cloudtrain-task-id"
+TAG_RUN_ID = "cloudtrain-run-id"
+TAG_MAP_INDEX = "cloudtrain-map-index"
+TAG_TRY = "cloudtrain-try"
+TAG_MANAGED = "cloudtrain-managed"
+
+
+@dataclass(frozen=True)
+class RunKey:
+    """Identifies one task instance's run across its tries: what adoption and teardown key on."""
+
+    dag_id: str
+    task_id: str
+    run_id: str
+    map_index: int = -1
+
+    @property
+    def digest(self) -> str:
+        raw = json.dumps([self.dag_id, self.task_id, self.run_id, self.map_index])
+        return hashlib.sha256(raw.encode()).hexdigest()[:20]
+
+    @property
+    def short_id(self) -> str:
+        """The XCom ``run_id``: short, unique per task instance, safe in names and labels."""
+        return f"ct-{self.digest[:12]}"
+
+    def path(self) -> str:
+        def safe(text: str) -> str:
+            return re.sub(r"[^A-Za-z0-9._=-]+", "_", text)[:120]
+
+        return f"runs/{safe(self.dag_id)}/{safe(self.task_id)}/{safe(self.run_id)}/{self.map_index}"
+
+    def tags(self) -> dict[str, str]:
+        return {
+            TAG_MANAGED: "true",
+            TAG_RUN_KEY: self.digest,
+            TAG_DAG_ID: self.dag_id[:250],
+            TAG_TASK_ID: self.task_id[:250],
+            TAG_RUN_ID: self.run_id[:250],
+            TAG_MAP_INDEX: str(self.map_index),
+        }
+
+
+def join(uri: str, *parts: str) -> str:
+    return "/".join([uri.rstrip("/"), *(p.strip("/") for p in parts if p)])
+
+
+def split_uri(uri: str) -> tuple[str, str, str]:
+    """``s3://bucket/a/b`` -> ("s3", "bucket", "a/b")."""
+    match = re.fullmatch(r"(s3|gs)://([^/]+)/?(.*)", uri)
+    if not match:
+        raise ValueError(f"{uri!r} is not an s3:// or gs:// URI")
+    return match.group(1), match.group(2), match.group(3).strip("/")
+
+
+# Keys relative to the run folder.
+SPEC_KEY = "spec.json"
+AGENT_KEY = "agent/airflow_cloudtrain.zip"
+CODE_KEY = "code/code.tar.gz"
+RESULTS_PREFIX = "results"
+CHECKPOINTS_PREFIX = "checkpoints"
+
+
+def instance_prefix(instance_id: str) -> str:
+    return f"instances/{instance_id}"
+
+
+def status_key(instance_id: str) -> str:
+    return f"instances/{instance_id}/status.json"
+
+
+def heartbeat_key(instance_id: str) -> str:
+    return f"instances/{instance_id}/heartbeat"
+
+
+def log_key(instance_id: str, seq: int) -> str:
+    return f"instances/{instance_id}/logs/{seq:06d}.log"
+
+
+def log_prefix(instance_id: str) -> str:
+    return f"instances/{instance_id}/logs/"
+
+
+def log_seq(key: str) -> int:
+    return int(key.rsplit("/", 1)[-1].split(".")[0])
+
+
+@dataclass
+class RunSpec:
+    """What the agent needs to run the job; JSON in ``spec.json``. No credentials in here."""
+
+    run_id: str
+    run_uri: str
+    cloud: str
+    command: str
+    setup_cmds: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    image: str | None = None
+    gpus: int = 0
+    code_uri: str | None = None  # tarball (s3:// or gs://) unpacked into the working directory
+    max_runtime_s: float | None = None
+    volume_device: str | None = None  # an attached volume to mount at volume_mount (EC2: volume_id)
+    volume_mount: str = "/mnt/data"
+    log_interval_s: float = 2.0
+    heartbeat_interval_s: float = 5.0
+    metadata_poll_s: float = 5.0
+    version: int = SPEC_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunSpec:
+        data = json.loads(text)
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass
+class RunStatus:
+    """What the agent reports in ``status.json``; ``state`` is one of the constants above."""
+
+    state: str
+    instance_id: str
+    exit_code: int | None = None
+    message: str = ""
+    started_at: float | None = None  # unix time the agent started
+    job_started_at: float | None = None
+    ended_at: float | None = None
+    interruption: dict[str, Any] | None = None  # {"kind": "spot"|"preemption", "notice_at", "action"}
+    updated_at: float | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.state in FINAL_STATES
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> RunStatus:
+        data = json.loads(text)
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
