@@ -5,7 +5,7 @@ setup:
 	@bash scripts/bootstrap.sh
 
 demo: setup
-	.venv/bin/python -m airflow_cloudtrain.demo
+	.venv/bin/python scripts/demo.py
 
 test: setup
 	.venv/bin/ruff check .

@@ -32,6 +32,7 @@ FINAL_STATES = frozenset({SUCCEEDED, FAILED, INTERRUPTED, TIMED_OUT})
 # Tag / label keys carried by every resource we create (instances and volumes).
 TAG_RUN_KEY = "cloudtrain-run-key"  # sha of the run key: what adoption looks up
 TAG_RUN_URI = "cloudtrain-run-uri"
+TAG_RUN = "cloudtrain-run"  # the short run id of the XCom (ct-...)
 TAG_DAG_ID = "cloudtrain-dag-id"
 TAG_TASK_ID = "cloudtrain-task-id"
 TAG_RUN_ID = "cloudtrain-run-id"
@@ -69,6 +70,7 @@ class RunKey:
         return {
             TAG_MANAGED: "true",
             TAG_RUN_KEY: self.digest,
+            TAG_RUN: self.short_id,
             TAG_DAG_ID: self.dag_id[:250],
             TAG_TASK_ID: self.task_id[:250],
             TAG_RUN_ID: self.run_id[:250],

@@ -1,1 +1,5 @@
-"""Operators: mostly configuration over the run and the cloud interface."""
+"""Operators: mostly configuration over the run folder and the cloud interface."""
+
+from airflow_cloudtrain.operators.cloud_train import CloudTrainOperator
+
+__all__ = ["CloudTrainOperator"]

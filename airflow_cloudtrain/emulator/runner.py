@@ -1,0 +1,136 @@
+"""The instances' side of the emulated clouds: one local agent process per launched instance.
+
+Nothing in an emulated cloud boots a machine, so this watcher does what the instance would: when
+an instance of ours appears, it starts the same agent the user data would start (skipping only the
+bootstrap), with the endpoints passed the standard way; when the agent exits (the instance powers
+off) it ends the instance; when the instance is terminated from outside it kills the agent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Seen:
+    """An instance the cloud side reports as alive and of ours."""
+
+    cloud: str  # "aws" or "gcp"
+    id: str
+    run_uri: str
+    instance_type: str
+    zone: str | None
+    spot: bool
+    env: dict[str, str] = field(default_factory=dict)  # endpoints for this instance's agent
+
+
+@dataclass
+class Agent:
+    seen: Seen
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+
+class InstanceRunner:
+    """Polls ``list_alive`` and keeps one agent process per alive instance."""
+
+    def __init__(
+        self,
+        list_alive: Callable[[], list[Seen]],
+        end_instance: Callable[[Seen], None],
+        workdir: Path,
+        base_env: dict[str, str],
+        interval: float = 0.3,
+    ) -> None:
+        self.list_alive = list_alive
+        self.end_instance = end_instance
+        self.workdir = workdir
+        self.base_env = base_env
+        self.interval = interval
+        self.agents: dict[str, Agent] = {}
+        self.finished: set[str] = set()
+        self.lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="emulator-instances", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        with self.lock:
+            for agent in list(self.agents.values()):
+                self._kill(agent)
+            self.agents.clear()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.tick()
+            except Exception:  # the emulator must keep playing the instances whatever one poll hits
+                log.exception("emulator poll failed")
+            self._stop.wait(self.interval)
+
+    def tick(self) -> None:
+        alive = {s.id: s for s in self.list_alive()}
+        with self.lock:
+            for iid, seen in alive.items():
+                if iid not in self.agents and iid not in self.finished:
+                    self.agents[iid] = self._start(seen)
+            for iid, agent in list(self.agents.items()):
+                if iid not in alive:  # terminated from outside: the machine is gone
+                    self._kill(agent)
+                    del self.agents[iid]
+                    self.finished.add(iid)
+                elif agent.process.poll() is not None:  # agent powered the instance off
+                    del self.agents[iid]
+                    self.finished.add(iid)
+                    self.end_instance(agent.seen)
+
+    def _start(self, seen: Seen) -> Agent:
+        workdir = self.workdir / "instances" / seen.id
+        workdir.mkdir(parents=True, exist_ok=True)
+        log_path = workdir / "agent.log"
+        env = {**self.base_env, **seen.env}
+        cmd = [sys.executable, "-m", "airflow_cloudtrain.agent", "--run-uri", seen.run_uri,
+               "--instance-id", seen.id, "--workdir", str(workdir / "work")]  # fmt: skip
+        with log_path.open("wb") as out:
+            process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        log.info("emulator: started agent for %s (%s) pid %s", seen.id, seen.instance_type, process.pid)
+        return Agent(seen, process, log_path)
+
+    def _kill(self, agent: Agent) -> None:
+        if agent.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(agent.process.pid, signal.SIGKILL)
+            agent.process.wait(timeout=10)
+
+    def kill_agent(self, instance_id: str) -> None:
+        """The machine vanishes (after a spot notice ran out): no more agent, no final status."""
+        with self.lock:
+            agent = self.agents.pop(instance_id, None)
+            self.finished.add(instance_id)
+        if agent is not None:
+            self._kill(agent)
+
+    def wait_idle(self, timeout: float = 30.0) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if not self.agents:
+                    return True
+            time.sleep(0.1)
+        return False

@@ -1,0 +1,44 @@
+"""Follow the agent's log chunks in the run folder: in order, each chunk once."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable
+
+from airflow_cloudtrain.runs import log_prefix, log_seq
+
+
+class LogFollower:
+    """Remembers the last chunk shown; ``new_keys`` picks the next ones, strictly in sequence.
+
+    A gap (chunk 5 listed before chunk 4 is visible) stops at the gap, so lines never come out of
+    order; the next poll picks up from there.
+    """
+
+    def __init__(self, instance_id: str, next_seq: int = 0) -> None:
+        self.instance_id = instance_id
+        self.next_seq = next_seq
+        self.prefix = log_prefix(instance_id)
+
+    def new_keys(self, keys: Iterable[str]) -> list[str]:
+        by_seq = {log_seq(k): k for k in keys if k.endswith(".log")}
+        out = []
+        while self.next_seq in by_seq:
+            out.append(by_seq[self.next_seq])
+            self.next_seq += 1
+        return out
+
+    def poll(self, list_keys: Callable[[str], list[str]], read: Callable[[str], bytes | None]) -> list[str]:
+        """Blocking variant: new lines since the last poll."""
+        lines: list[str] = []
+        for key in self.new_keys(list_keys(self.prefix)):
+            lines.extend((read(key) or b"").decode(errors="replace").splitlines())
+        return lines
+
+    async def apoll(
+        self, list_keys: Callable[[str], Awaitable[list[str]]], read: Callable[[str], Awaitable[bytes | None]]
+    ) -> list[str]:
+        """Async variant for triggers."""
+        lines: list[str] = []
+        for key in self.new_keys(await list_keys(self.prefix)):
+            lines.extend((await read(key) or b"").decode(errors="replace").splitlines())
+        return lines

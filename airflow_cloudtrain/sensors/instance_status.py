@@ -1,0 +1,109 @@
+"""InstanceStatusSensor: wait for instances to reach a state, and fail fast when they never can."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, conf
+
+from airflow_cloudtrain.spec import AWS_CLOUDS, parse_cloud
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+TARGET_STATES = ("pending", "running", "stopping", "stopped", "shutting-down", "terminated")
+
+
+class InstanceStatusSensor(BaseSensorOperator):
+    """Wait until every instance in ``instance_ids`` (or every instance of ``run_id``) is in ``target_state``.
+
+    Unlike the Amazon provider's EC2 sensor, which waits forever on an instance that was terminated
+    while it waited for "running", this sensor fails at once with the reason. In deferrable mode it
+    shares one describe call per poll with every other wait in the triggerer.
+    """
+
+    template_fields: Sequence[str] = ("instance_ids", "run_id", "target_state", "region")
+
+    def __init__(
+        self,
+        *,
+        cloud: str,
+        target_state: str = "running",
+        instance_ids: list[str] | str | None = None,
+        run_id: str | None = None,
+        region: str | None = None,
+        zone: str | None = None,
+        aws_conn_id: str | None = "aws_default",
+        gcp_conn_id: str = "google_cloud_default",
+        project_id: str | None = None,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.cloud = parse_cloud(cloud)
+        if target_state not in TARGET_STATES and "{{" not in str(target_state):
+            raise ValueError(f"target_state={target_state!r} is not valid: use one of {', '.join(TARGET_STATES)}")
+        if not instance_ids and not run_id:
+            raise ValueError("give instance_ids=[...] or run_id=... (the run_id in a CloudTrain operator's XCom)")
+        self.instance_ids = [instance_ids] if isinstance(instance_ids, str) else instance_ids
+        self.run_id, self.target_state, self.region, self.zone = run_id, target_state, region, zone
+        self.aws_conn_id, self.gcp_conn_id, self.project_id = aws_conn_id, gcp_conn_id, project_id
+        self.deferrable = deferrable
+
+    @property
+    def conn_id(self) -> str | None:
+        return self.aws_conn_id if self.cloud in AWS_CLOUDS else self.gcp_conn_id
+
+    def _cloud(self) -> Any:
+        if self.cloud in AWS_CLOUDS:
+            from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
+
+            return CloudTrainAwsHook(aws_conn_id=self.aws_conn_id, region_name=self.region).cloud()
+        from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
+
+        return CloudTrainGcpHook(gcp_conn_id=self.gcp_conn_id, project_id=self.project_id).cloud(self.region, self.zone)
+
+    def _ids(self) -> list[str]:
+        if self.instance_ids:
+            return list(self.instance_ids)
+        found = [i.id for i in self._cloud().find_run(self.run_id)]
+        if not found:
+            raise ValueError(f"no instance of run_id={self.run_id!r} found")
+        return found
+
+    def execute(self, context: Context) -> Any:
+        if not self.deferrable:
+            return super().execute(context)
+        if self.poke(context):
+            return None
+        from airflow_cloudtrain.triggers.instances import InstanceStateTrigger
+
+        self.defer(
+            trigger=InstanceStateTrigger(cloud=self.cloud, instance_ids=self._ids(), target_state=self.target_state,
+                                         conn_id=self.conn_id, region=self.region, poll_interval=self.poke_interval,
+                                         project_id=self.project_id),  # fmt: skip
+            method_name="execute_complete",
+            timeout=self.execution_timeout,
+        )
+
+    def poke(self, context: Context) -> bool:
+        from airflow.exceptions import AirflowException
+
+        from airflow_cloudtrain.triggers.instances import evaluate_states
+
+        ids = self._ids()
+        event = evaluate_states(self._cloud().describe(ids), ids, self.target_state)
+        if event is None:
+            self.log.info("Waiting for %s to be %s", ids, self.target_state)
+            return False
+        if event["status"] != "success":
+            raise AirflowException(event["message"])
+        return True
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> None:
+        if event.get("status") != "success":
+            from airflow.exceptions import AirflowException
+
+            raise AirflowException(event.get("message", f"instances did not reach {self.target_state}"))
+        self.log.info("All instances are %s: %s", self.target_state, event.get("states"))

@@ -1,0 +1,91 @@
+"""One describe call per (connection, region) per poll for every instance watched in this process.
+
+Each trigger that waits on instances registers its ids with the group for its (cloud, connection,
+region); one poll task per group describes the union of ids (up to 1,000 per call) and wakes every
+watcher with the fresh snapshot. A hundred runs waiting in one triggerer then cost one
+DescribeInstances per poll interval instead of a hundred. The group's task stops with its last
+watcher; cancellation of a watcher propagates normally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from typing import Any
+
+from airflow_cloudtrain.clouds.base import Instance
+
+Describe = Callable[[list[str]], Awaitable[dict[str, Instance]]]
+
+
+class _Group:
+    def __init__(self, describe: Describe, interval: float) -> None:
+        self.describe = describe
+        self.interval = interval
+        self.watchers: dict[int, set[str]] = {}
+        self.snapshot: dict[str, Instance] = {}
+        self.error: BaseException | None = None
+        self.generation = 0
+        self.changed = asyncio.Condition()
+        self.task: asyncio.Task[None] | None = None
+        self.calls = 0
+
+    async def loop(self) -> None:
+        while self.watchers:
+            ids = sorted(set().union(*self.watchers.values()))
+            try:
+                self.calls += 1
+                snapshot, error = await self.describe(ids), None
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # reported to every watcher, which decides to retry or fail
+                snapshot, error = {}, err
+            async with self.changed:
+                self.snapshot, self.error = snapshot, error
+                self.generation += 1
+                self.changed.notify_all()
+            await asyncio.sleep(self.interval)
+
+
+_groups: dict[Hashable, _Group] = {}
+
+
+async def watch(
+    key: Hashable, ids: list[str], describe: Describe, interval: float
+) -> AsyncIterator[dict[str, Instance]]:
+    """Yield ``{id: Instance}`` for ``ids`` after every shared poll of the group ``key``.
+
+    Raises the describe error to this watcher when a poll failed.
+    """
+    group = _groups.get(key)
+    if group is None or group.task is None or group.task.done():
+        group = _groups[key] = _Group(describe, interval)
+    group.interval = min(group.interval, interval)
+    token = id(object())
+    group.watchers[token] = set(ids)
+    if group.task is None:
+        group.task = asyncio.get_running_loop().create_task(group.loop())
+    seen = group.generation
+    try:
+        while True:
+            async with group.changed:
+                await group.changed.wait_for(lambda last=seen: group.generation != last)
+                seen = group.generation
+                snapshot, error = group.snapshot, group.error
+            if error is not None:
+                raise error
+            yield {i: snapshot[i] for i in ids if i in snapshot}
+    finally:
+        group.watchers.pop(token, None)
+        if not group.watchers and group.task is not None:
+            group.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await group.task
+            if _groups.get(key) is group:
+                del _groups[key]
+
+
+def calls_made() -> dict[Any, int]:
+    """Describe calls per live group (for diagnostics)."""
+    return {k: g.calls for k, g in _groups.items()}
