@@ -36,6 +36,31 @@ def load_dag(name: str):
     return module.dag
 
 
+def summarize(name: str, run) -> None:
+    """What a user wants to know after a run, without Airflow's log around it."""
+    from airflow_cloudtrain.agent.storage import open_run_folder
+    from airflow_cloudtrain.runs import log_prefix
+
+    print(f"\n=== {name}: dag run {run.state} ===")
+    for ti in sorted(run.get_task_instances(), key=lambda t: t.start_date or t.end_date):
+        print(f"  task {ti.task_id:<14} {ti.state}")
+    result = run.get_task_instance("train").xcom_pull(task_ids="train")
+    if not result:
+        return
+    print(f"  offer chosen : {result['instance_type']} in {result['region']}/{result['zone']} "
+          f"({'spot' if result['spot'] else 'on-demand'})")
+    print(f"  instance     : {result['instance_id']} (terminated)")
+    folder = open_run_folder(result["run_uri"])
+    print("  job log      :")
+    for key in folder.list(log_prefix(result["instance_id"])):
+        for line in (folder.get_text(key) or "").splitlines():
+            print(f"    | {line}")
+    print(f"  result       : {result['state']}, exit code {result['exit_code']}, {result['duration_s']:.1f} s")
+    print(f"  results      : {result['results_uri']}/  {folder.list('results')}")
+    print(f"  cost         : ${result['cost_usd']} ({result['cost_basis']})")
+    print("  XCom         :", json.dumps(result, default=str))
+
+
 def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     prepare_airflow_home()
@@ -48,13 +73,8 @@ def main() -> int:
             print(f"\n=== {name} on the emulated cloud ===", flush=True)
             dag = load_dag(name)
             run = dag.test()
-            print(f"\n=== {name}: dag run {run.state} ===")
-            for ti in sorted(run.get_task_instances(), key=lambda t: t.start_date or t.end_date):
-                print(f"  task {ti.task_id:<14} {ti.state}")
-                if ti.task_id == "train":
-                    value = ti.xcom_pull(task_ids="train")
-                    print("  train XCom:", json.dumps(value, indent=2, default=str).replace("\n", "\n  "))
             failed += run.state != "success"
+            summarize(name, run)
         left = emu.running_instances()
         print(f"\ninstances still running on the emulated cloud: {left or 'none'}")
     return 1 if failed or left else 0

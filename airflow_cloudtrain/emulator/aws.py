@@ -43,6 +43,12 @@ class FaultsAndCounts:
         if action and EMULATOR_USER_AGENT not in environ.get("HTTP_USER_AGENT", ""):
             with self.lock:
                 self.counts[action] += 1
+        if environ.get("HTTP_X_AMZ_TARGET", "").startswith("AWSPriceListService."):
+            # moto has no Pricing API: answer like a service that is not there, at once, not a 500 + retries
+            payload = b'{"__type": "ServiceUnavailableException", "Message": "the emulator does not serve the Pricing API"}'
+            start_response("400 Bad Request", [("Content-Type", "application/x-amz-json-1.1"),
+                                               ("Content-Length", str(len(payload)))])  # fmt: skip
+            return [payload]
         if action == "RunInstances":
             itype = (form.get("InstanceType") or [""])[0]
             zone = (form.get("Placement.AvailabilityZone") or [None])[0]
@@ -67,7 +73,11 @@ class MotoServer:
         self._thread: threading.Thread | None = None
 
     def start(self) -> str:
+        import logging
+
         from moto.moto_server.werkzeug_app import MotoRequestHandler
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request drowns the task log
         from werkzeug.serving import make_server
 
         self._server = make_server("127.0.0.1", 0, self.middleware, threaded=True, request_handler=MotoRequestHandler)

@@ -152,9 +152,8 @@ class CloudTrainOperator(BaseOperator):
             self.defer(
                 trigger=RunTrigger(cloud=config.cloud, instance_id=launch["instance_id"], run_uri=run_uri,
                                    poll_interval=self.poll_interval, deadline=deadline, project_id=self.project_id,
-                                   **backend.trigger_args()),  # fmt: skip
+                                   launch=launch, **backend.trigger_args()),  # fmt: skip
                 method_name="execute_complete",
-                kwargs={"launch": launch},
             )
         try:
             event = self._wait_blocking(backend, folder, launch, deadline)
@@ -163,10 +162,11 @@ class CloudTrainOperator(BaseOperator):
             raise
         return self._finish(backend, event, launch)
 
-    def execute_complete(self, context: Context, event: dict[str, Any], launch: dict[str, Any]) -> dict[str, Any]:
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """Back from the trigger: tear down, account, and raise on anything but success."""
         config = parse_config(self._args())
         backend = self._get_backend(config)
-        return self._finish(backend, event, launch)
+        return self._finish(backend, event, event["launch"])
 
     def on_kill(self) -> None:
         """The task was killed while waiting on the worker: take the instance down with it."""

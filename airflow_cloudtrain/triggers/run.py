@@ -95,10 +95,12 @@ class RunTrigger(BaseTrigger):
         next_log_seq: int = 0,
         deadline: float | None = None,
         project_id: str | None = None,
+        launch: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.cloud = cloud
         self.instance_id = instance_id
+        self.launch = launch or {}  # the operator's launch record, handed back in the event
         self.run_uri = run_uri
         self.conn_id = conn_id
         self.region = region
@@ -120,6 +122,7 @@ class RunTrigger(BaseTrigger):
                 "next_log_seq": self.next_log_seq,
                 "deadline": self.deadline,
                 "project_id": self.project_id,
+                "launch": self.launch,
             },
         )
 
@@ -147,7 +150,7 @@ class RunTrigger(BaseTrigger):
                     if event["status"] == "success" or status is not None:
                         for line in await follower.apoll(folder.list, folder.get):
                             self.log.info("[job] %s", line)
-                    event.update(instance_id=self.instance_id, next_log_seq=follower.next_seq,
+                    event.update(instance_id=self.instance_id, next_log_seq=follower.next_seq, launch=self.launch,
                                  instance=instance.to_dict() if instance else None)  # fmt: skip
                     yield TriggerEvent(event)
                     return
@@ -155,7 +158,8 @@ class RunTrigger(BaseTrigger):
             raise
         except Exception as err:
             yield TriggerEvent({"status": "error", "state": "wait_failed", "instance_id": self.instance_id,
-                                "next_log_seq": follower.next_seq, "message": f"waiting for the run failed: {err}"})  # fmt: skip
+                                "next_log_seq": follower.next_seq, "launch": self.launch,
+                                "message": f"waiting for the run failed: {err}"})  # fmt: skip
         finally:
             await folder.close()
 
