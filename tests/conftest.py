@@ -1,21 +1,67 @@
-"""Test-wide settings: an isolated AIRFLOW_HOME and catalog cache, set before Airflow is imported."""
+"""Test-wide settings and the shared emulated cloud.
+
+AIRFLOW_HOME, the DAGs folder and the catalog cache are isolated before Airflow is imported. The
+``emu`` fixture hands out one Emulator per session and, after every test that uses it, checks the
+emulated clouds hold no live instance of ours: teardown is a guarantee, so a leak fails the test.
+"""
 
 from __future__ import annotations
 
 import os
 import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 _HOME = Path(tempfile.mkdtemp(prefix="cloudtrain-tests-"))
-os.environ.setdefault("AIRFLOW_HOME", str(_HOME / "airflow"))
-os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
-os.environ.setdefault("AIRFLOW__CORE__UNIT_TEST_MODE", "True")
+DAGS_FOLDER = _HOME / "dags"
+DAGS_FOLDER.mkdir()
+os.environ["AIRFLOW_HOME"] = str(_HOME / "airflow")
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS_FOLDER)
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "True"
 os.environ["CLOUDTRAIN_CACHE_DIR"] = str(_HOME / "cache")
-for _var in (
-    "AWS_PROFILE",
-    "AWS_ACCESS_KEY_ID",
-    "AWS_SECRET_ACCESS_KEY",
-    "AWS_SESSION_TOKEN",
-    "GOOGLE_APPLICATION_CREDENTIALS",
-):
+for _var in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+             "GOOGLE_APPLICATION_CREDENTIALS", "AWS_ENDPOINT_URL"):  # fmt: skip
     os.environ.pop(_var, None)
+# The example DAGs are parsed from the DAGs folder, as Airflow would.
+for _item in (ROOT / "example_dags").iterdir():
+    if _item.suffix == ".py" or _item.is_dir():
+        (DAGS_FOLDER / _item.name).symlink_to(_item)
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> None:
+    """A migrated metadata DB (sqlite) for dag.test()."""
+    from airflow.utils import db
+
+    db.initdb()
+
+
+@pytest.fixture(scope="session")
+def _emulator() -> Iterator[Any]:
+    from airflow_cloudtrain.emulator import Emulator
+
+    with Emulator() as emulator:
+        yield emulator
+
+
+@pytest.fixture()
+def emu(_emulator: Any) -> Iterator[Any]:
+    """The emulated clouds; fails the test if an instance of ours is still alive afterwards."""
+    _emulator.clear_faults()
+    yield _emulator
+    _emulator.clear_faults()
+    deadline = time.monotonic() + 15
+    left = _emulator.running_instances()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.3)
+        left = _emulator.running_instances()
+    if left:
+        for inst in left:  # clean up so one leak does not fail every later test
+            _emulator._reclaim(inst["id"])
+        pytest.fail(f"leaked instances: {left}")

@@ -95,6 +95,7 @@ class CloudTrainOperator(BaseOperator):
         self.live_prices = live_prices
         self._instance_id: str | None = None
         self._backend: Any = None
+        self._killed = False
         if provisioning not in (None, "spot", "preemptible"):
             raise ValueError(f"provisioning={provisioning!r} is not valid: use 'spot' or 'preemptible' (gcspot only)")
         if self.poll_interval <= 0:
@@ -157,7 +158,7 @@ class CloudTrainOperator(BaseOperator):
             )
         try:
             event = self._wait_blocking(backend, folder, launch, deadline)
-        except BaseException:
+        except Exception:
             self._terminate(backend, launch["instance_id"])
             raise
         return self._finish(backend, event, launch)
@@ -170,6 +171,7 @@ class CloudTrainOperator(BaseOperator):
 
     def on_kill(self) -> None:
         """The task was killed while waiting on the worker: take the instance down with it."""
+        self._killed = True
         if self._instance_id and self._backend is not None:
             self._terminate(self._backend, self._instance_id)
 
@@ -263,19 +265,23 @@ class CloudTrainOperator(BaseOperator):
         _store_set(context.get("task_state_store"), STATE_KEY, launch)
         self.log.info("Launched instance %s (%s in %s)", instance.id, offer.instance_type, instance.zone)
         if self.volume_id:
-            device = backend.cloud.attach_volume(instance.id, self.volume_id)
+            try:
+                device = backend.cloud.attach_volume(instance.id, self.volume_id)
+            except Exception:
+                self._terminate(backend, instance.id)
+                raise
             self.log.info("Attached volume %s as %s", self.volume_id, device)
         return launch
 
     def _upload_code(self, config: RunConfig, folder: Any, target_uri: str) -> str | None:
         if config.code is None or config.code.startswith(("s3://", "gs://")):
             return config.code
-        path = Path(config.code)
+        path = Path(config.code).resolve()  # a symlinked folder is packed as its contents, not as a link
         if not path.is_dir():
             raise ValueError(f"code={config.code!r} is not valid: no such local directory on this worker")
         buffer = io.BytesIO()
         with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
-            tar.add(str(path), arcname=".")
+            tar.add(str(path), arcname=".", filter=_skip_caches)
         from airflow_cloudtrain.runs import CODE_KEY
 
         folder.put_bytes(CODE_KEY, buffer.getvalue())
@@ -292,6 +298,10 @@ class CloudTrainOperator(BaseOperator):
         follower = LogFollower(instance_id)
         ended_since: float | None = None
         while True:
+            if self._killed:
+                from airflow.exceptions import AirflowException
+
+                raise AirflowException(f"task killed: instance {instance_id} was terminated")
             for line in follower.poll(folder.list, folder.get_bytes):
                 self.log.info("[job] %s", line)
             raw = folder.get_text(status_key(instance_id))
@@ -348,6 +358,11 @@ class CloudTrainOperator(BaseOperator):
             prefix = "spot interruption: " if event.get("interrupted") else ""
             raise AirflowException(f"{prefix}{event.get('message') or event.get('state')} (run {result['run_id']})")
         return result
+
+
+def _skip_caches(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    parts = Path(info.name).parts
+    return None if "__pycache__" in parts or ".git" in parts else info
 
 
 def _minimal(config: RunConfig) -> Any:

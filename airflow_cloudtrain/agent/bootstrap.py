@@ -1,0 +1,202 @@
+"""Shipping the agent to an instance: the agent zipapp and the user-data / startup script.
+
+The operator uploads ``build_agent_zip()`` to ``runs.AGENT_KEY`` in the run folder and launches the
+instance with ``render_user_data(run_uri, cloud)``, so the instance runs exactly the operator's agent
+version without a package index. The script fetches the zip with the instance's own role (AWS) or
+service account (GCP): it contains no credentials, keys or tokens, because user data is readable by
+anyone who can describe the instance.
+
+Testing hooks of the script (unset on a real instance, where nothing changes):
+
+- ``CLOUDTRAIN_ROOT``: prefix for every path the script touches (``$CLOUDTRAIN_ROOT/var/log``,
+  ``$CLOUDTRAIN_ROOT/opt/cloudtrain``), so a test can run it in a scratch directory.
+- ``CLOUDTRAIN_BOOTSTRAP_STUBS``: a file sourced after the step functions are defined and before they
+  run; it may redefine ``ct_install_packages`` (must set ``CT_PYTHON``), ``ct_install_os_packages``,
+  ``ct_download_agent`` (must produce ``$CT_AGENT_ZIP``) or ``ct_start_agent``.
+- ``PATH``: the steps call ``python3``, ``apt-get``/``dnf``/``yum``, ``setsid`` and ``nohup`` by name,
+  so shims on PATH can stand in for them (e.g. a ``python3`` that records its argv).
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import shlex
+import zipfile
+from pathlib import Path
+
+from airflow_cloudtrain import runs
+
+_FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the zip epoch: same version, same bytes
+
+_ZIP_MAIN = b"""from airflow_cloudtrain.agent.cli import main
+
+raise SystemExit(main())
+"""
+
+AWS_DOWNLOAD_PY = """import sys
+import boto3
+uri, dest = sys.argv[1], sys.argv[2]
+bucket, _, key = uri[len("s3://"):].partition("/")
+boto3.client("s3").download_file(bucket, key, dest)
+"""
+
+GCS_DOWNLOAD_PY = """import sys
+from google.cloud import storage
+uri, dest = sys.argv[1], sys.argv[2]
+bucket, _, key = uri[len("gs://"):].partition("/")
+storage.Client().bucket(bucket).blob(key).download_to_filename(dest)
+"""
+
+# (import name, pip package, download snippet) for the run folder's storage.
+_SDK = {
+    "s3": ("boto3", "boto3", AWS_DOWNLOAD_PY),
+    "gs": ("google.cloud.storage", "google-cloud-storage", GCS_DOWNLOAD_PY),
+}
+CLOUDS = ("ec2", "ec2spot", "gcloud", "gcspot")
+POWEROFF = "shutdown -h now"
+
+
+def _version() -> str:
+    from airflow_cloudtrain import __version__
+
+    return str(__version__)
+
+
+def build_agent_zip() -> bytes:
+    """The agent as a zipapp (``python3 agent.zip --run-uri ...``); deterministic for a given version.
+
+    It carries a stub ``airflow_cloudtrain/__init__.py`` (just the version) instead of the real one,
+    so nothing on the instance imports Airflow or the provider's other modules.
+    """
+    package = Path(__file__).resolve().parent.parent
+    stub = f'"""airflow-cloudtrain agent bundle."""\n\n__version__ = {_version()!r}\n'
+    files: dict[str, bytes] = {
+        "__main__.py": _ZIP_MAIN,
+        "airflow_cloudtrain/__init__.py": stub.encode(),
+        "airflow_cloudtrain/runs.py": (package / "runs.py").read_bytes(),
+    }
+    for path in sorted((package / "agent").glob("*.py")):
+        files[f"airflow_cloudtrain/agent/{path.name}"] = path.read_bytes()
+    buffer = io.BytesIO()
+    buffer.write(b"#!/usr/bin/env python3\n")
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name in sorted(files):
+            info = zipfile.ZipInfo(name, date_time=_FIXED_TIME)
+            info.compress_type = zipfile.ZIP_DEFLATED
+            info.create_system = 3  # unix, whatever builds it
+            info.external_attr = 0o644 << 16
+            archive.writestr(info, files[name])
+    return buffer.getvalue()
+
+
+_TEMPLATE = r"""#!/bin/bash
+# cloudtrain bootstrap (airflow-cloudtrain @VERSION@): fetch the agent from the run folder with this
+# instance's own role / service account and start it. No credentials are in this script.
+set -euo pipefail
+
+CT_ROOT="${CLOUDTRAIN_ROOT:-}"
+CT_RUN_URI=@RUN_URI@
+CT_AGENT_URI=@AGENT_URI@
+CT_CLOUD=@CLOUD@
+CT_PY_MODULE=@PY_MODULE@
+CT_PIP_PACKAGE=@PIP_PACKAGE@
+CT_DOWNLOAD_PY=@DOWNLOAD_PY@
+CT_POWEROFF=@POWEROFF@
+CT_LOG_DIR="$CT_ROOT/var/log"
+CT_HOME="$CT_ROOT/opt/cloudtrain"
+CT_AGENT_ZIP="$CT_HOME/agent.zip"
+CT_PYTHON=python3
+
+mkdir -p "$CT_LOG_DIR" "$CT_HOME"
+exec >>"$CT_LOG_DIR/cloudtrain-bootstrap.log" 2>&1
+echo "cloudtrain bootstrap on $CT_CLOUD at $(date -u +%Y-%m-%dT%H:%M:%SZ) for $CT_RUN_URI"
+export HOME="${HOME:-/root}"  # cloud-init may leave it unset; pip wants one
+
+ct_install_os_packages() {
+  # python3 with venv and pip from the distribution, with whichever package manager is here.
+  if command -v apt-get >/dev/null 2>&1; then
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -y -q && apt-get install -y -q python3 python3-venv python3-pip
+  elif command -v dnf >/dev/null 2>&1; then
+    dnf install -y -q python3 python3-pip
+  elif command -v yum >/dev/null 2>&1; then
+    yum install -y -q python3 python3-pip
+  else
+    echo "no apt-get, dnf or yum here: cannot install python3" >&2
+    return 1
+  fi
+}
+
+ct_install_packages() {
+  # Sets CT_PYTHON to an interpreter that imports the storage SDK: the system one if it already
+  # does (most ML images), else a venv under $CT_HOME/venv (no clash with distribution packages).
+  if command -v python3 >/dev/null 2>&1 && python3 -c "import $CT_PY_MODULE" >/dev/null 2>&1; then
+    CT_PYTHON=python3
+    return 0
+  fi
+  if [ -x "$CT_HOME/venv/bin/python" ] && "$CT_HOME/venv/bin/python" -c "import $CT_PY_MODULE" >/dev/null 2>&1; then
+    CT_PYTHON="$CT_HOME/venv/bin/python"
+    return 0
+  fi
+  if ! command -v python3 >/dev/null 2>&1 || ! python3 -c "import ensurepip, venv" >/dev/null 2>&1; then
+    ct_install_os_packages
+  fi
+  python3 -m venv --system-site-packages "$CT_HOME/venv"
+  "$CT_HOME/venv/bin/python" -m pip install -q --upgrade "$CT_PIP_PACKAGE"
+  CT_PYTHON="$CT_HOME/venv/bin/python"
+}
+
+ct_download_agent() {
+  # With the instance's role / service account, found by the SDK itself.
+  "$CT_PYTHON" -c "$CT_DOWNLOAD_PY" "$CT_AGENT_URI" "$CT_AGENT_ZIP.part" && mv -f "$CT_AGENT_ZIP.part" "$CT_AGENT_ZIP"
+}
+
+ct_start_agent() {
+  cd "$CT_HOME"
+  local detach=""  # a plain word, not an array: empty arrays trip `set -u` on bash < 4.4
+  if command -v setsid >/dev/null 2>&1; then detach=setsid; fi
+  $detach nohup "$CT_PYTHON" "$CT_AGENT_ZIP" --run-uri "$CT_RUN_URI" --poweroff "$CT_POWEROFF" \
+    >>"$CT_LOG_DIR/cloudtrain-agent.log" 2>&1 </dev/null &
+  echo "cloudtrain agent started (pid $!)"
+}
+
+if [ -n "${CLOUDTRAIN_BOOTSTRAP_STUBS:-}" ]; then
+  . "$CLOUDTRAIN_BOOTSTRAP_STUBS"  # tests only: redefine ct_* steps (see airflow_cloudtrain.agent.bootstrap)
+fi
+
+ct_install_packages
+for attempt in 1 2 3 4 5 6 7 8 9 10; do  # the role may take a moment to reach a new instance
+  if ct_download_agent; then break; fi
+  if [ "$attempt" = 10 ]; then
+    echo "cannot download the agent from $CT_AGENT_URI" >&2
+    exit 1
+  fi
+  sleep $((attempt * 3))
+done
+ct_start_agent
+"""
+
+
+def render_user_data(run_uri: str, cloud: str, agent_key: str = runs.AGENT_KEY) -> str:
+    """The bash user data (EC2) / startup-script (GCE) that starts the agent for ``run_uri``.
+
+    The storage SDK installed is the one of the run folder's scheme (boto3 for s3://,
+    google-cloud-storage for gs://), since that is what the agent talks to.
+    """
+    if cloud not in CLOUDS:
+        raise ValueError(f"cloud must be one of {', '.join(CLOUDS)}; got {cloud!r}")
+    scheme = runs.split_uri(run_uri)[0]
+    module, package, download_py = _SDK[scheme]
+    values = {
+        "@VERSION@": _version(),
+        "@RUN_URI@": shlex.quote(run_uri),
+        "@AGENT_URI@": shlex.quote(runs.join(run_uri, agent_key)),
+        "@CLOUD@": shlex.quote(cloud),
+        "@PY_MODULE@": shlex.quote(module),
+        "@PIP_PACKAGE@": shlex.quote(package),
+        "@DOWNLOAD_PY@": shlex.quote(download_py),
+        "@POWEROFF@": shlex.quote(POWEROFF),
+    }
+    # One pass, so a placeholder-looking run URI is never substituted again.
+    return re.sub(r"@[A-Z_]+@", lambda m: values[m.group(0)], _TEMPLATE)

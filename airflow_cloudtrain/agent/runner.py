@@ -1,0 +1,243 @@
+"""The agent's run: spec -> setup -> job -> results -> final status -> power off.
+
+Teardown is a guarantee, so ``Agent.run`` never raises: whatever happens it tries to upload results,
+flush the log, write a final status and run the power-off command. The final status is the last
+write of the run, so an observer that sees it also sees every log chunk and result.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from airflow_cloudtrain import runs
+from airflow_cloudtrain.agent.jobs import StopRequest, build_job_command, container_name, job_env, run_process
+from airflow_cloudtrain.agent.logs import LogStreamer, Periodic
+from airflow_cloudtrain.agent.status import StatusWriter, retry
+from airflow_cloudtrain.agent.storage import RunFolder, open_run_folder
+from airflow_cloudtrain.agent.watcher import AwsMetadata, GceMetadata, Notice, metadata_for
+from airflow_cloudtrain.agent.workspace import default_workdir, fetch_code, mount_volume
+
+log = logging.getLogger("cloudtrain.agent")
+
+NOTICE_GRACE_S = 25.0  # GCE gives 30 s of notice; AWS two minutes, but we need time for the upload
+TIMEOUT_GRACE_S = 10.0
+
+
+class Agent:
+    """One run on one instance; see the module docstring for the guarantees."""
+
+    def __init__(
+        self,
+        run_uri: str,
+        instance_id: str | None = None,
+        workdir: str | None = None,
+        poweroff: str | None = None,
+        folder: RunFolder | None = None,
+    ) -> None:
+        self.run_uri = run_uri
+        self.instance_id = instance_id
+        self.workdir = workdir
+        self.poweroff = poweroff
+        self.folder = folder
+        self.spec: runs.RunSpec | None = None
+        self.metadata: AwsMetadata | GceMetadata | None = None
+        self.streamer: LogStreamer | None = None
+        self.writer: StatusWriter | None = None
+        self.started_at = time.time()
+        self.deadline: float | None = None
+        self.notice: Notice | None = None
+        self._chores: dict[str, Periodic] = {}
+        self._stop_lock = threading.RLock()  # signal handlers run in the main thread, maybe inside it
+        self._stop: StopRequest | None = None
+
+    # -- the run ---------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Run to the end and power off; returns the agent's exit code (always 0)."""
+        try:
+            state, exit_code, message = self._run()
+        except Exception as err:
+            log.exception("agent error")
+            state, exit_code, message = runs.FAILED, None, f"agent error: {type(err).__name__}: {err}"
+        try:
+            self._finish(state, exit_code, message)
+        except Exception:
+            log.exception("could not finish the run cleanly")
+        finally:
+            self._power_off()
+        return 0
+
+    def _run(self) -> tuple[str, int | None, str]:
+        self._open()
+        spec, folder = self.spec, self.folder
+        assert spec is not None and folder is not None and self.workdir is not None
+        if spec.max_runtime_s:
+            self.deadline = self.started_at + float(spec.max_runtime_s)
+        workdir = Path(self.workdir)
+        for sub in ("output", "checkpoints"):
+            (workdir / sub).mkdir(parents=True, exist_ok=True)
+        if spec.code_uri:
+            self._note(f"fetching code from {spec.code_uri}")
+            fetch_code(folder, spec.code_uri, workdir)
+        volumes = []
+        if spec.volume_device and mount_volume(spec.volume_device, spec.volume_mount, self._note):
+            volumes.append(spec.volume_mount)
+
+        self._update(state=runs.SETUP)
+        setup_env = {**os.environ, **job_env(spec, str(workdir))}
+        for number, cmd in enumerate(spec.setup_cmds, 1):
+            if stop := self.should_stop():
+                return stop.state, None, stop.message
+            self._note(f"setup command {number}/{len(spec.setup_cmds)}")
+            code, stop = run_process(
+                ["bash", "-lc", cmd], setup_env, str(workdir), self._sink, self.should_stop
+            )
+            if stop:
+                return stop.state, code, stop.message
+            if code != 0:
+                return runs.FAILED, code, f"setup command {number} {cmd[:200]!r} exited with code {code}"
+
+        if stop := self.should_stop():
+            return stop.state, None, stop.message
+        argv, extra = build_job_command(spec, str(workdir), volumes)
+        self._update(state=runs.RUNNING, job_started_at=time.time())
+        self._note(f"job started{f' in {spec.image}' if spec.image else ''}")
+        code, stop = run_process(argv, {**os.environ, **extra}, str(workdir), self._sink, self.should_stop)
+        if stop and spec.image:  # a killed `docker run` client leaves its container running
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                subprocess.run(["docker", "rm", "-f", container_name(spec)], capture_output=True, timeout=60)
+        if stop:
+            return stop.state, code, stop.message
+        if code == 0:
+            return runs.SUCCEEDED, 0, ""
+        return runs.FAILED, code, f"command exited with code {code}"
+
+    def _open(self) -> None:
+        """Find the spec and who we are, write ``starting`` and start the chores."""
+        self.folder = self.folder or open_run_folder(self.run_uri)
+        spec_error: Exception | None = None
+        try:
+            text = self.folder.get_text(runs.SPEC_KEY)
+            if text is None:
+                raise RuntimeError(f"no {runs.SPEC_KEY} in {self.folder.uri}")
+            self.spec = runs.RunSpec.from_json(text)
+        except Exception as err:  # still report it, under our instance id
+            spec_error = err
+        cloud = self.spec.cloud if self.spec else ("ec2" if self.folder.scheme == "s3" else "gcloud")
+        try:
+            self.metadata = metadata_for(cloud)
+            self.instance_id = self.instance_id or self.metadata.instance_id()
+        except Exception as err:
+            log.warning("metadata service unavailable (%s: %s)", type(err).__name__, err)
+            self.instance_id = self.instance_id or socket.gethostname()
+        self.streamer = LogStreamer(self.folder, self.instance_id)
+        self.writer = StatusWriter(self.folder, self.instance_id, self.started_at)
+        self.writer.update()
+        if spec_error is not None:
+            raise spec_error
+        assert self.spec is not None
+        self._chores["heartbeat"] = Periodic("heartbeat", self.spec.heartbeat_interval_s, self.writer.beat)
+        self._chores["logs"] = Periodic("logs", self.spec.log_interval_s, self._flush_logs, run_first=False)
+        if self.metadata is not None:
+            self._chores["metadata"] = Periodic("metadata", self.spec.metadata_poll_s, self._watch)
+        for chore in self._chores.values():
+            chore.start()
+        self.workdir = self.workdir or default_workdir(self.instance_id)
+        log.info("run %s on %s in %s", self.spec.run_id, self.instance_id, self.workdir)
+
+    def _finish(self, state: str, exit_code: int | None, message: str) -> None:
+        """Results, last log chunk, final status: in this order, each attempted whatever failed before."""
+        self._stop_chore("metadata")
+        writer = self.writer
+        if self.folder is None or writer is None:
+            log.error("no run folder or status to report to; final state %s: %s", state, message)
+            return
+        output = Path(self.workdir, "output") if self.workdir else None
+        if output is not None and output.is_dir():
+            try:
+                keys = self.folder.upload_dir(output, runs.RESULTS_PREFIX)
+                self._note(f"uploaded {len(keys)} result file(s)")
+            except Exception as err:
+                self._note(f"results upload failed: {type(err).__name__}: {err}")
+                if state == runs.SUCCEEDED:
+                    state, message = runs.FAILED, f"results upload failed: {type(err).__name__}: {err}"
+        self._note(f"finished: {state}" + (f", exit code {exit_code}" if exit_code is not None else ""))
+        self._stop_chore("logs")
+        if self.streamer is not None:
+            streamer = self.streamer
+            retry("final log flush", lambda: streamer.flush(final=True))
+        self._stop_chore("heartbeat")
+        changes = {"state": state, "exit_code": exit_code, "message": message, "ended_at": time.time()}
+        retry("final status", lambda: writer.update(raise_errors=True, **changes))
+
+    def _power_off(self) -> None:
+        if not self.poweroff:
+            return
+        log.info("powering off: %s", self.poweroff)
+        try:
+            subprocess.run(self.poweroff, shell=True, check=False)
+        except Exception:
+            log.exception("power-off command failed")
+
+    # -- stopping ----------------------------------------------------------------------------------
+    def request_stop(self, request: StopRequest) -> None:
+        """Ask the running step to stop (first request wins); safe from threads and signal handlers."""
+        with self._stop_lock:
+            if self._stop is None:
+                self._stop = request
+
+    def should_stop(self) -> StopRequest | None:
+        if self._stop is None and self.deadline is not None and time.time() >= self.deadline:
+            assert self.spec is not None
+            limit = f"{float(self.spec.max_runtime_s):g}"
+            self.request_stop(
+                StopRequest(runs.TIMED_OUT, f"exceeded max_runtime of {limit} s", TIMEOUT_GRACE_S)
+            )
+        return self._stop
+
+    def _watch(self) -> None:
+        """Metadata chore: on a notice, stop the job first, then record it in the status."""
+        if self.notice is not None or self.metadata is None:
+            return
+        notice = self.metadata.poll()
+        if notice is None:
+            return
+        self.notice = notice
+        grace = NOTICE_GRACE_S
+        if notice.at is not None:
+            grace = min(max(notice.at - time.time(), 1.0), NOTICE_GRACE_S)
+        message = f"{notice.kind} interruption notice (action {notice.action})"
+        self.request_stop(StopRequest(runs.INTERRUPTED, message, grace))
+        self._note(f"{message}: stopping the job, {grace:.0f} s grace")
+        self._update(interruption=notice.interruption())
+
+    # -- small helpers -----------------------------------------------------------------------------
+    def _update(self, **changes: object) -> None:
+        if self.writer is not None:
+            self.writer.update(**changes)
+
+    def _flush_logs(self) -> None:
+        if self.streamer is not None:
+            self.streamer.flush()
+
+    def _sink(self, data: bytes) -> None:
+        if self.streamer is not None:
+            self.streamer.write(data)
+
+    def _note(self, message: str) -> None:
+        """A line for the job log (echoed to the agent's stdout too); never pass env values here."""
+        if self.streamer is not None:
+            self.streamer.note(message)
+        else:
+            log.info("%s", message)
+
+    def _stop_chore(self, name: str) -> None:
+        chore = self._chores.pop(name, None)
+        if chore is not None:
+            chore.stop()

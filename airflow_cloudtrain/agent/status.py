@@ -1,0 +1,65 @@
+"""status.json and heartbeats: the agent's side of what the operator polls.
+
+The status is rewritten on every change by the main thread and, on a notice, by the metadata
+watcher, so writes are serialised here; and once a final state is written nothing follows it,
+because observers take a final status to mean that logs and results are complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from airflow_cloudtrain import runs
+from airflow_cloudtrain.agent.storage import RunFolder
+
+log = logging.getLogger("cloudtrain.agent")
+
+
+class StatusWriter:
+    """Holds the current ``RunStatus`` of one instance and writes it to the run folder."""
+
+    def __init__(self, folder: RunFolder, instance_id: str, started_at: float) -> None:
+        self.folder = folder
+        self.status = runs.RunStatus(runs.STARTING, instance_id, started_at=started_at)
+        self._lock = threading.Lock()
+
+    def update(self, raise_errors: bool = False, **changes: Any) -> None:
+        """Apply ``changes`` and rewrite status.json; a no-op once a final state was written.
+
+        A failed write of a non-final change is kept in memory (the next write carries it); a failed
+        write with ``raise_errors`` raises and is not kept, so the caller can retry it.
+        """
+        with self._lock:
+            if self.status.final:
+                return
+            new = replace(self.status, **changes, updated_at=time.time())
+            try:
+                self.folder.put_text(runs.status_key(new.instance_id), new.to_json())
+            except Exception as err:
+                if raise_errors:
+                    raise
+                log.warning(
+                    "status write failed (%s: %s); the next change rewrites it", type(err).__name__, err
+                )
+            self.status = new
+
+    def beat(self) -> None:
+        """Heartbeat: the operator tells a dead agent from a slow job by this timestamp."""
+        self.folder.put_text(runs.heartbeat_key(self.status.instance_id), f"{time.time():.3f}")
+
+
+def retry(what: str, fn: Callable[[], object], attempts: int = 5) -> None:
+    """A few tries with backoff for the writes the observer depends on; gives up with a log line."""
+    for attempt in range(1, attempts + 1):
+        try:
+            fn()
+            return
+        except Exception as err:
+            log.warning("%s failed (attempt %d/%d): %s: %s", what, attempt, attempts, type(err).__name__, err)
+            if attempt < attempts:
+                time.sleep(min(2.0 * attempt, 10.0))

@@ -1,0 +1,198 @@
+"""The emulated instances' metadata services (AWS IMDSv2 and GCE), one local server for all of them.
+
+Each emulated instance gets its own path prefix (``/<instance-id>``), handed to its agent the standard
+way (``AWS_EC2_METADATA_SERVICE_ENDPOINT`` = ``endpoint_for(id)``, ``GCE_METADATA_HOST`` =
+``gce_host_for(id)``), so the agent makes the same requests it makes on a real instance. The server
+enforces what the real ones enforce and our code must cope with: IMDSv2 session tokens (tokens are
+required on our instances) and the ``Metadata-Flavor: Google`` header. The emulator injects spot
+notices and preemptions through ``set_spot_action`` / ``set_preempted``.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import threading
+import time
+import zlib
+from datetime import datetime, timezone
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+
+AWS_NOTICE_S = 120.0  # AWS gives two minutes' notice
+
+
+class _InstanceState:
+    def __init__(self) -> None:
+        self.spot_action: tuple[str, float] | None = None
+        self.preempted = False
+        self.maintenance_event = "NONE"
+        self.tokens: dict[str, float] = {}  # token -> expiry (unix time)
+
+
+class MetadataServer:
+    """A threaded HTTP server on 127.0.0.1 (random port) serving every emulated instance's metadata."""
+
+    def __init__(self, host: str = "127.0.0.1", region: str = "us-east-1") -> None:
+        self.host = host
+        self.region = region
+        self._lock = threading.Lock()
+        self._instances: dict[str, _InstanceState] = {}
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------------
+    def start(self) -> MetadataServer:
+        if self._httpd is None:
+            self._httpd = ThreadingHTTPServer((self.host, 0), _make_handler(self))
+            self._httpd.daemon_threads = True
+            self._thread = threading.Thread(
+                target=self._httpd.serve_forever, name="cloudtrain-metadata", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join(5)
+            self._thread = None
+
+    def __enter__(self) -> MetadataServer:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._httpd is None:
+            raise RuntimeError("MetadataServer is not started")
+        return int(self._httpd.server_address[1])
+
+    def endpoint_for(self, instance_id: str) -> str:
+        """The instance's IMDS base URL (``AWS_EC2_METADATA_SERVICE_ENDPOINT``)."""
+        return f"http://{self.host}:{self.port}/{instance_id}"
+
+    def gce_host_for(self, instance_id: str) -> str:
+        """The instance's ``GCE_METADATA_HOST`` value: host, port and prefix, no scheme."""
+        return f"{self.host}:{self.port}/{instance_id}"
+
+    # -- what the emulator injects -------------------------------------------------------------------
+    def _state(self, instance_id: str) -> _InstanceState:
+        with self._lock:
+            return self._instances.setdefault(instance_id, _InstanceState())
+
+    def set_spot_action(self, instance_id: str, action: str = "terminate", at: float | None = None) -> None:
+        """Announce a spot interruption (``terminate``/``stop``/``hibernate``) happening at ``at``."""
+        self._state(instance_id).spot_action = (action, time.time() + AWS_NOTICE_S if at is None else at)
+
+    def set_preempted(self, instance_id: str) -> None:
+        self._state(instance_id).preempted = True
+
+    def set_maintenance_event(self, instance_id: str, event: str = "TERMINATE_ON_HOST_MAINTENANCE") -> None:
+        self._state(instance_id).maintenance_event = event
+
+    def clear(self, instance_id: str) -> None:
+        """Forget notices (and tokens) of an instance, e.g. when its id is reused by a test."""
+        with self._lock:
+            self._instances.pop(instance_id, None)
+
+    # -- answers -------------------------------------------------------------------------------------
+    def answer(self, method: str, path: str, headers: dict[str, str]) -> tuple[int, str, str]:
+        """(status, content type, body) for one request; the handler only does the HTTP around it."""
+        instance_id, _, rest = path.split("?", 1)[0].lstrip("/").partition("/")
+        if not instance_id:
+            return 404, "text/plain", "not found"
+        rest = "/" + rest
+        state = self._state(instance_id)
+        if rest.startswith("/latest/"):
+            return self._aws(method, rest, headers, instance_id, state)
+        if rest.startswith("/computeMetadata/v1/"):
+            return self._gce(method, rest, headers, instance_id, state)
+        return 404, "text/plain", "not found"
+
+    def _aws(
+        self, method: str, rest: str, headers: dict[str, str], instance_id: str, state: _InstanceState
+    ) -> tuple[int, str, str]:
+        if rest == "/latest/api/token":
+            if method != "PUT":
+                return 405, "text/plain", "method not allowed"
+            try:
+                ttl = int(headers.get("x-aws-ec2-metadata-token-ttl-seconds", ""))
+            except ValueError:
+                return 400, "text/plain", "missing or invalid X-aws-ec2-metadata-token-ttl-seconds"
+            if not 1 <= ttl <= 21600:
+                return 400, "text/plain", "token ttl must be 1..21600"
+            session = secrets.token_urlsafe(32)
+            with self._lock:
+                state.tokens[session] = time.time() + ttl
+            return 200, "text/plain", session
+        if method != "GET":
+            return 405, "text/plain", "method not allowed"
+        with self._lock:
+            expiry = state.tokens.get(headers.get("x-aws-ec2-metadata-token", ""), 0.0)
+        if expiry < time.time():
+            return 401, "text/plain", "unauthorized"
+        if rest == "/latest/meta-data/instance-id":
+            return 200, "text/plain", instance_id
+        if rest == "/latest/meta-data/placement/region":
+            return 200, "text/plain", self.region
+        if rest.rstrip("/") == "/latest/meta-data/placement/availability-zone":  # botocore asks with a slash
+            return 200, "text/plain", self.region + "a"
+        if rest == "/latest/meta-data/spot/instance-action" and state.spot_action:
+            action, at = state.spot_action
+            when = datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+            return 200, "application/json", json.dumps({"action": action, "time": when})
+        return 404, "text/plain", "not found"
+
+    def _gce(
+        self, method: str, rest: str, headers: dict[str, str], instance_id: str, state: _InstanceState
+    ) -> tuple[int, str, str]:
+        if headers.get("metadata-flavor") != "Google":
+            return 403, "text/plain", "Missing Metadata-Flavor:Google header."
+        if method != "GET":
+            return 405, "text/plain", "method not allowed"
+        values = {
+            "preempted": "TRUE" if state.preempted else "FALSE",
+            "maintenance-event": state.maintenance_event,
+            "name": instance_id,
+            "id": str(zlib.crc32(instance_id.encode()) * 1000003 + 7),  # stable and numeric, like GCE's
+        }
+        prefix = "/computeMetadata/v1/instance/"
+        value = values.get(rest[len(prefix) :]) if rest.startswith(prefix) else None
+        if value is None:
+            return 404, "text/plain", "not found"
+        return 200, "application/text", value
+
+
+def _make_handler(server: MetadataServer) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _respond(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(length)
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            status, content_type, body = server.answer(self.command, self.path, headers)
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            if content_type == "application/text":
+                self.send_header("Metadata-Flavor", "Google")
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_PUT = do_POST = do_DELETE = _respond
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass  # quiet: agents poll every few seconds
+
+    return Handler

@@ -1,0 +1,404 @@
+"""The agent as a real subprocess against S3 (moto server) and the emulator's metadata server.
+
+What the operator relies on: the final status is the last write (logs and results complete when it
+shows), log chunks are gap-free, notices and max_runtime stop the job with SIGTERM first, and the
+agent reports and powers off whatever went wrong.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+
+from airflow_cloudtrain import runs
+from airflow_cloudtrain.agent.bootstrap import AWS_DOWNLOAD_PY, build_agent_zip
+from airflow_cloudtrain.agent.jobs import build_job_command
+from airflow_cloudtrain.agent.logs import NOTE_PREFIX, LogStreamer
+from airflow_cloudtrain.agent.storage import RunFolder, open_run_folder
+from airflow_cloudtrain.emulator.metadata import MetadataServer
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = {"log_interval_s": 0.2, "heartbeat_interval_s": 0.2, "metadata_poll_s": 0.2}
+
+
+@pytest.fixture
+def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A fresh bucket; the env it is reachable with is inherited by the agent subprocesses."""
+    for name, value in {
+        "AWS_ENDPOINT_URL": moto_endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    client = boto3.client("s3")
+    client.bucket = f"ct-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=client.bucket)
+    return client
+
+
+@pytest.fixture(scope="module")
+def metadata() -> Iterator[MetadataServer]:
+    with MetadataServer() as server:
+        yield server
+
+
+class Run:
+    """One agent run: writes the spec, starts the agent, reads back what it wrote."""
+
+    def __init__(self, s3: Any, md: MetadataServer, tmp: Path, cloud: str = "ec2spot", **spec: Any) -> None:
+        self.iid = f"i-{uuid.uuid4().hex[:12]}"
+        self.uri = f"s3://{s3.bucket}/runs/dag/task/{self.iid}/-1"
+        self.folder = open_run_folder(self.uri)
+        self.spec = runs.RunSpec(run_id="ct-test", run_uri=self.uri, cloud=cloud, **{**FAST, **spec})
+        self.folder.put_text(runs.SPEC_KEY, self.spec.to_json())
+        self.tmp, self.md, self.proc = tmp, md, None
+
+    def start(self, *args: str, cmd: list[str] | None = None, env: dict[str, str] | None = None) -> Run:
+        env = {
+            **os.environ,
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT": self.md.endpoint_for(self.iid),
+            "GCE_METADATA_HOST": self.md.gce_host_for(self.iid),
+            **(env or {}),
+        }
+        base = cmd or [sys.executable, "-m", "airflow_cloudtrain.agent"]
+        argv = [*base, "--run-uri", self.uri, "--workdir", str(self.tmp / "work"), *args]
+        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return self
+
+    def wait(self, timeout: float = 30) -> runs.RunStatus:
+        assert self.proc is not None
+        out, err = self.proc.communicate(timeout=timeout)
+        self.stdout, self.stderr = out.decode(), err.decode()
+        assert self.proc.returncode == 0, self.stderr
+        return self.status()
+
+    def status(self) -> runs.RunStatus:
+        text = self.folder.get_text(runs.status_key(self.iid))
+        assert text is not None, "no status.json"
+        return runs.RunStatus.from_json(text)
+
+    def chunks(self) -> list[bytes]:
+        keys = self.folder.list(runs.log_prefix(self.iid))
+        assert [runs.log_seq(k) for k in keys] == list(range(len(keys)))  # no gaps
+        return [self.folder.get_bytes(k) or b"" for k in keys]
+
+    def log(self, notes: bool = False) -> str:
+        text = b"".join(self.chunks()).decode()
+        return (
+            text
+            if notes
+            else "".join(line for line in text.splitlines(True) if not line.startswith(NOTE_PREFIX))
+        )
+
+    def wait_for_log(self, needle: str, timeout: float = 15) -> None:
+        deadline = time.monotonic() + timeout
+        while needle not in self.log():
+            assert time.monotonic() < deadline, f"{needle!r} never appeared in the log"
+            time.sleep(0.1)
+
+
+JOB = r"""for i in $(seq 1 12); do echo "line $i"; echo "err $i" >&2; sleep 0.05; done
+echo done > "$CLOUDTRAIN_OUTPUT_DIR/result.txt"
+mkdir -p "$CLOUDTRAIN_OUTPUT_DIR/sub" && echo nested > "$CLOUDTRAIN_OUTPUT_DIR/sub/a.txt"
+printf 'no newline at the end'"""
+JOB_OUTPUT = "".join(f"line {i}\nerr {i}\n" for i in range(1, 13)) + "no newline at the end"
+
+
+def test_success_final_status_is_last_write(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
+    run = Run(s3, metadata, tmp_path, command=JOB)
+    seen: list[str] = []
+    at_final: dict[str, list[str]] = {}
+
+    def observe() -> None:  # what an operator polling the folder sees the moment the status is final
+        while not at_final:
+            text = run.folder.get_text(runs.status_key(run.iid))
+            if text:
+                status = runs.RunStatus.from_json(text)
+                seen.append(status.state)
+                if status.final:
+                    at_final["logs"] = run.folder.list(runs.log_prefix(run.iid))
+                    at_final["results"] = run.folder.list(runs.RESULTS_PREFIX)
+            time.sleep(0.02)
+
+    observer = threading.Thread(target=observe, daemon=True)
+    observer.start()
+    poweroff = tmp_path / "powered-off"
+    status = run.start("--poweroff", f"touch '{poweroff}'").wait()  # instance id from the metadata server
+    observer.join(10)
+    assert status.state == runs.SUCCEEDED and status.exit_code == 0 and status.instance_id == run.iid
+    assert status.started_at <= status.job_started_at <= status.ended_at  # type: ignore[operator]
+    assert "running" in seen and poweroff.exists()
+    # merged stdout/stderr, in order, nothing lost or doubled; the agent ends the unterminated last
+    # line before its own closing notes
+    assert run.log() == JOB_OUTPUT + "\n"
+    assert f"{JOB_OUTPUT}\n{NOTE_PREFIX}uploaded 2 result file(s)\n" in run.log(notes=True)
+    chunks = run.chunks()
+    assert len(chunks) > 1 and all(chunks)
+    assert at_final["logs"] == run.folder.list(runs.log_prefix(run.iid))
+    assert at_final["results"] == ["results/result.txt", "results/sub/a.txt"]
+    assert run.folder.get_text("results/sub/a.txt") == "nested\n"
+    assert abs(float(run.folder.get_text(runs.heartbeat_key(run.iid)) or 0) - time.time()) < 30
+    assert "line 12" in run.stdout  # echoed to the agent's own output too
+
+
+def test_failing_command(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
+    run = Run(s3, metadata, tmp_path, command="echo oops; exit 3")
+    status = run.start("--instance-id", run.iid).wait()  # given, not asked from the metadata service
+    assert status.state == runs.FAILED and status.exit_code == 3 and "code 3" in status.message
+
+
+def test_setup_cmds_run_first(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
+    run = Run(
+        s3, metadata, tmp_path, command="cat marker; echo job", setup_cmds=["echo one > marker", "echo two"]
+    )
+    assert run.start().wait().state == runs.SUCCEEDED
+    assert run.log() == "two\none\njob\n"
+
+
+def test_failing_setup_cmd_fails_the_run(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
+    setup = ["true", "echo broken; exit 7", "echo never"]
+    run = Run(s3, metadata, tmp_path, command="echo job", setup_cmds=setup)
+    status = run.start().wait()
+    assert status.state == runs.FAILED and status.exit_code == 7
+    assert "exit 7" in status.message and "code 7" in status.message
+    assert run.log() == "broken\n"
+
+
+TRAPPING_JOB = """trap 'echo got-term; echo saved > "$CLOUDTRAIN_OUTPUT_DIR/checkpoint"; exit 143' TERM
+echo started
+while true; do sleep 0.1; done"""
+
+
+def test_spot_notice_sends_sigterm(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
+    run = Run(s3, metadata, tmp_path, command=TRAPPING_JOB).start()
+    run.wait_for_log("started")
+    metadata.set_spot_action(run.iid, "terminate", at=time.time() + 60)
+    status = run.wait()
+    assert status.state == runs.INTERRUPTED and status.exit_code == 143
+    assert status.interruption and status.interruption["kind"] == "spot"
+    assert (
+        status.interruption["action"] == "terminate" and status.interruption["notice_at"] > status.started_at
+    )
+    assert "got-term" in run.log() and run.folder.get_text("results/checkpoint") == "saved\n"
+
+
+def test_gce_preemption(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
+    run = Run(s3, metadata, tmp_path, cloud="gcspot", command=TRAPPING_JOB).start()
+    run.wait_for_log("started")
+    metadata.set_preempted(run.iid)
+    status = run.wait()
+    assert status.state == runs.INTERRUPTED and status.interruption["kind"] == "preemption"  # type: ignore[index]
+    assert run.folder.get_text("results/checkpoint") == "saved\n"
+
+
+def test_job_ignoring_sigterm_is_killed_when_the_notice_runs_out(
+    s3: Any, metadata: MetadataServer, tmp_path: Path
+) -> None:
+    run = Run(s3, metadata, tmp_path, command="trap '' TERM; echo started; while true; do sleep 0.1; done")
+    run.start().wait_for_log("started")
+    started = time.monotonic()
+    metadata.set_spot_action(run.iid, "stop", at=time.time() + 1.5)
+    status = run.wait()
+    assert status.state == runs.INTERRUPTED and status.exit_code == 137  # SIGKILL after the grace
+    assert time.monotonic() - started < 10
+
+
+def test_max_runtime(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
+    run = Run(s3, metadata, tmp_path, command="echo start; sleep 30", max_runtime_s=1.5)
+    started = time.monotonic()
+    status = run.start().wait()
+    assert status.state == runs.TIMED_OUT and "max_runtime" in status.message and "1.5" in status.message
+    assert time.monotonic() - started < 15 and run.log() == "start\n"
+
+
+def test_code_tarball_is_unpacked(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, text in {
+            "train.sh": 'cp data/x.txt "$CLOUDTRAIN_OUTPUT_DIR/"\n',
+            "data/x.txt": "payload",
+        }.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text.encode()))
+    s3.put_object(Bucket=s3.bucket, Key="elsewhere/code.tar.gz", Body=buffer.getvalue())
+    code_uri = f"s3://{s3.bucket}/elsewhere/code.tar.gz"
+    run = Run(s3, metadata, tmp_path, command="bash train.sh", code_uri=code_uri)
+    assert run.start().wait().state == runs.SUCCEEDED
+    assert run.folder.get_text("results/x.txt") == "payload"
+
+
+def test_env_reaches_job_but_not_agent_output(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
+    secret, agent_secret = "sekrit-value-123", "agent-env-secret-456"
+    command = (
+        f'test "$API_KEY" = {secret} && echo "$PLAIN" && test -d "$CLOUDTRAIN_CHECKPOINT_DIR" && '
+        'echo "$CLOUDTRAIN_RUN_ID $CLOUDTRAIN_RUN_URI" > "$CLOUDTRAIN_OUTPUT_DIR/ids"'
+    )
+    run = Run(s3, metadata, tmp_path, command=command, env={"API_KEY": secret, "PLAIN": "hello"})
+    status = run.start(env={"AGENT_ONLY": agent_secret}).wait()
+    assert status.state == runs.SUCCEEDED and run.log() == "hello\n"
+    assert run.folder.get_text("results/ids") == f"ct-test {run.uri}\n"
+    written = run.stdout + run.stderr + run.log(notes=True) + status.to_json()
+    assert secret not in written and agent_secret not in written and "testing" not in written
+
+
+def test_missing_spec_still_reports_and_powers_off(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
+    run = Run(s3, metadata, tmp_path, command="true")
+    run.folder.delete_prefix("")  # no spec.json
+    poweroff = tmp_path / "powered-off"
+    status = run.start("--poweroff", f"touch '{poweroff}'").wait()
+    assert status.state == runs.FAILED and "spec.json" in status.message and poweroff.exists()
+
+
+def test_agent_error_still_reports_and_powers_off(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
+    run = Run(s3, metadata, tmp_path, command="true", code_uri=f"s3://{s3.bucket}/no/such.tar.gz")
+    poweroff = tmp_path / "powered-off"
+    status = run.start("--poweroff", f"touch '{poweroff}'").wait()
+    assert status.state == runs.FAILED and status.message.startswith("agent error:") and poweroff.exists()
+
+
+def test_zipapp_fetched_like_user_data_runs_the_job(
+    s3: Any, metadata: MetadataServer, tmp_path: Path
+) -> None:
+    run = Run(s3, metadata, tmp_path, command="echo from-zip")
+    run.folder.put_bytes(runs.AGENT_KEY, build_agent_zip())
+    agent_zip = tmp_path / "agent.zip"
+    subprocess.run(
+        [sys.executable, "-c", AWS_DOWNLOAD_PY, runs.join(run.uri, runs.AGENT_KEY), str(agent_zip)],
+        check=True,
+        timeout=60,
+    )
+    status = run.start(cmd=[sys.executable, str(agent_zip)]).wait()
+    assert status.state == runs.SUCCEEDED and run.log() == "from-zip\n"
+
+
+def test_docker_argv() -> None:
+    spec = runs.RunSpec(
+        run_id="ct-1", run_uri="s3://b/r", cloud="ec2", command="python train.py", image="img:1", gpus=1
+    )
+    spec.env = {"TOKEN": "value-not-on-argv", "A": "x"}
+    argv, extra = build_job_command(spec, "/work", volumes=["/mnt/data"])
+    names = [
+        "A",
+        "CLOUDTRAIN_CHECKPOINT_DIR",
+        "CLOUDTRAIN_OUTPUT_DIR",
+        "CLOUDTRAIN_RUN_ID",
+        "CLOUDTRAIN_RUN_URI",
+        "TOKEN",
+    ]
+    assert argv == [
+        *("docker", "run", "--rm", "--init", "--name", "cloudtrain-ct-1", "--gpus", "all"),
+        *("-v", "/work:/workspace", "-w", "/workspace", "-v", "/mnt/data:/mnt/data"),
+        *(x for name in names for x in ("-e", name)),
+        *("img:1", "bash", "-lc", "python train.py"),
+    ]
+    assert extra["CLOUDTRAIN_OUTPUT_DIR"] == "/workspace/output" and extra["TOKEN"] == "value-not-on-argv"
+    assert "value-not-on-argv" not in " ".join(argv)
+    spec.gpus, spec.image = 0, "img:2"
+    assert "--gpus" not in build_job_command(spec, "/work")[0]
+    spec.image = None
+    argv, extra = build_job_command(spec, "/work")
+    assert argv == ["bash", "-lc", "python train.py"] and extra["CLOUDTRAIN_OUTPUT_DIR"] == "/work/output"
+
+
+def test_run_folder_storage(s3: Any, tmp_path: Path) -> None:
+    folder = open_run_folder(f"s3://{s3.bucket}/runs/x/", s3_client=boto3.session.Session())
+    assert folder.get_bytes("nothing") is None
+    folder.put_text("results/b.txt", "b")
+    folder.put_bytes("results-old/a.txt", b"a")
+    (tmp_path / "up/sub").mkdir(parents=True)
+    (tmp_path / "up/sub/c.json").write_text(json.dumps({"c": 1}))
+    assert folder.upload_dir(tmp_path / "up", "results") == ["results/sub/c.json"]
+    assert folder.list("results") == ["results-old/a.txt", "results/b.txt", "results/sub/c.json"]
+    folder.download("results/sub/c.json", tmp_path / "down/c.json")
+    folder.download(f"s3://{s3.bucket}/runs/x/results/b.txt", tmp_path / "down/b.txt")
+    assert (tmp_path / "down/b.txt").read_text() == "b" and json.loads((tmp_path / "down/c.json").read_text())
+    assert folder.delete_prefix("results") == 2  # a folder: results-old/ stays
+    assert folder.list() == ["results-old/a.txt"]
+
+
+class _FakeBlob:
+    def __init__(self, store: dict[str, bytes], name: str) -> None:
+        self.store, self.name = store, name
+
+    def upload_from_string(self, data: bytes) -> None:
+        self.store[self.name] = data
+
+    def download_as_bytes(self) -> bytes:
+        from google.api_core.exceptions import NotFound
+
+        if self.name not in self.store:
+            raise NotFound("no such object")
+        return self.store[self.name]
+
+    def delete(self) -> None:
+        del self.store[self.name]
+
+
+class _FakeGcsClient:
+    """Just the google-cloud-storage calls the run folder makes (no GCS server in the tests)."""
+
+    def __init__(self) -> None:
+        self.store: dict[str, bytes] = {}
+
+    def bucket(self, name: str) -> Any:
+        return type("Bucket", (), {"blob": lambda _, key: _FakeBlob(self.store, key)})()
+
+    def list_blobs(self, bucket: str, prefix: str = "") -> list[_FakeBlob]:
+        return [_FakeBlob(self.store, k) for k in sorted(self.store) if k.startswith(prefix)]
+
+
+def test_run_folder_on_gcs(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = _FakeGcsClient()
+    folder = open_run_folder("gs://bkt/runs/y", gcs_client=client)
+    assert folder.get_text("spec.json") is None
+    folder.put_text("spec.json", "{}")
+    folder.put_text("results/a", "a")
+    assert client.store["runs/y/spec.json"] == b"{}" and folder.get_text("spec.json") == "{}"
+    assert folder.list() == ["results/a", "spec.json"]
+    assert folder.delete_prefix("results") == 1 and folder.list() == ["spec.json"]
+    # with the emulator variable set, a default client is anonymous: built without credentials
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")
+    assert type(open_run_folder("gs://bkt/r")._backend().client).__name__ == "Client"
+
+
+class _FlakyFolder(RunFolder):
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.fail = False
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        if self.fail:
+            raise OSError("network down")
+        self.objects[key] = data
+
+
+def test_log_streamer_keeps_bytes_across_failed_uploads() -> None:
+    folder = _FlakyFolder()
+    streamer = LogStreamer(folder, "i-1", echo=io.BytesIO())
+    assert streamer.flush() == 0  # nothing new: no empty chunk
+    streamer.write(b"a\nb")
+    streamer.flush()  # the partial line waits
+    folder.fail = True
+    streamer.write(b"c\n")
+    with pytest.raises(OSError):
+        streamer.flush()
+    folder.fail = False
+    streamer.write(b"tail")
+    streamer.flush(final=True)
+    assert list(folder.objects) == [runs.log_key("i-1", 0), runs.log_key("i-1", 1)]
+    assert b"".join(folder.objects.values()) == b"a\nbc\ntail"

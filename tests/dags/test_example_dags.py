@@ -1,0 +1,51 @@
+"""The example DAGs run inside real Airflow (dag.test()) on the emulated AWS, blocking and deferrable."""
+
+from __future__ import annotations
+
+import json
+
+import boto3
+import pytest
+from dag_helpers import load_example, task_states, xcom
+
+from airflow_cloudtrain.catalog import choose_offer
+from airflow_cloudtrain.spec import Hardware
+
+XCOM_FIELDS = {"run_id", "run_uri", "cloud", "instance_type", "region", "zone", "exit_code", "duration_s",
+               "cost_usd", "interruptions"}  # fmt: skip
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])
+def test_ec2_train_end_to_end(emu, airflow_db, monkeypatch, deferrable: bool) -> None:
+    monkeypatch.setenv("CLOUDTRAIN_DEFERRABLE", str(deferrable).lower())
+    run = load_example("ec2_train").test()
+    assert task_states(run) == {"prepare_data": "success", "train": "success", "evaluate": "success"}
+    result = xcom(run, "train")
+    assert XCOM_FIELDS <= set(result)
+    json.dumps(result)  # JSON-safe
+    assert result["cloud"] == "ec2spot" and result["exit_code"] == 0 and result["interruptions"] == 0
+    # the cheapest spot offer with >= 2 vCPUs and 4 GiB within a 60% bid, in the connection's region
+    assert result["instance_type"] == choose_offer("ec2spot", Hardware(2, 0, "4g"), "us-east-1", bid="60%").instance_type
+    assert result["cost_usd"] > 0 and "per second" in result["cost_basis"]
+    # The model landed in the run folder, and the evaluate task read it through the XCom.
+    bucket, key = result["results_uri"][len("s3://") :].split("/", 1)
+    model = json.loads(boto3.client("s3").get_object(Bucket=bucket, Key=f"{key}/model.json")["Body"].read())
+    assert abs(model["w"] - 3) < 0.3 and abs(model["b"] - 2) < 0.3
+    assert xcom(run, "evaluate")["model"] == model
+    # The instance is gone, by our hand (the agent powering off would say InstanceInitiatedShutdown).
+    state = boto3.client("ec2").describe_instances(InstanceIds=[result["instance_id"]])["Reservations"][0]["Instances"][0]
+    assert state["State"]["Name"] == "terminated"
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])
+def test_ui_train_params_flow_into_the_operator(emu, airflow_db, monkeypatch, deferrable: bool) -> None:
+    monkeypatch.setenv("CLOUDTRAIN_DEFERRABLE", str(deferrable).lower())
+    conf = {"cloud": "ec2", "cpus": 8, "ram": "30g", "bid": "", "command": "echo trained-from-the-form"}
+    run = load_example("ui_train").test(run_conf=conf)
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    assert result["cloud"] == "ec2" and result["spot"] is False
+    # the form's cpus/ram reached the catalog search: cheapest on-demand with >= 8 vCPUs and 30 GiB
+    assert result["instance_type"] == choose_offer("ec2", Hardware(8, 0, "30g"), "us-east-1").instance_type
+    assert result["instance_type"] != choose_offer("ec2", Hardware(2, 0, "4g"), "us-east-1").instance_type
+    assert result["exit_code"] == 0
