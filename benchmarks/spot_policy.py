@@ -1,0 +1,233 @@
+"""Benchmark the spot policies on real spot-availability traces.
+
+Replays every trace in ``--traces`` through every policy in :mod:`airflow_cloudtrain.policy`
+(the same ``decide`` functions the operator runs), from a start every ``--start-every-hours``,
+and reports cost relative to always-on-demand, share of deadlines met and changeovers per run.
+
+Defaults follow Wu et al., "Can't Be Late" (NSDI 2024): 48 h of work, 0.2 h changeover, deadlines
+of 52, 60 and 72 h (job fractions 0.92, 0.80, 0.67). Prices are the us-west-2 rows of the
+package's ``catalog/data/aws.csv``: on-demand ``Price``, and for spot the mean of ``SpotMin`` and
+``SpotMax``. K80 traces (p2.*) have no catalog rows; they are priced with the spot/on-demand ratio
+of the p3 type with the same GPU count (only the ratio matters: costs are reported relative to
+on-demand), or left out with ``--exclude-k80``.
+
+Usage: python benchmarks/spot_policy.py [--traces DIR] [--deadline-hours D] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import sys
+import time
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from airflow_cloudtrain.policy import POLICIES, Trace, load_trace, simulate  # noqa: E402
+
+TRACE_SOURCE = "github.com/skypilot-org/spot-traces (NSDI 2024 'Can't Be Late'), aws-10-26-2022"
+DEFAULT_TRACES = REPO_ROOT.parent / "shared" / "traces" / "aws-10-26-2022"
+CATALOG = REPO_ROOT / "airflow_cloudtrain" / "catalog" / "data" / "aws.csv"
+REGION = "us-west-2"
+DEFAULT_DEADLINES = (52.0, 60.0, 72.0)
+INSTANCE_FOR_GPUS = {"1": "p3.2xlarge", "8": "p3.16xlarge"}
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per instance-hour for one instance type in us-west-2, as read from the catalog."""
+
+    instance: str
+    on_demand: float
+    spot_min: float
+    spot_max: float
+
+    @property
+    def spot(self) -> float:
+        """Mean of the catalog's SpotMin and SpotMax: neither the best nor the worst zone."""
+        return (self.spot_min + self.spot_max) / 2.0
+
+
+def read_prices(catalog: Path = CATALOG) -> dict[str, Price]:
+    """The us-west-2 p3 prices the traces need, keyed by instance type."""
+    wanted = set(INSTANCE_FOR_GPUS.values())
+    prices: dict[str, Price] = {}
+    with catalog.open(newline="") as fh:
+        for row in csv.DictReader(fh):
+            if row["InstanceType"] in wanted and row["Region"] == REGION:
+                prices[row["InstanceType"]] = Price(
+                    row["InstanceType"], float(row["Price"]), float(row["SpotMin"]), float(row["SpotMax"])
+                )
+    missing = wanted - prices.keys()
+    if missing:
+        raise SystemExit(f"{catalog}: no {REGION} row for {', '.join(sorted(missing))}")
+    return prices
+
+
+def price_for(trace_name: str, prices: dict[str, Price]) -> Price:
+    """``us-west-2a_v100_8`` -> p3.16xlarge; K80 traces borrow the p3 type with the same GPU count."""
+    gpus = trace_name.rsplit("_", 1)[-1]
+    if gpus not in INSTANCE_FOR_GPUS:
+        raise SystemExit(f"cannot price trace {trace_name!r}: expected a name ending in _1 or _8")
+    return prices[INSTANCE_FOR_GPUS[gpus]]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One (policy, trace, deadline) cell: all start offsets of it run in one worker call."""
+
+    policy: str
+    trace: Trace
+    deadline: float
+    job: float
+    changeover: float
+    spot_price: float
+    on_demand_price: float
+    start_every: int
+
+
+def run_task(task: Task) -> tuple[Task, list[tuple[float, bool, int]]]:
+    """Simulate every start of one cell; returns (cost / always-on-demand cost, met, launches)."""
+    decide = POLICIES[task.policy]
+    trace = task.trace
+    window = int(task.deadline / trace.gap_hours + 0.5)
+    baseline = task.on_demand_price * (task.job + task.changeover)
+    rows = []
+    for start in range(0, len(trace.data) - window + 1, task.start_every):
+        res = simulate(
+            trace,
+            decide,
+            job_hours=task.job,
+            deadline_hours=task.deadline,
+            changeover_hours=task.changeover,
+            spot_price=task.spot_price,
+            on_demand_price=task.on_demand_price,
+            start=start,
+        )
+        rows.append((res.cost / baseline, res.met_deadline, res.launches))
+    return task, rows
+
+
+def spot_only_bound(task: Task) -> list[float]:
+    """Cost ratio if every available spot hour were used with free changeovers: unreachable floor."""
+    trace, ratio = task.trace, task.spot_price / task.on_demand_price
+    window = int(task.deadline / trace.gap_hours + 0.5)
+    out = []
+    for start in range(0, len(trace.data) - window + 1, task.start_every):
+        spot = min(task.job, sum(trace.data[start : start + window]) * trace.gap_hours)
+        out.append((spot * ratio + task.job - spot) / (task.job + task.changeover))
+    return out
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Command line; defaults are the paper's setting so a bare run reproduces docs/spot_policy.md."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--traces", type=Path, default=DEFAULT_TRACES, help="directory of *.json traces")
+    p.add_argument("--job-hours", type=float, default=48.0)
+    p.add_argument("--deadline-hours", type=float, help="one deadline (default: 52, 60 and 72 h)")
+    p.add_argument("--changeover-hours", type=float, default=0.2)
+    p.add_argument("--start-every-hours", type=float, default=2.0, help="spacing of start offsets")
+    p.add_argument("--exclude-k80", action="store_true", help="only the v100 traces (priced directly)")
+    p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
+    p.add_argument("--json", action="store_true", help='print {"policies": {NAME: {...}}} only')
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every policy on every (trace, deadline, start) and print the table or the JSON."""
+    args = parse_args(argv)
+    began = time.monotonic()
+    paths = sorted(args.traces.glob("*.json"))
+    if args.exclude_k80:
+        paths = [p for p in paths if "_k80_" not in p.name]
+    if not paths:
+        raise SystemExit(f"no *.json traces in {args.traces}")
+    traces = [load_trace(p) for p in paths]
+    prices = read_prices()
+    deadlines = (args.deadline_hours,) if args.deadline_hours else DEFAULT_DEADLINES
+    tasks = [
+        Task(
+            name,
+            tr,
+            dl,
+            args.job_hours,
+            args.changeover_hours,
+            price_for(tr.name, prices).spot,
+            price_for(tr.name, prices).on_demand,
+            max(1, round(args.start_every_hours / tr.gap_hours)),
+        )
+        for name in reversed(POLICIES)  # slowest policies first keeps both workers busy
+        for tr in traces
+        for dl in deadlines
+    ]
+    with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
+        results = list(pool.map(run_task, tasks))
+
+    rows: dict[str, list[tuple[float, bool, int]]] = defaultdict(list)
+    cells: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for task, out in results:
+        rows[task.policy] += out
+        cells[(task.policy, f"{task.deadline:g}h")] += [r[0] for r in out]
+        cells[(task.policy, task.trace.name)] += [r[0] for r in out]
+    bound = [x for t in tasks if t.policy == "on_demand" for x in spot_only_bound(t)]
+
+    summary = {
+        name: {
+            "cost_vs_on_demand": round(statistics.fmean(r[0] for r in rows[name]), 4),
+            "deadlines_met": round(statistics.fmean(r[1] for r in rows[name]), 4),
+            "mean_changeovers": round(statistics.fmean(r[2] for r in rows[name]), 2),
+            "runs": len(rows[name]),
+            "by_deadline": {
+                f"{dl:g}": round(statistics.fmean(cells[(name, f"{dl:g}h")]), 4) for dl in deadlines
+            },
+        }
+        for name in POLICIES
+    }
+    if args.json:
+        print(json.dumps({"policies": summary}, indent=2))
+        return 0
+
+    used = sorted({price_for(t.name, prices).instance for t in traces})
+    print(f"Traces: {TRACE_SOURCE} ({len(traces)} files from {args.traces})")
+    print(
+        f"Job {args.job_hours:g} h, changeover {args.changeover_hours:g} h, deadlines "
+        f"{', '.join(f'{d:g}' for d in deadlines)} h, a start every {args.start_every_hours:g} h: "
+        f"{summary['ours']['runs']} runs per policy"
+    )
+    for inst in used:
+        pr = prices[inst]
+        print(
+            f"Price {inst} {REGION} (aws.csv): on-demand ${pr.on_demand:.4f}/h, spot ${pr.spot:.4f}/h "
+            f"= mean(SpotMin {pr.spot_min:.4f}, SpotMax {pr.spot_max:.4f}), ratio {pr.spot / pr.on_demand:.3f}"
+        )
+    if any("_k80_" in t.name for t in traces):
+        print("k80 traces (p2.*, not in the catalog) are priced like the p3 type with the same GPU count.")
+    print()
+    print(f"{'policy':<20}{'cost_vs_on_demand':>18}{'saved':>8}{'deadlines_met':>15}{'changeovers':>13}")
+    for name, s in summary.items():
+        print(
+            f"{name:<20}{s['cost_vs_on_demand']:>18.3f}{1 - s['cost_vs_on_demand']:>8.1%}"
+            f"{s['deadlines_met']:>15.1%}{s['mean_changeovers']:>13.1f}"
+        )
+    print(f"{'spot-only bound *':<20}{statistics.fmean(bound):>18.3f}{1 - statistics.fmean(bound):>8.1%}")
+    print("* every available spot hour used, changeovers free, future known: no policy can reach it.")
+
+    columns = [f"{d:g}h" for d in deadlines] + [t.name for t in traces]
+    print(f"\ncost_vs_on_demand by deadline and by trace\n{'':<20}" + "".join(f"{p:>18}" for p in POLICIES))
+    for col in columns:
+        print(f"{col:<20}" + "".join(f"{statistics.fmean(cells[(p, col)]):>18.3f}" for p in POLICIES))
+    print(f"\nwall time {time.monotonic() - began:.1f} s with {args.workers} worker(s)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
