@@ -140,6 +140,8 @@ class Emulator:
         for raw in self._aws_alive():
             tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
             iid = raw["InstanceId"]
+            if not tags.get(TAG_RUN_URI):
+                continue  # no run folder to run: nothing for an agent to do (tests drive such instances)
             self._regions[iid] = raw["_region"]
             env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": self.metadata.endpoint_for(iid),
                    "AWS_DEFAULT_REGION": raw["_region"]}  # fmt: skip

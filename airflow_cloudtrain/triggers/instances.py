@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -46,9 +47,10 @@ async def watch_instances(
     errors = 0
     while True:
         try:
-            async for snapshot in shared_poll.watch(key, ids, describe, interval):
-                errors = 0
-                yield snapshot
+            async with aclosing(shared_poll.watch(key, ids, describe, interval)) as stream:
+                async for snapshot in stream:
+                    errors = 0
+                    yield snapshot
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -95,14 +97,16 @@ class InstanceStateTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        stream = watch_instances(
+            self.cloud, self.conn_id, self.region, self.instance_ids, self.poll_interval, self.project_id
+        )
         try:
-            async for snapshot in watch_instances(
-                self.cloud, self.conn_id, self.region, self.instance_ids, self.poll_interval, self.project_id
-            ):
-                event = evaluate_states(snapshot, self.instance_ids, self.target_state)
-                if event is not None:
-                    yield TriggerEvent(event)
-                    return
+            async with aclosing(stream):
+                async for snapshot in stream:
+                    event = evaluate_states(snapshot, self.instance_ids, self.target_state)
+                    if event is not None:
+                        break
+            yield TriggerEvent(event)
         except asyncio.CancelledError:
             raise
         except Exception as err:

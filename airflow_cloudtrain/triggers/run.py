@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
@@ -18,7 +19,7 @@ from airflow_cloudtrain.runs import RunStatus, join, split_uri, status_key
 from airflow_cloudtrain.triggers.instances import watch_instances
 from airflow_cloudtrain.waiting import outcome
 
-ENDED_GRACE_S = 10.0
+ENDED_GRACE_S = 3.0  # the agent writes its final status before powering off; this covers the race
 
 
 class AsyncRunFolder:
@@ -129,39 +130,47 @@ class RunTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         folder = AsyncRunFolder(self.run_uri, self.cloud, self.conn_id, self.region)
         follower = LogFollower(self.instance_id, self.next_log_seq)
+        stream = watch_instances(
+            self.cloud, self.conn_id, self.region, [self.instance_id], self.poll_interval, self.project_id
+        )
         ended_since: float | None = None
+        event: dict[str, Any] | None = None
         try:
-            async for snapshot in watch_instances(
-                self.cloud, self.conn_id, self.region, [self.instance_id], self.poll_interval, self.project_id
-            ):
-                for line in await follower.apoll(folder.list, folder.get):
-                    self.log.info("[job] %s", line)
-                raw = await folder.get(status_key(self.instance_id))
-                status = RunStatus.from_json(raw.decode()) if raw else None
-                instance = snapshot.get(self.instance_id)
-                if instance is not None and instance.state in ("shutting-down", "terminated", "stopped"):
-                    ended_since = ended_since or time.monotonic()
-                grace_over = ended_since is not None and time.monotonic() - ended_since >= ENDED_GRACE_S
-                event = outcome(status, instance, grace_over)
-                if event is None and self.deadline is not None and time.time() > self.deadline:
-                    event = {"status": "error", "state": "timed_out", "exit_code": None, "interrupted": False,
-                             "interruptions": 0, "message": "max_runtime passed and the agent did not stop the job"}  # fmt: skip
-                if event is not None:
-                    if event["status"] == "success" or status is not None:
-                        for line in await follower.apoll(folder.list, folder.get):
-                            self.log.info("[job] %s", line)
-                    event.update(instance_id=self.instance_id, next_log_seq=follower.next_seq, launch=self.launch,
-                                 instance=instance.to_dict() if instance else None)  # fmt: skip
-                    yield TriggerEvent(event)
-                    return
+            async with aclosing(stream):
+                async for snapshot in stream:
+                    instance = snapshot.get(self.instance_id)
+                    if instance is not None and instance.state in ("shutting-down", "terminated", "stopped"):
+                        ended_since = ended_since or time.monotonic()
+                    event = await self._step(folder, follower, instance, ended_since)
+                    if event is not None:
+                        break
         except asyncio.CancelledError:
             raise
         except Exception as err:
-            yield TriggerEvent({"status": "error", "state": "wait_failed", "instance_id": self.instance_id,
-                                "next_log_seq": follower.next_seq, "launch": self.launch,
-                                "message": f"waiting for the run failed: {err}"})  # fmt: skip
+            event = {"status": "error", "state": "wait_failed", "message": f"waiting for the run failed: {err}"}
         finally:
             await folder.close()
+        event = event or {"status": "error", "state": "wait_failed", "message": "instance watch ended"}
+        event.update(instance_id=self.instance_id, next_log_seq=follower.next_seq, launch=self.launch)
+        yield TriggerEvent(event)
+
+    async def _step(self, folder: AsyncRunFolder, follower: LogFollower, instance: Any,
+                    ended_since: float | None) -> dict[str, Any] | None:  # fmt: skip
+        """One poll: show new log lines, read the status, decide (see ``waiting.outcome``)."""
+        for line in await follower.apoll(folder.list, folder.get):
+            self.log.info("[job] %s", line)
+        raw = await folder.get(status_key(self.instance_id))
+        status = RunStatus.from_json(raw.decode()) if raw else None
+        grace_over = ended_since is not None and time.monotonic() - ended_since >= ENDED_GRACE_S
+        event = outcome(status, instance, grace_over)
+        if event is None and self.deadline is not None and time.time() > self.deadline:
+            event = {"status": "error", "state": "timed_out", "exit_code": None, "interrupted": False,
+                     "interruptions": 0, "message": "max_runtime passed and the agent did not stop the job"}  # fmt: skip
+        if event is not None:
+            for line in await follower.apoll(folder.list, folder.get):  # what the agent wrote last
+                self.log.info("[job] %s", line)
+            event["instance"] = instance.to_dict() if instance else None
+        return event
 
     async def on_kill(self) -> None:
         """The user killed the deferred task: the instance must not outlive it."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
 from typing import Any
 
@@ -49,6 +50,7 @@ class _Group:
 
 
 _groups: dict[Hashable, _Group] = {}
+_tokens = itertools.count()  # one per watcher; id() of a temporary would be reused at once
 
 
 async def watch(
@@ -62,7 +64,7 @@ async def watch(
     if group is None or group.task is None or group.task.done():
         group = _groups[key] = _Group(describe, interval)
     group.interval = min(group.interval, interval)
-    token = id(object())
+    token = next(_tokens)
     group.watchers[token] = set(ids)
     if group.task is None:
         group.task = asyncio.get_running_loop().create_task(group.loop())

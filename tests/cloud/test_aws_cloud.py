@@ -1,0 +1,83 @@
+"""The AWS cloud module against the emulated EC2: what a launch asks for is what EC2 records."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+
+from airflow_cloudtrain.catalog import choose_offer
+from airflow_cloudtrain.clouds.base import LaunchRequest
+from airflow_cloudtrain.clouds.errors import CapacityUnavailable
+from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
+from airflow_cloudtrain.runs import RunKey
+from airflow_cloudtrain.spec import Bid, Hardware
+
+KEY = RunKey("dag", "task", "manual__1", -1)
+
+
+def request(cloud: str, **kw) -> LaunchRequest:
+    offer = choose_offer(cloud, Hardware(2, 0, "4g"), region="us-east-1")
+    return LaunchRequest(offer=offer, zone=None, user_data="#!/bin/bash\ntrue\n",
+                         tags={**KEY.tags(), "team": "ml"}, client_token="tok-1", disk_gib=80, **kw)  # fmt: skip
+
+
+@pytest.fixture()
+def cloud(emu):
+    # no cloudtrain-run-uri tag: the emulator starts no agent, the test drives the instance itself
+    return CloudTrainAwsHook(aws_conn_id="aws_default").cloud()
+
+
+def test_launch_is_secure_by_default_and_tagged(cloud) -> None:
+    inst = cloud.launch(request("ec2"))
+    try:
+        ec2 = boto3.client("ec2")
+        raw = ec2.describe_instances(InstanceIds=[inst.id])["Reservations"][0]["Instances"][0]
+        assert raw["MetadataOptions"]["HttpTokens"] == "required"  # IMDSv2 only
+        assert raw.get("KeyName") is None  # no SSH key unless asked
+        assert {t["Key"]: t["Value"] for t in raw["Tags"]}["cloudtrain-run-key"] == KEY.digest
+        shutdown = ec2.describe_instance_attribute(InstanceId=inst.id, Attribute="instanceInitiatedShutdownBehavior")
+        assert shutdown["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+        root = raw["BlockDeviceMappings"][0]["Ebs"]["VolumeId"]
+        (volume,) = ec2.describe_volumes(VolumeIds=[root])["Volumes"]
+        assert volume["Encrypted"] is True and volume["Size"] == 80
+        assert {t["Key"]: t["Value"] for t in volume["Tags"]}["cloudtrain-run-key"] == KEY.digest
+        assert [i.id for i in cloud.find(KEY.digest)] == [inst.id]
+    finally:
+        cloud.terminate([inst.id])
+    assert cloud.describe([inst.id])[inst.id].state == "terminated"
+    assert cloud.find(KEY.digest) == []
+
+
+def test_spot_launch_carries_the_bid_in_dollars(cloud) -> None:
+    req = request("ec2spot")
+    req.max_price = Bid("60%").max_price(req.offer.price)
+    sent: list[dict] = []  # what goes over the wire (moto does not keep a one-time spot request's price)
+    cloud.ec2.meta.events.register("provide-client-params.ec2.RunInstances", lambda params, **_: sent.append(params))
+    inst = cloud.launch(req)
+    try:
+        raw = boto3.client("ec2").describe_instances(InstanceIds=[inst.id])["Reservations"][0]["Instances"][0]
+        assert raw["InstanceLifecycle"] == "spot" and inst.spot
+        spot = sent[0]["InstanceMarketOptions"]
+        assert spot["MarketType"] == "spot"
+        assert float(spot["SpotOptions"]["MaxPrice"]) == pytest.approx(req.offer.price * 0.6, abs=1e-6)
+        assert spot["SpotOptions"]["InstanceInterruptionBehavior"] == "terminate"
+    finally:
+        cloud.terminate([inst.id])
+
+
+def test_capacity_error_is_mapped_onto_our_vocabulary(cloud, emu) -> None:
+    req = request("ec2")
+    emu.fail_capacity(req.offer.instance_type)
+    with pytest.raises(CapacityUnavailable) as err:
+        cloud.launch(req)
+    assert err.value.code == "InsufficientInstanceCapacity"
+
+
+def test_describe_many_and_unknown_ids(cloud) -> None:
+    ids = [cloud.launch(request("ec2")).id for _ in range(3)]
+    try:
+        states = cloud.describe([*ids, "i-0123456789abcdef0"])
+        assert {states[i].state for i in ids} <= {"pending", "running"}
+        assert states["i-0123456789abcdef0"].state == "terminated"  # gone from EC2 = ended
+    finally:
+        cloud.terminate(ids)

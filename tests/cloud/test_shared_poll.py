@@ -1,0 +1,71 @@
+"""Triggers in one triggerer share their DescribeInstances; killing a deferred run terminates it."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+
+import boto3
+
+from airflow_cloudtrain.triggers.instances import InstanceStateTrigger
+from airflow_cloudtrain.triggers.run import RunTrigger
+
+
+def plain_instances(n: int) -> list[str]:
+    ec2 = boto3.client("ec2")
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    return [i["InstanceId"] for i in ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=n,
+                                                       MaxCount=n)["Instances"]]  # fmt: skip
+
+
+async def first_event(trigger):
+    async with aclosing(trigger.run()) as events:
+        async for event in events:
+            return event.payload
+
+
+def test_fifty_triggers_share_one_describe_per_poll(emu) -> None:
+    ids = plain_instances(50)
+    try:
+        emu.reset_counts()
+        triggers = [InstanceStateTrigger(cloud="ec2", instance_ids=[i], target_state="running", conn_id="aws_default",
+                                         region="us-east-1", poll_interval=0.5) for i in ids]  # fmt: skip
+
+        async def main():
+            return await asyncio.gather(*(first_event(t) for t in triggers))
+
+        events = asyncio.run(main())
+        assert all(e["status"] == "success" for e in events)
+        assert emu.request_counts().get("DescribeInstances") == 1
+    finally:
+        boto3.client("ec2").terminate_instances(InstanceIds=ids)
+
+
+def test_waiting_triggers_keep_sharing_across_polls(emu) -> None:
+    ids = plain_instances(20)
+    try:
+        emu.reset_counts()
+        triggers = [InstanceStateTrigger(cloud="ec2", instance_ids=[i], target_state="stopped", conn_id="aws_default",
+                                         region="us-east-1", poll_interval=0.3) for i in ids]  # fmt: skip
+
+        async def main():
+            tasks = [asyncio.ensure_future(first_event(t)) for t in triggers]
+            await asyncio.sleep(1.6)  # ~5 polls, nobody reaches "stopped"
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run(main())
+        calls = emu.request_counts().get("DescribeInstances", 0)
+        assert 3 <= calls <= 7  # one per poll for all 20, not 20 per poll
+    finally:
+        boto3.client("ec2").terminate_instances(InstanceIds=ids)
+
+
+def test_run_trigger_on_kill_terminates_the_instance(emu) -> None:
+    (iid,) = plain_instances(1)
+    trigger = RunTrigger(cloud="ec2", instance_id=iid, run_uri="s3://cloudtrain-emulated/x", conn_id="aws_default",
+                         region="us-east-1")  # fmt: skip
+    asyncio.run(trigger.on_kill())
+    state = boto3.client("ec2").describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]
+    assert state["Name"] == "terminated"

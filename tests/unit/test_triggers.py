@@ -1,0 +1,65 @@
+"""Triggers serialize plain JSON and rebuild identically; the wait decisions are pure and total."""
+
+from __future__ import annotations
+
+import importlib
+import json
+
+import pytest
+
+from airflow_cloudtrain.clouds.base import Instance
+from airflow_cloudtrain.runs import RunStatus
+from airflow_cloudtrain.triggers.instances import InstanceStateTrigger, evaluate_states
+from airflow_cloudtrain.triggers.run import RunTrigger
+from airflow_cloudtrain.waiting import outcome
+
+TRIGGERS = [
+    InstanceStateTrigger(cloud="ec2", instance_ids=["i-1", "i-2"], target_state="running", conn_id="aws_default",
+                         region="us-east-1", poll_interval=3.0),  # fmt: skip
+    InstanceStateTrigger(cloud="gcspot", instance_ids=["vm-1"], target_state="terminated", conn_id="gcp",
+                         region="us-central1", project_id="proj"),  # fmt: skip
+    RunTrigger(cloud="ec2spot", instance_id="i-1", run_uri="s3://b/runs/d/t/r/-1", conn_id="aws_default",
+               region="us-east-1", poll_interval=2.0, next_log_seq=7, deadline=1.5e9,
+               launch={"instance_id": "i-1", "hourly_usd": 0.1, "failover": [["t3.small", "us-east-1", "X"]]}),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize("trigger", TRIGGERS, ids=lambda t: type(t).__name__)
+def test_serialize_round_trip(trigger) -> None:
+    classpath, kwargs = trigger.serialize()
+    json.dumps(kwargs)  # plain JSON only
+    module, _, name = classpath.rpartition(".")
+    rebuilt = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
+    assert rebuilt.serialize() == (classpath, kwargs)
+
+
+def inst(state: str, reason: str = "", preempted: bool = False) -> Instance:
+    return Instance("i-1", state, "t3.small", "us-east-1a", True, state_reason=reason, preempted=preempted)
+
+
+def test_evaluate_states() -> None:
+    assert evaluate_states({"i-1": inst("pending")}, ["i-1"], "running") is None
+    assert evaluate_states({"i-1": inst("running")}, ["i-1"], "running")["status"] == "success"
+    failed = evaluate_states({"i-1": inst("terminated")}, ["i-1"], "running")
+    assert failed["status"] == "error" and "can never reach 'running': i-1 is terminated" in failed["message"]
+    assert evaluate_states({"i-1": inst("stopped")}, ["i-1"], "running") is None  # can be started again
+    assert evaluate_states({"i-1": inst("running")}, ["i-1", "i-2"], "running") is None  # i-2 not seen yet
+
+
+def test_outcome_final_status_wins() -> None:
+    ok = RunStatus(state="succeeded", instance_id="i-1", exit_code=0)
+    assert outcome(ok, inst("terminated"), False)["status"] == "success"
+    failed = outcome(RunStatus(state="failed", instance_id="i-1", exit_code=3), inst("running"), False)
+    assert (failed["status"], failed["exit_code"], failed["interrupted"]) == ("error", 3, False)
+    spot = outcome(RunStatus(state="interrupted", instance_id="i-1", interruption={"kind": "spot"}), None, False)
+    assert spot["interrupted"] and spot["interruptions"] == 1
+
+
+def test_outcome_instance_gone_without_status() -> None:
+    running = RunStatus(state="running", instance_id="i-1")
+    assert outcome(running, inst("running"), True) is None
+    assert outcome(running, inst("terminated"), False) is None  # one more read for the agent's last write
+    lost = outcome(running, inst("terminated", "Client.UserInitiatedShutdown"), True)
+    assert lost["state"] == "lost" and not lost["interrupted"]
+    spot = outcome(running, inst("terminated", "Server.SpotInstanceTermination", preempted=True), True)
+    assert spot["interrupted"] and "spot interruption" in spot["message"]
