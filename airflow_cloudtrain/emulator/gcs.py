@@ -1,0 +1,144 @@
+"""The emulated Cloud Storage: ``gcp-storage-emulator`` (PyPI, BSD) served in-process on loopback.
+
+The real ``google-cloud-storage`` client talks to it unchanged when ``STORAGE_EMULATOR_HOST`` points
+at it (the client then also skips authentication)::
+
+    server = GcsServer(); endpoint = server.start()        # "http://127.0.0.1:PORT"
+    os.environ["STORAGE_EMULATOR_HOST"] = endpoint           # or server.env()
+    client = storage.Client(project="cloudtrain-emulated", credentials=AnonymousCredentials())
+
+The package serves what the client uses (bucket create/get, media, multipart and resumable uploads,
+``alt=media`` downloads with Range, delete, metadata), checked against the real client in
+``tests/cloud/test_gce_emulator.py``. Two things are done here instead:
+
+* Object listing: the package ignores ``maxResults``/``pageToken`` and ``startOffset``/``endOffset``;
+  code that reads "objects after X" or pages would then see more than real GCS returns, so
+  ``objects.list`` is answered here from the package's storage, with those parameters honoured
+  (``maxResults`` counts items and prefixes together, as GCS does).
+* Serving: its own ``Server`` takes a fixed port and one request at a time; here its request handler
+  runs on a threaded server bound to port 0, with a lock around each request because its storage is
+  not thread-safe (agents in separate processes upload logs while the operator polls).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import re
+import threading
+from collections import deque
+from functools import partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+_OBJECTS = re.compile(r"(?:/storage/v1)?/b/([-.\w]+)/o")
+
+
+def _list_objects(storage: Any, bucket: str, query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
+    """``objects.list`` as GCS answers it, from the package's storage."""
+    from gcp_storage_emulator.exceptions import BadRequest, NotFound
+
+    def arg(key: str) -> str | None:
+        return query.get(key, [None])[0]
+
+    try:
+        files, prefixes = storage.get_file_list(bucket, arg("prefix"), arg("delimiter"), arg("matchGlob"))
+    except NotFound:
+        return 404, {"error": {"code": 404, "message": "The specified bucket does not exist.",
+                               "errors": [{"message": "The specified bucket does not exist.",
+                                           "domain": "global", "reason": "notFound"}]}}  # fmt: skip
+    except BadRequest as exc:
+        return 400, {"error": {"code": 400, "message": str(exc), "errors": [{"message": str(exc),
+                                                                             "reason": "invalid"}]}}  # fmt: skip
+    start, end = arg("startOffset") or "", arg("endOffset")
+    after = base64.urlsafe_b64decode(arg("pageToken") or "").decode()
+    entries = sorted([(f["name"], f) for f in files] + [(p, None) for p in prefixes], key=lambda e: e[0])
+    entries = [e for e in entries if e[0] >= start and (end is None or e[0] < end) and e[0] > after]
+    size = max(1, min(int(arg("maxResults") or 1000), 1000))
+    chunk = entries[:size]
+    out: dict[str, Any] = {"kind": "storage#objects", "items": [f for _, f in chunk if f is not None],
+                           "prefixes": [n for n, f in chunk if f is None]}  # fmt: skip
+    if len(entries) > size:
+        out["nextPageToken"] = base64.urlsafe_b64encode(chunk[-1][0].encode()).decode()
+    return 200, out
+
+
+def _send_json(handler: BaseHTTPRequestHandler, status: int, body: dict[str, Any]) -> None:
+    payload = json.dumps(body).encode()
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json; charset=UTF-8")
+    handler.send_header("Content-Length", str(len(payload)))
+    handler.end_headers()
+    handler.wfile.write(payload)
+
+
+class GcsServer:
+    """A GCS JSON API emulator on 127.0.0.1 (random port); in memory unless ``data_dir`` is given."""
+
+    def __init__(self, data_dir: str | Path | None = None) -> None:
+        self.data_dir = Path(data_dir).resolve() if data_dir else None
+        self.endpoint = ""
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._storage: Any = None
+        self._lock = threading.Lock()  # the package's storage is not thread-safe
+        self.requests: deque[str] = deque(
+            maxlen=1000
+        )  # recent request lines, e.g. "POST /upload/...?uploadType=resumable"
+
+    def start(self) -> str:
+        from gcp_storage_emulator.server import RequestHandler
+        from gcp_storage_emulator.storage import Storage
+
+        logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)  # logs every request at INFO
+        self._storage = Storage(
+            use_memory_fs=self.data_dir is None, data_dir=str(self.data_dir or Path.cwd())
+        )
+        lock, seen = self._lock, self.requests
+
+        class Handler(RequestHandler):  # type: ignore[misc,valid-type]
+            def handle_one_request(self) -> None:  # one request per connection (HTTP/1.0)
+                with lock:
+                    super().handle_one_request()
+
+            def do_GET(self) -> None:
+                url = urlparse(self.path)
+                if m := _OBJECTS.fullmatch(url.path):
+                    _send_json(self, *_list_objects(self.storage, m.group(1), parse_qs(url.query)))
+                else:
+                    super().do_GET()
+
+            def log_request(self, code: Any = "-", size: Any = "-") -> None:
+                seen.append(self.requestline.rsplit(" ", 1)[0])
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, self._storage))
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="gcs-emulator", daemon=True)
+        self._thread.start()
+        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        return self.endpoint
+
+    def stop(self) -> None:
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.server_close()
+            self._httpd = None
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def env(self) -> dict[str, str]:
+        """The environment that points ``google-cloud-storage`` (and gcsfs, Airflow's GCSHook) here."""
+        return {"STORAGE_EMULATOR_HOST": self.endpoint}
+
+    def create_bucket(self, name: str) -> None:
+        """Create ``name`` if it does not exist (the emulated project's buckets are made up front)."""
+        from gcp_storage_emulator.handlers.buckets import create_bucket
+
+        if self._storage is None:
+            raise RuntimeError("GcsServer is not started")
+        with self._lock:
+            create_bucket(name, self._storage)

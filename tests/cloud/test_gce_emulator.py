@@ -1,0 +1,547 @@
+"""The emulated Compute Engine and Cloud Storage, driven by the real google-cloud clients.
+
+What the product's GCE code will meet in emulation must be what it meets in production: the same
+client calls work, the same requests are rejected with the same exception classes and messages,
+capacity errors arrive in the operation, and a preemption leaves the same traces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import datetime
+from typing import Any
+
+import pytest
+from google.api_core import exceptions as gexc
+from google.api_core.gapic_v1.client_info import ClientInfo
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import compute_v1, storage
+
+from airflow_cloudtrain.emulator.gce import EMULATOR_USER_AGENT, GceServer, compute_client_kwargs
+from airflow_cloudtrain.emulator.gcs import GcsServer
+
+ZONE = "us-central1-a"
+IMAGE = "projects/debian-cloud/global/images/family/debian-12"
+
+
+class Gce:
+    """The server and the clients a hook would build against it."""
+
+    def __init__(self, server: GceServer) -> None:
+        self.server, self.project = server, server.project
+        kwargs = compute_client_kwargs(server.endpoint)
+        self.instances = compute_v1.InstancesClient(**kwargs)
+        self.ops = compute_v1.ZoneOperationsClient(**kwargs)
+        self.kwargs = kwargs
+
+    def body(self, name: str, machine: str = "n1-standard-4", zone: str = ZONE, spot: bool = False,
+             action: str | None = None, gpus: tuple[str, int] | None = None, **fields: Any) -> dict[str, Any]:  # fmt: skip
+        """An insert body as JSON-shaped dict (what the hook sends), overridable field by field."""
+        scheduling: dict[str, Any] = {"onHostMaintenance": "TERMINATE", "automaticRestart": False}
+        if spot:
+            scheduling.update(provisioningModel="SPOT", instanceTerminationAction=action or "DELETE")
+        body: dict[str, Any] = {
+            "name": name,
+            "machineType": f"zones/{zone}/machineTypes/{machine}",
+            "disks": [{"boot": True, "autoDelete": True,
+                       "initializeParams": {"sourceImage": IMAGE, "diskSizeGb": "80",
+                                            "diskType": f"zones/{zone}/diskTypes/pd-balanced"}}],
+            "networkInterfaces": [{"network": "global/networks/default", "accessConfigs": [{"type": "ONE_TO_ONE_NAT"}]}],
+            "labels": {"cloudtrain-managed": "true", "cloudtrain-run": "ct-test"},
+            "metadata": {"items": [{"key": "startup-script", "value": "#!/bin/sh\necho hello"}]},
+            "serviceAccounts": [{"email": "default", "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}],
+            "scheduling": scheduling,
+        }  # fmt: skip
+        if gpus:
+            body["guestAccelerators"] = [{"acceleratorType": f"zones/{zone}/acceleratorTypes/{gpus[0]}",
+                                          "acceleratorCount": gpus[1]}]  # fmt: skip
+        body.update(fields)
+        return {k: x for k, x in body.items() if x is not None}
+
+    def insert(self, body: dict[str, Any], zone: str = ZONE, request_id: str | None = None) -> Any:
+        request = compute_v1.InsertInstanceRequest(project=self.project, zone=zone, request_id=request_id,
+                                                   instance_resource=compute_v1.Instance.from_json(json.dumps(body)))  # fmt: skip
+        return self.instances.insert(request=request)
+
+    def wait(self, operation: Any, zone: str = ZONE) -> compute_v1.Operation:
+        return self.ops.wait(project=self.project, zone=zone, operation=operation.name)
+
+    def get(self, name: str, zone: str = ZONE) -> compute_v1.Instance:
+        return self.instances.get(project=self.project, zone=zone, instance=name)
+
+    def until(self, name: str, status: str, zone: str = ZONE, timeout: float = 5.0) -> compute_v1.Instance:
+        deadline = time.monotonic() + timeout
+        while (inst := self.get(name, zone)).status != status:
+            assert time.monotonic() < deadline, f"{name} stayed {inst.status}, wanted {status}"
+            time.sleep(0.05)
+        return inst
+
+    def names(self, zone: str = ZONE, flt: str = "", page_size: int | None = None) -> list[str]:
+        request = compute_v1.ListInstancesRequest(
+            project=self.project, zone=zone, filter=flt, max_results=page_size
+        )
+        return [i.name for i in self.instances.list(request=request)]
+
+    def delete(self, name: str, zone: str = ZONE) -> None:
+        self.wait(self.instances.delete(project=self.project, zone=zone, instance=name), zone)
+
+
+@pytest.fixture(scope="module")
+def gce() -> Iterator[Gce]:
+    server = GceServer(delete_after_s=0.3)
+    server.start()
+    yield Gce(server)
+    server.stop()
+
+
+@pytest.fixture
+def unique() -> Callable[[str], str]:
+    return lambda prefix: f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+# --- instances -----------------------------------------------------------------------------------
+
+
+def test_insert_get_list_delete_round_trip(gce: Gce, unique: Callable[[str], str]) -> None:
+    run = unique("ct")
+    names = sorted(unique("vm") for _ in range(3))
+    for i, name in enumerate(names):
+        op = gce.insert(
+            gce.body(name, labels={"cloudtrain-managed": "true", "cloudtrain-run": run if i < 2 else "other"})
+        )
+        done = gce.wait(op)
+        assert done.status == compute_v1.Operation.Status.DONE and done.operation_type == "insert"
+        assert done.target_link.endswith(f"/zones/{ZONE}/instances/{name}") and not done.error.errors
+    first = gce.get(names[0])
+    assert first.status in ("PROVISIONING", "STAGING", "RUNNING")
+    inst = gce.until(names[0], "RUNNING")
+    assert inst.id > 0 and inst.machine_type.endswith(f"/zones/{ZONE}/machineTypes/n1-standard-4")
+    assert inst.zone.endswith(f"/zones/{ZONE}") and inst.self_link.endswith(f"/instances/{names[0]}")
+    assert datetime.fromisoformat(inst.creation_timestamp).tzinfo is not None
+    assert inst.labels["cloudtrain-run"] == run
+    assert {i.key: i.value for i in inst.metadata.items}["startup-script"].startswith("#!/bin/sh")
+    assert inst.disks[0].boot and inst.disks[0].disk_size_gb == 80
+    assert inst.service_accounts[0].email == "default" and inst.network_interfaces[0].network_i_p
+    assert inst.scheduling.on_host_maintenance == "TERMINATE" and not inst.scheduling.preemptible
+    for name in names:
+        gce.until(name, "RUNNING")
+
+    assert gce.names(flt=f"labels.cloudtrain-run = {run}") == names[:2]
+    assert gce.names(flt=f'labels.cloudtrain-run="{run}" AND status = RUNNING') == names[:2]
+    assert gce.names(flt=f"(labels.cloudtrain-run = {run}) (name != {names[0]})") == names[1:2]
+    assert gce.names(flt="labels.cloudtrain-run = nothing-like-this") == []
+    # maxResults pages: the pager follows nextPageToken, one instance per page
+    request = compute_v1.ListInstancesRequest(project=gce.project, zone=ZONE, max_results=1,
+                                              filter="labels.cloudtrain-managed = true")  # fmt: skip
+    pages = list(gce.instances.list(request=request).pages)
+    assert len(pages) >= 3 and all(len(p.items) == 1 for p in pages)
+    assert set(names) <= {p.items[0].name for p in pages}
+    aggregated = compute_v1.AggregatedListInstancesRequest(
+        project=gce.project, filter=f"labels.cloudtrain-run={run}"
+    )
+    found = {(scope, i.name) for scope, scoped in gce.instances.aggregated_list(request=aggregated)
+             for i in scoped.instances}  # fmt: skip
+    assert found == {(f"zones/{ZONE}", n) for n in names[:2]}
+
+    op = gce.instances.delete(project=gce.project, zone=ZONE, instance=names[0])
+    assert gce.wait(op).operation_type == "delete"
+    with pytest.raises(gexc.NotFound, match="was not found"):
+        gce.get(names[0])
+    assert gce.names(flt=f"labels.cloudtrain-run = {run}") == names[1:2]
+    for name in names[1:]:
+        gce.delete(name)
+
+
+def test_request_id_makes_insert_idempotent(gce: Gce, unique: Callable[[str], str]) -> None:
+    name, request_id = unique("vm"), str(uuid.uuid4())
+    first = gce.insert(gce.body(name), request_id=request_id)
+    again = gce.insert(gce.body(name), request_id=request_id)  # a retried request: same operation
+    assert again.name == first.name
+    assert gce.names(flt=f"name = {name}") == [name]
+    with pytest.raises(gexc.Conflict, match=f"instances/{name}' already exists"):
+        gce.insert(gce.body(name), request_id=str(uuid.uuid4()))
+    with pytest.raises(gexc.BadRequest, match="requestId"):
+        gce.insert(gce.body(unique("vm")), request_id="not-a-uuid")
+    gce.delete(name)
+
+
+def test_operations_run_then_finish_and_wait_returns_done(unique: Callable[[str], str]) -> None:
+    server = GceServer(op_delay=0.4)
+    server.start()
+    try:
+        gce = Gce(server)
+        name = unique("vm")
+        op = gce.insert(gce.body(name))
+        assert op.status == compute_v1.Operation.Status.RUNNING
+        assert gce.get(name).status == "PROVISIONING"  # visible while its insert runs
+        polled = gce.ops.get(project=gce.project, zone=ZONE, operation=op.name)
+        assert polled.status == compute_v1.Operation.Status.RUNNING
+        done = gce.wait(op)
+        assert done.status == compute_v1.Operation.Status.DONE and done.progress == 100 and done.end_time
+        with pytest.raises(gexc.NotFound, match="operations/operation-nope"):
+            gce.ops.get(project=gce.project, zone=ZONE, operation="operation-nope")
+    finally:
+        server.stop()
+
+
+def _without(key: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return lambda b: {k: x for k, x in b.items() if k != key}
+
+
+def _with(**fields: Any) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    return lambda b: {**b, **fields}
+
+
+def _disk(**params: Any) -> list[dict[str, Any]]:
+    return [{"boot": True, "initializeParams": {"sourceImage": IMAGE, **params}}]
+
+
+def _mt(machine: str) -> str:
+    return f"zones/{ZONE}/machineTypes/{machine}"
+
+
+def _gpu(name: str, count: int = 1) -> list[dict[str, Any]]:
+    return [{"acceleratorType": f"zones/{ZONE}/acceleratorTypes/{name}", "acceleratorCount": count}]
+
+
+BAD = gexc.BadRequest
+REJECTED = [
+    ("no name", _without("name"), BAD, "Required field 'resource.name' not specified"),
+    ("uppercase name", _with(name="Bad_Name"), BAD, "Invalid value for field 'resource.name'"),
+    ("name too long", _with(name="a" * 64), BAD, "Invalid value for field 'resource.name'"),
+    ("no machine type", _without("machineType"), BAD, "Required field 'resource.machineType'"),
+    ("bare machine type", _with(machineType="n1-standard-4"), BAD, "The URL is malformed"),
+    ("unknown machine type", _with(machineType=_mt("n1-standard-3")), BAD,
+     f"Machine type with name 'n1-standard-3' does not exist in zone '{ZONE}'"),
+    ("odd N1 custom vCPUs", _with(machineType=_mt("custom-3-4096")), BAD, "Invalid number of vCPUs 3"),
+    ("custom memory not 256 MiB", _with(machineType=_mt("custom-2-2000")), BAD,
+     "Memory should be a multiple of 256MiB, while 2000MiB is requested"),
+    ("N1 custom too much memory", _with(machineType=_mt("custom-2-16384")), BAD,
+     "Memory should be between 2048MiB and 13312MiB for 2 CPUs"),
+    ("N2 custom too little memory", _with(machineType=_mt("n2-custom-4-1024")), BAD,
+     "Memory should be between 2048MiB and 32768MiB for 4 CPUs"),
+    ("T4 on g2", _with(machineType=_mt("g2-standard-4"), guestAccelerators=_gpu("nvidia-tesla-t4")), BAD,
+     "[nvidia-tesla-t4, g2-standard-4] features are not compatible"),
+    ("L4 attached to n1", _with(guestAccelerators=_gpu("nvidia-l4")), BAD,
+     "[nvidia-l4, n1-standard-4] features are not compatible"),
+    ("T4 with live migration", _with(scheduling={"onHostMaintenance": "MIGRATE"}, guestAccelerators=_gpu("nvidia-tesla-t4")),
+     BAD, "Instances with guest accelerators do not support live migration"),
+    ("g2 with default maintenance", _with(scheduling={}, machineType=_mt("g2-standard-4")), BAD,
+     "Instances with guest accelerators do not support live migration"),
+    ("three T4", _with(guestAccelerators=_gpu("nvidia-tesla-t4", 3)), BAD, "must be one of [1, 2, 4]"),
+    ("V100 on too many vCPUs", _with(machineType=_mt("n1-standard-16"), guestAccelerators=_gpu("nvidia-tesla-v100")),
+     BAD, "At most 12 vCPUs can be used along with 1 accelerator cards"),
+    ("no boot disk", _with(disks=[]), BAD, "Boot disk must be specified"),
+    ("boot disk second", _with(disks=[{"initializeParams": {"diskSizeGb": "10"}}, *_disk()]), BAD,
+     "Boot disk must be the first disk"),
+    ("boot disk without image", _with(disks=[{"boot": True, "initializeParams": {"diskSizeGb": "10"}}]), BAD,
+     "initializeParams.sourceImage"),
+    ("bare disk type", _with(disks=_disk(diskType="pd-ssd")), BAD,
+     "'resource.disks[0].initializeParams.diskType': 'pd-ssd'. The URL is malformed"),
+    ("pd-standard on g2", _with(machineType=_mt("g2-standard-4"), disks=_disk(diskType=f"zones/{ZONE}/diskTypes/pd-standard")),
+     BAD, "[pd-standard, g2-standard-4] features are not compatible"),
+    ("uppercase label value", _with(labels={"cloudtrain-run": "CT-1"}), BAD,
+     "Label value 'CT-1' violates format constraints"),
+    ("label value too long", _with(labels={"k": "v" * 64}), BAD, "violates format constraints"),
+    ("label key with a digit first", _with(labels={"1k": "v"}), BAD, "Label key '1k' violates"),
+    ("termination action on a standard VM", _with(scheduling={"instanceTerminationAction": "DELETE"}), BAD,
+     "instanceTerminationAction"),
+    ("spot with live migration", _with(scheduling={"provisioningModel": "SPOT", "onHostMaintenance": "MIGRATE"}),
+     BAD, "OnHostMaintenance isn't TERMINATE"),
+    ("oversized startup script", _with(metadata={"items": [{"key": "startup-script", "value": "x" * 262145}]}), BAD,
+     "'resource.metadata' is too large"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("mutate", "exc", "message"), [r[1:] for r in REJECTED], ids=[r[0] for r in REJECTED]
+)
+def test_insert_rejected_like_the_real_api(gce: Gce, unique: Callable[[str], str], mutate: Any, exc: type,
+                                           message: str) -> None:  # fmt: skip
+    name = unique("vm")
+    body = mutate(gce.body(name))
+    with pytest.raises(exc) as info:
+        gce.insert(body)
+    assert message in str(info.value)
+    assert info.value.errors and info.value.errors[0]["domain"] == "global"
+    assert gce.names(flt=f"name = {name}") == []
+
+
+def test_machine_type_must_exist_in_the_zone(gce: Gce, unique: Callable[[str], str]) -> None:
+    with pytest.raises(gexc.BadRequest, match="'g2-standard-4' does not exist in zone 'us-central1-f'"):
+        gce.insert(gce.body(unique("vm"), "g2-standard-4", zone="us-central1-f"), zone="us-central1-f")
+    t4 = ("nvidia-tesla-t4", 1)
+    with pytest.raises(gexc.BadRequest, match="'nvidia-tesla-t4' does not exist in zone 'us-east1-b'"):
+        gce.insert(gce.body(unique("vm"), "n1-standard-4", zone="us-east1-b", gpus=t4), zone="us-east1-b")
+
+
+def test_unknown_zone_and_project(gce: Gce) -> None:
+    with pytest.raises(gexc.BadRequest, match="Unknown zone"):
+        gce.insert(gce.body("vm-x", zone="mars-north1-a"), zone="mars-north1-a")
+    with pytest.raises(gexc.NotFound, match="projects/someone-else"):
+        gce.instances.get(project="someone-else", zone=ZONE, instance="vm-x")
+
+
+@pytest.mark.parametrize("machine", ["custom-1-1024", "custom-2-13312", "custom-8-30720", "n2-custom-4-8192"])
+def test_custom_shapes_inside_the_family_rules_are_accepted(gce: Gce, unique: Callable[[str], str],
+                                                            machine: str) -> None:  # fmt: skip
+    name = unique("vm")
+    gce.wait(gce.insert(gce.body(name, machine)))
+    assert gce.get(name).machine_type.endswith(f"/machineTypes/{machine}")
+    gce.delete(name)
+
+
+def test_gpus_attach_to_n1_and_come_with_g2(gce: Gce, unique: Callable[[str], str]) -> None:
+    n1, g2 = unique("vm"), unique("vm")
+    gce.wait(gce.insert(gce.body(n1, "n1-standard-8", gpus=("nvidia-tesla-t4", 1))))
+    gce.wait(gce.insert(gce.body(g2, "g2-standard-4")))
+    attached = gce.get(n1).guest_accelerators[0]
+    assert attached.accelerator_type.endswith(f"/zones/{ZONE}/acceleratorTypes/nvidia-tesla-t4")
+    assert attached.accelerator_count == 1
+    bundled = gce.get(g2).guest_accelerators[0]
+    assert bundled.accelerator_type.endswith("/nvidia-l4") and bundled.accelerator_count == 1
+    gce.delete(n1)
+    gce.delete(g2)
+
+
+# --- injected failures ---------------------------------------------------------------------------
+
+
+def test_capacity_error_arrives_in_the_operation(gce: Gce, unique: Callable[[str], str]) -> None:
+    gce.server.fail_capacity("g2-standard-8", zone=ZONE)
+    try:
+        name = unique("vm")
+        op = gce.insert(gce.body(name, "g2-standard-8"))  # accepted: no HTTP error
+        done = gce.wait(op)
+        assert done.status == compute_v1.Operation.Status.DONE
+        assert done.error.errors[0].code == "ZONE_RESOURCE_POOL_EXHAUSTED"
+        assert f"zones/{ZONE}' does not have enough resources" in done.error.errors[0].message
+        assert done.http_error_status_code == 503
+        with pytest.raises(gexc.NotFound):
+            gce.get(name)
+        # The client's extended-operation API surfaces it as an exception when waited on.
+        with pytest.raises(gexc.ServiceUnavailable) as info:
+            gce.insert(gce.body(unique("vm"), "g2-standard-8")).result(timeout=10)
+        assert info.value.errors[0].code == "ZONE_RESOURCE_POOL_EXHAUSTED"
+        # Another zone still has the type.
+        other = unique("vm")
+        gce.wait(
+            gce.insert(gce.body(other, "g2-standard-8", zone="us-central1-b"), zone="us-central1-b"),
+            "us-central1-b",
+        )
+        gce.delete(other, "us-central1-b")
+    finally:
+        gce.server.clear_faults()
+    name = unique("vm")
+    gce.insert(gce.body(name, "g2-standard-8")).result(timeout=10)
+    gce.delete(name)
+
+
+def test_quota_errors_in_the_operation_or_at_once(gce: Gce, unique: Callable[[str], str]) -> None:
+    gce.server.fail_quota("n1-standard-8")
+    tried = [unique("vm") for _ in range(3)]
+    try:
+        done = gce.wait(
+            gce.insert(gce.body(tried[0], "n1-standard-8", spot=True, gpus=("nvidia-tesla-t4", 1)))
+        )
+        assert done.error.errors[0].code == "QUOTA_EXCEEDED" and done.http_error_status_code == 403
+        assert "Quota 'PREEMPTIBLE_NVIDIA_T4_GPUS' exceeded" in done.error.errors[0].message
+        with pytest.raises(gexc.Forbidden, match="Quota 'CPUS' exceeded"):
+            gce.insert(gce.body(tried[1], "n1-standard-8")).result(timeout=10)
+        gce.server.fail_quota(zone=ZONE, metric="CPUS", synchronous=True)
+        with pytest.raises(gexc.Forbidden) as info:
+            gce.insert(gce.body(tried[2], "n1-standard-2"))
+        assert info.value.errors[0]["reason"] == "quotaExceeded"
+    finally:
+        gce.server.clear_faults()
+    assert not set(tried) & set(gce.names())
+
+
+def test_list_filter_regex_and_presence(gce: Gce, unique: Callable[[str], str]) -> None:
+    name = unique("rx")
+    gce.wait(gce.insert(gce.body(name, labels={"team": "ml"})))
+    assert gce.names(flt="name eq rx-.*") == [name]
+    assert name not in gce.names(flt="name ne rx-.*")
+    assert gce.names(flt="labels.team:*") == [name]
+    assert gce.names(flt="labels.team = ml OR labels.team = nobody") == [name]
+    with pytest.raises(gexc.BadRequest, match="filter"):
+        gce.names(flt="labels.team =")
+    gce.delete(name)
+
+
+# --- the cloud's side ----------------------------------------------------------------------------
+
+
+def test_preempted_spot_vm_is_terminated_then_deleted(gce: Gce, unique: Callable[[str], str]) -> None:
+    name = unique("vm")
+    gce.wait(gce.insert(gce.body(name, spot=True, action="DELETE")))
+    inst = gce.until(name, "RUNNING")
+    assert (
+        inst.scheduling.provisioning_model == "SPOT"
+        and inst.scheduling.instance_termination_action == "DELETE"
+    )
+    alive = {a["name"]: a for a in gce.server.alive()}
+    assert (
+        alive[name]["spot"] and alive[name]["zone"] == ZONE and alive[name]["machine_type"] == "n1-standard-4"
+    )
+    assert alive[name]["metadata"]["startup-script"].startswith("#!") and alive[name]["id"] == str(inst.id)
+
+    gce.server.preempt(ZONE, name)
+    stopped = gce.get(name)
+    assert stopped.status == "TERMINATED" and stopped.last_stop_timestamp
+    assert name not in {a["name"] for a in gce.server.alive()}
+    request = compute_v1.ListZoneOperationsRequest(project=gce.project, zone=ZONE,
+                                                   filter='operationType = "compute.instances.preempted"')  # fmt: skip
+    events = [o for o in gce.ops.list(request=request) if o.target_link.endswith(f"/instances/{name}")]
+    assert (
+        len(events) == 1
+        and events[0].status == compute_v1.Operation.Status.DONE
+        and events[0].user == "system"
+    )
+    time.sleep(0.5)  # delete_after_s=0.3: Spot VMs with the DELETE action go away
+    with pytest.raises(gexc.NotFound):
+        gce.get(name)
+
+
+def test_preemption_grace_keeps_the_guest_alive_while_stopping(
+    gce: Gce, unique: Callable[[str], str]
+) -> None:
+    name = unique("vm")
+    gce.wait(gce.insert(gce.body(name, spot=True, action="STOP")))
+    gce.until(name, "RUNNING")
+    gce.server.preempt(ZONE, name, grace_s=0.3)
+    assert gce.get(name).status == "STOPPING"
+    assert {a["name"]: a["status"] for a in gce.server.alive()}[name] == "STOPPING"
+    gce.until(name, "TERMINATED")
+    assert name not in {a["name"] for a in gce.server.alive()}
+    gce.delete(name)
+
+
+def test_preempted_with_stop_action_and_guest_shutdown_stay_terminated(
+    gce: Gce, unique: Callable[[str], str]
+) -> None:
+    spot, normal = unique("vm"), unique("vm")
+    gce.wait(gce.insert(gce.body(spot, spot=True, action="STOP")))
+    gce.wait(gce.insert(gce.body(normal)))
+    gce.until(spot, "RUNNING")
+    gce.server.preempt(ZONE, spot)
+    gce.server.shutdown(ZONE, normal)
+    time.sleep(0.4)
+    assert gce.get(spot).status == "TERMINATED" and gce.get(normal).status == "TERMINATED"
+    assert set(gce.names(flt="status = TERMINATED")) >= {spot, normal}
+    ops = gce.ops.list(request=compute_v1.ListZoneOperationsRequest(project=gce.project, zone=ZONE))
+    kinds = {(o.operation_type, o.target_link.rsplit("/", 1)[-1]) for o in ops}
+    assert ("compute.instances.guestTerminate", normal) in kinds
+    assert ("compute.instances.preempted", normal) not in kinds
+    with pytest.raises(KeyError):
+        gce.server.preempt(ZONE, normal)  # already off
+    gce.delete(spot)
+    gce.delete(normal)
+
+
+def test_stop_turns_the_instance_off(gce: Gce, unique: Callable[[str], str]) -> None:
+    name = unique("vm")
+    gce.wait(gce.insert(gce.body(name)))
+    gce.wait(gce.instances.stop(project=gce.project, zone=ZONE, instance=name))
+    assert gce.get(name).status == "TERMINATED"
+    gce.delete(name)
+
+
+def test_request_counts_leave_out_the_emulators_own_calls(gce: Gce, unique: Callable[[str], str]) -> None:
+    name = unique("vm")
+    gce.server.reset_counts()
+    op = gce.insert(gce.body(name))
+    gce.wait(op)
+    gce.get(name)
+    gce.names()
+    own = compute_v1.InstancesClient(client_info=ClientInfo(user_agent=EMULATOR_USER_AGENT), **gce.kwargs)
+    own.get(project=gce.project, zone=ZONE, instance=name)
+    list(own.aggregated_list(project=gce.project))
+    assert gce.server.counts() == {"instances.insert": 1, "zoneOperations.wait": 1, "instances.get": 1,
+                                   "instances.list": 1}  # fmt: skip
+    gce.delete(name)
+
+
+def test_zones_machine_types_and_accelerator_types(gce: Gce) -> None:
+    zones = {z.name: z for z in compute_v1.ZonesClient(**gce.kwargs).list(project=gce.project)}
+    assert (
+        ZONE in zones and zones[ZONE].region.endswith("/regions/us-central1") and zones[ZONE].status == "UP"
+    )
+    assert (
+        compute_v1.ZonesClient(**gce.kwargs).get(project=gce.project, zone="us-east1-b").name == "us-east1-b"
+    )
+    with pytest.raises(gexc.NotFound):
+        compute_v1.ZonesClient(**gce.kwargs).get(project=gce.project, zone="mars-north1-a")
+    types = compute_v1.MachineTypesClient(**gce.kwargs)
+    g2 = types.get(project=gce.project, zone=ZONE, machine_type="g2-standard-4")
+    assert (g2.guest_cpus, g2.memory_mb) == (4, 16384)
+    assert (g2.accelerators[0].guest_accelerator_type, g2.accelerators[0].guest_accelerator_count) == (
+        "nvidia-l4",
+        1,
+    )
+    assert "n1-standard-8" in {m.name for m in types.list(project=gce.project, zone=ZONE)}
+    assert types.get(project=gce.project, zone=ZONE, machine_type="custom-4-8192").guest_cpus == 4
+    accels = {
+        a.name: a
+        for a in compute_v1.AcceleratorTypesClient(**gce.kwargs).list(project=gce.project, zone=ZONE)
+    }
+    assert accels["nvidia-tesla-t4"].maximum_cards_per_instance == 4 and "nvidia-l4" in accels
+
+
+# --- Cloud Storage -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gcs() -> Iterator[GcsServer]:
+    server = GcsServer()
+    server.start()
+    saved = os.environ.get("STORAGE_EMULATOR_HOST")
+    os.environ.update(server.env())
+    yield server
+    if saved is None:
+        os.environ.pop("STORAGE_EMULATOR_HOST", None)
+    else:
+        os.environ["STORAGE_EMULATOR_HOST"] = saved
+    server.stop()
+
+
+def test_gcs_round_trip_with_the_real_client(gcs: GcsServer) -> None:
+    gcs.create_bucket("cloudtrain-emulated")
+    gcs.create_bucket("cloudtrain-emulated")  # idempotent
+    client = storage.Client(project="cloudtrain-emulated", credentials=AnonymousCredentials())
+    bucket = client.get_bucket("cloudtrain-emulated")
+    assert client.create_bucket("other-bucket").name == "other-bucket"
+
+    bucket.blob("runs/a/spec.json").upload_from_string('{"v": 1}', content_type="application/json")
+    for i in range(5):
+        bucket.blob(f"runs/a/logs/{i:06d}.log").upload_from_string(f"line {i}\n")
+    big = os.urandom(9 * 1024 * 1024 + 123)
+    bucket.blob("runs/a/checkpoints/1/model.bin").upload_from_string(big)
+    assert any("uploadType=resumable" in line for line in gcs.requests)  # >8 MiB goes resumable
+
+    assert bucket.blob("runs/a/checkpoints/1/model.bin").download_as_bytes() == big
+    assert bucket.blob("runs/a/checkpoints/1/model.bin").download_as_bytes(start=10, end=19) == big[10:20]
+    meta = bucket.get_blob("runs/a/spec.json")
+    assert meta.size == 8 and meta.content_type == "application/json" and meta.md5_hash
+    listing = client.list_blobs("cloudtrain-emulated", prefix="runs/a/", delimiter="/")
+    assert [b.name for b in listing] == ["runs/a/spec.json"]
+    assert listing.prefixes == {"runs/a/logs/", "runs/a/checkpoints/"}
+    logs = [f"runs/a/logs/{i:06d}.log" for i in range(5)]
+    pages = list(client.list_blobs("cloudtrain-emulated", prefix="runs/a/logs/", page_size=2).pages)
+    assert [b.name for p in pages for b in p] == logs and [p.num_items for p in pages] == [2, 2, 1]
+    after = client.list_blobs("cloudtrain-emulated", prefix="runs/a/logs/", start_offset=logs[3])
+    assert [b.name for b in after] == logs[3:]
+    assert [
+        b.name for b in client.list_blobs("cloudtrain-emulated", prefix="runs/a/logs/", max_results=1)
+    ] == logs[:1]
+
+    bucket.blob("runs/a/spec.json").delete()
+    assert bucket.get_blob("runs/a/spec.json") is None
+    with pytest.raises(gexc.NotFound):
+        bucket.blob("runs/a/spec.json").download_as_bytes()
+    with pytest.raises(gexc.NotFound):
+        client.get_bucket("no-such-bucket")
