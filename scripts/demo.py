@@ -66,7 +66,7 @@ def main() -> int:
     prepare_airflow_home()
     from airflow_cloudtrain.emulator import Emulator
 
-    dags = sys.argv[1:] or ["ec2_train"]
+    dags = sys.argv[1:] or ["ec2_train", "gce_train"]
     failed = 0
     with Emulator() as emu:
         for name in dags:

@@ -52,6 +52,14 @@ N1_ATTACH_LIMITS: dict[str, dict[int, tuple[int, int]]] = {
     "P4": {1: (24, 156), 2: (48, 312), 4: (96, 624)},
 }
 
+# Catalog GPU names -> Compute Engine accelerator type names.
+ACCELERATOR_TYPES: dict[str, str] = {
+    "T4": "nvidia-tesla-t4", "V100": "nvidia-tesla-v100", "P100": "nvidia-tesla-p100",
+    "P4": "nvidia-tesla-p4", "L4": "nvidia-l4", "A100": "nvidia-tesla-a100",
+    "A100-80GB": "nvidia-a100-80gb", "H100": "nvidia-h100-80gb", "H100-MEGA": "nvidia-h100-mega-80gb",
+    "H200": "nvidia-h200-141gb", "B200": "nvidia-b200",
+}  # fmt: skip
+
 # Accelerator-optimised families: the GPU comes with the machine type.
 _G2_L4 = {4: 1, 8: 1, 12: 1, 16: 1, 32: 1, 24: 2, 48: 4, 96: 8}
 

@@ -25,19 +25,18 @@ from datetime import datetime, timedelta, timezone
 from functools import lru_cache
 from typing import Any
 
-from airflow_cloudtrain.catalog.gce import CUSTOM_FAMILIES, N1_ATTACH_LIMITS, CustomFamily, bundled_gpus
+from airflow_cloudtrain.catalog.gce import (
+    ACCELERATOR_TYPES,
+    CUSTOM_FAMILIES,
+    N1_ATTACH_LIMITS,
+    CustomFamily,
+    bundled_gpus,
+)
 from airflow_cloudtrain.catalog.snapshot import snapshot_rows
 
 API = "https://www.googleapis.com/compute/v1"  # what selfLinks carry, as in production
 _TZ = timezone(timedelta(hours=-7))  # the real API writes RFC 3339 in Pacific time, never "Z"
 
-# Catalog GPU name -> Compute Engine accelerator type name (the ``acceleratorTypes/<name>`` segment).
-ACCELERATOR_TYPES: dict[str, str] = {
-    "T4": "nvidia-tesla-t4", "V100": "nvidia-tesla-v100", "P100": "nvidia-tesla-p100",
-    "P4": "nvidia-tesla-p4", "L4": "nvidia-l4", "A100": "nvidia-tesla-a100",
-    "A100-80GB": "nvidia-a100-80gb", "H100": "nvidia-h100-80gb", "H100-MEGA": "nvidia-h100-mega-80gb",
-    "H200": "nvidia-h200-141gb", "B200": "nvidia-b200",
-}  # fmt: skip
 GPU_OF_TYPE = {v: k for k, v in ACCELERATOR_TYPES.items()}
 
 _CPU_PLATFORM = {"N1": "Intel Broadwell", "N2": "Intel Cascade Lake", "A2": "Intel Cascade Lake",

@@ -100,5 +100,8 @@ class AwsRunBackend:
         """EC2 places the instance itself when no zone is asked for; a capacity error moves on."""
         return [zone]
 
-    def trigger_args(self) -> dict[str, Any]:
+    def bind_region(self, region: str) -> None:
+        """EC2 clients are per region: the connection's region is where this run goes."""
+
+    def trigger_args(self, launch: dict[str, Any]) -> dict[str, Any]:
         return {"conn_id": self.conn_id, "region": self.region}

@@ -153,7 +153,7 @@ class CloudTrainOperator(BaseOperator):
             self.defer(
                 trigger=RunTrigger(cloud=config.cloud, instance_id=launch["instance_id"], run_uri=run_uri,
                                    poll_interval=self.poll_interval, deadline=deadline, project_id=self.project_id,
-                                   launch=launch, **backend.trigger_args()),  # fmt: skip
+                                   launch=launch, **backend.trigger_args(launch)),  # fmt: skip
                 method_name="execute_complete",
             )
         try:
@@ -222,6 +222,9 @@ class CloudTrainOperator(BaseOperator):
         if self.live_prices:
             backend.refresh_catalog()
         offers = self._offers(config, backend.region)
+        if backend.region is None:  # nothing asked, nothing configured: the cheapest region it is
+            offers = [o for o in offers if o.region == offers[0].region]
+            backend.bind_region(offers[0].region)
         chosen = offers[0]
         self.log.info("Chosen offer: %s at $%s/h (%s); %d alternatives for failover", chosen.describe(),
                       chosen.hourly, "spot" if chosen.is_spot else "on-demand", len(offers) - 1)  # fmt: skip

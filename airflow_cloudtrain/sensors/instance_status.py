@@ -44,6 +44,8 @@ class InstanceStatusSensor(BaseSensorOperator):
         self.cloud = parse_cloud(cloud)
         if target_state not in TARGET_STATES and "{{" not in str(target_state):
             raise ValueError(f"target_state={target_state!r} is not valid: use one of {', '.join(TARGET_STATES)}")
+        if self.cloud not in AWS_CLOUDS and not zone and "{{" not in str(region):
+            raise ValueError(f"cloud={self.cloud!r} needs zone= (GCE instances are zonal)")
         if not instance_ids and not run_id:
             raise ValueError("give instance_ids=[...] or run_id=... (the run_id in a CloudTrain operator's XCom)")
         self.instance_ids = [instance_ids] if isinstance(instance_ids, str) else instance_ids
@@ -81,7 +83,8 @@ class InstanceStatusSensor(BaseSensorOperator):
 
         self.defer(
             trigger=InstanceStateTrigger(cloud=self.cloud, instance_ids=self._ids(), target_state=self.target_state,
-                                         conn_id=self.conn_id, region=self.region, poll_interval=self.poke_interval,
+                                         conn_id=self.conn_id, region=self.region if self.cloud in AWS_CLOUDS
+                                         else self.zone, poll_interval=self.poke_interval,
                                          project_id=self.project_id),  # fmt: skip
             method_name="execute_complete",
             timeout=self.execution_timeout,

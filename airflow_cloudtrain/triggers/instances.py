@@ -33,10 +33,13 @@ def describer(cloud: str, conn_id: str | None, region: str | None, project_id: s
 
         hook = CloudTrainAwsHook(aws_conn_id=conn_id, region_name=region)
         return ("aws", conn_id, region), hook.describe_async
+    import functools
+
     from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
 
+    # For GCE "region" is the zone the instances live in: one list call per (connection, project, zone).
     gcp = CloudTrainGcpHook(gcp_conn_id=conn_id or "google_cloud_default", project_id=project_id)
-    return ("gcp", conn_id, project_id, region), gcp.describe_async
+    return ("gcp", conn_id, project_id, region), functools.partial(gcp.describe_async, zone=region)
 
 
 async def watch_instances(

@@ -182,5 +182,5 @@ class RunTrigger(BaseTrigger):
             from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
 
             hook = CloudTrainGcpHook(gcp_conn_id=self.conn_id or "google_cloud_default", project_id=self.project_id)
-            await hook.terminate_async([self.instance_id])
+            await hook.terminate_async([self.instance_id], zone=self.region)
         self.log.info("Terminated instance %s because the task was killed", self.instance_id)

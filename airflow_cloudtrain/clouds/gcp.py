@@ -1,0 +1,240 @@
+"""Compute Engine behind the cloud interface: google-cloud-compute calls and error mapping.
+
+An instance's id in our records is its name; the zone travels beside it. Insert is a zonal
+operation whose *result* carries capacity errors (ZONE_RESOURCE_POOL_EXHAUSTED), so launches wait
+on the operation through ZoneOperationsClient.wait (the extended-operation helper of the library
+polls the default endpoint, not the one the client was built for).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+import uuid
+from typing import Any
+
+from airflow_cloudtrain.catalog.gce import ACCELERATOR_TYPES
+from airflow_cloudtrain.clouds.base import (
+    PENDING,
+    RUNNING,
+    STOPPED,
+    STOPPING,
+    TERMINATED,
+    Cloud,
+    Instance,
+    LaunchRequest,
+)
+from airflow_cloudtrain.clouds.errors import CapacityUnavailable, CloudError, InvalidRequest, QuotaExceeded
+from airflow_cloudtrain.runs import TAG_MANAGED, TAG_RUN, TAG_RUN_KEY, TAG_RUN_URI
+
+CAPACITY_CODES = frozenset({"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+                            "RESOURCE_POOL_EXHAUSTED", "UNSUPPORTED_OPERATION"})  # fmt: skip
+QUOTA_CODES = frozenset({"QUOTA_EXCEEDED", "quotaExceeded"})
+STATUS = {"PROVISIONING": PENDING, "STAGING": PENDING, "RUNNING": RUNNING, "STOPPING": STOPPING,
+          "SUSPENDING": STOPPING, "SUSPENDED": STOPPED, "REPAIRING": PENDING, "TERMINATED": TERMINATED}  # fmt: skip
+CPU_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
+GPU_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu123-debian-11-py310"
+SCOPES = ["https://www.googleapis.com/auth/devstorage.read_write", "https://www.googleapis.com/auth/logging.write"]
+PAGE = 500  # instances.list maxResults limit
+
+
+def label_value(text: str) -> str:
+    """GCE label values: lowercase letters, digits, ``_`` and ``-``, at most 63 characters."""
+    return re.sub(r"[^a-z0-9_-]", "_", text.lower())[:63]
+
+
+def instance_name(run_digest: str, try_number: int, attempt: int) -> str:
+    return f"ct-{run_digest[:16]}-t{try_number}-a{attempt}"
+
+
+def _error_of(op: Any) -> tuple[str, str] | None:
+    errors = list(getattr(getattr(op, "error", None), "errors", []) or [])
+    if not errors:
+        return None
+    return errors[0].code, errors[0].message
+
+
+def map_code(code: str, message: str) -> CloudError:
+    if code in CAPACITY_CODES:
+        return CapacityUnavailable(message, code)
+    if code in QUOTA_CODES:
+        return QuotaExceeded(message, code)
+    return InvalidRequest(message, code)
+
+
+def map_api_error(err: Exception) -> Exception:
+    """google.api_core errors (HTTP) onto our vocabulary."""
+    reason = ""
+    for detail in getattr(err, "errors", None) or []:
+        reason = detail.get("reason", "") if isinstance(detail, dict) else getattr(detail, "reason", "")
+        break
+    code = getattr(err, "code", 0)
+    if reason in QUOTA_CODES or "quota" in reason.lower():
+        return QuotaExceeded(str(err), reason or "QUOTA_EXCEEDED")
+    if code in (400, 404, 409):
+        return InvalidRequest(str(err), reason or str(code))
+    return err
+
+
+class GcpCloud(Cloud):
+    """Compute Engine in one project, for the zones of one region."""
+
+    name = "gcp"
+
+    def __init__(self, instances: Any, operations: Any, project: str, region: str, zones: list[str]) -> None:
+        self.instances = instances
+        self.operations = operations
+        self.project = project
+        self.region = region
+        self.zones = zones
+
+    def _body(self, r: LaunchRequest, zone: str, name: str) -> dict[str, Any]:
+        offer = r.offer
+        labels = {k: label_value(v) for k, v in r.tags.items() if k != TAG_RUN_URI}
+        gpu = offer.gpus > 0
+        scheduling: dict[str, Any] = {"automatic_restart": False, "on_host_maintenance": "TERMINATE"}
+        if r.provisioning == "preemptible":
+            scheduling["preemptible"] = True
+        elif r.provisioning == "spot" or offer.is_spot:
+            scheduling.update(provisioning_model="SPOT", instance_termination_action="DELETE")
+        elif not gpu:
+            scheduling = {"automatic_restart": True, "on_host_maintenance": "MIGRATE"}
+        body: dict[str, Any] = {
+            "name": name,
+            "machine_type": f"zones/{zone}/machineTypes/{offer.instance_type}",
+            "labels": labels,
+            "metadata": {"items": [{"key": "startup-script", "value": r.user_data},
+                                   {"key": TAG_RUN_URI, "value": r.tags.get(TAG_RUN_URI, "")}]},  # fmt: skip
+            "disks": [{"boot": True, "auto_delete": True, "initialize_params": {
+                "source_image": r.image_id or (GPU_IMAGE if gpu else CPU_IMAGE), "disk_size_gb": r.disk_gib}}],
+            "network_interfaces": [{"network": "global/networks/default",
+                                    "access_configs": [{"name": "External NAT", "type_": "ONE_TO_ONE_NAT"}]}],
+            "service_accounts": [{"email": r.service_account or "default", "scopes": SCOPES}],
+            "scheduling": scheduling,
+        }  # fmt: skip
+        if offer.attach_gpus:
+            body["guest_accelerators"] = [{
+                "accelerator_type": f"zones/{zone}/acceleratorTypes/{ACCELERATOR_TYPES[offer.gpu_type or '']}",
+                "accelerator_count": offer.gpus}]  # fmt: skip
+        return body
+
+    def launch(self, request: LaunchRequest) -> Instance:
+        from google.api_core import exceptions as gexc
+        from google.cloud import compute_v1
+
+        zone = request.zone or (request.offer.zones[0] if request.offer.zones else f"{self.region}-a")
+        digest, try_number, attempt = request.client_token.split("-")[:3]
+        name = instance_name(digest, int(try_number), int(attempt))
+        request_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"cloudtrain:{request.client_token}"))
+        resource = compute_v1.Instance(self._body(request, zone, name))
+        insert = compute_v1.InsertInstanceRequest(project=self.project, zone=zone, instance_resource=resource,
+                                                  request_id=request_id)  # fmt: skip
+        try:
+            op = self.instances.insert(request=insert)
+        except gexc.Conflict:  # the same launch sent twice: it is ours
+            return self._get(zone, name)
+        except gexc.GoogleAPICallError as err:
+            raise map_api_error(err) from err
+        op = self._wait(zone, getattr(op, "name", None) or op.name)
+        if (error := _error_of(op)) is not None:
+            raise map_code(*error)
+        return self._get(zone, name)
+
+    def _wait(self, zone: str, operation: str, timeout: float = 300) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            op = self.operations.wait(project=self.project, zone=zone, operation=operation)
+            if str(getattr(op.status, "name", op.status)) == "DONE" or time.monotonic() > deadline:
+                return op
+
+    def _get(self, zone: str, name: str) -> Instance:
+        return to_instance(self.instances.get(project=self.project, zone=zone, instance=name))
+
+    def _list(self, zone: str, filter_: str | None = None) -> list[Any]:
+        from google.cloud import compute_v1
+
+        req = compute_v1.ListInstancesRequest(project=self.project, zone=zone, max_results=PAGE)
+        if filter_:
+            req.filter = filter_
+        return list(self.instances.list(request=req))
+
+    def find(self, run_key_digest: str) -> list[Instance]:
+        out = []
+        for zone in self.zones:
+            for raw in self._list(zone, f"labels.{TAG_RUN_KEY} = {run_key_digest}"):
+                inst = to_instance(raw)
+                if inst.state in (PENDING, RUNNING):
+                    out.append(inst)
+        return out
+
+    def find_run(self, run_id: str) -> list[Instance]:
+        return [to_instance(raw) for zone in self.zones for raw in self._list(zone, f"labels.{TAG_RUN} = {run_id}")]
+
+    def find_all_managed(self) -> list[Instance]:
+        return [to_instance(raw) for zone in self.zones for raw in self._list(zone, f"labels.{TAG_MANAGED} = true")]
+
+    def describe(self, ids: list[str]) -> dict[str, Instance]:
+        """One list call per zone (per 500 instances); names not listed are gone (deleted)."""
+        wanted = set(ids)
+        out: dict[str, Instance] = {}
+        for zone in self.zones:
+            for raw in self._list(zone):
+                if raw.name in wanted:
+                    out[raw.name] = to_instance(raw)
+        ended = [i for i in out.values() if i.state == TERMINATED]
+        if ended or wanted - set(out):
+            preempted = self._preempted_names()
+            for inst in ended:
+                inst.preempted = inst.id in preempted
+            for missing in wanted - set(out):
+                out[missing] = Instance(missing, TERMINATED, "", None, False, state_reason="deleted",
+                                        preempted=missing in preempted)  # fmt: skip
+        return out
+
+    def _preempted_names(self) -> set[str]:
+        """Names Compute Engine preempted, from the zones' system operations."""
+        from google.cloud import compute_v1
+
+        names = set()
+        for zone in self.zones:
+            req = compute_v1.ListZoneOperationsRequest(project=self.project, zone=zone,
+                                                       filter='operationType = "compute.instances.preempted"')  # fmt: skip
+            for op in self.operations.list(request=req):
+                names.add(op.target_link.rsplit("/", 1)[-1])
+        return names
+
+    def terminate(self, ids: list[str]) -> None:
+        from google.api_core import exceptions as gexc
+
+        for name in ids:
+            for zone in self.zones:
+                try:
+                    self.instances.delete(project=self.project, zone=zone, instance=name)
+                    break
+                except gexc.NotFound:
+                    continue
+
+    def attach_volume(self, instance_id: str, volume_id: str) -> str:
+        raise InvalidRequest("volume_id is an EC2 feature; on GCE attach a persistent disk in setup_cmds", "")
+
+
+def to_instance(raw: Any) -> Instance:
+    status = str(getattr(raw.status, "name", raw.status)) if not isinstance(raw.status, str) else raw.status
+    scheduling = raw.scheduling
+    spot = bool(getattr(scheduling, "preemptible", False)) or getattr(scheduling, "provisioning_model", "") == "SPOT"
+    created = getattr(raw, "creation_timestamp", "") or ""
+    launch = None
+    if created:
+        from datetime import datetime
+
+        launch = datetime.fromisoformat(created).timestamp()
+    return Instance(
+        id=raw.name,
+        state=STATUS.get(status, PENDING),
+        instance_type=raw.machine_type.rsplit("/", 1)[-1],
+        zone=raw.zone.rsplit("/", 1)[-1],
+        spot=spot,
+        launch_time=launch,
+        state_reason=status,
+        tags=dict(raw.labels),
+    )

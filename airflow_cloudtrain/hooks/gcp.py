@@ -1,0 +1,132 @@
+"""The GCP hook: Compute Engine and Cloud Storage clients from the Google provider's connection.
+
+Credentials and project resolve exactly as the official Google provider resolves them
+(``gcp_conn_id``, key file / JSON / ADC, ``project_id``). Two optional connection extras serve
+private or local endpoints: ``compute_endpoint`` (e.g. a Private Service Connect address) and
+``storage_endpoint``; ``credentials: "anonymous"`` is accepted only together with such an endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
+
+from airflow_cloudtrain.clouds.base import Instance
+from airflow_cloudtrain.clouds.gcp import GcpCloud
+
+
+class CloudTrainGcpHook(GoogleBaseHook):
+    """Compute + Storage clients for one Google connection."""
+
+    conn_name_attr = "gcp_conn_id"
+    default_conn_name = "google_cloud_default"
+    conn_type = "google_cloud_platform"
+    hook_name = "Cloud Train (GCP)"
+
+    def __init__(self, gcp_conn_id: str = "google_cloud_default", project_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__(gcp_conn_id=gcp_conn_id, **kwargs)
+        self._project_override = project_id
+
+    @property
+    def project(self) -> str:
+        # the connection's own project first: resolving ADC only to learn the project is slow (and
+        # impossible with anonymous credentials)
+        project = self._project_override or self._get_field("project") or self.project_id
+        if not project:
+            raise ValueError(f"no project: set project_id= or the project of connection {self.gcp_conn_id!r}")
+        return project
+
+    def _creds(self) -> Any:
+        if self._get_field("credentials") == "anonymous" and self._get_field("compute_endpoint"):
+            from google.auth.credentials import AnonymousCredentials
+
+            return AnonymousCredentials()
+        return self.get_credentials()
+
+    def _client_kwargs(self, field: str) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {"credentials": self._creds()}
+        if endpoint := self._get_field(field):
+            kwargs["client_options"] = {"api_endpoint": endpoint}
+        return kwargs
+
+    def instances_client(self) -> Any:
+        from google.cloud import compute_v1
+
+        return compute_v1.InstancesClient(**self._client_kwargs("compute_endpoint"))
+
+    def operations_client(self) -> Any:
+        from google.cloud import compute_v1
+
+        return compute_v1.ZoneOperationsClient(**self._client_kwargs("compute_endpoint"))
+
+    def storage_client(self) -> Any:
+        from google.cloud import storage
+
+        return storage.Client(project=self.project, **self._client_kwargs("storage_endpoint"))
+
+    def cloud(self, region: str | None, zone: str | None = None) -> GcpCloud:
+        zones = [zone] if zone else zones_of(region)
+        return GcpCloud(self.instances_client(), self.operations_client(), self.project,
+                        region or (zone or "").rsplit("-", 1)[0], zones)  # fmt: skip
+
+    def run_folder(self, run_uri: str) -> Any:
+        from airflow_cloudtrain.agent.storage import open_run_folder
+
+        return open_run_folder(run_uri, gcs_client=self.storage_client())
+
+    async def describe_async(self, ids: list[str], zone: str | None = None, region: str | None = None) -> dict[str, Instance]:
+        """The compute client is synchronous: describe in a worker thread, off the event loop."""
+        cloud = await asyncio.to_thread(self.cloud, region, zone)
+        return await asyncio.to_thread(cloud.describe, ids)
+
+    async def terminate_async(self, ids: list[str], zone: str | None = None, region: str | None = None) -> None:
+        cloud = await asyncio.to_thread(self.cloud, region, zone)
+        await asyncio.to_thread(cloud.terminate, ids)
+
+
+def zones_of(region: str | None) -> list[str]:
+    """The region's zones the catalog knows (where our machine types are offered)."""
+    from airflow_cloudtrain.catalog.snapshot import snapshot_rows
+
+    if not region:
+        raise ValueError("a GCE region or zone is needed")
+    zones = sorted({z for r in snapshot_rows("gcp") if r.region == region for z in r.zones})
+    return zones or [f"{region}-a", f"{region}-b", f"{region}-c"]
+
+
+class GcpRunBackend:
+    """What the operator needs from GCP for one run: the cloud, the run folder, zones for failover."""
+
+    provider = "gcp"
+
+    def __init__(self, conn_id: str, project_id: str | None, region: str | None) -> None:
+        self.hook = CloudTrainGcpHook(gcp_conn_id=conn_id, project_id=project_id)
+        self.conn_id = conn_id
+        self.region = region or self.hook._get_field("region") or None
+        self._cloud: GcpCloud | None = None
+
+    @property
+    def cloud(self) -> GcpCloud:
+        if self._cloud is None:
+            self._cloud = self.hook.cloud(self.region)
+        return self._cloud
+
+    def bind_region(self, region: str) -> None:
+        """The catalog picked the region (none was asked for): work in its zones."""
+        if self.region != region:
+            self.region, self._cloud = region, None
+
+    def run_folder(self, run_uri: str) -> Any:
+        return self.hook.run_folder(run_uri)
+
+    def refresh_catalog(self) -> None:
+        """Live GCE prices are not fetched yet (Cloud Billing Catalog): the snapshot answers."""
+
+    def zones_for(self, zone: str | None, offer: Any) -> list[str | None]:
+        """A capacity error in one zone tries the offer's other zones before the next offer."""
+        return [zone] if zone else list(offer.zones) or [None]
+
+    def trigger_args(self, launch: dict[str, Any]) -> dict[str, Any]:
+        return {"conn_id": self.conn_id, "region": launch.get("zone")}
