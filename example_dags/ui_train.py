@@ -37,7 +37,7 @@ with DAG(
         ram="{{ params.ram }}",
         bid="{{ params.bid }}",
         command="{{ params.command }}",
-        bucket="{{ '%s' if params.cloud.startswith('ec2') else '%s' }}" % (S3_BUCKET, GS_BUCKET),
+        bucket="{{ '" + S3_BUCKET + "' if params.cloud.startswith('ec2') else '" + GS_BUCKET + "' }}",
         max_runtime="1h",
         poll_interval=1,
         deferrable=os.environ.get("CLOUDTRAIN_DEFERRABLE", "false").lower() == "true",

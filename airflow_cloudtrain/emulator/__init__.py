@@ -18,6 +18,7 @@ production. Each launched instance gets the real agent as a local process.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -202,7 +203,8 @@ class Emulator:
         from airflow_cloudtrain.emulator.aws import end_instance
 
         if seen.cloud == "gcp":
-            self.gce.shutdown(self._gce_zones[seen.id], seen.id)
+            with contextlib.suppress(KeyError):  # already deleted by the operator: nothing to power off
+                self.gce.shutdown(self._gce_zones[seen.id], seen.id)
             return
         end_instance(self._regions[seen.id], seen.id, "Client.InstanceInitiatedShutdown",
                      "Client.InstanceInitiatedShutdown: Instance initiated shutdown")  # fmt: skip
@@ -238,7 +240,8 @@ class Emulator:
 
         self.runner.kill_agent(instance_id)
         if instance_id in self._gce_zones:
-            self.gce.preempt(self._gce_zones[instance_id], instance_id)
+            with contextlib.suppress(KeyError):  # gone before the notice ran out
+                self.gce.preempt(self._gce_zones[instance_id], instance_id)
             return
         region = self._regions.get(instance_id, self.region)
         end_instance(region, instance_id, "Server.SpotInstanceTermination", "Spot instance termination")

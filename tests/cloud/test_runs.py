@@ -1,0 +1,236 @@
+"""CloudTrainOperator on the emulated EC2 and GCE, inside real Airflow: every way a run can end.
+
+Each scenario runs on both clouds and checks what a user would: the task's state, the run folder's
+status, and that every instance the run launched is gone (the ``emu`` fixture also fails any test
+that leaves one alive).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import textwrap
+import threading
+import time
+from typing import Any
+
+import pytest
+from dag_helpers import task_states, write_dag, xcom
+
+from airflow_cloudtrain.agent.storage import open_run_folder
+from airflow_cloudtrain.catalog import rank_offers
+from airflow_cloudtrain.runs import RunKey, RunStatus, join, status_key
+from airflow_cloudtrain.spec import Hardware
+
+SECRET = "s3cr3t-Value-9f2"
+LONG_JOB = "trap 'echo got SIGTERM; exit 143' TERM; echo started; for i in $(seq 1 600); do sleep 0.1; done"
+SPOT = {"aws": "ec2spot", "gcp": "gcspot"}
+ON_DEMAND = {"aws": "ec2", "gcp": "gcloud"}
+BUCKET = {"aws": "s3://cloudtrain-emulated/tests", "gcp": "gs://cloudtrain-emulated/tests"}
+REGION = {"aws": "us-east-1", "gcp": "us-central1"}
+PROVIDERS = ["aws", "gcp"]
+
+
+def scenario(dag_id: str, provider: str, command: str, spot: bool = True, deferrable: bool = False,
+             extra: str = "", operator: str = "CloudTrainOperator", preamble: str = "") -> Any:  # fmt: skip
+    cloud = (SPOT if spot else ON_DEMAND)[provider]
+    header = "from datetime import datetime, timedelta\nfrom airflow.sdk import DAG\n"
+    header += "from airflow_cloudtrain.operators import CloudTrainOperator\n"
+    body = textwrap.dedent(
+        f"""
+        with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+            {operator}(task_id="train", cloud={cloud!r}, cpus=2, ram="4g", command={command!r},
+                       bucket={BUCKET[provider]!r}, region={REGION[provider]!r}, poll_interval=0.5,
+                       deferrable={deferrable}, live_prices=False, env={{"WANDB_API_KEY": {SECRET!r}}} {extra})
+        """
+    )
+    return write_dag(header + textwrap.dedent(preamble) + body, dag_id)
+
+
+def folder_of(provider: str, dag_id: str, run: Any) -> Any:
+    return open_run_folder(join(BUCKET[provider], RunKey(dag_id, "train", run.run_id, -1).path()))
+
+
+def cloud_of(provider: str) -> Any:
+    if provider == "aws":
+        from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
+
+        return CloudTrainAwsHook(aws_conn_id="aws_default").cloud()
+    from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
+
+    return CloudTrainGcpHook().cloud(REGION["gcp"])
+
+
+def launched(provider: str, dag_id: str, run: Any) -> list[str]:
+    """Instance ids the run launched (each agent writes under instances/<id>/), all checked gone."""
+    keys = folder_of(provider, dag_id, run).list("instances/")
+    ids = sorted({k.split("/")[1] for k in keys})
+    states = cloud_of(provider).describe(ids)
+    assert all(states[i].state == "terminated" for i in ids), {i: states[i].state for i in ids}
+    return ids
+
+
+def status_of(provider: str, dag_id: str, run: Any, instance_id: str) -> RunStatus:
+    text = folder_of(provider, dag_id, run).get_text(status_key(instance_id))
+    assert text, "the agent wrote no status"
+    return RunStatus.from_json(text)
+
+
+def when_running(emu: Any, action: Any, timeout: float = 60) -> threading.Thread:
+    """In the background: once an instance of ours runs and its job has printed, act on it."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for inst in emu.running_instances():
+                if "started" in emu.agent_log(inst["id"]):
+                    action(inst["id"])
+                    return
+            time.sleep(0.2)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_failing_command_fails_the_task_and_terminates(emu, airflow_db, provider: str) -> None:
+    dag_id = f"fail_cmd_{provider}"
+    run = scenario(dag_id, provider, "echo about to fail; exit 3").test()
+    assert task_states(run) == {"train": "failed"}
+    (iid,) = launched(provider, dag_id, run)
+    status = status_of(provider, dag_id, run, iid)
+    assert (status.state, status.exit_code) == ("failed", 3)
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_spot_interruption_fails_with_a_spot_error(emu, airflow_db, capfd, provider: str, deferrable: bool) -> None:
+    dag_id = f"spot_{provider}_{int(deferrable)}"
+    # the agent polls instance metadata every 5 s; AWS gives 2 minutes of notice, GCE about 30 s
+    watcher = when_running(emu, lambda iid: emu.interrupt(iid, notice_s=7))
+    run = scenario(dag_id, provider, LONG_JOB, deferrable=deferrable).test()
+    watcher.join(5)
+    assert task_states(run) == {"train": "failed"}
+    assert "spot interruption: " in capfd.readouterr().out
+    (iid,) = launched(provider, dag_id, run)
+    status = status_of(provider, dag_id, run, iid)
+    assert status.state == "interrupted"
+    assert status.interruption["kind"] == ("spot" if provider == "aws" else "preemption")
+    folder = folder_of(provider, dag_id, run)
+    log = "".join(folder.get_text(k) or "" for k in folder.list(f"instances/{iid}/logs/"))
+    assert "got SIGTERM" in log  # the job was told, and could have saved a checkpoint
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_killed_task_terminates_its_instance(emu, airflow_db, provider: str) -> None:
+    """SIGTERM to the task process is how Airflow kills a running task; on_kill must take the instance."""
+    dag_id = f"killed_{provider}"
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        watcher = when_running(emu, lambda iid: os.kill(os.getpid(), signal.SIGTERM))
+        run = scenario(dag_id, provider, LONG_JOB, spot=False).test()
+        watcher.join(5)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert task_states(run) == {"train": "failed"}
+    (iid,) = launched(provider, dag_id, run)
+    assert status_of(provider, dag_id, run, iid).state in ("running", "interrupted")  # the job never finished
+
+
+CRASH = """
+from airflow_cloudtrain.operators.cloud_train import STATE_KEY
+
+class CrashAfterLaunch(CloudTrainOperator):
+    # the worker dies between the launch call and the wait: nothing of ours runs after that
+    def _launch(self, context, *args, **kwargs):
+        launch = super()._launch(context, *args, **kwargs)
+        if context["ti"].try_number == 1:
+            if {forget_state_store}:
+                context["task_state_store"].delete(STATE_KEY)
+            raise RuntimeError("worker lost right after launching")
+        return launch
+"""
+LAUNCH_CALL = {"aws": "RunInstances", "gcp": "instances.insert"}
+
+
+@pytest.mark.parametrize("via", ["task_state_store", "tags"])
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_retry_after_crash_adopts_the_first_instance(emu, airflow_db, provider: str, via: str) -> None:
+    emu.reset_counts()
+    dag_id = f"crash_{provider}_{via}"
+    dag = scenario(dag_id, provider, "echo trained", operator="CrashAfterLaunch",
+                   preamble=CRASH.format(forget_state_store=via == "tags"),
+                   extra=", retries=1, retry_delay=timedelta(seconds=0)")  # fmt: skip
+    run = dag.test()
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    assert result["adopted"] is True
+    assert emu.request_counts().get(LAUNCH_CALL[provider]) == 1  # no second instance
+    assert launched(provider, dag_id, run) == [result["instance_id"]]
+
+
+def test_ec2_capacity_error_fails_over_to_the_next_offer(emu, airflow_db) -> None:
+    first, second = rank_offers("ec2spot", Hardware(2, 0, "4g"), region="us-east-1")[:2]
+    emu.fail_capacity(first.instance_type)
+    run = scenario("failover_aws", "aws", "echo ok").test()
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    assert result["failover"] == [[first.instance_type, "us-east-1", "InsufficientInstanceCapacity"]]
+    assert result["instance_type"] == second.instance_type
+
+
+def test_gce_exhausted_zone_fails_over_to_the_next_zone(emu, airflow_db) -> None:
+    offer = rank_offers("gcspot", Hardware(2, 0, "4g"), region="us-central1")[0]
+    first_zone, second_zone = offer.zones[:2]
+    emu.fail_capacity(offer.instance_type, zone=first_zone)
+    run = scenario("failover_gcp", "gcp", "echo ok").test()
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    assert result["failover"] == [[offer.instance_type, first_zone, "ZONE_RESOURCE_POOL_EXHAUSTED"]]
+    assert (result["instance_type"], result["zone"]) == (offer.instance_type, second_zone)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_no_capacity_anywhere_lists_what_was_tried(emu, airflow_db, capfd, provider: str) -> None:
+    offers = rank_offers(SPOT[provider], Hardware(2, 0, "4g"), region=REGION[provider])[:2]
+    for offer in offers:
+        emu.fail_capacity(offer.instance_type)
+    dag_id = f"nocapacity_{provider}"
+    run = scenario(dag_id, provider, "echo ok", extra=", max_launch_attempts=2").test()
+    assert task_states(run) == {"train": "failed"}
+    out = capfd.readouterr().out
+    assert "no capacity for any of 2 offers tried" in out
+    assert f"{offers[0].instance_type} in " in out
+    assert launched(provider, dag_id, run) == []
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_no_credentials_in_user_data_xcom_or_logs(emu, airflow_db, capfd, provider: str) -> None:
+    dag_id = f"nosecrets_{provider}"
+    seen_metadata: dict[str, str] = {}  # GCE deletes the instance at teardown: read its metadata while it runs
+    watcher = when_running(emu, lambda iid: seen_metadata.update(gce_metadata(emu, iid)) if provider == "gcp" else None)
+    run = scenario(dag_id, provider, "echo started; sleep 1; echo job ran").test()
+    watcher.join(5)
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    user_data = ec2_user_data(result["instance_id"]) if provider == "aws" else seen_metadata["startup-script"]
+    assert "--run-uri" in user_data and "agent.zip" in user_data  # it is the real bootstrap
+    logs = capfd.readouterr().out
+    for where, text in {"user data": user_data, "XCom": json.dumps(result), "logs": logs}.items():
+        assert SECRET not in text, where
+        assert "aws_secret_access_key" not in text.lower() and "private_key" not in text.lower(), where
+
+
+def ec2_user_data(instance_id: str) -> str:
+    import base64
+
+    import boto3
+
+    raw = boto3.client("ec2").describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
+    return base64.b64decode(raw["UserData"]["Value"]).decode()
+
+
+def gce_metadata(emu: Any, name: str) -> dict[str, str]:
+    return next(i["metadata"] for i in emu.gce.alive() if i["name"] == name)
