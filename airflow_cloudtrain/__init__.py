@@ -25,9 +25,32 @@ def get_provider_info() -> dict[str, Any]:
                 "tags": ["software"],
             }
         ],
-        "operators": [],
-        "sensors": [],
-        "hooks": [],
-        "triggers": [],
+        "operators": [
+            {
+                "integration-name": "Cloud Train",
+                "python-modules": ["airflow_cloudtrain.operators.cloud_train"],
+            }
+        ],
+        "sensors": [
+            {
+                "integration-name": "Cloud Train",
+                "python-modules": ["airflow_cloudtrain.sensors.instance_status"],
+            }
+        ],
+        "hooks": [
+            {
+                "integration-name": "Cloud Train",
+                "python-modules": ["airflow_cloudtrain.hooks.aws", "airflow_cloudtrain.hooks.gcp"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "Cloud Train",
+                "python-modules": [
+                    "airflow_cloudtrain.triggers.instances",
+                    "airflow_cloudtrain.triggers.run",
+                ],
+            }
+        ],
         "extra-links": [],
     }

@@ -5,7 +5,9 @@ from __future__ import annotations
 import math
 
 
-def billed_cost(hourly_usd: float | None, seconds: float, minimum_s: float = 60.0) -> tuple[float | None, str]:
+def billed_cost(
+    hourly_usd: float | None, seconds: float, minimum_s: float = 60.0
+) -> tuple[float | None, str]:
     """EC2 and GCE bill Linux instances per second with a one-minute minimum.
 
     Returns (USD rounded to the cent's hundredth, an explanation for the XCom / log).

@@ -13,7 +13,9 @@ from airflow_cloudtrain.clouds.base import ENDED_STATES, STOPPED, Instance
 from airflow_cloudtrain.runs import INTERRUPTED, SUCCEEDED, RunStatus
 
 
-def outcome(status: RunStatus | None, instance: Instance | None, ended_grace_over: bool) -> dict[str, Any] | None:
+def outcome(
+    status: RunStatus | None, instance: Instance | None, ended_grace_over: bool
+) -> dict[str, Any] | None:
     """None while the run goes on, else an event payload: ``{"status": "success" | "error", ...}``.
 
     ``ended_grace_over`` is True once the instance has been seen ended for a little while: an agent

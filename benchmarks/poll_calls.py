@@ -64,15 +64,22 @@ def main() -> int:
 
     print("EC2 DescribeInstances requests for one poll of every watcher, all triggers in one event loop, "
           "moto server on loopback\n")  # fmt: skip
-    print("| watched instances | implementation                  | requests per poll | wall time of the poll (s) |")
-    print("|------------------:|---------------------------------|------------------:|--------------------------:|")
+    print(
+        "| watched instances | implementation                  | requests per poll | wall time of the poll (s) |"
+    )
+    print(
+        "|------------------:|---------------------------------|------------------:|--------------------------:|"
+    )
     with Emulator() as emu:
         ec2 = boto3.client("ec2")
         image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
         for n in args.sizes:
             ids = [i["InstanceId"] for i in ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=n,
                                                               MaxCount=n)["Instances"]]  # fmt: skip
-            for impl, label in (("ours", "cloudtrain InstanceStateTrigger"), ("amazon", "EC2StateSensorTrigger")):
+            for impl, label in (
+                ("ours", "cloudtrain InstanceStateTrigger"),
+                ("amazon", "EC2StateSensorTrigger"),
+            ):
                 calls, seconds = measure(emu, ids, impl, args.interval)
                 print(f"| {n:>17} | {label:<31} | {calls:>17} | {seconds:>25.2f} |", flush=True)
             ec2.terminate_instances(InstanceIds=ids)

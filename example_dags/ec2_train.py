@@ -34,7 +34,9 @@ with DAG(
         import boto3
 
         rng = random.Random(7)
-        lines = ["x,y"] + [f"{x:.4f},{3 * x + 2 + rng.gauss(0, 0.1):.4f}" for x in (rng.random() for _ in range(200))]
+        lines = ["x,y"] + [
+            f"{x:.4f},{3 * x + 2 + rng.gauss(0, 0.1):.4f}" for x in (rng.random() for _ in range(200))
+        ]
         bucket, prefix = BUCKET[len("s3://") :].split("/", 1)
         key = f"{prefix}/data/{run_id}/train.csv".replace(":", "_").replace("+", "_")
         boto3.client("s3").put_object(Bucket=bucket, Key=key, Body="\n".join(lines).encode())
@@ -65,8 +67,12 @@ with DAG(
         import boto3
 
         bucket, key = result["results_uri"][len("s3://") :].split("/", 1)
-        model = json.loads(boto3.client("s3").get_object(Bucket=bucket, Key=f"{key}/model.json")["Body"].read())
-        print(f"model w={model['w']:.3f} b={model['b']:.3f} loss={model['loss']:.5f}; run cost ${result['cost_usd']}")
+        model = json.loads(
+            boto3.client("s3").get_object(Bucket=bucket, Key=f"{key}/model.json")["Body"].read()
+        )
+        print(
+            f"model w={model['w']:.3f} b={model['b']:.3f} loss={model['loss']:.5f}; run cost ${result['cost_usd']}"
+        )
         if abs(model["w"] - 3) > 0.3 or abs(model["b"] - 2) > 0.3:
             raise ValueError(f"model did not learn y = 3x + 2: {model}")
         return {"model": model, "cost_usd": result["cost_usd"], "instance_type": result["instance_type"]}

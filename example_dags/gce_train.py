@@ -34,7 +34,9 @@ with DAG(
         from google.cloud import storage
 
         rng = random.Random(7)
-        lines = ["x,y"] + [f"{x:.4f},{3 * x + 2 + rng.gauss(0, 0.1):.4f}" for x in (rng.random() for _ in range(200))]
+        lines = ["x,y"] + [
+            f"{x:.4f},{3 * x + 2 + rng.gauss(0, 0.1):.4f}" for x in (rng.random() for _ in range(200))
+        ]
         bucket, prefix = BUCKET[len("gs://") :].split("/", 1)
         key = f"{prefix}/data/{run_id}/train.csv".replace(":", "_").replace("+", "_")
         storage.Client().bucket(bucket).blob(key).upload_from_string("\n".join(lines))
@@ -66,7 +68,9 @@ with DAG(
 
         bucket, key = result["results_uri"][len("gs://") :].split("/", 1)
         model = json.loads(storage.Client().bucket(bucket).blob(f"{key}/model.json").download_as_text())
-        print(f"model w={model['w']:.3f} b={model['b']:.3f} loss={model['loss']:.5f}; run cost ${result['cost_usd']}")
+        print(
+            f"model w={model['w']:.3f} b={model['b']:.3f} loss={model['loss']:.5f}; run cost ${result['cost_usd']}"
+        )
         if abs(model["w"] - 3) > 0.3 or abs(model["b"] - 2) > 0.3:
             raise ValueError(f"model did not learn y = 3x + 2: {model}")
         return {"model": model, "cost_usd": result["cost_usd"], "instance_type": result["instance_type"]}

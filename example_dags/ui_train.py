@@ -25,7 +25,9 @@ with DAG(
         "gpus": Param(0, type="integer", minimum=0, description="GPUs at least"),
         "ram": Param("4g", type="string", description="RAM at least: 16g, 512m, 1.5GiB"),
         "bid": Param("60%", type="string", description="spot bid: 0.45 (USD/h) or 60% of on-demand"),
-        "command": Param("python3 -c \"print('hello from the cloud')\"", type="string", description="shell command"),
+        "command": Param(
+            "python3 -c \"print('hello from the cloud')\"", type="string", description="shell command"
+        ),
     },
     doc_md=__doc__,
 ) as dag:

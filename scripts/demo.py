@@ -47,15 +47,19 @@ def summarize(name: str, run) -> None:
     result = run.get_task_instance("train").xcom_pull(task_ids="train")
     if not result:
         return
-    print(f"  offer chosen : {result['instance_type']} in {result['region']}/{result['zone']} "
-          f"({'spot' if result['spot'] else 'on-demand'})")
+    print(
+        f"  offer chosen : {result['instance_type']} in {result['region']}/{result['zone']} "
+        f"({'spot' if result['spot'] else 'on-demand'})"
+    )
     print(f"  instance     : {result['instance_id']} (terminated)")
     folder = open_run_folder(result["run_uri"])
     print("  job log      :")
     for key in folder.list(log_prefix(result["instance_id"])):
         for line in (folder.get_text(key) or "").splitlines():
             print(f"    | {line}")
-    print(f"  result       : {result['state']}, exit code {result['exit_code']}, {result['duration_s']:.1f} s")
+    print(
+        f"  result       : {result['state']}, exit code {result['exit_code']}, {result['duration_s']:.1f} s"
+    )
     print(f"  results      : {result['results_uri']}/  {folder.list('results')}")
     print(f"  cost         : ${result['cost_usd']} ({result['cost_basis']})")
     print("  XCom         :", json.dumps(result, default=str))

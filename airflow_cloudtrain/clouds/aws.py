@@ -37,7 +37,9 @@ SPOT_INTERRUPTION_REASONS = frozenset(
 # Public SSM parameters for default images: AL2023 for CPU, the Deep Learning AMI (NVIDIA driver,
 # docker with the NVIDIA container toolkit) for GPU instances.
 CPU_IMAGE_PARAM = "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64"
-GPU_IMAGE_PARAM = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
+GPU_IMAGE_PARAM = (
+    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
+)
 DESCRIBE_BATCH = 1000  # DescribeInstances accepts up to 1,000 ids per call
 
 
@@ -110,12 +112,20 @@ class AwsCloud(Cloud):
             "ClientToken": request.client_token,
             "UserData": request.user_data,
             "InstanceInitiatedShutdownBehavior": "terminate",
-            "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
+            "MetadataOptions": {
+                "HttpTokens": "required",
+                "HttpEndpoint": "enabled",
+                "HttpPutResponseHopLimit": 2,
+            },
             "BlockDeviceMappings": [
                 {
                     "DeviceName": "/dev/xvda",
-                    "Ebs": {"VolumeSize": request.disk_gib, "VolumeType": "gp3", "Encrypted": True,
-                            "DeleteOnTermination": True},
+                    "Ebs": {
+                        "VolumeSize": request.disk_gib,
+                        "VolumeType": "gp3",
+                        "Encrypted": True,
+                        "DeleteOnTermination": True,
+                    },
                 }  # fmt: skip
             ],
             "TagSpecifications": [
@@ -135,7 +145,10 @@ class AwsCloud(Cloud):
             key = "Arn" if request.iam_instance_profile.startswith("arn:") else "Name"
             kwargs["IamInstanceProfile"] = {key: request.iam_instance_profile}
         if offer.is_spot:
-            spot: dict[str, Any] = {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"}
+            spot: dict[str, Any] = {
+                "SpotInstanceType": "one-time",
+                "InstanceInterruptionBehavior": "terminate",
+            }
             if request.max_price is not None:
                 spot["MaxPrice"] = f"{request.max_price:.6f}"
             kwargs["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}

@@ -34,7 +34,10 @@ STATUS = {"PROVISIONING": PENDING, "STAGING": PENDING, "RUNNING": RUNNING, "STOP
           "SUSPENDING": STOPPING, "SUSPENDED": STOPPED, "REPAIRING": PENDING, "TERMINATED": TERMINATED}  # fmt: skip
 CPU_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 GPU_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu123-debian-11-py310"
-SCOPES = ["https://www.googleapis.com/auth/devstorage.read_write", "https://www.googleapis.com/auth/logging.write"]
+SCOPES = [
+    "https://www.googleapis.com/auth/devstorage.read_write",
+    "https://www.googleapis.com/auth/logging.write",
+]
 PAGE = 500  # instances.list maxResults limit
 
 
@@ -168,10 +171,18 @@ class GcpCloud(Cloud):
         return out
 
     def find_run(self, run_id: str) -> list[Instance]:
-        return [to_instance(raw) for zone in self.zones for raw in self._list(zone, f"labels.{TAG_RUN} = {run_id}")]
+        return [
+            to_instance(raw)
+            for zone in self.zones
+            for raw in self._list(zone, f"labels.{TAG_RUN} = {run_id}")
+        ]
 
     def find_all_managed(self) -> list[Instance]:
-        return [to_instance(raw) for zone in self.zones for raw in self._list(zone, f"labels.{TAG_MANAGED} = true")]
+        return [
+            to_instance(raw)
+            for zone in self.zones
+            for raw in self._list(zone, f"labels.{TAG_MANAGED} = true")
+        ]
 
     def describe(self, ids: list[str]) -> dict[str, Instance]:
         """One list call per zone (per 500 instances); names not listed are gone (deleted)."""
@@ -221,7 +232,10 @@ class GcpCloud(Cloud):
 def to_instance(raw: Any) -> Instance:
     status = str(getattr(raw.status, "name", raw.status)) if not isinstance(raw.status, str) else raw.status
     scheduling = raw.scheduling
-    spot = bool(getattr(scheduling, "preemptible", False)) or getattr(scheduling, "provisioning_model", "") == "SPOT"
+    spot = (
+        bool(getattr(scheduling, "preemptible", False))
+        or getattr(scheduling, "provisioning_model", "") == "SPOT"
+    )
     created = getattr(raw, "creation_timestamp", "") or ""
     launch = None
     if created:

@@ -141,7 +141,11 @@ class Emulator:
         home.mkdir(parents=True, exist_ok=True)
         bindir = os.path.dirname(sys.executable)
         (home / ".bash_profile").write_text(f'export PATH="{bindir}:$PATH"\n')
-        return {**os.environ, "HOME": str(home), "PATH": os.pathsep.join([bindir, os.environ.get("PATH", "")])}
+        return {
+            **os.environ,
+            "HOME": str(home),
+            "PATH": os.pathsep.join([bindir, os.environ.get("PATH", "")]),
+        }
 
     def _set_env(self, values: dict[str, str]) -> None:
         for key, value in values.items():
@@ -191,7 +195,9 @@ class Emulator:
             self._gce_zones[inst["name"]] = inst["zone"]
             env = {"GCE_METADATA_HOST": self.metadata.gce_host_for(inst["name"]),
                    "STORAGE_EMULATOR_HOST": self.gcs_endpoint}  # fmt: skip
-            seen.append(Seen("gcp", inst["name"], run_uri, inst["machine_type"], inst["zone"], inst["spot"], env))
+            seen.append(
+                Seen("gcp", inst["name"], run_uri, inst["machine_type"], inst["zone"], inst["spot"], env)
+            )
         return seen
 
     def _gce_alive(self) -> list[dict[str, Any]]:

@@ -15,7 +15,9 @@ from typing import Any
 
 EMULATOR_USER_AGENT = "cloudtrain-emulator"
 ACCOUNT_ID = "123456789012"
-GPU_IMAGE_PARAM = "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
+GPU_IMAGE_PARAM = (
+    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
+)
 
 _CAPACITY_ERROR = """<?xml version="1.0" encoding="UTF-8"?>
 <Response><Errors><Error><Code>InsufficientInstanceCapacity</Code><Message>We currently do not have sufficient {itype} capacity in the Availability Zone you requested ({zone}). Our system will be working on provisioning additional capacity.</Message></Error></Errors><RequestID>cloudtrain-emulator</RequestID></Response>"""
@@ -53,7 +55,9 @@ class FaultsAndCounts:
             itype = (form.get("InstanceType") or [""])[0]
             zone = (form.get("Placement.AvailabilityZone") or [None])[0]
             with self.lock:
-                hit = (itype, None) in self.capacity_faults or (zone and (itype, zone) in self.capacity_faults)
+                hit = (itype, None) in self.capacity_faults or (
+                    zone and (itype, zone) in self.capacity_faults
+                )
             if hit:
                 payload = _CAPACITY_ERROR.format(itype=itype, zone=zone or "chosen by EC2").encode()
                 start_response("500 Internal Server Error", [("Content-Type", "text/xml"),
@@ -80,7 +84,9 @@ class MotoServer:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request drowns the task log
         from werkzeug.serving import make_server
 
-        self._server = make_server("127.0.0.1", 0, self.middleware, threaded=True, request_handler=MotoRequestHandler)
+        self._server = make_server(
+            "127.0.0.1", 0, self.middleware, threaded=True, request_handler=MotoRequestHandler
+        )
         self._thread = threading.Thread(target=self._server.serve_forever, name="moto-server", daemon=True)
         self._thread.start()
         host, port = self._server.server_address[:2]

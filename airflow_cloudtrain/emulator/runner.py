@@ -108,7 +108,9 @@ class InstanceRunner:
         cmd = [sys.executable, "-m", "airflow_cloudtrain.agent", "--run-uri", seen.run_uri,
                "--instance-id", seen.id, "--workdir", str(workdir / "work")]  # fmt: skip
         with log_path.open("wb") as out:
-            process = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
         log.info("emulator: started agent for %s (%s) pid %s", seen.id, seen.instance_type, process.pid)
         return Agent(seen, process, log_path)
 

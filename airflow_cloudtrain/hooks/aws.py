@@ -54,7 +54,9 @@ class CloudTrainAwsHook(AwsBaseHook):
                 except Exception as err:
                     if getattr(map_client_error(err), "code", "") != "InvalidInstanceID.NotFound":
                         raise
-                    response = await client.describe_instances(Filters=[{"Name": "instance-id", "Values": chunk}])
+                    response = await client.describe_instances(
+                        Filters=[{"Name": "instance-id", "Values": chunk}]
+                    )
                 for reservation in response["Reservations"]:
                     for raw in reservation["Instances"]:
                         out[raw["InstanceId"]] = to_instance(raw)

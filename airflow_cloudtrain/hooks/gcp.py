@@ -25,7 +25,9 @@ class CloudTrainGcpHook(GoogleBaseHook):
     conn_type = "google_cloud_platform"
     hook_name = "Cloud Train (GCP)"
 
-    def __init__(self, gcp_conn_id: str = "google_cloud_default", project_id: str | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, gcp_conn_id: str = "google_cloud_default", project_id: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(gcp_conn_id=gcp_conn_id, **kwargs)
         self._project_override = project_id
 
@@ -76,12 +78,16 @@ class CloudTrainGcpHook(GoogleBaseHook):
 
         return open_run_folder(run_uri, gcs_client=self.storage_client())
 
-    async def describe_async(self, ids: list[str], zone: str | None = None, region: str | None = None) -> dict[str, Instance]:
+    async def describe_async(
+        self, ids: list[str], zone: str | None = None, region: str | None = None
+    ) -> dict[str, Instance]:
         """The compute client is synchronous: describe in a worker thread, off the event loop."""
         cloud = await asyncio.to_thread(self.cloud, region, zone)
         return await asyncio.to_thread(cloud.describe, ids)
 
-    async def terminate_async(self, ids: list[str], zone: str | None = None, region: str | None = None) -> None:
+    async def terminate_async(
+        self, ids: list[str], zone: str | None = None, region: str | None = None
+    ) -> None:
         cloud = await asyncio.to_thread(self.cloud, region, zone)
         await asyncio.to_thread(cloud.terminate, ids)
 

@@ -89,7 +89,11 @@ class CloudTrainOperator(BaseOperator):
         self.aws_conn_id, self.gcp_conn_id, self.project_id = aws_conn_id, gcp_conn_id, project_id
         self.image_id, self.key_name, self.subnet_id = image_id, key_name, subnet_id
         self.security_group_ids = list(security_group_ids or [])
-        self.iam_instance_profile, self.tags, self.volume_id = iam_instance_profile, dict(tags or {}), volume_id
+        self.iam_instance_profile, self.tags, self.volume_id = (
+            iam_instance_profile,
+            dict(tags or {}),
+            volume_id,
+        )
         self.service_account, self.provisioning = service_account, provisioning
         self.max_launch_attempts = int(max_launch_attempts)
         self.live_prices = live_prices
@@ -97,7 +101,9 @@ class CloudTrainOperator(BaseOperator):
         self._backend: Any = None
         self._killed = False
         if provisioning not in (None, "spot", "preemptible"):
-            raise ValueError(f"provisioning={provisioning!r} is not valid: use 'spot' or 'preemptible' (gcspot only)")
+            raise ValueError(
+                f"provisioning={provisioning!r} is not valid: use 'spot' or 'preemptible' (gcspot only)"
+            )
         if self.poll_interval <= 0:
             raise ValueError(f"poll_interval={poll_interval!r} is not valid: use a number of seconds > 0")
         self._check_at_parse_time()
@@ -138,7 +144,9 @@ class CloudTrainOperator(BaseOperator):
         config = parse_config(self._args())
         ti = context["ti"]
         map_index = getattr(ti, "map_index", None)
-        key = RunKey(self.dag_id, self.task_id, context["run_id"], -1 if map_index is None else int(map_index))
+        key = RunKey(
+            self.dag_id, self.task_id, context["run_id"], -1 if map_index is None else int(map_index)
+        )
         backend = self._get_backend(config)
         run_uri = join(config.bucket, key.path())
         folder = backend.run_folder(run_uri)
@@ -151,9 +159,16 @@ class CloudTrainOperator(BaseOperator):
             from airflow_cloudtrain.triggers.run import RunTrigger
 
             self.defer(
-                trigger=RunTrigger(cloud=config.cloud, instance_id=launch["instance_id"], run_uri=run_uri,
-                                   poll_interval=self.poll_interval, deadline=deadline, project_id=self.project_id,
-                                   launch=launch, **backend.trigger_args(launch)),  # fmt: skip
+                trigger=RunTrigger(
+                    cloud=config.cloud,
+                    instance_id=launch["instance_id"],
+                    run_uri=run_uri,
+                    poll_interval=self.poll_interval,
+                    deadline=deadline,
+                    project_id=self.project_id,
+                    launch=launch,
+                    **backend.trigger_args(launch),
+                ),  # fmt: skip
                 method_name="execute_complete",
             )
         try:
@@ -184,7 +199,9 @@ class CloudTrainOperator(BaseOperator):
             else:
                 from airflow_cloudtrain.hooks.gcp import GcpRunBackend
 
-                self._backend = GcpRunBackend(self.gcp_conn_id, self.project_id, config.region or _zone_region(config))
+                self._backend = GcpRunBackend(
+                    self.gcp_conn_id, self.project_id, config.region or _zone_region(config)
+                )
         return self._backend
 
     def _adopt(self, context: Context, config: RunConfig, backend: Any, key: RunKey,
@@ -251,7 +268,12 @@ class CloudTrainOperator(BaseOperator):
                                  provisioning=self.provisioning or ("spot" if offer.is_spot else None))  # fmt: skip
 
         instance, offer, tried = launch_with_failover(
-            backend.cloud, offers, build, lambda o: backend.zones_for(config.zone, o), self.max_launch_attempts, self.log
+            backend.cloud,
+            offers,
+            build,
+            lambda o: backend.zones_for(config.zone, o),
+            self.max_launch_attempts,
+            self.log,
         )
         self._instance_id = instance.id
         launch = {
@@ -291,7 +313,9 @@ class CloudTrainOperator(BaseOperator):
         self.log.info("Uploaded code from %s (%d bytes)", path, buffer.tell())
         return target_uri
 
-    def _wait_blocking(self, backend: Any, folder: Any, launch: dict[str, Any], deadline: float | None) -> dict[str, Any]:
+    def _wait_blocking(
+        self, backend: Any, folder: Any, launch: dict[str, Any], deadline: float | None
+    ) -> dict[str, Any]:
         from airflow_cloudtrain.logstream import LogFollower
         from airflow_cloudtrain.runs import RunStatus, status_key
         from airflow_cloudtrain.triggers.run import ENDED_GRACE_S
@@ -312,7 +336,9 @@ class CloudTrainOperator(BaseOperator):
             instance = backend.cloud.describe([instance_id]).get(instance_id)
             if instance is not None and instance.state in ("shutting-down", "terminated", "stopped"):
                 ended_since = ended_since or time.monotonic()
-            event = outcome(status, instance, ended_since is not None and time.monotonic() - ended_since >= ENDED_GRACE_S)
+            event = outcome(
+                status, instance, ended_since is not None and time.monotonic() - ended_since >= ENDED_GRACE_S
+            )
             if event is None and deadline is not None and time.time() > deadline:
                 event = {"status": "error", "state": "timed_out", "exit_code": None, "interrupted": False,
                          "interruptions": 0, "message": "max_runtime passed and the agent did not stop the job"}  # fmt: skip
@@ -359,7 +385,9 @@ class CloudTrainOperator(BaseOperator):
             from airflow.exceptions import AirflowException
 
             prefix = "spot interruption: " if event.get("interrupted") else ""
-            raise AirflowException(f"{prefix}{event.get('message') or event.get('state')} (run {result['run_id']})")
+            raise AirflowException(
+                f"{prefix}{event.get('message') or event.get('state')} (run {result['run_id']})"
+            )
         return result
 
 

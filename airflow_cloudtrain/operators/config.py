@@ -50,7 +50,9 @@ def parse_duration(value: Any, field_name: str) -> float | None:
 
 def parse_bucket(value: Any, cloud: str) -> str:
     scheme = "s3" if cloud in AWS_CLOUDS else "gs"
-    if not isinstance(value, str) or not re.fullmatch(rf"{scheme}://[a-z0-9][a-z0-9._-]{{1,62}}(/.*)?", value):
+    if not isinstance(value, str) or not re.fullmatch(
+        rf"{scheme}://[a-z0-9][a-z0-9._-]{{1,61}}[a-z0-9](/.*)?", value
+    ):
         raise ValueError(
             f"bucket={value!r} is not valid for cloud={cloud!r}: use a {scheme}:// URI such as "
             f"'{scheme}://my-bucket/training' (the run folders go under it)"
@@ -62,7 +64,9 @@ def parse_code(value: Any, cloud: str) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
-        raise ValueError(f"code={value!r} is not valid: use a local directory or an s3:// / gs:// tarball URI")
+        raise ValueError(
+            f"code={value!r} is not valid: use a local directory or an s3:// / gs:// tarball URI"
+        )
     if value.startswith(("s3://", "gs://")):
         return value
     return value  # a local directory, checked when the task runs (it lives on the worker)
@@ -81,9 +85,13 @@ def parse_str_list(value: Any, field_name: str) -> list[str]:
 def parse_env(value: Any) -> dict[str, str]:
     if value is None:
         return {}
-    if isinstance(value, dict) and all(isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in value):
+    if isinstance(value, dict) and all(
+        isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in value
+    ):
         return {k: str(v) for k, v in value.items()}
-    raise ValueError("env is not valid: use a dict of environment variable names (letters, digits, _) to values")
+    raise ValueError(
+        "env is not valid: use a dict of environment variable names (letters, digits, _) to values"
+    )
 
 
 @dataclass
@@ -111,8 +119,12 @@ def parse_config(args: dict[str, Any]) -> RunConfig:
     cloud = parse_cloud(args["cloud"])
     command = args.get("command")
     if not isinstance(command, str) or not command.strip():
-        raise ValueError(f"command={command!r} is not valid: give the shell command to run, e.g. 'python train.py'")
-    hardware = Hardware(args.get("cpus", 1), args.get("gpus", 0), args.get("ram"), args.get("hdd"), args.get("gpu_type"))
+        raise ValueError(
+            f"command={command!r} is not valid: give the shell command to run, e.g. 'python train.py'"
+        )
+    hardware = Hardware(
+        args.get("cpus", 1), args.get("gpus", 0), args.get("ram"), args.get("hdd"), args.get("gpu_type")
+    )
     bid = Bid(args["bid"]) if args.get("bid") not in (None, "") else None
     return RunConfig(
         cloud=cloud,

@@ -43,11 +43,15 @@ class InstanceStatusSensor(BaseSensorOperator):
         super().__init__(**kwargs)
         self.cloud = parse_cloud(cloud)
         if target_state not in TARGET_STATES and "{{" not in str(target_state):
-            raise ValueError(f"target_state={target_state!r} is not valid: use one of {', '.join(TARGET_STATES)}")
+            raise ValueError(
+                f"target_state={target_state!r} is not valid: use one of {', '.join(TARGET_STATES)}"
+            )
         if self.cloud not in AWS_CLOUDS and not zone and "{{" not in str(region):
             raise ValueError(f"cloud={self.cloud!r} needs zone= (GCE instances are zonal)")
         if not instance_ids and not run_id:
-            raise ValueError("give instance_ids=[...] or run_id=... (the run_id in a CloudTrain operator's XCom)")
+            raise ValueError(
+                "give instance_ids=[...] or run_id=... (the run_id in a CloudTrain operator's XCom)"
+            )
         self.instance_ids = [instance_ids] if isinstance(instance_ids, str) else instance_ids
         self.run_id, self.target_state, self.region, self.zone = run_id, target_state, region, zone
         self.aws_conn_id, self.gcp_conn_id, self.project_id = aws_conn_id, gcp_conn_id, project_id
@@ -64,7 +68,9 @@ class InstanceStatusSensor(BaseSensorOperator):
             return CloudTrainAwsHook(aws_conn_id=self.aws_conn_id, region_name=self.region).cloud()
         from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
 
-        return CloudTrainGcpHook(gcp_conn_id=self.gcp_conn_id, project_id=self.project_id).cloud(self.region, self.zone)
+        return CloudTrainGcpHook(gcp_conn_id=self.gcp_conn_id, project_id=self.project_id).cloud(
+            self.region, self.zone
+        )
 
     def _ids(self) -> list[str]:
         if self.instance_ids:
@@ -82,10 +88,15 @@ class InstanceStatusSensor(BaseSensorOperator):
         from airflow_cloudtrain.triggers.instances import InstanceStateTrigger
 
         self.defer(
-            trigger=InstanceStateTrigger(cloud=self.cloud, instance_ids=self._ids(), target_state=self.target_state,
-                                         conn_id=self.conn_id, region=self.region if self.cloud in AWS_CLOUDS
-                                         else self.zone, poll_interval=self.poke_interval,
-                                         project_id=self.project_id),  # fmt: skip
+            trigger=InstanceStateTrigger(
+                cloud=self.cloud,
+                instance_ids=self._ids(),
+                target_state=self.target_state,
+                conn_id=self.conn_id,
+                region=self.region if self.cloud in AWS_CLOUDS else self.zone,
+                poll_interval=self.poke_interval,
+                project_id=self.project_id,
+            ),  # fmt: skip
             method_name="execute_complete",
             timeout=self.execution_timeout,
         )

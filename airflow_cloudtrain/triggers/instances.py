@@ -43,7 +43,12 @@ def describer(cloud: str, conn_id: str | None, region: str | None, project_id: s
 
 
 async def watch_instances(
-    cloud: str, conn_id: str | None, region: str | None, ids: list[str], interval: float, project_id: str | None = None
+    cloud: str,
+    conn_id: str | None,
+    region: str | None,
+    ids: list[str],
+    interval: float,
+    project_id: str | None = None,
 ) -> AsyncIterator[dict[str, Instance]]:
     """Shared snapshots for ``ids``; transient describe errors are retried a few polls in a row."""
     key, describe = describer(cloud, conn_id, region, project_id)

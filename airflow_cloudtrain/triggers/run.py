@@ -147,7 +147,11 @@ class RunTrigger(BaseTrigger):
         except asyncio.CancelledError:
             raise
         except Exception as err:
-            event = {"status": "error", "state": "wait_failed", "message": f"waiting for the run failed: {err}"}
+            event = {
+                "status": "error",
+                "state": "wait_failed",
+                "message": f"waiting for the run failed: {err}",
+            }
         finally:
             await folder.close()
         event = event or {"status": "error", "state": "wait_failed", "message": "instance watch ended"}
@@ -177,10 +181,14 @@ class RunTrigger(BaseTrigger):
         if self.cloud in ("ec2", "ec2spot"):
             from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
 
-            await CloudTrainAwsHook(aws_conn_id=self.conn_id, region_name=self.region).terminate_async([self.instance_id])
+            await CloudTrainAwsHook(aws_conn_id=self.conn_id, region_name=self.region).terminate_async(
+                [self.instance_id]
+            )
         else:
             from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
 
-            hook = CloudTrainGcpHook(gcp_conn_id=self.conn_id or "google_cloud_default", project_id=self.project_id)
+            hook = CloudTrainGcpHook(
+                gcp_conn_id=self.conn_id or "google_cloud_default", project_id=self.project_id
+            )
             await hook.terminate_async([self.instance_id], zone=self.region)
         self.log.info("Terminated instance %s because the task was killed", self.instance_id)

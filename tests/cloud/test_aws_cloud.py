@@ -35,7 +35,9 @@ def test_launch_is_secure_by_default_and_tagged(cloud) -> None:
         assert raw["MetadataOptions"]["HttpTokens"] == "required"  # IMDSv2 only
         assert raw.get("KeyName") is None  # no SSH key unless asked
         assert {t["Key"]: t["Value"] for t in raw["Tags"]}["cloudtrain-run-key"] == KEY.digest
-        shutdown = ec2.describe_instance_attribute(InstanceId=inst.id, Attribute="instanceInitiatedShutdownBehavior")
+        shutdown = ec2.describe_instance_attribute(
+            InstanceId=inst.id, Attribute="instanceInitiatedShutdownBehavior"
+        )
         assert shutdown["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
         root = raw["BlockDeviceMappings"][0]["Ebs"]["VolumeId"]
         (volume,) = ec2.describe_volumes(VolumeIds=[root])["Volumes"]
@@ -52,7 +54,9 @@ def test_spot_launch_carries_the_bid_in_dollars(cloud) -> None:
     req = request("ec2spot")
     req.max_price = Bid("60%").max_price(req.offer.price)
     sent: list[dict] = []  # what goes over the wire (moto does not keep a one-time spot request's price)
-    cloud.ec2.meta.events.register("provide-client-params.ec2.RunInstances", lambda params, **_: sent.append(params))
+    cloud.ec2.meta.events.register(
+        "provide-client-params.ec2.RunInstances", lambda params, **_: sent.append(params)
+    )
     inst = cloud.launch(req)
     try:
         raw = boto3.client("ec2").describe_instances(InstanceIds=[inst.id])["Reservations"][0]["Instances"][0]

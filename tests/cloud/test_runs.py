@@ -106,7 +106,9 @@ def test_failing_command_fails_the_task_and_terminates(emu, airflow_db, provider
 
 @pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_spot_interruption_fails_with_a_spot_error(emu, airflow_db, capfd, provider: str, deferrable: bool) -> None:
+def test_spot_interruption_fails_with_a_spot_error(
+    emu, airflow_db, capfd, provider: str, deferrable: bool
+) -> None:
     dag_id = f"spot_{provider}_{int(deferrable)}"
     # the agent polls instance metadata every 5 s; AWS gives 2 minutes of notice, GCE about 30 s
     watcher = when_running(emu, lambda iid: emu.interrupt(iid, notice_s=7))
@@ -209,8 +211,12 @@ def test_no_capacity_anywhere_lists_what_was_tried(emu, airflow_db, capfd, provi
 @pytest.mark.parametrize("provider", PROVIDERS)
 def test_no_credentials_in_user_data_xcom_or_logs(emu, airflow_db, capfd, provider: str) -> None:
     dag_id = f"nosecrets_{provider}"
-    seen_metadata: dict[str, str] = {}  # GCE deletes the instance at teardown: read its metadata while it runs
-    watcher = when_running(emu, lambda iid: seen_metadata.update(gce_metadata(emu, iid)) if provider == "gcp" else None)
+    seen_metadata: dict[
+        str, str
+    ] = {}  # GCE deletes the instance at teardown: read its metadata while it runs
+    watcher = when_running(
+        emu, lambda iid: seen_metadata.update(gce_metadata(emu, iid)) if provider == "gcp" else None
+    )
     run = scenario(dag_id, provider, "echo started; sleep 1; echo job ran").test()
     watcher.join(5)
     assert task_states(run) == {"train": "success"}

@@ -13,7 +13,9 @@ def plain_instance() -> str:
     """An instance that is not ours (no cloudtrain tags): the emulator leaves it alone."""
     ec2 = boto3.client("ec2")
     image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    return ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=1, MaxCount=1)["Instances"][0]["InstanceId"]
+    return ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=1, MaxCount=1)["Instances"][0][
+        "InstanceId"
+    ]
 
 
 def sensor_dag(dag_id: str, ids: list[str], target: str, deferrable: bool):
@@ -61,3 +63,38 @@ def test_bad_sensor_arguments_fail_at_parse_time() -> None:
         InstanceStatusSensor(task_id="s", cloud="ec2")
     with pytest.raises(ValueError, match="cloud='azure'"):
         InstanceStatusSensor(task_id="s", cloud="azure", instance_ids=["i-1"])
+
+
+def gce_instance(attempt: int) -> str:
+    """A GCE VM with no run folder: the emulator starts no agent on it."""
+    from airflow_cloudtrain.catalog import choose_offer
+    from airflow_cloudtrain.clouds.base import LaunchRequest
+    from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
+    from airflow_cloudtrain.spec import Hardware
+
+    offer = choose_offer("gcloud", Hardware(2), zone="us-central1-b")
+    request = LaunchRequest(offer=offer, zone="us-central1-b", user_data="#!/bin/bash\n", tags={"team": "ml"},
+                            client_token=f"0123456789abcdef0123-1-{attempt}", disk_gib=20)  # fmt: skip
+    return CloudTrainGcpHook().cloud("us-central1", "us-central1-b").launch(request).id
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["poke", "deferrable"])
+def test_gce_sensor_running_then_fails_fast_once_deleted(emu, airflow_db, capfd, deferrable: bool) -> None:
+    from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
+
+    name = gce_instance(int(deferrable))
+    source = textwrap.dedent(
+        f"""
+        from datetime import datetime
+        from airflow.sdk import DAG
+        from airflow_cloudtrain.sensors import InstanceStatusSensor
+        with DAG("gce_sense_{int(deferrable)}", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+            InstanceStatusSensor(task_id="wait", cloud="gcloud", instance_ids=[{name!r}], target_state="running",
+                                 zone="us-central1-b", poke_interval=0.5, timeout=120, deferrable={deferrable})
+        """
+    )
+    assert task_states(write_dag(source, f"gce_sense_{int(deferrable)}").test()) == {"wait": "success"}
+    CloudTrainGcpHook().cloud("us-central1", "us-central1-b").terminate([name])
+    run = write_dag(source, f"gce_sense_{int(deferrable)}").test()
+    assert task_states(run) == {"wait": "failed"}
+    assert f"can never reach 'running': {name} is terminated" in capfd.readouterr().out

@@ -67,5 +67,7 @@ def test_run_trigger_on_kill_terminates_the_instance(emu) -> None:
     trigger = RunTrigger(cloud="ec2", instance_id=iid, run_uri="s3://cloudtrain-emulated/x", conn_id="aws_default",
                          region="us-east-1")  # fmt: skip
     asyncio.run(trigger.on_kill())
-    state = boto3.client("ec2").describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]
+    state = boto3.client("ec2").describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0][
+        "State"
+    ]
     assert state["Name"] == "terminated"

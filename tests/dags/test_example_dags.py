@@ -25,7 +25,10 @@ def test_ec2_train_end_to_end(emu, airflow_db, monkeypatch, deferrable: bool) ->
     json.dumps(result)  # JSON-safe
     assert result["cloud"] == "ec2spot" and result["exit_code"] == 0 and result["interruptions"] == 0
     # the cheapest spot offer with >= 2 vCPUs and 4 GiB within a 60% bid, in the connection's region
-    assert result["instance_type"] == choose_offer("ec2spot", Hardware(2, 0, "4g"), "us-east-1", bid="60%").instance_type
+    assert (
+        result["instance_type"]
+        == choose_offer("ec2spot", Hardware(2, 0, "4g"), "us-east-1", bid="60%").instance_type
+    )
     assert result["cost_usd"] > 0 and "per second" in result["cost_basis"]
     # The model landed in the run folder, and the evaluate task read it through the XCom.
     bucket, key = result["results_uri"][len("s3://") :].split("/", 1)
@@ -33,8 +36,32 @@ def test_ec2_train_end_to_end(emu, airflow_db, monkeypatch, deferrable: bool) ->
     assert abs(model["w"] - 3) < 0.3 and abs(model["b"] - 2) < 0.3
     assert xcom(run, "evaluate")["model"] == model
     # The instance is gone, by our hand (the agent powering off would say InstanceInitiatedShutdown).
-    state = boto3.client("ec2").describe_instances(InstanceIds=[result["instance_id"]])["Reservations"][0]["Instances"][0]
+    state = boto3.client("ec2").describe_instances(InstanceIds=[result["instance_id"]])["Reservations"][0][
+        "Instances"
+    ][0]
     assert state["State"]["Name"] == "terminated"
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])
+def test_gce_train_end_to_end(emu, airflow_db, monkeypatch, deferrable: bool) -> None:
+    from google.cloud import storage
+
+    monkeypatch.setenv("CLOUDTRAIN_DEFERRABLE", str(deferrable).lower())
+    run = load_example("gce_train").test()
+    assert task_states(run) == {"prepare_data": "success", "train": "success", "evaluate": "success"}
+    result = xcom(run, "train")
+    assert set(result) >= XCOM_FIELDS
+    json.dumps(result)
+    assert (
+        result["cloud"] == "gcspot" and result["exit_code"] == 0 and result["zone"].startswith("us-central1-")
+    )
+    assert (
+        result["instance_type"] == choose_offer("gcspot", Hardware(2, 0, "4g"), "us-central1").instance_type
+    )
+    bucket, key = result["results_uri"][len("gs://") :].split("/", 1)
+    model = json.loads(storage.Client().bucket(bucket).blob(f"{key}/model.json").download_as_text())
+    assert abs(model["w"] - 3) < 0.3 and xcom(run, "evaluate")["model"] == model
+    assert emu.running_instances() == []
 
 
 @pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])

@@ -17,6 +17,17 @@ def test_providers_manager_lists_us_with_version() -> None:
     assert providers["airflow-cloudtrain"].version == airflow_cloudtrain.__version__
 
 
+def test_every_registered_module_imports() -> None:
+    import importlib
+
+    info = airflow_cloudtrain.get_provider_info()
+    modules = [m for kind in ("operators", "sensors", "hooks", "triggers") for entry in info[kind]
+               for m in entry["python-modules"]]  # fmt: skip
+    assert "airflow_cloudtrain.operators.cloud_train" in modules
+    for module in modules:
+        importlib.import_module(module)
+
+
 PUBLIC_MODULES = [
     "airflow_cloudtrain",
     "airflow_cloudtrain.spec",

@@ -14,13 +14,33 @@ from airflow_cloudtrain.triggers.run import RunTrigger
 from airflow_cloudtrain.waiting import outcome
 
 TRIGGERS = [
-    InstanceStateTrigger(cloud="ec2", instance_ids=["i-1", "i-2"], target_state="running", conn_id="aws_default",
-                         region="us-east-1", poll_interval=3.0),  # fmt: skip
-    InstanceStateTrigger(cloud="gcspot", instance_ids=["vm-1"], target_state="terminated", conn_id="gcp",
-                         region="us-central1", project_id="proj"),  # fmt: skip
-    RunTrigger(cloud="ec2spot", instance_id="i-1", run_uri="s3://b/runs/d/t/r/-1", conn_id="aws_default",
-               region="us-east-1", poll_interval=2.0, next_log_seq=7, deadline=1.5e9,
-               launch={"instance_id": "i-1", "hourly_usd": 0.1, "failover": [["t3.small", "us-east-1", "X"]]}),  # fmt: skip
+    InstanceStateTrigger(
+        cloud="ec2",
+        instance_ids=["i-1", "i-2"],
+        target_state="running",
+        conn_id="aws_default",
+        region="us-east-1",
+        poll_interval=3.0,
+    ),  # fmt: skip
+    InstanceStateTrigger(
+        cloud="gcspot",
+        instance_ids=["vm-1"],
+        target_state="terminated",
+        conn_id="gcp",
+        region="us-central1",
+        project_id="proj",
+    ),  # fmt: skip
+    RunTrigger(
+        cloud="ec2spot",
+        instance_id="i-1",
+        run_uri="s3://b/runs/d/t/r/-1",
+        conn_id="aws_default",
+        region="us-east-1",
+        poll_interval=2.0,
+        next_log_seq=7,
+        deadline=1.5e9,
+        launch={"instance_id": "i-1", "hourly_usd": 0.1, "failover": [["t3.small", "us-east-1", "X"]]},
+    ),  # fmt: skip
 ]
 
 
@@ -51,7 +71,9 @@ def test_outcome_final_status_wins() -> None:
     assert outcome(ok, inst("terminated"), False)["status"] == "success"
     failed = outcome(RunStatus(state="failed", instance_id="i-1", exit_code=3), inst("running"), False)
     assert (failed["status"], failed["exit_code"], failed["interrupted"]) == ("error", 3, False)
-    spot = outcome(RunStatus(state="interrupted", instance_id="i-1", interruption={"kind": "spot"}), None, False)
+    spot = outcome(
+        RunStatus(state="interrupted", instance_id="i-1", interruption={"kind": "spot"}), None, False
+    )
     assert spot["interrupted"] and spot["interruptions"] == 1
 
 
