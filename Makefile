@@ -14,3 +14,5 @@ test: setup
 
 bench: setup
 	.venv/bin/python benchmarks/catalog.py
+	.venv/bin/python benchmarks/poll_calls.py
+	.venv/bin/python benchmarks/spot_policy.py
