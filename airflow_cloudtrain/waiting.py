@@ -46,3 +46,32 @@ def outcome(
             "interruptions": 1 if preempted else 0,
         }
     return None
+
+
+ENDED_GRACE_S = 3.0  # the agent writes its final status before powering off; this covers the race
+
+
+class RunWatch:
+    """The per-run state of a wait, shared by the blocking loop and the trigger.
+
+    Remembers since when the instance has been seen ended (for the grace above) and when the wait
+    must give up (``max_runtime`` plus a margin, in case the agent itself could not stop the job).
+    """
+
+    def __init__(self, deadline: float | None, clock: Any = None) -> None:
+        import time
+
+        self.deadline = deadline
+        self.clock = clock or time.monotonic
+        self.wall = time.time
+        self.ended_since: float | None = None
+
+    def decide(self, status: RunStatus | None, instance: Instance | None) -> dict[str, Any] | None:
+        if instance is not None and (instance.state in ENDED_STATES or instance.state == STOPPED):
+            self.ended_since = self.ended_since or self.clock()
+        grace_over = self.ended_since is not None and self.clock() - self.ended_since >= ENDED_GRACE_S
+        event = outcome(status, instance, grace_over)
+        if event is None and self.deadline is not None and self.wall() > self.deadline:
+            event = {"status": "error", "state": "timed_out", "exit_code": None, "interrupted": False,
+                     "interruptions": 0, "message": "max_runtime passed and the agent did not stop the job"}  # fmt: skip
+        return event

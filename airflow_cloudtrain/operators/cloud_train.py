@@ -318,12 +318,11 @@ class CloudTrainOperator(BaseOperator):
     ) -> dict[str, Any]:
         from airflow_cloudtrain.logstream import LogFollower
         from airflow_cloudtrain.runs import RunStatus, status_key
-        from airflow_cloudtrain.triggers.run import ENDED_GRACE_S
-        from airflow_cloudtrain.waiting import outcome
+        from airflow_cloudtrain.waiting import RunWatch
 
         instance_id = launch["instance_id"]
         follower = LogFollower(instance_id)
-        ended_since: float | None = None
+        watch = RunWatch(deadline)
         while True:
             if self._killed:
                 from airflow.exceptions import AirflowException
@@ -332,18 +331,10 @@ class CloudTrainOperator(BaseOperator):
             for line in follower.poll(folder.list, folder.get_bytes):
                 self.log.info("[job] %s", line)
             raw = folder.get_text(status_key(instance_id))
-            status = RunStatus.from_json(raw) if raw else None
             instance = backend.cloud.describe([instance_id]).get(instance_id)
-            if instance is not None and instance.state in ("shutting-down", "terminated", "stopped"):
-                ended_since = ended_since or time.monotonic()
-            event = outcome(
-                status, instance, ended_since is not None and time.monotonic() - ended_since >= ENDED_GRACE_S
-            )
-            if event is None and deadline is not None and time.time() > deadline:
-                event = {"status": "error", "state": "timed_out", "exit_code": None, "interrupted": False,
-                         "interruptions": 0, "message": "max_runtime passed and the agent did not stop the job"}  # fmt: skip
+            event = watch.decide(RunStatus.from_json(raw) if raw else None, instance)
             if event is not None:
-                for line in follower.poll(folder.list, folder.get_bytes):
+                for line in follower.poll(folder.list, folder.get_bytes):  # what the agent wrote last
                     self.log.info("[job] %s", line)
                 return {**event, "instance": instance.to_dict() if instance else None}
             time.sleep(self.poll_interval)

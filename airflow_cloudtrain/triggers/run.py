@@ -7,7 +7,6 @@ task is the task log). Instance state comes from the shared poll; the run folder
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -17,9 +16,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_cloudtrain.logstream import LogFollower
 from airflow_cloudtrain.runs import RunStatus, join, split_uri, status_key
 from airflow_cloudtrain.triggers.instances import watch_instances
-from airflow_cloudtrain.waiting import outcome
-
-ENDED_GRACE_S = 3.0  # the agent writes its final status before powering off; this covers the race
+from airflow_cloudtrain.waiting import RunWatch
 
 
 class AsyncRunFolder:
@@ -133,15 +130,12 @@ class RunTrigger(BaseTrigger):
         stream = watch_instances(
             self.cloud, self.conn_id, self.region, [self.instance_id], self.poll_interval, self.project_id
         )
-        ended_since: float | None = None
+        watch = RunWatch(self.deadline)
         event: dict[str, Any] | None = None
         try:
             async with aclosing(stream):
                 async for snapshot in stream:
-                    instance = snapshot.get(self.instance_id)
-                    if instance is not None and instance.state in ("shutting-down", "terminated", "stopped"):
-                        ended_since = ended_since or time.monotonic()
-                    event = await self._step(folder, follower, instance, ended_since)
+                    event = await self._step(folder, follower, snapshot.get(self.instance_id), watch)
                     if event is not None:
                         break
         except asyncio.CancelledError:
@@ -159,17 +153,12 @@ class RunTrigger(BaseTrigger):
         yield TriggerEvent(event)
 
     async def _step(self, folder: AsyncRunFolder, follower: LogFollower, instance: Any,
-                    ended_since: float | None) -> dict[str, Any] | None:  # fmt: skip
-        """One poll: show new log lines, read the status, decide (see ``waiting.outcome``)."""
+                    watch: RunWatch) -> dict[str, Any] | None:  # fmt: skip
+        """One poll: show new log lines, read the status, decide (see ``waiting.RunWatch``)."""
         for line in await follower.apoll(folder.list, folder.get):
             self.log.info("[job] %s", line)
         raw = await folder.get(status_key(self.instance_id))
-        status = RunStatus.from_json(raw.decode()) if raw else None
-        grace_over = ended_since is not None and time.monotonic() - ended_since >= ENDED_GRACE_S
-        event = outcome(status, instance, grace_over)
-        if event is None and self.deadline is not None and time.time() > self.deadline:
-            event = {"status": "error", "state": "timed_out", "exit_code": None, "interrupted": False,
-                     "interruptions": 0, "message": "max_runtime passed and the agent did not stop the job"}  # fmt: skip
+        event = watch.decide(RunStatus.from_json(raw.decode()) if raw else None, instance)
         if event is not None:
             for line in await follower.apoll(folder.list, folder.get):  # what the agent wrote last
                 self.log.info("[job] %s", line)

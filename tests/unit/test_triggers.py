@@ -85,3 +85,16 @@ def test_outcome_instance_gone_without_status() -> None:
     assert lost["state"] == "lost" and not lost["interrupted"]
     spot = outcome(running, inst("terminated", "Server.SpotInstanceTermination", preempted=True), True)
     assert spot["interrupted"] and "spot interruption" in spot["message"]
+
+
+def test_run_watch_gives_the_agent_a_grace_then_gives_up_at_the_deadline() -> None:
+    from airflow_cloudtrain.waiting import ENDED_GRACE_S, RunWatch
+
+    now = [100.0]
+    watch = RunWatch(deadline=None, clock=lambda: now[0])
+    running = RunStatus(state="running", instance_id="i-1")
+    assert watch.decide(running, inst("terminated", "Client.UserInitiatedShutdown")) is None
+    now[0] += ENDED_GRACE_S + 0.1
+    assert watch.decide(running, inst("terminated", "Client.UserInitiatedShutdown"))["state"] == "lost"
+    assert RunWatch(deadline=0.0).decide(running, inst("running"))["state"] == "timed_out"
+    assert RunWatch(deadline=None).decide(running, inst("running")) is None
