@@ -116,7 +116,7 @@ PAGES: dict[str, dict[str, Any]] = {
 class _Billing(BaseHTTPRequestHandler):
     requests: list[tuple[str, dict[str, list[str]]]] = []
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:
         url = urlsplit(self.path)
         query = parse_qs(url.query)
         type(self).requests.append((url.path, query))
@@ -135,7 +135,7 @@ class _Billing(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(payload)
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 

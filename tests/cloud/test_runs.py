@@ -240,3 +240,41 @@ def ec2_user_data(instance_id: str) -> str:
 
 def gce_metadata(emu: Any, name: str) -> dict[str, str]:
     return next(i["metadata"] for i in emu.gce.alive() if i["name"] == name)
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_max_runtime_stops_the_job_and_the_instance(emu, airflow_db, capfd, provider: str) -> None:
+    dag_id = f"maxruntime_{provider}"
+    run = scenario(dag_id, provider, LONG_JOB, extra=", max_runtime='4s'").test()
+    assert task_states(run) == {"train": "failed"}
+    (iid,) = launched(provider, dag_id, run)
+    status = status_of(provider, dag_id, run, iid)
+    assert status.state == "timed_out" and "max_runtime" in capfd.readouterr().out + status.message
+
+
+def test_ec2_volume_is_attached_and_survives_the_run(emu, airflow_db) -> None:
+    import boto3
+
+    ec2 = boto3.client("ec2")
+    volume = ec2.create_volume(AvailabilityZone="us-east-1a", Size=10, Encrypted=True)["VolumeId"]
+    try:
+        run = scenario("volume_aws", "aws", "echo ok", extra=f", volume_id={volume!r}, zone='us-east-1a'").test()
+        assert task_states(run) == {"train": "success"}
+        (iid,) = launched("aws", "volume_aws", run)
+        state = ec2.describe_volumes(VolumeIds=[volume])["Volumes"][0]
+        assert state["State"] == "available"  # detached when the instance went, and not deleted: it is the user's
+    finally:
+        ec2.delete_volume(VolumeId=volume)
+
+
+def test_ec2_volume_that_cannot_attach_leaves_nothing_behind(emu, airflow_db, capfd) -> None:
+    run = scenario("badvolume_aws", "aws", "echo ok", extra=", volume_id='vol-0123456789abcdef0'").test()
+    assert task_states(run) == {"train": "failed"}
+    assert "vol-0123456789abcdef0" in capfd.readouterr().out
+    # the instance launched before the attach failed, and was terminated by us (the emu fixture checks too)
+    import boto3
+
+    short = RunKey("badvolume_aws", "train", run.run_id, -1).short_id
+    pages = boto3.client("ec2").describe_instances(Filters=[{"Name": "tag:cloudtrain-run", "Values": [short]}])
+    states = [i["State"]["Name"] for r in pages["Reservations"] for i in r["Instances"]]
+    assert states == ["terminated"]
