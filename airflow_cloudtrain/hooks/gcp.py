@@ -3,7 +3,8 @@
 Credentials and project resolve exactly as the official Google provider resolves them
 (``gcp_conn_id``, key file / JSON / ADC, ``project_id``). Two optional connection extras serve
 private or local endpoints: ``compute_endpoint`` (e.g. a Private Service Connect address) and
-``storage_endpoint``; ``credentials: "anonymous"`` is accepted only together with such an endpoint.
+``storage_endpoint``, ``billing_endpoint``; ``credentials: "anonymous"`` is accepted only together
+with a compute endpoint.
 """
 
 from __future__ import annotations
@@ -128,7 +129,17 @@ class GcpRunBackend:
         return self.hook.run_folder(run_uri)
 
     def refresh_catalog(self) -> None:
-        """Live GCE prices are not fetched yet (Cloud Billing Catalog): the snapshot answers."""
+        """Live shapes (machineTypes, acceleratorTypes) and prices (Cloud Billing Catalog) for the region."""
+        if not self.region:
+            return
+        from google.cloud import compute_v1
+
+        from airflow_cloudtrain.catalog.live_gcp import BILLING_URL, billing_session, refresh_gcp
+
+        kwargs = self.hook._client_kwargs("compute_endpoint")
+        refresh_gcp(self.region, compute_v1.MachineTypesClient(**kwargs), compute_v1.AcceleratorTypesClient(**kwargs),
+                    billing_session(kwargs["credentials"]), zones_of(self.region), self.hook.project,
+                    billing_url=self.hook._get_field("billing_endpoint") or BILLING_URL)  # fmt: skip
 
     def zones_for(self, zone: str | None, offer: Any) -> list[str | None]:
         """A capacity error in one zone tries the offer's other zones before the next offer."""

@@ -1,0 +1,103 @@
+"""The GCP cloud module against the Compute Engine emulator (which rejects what the real API rejects)."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import aclosing
+
+import pytest
+
+from airflow_cloudtrain.catalog import choose_offer
+from airflow_cloudtrain.clouds.base import LaunchRequest
+from airflow_cloudtrain.clouds.errors import CapacityUnavailable
+from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
+from airflow_cloudtrain.runs import RunKey
+from airflow_cloudtrain.spec import Hardware
+from airflow_cloudtrain.triggers.instances import InstanceStateTrigger
+
+KEY = RunKey("dag", "task", "manual__2026-11-22T03:28:02+00:00", 3)
+ZONE = "us-central1-b"
+_tokens = iter(range(1000))
+
+
+def launch(emu, cloud_name: str, hw: Hardware, **kw):
+    offer = choose_offer(cloud_name, hw, zone=ZONE)
+    request = LaunchRequest(offer=offer, zone=ZONE, user_data="#!/bin/bash\ntrue\n", tags=KEY.tags(),
+                            client_token=f"{KEY.digest}-1-{next(_tokens)}", disk_gib=120, **kw)  # fmt: skip
+    cloud = CloudTrainGcpHook().cloud("us-central1", ZONE)
+    inst = cloud.launch(request)
+    return cloud, inst, emu.gce.instance(ZONE, inst.id), offer
+
+
+def test_t4_attaches_to_n1_with_terminate_on_maintenance(emu) -> None:
+    cloud, inst, raw, offer = launch(emu, "gcloud", Hardware(cpus=4, gpus=1, gpu_type="T4"))
+    try:
+        assert offer.attach_gpus and raw["guestAccelerators"][0]["acceleratorType"].endswith("nvidia-tesla-t4")
+        assert raw["scheduling"]["onHostMaintenance"] == "TERMINATE"
+        assert raw["disks"][0]["diskSizeGb"] in ("120", 120)
+        assert raw["labels"]["cloudtrain-run-key"] == KEY.digest
+        assert raw["labels"]["cloudtrain-run-id"] == "manual__2026-11-22t03_28_02_00_00"  # label-safe
+        assert raw["serviceAccounts"][0]["email"] == "default"
+        assert "devstorage" in " ".join(raw["serviceAccounts"][0]["scopes"])
+    finally:
+        cloud.terminate([inst.id])
+
+
+def test_l4_comes_with_g2_and_no_guest_accelerators(emu) -> None:
+    cloud, inst, raw, offer = launch(emu, "gcloud", Hardware(gpus=1, gpu_type="L4"))
+    try:
+        # we send no guest accelerators for G2; GCE reports the bundled L4 there itself
+        assert offer.instance_type.startswith("g2-") and not offer.attach_gpus
+        assert raw["guestAccelerators"][0]["acceleratorType"].endswith("nvidia-l4")
+    finally:
+        cloud.terminate([inst.id])
+
+
+@pytest.mark.parametrize(("provisioning", "expected"), [("spot", "SPOT"), ("preemptible", None)])
+def test_spot_and_preemptible_provisioning(emu, provisioning: str, expected: str | None) -> None:
+    cloud, inst, raw, _ = launch(emu, "gcspot", Hardware(cpus=2), provisioning=provisioning)
+    try:
+        assert inst.spot
+        if expected:
+            assert raw["scheduling"]["provisioningModel"] == "SPOT"
+            assert raw["scheduling"]["instanceTerminationAction"] == "DELETE"
+        else:
+            assert raw["scheduling"]["preemptible"] is True
+    finally:
+        cloud.terminate([inst.id])
+    assert cloud.describe([inst.id])[inst.id].state == "terminated"
+
+
+def test_exhausted_zone_maps_to_capacity_unavailable(emu) -> None:
+    offer = choose_offer("gcloud", Hardware(cpus=2), zone=ZONE)
+    emu.fail_capacity(offer.instance_type, zone=ZONE)
+    with pytest.raises(CapacityUnavailable) as err:
+        launch(emu, "gcloud", Hardware(cpus=2))
+    assert err.value.code == "ZONE_RESOURCE_POOL_EXHAUSTED"
+
+
+def test_gce_triggers_share_one_list_per_zone(emu) -> None:
+    cloud = None
+    names = []
+    for _ in range(8):
+        cloud, inst, _, _ = launch(emu, "gcloud", Hardware(cpus=1))
+        names.append(inst.id)
+    try:
+        emu.reset_counts()
+        triggers = [InstanceStateTrigger(cloud="gcloud", instance_ids=[n], target_state="running",
+                                         conn_id="google_cloud_default", region=ZONE, poll_interval=0.3,
+                                         project_id="cloudtrain-emulated") for n in names]  # fmt: skip
+
+        async def first(trigger):
+            async with aclosing(trigger.run()) as events:
+                async for event in events:
+                    return event.payload
+
+        async def main():
+            return await asyncio.gather(*(first(t) for t in triggers))
+
+        assert all(e["status"] == "success" for e in asyncio.run(main()))
+        # one list per poll for all 8 (a fresh VM may need a second poll to reach RUNNING); unshared: >= 8
+        assert emu.request_counts().get("instances.list") <= 2
+    finally:
+        cloud.terminate(names)
