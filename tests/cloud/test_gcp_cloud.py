@@ -32,7 +32,9 @@ def launch(emu, cloud_name: str, hw: Hardware, **kw):
 def test_t4_attaches_to_n1_with_terminate_on_maintenance(emu) -> None:
     cloud, inst, raw, offer = launch(emu, "gcloud", Hardware(cpus=4, gpus=1, gpu_type="T4"))
     try:
-        assert offer.attach_gpus and raw["guestAccelerators"][0]["acceleratorType"].endswith("nvidia-tesla-t4")
+        assert offer.attach_gpus and raw["guestAccelerators"][0]["acceleratorType"].endswith(
+            "nvidia-tesla-t4"
+        )
         assert raw["scheduling"]["onHostMaintenance"] == "TERMINATE"
         assert raw["disks"][0]["diskSizeGb"] in ("120", 120)
         assert raw["labels"]["cloudtrain-run-key"] == KEY.digest

@@ -258,11 +258,15 @@ def test_ec2_volume_is_attached_and_survives_the_run(emu, airflow_db) -> None:
     ec2 = boto3.client("ec2")
     volume = ec2.create_volume(AvailabilityZone="us-east-1a", Size=10, Encrypted=True)["VolumeId"]
     try:
-        run = scenario("volume_aws", "aws", "echo ok", extra=f", volume_id={volume!r}, zone='us-east-1a'").test()
+        run = scenario(
+            "volume_aws", "aws", "echo ok", extra=f", volume_id={volume!r}, zone='us-east-1a'"
+        ).test()
         assert task_states(run) == {"train": "success"}
         (iid,) = launched("aws", "volume_aws", run)
         state = ec2.describe_volumes(VolumeIds=[volume])["Volumes"][0]
-        assert state["State"] == "available"  # detached when the instance went, and not deleted: it is the user's
+        assert (
+            state["State"] == "available"
+        )  # detached when the instance went, and not deleted: it is the user's
     finally:
         ec2.delete_volume(VolumeId=volume)
 
@@ -275,6 +279,8 @@ def test_ec2_volume_that_cannot_attach_leaves_nothing_behind(emu, airflow_db, ca
     import boto3
 
     short = RunKey("badvolume_aws", "train", run.run_id, -1).short_id
-    pages = boto3.client("ec2").describe_instances(Filters=[{"Name": "tag:cloudtrain-run", "Values": [short]}])
+    pages = boto3.client("ec2").describe_instances(
+        Filters=[{"Name": "tag:cloudtrain-run", "Values": [short]}]
+    )
     states = [i["State"]["Name"] for r in pages["Reservations"] for i in r["Instances"]]
     assert states == ["terminated"]
