@@ -148,6 +148,11 @@ class CloudTrainOperator(BaseOperator):
             self.dag_id, self.task_id, context["run_id"], -1 if map_index is None else int(map_index)
         )
         backend = self._get_backend(config)
+        stored = _store_get(context.get("task_state_store"), STATE_KEY)
+        if stored and stored.get("region"):  # an earlier try launched there: adopt and tear down there
+            backend.bind_region(stored["region"])
+        elif backend.region is None:  # nothing asked, nothing configured: the cheapest region it is
+            backend.bind_region(self._offers(config)[0].region)
         run_uri = join(config.bucket, key.path())
         folder = backend.run_folder(run_uri)
         launch = self._adopt(context, config, backend, key, run_uri)
@@ -239,9 +244,6 @@ class CloudTrainOperator(BaseOperator):
         if self.live_prices:
             backend.refresh_catalog()
         offers = self._offers(config, backend.region)
-        if backend.region is None:  # nothing asked, nothing configured: the cheapest region it is
-            offers = [o for o in offers if o.region == offers[0].region]
-            backend.bind_region(offers[0].region)
         chosen = offers[0]
         self.log.info("Chosen offer: %s at $%s/h (%s); %d alternatives for failover", chosen.describe(),
                       chosen.hourly, "spot" if chosen.is_spot else "on-demand", len(offers) - 1)  # fmt: skip
@@ -347,6 +349,8 @@ class CloudTrainOperator(BaseOperator):
         """Terminate, account, and raise on anything but success."""
         from airflow_cloudtrain.costs import billed_cost
 
+        if launch.get("region"):  # resumed in a fresh worker: work where the instance was launched
+            backend.bind_region(launch["region"])
         self._terminate(backend, launch["instance_id"])
         ended = time.time()
         duration = ended - float(launch.get("launched_at") or ended)

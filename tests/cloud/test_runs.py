@@ -284,3 +284,22 @@ def test_ec2_volume_that_cannot_attach_leaves_nothing_behind(emu, airflow_db, ca
     )
     states = [i["State"]["Name"] for r in pages["Reservations"] for i in r["Instances"]]
     assert states == ["terminated"]
+
+
+def test_gce_deferrable_run_without_a_region_is_torn_down(emu, airflow_db) -> None:
+    """The catalog picks the region; the resumed task must still find the VM to delete."""
+    source = textwrap.dedent(
+        f"""
+        from datetime import datetime
+        from airflow.sdk import DAG
+        from airflow_cloudtrain.operators import CloudTrainOperator
+        with DAG("noregion_gcp", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+            CloudTrainOperator(task_id="train", cloud="gcspot", cpus=2, command="echo ok",
+                               bucket={BUCKET["gcp"]!r}, poll_interval=0.5, deferrable=True, live_prices=False)
+        """
+    )
+    run = write_dag(source, "noregion_gcp").test()
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    assert result["region"] == rank_offers("gcspot", Hardware(2))[0].region
+    assert emu.running_instances() == []
