@@ -54,24 +54,65 @@ ENDED_GRACE_S = 3.0  # the agent writes its final status before powering off; th
 class RunWatch:
     """The per-run state of a wait, shared by the blocking loop and the trigger.
 
-    Remembers since when the instance has been seen ended (for the grace above) and when the wait
-    must give up (``max_runtime`` plus a margin, in case the agent itself could not stop the job).
+    Besides the final status and the instance state it watches the agent itself: an agent that
+    never reports (the bootstrap failed) or stops beating (killed, out of memory, machine hung)
+    leaves an instance running that nobody will power off, so the wait ends as ``lost`` and the
+    operator terminates it. It also gives up at the deadline (``max_runtime`` plus a margin).
     """
 
-    def __init__(self, deadline: float | None, clock: Any = None) -> None:
+    def __init__(
+        self,
+        deadline: float | None,
+        launched_at: float | None = None,
+        startup_timeout: float | None = None,
+        heartbeat_timeout: float | None = None,
+        clock: Any = None,
+        wall: Any = None,
+    ) -> None:
         import time
 
         self.deadline = deadline
+        self.launched_at = launched_at
+        self.startup_timeout = startup_timeout
+        self.heartbeat_timeout = heartbeat_timeout
         self.clock = clock or time.monotonic
-        self.wall = time.time
+        self.wall = wall or time.time
         self.ended_since: float | None = None
 
-    def decide(self, status: RunStatus | None, instance: Instance | None) -> dict[str, Any] | None:
+    def decide(
+        self, status: RunStatus | None, instance: Instance | None, heartbeat_at: float | None = None
+    ) -> dict[str, Any] | None:
         if instance is not None and (instance.state in ENDED_STATES or instance.state == STOPPED):
             self.ended_since = self.ended_since or self.clock()
         grace_over = self.ended_since is not None and self.clock() - self.ended_since >= ENDED_GRACE_S
         event = outcome(status, instance, grace_over)
+        if event is None:
+            event = self._agent_silent(status, heartbeat_at)
         if event is None and self.deadline is not None and self.wall() > self.deadline:
-            event = {"status": "error", "state": "timed_out", "exit_code": None, "interrupted": False,
-                     "interruptions": 0, "message": "max_runtime passed and the agent did not stop the job"}  # fmt: skip
+            event = _lost("timed_out", "max_runtime passed and the agent did not stop the job")
         return event
+
+    def _agent_silent(self, status: RunStatus | None, heartbeat_at: float | None) -> dict[str, Any] | None:
+        now = self.wall()
+        if status is None and self.startup_timeout and self.launched_at and now - self.launched_at > self.startup_timeout:
+            return _lost("lost", f"the agent never reported within startup_timeout={self.startup_timeout:.0f}s "
+                                 "(the bootstrap failed or the instance cannot reach the bucket)")  # fmt: skip
+        if status is not None and not status.final and self.heartbeat_timeout:
+            last = max(heartbeat_at or 0.0, status.updated_at or 0.0, status.started_at or 0.0)
+            if last and now - last > self.heartbeat_timeout:
+                return _lost("lost", f"the agent stopped beating {now - last:.0f}s ago "
+                                     f"(heartbeat_timeout={self.heartbeat_timeout:.0f}s)")  # fmt: skip
+        return None
+
+
+def _lost(state: str, message: str) -> dict[str, Any]:
+    return {"status": "error", "state": state, "exit_code": None, "interrupted": False, "interruptions": 0,
+            "message": message}  # fmt: skip
+
+
+def parse_heartbeat(raw: bytes | str | None) -> float | None:
+    """The heartbeat file holds the agent's unix time; anything else counts as no beat."""
+    try:
+        return float(raw.decode() if isinstance(raw, bytes) else raw) if raw else None
+    except ValueError:
+        return None

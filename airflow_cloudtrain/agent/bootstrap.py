@@ -113,6 +113,13 @@ exec >>"$CT_LOG_DIR/cloudtrain-bootstrap.log" 2>&1
 echo "cloudtrain bootstrap on $CT_CLOUD at $(date -u +%Y-%m-%dT%H:%M:%SZ) for $CT_RUN_URI"
 export HOME="${HOME:-/root}"  # cloud-init may leave it unset; pip wants one
 
+ct_give_up() {
+  # A bootstrap that cannot start the agent must not leave the machine running (and billing).
+  echo "cloudtrain bootstrap failed at line $1: powering off" >&2
+  $CT_POWEROFF || true
+}
+trap 'ct_give_up $LINENO' ERR
+
 ct_install_os_packages() {
   # python3 with venv and pip from the distribution, with whichever package manager is here.
   if command -v apt-get >/dev/null 2>&1; then
@@ -170,11 +177,13 @@ for attempt in 1 2 3 4 5 6 7 8 9 10; do  # the role may take a moment to reach a
   if ct_download_agent; then break; fi
   if [ "$attempt" = 10 ]; then
     echo "cannot download the agent from $CT_AGENT_URI" >&2
+    ct_give_up "$LINENO"
     exit 1
   fi
   sleep $((attempt * 3))
 done
 ct_start_agent
+trap - ERR  # from here on the agent owns the machine's life
 """
 
 

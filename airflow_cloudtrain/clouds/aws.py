@@ -227,9 +227,9 @@ def describe_instances(ec2: Any, ids: list[str]) -> dict[str, Instance]:
         try:
             pages = list(ec2.get_paginator("describe_instances").paginate(InstanceIds=chunk))
         except Exception as err:
-            if getattr(map_client_error(err), "code", "") != "InvalidInstanceID.NotFound":
+            if not getattr(map_client_error(err), "code", "").startswith("InvalidInstanceID"):
                 raise map_client_error(err) from err
-            pages = []
+            pages = []  # one bad id (malformed, or long gone) must not fail the others
             for sub in range(0, len(chunk), 200):
                 filters = [{"Name": "instance-id", "Values": chunk[sub : sub + 200]}]
                 pages.extend(ec2.get_paginator("describe_instances").paginate(Filters=filters))

@@ -254,6 +254,10 @@ class Emulator:
         region = self._regions.get(instance_id, self.region)
         end_instance(region, instance_id, "Server.SpotInstanceTermination", "Spot instance termination")
 
+    def crash_agent(self, instance_id: str) -> None:
+        """The agent dies (killed, out of memory) and the machine keeps running: nobody powers it off."""
+        self.runner.kill_agent(instance_id)
+
     def fail_capacity(self, instance_type: str, zone: str | None = None) -> None:
         """From now on launches of this type (in this zone, or anywhere) find no capacity."""
         if "." not in instance_type:  # GCE machine types have no dot: n1-standard-4, custom-8-32768

@@ -42,21 +42,35 @@ class CloudTrainAwsHook(AwsBaseHook):
     def s3_client(self) -> Any:
         return self.client("s3")
 
+    async def _ec2_async(self) -> Any:
+        """One aiobotocore client per hook (per shared poll group), not one per poll."""
+        if getattr(self, "_ec2_client", None) is None:
+            self._ec2_client = await (await self.get_async_conn()).__aenter__()
+        return self._ec2_client
+
     async def describe_async(self, ids: list[str]) -> dict[str, Instance]:
-        """DescribeInstances for up to 1,000 ids per call, without blocking the event loop."""
+        """DescribeInstances for up to 1,000 ids per call, without blocking the event loop.
+
+        An id EC2 rejects (malformed, or gone for over an hour) fails the whole call for every
+        watcher of the group; then the ids are described by filter, 200 values a filter, which
+        ignores such ids, and the ids still missing count as terminated.
+        """
         out: dict[str, Instance] = {}
         unique = sorted(set(ids))
-        async with await self.get_async_conn() as client:
-            for start in range(0, len(unique), 1000):
-                chunk = unique[start : start + 1000]
-                try:
-                    response = await client.describe_instances(InstanceIds=chunk)
-                except Exception as err:
-                    if getattr(map_client_error(err), "code", "") != "InvalidInstanceID.NotFound":
-                        raise
-                    response = await client.describe_instances(
-                        Filters=[{"Name": "instance-id", "Values": chunk}]
-                    )
+        client = await self._ec2_async()
+        for start in range(0, len(unique), 1000):
+            chunk = unique[start : start + 1000]
+            try:
+                responses = [await client.describe_instances(InstanceIds=chunk)]
+            except Exception as err:
+                if not getattr(map_client_error(err), "code", "").startswith("InvalidInstanceID"):
+                    self._ec2_client = None
+                    raise
+                responses = [
+                    await client.describe_instances(Filters=[{"Name": "instance-id", "Values": chunk[i : i + 200]}])
+                    for i in range(0, len(chunk), 200)
+                ]
+            for response in responses:
                 for reservation in response["Reservations"]:
                     for raw in reservation["Instances"]:
                         out[raw["InstanceId"]] = to_instance(raw)

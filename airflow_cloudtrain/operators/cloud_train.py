@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, conf
 
-from airflow_cloudtrain.operators.config import RunConfig, is_templated, parse_config, provider_of
+from airflow_cloudtrain.operators.config import (
+    RunConfig,
+    is_templated,
+    parse_config,
+    parse_duration,
+    provider_of,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -76,6 +82,8 @@ class CloudTrainOperator(BaseOperator):
         provisioning: str | None = None,
         max_launch_attempts: int = 6,
         live_prices: bool = True,
+        startup_timeout: Any = "30m",
+        heartbeat_timeout: Any = "10m",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -97,6 +105,9 @@ class CloudTrainOperator(BaseOperator):
         self.service_account, self.provisioning = service_account, provisioning
         self.max_launch_attempts = int(max_launch_attempts)
         self.live_prices = live_prices
+        # an agent that never reports or stops beating means nobody will power the instance off
+        self.startup_timeout = parse_duration(startup_timeout, "startup_timeout")
+        self.heartbeat_timeout = parse_duration(heartbeat_timeout, "heartbeat_timeout")
         self._instance_id: str | None = None
         self._backend: Any = None
         self._killed = False
@@ -319,12 +330,12 @@ class CloudTrainOperator(BaseOperator):
         self, backend: Any, folder: Any, launch: dict[str, Any], deadline: float | None
     ) -> dict[str, Any]:
         from airflow_cloudtrain.logstream import LogFollower
-        from airflow_cloudtrain.runs import RunStatus, status_key
-        from airflow_cloudtrain.waiting import RunWatch
+        from airflow_cloudtrain.runs import RunStatus, heartbeat_key, status_key
+        from airflow_cloudtrain.waiting import RunWatch, parse_heartbeat
 
         instance_id = launch["instance_id"]
         follower = LogFollower(instance_id)
-        watch = RunWatch(deadline)
+        watch = RunWatch(deadline, launch.get("launched_at"), self.startup_timeout, self.heartbeat_timeout)
         while True:
             if self._killed:
                 from airflow.exceptions import AirflowException
@@ -333,8 +344,9 @@ class CloudTrainOperator(BaseOperator):
             for line in follower.poll(folder.list, folder.get_bytes):
                 self.log.info("[job] %s", line)
             raw = folder.get_text(status_key(instance_id))
+            beat = parse_heartbeat(folder.get_text(heartbeat_key(instance_id)))
             instance = backend.cloud.describe([instance_id]).get(instance_id)
-            event = watch.decide(RunStatus.from_json(raw) if raw else None, instance)
+            event = watch.decide(RunStatus.from_json(raw) if raw else None, instance, beat)
             if event is not None:
                 for line in follower.poll(folder.list, folder.get_bytes):  # what the agent wrote last
                     self.log.info("[job] %s", line)

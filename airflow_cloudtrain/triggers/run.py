@@ -14,9 +14,9 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_cloudtrain.logstream import LogFollower
-from airflow_cloudtrain.runs import RunStatus, join, split_uri, status_key
+from airflow_cloudtrain.runs import RunStatus, heartbeat_key, join, split_uri, status_key
 from airflow_cloudtrain.triggers.instances import watch_instances
-from airflow_cloudtrain.waiting import RunWatch
+from airflow_cloudtrain.waiting import RunWatch, parse_heartbeat
 
 
 class AsyncRunFolder:
@@ -94,11 +94,15 @@ class RunTrigger(BaseTrigger):
         deadline: float | None = None,
         project_id: str | None = None,
         launch: dict[str, Any] | None = None,
+        startup_timeout: float | None = None,
+        heartbeat_timeout: float | None = None,
     ) -> None:
         super().__init__()
         self.cloud = cloud
         self.instance_id = instance_id
         self.launch = launch or {}  # the operator's launch record, handed back in the event
+        self.startup_timeout = startup_timeout
+        self.heartbeat_timeout = heartbeat_timeout
         self.run_uri = run_uri
         self.conn_id = conn_id
         self.region = region
@@ -121,6 +125,8 @@ class RunTrigger(BaseTrigger):
                 "deadline": self.deadline,
                 "project_id": self.project_id,
                 "launch": self.launch,
+                "startup_timeout": self.startup_timeout,
+                "heartbeat_timeout": self.heartbeat_timeout,
             },
         )
 
@@ -130,7 +136,7 @@ class RunTrigger(BaseTrigger):
         stream = watch_instances(
             self.cloud, self.conn_id, self.region, [self.instance_id], self.poll_interval, self.project_id
         )
-        watch = RunWatch(self.deadline)
+        watch = RunWatch(self.deadline, self.launch.get("launched_at"), self.startup_timeout, self.heartbeat_timeout)
         event: dict[str, Any] | None = None
         try:
             async with aclosing(stream):
@@ -158,7 +164,8 @@ class RunTrigger(BaseTrigger):
         for line in await follower.apoll(folder.list, folder.get):
             self.log.info("[job] %s", line)
         raw = await folder.get(status_key(self.instance_id))
-        event = watch.decide(RunStatus.from_json(raw.decode()) if raw else None, instance)
+        beat = await folder.get(heartbeat_key(self.instance_id))
+        event = watch.decide(RunStatus.from_json(raw.decode()) if raw else None, instance, parse_heartbeat(beat))
         if event is not None:
             for line in await follower.apoll(folder.list, folder.get):  # what the agent wrote last
                 self.log.info("[job] %s", line)
@@ -181,3 +188,4 @@ class RunTrigger(BaseTrigger):
             )
             await hook.terminate_async([self.instance_id], zone=self.region)
         self.log.info("Terminated instance %s because the task was killed", self.instance_id)
+

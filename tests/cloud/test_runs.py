@@ -303,3 +303,15 @@ def test_gce_deferrable_run_without_a_region_is_torn_down(emu, airflow_db) -> No
     result = xcom(run, "train")
     assert result["region"] == rank_offers("gcspot", Hardware(2))[0].region
     assert emu.running_instances() == []
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_dead_agent_is_noticed_and_its_instance_terminated(emu, airflow_db, capfd, provider: str) -> None:
+    """The agent dies and the machine runs on: only the operator can end it, after the heartbeat stops."""
+    dag_id = f"deadagent_{provider}"
+    watcher = when_running(emu, emu.crash_agent)
+    run = scenario(dag_id, provider, LONG_JOB, extra=", heartbeat_timeout='4s'").test()
+    watcher.join(5)
+    assert task_states(run) == {"train": "failed"}
+    assert "the agent stopped beating" in capfd.readouterr().out
+    (iid,) = launched(provider, dag_id, run)  # terminated: by the operator, since nothing else could

@@ -98,3 +98,18 @@ def test_run_watch_gives_the_agent_a_grace_then_gives_up_at_the_deadline() -> No
     assert watch.decide(running, inst("terminated", "Client.UserInitiatedShutdown"))["state"] == "lost"
     assert RunWatch(deadline=0.0).decide(running, inst("running"))["state"] == "timed_out"
     assert RunWatch(deadline=None).decide(running, inst("running")) is None
+
+
+def test_run_watch_notices_a_silent_agent() -> None:
+    from airflow_cloudtrain.waiting import RunWatch
+
+    now = [1000.0]
+    watch = RunWatch(None, launched_at=900.0, startup_timeout=60, heartbeat_timeout=30, wall=lambda: now[0])
+    never = watch.decide(None, inst("running"))
+    assert never["state"] == "lost" and "never reported" in never["message"]
+    running = RunStatus(state="running", instance_id="i-1", started_at=950.0)
+    assert watch.decide(running, inst("running"), heartbeat_at=990.0) is None
+    dead = watch.decide(running, inst("running"), heartbeat_at=960.0)
+    assert dead["state"] == "lost" and "stopped beating" in dead["message"]
+    done = RunStatus(state="succeeded", instance_id="i-1", exit_code=0)
+    assert watch.decide(done, inst("running"), heartbeat_at=1.0)["status"] == "success"  # final wins

@@ -81,6 +81,8 @@ def _run_script(
     (bin_dir / "python3").write_text(SHIM)
     for manager in ("apt-get", "dnf", "yum"):
         (bin_dir / manager).write_text(PACKAGE_MANAGER_SHIM)
+    # never the real one: a failing bootstrap powers the machine off
+    (bin_dir / "shutdown").write_text('#!/bin/bash\nprintf "%s\\n" "$*" >> "$SHIM_LOG/shutdown"\n')
     for shim in bin_dir.iterdir():
         shim.chmod(0o755)
     script = tmp_path / "user-data.sh"
@@ -96,6 +98,9 @@ def _run_script(
         env["CLOUDTRAIN_BOOTSTRAP_STUBS"] = str(tmp_path / "stubs.sh")
     done = subprocess.run(["bash", str(script)], env=env, timeout=60, capture_output=True, text=True)
     log = (root / "var/log/cloudtrain-bootstrap.log").read_text()
+    if env_extra.get("EXPECT_FAILURE"):
+        assert done.returncode != 0, log
+        return root, shim_log
     assert done.returncode == 0, log + done.stderr
     assert done.stdout == ""  # everything goes to the bootstrap log
     return root, shim_log
@@ -194,3 +199,17 @@ def test_agent_zip_is_deterministic_and_self_contained(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "--run-uri" in done.stdout and "--poweroff" in done.stdout
+
+
+def test_a_failing_bootstrap_powers_the_machine_off(tmp_path: Path) -> None:
+    """No agent, no one to power off: the script itself must, or the instance runs (and bills) on."""
+    stubs = "ct_install_packages() { echo 'pip: no route to the index' >&2; return 1; }\n"
+    root, shim_log = _run_script(tmp_path, "s3://b/runs/x/0", "ec2", {"EXPECT_FAILURE": "1"}, stubs)
+    assert (shim_log / "shutdown").read_text().strip() == "-h now"
+    assert not (shim_log / "agent-argv").exists()
+    assert "cloudtrain bootstrap failed" in (root / "var/log/cloudtrain-bootstrap.log").read_text()
+
+
+def test_a_started_agent_is_not_powered_off_by_the_bootstrap(tmp_path: Path) -> None:
+    _, shim_log = _run_script(tmp_path, "s3://b/runs/x/0", "ec2", {"SHIM_SDK": "system"})
+    assert (shim_log / "agent-argv").exists() and not (shim_log / "shutdown").exists()
