@@ -49,10 +49,11 @@ class RunKey:
     task_id: str
     run_id: str
     map_index: int = -1
+    scope: str = ""  # the bucket: two deployments of one DAG in one account never share a key
 
     @property
     def digest(self) -> str:
-        raw = json.dumps([self.dag_id, self.task_id, self.run_id, self.map_index])
+        raw = json.dumps([self.dag_id, self.task_id, self.run_id, self.map_index, self.scope])
         return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
     @property

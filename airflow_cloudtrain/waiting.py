@@ -94,7 +94,12 @@ class RunWatch:
 
     def _agent_silent(self, status: RunStatus | None, heartbeat_at: float | None) -> dict[str, Any] | None:
         now = self.wall()
-        if status is None and self.startup_timeout and self.launched_at and now - self.launched_at > self.startup_timeout:
+        if (
+            status is None
+            and self.startup_timeout
+            and self.launched_at
+            and now - self.launched_at > self.startup_timeout
+        ):
             return _lost("lost", f"the agent never reported within startup_timeout={self.startup_timeout:.0f}s "
                                  "(the bootstrap failed or the instance cannot reach the bucket)")  # fmt: skip
         if status is not None and not status.final and self.heartbeat_timeout:

@@ -102,10 +102,20 @@ class AwsCloud(Cloud):
                 f"{self.region} ({err}); pass image_id="
             ) from err
 
+    def root_device(self, image_id: str) -> str:
+        """The image's root device (``/dev/xvda`` on Amazon Linux, ``/dev/sda1`` on Ubuntu): mapping
+        another name would add an empty volume and leave the real root unsized and unencrypted."""
+        try:
+            images = self.ec2.describe_images(ImageIds=[image_id])["Images"]
+        except Exception as err:
+            raise map_client_error(err) from err
+        return (images[0].get("RootDeviceName") if images else None) or "/dev/xvda"
+
     def launch(self, request: LaunchRequest) -> Instance:
         offer = request.offer
+        image = request.image_id or self.default_image(offer.gpus)
         kwargs: dict[str, Any] = {
-            "ImageId": request.image_id or self.default_image(offer.gpus),
+            "ImageId": image,
             "InstanceType": offer.instance_type,
             "MinCount": 1,
             "MaxCount": 1,
@@ -119,7 +129,7 @@ class AwsCloud(Cloud):
             },
             "BlockDeviceMappings": [
                 {
-                    "DeviceName": "/dev/xvda",
+                    "DeviceName": self.root_device(image),
                     "Ebs": {
                         "VolumeSize": request.disk_gib,
                         "VolumeType": "gp3",

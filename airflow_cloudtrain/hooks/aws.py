@@ -67,7 +67,9 @@ class CloudTrainAwsHook(AwsBaseHook):
                     self._ec2_client = None
                     raise
                 responses = [
-                    await client.describe_instances(Filters=[{"Name": "instance-id", "Values": chunk[i : i + 200]}])
+                    await client.describe_instances(
+                        Filters=[{"Name": "instance-id", "Values": chunk[i : i + 200]}]
+                    )
                     for i in range(0, len(chunk), 200)
                 ]
             for response in responses:

@@ -150,14 +150,10 @@ class CloudTrainOperator(BaseOperator):
     # --- execution -----------------------------------------------------------------------------
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_cloudtrain.runs import RunKey, join
+        from airflow_cloudtrain.runs import join
 
         config = parse_config(self._args())
-        ti = context["ti"]
-        map_index = getattr(ti, "map_index", None)
-        key = RunKey(
-            self.dag_id, self.task_id, context["run_id"], -1 if map_index is None else int(map_index)
-        )
+        key = self._run_key(context, config)
         backend = self._get_backend(config)
         stored = _store_get(context.get("task_state_store"), STATE_KEY)
         if stored and stored.get("region"):  # an earlier try launched there: adopt and tear down there
@@ -199,6 +195,36 @@ class CloudTrainOperator(BaseOperator):
         config = parse_config(self._args())
         backend = self._get_backend(config)
         return self._finish(backend, event, event["launch"])
+
+    def _run_key(self, context: Context, config: RunConfig) -> RunKey:
+        from airflow_cloudtrain.runs import RunKey
+
+        map_index = getattr(context["ti"], "map_index", None)
+        index = -1 if map_index is None else int(map_index)
+        return RunKey(self.dag_id, self.task_id, context["run_id"], index, scope=config.bucket)
+
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
+        """A trigger that crashed or timed out resumes with ``__fail__`` and never reaches
+        ``execute_complete``: terminate the instance (from the state store, else by tag) first."""
+        if next_method == "__fail__":
+            try:
+                self._teardown_after_failed_deferral(context)
+            except Exception:
+                self.log.exception("Teardown after the failed deferral did not complete")
+        return super().resume_execution(next_method, next_kwargs, context)
+
+    def _teardown_after_failed_deferral(self, context: Context) -> None:
+        config = parse_config(self._args())
+        backend = self._get_backend(config)
+        stored = _store_get(context.get("task_state_store"), STATE_KEY) or {}
+        if stored.get("region"):
+            backend.bind_region(stored["region"])
+        ids = {i.id for i in backend.cloud.find(self._run_key(context, config).digest)}
+        if stored.get("instance_id"):
+            ids.add(stored["instance_id"])
+        if ids:
+            backend.cloud.terminate(sorted(ids))
+            self.log.info("Terminated %s after the deferred wait failed", sorted(ids))
 
     def on_kill(self) -> None:
         """The task was killed while waiting on the worker: take the instance down with it."""

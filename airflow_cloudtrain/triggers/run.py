@@ -136,7 +136,9 @@ class RunTrigger(BaseTrigger):
         stream = watch_instances(
             self.cloud, self.conn_id, self.region, [self.instance_id], self.poll_interval, self.project_id
         )
-        watch = RunWatch(self.deadline, self.launch.get("launched_at"), self.startup_timeout, self.heartbeat_timeout)
+        watch = RunWatch(
+            self.deadline, self.launch.get("launched_at"), self.startup_timeout, self.heartbeat_timeout
+        )
         event: dict[str, Any] | None = None
         try:
             async with aclosing(stream):
@@ -165,7 +167,9 @@ class RunTrigger(BaseTrigger):
             self.log.info("[job] %s", line)
         raw = await folder.get(status_key(self.instance_id))
         beat = await folder.get(heartbeat_key(self.instance_id))
-        event = watch.decide(RunStatus.from_json(raw.decode()) if raw else None, instance, parse_heartbeat(beat))
+        event = watch.decide(
+            RunStatus.from_json(raw.decode()) if raw else None, instance, parse_heartbeat(beat)
+        )
         if event is not None:
             for line in await follower.apoll(folder.list, folder.get):  # what the agent wrote last
                 self.log.info("[job] %s", line)
@@ -188,4 +192,3 @@ class RunTrigger(BaseTrigger):
             )
             await hook.terminate_async([self.instance_id], zone=self.region)
         self.log.info("Terminated instance %s because the task was killed", self.instance_id)
-

@@ -81,11 +81,13 @@ async def watch(
     finally:
         group.watchers.pop(token, None)
         if not group.watchers and group.task is not None:
+            # out of the registry first: a watcher arriving while the task winds down must start a
+            # new group, not join one whose poll loop is being cancelled
+            if _groups.get(key) is group:
+                del _groups[key]
             group.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await group.task
-            if _groups.get(key) is group:
-                del _groups[key]
 
 
 def calls_made() -> dict[Any, int]:

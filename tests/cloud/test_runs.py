@@ -49,7 +49,9 @@ def scenario(dag_id: str, provider: str, command: str, spot: bool = True, deferr
 
 
 def folder_of(provider: str, dag_id: str, run: Any) -> Any:
-    return open_run_folder(join(BUCKET[provider], RunKey(dag_id, "train", run.run_id, -1).path()))
+    return open_run_folder(
+        join(BUCKET[provider], RunKey(dag_id, "train", run.run_id, -1, BUCKET[provider]).path())
+    )
 
 
 def cloud_of(provider: str) -> Any:
@@ -278,7 +280,7 @@ def test_ec2_volume_that_cannot_attach_leaves_nothing_behind(emu, airflow_db, ca
     # the instance launched before the attach failed, and was terminated by us (the emu fixture checks too)
     import boto3
 
-    short = RunKey("badvolume_aws", "train", run.run_id, -1).short_id
+    short = RunKey("badvolume_aws", "train", run.run_id, -1, BUCKET["aws"]).short_id
     pages = boto3.client("ec2").describe_instances(
         Filters=[{"Name": "tag:cloudtrain-run", "Values": [short]}]
     )

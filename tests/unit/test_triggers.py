@@ -113,3 +113,15 @@ def test_run_watch_notices_a_silent_agent() -> None:
     assert dead["state"] == "lost" and "stopped beating" in dead["message"]
     done = RunStatus(state="succeeded", instance_id="i-1", exit_code=0)
     assert watch.decide(done, inst("running"), heartbeat_at=1.0)["status"] == "success"  # final wins
+
+
+def test_run_keys_of_two_deployments_never_match() -> None:
+    """Same DAG, same scheduled run id, different buckets: adoption must never cross between them."""
+    from airflow_cloudtrain.runs import RunKey
+
+    prod = RunKey("train", "fit", "scheduled__2026-11-22T00:00:00+00:00", -1, "s3://prod-bucket/runs")
+    staging = RunKey("train", "fit", "scheduled__2026-11-22T00:00:00+00:00", -1, "s3://staging-bucket/runs")
+    assert (
+        prod.digest != staging.digest
+        and prod.tags()["cloudtrain-run-key"] != staging.tags()["cloudtrain-run-key"]
+    )
