@@ -13,6 +13,8 @@ import urllib.parse
 from collections import Counter
 from typing import Any
 
+from airflow_cloudtrain.emulator.serving import InThread
+
 EMULATOR_USER_AGENT = "cloudtrain-emulator"
 ACCOUNT_ID = "123456789012"
 GPU_IMAGE_PARAM = (
@@ -73,8 +75,7 @@ class MotoServer:
         from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
         self.middleware = FaultsAndCounts(DomainDispatcherApplication(create_backend_app))
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._serving: InThread | None = None
 
     def start(self) -> str:
         import logging
@@ -84,20 +85,16 @@ class MotoServer:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request drowns the task log
         from werkzeug.serving import make_server
 
-        self._server = make_server(
+        server = make_server(
             "127.0.0.1", 0, self.middleware, threaded=True, request_handler=MotoRequestHandler
         )
-        self._thread = threading.Thread(target=self._server.serve_forever, name="moto-server", daemon=True)
-        self._thread.start()
-        host, port = self._server.server_address[:2]
-        return f"http://{host}:{port}"
+        self._serving = InThread(server, "moto-server")
+        return self._serving.endpoint
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
+        if self._serving is not None:
+            self._serving.stop()
+            self._serving = None
 
 
 def ec2_backend(region: str) -> Any:

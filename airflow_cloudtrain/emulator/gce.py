@@ -59,6 +59,7 @@ from werkzeug.wrappers import Request, Response
 
 from airflow_cloudtrain.emulator import gce_validate as v
 from airflow_cloudtrain.emulator.gce_validate import API, numeric_id, rfc3339
+from airflow_cloudtrain.emulator.serving import InThread
 
 EMULATOR_USER_AGENT = "cloudtrain-emulator"
 _ALIVE = ("PROVISIONING", "STAGING", "RUNNING", "STOPPING")  # STOPPING: the guest still runs (grace)
@@ -108,8 +109,7 @@ class GceServer:
         self._capacity: set[tuple[str, str | None]] = set()
         self._quota: dict[tuple[str | None, str | None], tuple[str | None, bool]] = {}
         self._counts: Counter[str] = Counter()
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._serving: InThread | None = None
         p = "/compute/v1/projects/<project>"
         z = f"{p}/zones/<zone>"
         self._routes = Map([
@@ -137,20 +137,14 @@ class GceServer:
         from werkzeug.serving import make_server
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request drowns the task log
-        self._server = make_server("127.0.0.1", 0, self._wsgi, threaded=True)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="gce-emulator", daemon=True)
-        self._thread.start()
-        self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
+        self._serving = InThread(make_server("127.0.0.1", 0, self._wsgi, threaded=True), "gce-emulator")
+        self.endpoint = self._serving.endpoint
         return self.endpoint
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        if self._serving is not None:
+            self._serving.stop()
+            self._serving = None
 
     # --- the testing / cloud-side API ------------------------------------------------------------
 

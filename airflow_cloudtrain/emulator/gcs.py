@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from airflow_cloudtrain.emulator.serving import InThread
+
 _OBJECTS = re.compile(r"(?:/storage/v1)?/b/([-.\w]+)/o")
 
 
@@ -81,8 +83,7 @@ class GcsServer:
     def __init__(self, data_dir: str | Path | None = None) -> None:
         self.data_dir = Path(data_dir).resolve() if data_dir else None
         self.endpoint = ""
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._serving: InThread | None = None
         self._storage: Any = None
         self._lock = threading.Lock()  # the package's storage is not thread-safe
         self.requests: deque[str] = deque(
@@ -114,21 +115,16 @@ class GcsServer:
             def log_request(self, code: Any = "-", size: Any = "-") -> None:
                 seen.append(self.requestline.rsplit(" ", 1)[0])
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, self._storage))
-        self._httpd.daemon_threads = True
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="gcs-emulator", daemon=True)
-        self._thread.start()
-        self.endpoint = f"http://127.0.0.1:{self._httpd.server_address[1]}"
+        httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, self._storage))
+        httpd.daemon_threads = True
+        self._serving = InThread(httpd, "gcs-emulator")
+        self.endpoint = self._serving.endpoint
         return self.endpoint
 
     def stop(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
+        if self._serving is not None:
+            self._serving.stop()
+            self._serving = None
 
     def env(self) -> dict[str, str]:
         """The environment that points ``google-cloud-storage`` (and gcsfs, Airflow's GCSHook) here."""

@@ -19,6 +19,8 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 
+from airflow_cloudtrain.emulator.serving import InThread
+
 AWS_NOTICE_S = 120.0  # AWS gives two minutes' notice
 
 
@@ -38,28 +40,20 @@ class MetadataServer:
         self.region = region
         self._lock = threading.Lock()
         self._instances: dict[str, _InstanceState] = {}
-        self._httpd: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._serving: InThread | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------
     def start(self) -> MetadataServer:
-        if self._httpd is None:
-            self._httpd = ThreadingHTTPServer((self.host, 0), _make_handler(self))
-            self._httpd.daemon_threads = True
-            self._thread = threading.Thread(
-                target=self._httpd.serve_forever, name="cloudtrain-metadata", daemon=True
-            )
-            self._thread.start()
+        if self._serving is None:
+            httpd = ThreadingHTTPServer((self.host, 0), _make_handler(self))
+            httpd.daemon_threads = True
+            self._serving = InThread(httpd, "cloudtrain-metadata")
         return self
 
     def stop(self) -> None:
-        if self._httpd is not None:
-            self._httpd.shutdown()
-            self._httpd.server_close()
-            self._httpd = None
-        if self._thread is not None:
-            self._thread.join(5)
-            self._thread = None
+        if self._serving is not None:
+            self._serving.stop()
+            self._serving = None
 
     def __enter__(self) -> MetadataServer:
         return self.start()
@@ -71,9 +65,9 @@ class MetadataServer:
 
     @property
     def port(self) -> int:
-        if self._httpd is None:
+        if self._serving is None:
             raise RuntimeError("MetadataServer is not started")
-        return int(self._httpd.server_address[1])
+        return self._serving.port
 
     def endpoint_for(self, instance_id: str) -> str:
         """The instance's IMDS base URL (``AWS_EC2_METADATA_SERVICE_ENDPOINT``)."""
