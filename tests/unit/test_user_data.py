@@ -212,4 +212,5 @@ def test_a_failing_bootstrap_powers_the_machine_off(tmp_path: Path) -> None:
 
 def test_a_started_agent_is_not_powered_off_by_the_bootstrap(tmp_path: Path) -> None:
     _, shim_log = _run_script(tmp_path, "s3://b/runs/x/0", "ec2", {"SHIM_SDK": "system"})
-    assert (shim_log / "agent-argv").exists() and not (shim_log / "shutdown").exists()
+    assert _agent_argv(shim_log)  # waits for the detached agent to start
+    assert not (shim_log / "shutdown").exists()
