@@ -8,7 +8,8 @@ Layout under ``run_uri`` (``s3://bucket/prefix/runs/<dag>/<task>/<run>/<map_inde
     instances/<instance-id>/status.json    agent: RunStatus, rewritten on every change
     instances/<instance-id>/heartbeat      agent: unix time, every few seconds
     instances/<instance-id>/logs/<seq>.log log chunks, seq = 000000, 000001, ... in order
-    results/...                        the job's output dir (CLOUDTRAIN_OUTPUT_DIR), at the end
+    results/<instance-id>/...          the job's output dir (CLOUDTRAIN_OUTPUT_DIR), at the end; one
+                                       folder per attempt, so a retry never mixes into a finished try
     checkpoints/<step>/...             checkpoint files; ``MANIFEST.json`` written last = complete
 
 Everything in this module is stdlib only: the agent imports it on the instance (no Airflow there).
@@ -39,6 +40,7 @@ TAG_RUN_ID = "cloudtrain-run-id"
 TAG_MAP_INDEX = "cloudtrain-map-index"
 TAG_TRY = "cloudtrain-try"
 TAG_MANAGED = "cloudtrain-managed"
+TAG_PRICE = "cloudtrain-price-microusd"  # the hourly price paid, so an adopting retry can report cost
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,9 @@ RESULTS_PREFIX = "results"
 CHECKPOINTS_PREFIX = "checkpoints"
 
 
-def instance_prefix(instance_id: str) -> str:
-    return f"instances/{instance_id}"
+def results_prefix(instance_id: str) -> str:
+    """Where the agent on ``instance_id`` uploads the job's output (the XCom's ``results_uri``)."""
+    return f"{RESULTS_PREFIX}/{instance_id}"
 
 
 def status_key(instance_id: str) -> str:
@@ -109,6 +112,12 @@ def status_key(instance_id: str) -> str:
 
 def heartbeat_key(instance_id: str) -> str:
     return f"instances/{instance_id}/heartbeat"
+
+
+def delivered_key(instance_id: str) -> str:
+    """Written by the operator once it has reported this instance's final status to Airflow: a
+    retry delivers a final status nobody reported yet, and runs the job again after one it did."""
+    return f"instances/{instance_id}/delivered"
 
 
 def log_key(instance_id: str, seq: int) -> str:

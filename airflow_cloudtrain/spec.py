@@ -13,10 +13,13 @@ import re
 import warnings
 from typing import Any
 
-CLOUDS: tuple[str, ...] = ("ec2", "ec2spot", "gcloud", "gcspot")
-SPOT_CLOUDS: frozenset[str] = frozenset({"ec2spot", "gcspot"})
-AWS_CLOUDS: frozenset[str] = frozenset({"ec2", "ec2spot"})
-GCP_CLOUDS: frozenset[str] = frozenset({"gcloud", "gcspot"})
+from airflow_cloudtrain.clouds import registry as _registry
+
+# The names live in clouds.registry (the agent imports them from there); re-exported for callers.
+CLOUDS: tuple[str, ...] = tuple(_registry.CLOUDS)
+SPOT_CLOUDS = _registry.SPOT_CLOUDS
+AWS_CLOUDS = _registry.AWS_CLOUDS
+GCP_CLOUDS = _registry.GCP_CLOUDS
 
 RAM_STEP_MIB = 256
 _MIB_PER_UNIT = {

@@ -1,10 +1,27 @@
-"""Shipping the agent to an instance: the agent zipapp and the user-data / startup script.
+r"""Shipping the agent to an instance: the agent zipapp and the user-data / startup script.
 
 The operator uploads ``build_agent_zip()`` to ``runs.AGENT_KEY`` in the run folder and launches the
-instance with ``render_user_data(run_uri, cloud)``, so the instance runs exactly the operator's agent
-version without a package index. The script fetches the zip with the instance's own role (AWS) or
-service account (GCP): it contains no credentials, keys or tokens, because user data is readable by
-anyone who can describe the instance.
+instance with ``render_user_data(run_uri, cloud, hard_stop_s=...)``, so the instance runs exactly the
+operator's agent version without a package index. The script fetches the zip with the instance's own
+role (AWS) or service account (GCP): it contains no credentials, keys or tokens, because user data is
+readable by anyone who can describe the instance.
+
+The zip carries the agent package, ``runs.py`` and ``clouds/registry.py`` (the one list of cloud
+names, stdlib-only), with stub ``__init__.py`` files for ``airflow_cloudtrain`` and
+``airflow_cloudtrain.clouds`` so that nothing else of the provider (nor Airflow) is imported on the
+instance: it imports with the stdlib and boto3 / google-cloud-storage only.
+
+Cloud-side hard stop (``hard_stop_s``): the script has a line ``CT_HARD_STOP_S=<seconds>`` (empty
+when ``None``; the emulator parses ``^CT_HARD_STOP_S=(\d*)$``). When it is set, the very first thing
+the script does after redirecting its output to the log, before installing anything, is to arm a
+timer that powers the machine off after that many seconds, whatever becomes of the agent:
+``systemd-run --on-active=<s>s --timer-property=AccuracySec=1s <shutdown> -h now``, else
+``shutdown -h +<minutes, rounded up>``; if neither works it logs that and goes on (the agent's own
+``max_runtime`` and the operator's watch still apply). Instances are launched with
+instance-initiated shutdown = terminate, so powering off ends them. The timer counts from the
+bootstrap's start, so callers pass ``max_runtime`` plus a margin for boot, setup and upload. GCE
+gets its hard stop from ``scheduling.maxRunDuration`` instead, so the operator passes ``None`` for
+``gcloud`` / ``gcspot``; the script still honours a value on any cloud.
 
 Testing hooks of the script (unset on a real instance, where nothing changes):
 
@@ -13,19 +30,22 @@ Testing hooks of the script (unset on a real instance, where nothing changes):
 - ``CLOUDTRAIN_BOOTSTRAP_STUBS``: a file sourced after the step functions are defined and before they
   run; it may redefine ``ct_install_packages`` (must set ``CT_PYTHON``), ``ct_install_os_packages``,
   ``ct_download_agent`` (must produce ``$CT_AGENT_ZIP``) or ``ct_start_agent``.
-- ``PATH``: the steps call ``python3``, ``apt-get``/``dnf``/``yum``, ``setsid`` and ``nohup`` by name,
-  so shims on PATH can stand in for them (e.g. a ``python3`` that records its argv).
+- ``PATH``: the steps call ``python3``, ``apt-get``/``dnf``/``yum``, ``setsid``, ``nohup``,
+  ``systemd-run`` and ``shutdown`` by name, so shims on PATH can stand in for them (e.g. a
+  ``python3`` that records its argv). The hard stop is armed before the stubs file is sourced.
 """
 
 from __future__ import annotations
 
 import io
+import math
 import re
 import shlex
 import zipfile
 from pathlib import Path
 
 from airflow_cloudtrain import runs
+from airflow_cloudtrain.clouds.registry import CLOUDS
 
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the zip epoch: same version, same bytes
 
@@ -36,9 +56,11 @@ raise SystemExit(main())
 
 AWS_DOWNLOAD_PY = """import sys
 import boto3
+from botocore.config import Config
 uri, dest = sys.argv[1], sys.argv[2]
 bucket, _, key = uri[len("s3://"):].partition("/")
-boto3.client("s3").download_file(bucket, key, dest)
+config = Config(retries={"mode": "standard", "max_attempts": 10})
+boto3.client("s3", config=config).download_file(bucket, key, dest)
 """
 
 GCS_DOWNLOAD_PY = """import sys
@@ -53,7 +75,6 @@ _SDK = {
     "s3": ("boto3", "boto3", AWS_DOWNLOAD_PY),
     "gs": ("google.cloud.storage", "google-cloud-storage", GCS_DOWNLOAD_PY),
 }
-CLOUDS = ("ec2", "ec2spot", "gcloud", "gcspot")
 POWEROFF = "shutdown -h now"
 
 
@@ -66,15 +87,19 @@ def _version() -> str:
 def build_agent_zip() -> bytes:
     """The agent as a zipapp (``python3 agent.zip --run-uri ...``); deterministic for a given version.
 
-    It carries a stub ``airflow_cloudtrain/__init__.py`` (just the version) instead of the real one,
-    so nothing on the instance imports Airflow or the provider's other modules.
+    It carries stub ``airflow_cloudtrain/__init__.py`` (just the version) and
+    ``airflow_cloudtrain/clouds/__init__.py`` instead of the real ones, plus ``runs.py`` and
+    ``clouds/registry.py``, so nothing on the instance imports Airflow or the provider's other modules.
     """
     package = Path(__file__).resolve().parent.parent
     stub = f'"""airflow-cloudtrain agent bundle."""\n\n__version__ = {_version()!r}\n'
+    clouds_stub = '"""Agent bundle: only the cloud-name registry (``registry``) is shipped."""\n'
     files: dict[str, bytes] = {
         "__main__.py": _ZIP_MAIN,
         "airflow_cloudtrain/__init__.py": stub.encode(),
         "airflow_cloudtrain/runs.py": (package / "runs.py").read_bytes(),
+        "airflow_cloudtrain/clouds/__init__.py": clouds_stub.encode(),
+        "airflow_cloudtrain/clouds/registry.py": (package / "clouds" / "registry.py").read_bytes(),
     }
     for path in sorted((package / "agent").glob("*.py")):
         files[f"airflow_cloudtrain/agent/{path.name}"] = path.read_bytes()
@@ -103,6 +128,7 @@ CT_PY_MODULE=@PY_MODULE@
 CT_PIP_PACKAGE=@PIP_PACKAGE@
 CT_DOWNLOAD_PY=@DOWNLOAD_PY@
 CT_POWEROFF=@POWEROFF@
+CT_HARD_STOP_S=@HARD_STOP_S@
 CT_LOG_DIR="$CT_ROOT/var/log"
 CT_HOME="$CT_ROOT/opt/cloudtrain"
 CT_AGENT_ZIP="$CT_HOME/agent.zip"
@@ -111,6 +137,42 @@ CT_PYTHON=python3
 mkdir -p "$CT_LOG_DIR" "$CT_HOME"
 exec >>"$CT_LOG_DIR/cloudtrain-bootstrap.log" 2>&1
 echo "cloudtrain bootstrap on $CT_CLOUD at $(date -u +%Y-%m-%dT%H:%M:%SZ) for $CT_RUN_URI"
+
+ct_arm_hard_stop() {
+  # Cloud-side hard stop: power off after CT_HARD_STOP_S seconds, whatever becomes of the agent
+  # (instance-initiated shutdown terminates the instance). Never fatal: the agent's max_runtime and
+  # the operator still apply.
+  if [ -z "$CT_HARD_STOP_S" ]; then return 0; fi
+  local shutdown_bin minutes pid waited
+  shutdown_bin="$(command -v shutdown 2>/dev/null || true)"
+  if [ -z "$shutdown_bin" ]; then shutdown_bin=/sbin/shutdown; fi
+  if command -v systemd-run >/dev/null 2>&1 &&
+    systemd-run --on-active="${CT_HARD_STOP_S}s" --timer-property=AccuracySec=1s "$shutdown_bin" -h now; then
+    echo "hard stop armed: a systemd timer powers off in ${CT_HARD_STOP_S} s"
+    return 0
+  fi
+  minutes=$(((CT_HARD_STOP_S + 59) / 60))
+  # systemd's shutdown schedules and returns at once; a SysV one waits in the foreground until the
+  # time comes. So: run it in the background, and "still waiting after 2 s" counts as armed too.
+  "$shutdown_bin" -h "+$minutes" </dev/null &
+  pid=$!
+  waited=0
+  while kill -0 "$pid" 2>/dev/null && [ "$waited" -lt 20 ]; do
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  if kill -0 "$pid" 2>/dev/null; then
+    echo "hard stop armed: $shutdown_bin -h +$minutes is waiting (pid $pid)"
+    return 0
+  fi
+  if wait "$pid"; then
+    echo "hard stop armed: $shutdown_bin -h +$minutes"
+    return 0
+  fi
+  echo "cannot arm the hard stop of ${CT_HARD_STOP_S} s (no systemd-run, shutdown failed): going on" >&2
+  return 0
+}
+ct_arm_hard_stop
 export HOME="${HOME:-/root}"  # cloud-init may leave it unset; pip wants one
 
 ct_give_up() {
@@ -187,14 +249,28 @@ trap - ERR  # from here on the agent owns the machine's life
 """
 
 
-def render_user_data(run_uri: str, cloud: str, agent_key: str = runs.AGENT_KEY) -> str:
+def render_user_data(
+    run_uri: str, cloud: str, agent_key: str = runs.AGENT_KEY, hard_stop_s: int | None = None
+) -> str:
     """The bash user data (EC2) / startup-script (GCE) that starts the agent for ``run_uri``.
 
     The storage SDK installed is the one of the run folder's scheme (boto3 for s3://,
-    google-cloud-storage for gs://), since that is what the agent talks to.
+    google-cloud-storage for gs://), since that is what the agent talks to. ``hard_stop_s`` (seconds,
+    > 0; a float is rounded up) arms the cloud-side hard stop described in the module docstring; the
+    script gets ``CT_HARD_STOP_S=<int>``, or ``CT_HARD_STOP_S=`` (nothing armed) for ``None``.
     """
     if cloud not in CLOUDS:
         raise ValueError(f"cloud must be one of {', '.join(CLOUDS)}; got {cloud!r}")
+    hard_stop = ""
+    if hard_stop_s is not None:
+        if (
+            isinstance(hard_stop_s, bool)
+            or not isinstance(hard_stop_s, (int, float))
+            or not math.isfinite(hard_stop_s)
+            or hard_stop_s <= 0
+        ):
+            raise ValueError(f"hard_stop_s must be a positive number of seconds or None; got {hard_stop_s!r}")
+        hard_stop = str(math.ceil(hard_stop_s))
     scheme = runs.split_uri(run_uri)[0]
     module, package, download_py = _SDK[scheme]
     values = {
@@ -206,6 +282,7 @@ def render_user_data(run_uri: str, cloud: str, agent_key: str = runs.AGENT_KEY) 
         "@PIP_PACKAGE@": shlex.quote(package),
         "@DOWNLOAD_PY@": shlex.quote(download_py),
         "@POWEROFF@": shlex.quote(POWEROFF),
+        "@HARD_STOP_S@": hard_stop,  # digits or nothing: the emulator reads ^CT_HARD_STOP_S=(\d*)$
     }
     # One pass, so a placeholder-looking run URI is never substituted again.
     return re.sub(r"@[A-Z_]+@", lambda m: values[m.group(0)], _TEMPLATE)

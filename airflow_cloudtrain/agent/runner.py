@@ -3,6 +3,15 @@
 Teardown is a guarantee, so ``Agent.run`` never raises: whatever happens it tries to upload results,
 flush the log, write a final status and run the power-off command. The final status is the last
 write of the run, so an observer that sees it also sees every log chunk and result.
+
+Results go to ``runs.results_prefix(instance_id)`` (``results/<instance-id>/``): one folder per
+instance, i.e. per attempt, so a retried task's new instance never mixes files into (or overwrites)
+what a finished try uploaded.
+
+Transient storage errors (throttling, 5xx, dropped connections; see ``agent.retry``) do not lose a
+run: reading the spec, fetching the code, uploading each result file, the final log flush and the
+final status are retried with backoff for a few minutes. Heartbeats, log chunks and intermediate
+status writes are not: a failure is logged and the next round carries the data.
 """
 
 from __future__ import annotations
@@ -19,7 +28,8 @@ from pathlib import Path
 from airflow_cloudtrain import runs
 from airflow_cloudtrain.agent.jobs import StopRequest, build_job_command, container_name, job_env, run_process
 from airflow_cloudtrain.agent.logs import LogStreamer, Periodic
-from airflow_cloudtrain.agent.status import StatusWriter, retry
+from airflow_cloudtrain.agent.retry import retry
+from airflow_cloudtrain.agent.status import StatusWriter
 from airflow_cloudtrain.agent.storage import RunFolder, open_run_folder
 from airflow_cloudtrain.agent.watcher import AwsMetadata, GceMetadata, Notice, metadata_for
 from airflow_cloudtrain.agent.workspace import default_workdir, fetch_code, mount_volume
@@ -123,7 +133,8 @@ class Agent:
         self.folder = self.folder or open_run_folder(self.run_uri)
         spec_error: Exception | None = None
         try:
-            text = self.folder.get_text(runs.SPEC_KEY)
+            folder = self.folder
+            text = retry(lambda: folder.get_text(runs.SPEC_KEY), what="spec read")
             if text is None:
                 raise RuntimeError(f"no {runs.SPEC_KEY} in {self.folder.uri}")
             self.spec = runs.RunSpec.from_json(text)
@@ -159,9 +170,12 @@ class Agent:
             log.error("no run folder or status to report to; final state %s: %s", state, message)
             return
         output = Path(self.workdir, "output") if self.workdir else None
-        if output is not None and output.is_dir():
+        if output is not None and output.is_dir() and self.instance_id:
+            prefix = runs.results_prefix(self.instance_id)
             try:
-                keys = self.folder.upload_dir(output, runs.RESULTS_PREFIX)
+                keys = self.folder.upload_dir(
+                    output, prefix, call=lambda up: retry(up, what="results upload")
+                )
                 self._note(f"uploaded {len(keys)} result file(s)")
             except Exception as err:
                 self._note(f"results upload failed: {type(err).__name__}: {err}")
@@ -171,10 +185,13 @@ class Agent:
         self._stop_chore("logs")
         if self.streamer is not None:
             streamer = self.streamer
-            retry("final log flush", lambda: streamer.flush(final=True))
+            try:
+                retry(lambda: streamer.flush(final=True), what="final log flush")
+            except Exception as err:  # the status still has to be written
+                log.error("final log flush failed: %s: %s", type(err).__name__, err)
         self._stop_chore("heartbeat")
         changes = {"state": state, "exit_code": exit_code, "message": message, "ended_at": time.time()}
-        retry("final status", lambda: writer.update(raise_errors=True, **changes))
+        retry(lambda: writer.update(raise_errors=True, **changes), what="final status")
 
     def _power_off(self) -> None:
         if not self.poweroff:

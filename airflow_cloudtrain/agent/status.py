@@ -3,6 +3,10 @@
 The status is rewritten on every change by the main thread and, on a notice, by the metadata
 watcher, so writes are serialised here; and once a final state is written nothing follows it,
 because observers take a final status to mean that logs and results are complete.
+
+A failed write of a non-final change or a heartbeat is only logged (the next change / beat carries
+it); the runner writes the final status through ``agent.retry.retry``, which replaced the fixed
+five tries that lived here.
 """
 
 from __future__ import annotations
@@ -10,7 +14,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -51,15 +54,3 @@ class StatusWriter:
     def beat(self) -> None:
         """Heartbeat: the operator tells a dead agent from a slow job by this timestamp."""
         self.folder.put_text(runs.heartbeat_key(self.status.instance_id), f"{time.time():.3f}")
-
-
-def retry(what: str, fn: Callable[[], object], attempts: int = 5) -> None:
-    """A few tries with backoff for the writes the observer depends on; gives up with a log line."""
-    for attempt in range(1, attempts + 1):
-        try:
-            fn()
-            return
-        except Exception as err:
-            log.warning("%s failed (attempt %d/%d): %s: %s", what, attempt, attempts, type(err).__name__, err)
-            if attempt < attempts:
-                time.sleep(min(2.0 * attempt, 10.0))

@@ -8,15 +8,36 @@ shipped to instances as a zipapp with nothing but boto3 / google-cloud-storage i
 Endpoints are never configured here: boto3 honours ``AWS_ENDPOINT_URL`` and the GCS client honours
 ``STORAGE_EMULATOR_HOST`` by themselves, which is how the emulator redirects the same code to local
 servers. The operator may pass clients built from its Airflow connection instead.
+
+Transient errors: an S3 client built here (the agent's) retries throttling (``503 SlowDown``), 5xx
+and dropped connections itself: up to 10 retries after the first try, in botocore's standard mode
+(``S3_RETRIES``; clients passed in, e.g. the operator's, keep their own settings). On top
+of that the agent wraps the calls it cannot afford to lose in ``agent.retry.retry`` (see there);
+``upload_dir`` takes such a wrapper for each file, so one throttled file does not re-upload the rest.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from airflow_cloudtrain import runs
+
+# botocore's retry settings for the S3 client built here: standard mode retries throttling codes
+# (SlowDown, Throttling, RequestLimitExceeded, ...), HTTP 500/502/503/504 and connection errors with
+# exponential backoff; 10 retries (11 tries in all) ride out a bucket that throttles a good share.
+S3_RETRIES = {"mode": "standard", "max_attempts": 10}
+
+
+def s3_client() -> Any:
+    """The agent's S3 client: default credentials and endpoint, ``S3_RETRIES``."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", config=Config(retries=dict(S3_RETRIES)))
 
 
 class _S3:
@@ -24,9 +45,7 @@ class _S3:
 
     def __init__(self, client: Any = None) -> None:
         if client is None:
-            import boto3
-
-            client = boto3.client("s3")
+            client = s3_client()
         elif hasattr(client, "client") and not hasattr(client, "put_object"):
             client = client.client("s3")  # a boto3 Session
         self.client = client
@@ -157,15 +176,27 @@ class RunFolder:
     def upload_file(self, local_path: str | os.PathLike[str], key: str) -> None:
         self._backend().upload_file(self.bucket, self._full(key), os.fspath(local_path))
 
-    def upload_dir(self, local_dir: str | os.PathLike[str], prefix: str) -> list[str]:
-        """Upload every file below ``local_dir`` to ``prefix/<relative path>``; returns the keys written."""
+    def upload_dir(
+        self,
+        local_dir: str | os.PathLike[str],
+        prefix: str,
+        call: Callable[[Callable[[], None]], object] | None = None,
+    ) -> list[str]:
+        """Upload every file below ``local_dir`` to ``prefix/<relative path>``; returns the keys written.
+
+        ``call`` wraps each file's upload (the agent passes a retry), so a failure re-does one file.
+        """
         root = Path(local_dir)
         written: list[str] = []
         if not root.is_dir():
             return written
         for path in sorted(p for p in root.rglob("*") if p.is_file()):
             key = runs.join(prefix, path.relative_to(root).as_posix())
-            self.upload_file(path, key)
+            upload = functools.partial(self.upload_file, path, key)
+            if call is None:
+                upload()
+            else:
+                call(upload)
             written.append(key)
         return written
 

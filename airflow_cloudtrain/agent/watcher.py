@@ -5,7 +5,8 @@ flips ``instance/preempted`` to TRUE about 30 s ahead and announces host mainten
 the VM in ``instance/maintenance-event``. Polling these is the only warning a job gets to checkpoint.
 The endpoints come from the standard variables (``AWS_EC2_METADATA_SERVICE_ENDPOINT`` as botocore
 reads it, ``GCE_METADATA_HOST`` as google-auth reads it), which is how the emulator points the agent
-at its local metadata server without the agent knowing.
+at its local metadata server without the agent knowing. Which cloud name is which provider comes
+from ``airflow_cloudtrain.clouds.registry`` (shipped in the agent zip), the one list of names.
 """
 
 from __future__ import annotations
@@ -19,8 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-AWS_CLOUDS = frozenset({"ec2", "ec2spot"})
-GCE_CLOUDS = frozenset({"gcloud", "gcspot"})
+from airflow_cloudtrain.clouds.registry import AWS_CLOUDS, GCP_CLOUDS
 
 # Proxies must never see metadata requests (real IMDS is link-local; a proxy would answer for itself).
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -145,6 +145,6 @@ def metadata_for(cloud: str) -> AwsMetadata | GceMetadata:
     """The metadata client for a cloud name of the spec (``ec2``, ``ec2spot``, ``gcloud``, ``gcspot``)."""
     if cloud in AWS_CLOUDS:
         return AwsMetadata()
-    if cloud in GCE_CLOUDS:
+    if cloud in GCP_CLOUDS:
         return GceMetadata()
-    raise ValueError(f"unknown cloud {cloud!r}; expected one of {sorted(AWS_CLOUDS | GCE_CLOUDS)}")
+    raise ValueError(f"unknown cloud {cloud!r}; expected one of {sorted(AWS_CLOUDS | GCP_CLOUDS)}")

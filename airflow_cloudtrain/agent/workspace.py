@@ -3,6 +3,9 @@
 The volume follows the job across spot interruptions (the reference recipe's EBS volume at
 /mnt/data), so mounting it is worth a try, but only a try: a missing device or a non-root agent (the
 emulator) must not fail the run, it only gets noted in the log.
+
+The code tarball is downloaded through ``agent.retry.retry``: a throttled or briefly unreachable
+bucket at start must not fail a run that has not begun.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from airflow_cloudtrain.agent.retry import retry
 from airflow_cloudtrain.agent.storage import RunFolder
 
 ROOT_WORKDIR = "/var/lib/cloudtrain/work"
@@ -31,7 +35,7 @@ def fetch_code(folder: RunFolder, code_uri: str, workdir: Path) -> None:
     """Download the ``code`` tarball (any s3:// / gs:// URI, or a key of the run folder) and unpack it."""
     with tempfile.TemporaryDirectory(prefix="cloudtrain-code-") as tmp:
         archive = os.path.join(tmp, "code.tar.gz")
-        folder.download(code_uri, archive)
+        retry(lambda: folder.download(code_uri, archive), what="code download")
         unpack_tarball(archive, str(workdir))
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import base64
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 from airflow_cloudtrain.clouds.base import (
@@ -14,7 +14,7 @@ from airflow_cloudtrain.clouds.base import (
     LaunchRequest,
 )
 from airflow_cloudtrain.clouds.errors import CapacityUnavailable, CloudError, InvalidRequest, QuotaExceeded
-from airflow_cloudtrain.runs import TAG_MANAGED, TAG_RUN, TAG_RUN_KEY
+from airflow_cloudtrain.runs import TAG_RUN, TAG_RUN_KEY
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ GPU_IMAGE_PARAM = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
 )
 DESCRIBE_BATCH = 1000  # DescribeInstances accepts up to 1,000 ids per call
+FILTER_BATCH = 200  # values per filter
 
 
 def map_client_error(err: Exception) -> Exception:
@@ -85,10 +86,16 @@ class AwsCloud(Cloud):
 
     name = "aws"
 
-    def __init__(self, ec2_client: Any, region: str, ssm_client: Any | None = None) -> None:
+    def __init__(self, ec2_client: Any, region: str, ssm_client: Any | None = None,
+                 launch_client: Any | None = None) -> None:  # fmt: skip
         self.ec2 = ec2_client
         self.ssm = ssm_client
         self.region = region
+        # RunInstances goes through a client without SDK retries: EC2 answers a capacity shortage
+        # with HTTP 500, which botocore would retry ~5 times (about 10 s) before the launcher could
+        # move on to the next zone or offer. Throttling is retried below instead (the client token
+        # makes a repeated RunInstances safe).
+        self.launch_client = launch_client or ec2_client
 
     def default_image(self, gpus: int) -> str:
         param = GPU_IMAGE_PARAM if gpus else CPU_IMAGE_PARAM
@@ -162,42 +169,25 @@ class AwsCloud(Cloud):
             if request.max_price is not None:
                 spot["MaxPrice"] = f"{request.max_price:.6f}"
             kwargs["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
-        try:
-            response = self.ec2.run_instances(**kwargs)
-        except Exception as err:
-            raise map_client_error(err) from err
+        from airflow_cloudtrain.lifecycle.retry import TransientBudget, call_with_retry
+
+        def run() -> Any:
+            try:
+                return self.launch_client.run_instances(**kwargs)
+            except Exception as err:
+                raise map_client_error(err) from err
+
+        response = call_with_retry(run, TransientBudget(budget_s=180.0))
         return to_instance(response["Instances"][0])
 
-    def find(self, run_key_digest: str) -> list[Instance]:
-        filters = [
-            {"Name": f"tag:{TAG_RUN_KEY}", "Values": [run_key_digest]},
-            {"Name": "instance-state-name", "Values": sorted(ALIVE_STATES | {"stopping", "stopped"})},
-        ]
-        found = []
-        for page in self.ec2.get_paginator("describe_instances").paginate(Filters=filters):
-            for reservation in page["Reservations"]:
-                found.extend(to_instance(raw) for raw in reservation["Instances"])
-        return found
+    def find(self, run_key_digest: str, ended: bool = False) -> list[Instance]:
+        filters = [{"Name": f"tag:{TAG_RUN_KEY}", "Values": [run_key_digest]}]
+        if not ended:
+            filters.append({"Name": "instance-state-name", "Values": sorted(ALIVE_STATES | {"stopping", "stopped"})})
+        return list(_instances(self.ec2, Filters=filters))
 
     def find_run(self, run_id: str) -> list[Instance]:
-        filters = [{"Name": f"tag:{TAG_RUN}", "Values": [run_id]}]
-        out = []
-        for page in self.ec2.get_paginator("describe_instances").paginate(Filters=filters):
-            for reservation in page["Reservations"]:
-                out.extend(to_instance(raw) for raw in reservation["Instances"])
-        return out
-
-    def find_all_managed(self) -> list[Instance]:
-        """Every live instance we tagged, in this region (the emulator and leak checks use it)."""
-        filters = [
-            {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
-            {"Name": "instance-state-name", "Values": ["pending", "running", "stopping", "stopped"]},
-        ]
-        out = []
-        for page in self.ec2.get_paginator("describe_instances").paginate(Filters=filters):
-            for reservation in page["Reservations"]:
-                out.extend(to_instance(raw) for raw in reservation["Instances"])
-        return out
+        return list(_instances(self.ec2, Filters=[{"Name": f"tag:{TAG_RUN}", "Values": [run_id]}]))
 
     def describe(self, ids: list[str]) -> dict[str, Instance]:
         return describe_instances(self.ec2, ids)
@@ -224,34 +214,53 @@ class AwsCloud(Cloud):
         return device
 
 
-def describe_instances(ec2: Any, ids: list[str]) -> dict[str, Instance]:
-    """Describe many ids with one call per 1,000 (the API's limit for ``InstanceIds``).
+def _instances(ec2: Any, **kwargs: Any) -> Iterator[Instance]:
+    """Every instance of a paginated DescribeInstances."""
+    for page in ec2.get_paginator("describe_instances").paginate(**kwargs):
+        yield from instances_of(page)
 
-    An id EC2 no longer knows fails the whole call (InvalidInstanceID.NotFound); only then is the
-    chunk re-described by filter (200 values per filter), and ids still missing count as terminated.
-    """
-    out: dict[str, Instance] = {}
+
+def instances_of(response: dict[str, Any]) -> Iterator[Instance]:
+    """The instances of one DescribeInstances response (page)."""
+    for reservation in response["Reservations"]:
+        for raw in reservation["Instances"]:
+            yield to_instance(raw)
+
+
+def id_chunks(ids: list[str]) -> list[list[str]]:
+    """Unique ids in chunks of the API's limit for ``InstanceIds``."""
     unique = sorted(set(ids))
-    for start in range(0, len(unique), DESCRIBE_BATCH):
-        chunk = unique[start : start + DESCRIBE_BATCH]
+    return [unique[i : i + DESCRIBE_BATCH] for i in range(0, len(unique), DESCRIBE_BATCH)]
+
+
+def id_filters(chunk: list[str]) -> list[list[dict[str, Any]]]:
+    """The filters that describe ``chunk`` without failing on ids EC2 rejects."""
+    return [[{"Name": "instance-id", "Values": chunk[i : i + FILTER_BATCH]}] for i in range(0, len(chunk), FILTER_BATCH)]
+
+
+def rejects_an_id(err: Exception) -> bool:
+    """An id EC2 no longer knows (or a malformed one) fails the whole call for every id in it."""
+    return str(getattr(map_client_error(err), "code", "")).startswith("InvalidInstanceID")
+
+
+def with_missing(ids: list[str], found: dict[str, Instance]) -> dict[str, Instance]:
+    """Ids the cloud did not report: never existed, or gone for over an hour. Their own answer."""
+    for missing in set(ids) - set(found):
+        found[missing] = Instance(id=missing, state=TERMINATED, instance_type="", zone=None, spot=False,
+                                  state_reason="not found", missing=True)  # fmt: skip
+    return found
+
+
+def describe_instances(ec2: Any, ids: list[str]) -> dict[str, Instance]:
+    """Describe many ids with one call per 1,000; when one id fails the call, re-describe that chunk
+    by filter (which ignores such ids). The async twin is ``hooks.aws.CloudTrainAwsHook.describe_async``."""
+    out: dict[str, Instance] = {}
+    for chunk in id_chunks(ids):
         try:
-            pages = list(ec2.get_paginator("describe_instances").paginate(InstanceIds=chunk))
+            found = list(_instances(ec2, InstanceIds=chunk))
         except Exception as err:
-            if not getattr(map_client_error(err), "code", "").startswith("InvalidInstanceID"):
+            if not rejects_an_id(err):
                 raise map_client_error(err) from err
-            pages = []  # one bad id (malformed, or long gone) must not fail the others
-            for sub in range(0, len(chunk), 200):
-                filters = [{"Name": "instance-id", "Values": chunk[sub : sub + 200]}]
-                pages.extend(ec2.get_paginator("describe_instances").paginate(Filters=filters))
-        for page in pages:
-            for reservation in page["Reservations"]:
-                for raw in reservation["Instances"]:
-                    out[raw["InstanceId"]] = to_instance(raw)
-    for missing in set(unique) - set(out):
-        out[missing] = Instance(id=missing, state=TERMINATED, instance_type="", zone=None, spot=False,
-                                state_reason="not found")  # fmt: skip
-    return out
-
-
-def decode_user_data(value: str) -> str:
-    return base64.b64decode(value).decode()
+            found = [i for filters in id_filters(chunk) for i in _instances(ec2, Filters=filters)]
+        out.update((i.id, i) for i in found)
+    return with_missing(ids, out)

@@ -39,6 +39,7 @@ class LaunchRequest:
     volume_id: str | None = None
     service_account: str | None = None
     provisioning: str | None = None  # GCE: "spot" or "preemptible"
+    hard_stop_s: int | None = None  # the cloud ends the instance this long after start, agent or not
 
 
 @dataclass
@@ -54,6 +55,7 @@ class Instance:
     state_reason: str = ""
     preempted: bool = False  # the cloud itself says it took the instance back
     tags: dict[str, str] = field(default_factory=dict)
+    missing: bool = False  # the cloud does not know this id (never existed, or long gone)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -70,8 +72,9 @@ class Cloud(ABC):
         """Start one instance. Raises CapacityUnavailable / QuotaExceeded / InvalidRequest."""
 
     @abstractmethod
-    def find(self, run_key_digest: str) -> list[Instance]:
-        """Instances of ours carrying this run key that are not ended (for adoption and teardown)."""
+    def find(self, run_key_digest: str, ended: bool = False) -> list[Instance]:
+        """Instances carrying this run key: alive ones (adoption), or with ``ended`` every one the
+        cloud still lists, ended ones too (teardown: a powered-off GCE VM still needs deleting)."""
 
     @abstractmethod
     def find_run(self, run_id: str) -> list[Instance]:

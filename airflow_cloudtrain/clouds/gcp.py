@@ -25,7 +25,7 @@ from airflow_cloudtrain.clouds.base import (
     LaunchRequest,
 )
 from airflow_cloudtrain.clouds.errors import CapacityUnavailable, CloudError, InvalidRequest, QuotaExceeded
-from airflow_cloudtrain.runs import TAG_MANAGED, TAG_RUN, TAG_RUN_KEY, TAG_RUN_URI
+from airflow_cloudtrain.runs import TAG_RUN, TAG_RUN_KEY, TAG_RUN_URI
 
 CAPACITY_CODES = frozenset({"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
                             "RESOURCE_POOL_EXHAUSTED", "UNSUPPORTED_OPERATION"})  # fmt: skip
@@ -102,6 +102,10 @@ class GcpCloud(Cloud):
             scheduling.update(provisioning_model="SPOT", instance_termination_action="DELETE")
         elif not gpu:
             scheduling = {"automatic_restart": True, "on_host_maintenance": "MIGRATE"}
+        if r.hard_stop_s:
+            # the cloud's own hard stop: deleted after this long, whether or not our agent is alive
+            scheduling.update(max_run_duration={"seconds": max(30, int(r.hard_stop_s))},
+                              instance_termination_action="DELETE")  # fmt: skip
         body: dict[str, Any] = {
             "name": name,
             "machine_type": f"zones/{zone}/machineTypes/{offer.instance_type}",
@@ -161,28 +165,15 @@ class GcpCloud(Cloud):
             req.filter = filter_
         return list(self.instances.list(request=req))
 
-    def find(self, run_key_digest: str) -> list[Instance]:
-        out = []
-        for zone in self.zones:
-            for raw in self._list(zone, f"labels.{TAG_RUN_KEY} = {run_key_digest}"):
-                inst = to_instance(raw)
-                if inst.state in (PENDING, RUNNING):
-                    out.append(inst)
-        return out
+    def find(self, run_key_digest: str, ended: bool = False) -> list[Instance]:
+        found = self._labelled(TAG_RUN_KEY, run_key_digest)
+        return found if ended else [i for i in found if i.state in (PENDING, RUNNING)]
 
     def find_run(self, run_id: str) -> list[Instance]:
-        return [
-            to_instance(raw)
-            for zone in self.zones
-            for raw in self._list(zone, f"labels.{TAG_RUN} = {run_id}")
-        ]
+        return self._labelled(TAG_RUN, run_id)
 
-    def find_all_managed(self) -> list[Instance]:
-        return [
-            to_instance(raw)
-            for zone in self.zones
-            for raw in self._list(zone, f"labels.{TAG_MANAGED} = true")
-        ]
+    def _labelled(self, key: str, value: str) -> list[Instance]:
+        return [to_instance(raw) for zone in self.zones for raw in self._list(zone, f"labels.{key} = {value}")]
 
     def describe(self, ids: list[str]) -> dict[str, Instance]:
         """One list call per zone (per 500 instances); names not listed are gone (deleted)."""
@@ -194,22 +185,25 @@ class GcpCloud(Cloud):
                     out[raw.name] = to_instance(raw)
         ended = [i for i in out.values() if i.state == TERMINATED]
         if ended or wanted - set(out):
-            preempted = self._preempted_names()
+            preempted = self._operation_targets("compute.instances.preempted")
+            deleted = self._operation_targets("delete") if wanted - set(out) else set()
             for inst in ended:
                 inst.preempted = inst.id in preempted
-            for missing in wanted - set(out):
-                out[missing] = Instance(missing, TERMINATED, "", None, False, state_reason="deleted",
-                                        preempted=missing in preempted)  # fmt: skip
+            for name in wanted - set(out):
+                known = name in deleted or name in preempted
+                out[name] = Instance(name, TERMINATED, "", None, False, state_reason="deleted" if known else "not found",
+                                     preempted=name in preempted, missing=not known)  # fmt: skip
         return out
 
-    def _preempted_names(self) -> set[str]:
-        """Names Compute Engine preempted, from the zones' system operations."""
+    def _operation_targets(self, operation_type: str) -> set[str]:
+        """Names of instances a zonal operation of this type acted on (preempted, deleted): how a
+        VM that is gone is told from one that never existed."""
         from google.cloud import compute_v1
 
         names = set()
         for zone in self.zones:
             req = compute_v1.ListZoneOperationsRequest(project=self.project, zone=zone,
-                                                       filter='operationType = "compute.instances.preempted"')  # fmt: skip
+                                                       filter=f'operationType = "{operation_type}"')  # fmt: skip
             for op in self.operations.list(request=req):
                 names.add(op.target_link.rsplit("/", 1)[-1])
         return names

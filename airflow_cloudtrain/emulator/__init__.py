@@ -5,20 +5,48 @@
     with Emulator() as emu:
         emu.aws_endpoint                  # "http://127.0.0.1:PORT" (moto's server)
         emu.gce_endpoint, emu.gcs_endpoint          # Compute Engine v1 REST subset, GCS JSON API
+        emu.gce                           # the GceServer: emu.gce.alive(), emu.gce.instance(zone, name)
         emu.running_instances()           # [{"cloud", "id", "instance_type", "zone", "spot"}]
         emu.interrupt(instance_id, notice_s=5)      # EC2 spot notice / GCE preemption, then reclaimed
+        emu.crash_agent(instance_id)                # the agent dies, the machine runs on
         emu.fail_capacity("g5.xlarge", zone=None)   # InsufficientInstanceCapacity (EC2) or
         emu.fail_capacity("n1-standard-4", zone="us-central1-a")  # ZONE_RESOURCE_POOL_EXHAUSTED (GCE)
+        emu.throttle(0.3, api="DescribeInstances")  # 30 % of those calls refused as throttled
+        emu.clear_faults()                          # no capacity faults, no throttling
+        emu.request_counts()              # {"DescribeInstances": 12, "throttled:DescribeInstances": 4, ...}
+        emu.hard_stop_scale = 0.1         # tests: hard stops come after a tenth of their time
 
 Inside the block ``AWS_ENDPOINT_URL``, test credentials, ``STORAGE_EMULATOR_HOST`` and the
 ``aws_default`` / ``google_cloud_default`` connections point at the emulator, so plain boto3, the
 Google clients and DAGs work unchanged; the product code makes exactly the calls it makes in
-production. Each launched instance gets the real agent as a local process.
+production.
+
+The instances' side: nothing boots, so for each instance whose EC2 user data / GCE ``startup-script``
+is our bootstrap (its ``CT_RUN_URI=`` line, see ``userdata``) the emulator starts the real agent as a
+local process (``runner``), with the instance's metadata service (``metadata``) passed the standard
+way; the instance ends when the agent powers off. Hard stops are the clouds': EC2 ends the instance
+``CT_HARD_STOP_S`` (from the bootstrap) after launch with ``Client.InstanceInitiatedShutdown``; GCE
+stops or deletes a VM when its ``scheduling.maxRunDuration`` runs out (``instanceTerminationAction``);
+either way its agent is killed, alive or not.
+
+Throttling (``throttle(rate, api=None, seed=0)``) refuses that share of the selected requests the
+way each cloud does: EC2 HTTP 503 ``RequestLimitExceeded``, S3 503 ``SlowDown``, other AWS services
+``Throttling``/``ThrottlingException``, Compute Engine and GCS HTTP 429 ``rateLimitExceeded``. ``api``
+is a service (``"ec2"``, ``"s3"``, ``"compute"``, ``"storage"``), an operation (``"DescribeInstances"``,
+``"GetObject"``, ``"instances.list"``, ``"objects.get"``), a list of these, or None for all. Draws come
+from a ``random.Random(seed)``. The emulator's own requests are never throttled nor counted.
+
+``request_counts()`` counts requests per operation since start or ``reset_counts()``: EC2 actions,
+S3 and other AWS operations, Compute methods, GCS methods; throttled requests are counted there too,
+and also under ``"throttled:<operation>"``.
+
+Layout: ``aws/`` (moto server and middleware, backend helpers, wire formats, AWS instances' side),
+``gcp/`` (Compute Engine server, its state, rules and catalog; GCS; GCP instances' side), and shared:
+``faults`` (throttling), ``userdata`` (reading the bootstrap), ``metadata``, ``runner``, ``serving``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -26,9 +54,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from airflow_cloudtrain.emulator.faults import Throttle
 from airflow_cloudtrain.emulator.runner import InstanceRunner, Seen
 
 DEFAULT_BUCKET = "cloudtrain-emulated"
@@ -37,10 +67,10 @@ AWS_REGIONS = ("us-east-1", "us-west-2", "eu-west-1")
 
 
 class Emulator:
-    """moto server + instance metadata server + a local agent per launched instance."""
+    """moto server + Compute Engine and GCS emulators + metadata server + a local agent per instance."""
 
     def __init__(self, region: str = "us-east-1", buckets: tuple[str, ...] = (DEFAULT_BUCKET,),
-                 workdir: str | Path | None = None) -> None:  # fmt: skip
+                 workdir: str | Path | None = None, hard_stop_scale: float = 1.0) -> None:  # fmt: skip
         self.region = region
         self.buckets = buckets
         self._own_workdir = workdir is None
@@ -48,9 +78,9 @@ class Emulator:
         self.aws_endpoint = ""
         self.gce_endpoint = ""
         self.gcs_endpoint = ""
-        self._gce_zones: dict[str, str] = {}
+        self._hard_stop_scale = hard_stop_scale
+        self._throttle = Throttle()
         self._saved_env: dict[str, str | None] = {}
-        self._regions: dict[str, str] = {}
         self._timers: list[threading.Timer] = []
 
     # --- lifecycle -----------------------------------------------------------------------------
@@ -67,28 +97,30 @@ class Emulator:
         from botocore.config import Config
 
         from airflow_cloudtrain.emulator.aws import EMULATOR_USER_AGENT, MotoServer, seed_public_parameters
-        from airflow_cloudtrain.emulator.gce import GceServer
-        from airflow_cloudtrain.emulator.gcs import GcsServer
+        from airflow_cloudtrain.emulator.aws.instances import AwsInstances
+        from airflow_cloudtrain.emulator.gcp import GceServer, GcsServer
+        from airflow_cloudtrain.emulator.gcp.instances import GcpInstances
         from airflow_cloudtrain.emulator.metadata import MetadataServer
 
-        self.moto = MotoServer()
+        self.moto = MotoServer(self._throttle)
         self.aws_endpoint = self.moto.start()
-        self.gce = GceServer(project=GCP_PROJECT)
+        self.gce = GceServer(project=GCP_PROJECT, throttle=self._throttle)
+        self.gce.hard_stop_scale = self._hard_stop_scale
         self.gce_endpoint = self.gce.start()
-        self.gcs = GcsServer()
+        self.gcs = GcsServer(throttle=self._throttle)
         self.gcs_endpoint = self.gcs.start()
         self.metadata = MetadataServer()
         self.metadata.start()
         self._set_env(self.env())
-        session = boto3.session.Session(region_name=self.region)
+        self._aws = AwsInstances(self.metadata, AWS_REGIONS, self.region)
+        self._gcp = GcpInstances(self.gce, self.metadata, self.gcs_endpoint)
         config = Config(user_agent_extra=EMULATOR_USER_AGENT, retries={"max_attempts": 1})
-        self._ec2 = {r: session.client("ec2", region_name=r, config=config) for r in AWS_REGIONS}
-        s3 = session.client("s3", config=config)
+        s3 = boto3.session.Session(region_name=self.region).client("s3", config=config)
         for bucket in self.buckets:
             s3.create_bucket(Bucket=bucket)
             self.gcs.create_bucket(bucket)
         for region in AWS_REGIONS:
-            self._ec2[region].describe_regions()  # makes moto load the region's backends
+            self._aws.ec2[region].describe_regions()  # makes moto load the region's backends
             seed_public_parameters(region)
         self.runner = InstanceRunner(self._alive, self._powered_off, self.workdir, self._image_env())
         self.runner.start()
@@ -96,16 +128,9 @@ class Emulator:
     def stop(self) -> None:
         for timer in self._timers:
             timer.cancel()
-        if hasattr(self, "runner"):
-            self.runner.stop()
-        if hasattr(self, "metadata"):
-            self.metadata.stop()
-        if hasattr(self, "moto"):
-            self.moto.stop()
-        if hasattr(self, "gce"):
-            self.gce.stop()
-        if hasattr(self, "gcs"):
-            self.gcs.stop()
+        for part in ("runner", "metadata", "moto", "gce", "gcs"):
+            if hasattr(self, part):
+                getattr(self, part).stop()
         self._restore_env()
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
@@ -162,97 +187,46 @@ class Emulator:
                 os.environ[key] = value
         self._saved_env.clear()
 
-    # --- what the instances' side sees ---------------------------------------------------------
-
-    def _aws_alive(self) -> list[dict[str, Any]]:
-        from airflow_cloudtrain.runs import TAG_MANAGED
-
-        out = []
-        filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
-                   {"Name": "instance-state-name", "Values": ["pending", "running"]}]  # fmt: skip
-        for region, ec2 in self._ec2.items():
-            for reservation in ec2.describe_instances(Filters=filters)["Reservations"]:
-                for raw in reservation["Instances"]:
-                    out.append({**raw, "_region": region})
-        return out
+    # --- what the instances' side sees (aws/instances.py, gcp/instances.py) ----------------------
 
     def _alive(self) -> list[Seen]:
-        from airflow_cloudtrain.runs import TAG_RUN_URI
-
-        seen = []
-        for raw in self._aws_alive():
-            tags = {t["Key"]: t["Value"] for t in raw.get("Tags", [])}
-            iid = raw["InstanceId"]
-            if not tags.get(TAG_RUN_URI):
-                continue  # no run folder to run: nothing for an agent to do (tests drive such instances)
-            self._regions[iid] = raw["_region"]
-            env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": self.metadata.endpoint_for(iid),
-                   "AWS_DEFAULT_REGION": raw["_region"]}  # fmt: skip
-            seen.append(Seen("aws", iid, tags.get(TAG_RUN_URI, ""), raw["InstanceType"],
-                             raw["Placement"].get("AvailabilityZone"), raw.get("InstanceLifecycle") == "spot", env))  # fmt: skip
-        for inst in self._gce_alive():
-            run_uri = inst["metadata"].get(TAG_RUN_URI)
-            if not run_uri:
-                continue
-            self._gce_zones[inst["name"]] = inst["zone"]
-            env = {"GCE_METADATA_HOST": self.metadata.gce_host_for(inst["name"]),
-                   "STORAGE_EMULATOR_HOST": self.gcs_endpoint}  # fmt: skip
-            seen.append(
-                Seen("gcp", inst["name"], run_uri, inst["machine_type"], inst["zone"], inst["spot"], env)
-            )
-        return seen
-
-    def _gce_alive(self) -> list[dict[str, Any]]:
-        from airflow_cloudtrain.runs import TAG_MANAGED
-
-        return [i for i in self.gce.alive() if i["labels"].get(TAG_MANAGED) == "true"]
+        return self._aws.seen(self._hard_stop_scale) + self._gcp.seen(self._hard_stop_scale)
 
     def _powered_off(self, seen: Seen) -> None:
-        from airflow_cloudtrain.emulator.aws import end_instance
+        (self._gcp if seen.cloud == "gcp" else self._aws).power_off(seen.id)
 
-        if seen.cloud == "gcp":
-            with contextlib.suppress(KeyError):  # already deleted by the operator: nothing to power off
-                self.gce.shutdown(self._gce_zones[seen.id], seen.id)
-            return
-        end_instance(self._regions[seen.id], seen.id, "Client.InstanceInitiatedShutdown",
-                     "Client.InstanceInitiatedShutdown: Instance initiated shutdown")  # fmt: skip
+    def _side(self, instance_id: str) -> Any:
+        return self._gcp if self._gcp.knows(instance_id) else self._aws
 
     # --- the public testing API ----------------------------------------------------------------
 
+    @property
+    def hard_stop_scale(self) -> float:
+        """Hard stops (EC2 ``CT_HARD_STOP_S``, GCE ``maxRunDuration``) come after their time times this."""
+        return self._hard_stop_scale
+
+    @hard_stop_scale.setter
+    def hard_stop_scale(self, value: float) -> None:
+        self._hard_stop_scale = value
+        if hasattr(self, "gce"):
+            self.gce.hard_stop_scale = value
+
     def running_instances(self) -> list[dict[str, Any]]:
         """Every live (pending or running) instance of ours, in every emulated cloud."""
-        return [
-            {"cloud": "aws", "id": raw["InstanceId"], "instance_type": raw["InstanceType"],
-             "zone": raw["Placement"].get("AvailabilityZone"), "spot": raw.get("InstanceLifecycle") == "spot"}
-            for raw in self._aws_alive()
-        ] + [
-            {"cloud": "gcp", "id": i["name"], "instance_type": i["machine_type"], "zone": i["zone"], "spot": i["spot"]}
-            for i in self._gce_alive()
-            if i.get("status") != "TERMINATED"
-        ]  # fmt: skip
+        return self._aws.managed() + self._gcp.managed()
 
     def interrupt(self, instance_id: str, notice_s: float = 5.0) -> None:
         """A spot interruption (EC2) or preemption (GCE): the notice appears in the instance's metadata,
         then, ``notice_s`` later, the cloud takes the instance."""
-        if instance_id in self._gce_zones:
-            self.metadata.set_preempted(instance_id)
-        else:
-            self.metadata.set_spot_action(instance_id, "terminate", at=time.time() + notice_s)
+        self._side(instance_id).notice(instance_id, notice_s)
         timer = threading.Timer(notice_s, self._reclaim, args=(instance_id,))
         timer.daemon = True
         self._timers.append(timer)
         timer.start()
 
     def _reclaim(self, instance_id: str) -> None:
-        from airflow_cloudtrain.emulator.aws import end_instance
-
         self.runner.kill_agent(instance_id)
-        if instance_id in self._gce_zones:
-            with contextlib.suppress(KeyError):  # gone before the notice ran out
-                self.gce.preempt(self._gce_zones[instance_id], instance_id)
-            return
-        region = self._regions.get(instance_id, self.region)
-        end_instance(region, instance_id, "Server.SpotInstanceTermination", "Spot instance termination")
+        self._side(instance_id).reclaim(instance_id)
 
     def crash_agent(self, instance_id: str) -> None:
         """The agent dies (killed, out of memory) and the machine keeps running: nobody powers it off."""
@@ -266,18 +240,28 @@ class Emulator:
         with self.moto.middleware.lock:
             self.moto.middleware.capacity_faults.add((instance_type, zone))
 
+    def throttle(self, rate: float, api: str | Sequence[str] | None = None, seed: int | None = 0) -> None:
+        """From now on refuse ``rate`` (0..1) of the requests ``api`` selects as throttled (module doc);
+        ``seed`` restarts the draws (None: go on with the current ones); rate 0 lifts that rule."""
+        self._throttle.set(rate, api, seed)
+
     def clear_faults(self) -> None:
+        """No capacity faults and no throttling any more, in every cloud."""
         self.gce.clear_faults()
+        self._throttle.clear()
         with self.moto.middleware.lock:
             self.moto.middleware.capacity_faults.clear()
 
     def request_counts(self) -> dict[str, int]:
-        """API requests per action made by anyone but the emulator itself, since start or reset."""
+        """Requests per operation made by anyone but the emulator itself, since start or reset; those
+        refused as throttled are also counted under ``"throttled:<operation>"``."""
         with self.moto.middleware.lock:
-            return {**dict(self.moto.middleware.counts), **self.gce.counts()}
+            aws = dict(self.moto.middleware.counts)
+        return {**aws, **self.gce.counts(), **self.gcs.counts()}
 
     def reset_counts(self) -> None:
         self.gce.reset_counts()
+        self.gcs.reset_counts()
         with self.moto.middleware.lock:
             self.moto.middleware.counts.clear()
 

@@ -186,6 +186,12 @@ def _make_handler(server: MetadataServer) -> type[BaseHTTPRequestHandler]:
 
         do_GET = do_PUT = do_POST = do_DELETE = _respond
 
+        def handle(self) -> None:
+            try:
+                super().handle()
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client went away mid-request (an agent killed, a timeout): nothing to answer
+
         def log_message(self, format: str, *args: object) -> None:
             pass  # quiet: agents poll every few seconds
 

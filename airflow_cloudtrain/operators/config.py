@@ -7,12 +7,14 @@ A value that still holds a Jinja template is checked after rendering, when the t
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from airflow_cloudtrain.spec import AWS_CLOUDS, GCP_CLOUDS, Bid, Hardware, parse_cloud
+from airflow_cloudtrain.spec import AWS_CLOUDS, Bid, Hardware, parse_cloud
 
+DEFAULT_MAX_RUNTIME_S = 7 * 86400.0  # Vertex AI custom jobs' default timeout: a forgotten run stops
+UNLIMITED = "unlimited"
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -60,7 +62,19 @@ def parse_bucket(value: Any, cloud: str) -> str:
     return value.rstrip("/")
 
 
-def parse_code(value: Any, cloud: str) -> str | None:
+def parse_max_runtime(value: Any) -> float | None:
+    """Seconds; not given = the 7-day cap; ``"unlimited"`` = no cap at all (None)."""
+    if isinstance(value, str) and value.strip().lower() == UNLIMITED:
+        return None
+    if value is None or value == "":
+        return DEFAULT_MAX_RUNTIME_S
+    try:
+        return parse_duration(value, "max_runtime")
+    except ValueError as err:
+        raise ValueError(f"{err}; or 'unlimited' to lift the default 7-day cap") from None
+
+
+def parse_code(value: Any) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str):
@@ -111,7 +125,6 @@ class RunConfig:
     region: str | None
     zone: str | None
     image: str | None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def parse_config(args: dict[str, Any]) -> RunConfig:
@@ -132,16 +145,12 @@ def parse_config(args: dict[str, Any]) -> RunConfig:
         bucket=parse_bucket(args.get("bucket"), cloud),
         hardware=hardware,
         bid=bid,
-        code=parse_code(args.get("code"), cloud),
+        code=parse_code(args.get("code")),
         setup_cmds=parse_str_list(args.get("setup_cmds"), "setup_cmds"),
         env=parse_env(args.get("env")),
-        max_runtime_s=parse_duration(args.get("max_runtime"), "max_runtime"),
+        max_runtime_s=parse_max_runtime(args.get("max_runtime")),
         instance_type=args.get("instance_type") or None,
         region=args.get("region") or None,
         zone=args.get("zone") or None,
         image=args.get("image") or None,
     )
-
-
-def provider_of(cloud: str) -> str:
-    return "gcp" if cloud in GCP_CLOUDS else "aws"

@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, conf
 
-from airflow_cloudtrain.spec import AWS_CLOUDS, parse_cloud
+from airflow_cloudtrain.clouds.registry import AWS_CLOUDS
+from airflow_cloudtrain.spec import parse_cloud
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -21,6 +22,11 @@ class InstanceStatusSensor(BaseSensorOperator):
     Unlike the Amazon provider's EC2 sensor, which waits forever on an instance that was terminated
     while it waited for "running", this sensor fails at once with the reason. In deferrable mode it
     shares one describe call per poll with every other wait in the triggerer.
+
+    An instance id the cloud does not know fails the sensor naming the id (whatever the target), so
+    a typo never passes as "terminated"; ``missing_as_terminated=True`` counts such an id as
+    terminated instead (an instance gone for over an hour on EC2, a deleted GCE VM whose delete
+    operation has aged out).
     """
 
     template_fields: Sequence[str] = ("instance_ids", "run_id", "target_state", "region")
@@ -38,9 +44,11 @@ class InstanceStatusSensor(BaseSensorOperator):
         gcp_conn_id: str = "google_cloud_default",
         project_id: str | None = None,
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        missing_as_terminated: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.missing_as_terminated = missing_as_terminated
         self.cloud = parse_cloud(cloud)
         if target_state not in TARGET_STATES and "{{" not in str(target_state):
             raise ValueError(
@@ -62,15 +70,9 @@ class InstanceStatusSensor(BaseSensorOperator):
         return self.aws_conn_id if self.cloud in AWS_CLOUDS else self.gcp_conn_id
 
     def _cloud(self) -> Any:
-        if self.cloud in AWS_CLOUDS:
-            from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
+        from airflow_cloudtrain.clouds.backend import instance_cloud
 
-            return CloudTrainAwsHook(aws_conn_id=self.aws_conn_id, region_name=self.region).cloud()
-        from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
-
-        return CloudTrainGcpHook(gcp_conn_id=self.gcp_conn_id, project_id=self.project_id).cloud(
-            self.region, self.zone
-        )
+        return instance_cloud(self.cloud, self.conn_id, self.region, self.zone, self.project_id)
 
     def _ids(self) -> list[str]:
         if self.instance_ids:
@@ -96,7 +98,8 @@ class InstanceStatusSensor(BaseSensorOperator):
                 region=self.region if self.cloud in AWS_CLOUDS else self.zone,
                 poll_interval=self.poke_interval,
                 project_id=self.project_id,
-            ),  # fmt: skip
+                missing_as_terminated=self.missing_as_terminated,
+            ),
             method_name="execute_complete",
             timeout=self.execution_timeout,
         )
@@ -107,7 +110,7 @@ class InstanceStatusSensor(BaseSensorOperator):
         from airflow_cloudtrain.triggers.instances import evaluate_states
 
         ids = self._ids()
-        event = evaluate_states(self._cloud().describe(ids), ids, self.target_state)
+        event = evaluate_states(self._cloud().describe(ids), ids, self.target_state, self.missing_as_terminated)
         if event is None:
             self.log.info("Waiting for %s to be %s", ids, self.target_state)
             return False

@@ -13,7 +13,6 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_cloudtrain.clouds.base import Instance
 from airflow_cloudtrain.triggers import shared_poll
 
-MAX_CONSECUTIVE_ERRORS = 5
 # From which states can a target never be reached? (terminated is forever; stopped comes back only
 # through a start call, which nobody waiting here will make.)
 UNREACHABLE: dict[str, frozenset[str]] = {
@@ -26,46 +25,31 @@ UNREACHABLE: dict[str, frozenset[str]] = {
 }
 
 
-def describer(cloud: str, conn_id: str | None, region: str | None, project_id: str | None = None):
-    """(group key, async describe function) for one cloud connection and region."""
-    if cloud in ("ec2", "ec2spot"):
-        from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
-
-        hook = CloudTrainAwsHook(aws_conn_id=conn_id, region_name=region)
-        return ("aws", conn_id, region), hook.describe_async
-    import functools
-
-    from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
-
-    # For GCE "region" is the zone the instances live in: one list call per (connection, project, zone).
-    gcp = CloudTrainGcpHook(gcp_conn_id=conn_id or "google_cloud_default", project_id=project_id)
-    return ("gcp", conn_id, project_id, region), functools.partial(gcp.describe_async, zone=region)
-
-
 async def watch_instances(
     cloud: str,
     conn_id: str | None,
-    region: str | None,
+    location: str | None,
     ids: list[str],
     interval: float,
     project_id: str | None = None,
 ) -> AsyncIterator[dict[str, Instance]]:
-    """Shared snapshots for ``ids``; transient describe errors are retried a few polls in a row."""
-    key, describe = describer(cloud, conn_id, region, project_id)
-    errors = 0
+    """Shared snapshots for ``ids`` (``location``: the EC2 region or the GCE zone). Transient describe
+    errors (throttling, 5xx) are waited out with backoff for minutes; others end the watch."""
+    from airflow_cloudtrain.clouds.backend import async_describer
+    from airflow_cloudtrain.lifecycle.retry import TransientBudget
+
+    key, describe = async_describer(cloud, conn_id, location, project_id)
+    budget = TransientBudget(base_s=interval)
     while True:
         try:
             async with aclosing(shared_poll.watch(key, ids, describe, interval)) as stream:
                 async for snapshot in stream:
-                    errors = 0
+                    budget.ok()
                     yield snapshot
         except asyncio.CancelledError:
             raise
-        except Exception:
-            errors += 1
-            if errors >= MAX_CONSECUTIVE_ERRORS:
-                raise
-            await asyncio.sleep(interval)
+        except Exception as err:
+            await asyncio.sleep(budget.failed(err))
 
 
 class InstanceStateTrigger(BaseTrigger):
@@ -80,8 +64,10 @@ class InstanceStateTrigger(BaseTrigger):
         region: str | None,
         poll_interval: float = 15.0,
         project_id: str | None = None,
+        missing_as_terminated: bool = False,
     ) -> None:
         super().__init__()
+        self.missing_as_terminated = missing_as_terminated
         self.cloud = cloud
         self.instance_ids = list(instance_ids)
         self.target_state = target_state
@@ -101,6 +87,7 @@ class InstanceStateTrigger(BaseTrigger):
                 "region": self.region,
                 "poll_interval": self.poll_interval,
                 "project_id": self.project_id,
+                "missing_as_terminated": self.missing_as_terminated,
             },
         )
 
@@ -111,7 +98,7 @@ class InstanceStateTrigger(BaseTrigger):
         try:
             async with aclosing(stream):
                 async for snapshot in stream:
-                    event = evaluate_states(snapshot, self.instance_ids, self.target_state)
+                    event = evaluate_states(snapshot, self.instance_ids, self.target_state, self.missing_as_terminated)
                     if event is not None:
                         break
             yield TriggerEvent(event)
@@ -121,8 +108,18 @@ class InstanceStateTrigger(BaseTrigger):
             yield TriggerEvent({"status": "error", "message": f"describing instances failed: {err}"})
 
 
-def evaluate_states(snapshot: dict[str, Instance], ids: list[str], target: str) -> dict[str, Any] | None:
-    """Pure: success when all are at ``target``, error when one can never reach it, else None."""
+def evaluate_states(snapshot: dict[str, Instance], ids: list[str], target: str,
+                    missing_as_terminated: bool = False) -> dict[str, Any] | None:  # fmt: skip
+    """Pure: success when all are at ``target``, error when one can never reach it, else None.
+
+    An id the cloud does not know is its own answer (an error naming it): a typo or another
+    account's id must not pass as "terminated". ``missing_as_terminated`` opts out of that.
+    """
+    missing = sorted(i for i in ids if i in snapshot and snapshot[i].missing)
+    if missing and not missing_as_terminated:
+        return {"status": "error", "states": {i: "not found" for i in missing},
+                "message": f"instance(s) not found: {', '.join(missing)} (pass missing_as_terminated=True "
+                           "if an instance that is gone should count as terminated)"}  # fmt: skip
     states = {i: snapshot[i].state for i in ids if i in snapshot}
     dead = {i: s for i, s in states.items() if s in UNREACHABLE.get(target, frozenset())}
     if dead:

@@ -2,6 +2,7 @@
 
 Streams the job's log chunks into the task log as they arrive (the triggerer's log for a deferred
 task is the task log). Instance state comes from the shared poll; the run folder is read per run.
+The decision is ``lifecycle.waiting.RunWatch``, the same one the blocking wait makes.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_cloudtrain.logstream import LogFollower
+from airflow_cloudtrain.clouds.base import Instance
+from airflow_cloudtrain.lifecycle.logstream import LogFollower
+from airflow_cloudtrain.lifecycle.records import ERROR, LaunchRecord, Outcome
+from airflow_cloudtrain.lifecycle.retry import TransientBudget
+from airflow_cloudtrain.lifecycle.waiting import RunWatch, parse_heartbeat
 from airflow_cloudtrain.runs import RunStatus, heartbeat_key, join, split_uri, status_key
 from airflow_cloudtrain.triggers.instances import watch_instances
-from airflow_cloudtrain.waiting import RunWatch, parse_heartbeat
 
 
 class AsyncRunFolder:
@@ -80,115 +84,105 @@ class AsyncRunFolder:
 
 
 class RunTrigger(BaseTrigger):
-    """Waits for one run on one instance; yields ``waiting.outcome`` plus where the logs got to."""
+    """Waits for one run on one instance; yields its ``Outcome`` and where the log got to.
+
+    Kwargs are plain JSON: the ``LaunchRecord`` as a dict, the connection, and the wait settings
+    (including the agent watchdog's ``startup_timeout`` / ``heartbeat_timeout``, so a dead agent is
+    noticed in deferrable mode exactly as in blocking mode).
+    """
 
     def __init__(
         self,
-        cloud: str,
-        instance_id: str,
-        run_uri: str,
+        launch: dict[str, Any],
         conn_id: str | None,
-        region: str | None,
-        poll_interval: float = 10.0,
-        next_log_seq: int = 0,
-        deadline: float | None = None,
         project_id: str | None = None,
-        launch: dict[str, Any] | None = None,
+        poll_interval: float = 10.0,
+        deadline: float | None = None,
         startup_timeout: float | None = None,
         heartbeat_timeout: float | None = None,
+        next_log_seq: int = 0,
     ) -> None:
         super().__init__()
-        self.cloud = cloud
-        self.instance_id = instance_id
-        self.launch = launch or {}  # the operator's launch record, handed back in the event
+        self.launch = launch
+        self.conn_id = conn_id
+        self.project_id = project_id
+        self.poll_interval = poll_interval
+        self.deadline = deadline
         self.startup_timeout = startup_timeout
         self.heartbeat_timeout = heartbeat_timeout
-        self.run_uri = run_uri
-        self.conn_id = conn_id
-        self.region = region
-        self.poll_interval = poll_interval
         self.next_log_seq = next_log_seq
-        self.deadline = deadline
-        self.project_id = project_id
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
             f"{type(self).__module__}.{type(self).__qualname__}",
             {
-                "cloud": self.cloud,
-                "instance_id": self.instance_id,
-                "run_uri": self.run_uri,
-                "conn_id": self.conn_id,
-                "region": self.region,
-                "poll_interval": self.poll_interval,
-                "next_log_seq": self.next_log_seq,
-                "deadline": self.deadline,
-                "project_id": self.project_id,
                 "launch": self.launch,
+                "conn_id": self.conn_id,
+                "project_id": self.project_id,
+                "poll_interval": self.poll_interval,
+                "deadline": self.deadline,
                 "startup_timeout": self.startup_timeout,
                 "heartbeat_timeout": self.heartbeat_timeout,
+                "next_log_seq": self.next_log_seq,
             },
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        folder = AsyncRunFolder(self.run_uri, self.cloud, self.conn_id, self.region)
-        follower = LogFollower(self.instance_id, self.next_log_seq)
-        stream = watch_instances(
-            self.cloud, self.conn_id, self.region, [self.instance_id], self.poll_interval, self.project_id
-        )
-        watch = RunWatch(
-            self.deadline, self.launch.get("launched_at"), self.startup_timeout, self.heartbeat_timeout
-        )
-        event: dict[str, Any] | None = None
+        launch = LaunchRecord.from_dict(self.launch)
+        folder = AsyncRunFolder(launch.run_uri, launch.cloud, self.conn_id, launch.region)
+        follower = LogFollower(launch.instance_id, self.next_log_seq)
+        stream = watch_instances(launch.cloud, self.conn_id, launch.location, [launch.instance_id],
+                                 self.poll_interval, self.project_id)  # fmt: skip
+        watch = RunWatch(self.deadline, launch.launched_at, self.startup_timeout, self.heartbeat_timeout)
+        budget = TransientBudget()
+        result: Outcome | None = None
         try:
             async with aclosing(stream):
                 async for snapshot in stream:
-                    event = await self._step(folder, follower, snapshot.get(self.instance_id), watch)
-                    if event is not None:
+                    try:
+                        result = await self._step(folder, follower, snapshot.get(launch.instance_id), watch)
+                        budget.ok()
+                    except Exception as err:
+                        delay = budget.failed(err)  # re-raises when not transient or lasting too long
+                        self.log.warning("Transient error reading the run folder (%s); retrying", err)
+                        await asyncio.sleep(delay)
+                        continue
+                    if result is not None:
                         break
         except asyncio.CancelledError:
             raise
         except Exception as err:
-            event = {
-                "status": "error",
-                "state": "wait_failed",
-                "message": f"waiting for the run failed: {err}",
-            }
+            result = Outcome(ERROR, "wait_failed", message=f"waiting for the run failed: {err}")
         finally:
             await folder.close()
-        event = event or {"status": "error", "state": "wait_failed", "message": "instance watch ended"}
-        event.update(instance_id=self.instance_id, next_log_seq=follower.next_seq, launch=self.launch)
-        yield TriggerEvent(event)
+        result = result or Outcome(ERROR, "wait_failed", message="instance watch ended")
+        yield TriggerEvent({"outcome": result.to_dict(), "launch": self.launch, "next_log_seq": follower.next_seq})
 
-    async def _step(self, folder: AsyncRunFolder, follower: LogFollower, instance: Any,
-                    watch: RunWatch) -> dict[str, Any] | None:  # fmt: skip
-        """One poll: show new log lines, read the status, decide (see ``waiting.RunWatch``)."""
+    async def _step(self, folder: AsyncRunFolder, follower: LogFollower, instance: Instance | None,
+                    watch: RunWatch) -> Outcome | None:  # fmt: skip
+        """One poll: show new log lines, read the status, decide (see ``lifecycle.waiting.RunWatch``)."""
+        iid = follower.instance_id
         for line in await follower.apoll(folder.list, folder.get):
             self.log.info("[job] %s", line)
-        raw = await folder.get(status_key(self.instance_id))
-        beat = await folder.get(heartbeat_key(self.instance_id))
-        event = watch.decide(
-            RunStatus.from_json(raw.decode()) if raw else None, instance, parse_heartbeat(beat)
-        )
-        if event is not None:
+        raw = await folder.get(status_key(iid))
+        beat = await folder.get(heartbeat_key(iid))
+        result = watch.decide(RunStatus.from_json(raw.decode()) if raw else None, instance, parse_heartbeat(beat))
+        if result is not None:
             for line in await follower.apoll(folder.list, folder.get):  # what the agent wrote last
                 self.log.info("[job] %s", line)
-            event["instance"] = instance.to_dict() if instance else None
-        return event
+        return result
 
     async def on_kill(self) -> None:
-        """The user killed the deferred task: the instance must not outlive it."""
-        if self.cloud in ("ec2", "ec2spot"):
-            from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
+        """The user killed the deferred task: release the run through its ledger (and tag sweep)."""
+        released = await asyncio.to_thread(self._release)
+        self.log.info("Released %s because the task was killed", released)
 
-            await CloudTrainAwsHook(aws_conn_id=self.conn_id, region_name=self.region).terminate_async(
-                [self.instance_id]
-            )
-        else:
-            from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
+    def _release(self) -> list[str]:
+        from airflow_cloudtrain.clouds.registry import backend_for
+        from airflow_cloudtrain.lifecycle.ledger import Resource, ResourceLedger
 
-            hook = CloudTrainGcpHook(
-                gcp_conn_id=self.conn_id or "google_cloud_default", project_id=self.project_id
-            )
-            await hook.terminate_async([self.instance_id], zone=self.region)
-        self.log.info("Terminated instance %s because the task was killed", self.instance_id)
+        launch = LaunchRecord.from_dict(self.launch)
+        backend = backend_for(launch.cloud, region=launch.region, aws_conn_id=self.conn_id,
+                              gcp_conn_id=self.conn_id or "google_cloud_default", project_id=self.project_id)  # fmt: skip
+        ledger = ResourceLedger(launch.run_key, entries=[Resource("instance", launch.instance_id, launch.location)])
+        return [r.id or "" for r in ledger.release(backend, sweep=bool(launch.run_key))]

@@ -1,8 +1,11 @@
 """The agent as a real subprocess against S3 (moto server) and the emulator's metadata server.
 
 What the operator relies on: the final status is the last write (logs and results complete when it
-shows), log chunks are gap-free, notices and max_runtime stop the job with SIGTERM first, and the
-agent reports and powers off whatever went wrong.
+shows), log chunks are gap-free, notices and max_runtime stop the job with SIGTERM first, the
+agent reports and powers off whatever went wrong, and results land in ``results/<instance-id>/``
+(one folder per attempt). A throttling store (S3 ``503 SlowDown``, GCS ``429`` / ``503``) does not
+lose a run: the agent runs in-process against a client that throttles 30% of its calls, and, when
+the emulator can throttle (``Emulator.throttle``), as a subprocess against it.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import subprocess
 import sys
 import tarfile
@@ -27,7 +31,9 @@ from airflow_cloudtrain import runs
 from airflow_cloudtrain.agent.bootstrap import AWS_DOWNLOAD_PY, build_agent_zip
 from airflow_cloudtrain.agent.jobs import build_job_command
 from airflow_cloudtrain.agent.logs import NOTE_PREFIX, LogStreamer
-from airflow_cloudtrain.agent.storage import RunFolder, open_run_folder
+from airflow_cloudtrain.agent.runner import Agent
+from airflow_cloudtrain.agent.storage import S3_RETRIES, RunFolder, open_run_folder, s3_client
+from airflow_cloudtrain.emulator import DEFAULT_BUCKET, Emulator
 from airflow_cloudtrain.emulator.metadata import MetadataServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -104,7 +110,11 @@ class Run:
             else "".join(line for line in text.splitlines(True) if not line.startswith(NOTE_PREFIX))
         )
 
-    def wait_for_log(self, needle: str, timeout: float = 15) -> None:
+    def result(self, name: str) -> str | None:
+        """A result file of this run's instance (``results/<instance-id>/<name>``)."""
+        return self.folder.get_text(runs.join(runs.results_prefix(self.iid), name))
+
+    def wait_for_log(self, needle: str, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
         while needle not in self.log():
             assert time.monotonic() < deadline, f"{needle!r} never appeared in the log"
@@ -131,7 +141,7 @@ def test_success_final_status_is_last_write(s3: Any, metadata: MetadataServer, t
                 seen.append(status.state)
                 if status.final:
                     at_final["logs"] = run.folder.list(runs.log_prefix(run.iid))
-                    at_final["results"] = run.folder.list(runs.RESULTS_PREFIX)
+                    at_final["results"] = run.folder.list(runs.RESULTS_PREFIX + "/")
             time.sleep(0.02)
 
     observer = threading.Thread(target=observe, daemon=True)
@@ -149,8 +159,10 @@ def test_success_final_status_is_last_write(s3: Any, metadata: MetadataServer, t
     chunks = run.chunks()
     assert len(chunks) > 1 and all(chunks)
     assert at_final["logs"] == run.folder.list(runs.log_prefix(run.iid))
-    assert at_final["results"] == ["results/result.txt", "results/sub/a.txt"]
-    assert run.folder.get_text("results/sub/a.txt") == "nested\n"
+    results = runs.results_prefix(run.iid)
+    assert results == f"results/{run.iid}"  # one folder per instance (attempt)
+    assert at_final["results"] == [f"{results}/result.txt", f"{results}/sub/a.txt"]
+    assert run.result("sub/a.txt") == "nested\n"
     assert abs(float(run.folder.get_text(runs.heartbeat_key(run.iid)) or 0) - time.time()) < 30
     assert "line 12" in run.stdout  # echoed to the agent's own output too
 
@@ -193,7 +205,7 @@ def test_spot_notice_sends_sigterm(s3: Any, metadata: MetadataServer, tmp_path: 
     assert (
         status.interruption["action"] == "terminate" and status.interruption["notice_at"] > status.started_at
     )
-    assert "got-term" in run.log() and run.folder.get_text("results/checkpoint") == "saved\n"
+    assert "got-term" in run.log() and run.result("checkpoint") == "saved\n"
 
 
 def test_gce_preemption(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
@@ -202,7 +214,7 @@ def test_gce_preemption(s3: Any, metadata: MetadataServer, tmp_path: Path) -> No
     metadata.set_preempted(run.iid)
     status = run.wait()
     assert status.state == runs.INTERRUPTED and status.interruption["kind"] == "preemption"  # type: ignore[index]
-    assert run.folder.get_text("results/checkpoint") == "saved\n"
+    assert run.result("checkpoint") == "saved\n"
 
 
 def test_job_ignoring_sigterm_is_killed_when_the_notice_runs_out(
@@ -214,15 +226,21 @@ def test_job_ignoring_sigterm_is_killed_when_the_notice_runs_out(
     metadata.set_spot_action(run.iid, "stop", at=time.time() + 1.5)
     status = run.wait()
     assert status.state == runs.INTERRUPTED and status.exit_code == 137  # SIGKILL after the grace
-    assert time.monotonic() - started < 10
+    assert (
+        time.monotonic() - started < 20
+    )  # the 1.5 s notice, not NOTICE_GRACE_S (25 s); generous for a loaded machine
 
 
 def test_max_runtime(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
-    run = Run(s3, metadata, tmp_path, command="echo start; sleep 30", max_runtime_s=1.5)
+    """max_runtime counts from the agent's start, so it has to leave the job time to start even on a
+    loaded machine (1.5 s did not); the test waits on the job having started, not on the clock."""
+    run = Run(s3, metadata, tmp_path, command="echo start; sleep 120", max_runtime_s=8.5).start()
+    run.wait_for_log("start", timeout=60)
     started = time.monotonic()
-    status = run.start().wait()
-    assert status.state == runs.TIMED_OUT and "max_runtime" in status.message and "1.5" in status.message
-    assert time.monotonic() - started < 15 and run.log() == "start\n"
+    status = run.wait(timeout=120)
+    assert status.state == runs.TIMED_OUT and "max_runtime" in status.message and "8.5" in status.message
+    assert status.job_started_at is not None and run.log() == "start\n"
+    assert time.monotonic() - started < 100  # stopped, not left to finish its 120 s sleep
 
 
 def test_code_tarball_is_unpacked(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
@@ -239,7 +257,7 @@ def test_code_tarball_is_unpacked(s3: Any, metadata: MetadataServer, tmp_path: P
     code_uri = f"s3://{s3.bucket}/elsewhere/code.tar.gz"
     run = Run(s3, metadata, tmp_path, command="bash train.sh", code_uri=code_uri)
     assert run.start().wait().state == runs.SUCCEEDED
-    assert run.folder.get_text("results/x.txt") == "payload"
+    assert run.result("x.txt") == "payload"
 
 
 def test_env_reaches_job_but_not_agent_output(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
@@ -251,7 +269,7 @@ def test_env_reaches_job_but_not_agent_output(s3: Any, metadata: MetadataServer,
     run = Run(s3, metadata, tmp_path, command=command, env={"API_KEY": secret, "PLAIN": "hello"})
     status = run.start(env={"AGENT_ONLY": agent_secret}).wait()
     assert status.state == runs.SUCCEEDED and run.log() == "hello\n"
-    assert run.folder.get_text("results/ids") == f"ct-test {run.uri}\n"
+    assert run.result("ids") == f"ct-test {run.uri}\n"
     written = run.stdout + run.stderr + run.log(notes=True) + status.to_json()
     assert secret not in written and agent_secret not in written and "testing" not in written
 
@@ -402,3 +420,214 @@ def test_log_streamer_keeps_bytes_across_failed_uploads() -> None:
     streamer.flush(final=True)
     assert list(folder.objects) == [runs.log_key("i-1", 0), runs.log_key("i-1", 1)]
     assert b"".join(folder.objects.values()) == b"a\nbc\ntail"
+
+
+def test_upload_dir_wraps_each_file(s3: Any, tmp_path: Path) -> None:
+    folder = open_run_folder(f"s3://{s3.bucket}/runs/w")
+    for name in ("a.txt", "sub/b.txt"):
+        (tmp_path / "out" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "out" / name).write_text(name)
+    wrapped: list[object] = []
+
+    def call(upload: Any) -> None:
+        wrapped.append(upload)
+        upload()
+
+    assert folder.upload_dir(tmp_path / "out", "results/i-1", call=call) == [
+        "results/i-1/a.txt",
+        "results/i-1/sub/b.txt",
+    ]
+    assert len(wrapped) == 2 and folder.get_text("results/i-1/sub/b.txt") == "sub/b.txt"
+
+
+# -- a store that throttles ------------------------------------------------------------------------
+
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message><RequestId>r</RequestId></Error>"
+)
+
+
+class _Raw:
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self.body
+
+
+def _throttle(client: Any, rate: float, seed: int) -> dict[str, int]:
+    """Answer ``rate`` of the client's S3 requests with 503 SlowDown before they leave the machine."""
+    from botocore.awsrequest import AWSResponse
+
+    rng, lock = random.Random(seed), threading.Lock()
+    counts = {"requests": 0, "throttled": 0}
+
+    def before_send(request: Any, **_: Any) -> Any:
+        with lock:
+            counts["requests"] += 1
+            if rng.random() >= rate:
+                return None
+            counts["throttled"] += 1
+        return AWSResponse(request.url, 503, {"Content-Type": "application/xml"}, _Raw(SLOW_DOWN))
+
+    client.meta.events.register("before-send.s3", before_send)
+    return counts
+
+
+def _in_process(run: Run, folder: RunFolder, monkeypatch: pytest.MonkeyPatch) -> runs.RunStatus:
+    """The agent's whole run in this process (so its client can be made to throttle), then its status."""
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", run.md.endpoint_for(run.iid))
+    monkeypatch.setenv("GCE_METADATA_HOST", run.md.gce_host_for(run.iid))
+    agent = Agent(run.uri, instance_id=run.iid, workdir=str(run.tmp / "work"), folder=folder)
+    assert agent.run() == 0
+    return run.status()
+
+
+@pytest.mark.parametrize("sdk_retries", [True, False], ids=["agent-client", "no-sdk-retries"])
+def test_agent_finishes_when_s3_throttles(
+    sdk_retries: bool, s3: Any, metadata: MetadataServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """30% of S3 calls answered 503 SlowDown: the run still ends right, with its whole log and results.
+
+    ``agent-client`` is the agent's own client (botocore retries, standard mode); ``no-sdk-retries``
+    takes those away, so the agent's own retry and the next-flush logic carry it alone."""
+    from botocore.config import Config
+
+    assert S3_RETRIES == {"mode": "standard", "max_attempts": 10}
+    run = Run(s3, metadata, tmp_path, command=JOB)
+    if sdk_retries:
+        client = s3_client()
+        assert client.meta.config.retries["total_max_attempts"] == 11  # 10 retries after the first try
+    else:
+        client = boto3.client("s3", config=Config(retries={"mode": "standard", "max_attempts": 1}))
+    counts = _throttle(client, 0.3, seed=7 if sdk_retries else 11)
+    status = _in_process(run, RunFolder(run.uri, s3_client=client), monkeypatch)
+    assert counts["throttled"] >= 3, counts
+    assert status.state == runs.SUCCEEDED and status.exit_code == 0, status
+    assert run.log() == JOB_OUTPUT + "\n"  # gap-free and complete (run.chunks checks the seqs)
+    assert run.result("result.txt") == "done\n" and run.result("sub/a.txt") == "nested\n"
+    assert f"{NOTE_PREFIX}uploaded 2 result file(s)" in run.log(notes=True)
+
+
+class _ThrottledGcs:
+    """A GCS client (the calls the run folder makes) that answers ``rate`` of them 429 or 503."""
+
+    def __init__(self, rate: float, seed: int) -> None:
+        self.store: dict[str, bytes] = {}
+        self.rng, self.lock = random.Random(seed), threading.Lock()
+        self.rate, self.throttled = rate, 0
+
+    def maybe_throttle(self) -> None:
+        from google.api_core.exceptions import ServiceUnavailable, TooManyRequests
+
+        with self.lock:
+            roll = self.rng.random()
+            if roll >= self.rate:
+                return
+            self.throttled += 1
+        raise (TooManyRequests if roll < self.rate / 2 else ServiceUnavailable)("slow down")
+
+    def bucket(self, name: str) -> Any:
+        return type("Bucket", (), {"blob": lambda _, key: _ThrottledBlob(self, key)})()
+
+    def list_blobs(self, bucket: str, prefix: str = "") -> list[_ThrottledBlob]:
+        self.maybe_throttle()
+        return [_ThrottledBlob(self, k) for k in sorted(self.store) if k.startswith(prefix)]
+
+
+class _ThrottledBlob:
+    def __init__(self, client: _ThrottledGcs, name: str) -> None:
+        self.client, self.name = client, name
+
+    def upload_from_string(self, data: bytes) -> None:
+        self.client.maybe_throttle()
+        self.client.store[self.name] = data
+
+    def upload_from_filename(self, path: str) -> None:
+        self.client.maybe_throttle()
+        self.client.store[self.name] = Path(path).read_bytes()
+
+    def download_as_bytes(self) -> bytes:
+        from google.api_core.exceptions import NotFound
+
+        self.client.maybe_throttle()
+        if self.name not in self.client.store:
+            raise NotFound("no such object")
+        return self.client.store[self.name]
+
+    def download_to_filename(self, path: str) -> None:
+        Path(path).write_bytes(self.download_as_bytes())
+
+
+def test_agent_finishes_when_gcs_throttles(
+    metadata: MetadataServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """30% of GCS calls answered 429 / 503 (and no SDK retries at all): the run still ends right."""
+    client = _ThrottledGcs(0.0, seed=3)
+    uri = "gs://bkt/runs/dag/task/gce/-1"
+    folder = RunFolder(uri, gcs_client=client)
+    code = io.BytesIO()
+    with tarfile.open(fileobj=code, mode="w:gz") as tar:
+        info = tarfile.TarInfo("data.txt")
+        info.size = 7
+        tar.addfile(info, io.BytesIO(b"payload"))
+    folder.put_bytes(runs.CODE_KEY, code.getvalue())
+    spec = runs.RunSpec(run_id="ct-gcs", run_uri=uri, cloud="gcspot", command=JOB + '\ncp data.txt "$CLOUDTRAIN_OUTPUT_DIR/"',
+                        code_uri=runs.join(uri, runs.CODE_KEY), **FAST)  # fmt: skip
+    folder.put_text(runs.SPEC_KEY, spec.to_json())
+    iid = "ct-gce-vm-1"
+    monkeypatch.setenv("GCE_METADATA_HOST", metadata.gce_host_for(iid))
+    client.rate = 0.3
+    agent = Agent(uri, instance_id=iid, workdir=str(tmp_path / "work"), folder=folder)
+    assert agent.run() == 0
+    client.rate = 0.0
+    assert client.throttled >= 3
+    status = runs.RunStatus.from_json(folder.get_text(runs.status_key(iid)) or "{}")
+    assert status.state == runs.SUCCEEDED and status.exit_code == 0, status
+    keys = folder.list(runs.log_prefix(iid))
+    assert [runs.log_seq(k) for k in keys] == list(range(len(keys)))
+    text = b"".join(folder.get_bytes(k) or b"" for k in keys).decode()
+    assert "".join(line for line in text.splitlines(True) if not line.startswith(NOTE_PREFIX)) == (
+        JOB_OUTPUT + "\n"
+    )
+    results = runs.results_prefix(iid)
+    assert folder.list(results + "/") == [f"{results}/{n}" for n in ("data.txt", "result.txt", "sub/a.txt")]
+    assert folder.get_text(f"{results}/data.txt") == "payload"
+
+
+@pytest.mark.skipif(
+    not hasattr(Emulator, "throttle"), reason="Emulator.throttle(rate=..., api=...) is not there yet"
+)
+@pytest.mark.parametrize("api", ["s3", "storage"])  # the emulator's service names: S3, GCS
+def test_agent_subprocess_finishes_when_the_emulator_throttles(
+    api: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """The real agent process against the emulated S3 / GCS answering 30% of requests 503 / 429."""
+    emu = request.getfixturevalue("emu")  # only started when the emulator can throttle
+    iid = f"i-{uuid.uuid4().hex[:12]}" if api == "s3" else f"vm-{uuid.uuid4().hex[:12]}"
+    uri = f"{'s3' if api == 's3' else 'gs'}://{DEFAULT_BUCKET}/runs/throttled/{api}/{iid}/-1"
+    folder = open_run_folder(uri)
+    spec = runs.RunSpec(run_id="ct-t", run_uri=uri, cloud="ec2spot" if api == "s3" else "gcspot",
+                        command=JOB, **FAST)  # fmt: skip
+    folder.put_text(runs.SPEC_KEY, spec.to_json())
+    env = {**os.environ, "AWS_EC2_METADATA_SERVICE_ENDPOINT": emu.metadata.endpoint_for(iid),
+           "GCE_METADATA_HOST": emu.metadata.gce_host_for(iid)}  # fmt: skip
+    argv = [sys.executable, "-m", "airflow_cloudtrain.agent", "--run-uri", uri, "--instance-id", iid,
+            "--workdir", str(tmp_path / "work")]  # fmt: skip
+    emu.reset_counts()
+    emu.throttle(rate=0.3, api=api)
+    try:
+        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    finally:
+        emu.clear_faults()
+    throttled = {k: v for k, v in emu.request_counts().items() if k.startswith("throttled:")}
+    assert sum(throttled.values()) >= 3, emu.request_counts()
+    assert done.returncode == 0, done.stderr
+    status = runs.RunStatus.from_json(folder.get_text(runs.status_key(iid)) or "{}")
+    assert status.state == runs.SUCCEEDED, (status, done.stderr[-3000:])
+    keys = folder.list(runs.log_prefix(iid))
+    assert [runs.log_seq(k) for k in keys] == list(range(len(keys)))
+    text = b"".join(folder.get_bytes(k) or b"" for k in keys).decode()
+    assert "".join(ln for ln in text.splitlines(True) if not ln.startswith(NOTE_PREFIX)) == JOB_OUTPUT + "\n"
+    assert folder.get_text(runs.join(runs.results_prefix(iid), "sub/a.txt")) == "nested\n"

@@ -21,8 +21,8 @@ from google.api_core.gapic_v1.client_info import ClientInfo
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1, storage
 
-from airflow_cloudtrain.emulator.gce import EMULATOR_USER_AGENT, GceServer, compute_client_kwargs
-from airflow_cloudtrain.emulator.gcs import GcsServer
+from airflow_cloudtrain.emulator.gcp.gce import EMULATOR_USER_AGENT, GceServer, compute_client_kwargs
+from airflow_cloudtrain.emulator.gcp.gcs import GcsServer
 
 ZONE = "us-central1-a"
 IMAGE = "projects/debian-cloud/global/images/family/debian-12"

@@ -54,6 +54,17 @@ def test_sensor_fails_fast_on_a_terminated_instance(emu, airflow_db, capfd, defe
     assert f"can never reach 'running': {dead} is terminated" in capfd.readouterr().out
 
 
+@pytest.mark.parametrize("target", ["terminated", "running"])
+@pytest.mark.parametrize("deferrable", [False, True], ids=["poke", "deferrable"])
+def test_an_instance_that_never_existed_fails_naming_it(emu, airflow_db, capfd, deferrable: bool, target: str) -> None:
+    """Not "is terminated" (and never success for target terminated): not found is its own answer."""
+    ghost = "i-0123456789abcdef0"
+    run = sensor_dag(f"sense_ghost_{int(deferrable)}_{target}", [ghost], target, deferrable).test()
+    assert task_states(run) == {"wait": "failed"}
+    out = capfd.readouterr().out
+    assert f"not found: {ghost}" in out and f"{ghost} is terminated" not in out
+
+
 def test_bad_sensor_arguments_fail_at_parse_time() -> None:
     from airflow_cloudtrain.sensors import InstanceStatusSensor
 

@@ -7,6 +7,7 @@ from contextlib import aclosing
 
 import boto3
 
+from airflow_cloudtrain.lifecycle.records import LaunchRecord
 from airflow_cloudtrain.triggers.instances import InstanceStateTrigger
 from airflow_cloudtrain.triggers.run import RunTrigger
 
@@ -64,8 +65,9 @@ def test_waiting_triggers_keep_sharing_across_polls(emu) -> None:
 
 def test_run_trigger_on_kill_terminates_the_instance(emu) -> None:
     (iid,) = plain_instances(1)
-    trigger = RunTrigger(cloud="ec2", instance_id=iid, run_uri="s3://cloudtrain-emulated/x", conn_id="aws_default",
-                         region="us-east-1")  # fmt: skip
+    launch = LaunchRecord(run_id="ct-x", run_uri="s3://cloudtrain-emulated/x", cloud="ec2", region="us-east-1",
+                          instance_id=iid)  # fmt: skip
+    trigger = RunTrigger(launch=launch.to_dict(), conn_id="aws_default")
     asyncio.run(trigger.on_kill())
     state = boto3.client("ec2").describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0][
         "State"

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from airflow_cloudtrain.logstream import LogFollower
+import pytest
+
+from airflow_cloudtrain.lifecycle.logstream import LogFollower
 from airflow_cloudtrain.runs import log_key
 
 
@@ -21,3 +23,20 @@ def test_a_resumed_follower_starts_where_the_trigger_stopped() -> None:
     store = {log_key("i-1", n): f"line {n}\n".encode() for n in range(4)}
     follower = LogFollower("i-1", next_seq=2)
     assert follower.poll(lambda prefix: sorted(store), store.get) == ["line 2", "line 3"]
+
+
+def test_a_chunk_whose_read_fails_is_read_again_on_the_next_poll() -> None:
+    store = {log_key("i-1", 0): b"a\n", log_key("i-1", 1): b"b\n"}
+    follower = LogFollower("i-1")
+    calls = []
+
+    def flaky(key: str) -> bytes | None:
+        calls.append(key)
+        if len(calls) == 2:  # the second chunk's first read is throttled
+            raise ConnectionError("throttled")
+        return store[key]
+
+    with pytest.raises(ConnectionError):
+        follower.poll(lambda prefix: sorted(store), flaky)
+    assert follower.next_seq == 1  # chunk 0 shown, chunk 1 not lost
+    assert follower.poll(lambda prefix: sorted(store), flaky) == ["b"]

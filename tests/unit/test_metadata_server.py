@@ -122,3 +122,22 @@ def test_botocore_imds_client_reads_it(server: MetadataServer, monkeypatch: pyte
     monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", server.endpoint_for("i-0abc"))
     monkeypatch.delenv("AWS_EC2_METADATA_DISABLED", raising=False)
     assert IMDSRegionProvider(botocore.session.get_session()).provide() == "us-east-1"
+
+
+def test_a_client_going_away_mid_request_is_not_an_error(
+    server: MetadataServer, capfd: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+    import struct
+
+    for _ in range(3):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        request = "PUT /i-gone/latest/api/token HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\npart"
+        sock.sendall(request.encode())
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset, not FIN
+        sock.close()
+    deadline = time.monotonic() + 5
+    while _call(f"{server.endpoint_for('i-0abc')}/latest/meta-data/instance-id")[0] != 401:
+        assert time.monotonic() < deadline  # still answering
+    server.stop()  # joins the handler threads, those of the dropped connections too
+    assert "Traceback" not in capfd.readouterr().err

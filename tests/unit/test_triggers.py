@@ -8,10 +8,11 @@ import json
 import pytest
 
 from airflow_cloudtrain.clouds.base import Instance
+from airflow_cloudtrain.lifecycle.records import LaunchRecord
+from airflow_cloudtrain.lifecycle.waiting import outcome
 from airflow_cloudtrain.runs import RunStatus
 from airflow_cloudtrain.triggers.instances import InstanceStateTrigger, evaluate_states
 from airflow_cloudtrain.triggers.run import RunTrigger
-from airflow_cloudtrain.waiting import outcome
 
 TRIGGERS = [
     InstanceStateTrigger(
@@ -31,16 +32,15 @@ TRIGGERS = [
         project_id="proj",
     ),  # fmt: skip
     RunTrigger(
-        cloud="ec2spot",
-        instance_id="i-1",
-        run_uri="s3://b/runs/d/t/r/-1",
+        launch=LaunchRecord(run_id="ct-1", run_uri="s3://b/runs/d/t/r/-1", cloud="ec2spot", region="us-east-1",
+                            instance_id="i-1", hourly_usd=0.1, failover=[["t3.small", "us-east-1", "X"]]).to_dict(),
         conn_id="aws_default",
-        region="us-east-1",
         poll_interval=2.0,
         next_log_seq=7,
         deadline=1.5e9,
-        launch={"instance_id": "i-1", "hourly_usd": 0.1, "failover": [["t3.small", "us-east-1", "X"]]},
-    ),  # fmt: skip
+        startup_timeout=60.0,
+        heartbeat_timeout=30.0,
+    ),
 ]
 
 
@@ -66,15 +66,26 @@ def test_evaluate_states() -> None:
     assert evaluate_states({"i-1": inst("running")}, ["i-1", "i-2"], "running") is None  # i-2 not seen yet
 
 
+def test_an_instance_that_does_not_exist_is_its_own_answer() -> None:
+    """Waiting for "terminated" on a typo must not succeed, nor say "is terminated" for "running"."""
+    gone = Instance("i-typo", "terminated", "", None, False, state_reason="not found", missing=True)
+    for target in ("terminated", "running"):
+        event = evaluate_states({"i-typo": gone}, ["i-typo"], target)
+        assert event["status"] == "error" and "not found: i-typo" in event["message"], target
+        assert "is terminated" not in event["message"]
+    ok = evaluate_states({"i-typo": gone}, ["i-typo"], "terminated", missing_as_terminated=True)
+    assert ok["status"] == "success"
+
+
 def test_outcome_final_status_wins() -> None:
     ok = RunStatus(state="succeeded", instance_id="i-1", exit_code=0)
-    assert outcome(ok, inst("terminated"), False)["status"] == "success"
+    assert outcome(ok, inst("terminated"), False).status == "success"
     failed = outcome(RunStatus(state="failed", instance_id="i-1", exit_code=3), inst("running"), False)
-    assert (failed["status"], failed["exit_code"], failed["interrupted"]) == ("error", 3, False)
+    assert (failed.status, failed.exit_code, failed.interrupted) == ("error", 3, False)
     spot = outcome(
         RunStatus(state="interrupted", instance_id="i-1", interruption={"kind": "spot"}), None, False
     )
-    assert spot["interrupted"] and spot["interruptions"] == 1
+    assert spot.interrupted and spot.interruptions == 1
 
 
 def test_outcome_instance_gone_without_status() -> None:
@@ -82,37 +93,37 @@ def test_outcome_instance_gone_without_status() -> None:
     assert outcome(running, inst("running"), True) is None
     assert outcome(running, inst("terminated"), False) is None  # one more read for the agent's last write
     lost = outcome(running, inst("terminated", "Client.UserInitiatedShutdown"), True)
-    assert lost["state"] == "lost" and not lost["interrupted"]
+    assert lost.state == "lost" and not lost.interrupted
     spot = outcome(running, inst("terminated", "Server.SpotInstanceTermination", preempted=True), True)
-    assert spot["interrupted"] and "spot interruption" in spot["message"]
+    assert spot.interrupted and "spot interruption" in spot.message
 
 
 def test_run_watch_gives_the_agent_a_grace_then_gives_up_at_the_deadline() -> None:
-    from airflow_cloudtrain.waiting import ENDED_GRACE_S, RunWatch
+    from airflow_cloudtrain.lifecycle.waiting import ENDED_GRACE_S, RunWatch
 
     now = [100.0]
     watch = RunWatch(deadline=None, clock=lambda: now[0])
     running = RunStatus(state="running", instance_id="i-1")
     assert watch.decide(running, inst("terminated", "Client.UserInitiatedShutdown")) is None
     now[0] += ENDED_GRACE_S + 0.1
-    assert watch.decide(running, inst("terminated", "Client.UserInitiatedShutdown"))["state"] == "lost"
-    assert RunWatch(deadline=0.0).decide(running, inst("running"))["state"] == "timed_out"
+    assert watch.decide(running, inst("terminated", "Client.UserInitiatedShutdown")).state == "lost"
+    assert RunWatch(deadline=0.0).decide(running, inst("running")).state == "timed_out"
     assert RunWatch(deadline=None).decide(running, inst("running")) is None
 
 
 def test_run_watch_notices_a_silent_agent() -> None:
-    from airflow_cloudtrain.waiting import RunWatch
+    from airflow_cloudtrain.lifecycle.waiting import RunWatch
 
     now = [1000.0]
     watch = RunWatch(None, launched_at=900.0, startup_timeout=60, heartbeat_timeout=30, wall=lambda: now[0])
     never = watch.decide(None, inst("running"))
-    assert never["state"] == "lost" and "never reported" in never["message"]
+    assert never.state == "lost" and "never reported" in never.message
     running = RunStatus(state="running", instance_id="i-1", started_at=950.0)
     assert watch.decide(running, inst("running"), heartbeat_at=990.0) is None
     dead = watch.decide(running, inst("running"), heartbeat_at=960.0)
-    assert dead["state"] == "lost" and "stopped beating" in dead["message"]
+    assert dead.state == "lost" and "stopped beating" in dead.message
     done = RunStatus(state="succeeded", instance_id="i-1", exit_code=0)
-    assert watch.decide(done, inst("running"), heartbeat_at=1.0)["status"] == "success"  # final wins
+    assert watch.decide(done, inst("running"), heartbeat_at=1.0).status == "success"  # final wins
 
 
 def test_run_keys_of_two_deployments_never_match() -> None:

@@ -1,6 +1,8 @@
 """The user-data script and the agent zipapp: the only checks they get, since the emulator starts
 the agent directly. The script runs for real with bash in a scratch root, with ``python3`` (and the
-package managers) replaced by shims on PATH that record what they were asked to do."""
+package managers, ``shutdown`` and ``systemd-run``) replaced by shims on PATH that record what they
+were asked to do. The hard stop (``CT_HARD_STOP_S``) is checked the same way: which timer the script
+arms, and that it does so before anything is installed."""
 
 from __future__ import annotations
 
@@ -71,24 +73,64 @@ def test_no_credentials_in_script(monkeypatch: pytest.MonkeyPatch) -> None:
         )
 
 
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
+# Records its argv, in the same "calls" log as python3 (so the order shows), and exits SHIM_SYSTEMD_RC.
+SYSTEMD_RUN_SHIM = r"""#!/bin/bash
+printf '%s\n' "systemd-run $*" >> "$SHIM_LOG/calls"
+printf '%s\0' "$@" > "$SHIM_LOG/systemd-run"
+exit "${SHIM_SYSTEMD_RC:-0}"
+"""
+# never the real one: a failing bootstrap powers the machine off; exits SHIM_SHUTDOWN_RC
+SHUTDOWN_SHIM = r"""#!/bin/bash
+printf '%s\n' "shutdown $*" >> "$SHIM_LOG/calls"
+printf '%s\n' "$*" >> "$SHIM_LOG/shutdown"
+exit "${SHIM_SHUTDOWN_RC:-0}"
+"""
+
+
+def _system_path_without(tmp_path: Path, hidden: set[str]) -> str:
+    """A PATH with the system's commands except ``hidden`` (links in one folder, first one wins)."""
+    sysbin = tmp_path / "sysbin"
+    sysbin.mkdir()
+    for folder in SYSTEM_PATH.split(":"):
+        if not os.path.isdir(folder):
+            continue
+        for entry in os.scandir(folder):
+            target = sysbin / entry.name
+            if entry.name in hidden or target.exists() or target.is_symlink():
+                continue
+            target.symlink_to(entry.path)
+    return str(sysbin)
+
+
 def _run_script(
-    tmp_path: Path, uri: str, cloud: str, env_extra: dict[str, str], stubs: str | None = None
+    tmp_path: Path,
+    uri: str,
+    cloud: str,
+    env_extra: dict[str, str],
+    stubs: str | None = None,
+    hard_stop_s: int | None = None,
+    hide: set[str] | None = None,
 ) -> tuple[Path, Path]:
-    """Run the rendered script in a scratch root with shims; returns (root, shim log dir)."""
+    """Run the rendered script in a scratch root with shims; returns (root, shim log dir).
+
+    ``hide``: commands absent from PATH altogether (our shims and the system's); e.g. systemd-run.
+    """
+    hide = hide or set()
     root, bin_dir, shim_log = tmp_path / "root", tmp_path / "bin", tmp_path / "shimlog"
     for directory in (root, bin_dir, shim_log):
         directory.mkdir()
-    (bin_dir / "python3").write_text(SHIM)
-    for manager in ("apt-get", "dnf", "yum"):
-        (bin_dir / manager).write_text(PACKAGE_MANAGER_SHIM)
-    # never the real one: a failing bootstrap powers the machine off
-    (bin_dir / "shutdown").write_text('#!/bin/bash\nprintf "%s\\n" "$*" >> "$SHIM_LOG/shutdown"\n')
-    for shim in bin_dir.iterdir():
-        shim.chmod(0o755)
+    shims = {"python3": SHIM, "shutdown": SHUTDOWN_SHIM, "systemd-run": SYSTEMD_RUN_SHIM}
+    shims.update(dict.fromkeys(("apt-get", "dnf", "yum"), PACKAGE_MANAGER_SHIM))
+    for name, text in shims.items():
+        if name not in hide:
+            (bin_dir / name).write_text(text)
+            (bin_dir / name).chmod(0o755)
     script = tmp_path / "user-data.sh"
-    script.write_text(render_user_data(uri, cloud))
+    script.write_text(render_user_data(uri, cloud, hard_stop_s=hard_stop_s))
+    system_path = _system_path_without(tmp_path, hide) if hide else SYSTEM_PATH
     env = {
-        "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+        "PATH": f"{bin_dir}:{system_path}",
         "CLOUDTRAIN_ROOT": str(root),
         "SHIM_LOG": str(shim_log),
         **env_extra,
@@ -214,3 +256,111 @@ def test_a_started_agent_is_not_powered_off_by_the_bootstrap(tmp_path: Path) -> 
     _, shim_log = _run_script(tmp_path, "s3://b/runs/x/0", "ec2", {"SHIM_SDK": "system"})
     assert _agent_argv(shim_log)  # waits for the detached agent to start
     assert not (shim_log / "shutdown").exists()
+
+
+# -- the cloud-side hard stop (CT_HARD_STOP_S) ---------------------------------------------------------
+
+HARD_STOP_LINE = re.compile(r"^CT_HARD_STOP_S=(\d*)$", re.M)  # what the emulator parses
+
+
+@pytest.mark.parametrize(
+    ("hard_stop_s", "line"), [(None, ""), (3600, "3600"), (90, "90"), (1.2, "2"), (7200.0, "7200")]
+)
+@pytest.mark.parametrize(("uri", "cloud"), [("s3://b/runs/x/0", "ec2spot"), ("gs://b/runs/x/0", "gcloud")])
+def test_hard_stop_line(hard_stop_s: float | None, line: str, uri: str, cloud: str, tmp_path: Path) -> None:
+    script = render_user_data(uri, cloud, hard_stop_s=hard_stop_s)  # type: ignore[arg-type]
+    assert HARD_STOP_LINE.findall(script) == [line]
+    assert render_user_data(uri, cloud) == render_user_data(uri, cloud, hard_stop_s=None)
+    # among the other CT_* settings, before the log redirection and everything the script does
+    lines = script.splitlines()
+    at = lines.index(f"CT_HARD_STOP_S={line}")
+    assert lines[at - 1].startswith("CT_POWEROFF=") and at < lines.index("set -euo pipefail") + 20
+    (tmp_path / "user-data.sh").write_text(script)
+    subprocess.run(["bash", "-n", str(tmp_path / "user-data.sh")], check=True)
+
+
+@pytest.mark.parametrize("bad", [0, -5, True, float("inf"), float("nan"), "3600"])
+def test_hard_stop_must_be_positive_seconds(bad: object) -> None:
+    with pytest.raises(ValueError, match="hard_stop_s"):
+        render_user_data("s3://b/r", "ec2", hard_stop_s=bad)  # type: ignore[arg-type]
+
+
+def _calls(shim_log: Path) -> list[str]:
+    return (shim_log / "calls").read_text().splitlines()
+
+
+def test_hard_stop_armed_with_systemd_run_before_anything_else(tmp_path: Path) -> None:
+    root, shim_log = _run_script(
+        tmp_path, "s3://b/runs/x/0", "ec2spot", {"SHIM_SDK": "venv"}, hard_stop_s=3600
+    )
+    assert _agent_argv(shim_log)  # the run goes on as usual
+    argv = (shim_log / "systemd-run").read_text().split("\0")[:-1]
+    assert argv == [
+        "--on-active=3600s",
+        "--timer-property=AccuracySec=1s",
+        str(tmp_path / "bin/shutdown"),  # the path, resolved by the script
+        "-h",
+        "now",
+    ]
+    calls = _calls(shim_log)
+    assert calls[0].startswith("systemd-run ") and len(calls) > 1  # armed before python3 is even asked
+    assert not (shim_log / "shutdown").exists()  # the timer is armed: no shutdown fallback, no power-off
+    assert (shim_log / "pip").exists()  # installing came after
+    assert "hard stop armed" in (root / "var/log/cloudtrain-bootstrap.log").read_text()
+
+
+@pytest.mark.parametrize(("hard_stop_s", "minutes"), [(3600, 60), (3601, 61), (90, 2), (1, 1)])
+def test_hard_stop_falls_back_to_shutdown_without_systemd_run(
+    hard_stop_s: int, minutes: int, tmp_path: Path
+) -> None:
+    root, shim_log = _run_script(
+        tmp_path,
+        "s3://b/runs/x/0",
+        "ec2",
+        {"SHIM_SDK": "system"},
+        hard_stop_s=hard_stop_s,
+        hide={"systemd-run"},
+    )
+    assert _agent_argv(shim_log)
+    assert (shim_log / "shutdown").read_text().splitlines() == [f"-h +{minutes}"]
+    assert _calls(shim_log)[0] == f"shutdown -h +{minutes}"  # before anything else
+    assert not (shim_log / "systemd-run").exists()
+    assert (
+        f"hard stop armed: {tmp_path / 'bin/shutdown'} -h +{minutes}"
+        in (root / "var/log/cloudtrain-bootstrap.log").read_text()
+    )
+
+
+def test_hard_stop_falls_back_to_shutdown_when_systemd_run_fails(tmp_path: Path) -> None:
+    """systemd-run is there but cannot reach systemd (e.g. a container): shutdown -h +N instead."""
+    env = {"SHIM_SDK": "system", "SHIM_SYSTEMD_RC": "1"}
+    _, shim_log = _run_script(tmp_path, "s3://b/runs/x/0", "ec2spot", env, hard_stop_s=600)
+    assert _agent_argv(shim_log)
+    assert [c.split()[0] for c in _calls(shim_log)[:2]] == ["systemd-run", "shutdown"]
+    assert (shim_log / "shutdown").read_text().splitlines() == ["-h +10"]
+
+
+def test_hard_stop_that_cannot_be_armed_is_logged_and_the_run_goes_on(tmp_path: Path) -> None:
+    env = {"SHIM_SDK": "system", "SHIM_SHUTDOWN_RC": "1"}
+    root, shim_log = _run_script(
+        tmp_path, "s3://b/runs/x/0", "ec2", env, hard_stop_s=600, hide={"systemd-run"}
+    )
+    assert _agent_argv(shim_log)[2:4] == ["--run-uri", "s3://b/runs/x/0"]
+    assert (shim_log / "shutdown").read_text().splitlines() == ["-h +10"]  # tried once, not as a give-up
+    assert "cannot arm the hard stop of 600 s" in (root / "var/log/cloudtrain-bootstrap.log").read_text()
+
+
+def test_hard_stop_honoured_on_gce_when_given(tmp_path: Path) -> None:
+    """The operator relies on maxRunDuration on GCE, but a value given is armed all the same."""
+    _, shim_log = _run_script(tmp_path, "gs://b/runs/x/0", "gcspot", {"SHIM_SDK": "system"}, hard_stop_s=120)
+    assert _agent_argv(shim_log)
+    assert (shim_log / "systemd-run").read_text().split("\0")[0] == "--on-active=120s"
+
+
+@pytest.mark.parametrize("cloud", ["ec2spot", "gcspot"])
+def test_no_hard_stop_arms_nothing(cloud: str, tmp_path: Path) -> None:
+    uri = "s3://b/runs/x/0" if cloud == "ec2spot" else "gs://b/runs/x/0"
+    _, shim_log = _run_script(tmp_path, uri, cloud, {"SHIM_SDK": "system"})
+    assert _agent_argv(shim_log)
+    assert not (shim_log / "systemd-run").exists() and not (shim_log / "shutdown").exists()
+    assert not any(c.startswith(("systemd-run", "shutdown")) for c in _calls(shim_log))

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable, Sequence
 
 from airflow_cloudtrain.catalog.offers import Offer
-from airflow_cloudtrain.clouds.base import Cloud, Instance, LaunchRequest
+from airflow_cloudtrain.clouds.base import Instance, LaunchRequest
 from airflow_cloudtrain.clouds.errors import CapacityUnavailable, QuotaExceeded
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,7 @@ class LaunchFailed(RuntimeError):
 
 
 def launch_with_failover(
-    cloud: Cloud,
+    launch: Callable[[LaunchRequest], Instance],
     offers: Sequence[Offer],
     build: Callable[[Offer, str | None, int], LaunchRequest],
     zones_for: Callable[[Offer], Sequence[str | None]],
@@ -35,7 +35,8 @@ def launch_with_failover(
 ) -> tuple[Instance, Offer, list[tuple[str, str, str]]]:
     """Try offers in order (each in the zones ``zones_for`` gives); return the first launch.
 
-    ``build(offer, zone, attempt)`` makes the request (client token and bid differ per offer).
+    ``build(offer, zone, attempt)`` makes the request (client token and bid differ per offer);
+    ``launch`` sends it (the attempt wraps the cloud's launch in its ledger).
     """
     logger = logger or log
     tried: list[tuple[str, str, str]] = []
@@ -44,7 +45,7 @@ def launch_with_failover(
             if len(tried) >= max_attempts:
                 raise LaunchFailed(tried)
             try:
-                instance = cloud.launch(build(offer, zone, len(tried)))
+                instance = launch(build(offer, zone, len(tried)))
             except (CapacityUnavailable, QuotaExceeded) as err:
                 where = zone or offer.region
                 tried.append((offer.instance_type, where, err.code or type(err).__name__))

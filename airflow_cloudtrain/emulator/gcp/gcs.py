@@ -18,6 +18,11 @@ The package serves what the client uses (bucket create/get, media, multipart and
 * Serving: its own ``Server`` takes a fixed port and one request at a time; here its request handler
   runs on a threaded server bound to port 0, with a lock around each request because its storage is
   not thread-safe (agents in separate processes upload logs while the operator polls).
+
+Requests are counted per JSON API method (``objects.get``, ``objects.insert``, ``objects.list``, ...;
+``counts()``), the emulator's own excluded, and a share of them can be refused as throttled
+(``throttle.set(rate, api)``, see ``emulator.faults``): HTTP 429 ``rateLimitExceeded`` in GCS's JSON
+error format, counted also as ``throttled:<method>``.
 """
 
 from __future__ import annotations
@@ -27,16 +32,42 @@ import json
 import logging
 import re
 import threading
-from collections import deque
+from collections import Counter, deque
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from airflow_cloudtrain.emulator.faults import Throttle, is_own
 from airflow_cloudtrain.emulator.serving import InThread
 
 _OBJECTS = re.compile(r"(?:/storage/v1)?/b/([-.\w]+)/o")
+_THROTTLED = "The rate of requests exceeds the rate limit. Please reduce the rate of requests."
+
+
+def gcs_method(method: str, path: str) -> str:
+    """The JSON API method of a request (``GET /storage/v1/b/x/o/y`` -> ``objects.get``)."""
+    path = path.split("?", 1)[0]
+    if path.startswith("/batch/"):
+        return "batch"
+    if path.startswith("/upload/"):
+        return "objects.insert"
+    parts = [p for p in re.sub(r"^(?:/download)?(?:/storage/v1)?", "", path).split("/") if p]
+    if parts[:1] != ["b"]:
+        return f"storage.{method}"
+    if len(parts) <= 2:
+        names = {"GET": "get", "POST": "insert", "DELETE": "delete", "PATCH": "patch", "PUT": "update"}
+        return (
+            "buckets.list" if len(parts) == 1 and method == "GET" else f"buckets.{names.get(method, method)}"
+        )
+    if len(parts) == 3:
+        return "objects.list" if method == "GET" else "objects.insert"
+    for verb in ("copyTo", "rewriteTo", "compose"):
+        if verb in parts[3:]:
+            return f"objects.{verb.removesuffix('To')}"
+    names = {"GET": "get", "DELETE": "delete", "PATCH": "patch", "PUT": "update", "POST": "insert"}
+    return f"objects.{names.get(method, method)}"
 
 
 def _list_objects(storage: Any, bucket: str, query: dict[str, list[str]]) -> tuple[int, dict[str, Any]]:
@@ -80,8 +111,10 @@ def _send_json(handler: BaseHTTPRequestHandler, status: int, body: dict[str, Any
 class GcsServer:
     """A GCS JSON API emulator on 127.0.0.1 (random port); in memory unless ``data_dir`` is given."""
 
-    def __init__(self, data_dir: str | Path | None = None) -> None:
+    def __init__(self, data_dir: str | Path | None = None, throttle: Throttle | None = None) -> None:
         self.data_dir = Path(data_dir).resolve() if data_dir else None
+        self.throttle = throttle or Throttle()
+        self._counts: Counter[str] = Counter()
         self.endpoint = ""
         self._serving: InThread | None = None
         self._storage: Any = None
@@ -98,12 +131,17 @@ class GcsServer:
         self._storage = Storage(
             use_memory_fs=self.data_dir is None, data_dir=str(self.data_dir or Path.cwd())
         )
-        lock, seen = self._lock, self.requests
+        lock, seen, gcs = self._lock, self.requests, self
 
         class Handler(RequestHandler):  # type: ignore[misc,valid-type]
             def handle_one_request(self) -> None:  # one request per connection (HTTP/1.0)
                 with lock:
                     super().handle_one_request()
+
+            def parse_request(self) -> bool:  # headers read: count, maybe refuse as throttled
+                if not super().parse_request():
+                    return False
+                return not gcs._throttled(self)
 
             def do_GET(self) -> None:
                 url = urlparse(self.path)
@@ -125,6 +163,33 @@ class GcsServer:
         if self._serving is not None:
             self._serving.stop()
             self._serving = None
+
+    def _throttled(self, handler: BaseHTTPRequestHandler) -> bool:
+        """Count the request; True (and the 429 sent) when it is refused as throttled."""
+        if is_own(handler.headers.get("User-Agent"), handler.headers.get("x-goog-api-client")):
+            return False
+        method = gcs_method(handler.command, handler.path)
+        hit = self.throttle.hit("storage", method)
+        self._counts[method] += 1  # under the server's request lock
+        if not hit:
+            return False
+        self._counts[f"throttled:{method}"] += 1
+        length = int(handler.headers.get("Content-Length") or 0)
+        if length:
+            handler.rfile.read(length)  # what the client sends, before answering
+        error = {"message": _THROTTLED, "domain": "usageLimits", "reason": "rateLimitExceeded"}
+        _send_json(handler, 429, {"error": {"code": 429, "message": _THROTTLED, "errors": [error]}})
+        handler.close_connection = True
+        return True
+
+    def counts(self) -> dict[str, int]:
+        """Requests per JSON API method since start or reset, the emulator's excluded."""
+        with self._lock:
+            return dict(self._counts)
+
+    def reset_counts(self) -> None:
+        with self._lock:
+            self._counts.clear()
 
     def env(self) -> dict[str, str]:
         """The environment that points ``google-cloud-storage`` (and gcsfs, Airflow's GCSHook) here."""

@@ -20,18 +20,25 @@ class LogFollower:
         self.prefix = log_prefix(instance_id)
 
     def new_keys(self, keys: Iterable[str]) -> list[str]:
+        """The next chunks in sequence; the cursor moves only as each is read (``advance``), so a
+        read that fails is retried on the next poll instead of losing its lines."""
         by_seq = {log_seq(k): k for k in keys if k.endswith(".log")}
         out = []
-        while self.next_seq in by_seq:
-            out.append(by_seq[self.next_seq])
-            self.next_seq += 1
+        seq = self.next_seq
+        while seq in by_seq:
+            out.append(by_seq[seq])
+            seq += 1
         return out
+
+    def _take(self, raw: bytes | None) -> list[str]:
+        self.next_seq += 1
+        return (raw or b"").decode(errors="replace").splitlines()
 
     def poll(self, list_keys: Callable[[str], list[str]], read: Callable[[str], bytes | None]) -> list[str]:
         """Blocking variant: new lines since the last poll."""
         lines: list[str] = []
         for key in self.new_keys(list_keys(self.prefix)):
-            lines.extend((read(key) or b"").decode(errors="replace").splitlines())
+            lines.extend(self._take(read(key)))
         return lines
 
     async def apoll(
@@ -40,5 +47,5 @@ class LogFollower:
         """Async variant for triggers."""
         lines: list[str] = []
         for key in self.new_keys(await list_keys(self.prefix)):
-            lines.extend((await read(key) or b"").decode(errors="replace").splitlines())
+            lines.extend(self._take(await read(key)))
         return lines

@@ -10,41 +10,39 @@ from __future__ import annotations
 from typing import Any
 
 from airflow_cloudtrain.clouds.base import ENDED_STATES, STOPPED, Instance
+from airflow_cloudtrain.lifecycle.records import ERROR, SUCCESS, Outcome
 from airflow_cloudtrain.runs import INTERRUPTED, SUCCEEDED, RunStatus
 
 
-def outcome(
-    status: RunStatus | None, instance: Instance | None, ended_grace_over: bool
-) -> dict[str, Any] | None:
-    """None while the run goes on, else an event payload: ``{"status": "success" | "error", ...}``.
+def outcome(status: RunStatus | None, instance: Instance | None, ended_grace_over: bool) -> Outcome | None:
+    """None while the run goes on, else how it ended.
 
     ``ended_grace_over`` is True once the instance has been seen ended for a little while: an agent
     writes its final status just before powering off, so an ended instance gets one more read.
     """
     if status is not None and status.final:
         interrupted = status.state == INTERRUPTED or bool(status.interruption)
-        return {
-            "status": "success" if status.state == SUCCEEDED else "error",
-            "state": status.state,
-            "exit_code": status.exit_code,
-            "message": status.message,
-            "interrupted": interrupted and status.state != SUCCEEDED,
-            "interruptions": 1 if status.interruption else 0,
-        }
+        return Outcome(
+            status=SUCCESS if status.state == SUCCEEDED else ERROR,
+            state=status.state,
+            exit_code=status.exit_code,
+            message=status.message,
+            interrupted=interrupted and status.state != SUCCEEDED,
+            interruptions=1 if status.interruption else 0,
+        )
     if instance is not None and (instance.state in ENDED_STATES or instance.state == STOPPED):
         if not ended_grace_over:
             return None
         preempted = instance.preempted or bool(status and status.interruption)
         what = "a spot interruption" if preempted else f"the instance being {instance.state}"
-        return {
-            "status": "error",
-            "state": "interrupted" if preempted else "lost",
-            "exit_code": None,
-            "message": f"instance {instance.id} ended before the job finished: {what}"
+        return Outcome(
+            status=ERROR,
+            state="interrupted" if preempted else "lost",
+            message=f"instance {instance.id} ended before the job finished: {what}"
             + (f" ({instance.state_reason})" if instance.state_reason else ""),
-            "interrupted": preempted,
-            "interruptions": 1 if preempted else 0,
-        }
+            interrupted=preempted,
+            interruptions=1 if preempted else 0,
+        )
     return None
 
 
@@ -81,7 +79,7 @@ class RunWatch:
 
     def decide(
         self, status: RunStatus | None, instance: Instance | None, heartbeat_at: float | None = None
-    ) -> dict[str, Any] | None:
+    ) -> Outcome | None:
         if instance is not None and (instance.state in ENDED_STATES or instance.state == STOPPED):
             self.ended_since = self.ended_since or self.clock()
         grace_over = self.ended_since is not None and self.clock() - self.ended_since >= ENDED_GRACE_S
@@ -89,10 +87,12 @@ class RunWatch:
         if event is None:
             event = self._agent_silent(status, heartbeat_at)
         if event is None and self.deadline is not None and self.wall() > self.deadline:
-            event = _lost("timed_out", "max_runtime passed and the agent did not stop the job")
+            event = Outcome.lost("timed_out", "max_runtime passed and the agent did not stop the job")
+        if event is not None:
+            event.instance = instance.to_dict() if instance else None
         return event
 
-    def _agent_silent(self, status: RunStatus | None, heartbeat_at: float | None) -> dict[str, Any] | None:
+    def _agent_silent(self, status: RunStatus | None, heartbeat_at: float | None) -> Outcome | None:
         now = self.wall()
         if (
             status is None
@@ -100,19 +100,14 @@ class RunWatch:
             and self.launched_at
             and now - self.launched_at > self.startup_timeout
         ):
-            return _lost("lost", f"the agent never reported within startup_timeout={self.startup_timeout:.0f}s "
+            return Outcome.lost("lost", f"the agent never reported within startup_timeout={self.startup_timeout:.0f}s "
                                  "(the bootstrap failed or the instance cannot reach the bucket)")  # fmt: skip
         if status is not None and not status.final and self.heartbeat_timeout:
             last = max(heartbeat_at or 0.0, status.updated_at or 0.0, status.started_at or 0.0)
             if last and now - last > self.heartbeat_timeout:
-                return _lost("lost", f"the agent stopped beating {now - last:.0f}s ago "
+                return Outcome.lost("lost", f"the agent stopped beating {now - last:.0f}s ago "
                                      f"(heartbeat_timeout={self.heartbeat_timeout:.0f}s)")  # fmt: skip
         return None
-
-
-def _lost(state: str, message: str) -> dict[str, Any]:
-    return {"status": "error", "state": state, "exit_code": None, "interrupted": False, "interruptions": 0,
-            "message": message}  # fmt: skip
 
 
 def parse_heartbeat(raw: bytes | str | None) -> float | None:

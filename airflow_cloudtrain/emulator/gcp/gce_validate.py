@@ -1,169 +1,50 @@
-"""What the emulated Compute Engine knows, checks and shows: the zones, machine types and GPUs of the
-price snapshot, the rules ``instances.insert`` enforces, the resources as the API renders them, and the
-``filter`` / paging of list calls.
+"""The rules ``instances.insert`` enforces, and the instance resource it creates from a valid body.
 
-Kept apart from the HTTP server and its state (``gce.py``) so the rules read as one list. Error texts
-follow the real API's wording where it is known from real responses ("Invalid value for field ...",
-"Required field ... not specified", "Memory should be a multiple of 256MiB, while ...", "Instances
-with guest accelerators do not support live migration.", "Label value '...' violates format
-constraints ...", "At most N vCPUs can be used along with K accelerator cards in an instance.",
-"Number of accelerator cards attached to an instance must be one of [1, 2, 4].", "[gpu, type]
-features are not compatible for creating instance.", "Boot disk must be the first disk attached to
-the instance.", "The URL is malformed."), so code that matches on them behaves the same against the
-emulator; elsewhere the message names the field and the rule broken."""
+Kept apart from the HTTP server and its state (``gce.py``, ``gce_state.py``) so the rules read as one
+list. Error texts follow the real API's wording where it is known from real responses ("Invalid value
+for field ...", "Required field ... not specified", "Memory should be a multiple of 256MiB, while ...",
+"Instances with guest accelerators do not support live migration.", "Label value '...' violates
+format constraints ...", "At most N vCPUs can be used along with K accelerator cards in an
+instance.", "Number of accelerator cards attached to an instance must be one of [1, 2, 4].", "[gpu,
+type] features are not compatible for creating instance.", "Boot disk must be the first disk
+attached to the instance.", "The URL is malformed."), so code that matches on them behaves the same
+against the emulator; elsewhere the message names the field and the rule broken."""
 
 from __future__ import annotations
 
-import base64
-import math
 import re
 import secrets
 import time
 import uuid
-from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
-from functools import lru_cache
 from typing import Any
 
-from airflow_cloudtrain.catalog.gce import (
-    ACCELERATOR_TYPES,
-    CUSTOM_FAMILIES,
-    N1_ATTACH_LIMITS,
-    CustomFamily,
-    bundled_gpus,
+from airflow_cloudtrain.catalog.gce import N1_ATTACH_LIMITS
+from airflow_cloudtrain.emulator.gcp.gce_api import (
+    API,
+    ApiError,
+    bad_request,
+    fingerprint,
+    invalid,
+    not_found,
+    numeric_id,
+    required,
+    rfc3339,
 )
-from airflow_cloudtrain.catalog.snapshot import snapshot_rows
+from airflow_cloudtrain.emulator.gcp.gce_catalog import GPU_OF_TYPE, Shape, catalog
 
-API = "https://www.googleapis.com/compute/v1"  # what selfLinks carry, as in production
-_TZ = timezone(timedelta(hours=-7))  # the real API writes RFC 3339 in Pacific time, never "Z"
-
-GPU_OF_TYPE = {v: k for k, v in ACCELERATOR_TYPES.items()}
+__all__ = ["ApiError", "Shape", "bad_request", "build_instance", "catalog", "check_request_id", "invalid",
+           "not_found", "required"]  # fmt: skip
 
 _CPU_PLATFORM = {"N1": "Intel Broadwell", "N2": "Intel Cascade Lake", "A2": "Intel Cascade Lake",
                  "G2": "Intel Cascade Lake", "A3": "Intel Sapphire Rapids"}  # fmt: skip
-_STATUS = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 409: "ALREADY_EXISTS"}
 NAME_RE = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
 _NAME_RULE = "(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?|[1-9][0-9]{0,19})"
 _LABEL_KEY_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
 _LABEL_VALUE_RE = re.compile(r"[a-z0-9_-]{0,63}")
 _ZONAL_URL = r"(?:https?://[^/]+/compute/v1/)?(?:projects/[^/]+/)?zones/([^/]+)/{kind}/([^/]+)"
-_CUSTOM_RE = re.compile(r"(custom|n1-custom|n2-custom)-(\d+)-(\d+)(-ext)?")
 _NO_PD_STANDARD = ("g2-", "a3-")  # G2 and A3 take Balanced/SSD PD and Hyperdisk only
 METADATA_VALUE_MAX = 262144
-
-
-def rfc3339(t: float) -> str:
-    return datetime.fromtimestamp(t, _TZ).isoformat(timespec="milliseconds")
-
-
-def numeric_id() -> str:
-    return str(10**18 + secrets.randbelow(8 * 10**18))
-
-
-def fingerprint() -> str:
-    return base64.b64encode(secrets.token_bytes(8)).decode()
-
-
-class ApiError(Exception):
-    """An HTTP error in the Compute API's JSON shape; ``reason`` is the ``errors[0].reason``."""
-
-    def __init__(self, code: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.reason, self.message = code, reason, message
-
-    def body(self) -> dict[str, Any]:
-        error = {"message": self.message, "domain": "global", "reason": self.reason}
-        return {"error": {"code": self.code, "message": self.message, "errors": [error],
-                          "status": _STATUS.get(self.code, "UNKNOWN")}}  # fmt: skip
-
-
-def invalid(field: str, value: object, why: str) -> ApiError:
-    return ApiError(400, "invalid", f"Invalid value for field '{field}': '{value}'. {why}")
-
-
-def required(field: str) -> ApiError:
-    return ApiError(400, "required", f"Required field '{field}' not specified")
-
-
-def bad_request(message: str) -> ApiError:
-    return ApiError(400, "badRequest", message)
-
-
-def not_found(path: str) -> ApiError:
-    return ApiError(404, "notFound", f"The resource '{path}' was not found")
-
-
-@dataclass(frozen=True)
-class Shape:
-    """A machine type as ``machineTypes.get`` describes it; ``gpus`` only for bundled GPUs."""
-
-    name: str
-    vcpus: int
-    memory_mb: int
-    gpus: tuple[str, int] | None = None  # (GCE accelerator type name, count)
-
-    @property
-    def family(self) -> str:
-        return "N1" if self.name.startswith(("n1-", "custom-")) else self.name.split("-")[0].upper()
-
-
-class Catalog:
-    """Zones, machine types and accelerator types per zone, as the snapshot's ``gcp.csv`` lists them.
-
-    The snapshot has no N2 rows; N2 is offered in every zone it lists, so ``n2-custom-*`` is
-    accepted in all of them.
-    """
-
-    def __init__(self) -> None:
-        self.zones: dict[str, str] = {}  # zone -> region
-        self.machines: dict[str, dict[str, Shape]] = {}
-        self.accelerators: dict[str, dict[str, int]] = {}  # zone -> type -> max cards
-        for row in snapshot_rows("gcp"):
-            for zone in row.zones:
-                self.zones[zone] = row.region
-                if row.instance_type:
-                    bundled = bundled_gpus(row.instance_type)
-                    gpus = (ACCELERATOR_TYPES[bundled[0]], bundled[1]) if bundled else None
-                    shape = Shape(row.instance_type, int(row.vcpus), round(row.memory_gib * 1024), gpus)
-                    self.machines.setdefault(zone, {})[row.instance_type] = shape
-                elif row.accelerator in ACCELERATOR_TYPES:
-                    types = self.accelerators.setdefault(zone, {})
-                    name = ACCELERATOR_TYPES[row.accelerator]
-                    types[name] = max(types.get(name, 0), row.accelerator_count)
-
-    def custom(self, zone: str, name: str, given: str) -> Shape | None:
-        """The shape of a custom machine type name, None if it is not one; ApiError if it breaks a rule."""
-        m = _CUSTOM_RE.fullmatch(name)
-        if not m:
-            return None
-        fam: CustomFamily = (
-            CUSTOM_FAMILIES[0] if m.group(1) in ("custom", "n1-custom") else CUSTOM_FAMILIES[1]
-        )
-        if fam.name == "N1" and not any(t.startswith("n1-") for t in self.machines.get(zone, {})):
-            return None
-        n, mib = int(m.group(2)), int(m.group(3))
-        field = "resource.machineType"
-        if not fam.valid_vcpus(n):
-            rule = (
-                "1 or an even number" if fam.name == "N1" else "an even number up to 32, then a multiple of 4"
-            )
-            raise invalid(field, given, f"Invalid number of vCPUs {n} for a custom {fam.name} machine type: "
-                                        f"it must be {rule}, at most {fam.max_vcpus}.")  # fmt: skip
-        if mib % 256:
-            raise invalid(
-                field, given, f"Memory should be a multiple of 256MiB, while {mib}MiB is requested."
-            )
-        low = math.ceil(fam.min_gib_per_vcpu * 1024 * n / 256) * 256
-        high = math.floor(fam.max_gib_per_vcpu * 1024 * n / 256) * 256
-        if mib < low or (mib > high and not m.group(4)):
-            raise invalid(field, given, f"Memory should be between {low}MiB and {high}MiB for {n} CPU"
-                                        f"{'s' if n > 1 else ''}, while {mib}MiB is requested.")  # fmt: skip
-        return Shape(name, n, mib)
-
-
-@lru_cache(maxsize=1)
-def catalog() -> Catalog:
-    return Catalog()
+MAX_RUN_DURATION_S = (30, 120 * 86400)  # 30 s to 120 days
 
 
 def parse_zonal(url: str, kind: str) -> tuple[str, str] | None:
@@ -273,6 +154,10 @@ def check_scheduling(sched: dict[str, Any], has_gpus: bool) -> dict[str, Any]:
     out = {**sched, "onHostMaintenance": ohm, "automaticRestart": restart, "preemptible": spot,
            "provisioningModel": model}  # fmt: skip
     action = sched.get("instanceTerminationAction")
+    if sched.get("maxRunDuration") is not None:
+        out["maxRunDuration"] = check_run_duration(sched["maxRunDuration"])
+        if action is None:  # the API does not guess what to do when the time is up
+            raise required("resource.scheduling.instanceTerminationAction")
     if action is not None:
         if action not in ("DELETE", "STOP"):
             raise invalid(
@@ -284,6 +169,26 @@ def check_scheduling(sched: dict[str, Any], has_gpus: bool) -> dict[str, Any]:
     elif spot:
         out["instanceTerminationAction"] = "STOP"
     return out
+
+
+def check_run_duration(value: Any) -> dict[str, Any]:
+    """``scheduling.maxRunDuration``, a Duration (``{"seconds": "3600"}``: int64 as a JSON string), in
+    MAX_RUN_DURATION_S; as GET shows it."""
+    field = "resource.scheduling.maxRunDuration"
+    if not isinstance(value, dict):
+        raise invalid(field, value, "Must be a Duration with 'seconds'.")
+    seconds, nanos = value.get("seconds", 0), value.get("nanos", 0)
+    try:
+        whole, frac = int(str(seconds)), int(str(nanos))
+    except ValueError:
+        raise invalid(f"{field}.seconds", seconds, "Must be an integer number of seconds.") from None
+    if not 0 <= frac < 10**9:
+        raise invalid(f"{field}.nanos", nanos, "Must be between 0 and 999999999.")
+    low, high = MAX_RUN_DURATION_S
+    if not low <= whole <= high:
+        raise invalid(f"{field}.seconds", whole, f"Max run duration must be between {low} seconds and "
+                      f"{high // 86400} days ({high} seconds).")  # fmt: skip
+    return {"seconds": str(whole), **({"nanos": frac} if frac else {})}
 
 
 def check_disks(zone: str, shape: Shape, disks: list[dict[str, Any]]) -> None:
@@ -380,137 +285,3 @@ def build_instance(
         res["guestAccelerators"] = [{"acceleratorType": f"{base}/acceleratorTypes/{n}", "acceleratorCount": c}
                                     for n, c in gpus]  # fmt: skip
     return res, scheduling["preemptible"], metadata
-
-
-def zone_resource(project: str, zone: str) -> dict[str, Any]:
-    link = f"{API}/projects/{project}"
-    return {"kind": "compute#zone", "id": str(2000 + sorted(catalog().zones).index(zone)), "name": zone,
-            "creationTimestamp": "1969-12-31T16:00:00.000-08:00", "description": zone, "status": "UP",
-            "region": f"{link}/regions/{catalog().zones[zone]}", "selfLink": f"{link}/zones/{zone}",
-            "supportsPzs": False}  # fmt: skip
-
-
-def machine_type_resource(project: str, zone: str, shape: Shape) -> dict[str, Any]:
-    out = {"kind": "compute#machineType", "id": str(int.from_bytes(shape.name.encode()[:6], "big")), "zone": zone,
-           "name": shape.name, "description": f"{shape.vcpus} vCPUs, {shape.memory_mb / 1024:g} GB RAM",
-           "guestCpus": shape.vcpus, "memoryMb": shape.memory_mb, "maximumPersistentDisks": 128,
-           "maximumPersistentDisksSizeGb": "263168", "isSharedCpu": False, "architecture": "X86_64",
-           "selfLink": f"{API}/projects/{project}/zones/{zone}/machineTypes/{shape.name}"}  # fmt: skip
-    if shape.gpus:
-        out["accelerators"] = [
-            {"guestAcceleratorType": shape.gpus[0], "guestAcceleratorCount": shape.gpus[1]}
-        ]
-    return out
-
-
-def accelerator_type_resource(project: str, zone: str, name: str, max_cards: int) -> dict[str, Any]:
-    link = f"{API}/projects/{project}/zones/{zone}"
-    return {"kind": "compute#acceleratorType", "id": str(int.from_bytes(name.encode()[-6:], "big")), "name": name,
-            "description": f"NVIDIA {GPU_OF_TYPE[name]}", "zone": link, "maximumCardsPerInstance": max_cards,
-            "selfLink": f"{link}/acceleratorTypes/{name}"}  # fmt: skip
-
-
-# --- list filters and paging ------------------------------------------------------------------------
-
-_TOKEN = re.compile(r'\s*(\(|\)|"(?:[^"\\]|\\.)*"|\'[^\']*\'|!=|=|:|[^\s()=!:"\']+)')
-
-
-def _tokens(text: str) -> list[str]:
-    out, pos = [], 0
-    while pos < len(text.rstrip()):
-        m = _TOKEN.match(text, pos)
-        if not m:
-            raise invalid("filter", text, "Invalid list filter expression.")
-        out.append(m.group(1))
-        pos = m.end()
-    return out
-
-
-def _lookup(resource: dict[str, Any], field: str) -> Any:
-    value: Any = resource
-    for part in field.split("."):
-        if not isinstance(value, dict) or part not in value:
-            return None
-        value = value[part]
-    return value
-
-
-def _text(value: Any) -> str:
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-def _compare(resource: dict[str, Any], field: str, op: str, literal: str) -> bool:
-    if literal[:1] in "\"'":
-        literal = literal[1:-1]
-    value = _lookup(resource, field)
-    if op == ":":
-        return value is not None and (literal == "*" or literal in _text(value))
-    if op in ("eq", "ne"):
-        hit = value is not None and re.fullmatch(literal, _text(value)) is not None
-        return hit if op == "eq" else not hit
-    hit = value is not None and _text(value) == literal
-    return hit if op == "=" else not hit
-
-
-def compile_filter(text: str | None) -> Any:
-    """``filter`` of Compute list calls -> predicate. Supports ``field = v``, ``!=``, ``eq``/``ne`` (RE2
-    full match), ``field:*`` (present), nested fields (``labels.k``, ``scheduling.preemptible``),
-    parentheses, implicit or explicit AND, and OR."""
-    if not text or not text.strip():
-        return lambda resource: True
-    toks = _tokens(text)
-    pos = 0
-
-    def expr() -> Any:
-        nonlocal pos
-        terms = [conj()]
-        while pos < len(toks) and toks[pos].upper() == "OR":
-            pos += 1
-            terms.append(conj())
-        return lambda r: any(t(r) for t in terms)
-
-    def conj() -> Any:
-        nonlocal pos
-        terms = [term()]
-        while pos < len(toks) and toks[pos] != ")" and toks[pos].upper() != "OR":
-            if toks[pos].upper() == "AND":
-                pos += 1
-            terms.append(term())
-        return lambda r: all(t(r) for t in terms)
-
-    def term() -> Any:
-        nonlocal pos
-        if pos < len(toks) and toks[pos] == "(":
-            pos += 1
-            inner = expr()
-            if pos >= len(toks) or toks[pos] != ")":
-                raise invalid("filter", text, "Invalid list filter expression: unbalanced parentheses.")
-            pos += 1
-            return inner
-        if pos + 3 > len(toks):
-            raise invalid("filter", text, "Invalid list filter expression.")
-        field, op, literal = toks[pos], toks[pos + 1], toks[pos + 2]
-        if op not in ("=", "!=", ":", "eq", "ne"):
-            raise invalid("filter", text, f"Invalid list filter expression: unsupported operator '{op}'.")
-        pos += 3
-        return lambda r: _compare(r, field, op, literal)
-
-    predicate = expr()
-    if pos != len(toks):
-        raise invalid("filter", text, "Invalid list filter expression.")
-    return predicate
-
-
-def page(items: list[Any], max_results: str | None, page_token: str | None) -> tuple[list[Any], str | None]:
-    """One page of ``items`` (``maxResults`` default and cap 500) and the next page's token, if any."""
-    size = min(int(max_results or 500), 500)
-    if size < 0:
-        raise invalid("maxResults", max_results, "Must be between 0 and 500.")
-    size = size or 500
-    try:
-        start = int(base64.urlsafe_b64decode(page_token.encode()).decode()) if page_token else 0
-    except (ValueError, UnicodeDecodeError):
-        raise invalid("pageToken", page_token, "Invalid page token.") from None
-    end = start + size
-    token = base64.urlsafe_b64encode(str(end).encode()).decode() if end < len(items) else None
-    return items[start:end], token

@@ -1,0 +1,44 @@
+"""What the emulated AWS does on moto's in-process backend: instances ending by the cloud's hand (spot
+interruptions, instance-initiated shutdowns) with the state reasons EC2 reports, and the public SSM
+parameters real regions have and moto lacks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+ACCOUNT_ID = "123456789012"
+GPU_IMAGE_PARAM = (
+    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023/latest/ami-id"
+)
+SHUTDOWN = ("Client.InstanceInitiatedShutdown", "Instance initiated shutdown")
+SPOT_TERMINATION = ("Server.SpotInstanceTermination", "Spot instance termination")
+
+
+def ec2_backend(region: str) -> Any:
+    from moto.ec2.models import ec2_backends
+
+    return ec2_backends[ACCOUNT_ID][region]
+
+
+def end_instance(region: str, instance_id: str, code: str, message: str) -> None:
+    """Terminate in moto with the state reason EC2 gives: ``StateReason`` ``{"Code": code, "Message":
+    "<code>: <message>"}``, e.g. ``end_instance(region, id, *SHUTDOWN)``."""
+    from moto.ec2.models.instances import StateReason
+
+    backend = ec2_backend(region)
+    instance = backend.get_instance(instance_id)
+    if instance.state == "terminated":
+        return
+    backend.terminate_instances([instance_id])
+    instance.state_reason = StateReason(f"{code}: {message}", code)
+    instance._reason = f"{code}: {message}"
+
+
+def seed_public_parameters(region: str) -> None:
+    """Public SSM parameters real regions have and moto lacks (the Deep Learning AMI id)."""
+    from moto.ssm.models import ssm_backends
+
+    ssm = ssm_backends[ACCOUNT_ID][region]
+    cpu = ssm.get_parameter("/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-default-x86_64")
+    if cpu is not None and ssm.get_parameter(GPU_IMAGE_PARAM) is None:
+        ssm._parameters[GPU_IMAGE_PARAM].append(cpu)  # same image: no GPU drivers matter here

@@ -1,0 +1,106 @@
+"""The AWS half of what the instances' side sees: which EC2 instances boot our agent, and what the
+machines do by themselves (power off at their hard stop), read with the emulator's own EC2 clients.
+
+An instance runs an agent when its user data (``DescribeInstanceAttribute userData``, read once per
+instance: it never changes) is our bootstrap (``emulator.userdata``), whatever its tags. The bootstrap's
+``CT_HARD_STOP_S`` is played as the real machine plays it: ``hard_stop_s`` after launch the instance
+shuts itself down (terminated, ``Client.InstanceInitiatedShutdown``), whether or not its agent lives.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from airflow_cloudtrain.emulator.aws.backend import SHUTDOWN, SPOT_TERMINATION, end_instance
+from airflow_cloudtrain.emulator.faults import EMULATOR_USER_AGENT
+from airflow_cloudtrain.emulator.metadata import MetadataServer
+from airflow_cloudtrain.emulator.runner import Seen
+from airflow_cloudtrain.emulator.userdata import Bootstrap, parse_bootstrap
+
+_LIVE = {"Name": "instance-state-name", "Values": ["pending", "running"]}
+
+
+class AwsInstances:
+    def __init__(self, metadata: MetadataServer, regions: tuple[str, ...], default_region: str) -> None:
+        import boto3
+        from botocore.config import Config
+
+        config = Config(user_agent_extra=EMULATOR_USER_AGENT, retries={"max_attempts": 1})
+        session = boto3.session.Session(region_name=default_region)
+        self.ec2 = {r: session.client("ec2", region_name=r, config=config) for r in regions}
+        self.metadata = metadata
+        self.default_region = default_region
+        self.regions: dict[str, str] = {}  # instance id -> region
+        self._boot: dict[str, Bootstrap | None] = {}  # instance id -> its bootstrap (None: not ours)
+
+    def live(self, filters: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+        """Every pending or running instance in every region (``_region`` added)."""
+        out = []
+        for region, ec2 in self.ec2.items():
+            for page in ec2.get_paginator("describe_instances").paginate(Filters=[_LIVE, *(filters or [])]):
+                for reservation in page["Reservations"]:
+                    for raw in reservation["Instances"]:
+                        self.regions[raw["InstanceId"]] = region
+                        out.append({**raw, "_region": region})
+        return out
+
+    def managed(self) -> list[dict[str, Any]]:
+        """Live instances of ours (``cloudtrain-managed=true``), as ``Emulator.running_instances`` lists them."""
+        from airflow_cloudtrain.runs import TAG_MANAGED
+
+        return [{"cloud": "aws", "id": raw["InstanceId"], "instance_type": raw["InstanceType"],
+                 "zone": raw["Placement"].get("AvailabilityZone"), "spot": raw.get("InstanceLifecycle") == "spot"}
+                for raw in self.live([{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}])]  # fmt: skip
+
+    def bootstrap(self, instance_id: str, region: str) -> Bootstrap | None:
+        if instance_id not in self._boot:
+            try:
+                attr = self.ec2[region].describe_instance_attribute(
+                    InstanceId=instance_id, Attribute="userData"
+                )
+            except ClientError:  # gone since it was listed: ask again next time, if it is still listed
+                return None
+            value = (attr.get("UserData") or {}).get("Value")
+            self._boot[instance_id] = parse_bootstrap(base64.b64decode(value) if value else None)
+        return self._boot[instance_id]
+
+    def seen(self, hard_stop_scale: float = 1.0) -> list[Seen]:
+        """Instances whose agent should run now; ends those whose hard stop has come."""
+        out = []
+        for raw in self.live():
+            iid, region = raw["InstanceId"], raw["_region"]
+            boot = self.bootstrap(iid, region)
+            if boot is None:
+                continue  # not our bootstrap: nothing would start an agent there
+            if (
+                boot.hard_stop_s
+                and time.time() >= raw["LaunchTime"].timestamp() + boot.hard_stop_s * hard_stop_scale
+            ):
+                end_instance(region, iid, *SHUTDOWN)  # the runner kills the agent: the machine is gone
+                continue
+            env = {
+                "AWS_EC2_METADATA_SERVICE_ENDPOINT": self.metadata.endpoint_for(iid),
+                "AWS_DEFAULT_REGION": region,
+            }
+            out.append(Seen("aws", iid, boot.run_uri, raw["InstanceType"], raw["Placement"].get("AvailabilityZone"),
+                            raw.get("InstanceLifecycle") == "spot", env))  # fmt: skip
+        return out
+
+    def power_off(self, instance_id: str) -> None:
+        """The guest shut down (the agent's last act): EC2 terminates it (shutdown behavior terminate)."""
+        end_instance(self.region_of(instance_id), instance_id, *SHUTDOWN)
+
+    def notice(self, instance_id: str, notice_s: float) -> None:
+        self.metadata.set_spot_action(instance_id, "terminate", at=time.time() + notice_s)
+
+    def reclaim(self, instance_id: str) -> None:
+        end_instance(self.region_of(instance_id), instance_id, *SPOT_TERMINATION)
+
+    def region_of(self, instance_id: str) -> str:
+        if instance_id not in self.regions:
+            self.live([{"Name": "instance-id", "Values": [instance_id]}])
+        return self.regions.get(instance_id, self.default_region)

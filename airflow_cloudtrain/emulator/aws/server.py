@@ -1,0 +1,114 @@
+"""moto's server on loopback, behind a WSGI layer that adds what moto cannot do by itself.
+
+The layer counts requests per operation (``DescribeInstances``, ``GetObject``, ...; the emulator's own
+excluded), refuses a share of them as throttled when asked (``RequestLimitExceeded`` for EC2,
+``SlowDown`` for S3, ``Throttling``/``ThrottlingException`` elsewhere), answers RunInstances of a type
+without capacity with ``InsufficientInstanceCapacity``, and sends one ``Server`` header, not moto's
+``amazon.com`` on top of Werkzeug's (aiohttp rejects a repeated one in debug mode).
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+import urllib.parse
+from collections import Counter
+from typing import Any
+
+from airflow_cloudtrain.emulator.aws import wire
+from airflow_cloudtrain.emulator.faults import Throttle, is_own
+from airflow_cloudtrain.emulator.serving import InThread
+
+
+def _read_body(environ: dict[str, Any]) -> bytes:
+    length = int(environ.get("CONTENT_LENGTH") or 0)
+    if length:
+        return environ["wsgi.input"].read(length)
+    if environ.get("wsgi.input_terminated"):  # chunked: the server's stream ends with the body
+        return environ["wsgi.input"].read()
+    return b""
+
+
+class FaultsAndCounts:
+    """WSGI middleware in front of moto: counts, throttling, capacity faults (see the module doc)."""
+
+    def __init__(self, app: Any, throttle: Throttle | None = None) -> None:
+        self.app = app
+        self.throttle = throttle or Throttle()
+        self.lock = threading.Lock()
+        self.capacity_faults: set[tuple[str, str | None]] = set()
+        self.counts: Counter[str] = Counter()
+
+    def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
+        form: dict[str, list[str]] = {}
+        if environ.get("REQUEST_METHOD") == "POST":  # read it once, hand moto a fresh copy
+            body = _read_body(environ)
+            environ["wsgi.input"] = io.BytesIO(body)
+            environ["CONTENT_LENGTH"] = str(len(body))
+            if environ.get("CONTENT_TYPE", "").startswith("application/x-www-form-urlencoded"):
+                form = urllib.parse.parse_qs(body.decode(errors="replace"))
+        call = wire.classify(environ, form)
+        if not is_own(environ.get("HTTP_USER_AGENT")):
+            hit = self.throttle.hit(call.service, call.operation)
+            with self.lock:
+                self.counts[call.operation] += 1
+                if hit:
+                    self.counts[f"throttled:{call.operation}"] += 1
+            if hit:
+                _read_body(environ)  # drain what the client sends before answering
+                return self._send(start_response, wire.throttled(call, environ.get("REQUEST_METHOD", "")))
+        if environ.get("HTTP_X_AMZ_TARGET", "").startswith("AWSPriceListService."):
+            return self._send(start_response, wire.pricing_unavailable())
+        if call.operation == "RunInstances" and call.protocol == "ec2":
+            itype = (form.get("InstanceType") or [""])[0]
+            zone = (form.get("Placement.AvailabilityZone") or [None])[0]
+            with self.lock:
+                hit = (itype, None) in self.capacity_faults or (
+                    zone is not None and (itype, zone) in self.capacity_faults
+                )
+            if hit:
+                return self._send(start_response, wire.capacity_error(itype, zone))
+        return self.app(environ, _one_server_header(start_response))
+
+    @staticmethod
+    def _send(start_response: Any, reply: wire.Reply) -> list[bytes]:
+        status, headers, body = reply
+        start_response(status, headers)
+        return [body]
+
+
+def _one_server_header(start_response: Any) -> Any:
+    """Drop moto's ``Server: amazon.com``: the HTTP server sends its own."""
+
+    def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+        return start_response(status, [(k, v) for k, v in headers if k.lower() != "server"], exc_info)
+
+    return start
+
+
+class MotoServer:
+    """moto's WSGI app in a thread on 127.0.0.1 with the middleware above."""
+
+    def __init__(self, throttle: Throttle | None = None) -> None:
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+        self.middleware = FaultsAndCounts(DomainDispatcherApplication(create_backend_app), throttle)
+        self._serving: InThread | None = None
+
+    def start(self) -> str:
+        import logging
+
+        from moto.moto_server.werkzeug_app import MotoRequestHandler
+        from werkzeug.serving import make_server
+
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request drowns the task log
+        server = make_server(
+            "127.0.0.1", 0, self.middleware, threaded=True, request_handler=MotoRequestHandler
+        )
+        self._serving = InThread(server, "moto-server")
+        return self._serving.endpoint
+
+    def stop(self) -> None:
+        if self._serving is not None:
+            self._serving.stop()
+            self._serving = None

@@ -1,0 +1,121 @@
+"""What an AWS request to the moto server is (service, operation, protocol), and the errors AWS sends.
+
+The SigV4 credential scope names the service (``Credential=AKID/20250101/us-east-1/s3/aws4_request``
+in the Authorization header, or ``X-Amz-Credential`` in a presigned URL's query). Within it: query
+protocols (EC2, STS, ...) carry ``Action=`` in the form; JSON ones ``X-Amz-Target: Service.Operation``;
+S3 is REST, its operation read from the method, path and query (close enough for counting and
+selecting: the common object, listing and multipart calls are named as the S3 API names them).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, unquote
+
+_SCOPE = re.compile(r"Credential=[^/,\s]+/\d{8}/[^/]+/([^/]+)/aws4_request")
+
+
+@dataclass(frozen=True)
+class Call:
+    service: str  # the signing name: "ec2", "s3", "ssm", ...
+    operation: str  # "DescribeInstances", "GetObject", "GetParameter", ...
+    protocol: str  # "ec2", "query", "json", "s3" or "rest"
+
+
+def classify(environ: dict[str, Any], form: dict[str, list[str]]) -> Call:
+    query = environ.get("QUERY_STRING", "")
+    scope = _SCOPE.search(environ.get("HTTP_AUTHORIZATION", "")) or _SCOPE.search(unquote(query))
+    service = scope.group(1) if scope else ""
+    action = (form.get("Action") or parse_qs(query).get("Action") or [""])[0]
+    if action:
+        service = service or "ec2"
+        return Call(service, action, "ec2" if service == "ec2" else "query")
+    target = environ.get("HTTP_X_AMZ_TARGET", "")
+    if target:
+        prefix, _, operation = target.rpartition(".")
+        return Call(service or prefix.lower(), operation, "json")
+    if service in ("", "s3"):
+        return Call("s3", s3_operation(environ), "s3")
+    return Call(service, f"{environ.get('REQUEST_METHOD', 'GET')} {environ.get('PATH_INFO', '/')}", "rest")
+
+
+def s3_operation(environ: dict[str, Any]) -> str:
+    """The S3 API name of a path-style request (``GET /bucket?list-type=2`` -> ``ListObjectsV2``)."""
+    method = environ.get("REQUEST_METHOD", "GET")
+    bucket, _, key = environ.get("PATH_INFO", "/").lstrip("/").partition("/")
+    q = parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+    if not bucket:
+        return "ListBuckets"
+    if not key:
+        if method == "GET":
+            if "uploads" in q:
+                return "ListMultipartUploads"
+            return "ListObjectsV2" if q.get("list-type") == ["2"] else "ListObjects"
+        if method == "POST" and "delete" in q:
+            return "DeleteObjects"
+        return {"PUT": "CreateBucket", "DELETE": "DeleteBucket", "HEAD": "HeadBucket"}.get(
+            method, f"{method}Bucket"
+        )
+    if "uploadId" in q:
+        return {"GET": "ListParts", "PUT": "UploadPart", "POST": "CompleteMultipartUpload",
+                "DELETE": "AbortMultipartUpload"}.get(method, "UploadPart")  # fmt: skip
+    if method == "POST" and "uploads" in q:
+        return "CreateMultipartUpload"
+    if method == "PUT" and environ.get("HTTP_X_AMZ_COPY_SOURCE"):
+        return "CopyObject"
+    return {"GET": "GetObject", "HEAD": "HeadObject", "PUT": "PutObject", "DELETE": "DeleteObject"}.get(
+        method, f"{method}Object"
+    )
+
+
+Reply = tuple[str, list[tuple[str, str]], bytes]  # status line, headers, body
+
+
+def _reply(status: str, content_type: str, body: bytes, *extra: tuple[str, str]) -> Reply:
+    return status, [("Content-Type", content_type), ("Content-Length", str(len(body))), *extra], body
+
+
+def throttled(call: Call, method: str) -> Reply:
+    """The answer AWS gives a throttled request, in the protocol of the call."""
+    rid = str(uuid.uuid4())
+    if call.protocol == "ec2":
+        body = ('<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>RequestLimitExceeded'
+                f"</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>{rid}</RequestID>"
+                "</Response>")  # fmt: skip
+        return _reply("503 Service Unavailable", "text/xml;charset=UTF-8", body.encode())
+    if call.protocol == "s3":
+        body = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code><Message>Please reduce '
+                f"your request rate.</Message><RequestId>{rid}</RequestId><HostId>{rid}</HostId></Error>")  # fmt: skip
+        payload = b"" if method == "HEAD" else body.encode()
+        return _reply("503 Slow Down", "application/xml", payload, ("x-amz-request-id", rid))
+    if call.protocol == "query":
+        body = (f'<ErrorResponse xmlns="https://{call.service}.amazonaws.com/doc/"><Error><Type>Sender</Type>'
+                "<Code>Throttling</Code><Message>Rate exceeded</Message></Error>"
+                f"<RequestId>{rid}</RequestId></ErrorResponse>")  # fmt: skip
+        return _reply("400 Bad Request", "text/xml", body.encode(), ("x-amzn-RequestId", rid))
+    if call.protocol == "json":
+        payload = json.dumps({"__type": "ThrottlingException", "message": "Rate exceeded"}).encode()
+        return _reply("400 Bad Request", "application/x-amz-json-1.1", payload, ("x-amzn-RequestId", rid))
+    payload = json.dumps({"message": "Rate exceeded"}).encode()
+    return _reply("429 Too Many Requests", "application/json", payload,
+                  ("x-amzn-ErrorType", "ThrottlingException"), ("x-amzn-RequestId", rid))  # fmt: skip
+
+
+def capacity_error(instance_type: str, zone: str | None) -> Reply:
+    """EC2's InsufficientInstanceCapacity for RunInstances (real EC2 sends it with HTTP 500)."""
+    body = ('<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>InsufficientInstanceCapacity'
+            f"</Code><Message>We currently do not have sufficient {instance_type} capacity in the Availability "
+            f"Zone you requested ({zone or 'chosen by EC2'}). Our system will be working on provisioning "
+            "additional capacity.</Message></Error></Errors><RequestID>cloudtrain-emulator</RequestID></Response>")  # fmt: skip
+    return _reply("500 Internal Server Error", "text/xml", body.encode())
+
+
+def pricing_unavailable() -> Reply:
+    """moto has no Pricing API: answer like a service that is not there, at once, not a 500 + retries."""
+    payload = json.dumps({"__type": "ServiceUnavailableException",
+                          "Message": "the emulator does not serve the Pricing API"}).encode()  # fmt: skip
+    return _reply("400 Bad Request", "application/x-amz-json-1.1", payload)

@@ -1,0 +1,250 @@
+"""One attempt of a run: launch or adopt, wait, read the outcome, release, account.
+
+``RunAttempt`` is what ``CloudTrainOperator`` is made of, and what the operators of later issues
+loop over. Every resource it creates is written to the ``ResourceLedger`` before the create call, and
+every way an attempt ends (success, failure, ``on_kill``, a failed deferral, a retry) releases
+through that ledger. A retried task first looks at what an earlier try left: a final status nobody
+reported yet is delivered as the result, a live instance is adopted, and an ended one is deleted;
+only a run with nothing alive and nothing final launches again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_cloudtrain.clouds.base import ALIVE_STATES
+from airflow_cloudtrain.clouds.errors import CloudError
+from airflow_cloudtrain.lifecycle.costs import billed_cost
+from airflow_cloudtrain.lifecycle.ledger import ResourceLedger, store_get, store_set
+from airflow_cloudtrain.lifecycle.prepare import LaunchOptions, offers_for, price_from_tags, request_builder
+from airflow_cloudtrain.lifecycle.records import Attempt, LaunchRecord, Outcome
+from airflow_cloudtrain.lifecycle.retry import TransientBudget, call_with_retry
+from airflow_cloudtrain.lifecycle.waiting import RunWatch, outcome, parse_heartbeat
+from airflow_cloudtrain.runs import RunStatus, delivered_key, heartbeat_key, join, status_key
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.clouds.backend import RunBackend
+    from airflow_cloudtrain.clouds.base import Instance, LaunchRequest
+    from airflow_cloudtrain.operators.config import RunConfig
+    from airflow_cloudtrain.runs import RunKey
+
+LAUNCH_KEY = "cloudtrain_launch"  # task_state_store: the LaunchRecord of the current attempt
+
+
+class RunKilled(RuntimeError):
+    """The task was killed while this attempt was launching or waiting."""
+
+
+@dataclass
+class RunContext:
+    """Everything an attempt needs, rebuilt identically by every try and after every deferral."""
+
+    config: RunConfig
+    key: RunKey
+    backend: RunBackend
+    store: Any  # task_state_store, or None
+    try_number: int
+    options: LaunchOptions
+    log: logging.Logger
+
+    @property
+    def run_uri(self) -> str:
+        return join(self.config.bucket, self.key.path())
+
+
+class RunAttempt:
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.log = ctx.log
+        self.ledger = ResourceLedger.load(ctx.key.digest, ctx.store, ctx.log)
+        self.killed = False
+        self._folder: Any = None
+        stored = store_get(ctx.store, LAUNCH_KEY)
+        self.stored = LaunchRecord.from_dict(stored) if stored and stored.get("run_uri") == ctx.run_uri else None
+        if self.stored and self.stored.region:  # an earlier try launched there: adopt and tear down there
+            ctx.backend.bind_region(self.stored.region)
+
+    @property
+    def folder(self) -> Any:
+        if self._folder is None:
+            self._folder = self.ctx.backend.run_folder(self.ctx.run_uri)
+        return self._folder
+
+    # --- start: deliver, adopt, or launch ------------------------------------------------------
+
+    def start(self) -> tuple[LaunchRecord, Outcome | None]:
+        """The attempt's instance, and its outcome when an earlier try's job already finished."""
+        backend = self.ctx.backend
+        if backend.region is None:  # nothing asked, nothing configured: the cheapest region it is
+            backend.bind_region(offers_for(self.ctx.config, None, self.log)[0].region)
+        found = self._earlier()
+        if found is not None:
+            return found
+        return self._launch(), None
+
+    def _earlier(self) -> tuple[LaunchRecord, Outcome | None] | None:
+        """What earlier tries left: an unreported final status, else a live instance to adopt."""
+        backend = self.ctx.backend
+        if not self.ledger.of_kind("instance"):
+            self.ledger.sweep(backend, ["instance"])
+        known = {r.id: r for r in self.ledger.of_kind("instance") if r.id}
+        in_folder = {k.split("/")[1] for k in self.folder.list("instances/") if k.count("/") >= 2}
+        ids = sorted(set(known) | in_folder)
+        if not ids:
+            return None
+        states = backend.cloud.describe(ids)
+        for iid in ids:
+            status = self._status(iid)
+            if status is not None and status.final and not self.folder.get_text(delivered_key(iid)):
+                self.log.info("The job already finished on %s (%s) in an earlier try: delivering that result",
+                              iid, status.state)  # fmt: skip
+                if iid not in known and not states[iid].missing:
+                    self.ledger.add("instance", iid, backend.location_of(states[iid]))
+                return self._adopted(states.get(iid), iid), outcome(status, None, True)
+        alive = [iid for iid in ids if iid in known and states[iid].state in ALIVE_STATES]
+        if not alive:
+            if known:  # ended without a final status (e.g. a powered-off GCE VM): delete, then launch again
+                self.ledger.release(backend)
+            return None
+        chosen, extra = alive[0], alive[1:]
+        if extra:
+            self.log.warning("Terminating %d duplicate instance(s) of this run: %s", len(extra), extra)
+            backend.terminate_instances([(i, known[i].location) for i in extra])
+        self.log.info("Adopting instance %s launched by an earlier try of this task", chosen)
+        return self._adopted(states[chosen], chosen), None
+
+    def _status(self, instance_id: str) -> RunStatus | None:
+        raw = self.folder.get_text(status_key(instance_id))
+        return RunStatus.from_json(raw) if raw else None
+
+    def _adopted(self, instance: Instance | None, instance_id: str) -> LaunchRecord:
+        if self.stored and self.stored.instance_id == instance_id:
+            return LaunchRecord.from_dict({**self.stored.to_dict(), "adopted": True, "try_number": self.ctx.try_number})
+        tags = instance.tags if instance else {}
+        return LaunchRecord(run_id=self.ctx.key.short_id, run_uri=self.ctx.run_uri, cloud=self.ctx.config.cloud,
+                            region=self.ctx.backend.region, instance_id=instance_id,
+                            instance_type=instance.instance_type if instance else None,
+                            zone=instance.zone if instance else None, spot=bool(instance and instance.spot),
+                            hourly_usd=price_from_tags(tags),
+                            launched_at=(instance.launch_time if instance else None) or time.time(), adopted=True,
+                            run_key=self.ctx.key.digest, try_number=self.ctx.try_number)  # fmt: skip
+
+    def _launch(self) -> LaunchRecord:
+        from airflow_cloudtrain.lifecycle.launcher import launch_with_failover
+        from airflow_cloudtrain.lifecycle.prepare import write_run_folder
+
+        ctx, backend = self.ctx, self.ctx.backend
+        if ctx.options.live_prices:
+            backend.refresh_catalog()
+        offers = offers_for(ctx.config, backend.region, self.log)
+        chosen = offers[0]
+        self.log.info("Chosen offer: %s at $%s/h (%s); %d alternatives for failover", chosen.describe(),
+                      chosen.hourly, "spot" if chosen.is_spot else "on-demand", len(offers) - 1)  # fmt: skip
+        write_run_folder(ctx.config, ctx.key, ctx.run_uri, self.folder, bool(ctx.options.volume_id), self.log)
+        build = request_builder(ctx.config, ctx.key, ctx.run_uri, ctx.options, ctx.try_number, backend.provider)
+        instance, offer, tried = launch_with_failover(self._create_instance, offers, build,
+                                                      lambda o: backend.zones_for(ctx.config.zone, o),
+                                                      ctx.options.max_launch_attempts, self.log)  # fmt: skip
+        launch = LaunchRecord(run_id=ctx.key.short_id, run_uri=ctx.run_uri, cloud=ctx.config.cloud,
+                              region=backend.region, instance_id=instance.id, instance_type=offer.instance_type,
+                              zone=instance.zone, spot=offer.is_spot, hourly_usd=offer.hourly,
+                              launched_at=time.time(), failover=[list(t) for t in tried], run_key=ctx.key.digest,
+                              try_number=ctx.try_number)  # fmt: skip
+        store_set(ctx.store, LAUNCH_KEY, launch.to_dict())
+        self.log.info("Launched instance %s (%s in %s)", instance.id, offer.instance_type, instance.zone)
+        if ctx.options.volume_id:
+            try:
+                device = backend.cloud.attach_volume(instance.id, ctx.options.volume_id)
+            except Exception:
+                self.release()
+                raise
+            self.log.info("Attached volume %s as %s", ctx.options.volume_id, device)
+        return launch
+
+    def _create_instance(self, request: LaunchRequest) -> Instance:
+        """The one create call for instances: ledger first, then the cloud, then the id."""
+        backend = self.ctx.backend
+        location = request.zone if backend.provider == "gcp" else backend.region
+        entry = self.ledger.intend("instance", location, token=request.client_token)
+        if self.killed:
+            raise RunKilled("the task was killed before the launch")
+        try:
+            instance = backend.cloud.launch(request)
+        except CloudError:  # the cloud refused: nothing was created
+            self.ledger.entries.remove(entry)
+            raise
+        self.ledger.created(entry, instance.id, backend.location_of(instance))
+        if self.killed:  # on_kill ran while the create call was in flight
+            self.release()
+            raise RunKilled(f"the task was killed while launching; {instance.id} was terminated")
+        return instance
+
+    # --- wait ----------------------------------------------------------------------------------
+
+    def wait(self, launch: LaunchRecord, poll_interval: float, deadline: float | None,
+             startup_timeout: float | None, heartbeat_timeout: float | None) -> Outcome:  # fmt: skip
+        """Block until the run ends, streaming the job's log; transient errors are waited out."""
+        from airflow_cloudtrain.lifecycle.logstream import LogFollower
+
+        iid, folder, cloud = launch.instance_id, self.folder, self.ctx.backend.cloud
+        follower = LogFollower(iid)
+        watch = RunWatch(deadline, launch.launched_at, startup_timeout, heartbeat_timeout)
+        budget = TransientBudget()
+        while True:
+            if self.killed:
+                raise RunKilled(f"task killed: instance {iid} was terminated")
+            try:
+                for line in follower.poll(folder.list, folder.get_bytes):
+                    self.log.info("[job] %s", line)
+                raw = folder.get_text(status_key(iid))
+                beat = parse_heartbeat(folder.get_text(heartbeat_key(iid)))
+                instance = cloud.describe([iid]).get(iid)
+                budget.ok()
+            except Exception as err:
+                delay = budget.failed(err)  # raises once the errors are not transient or last too long
+                self.log.warning("Transient error while waiting (%s); polling again in %.0f s", err, delay)
+                time.sleep(delay)
+                continue
+            event = watch.decide(RunStatus.from_json(raw) if raw else None, instance, beat)
+            if event is not None:
+                lines = call_with_retry(lambda: follower.poll(folder.list, folder.get_bytes))  # the last words
+                for line in lines:
+                    self.log.info("[job] %s", line)
+                return event
+            time.sleep(poll_interval)
+
+    # --- end -----------------------------------------------------------------------------------
+
+    def finish(self, launch: LaunchRecord, result: Outcome) -> Attempt:
+        """Release everything, mark the outcome delivered, and account for the attempt."""
+        backend = self.ctx.backend
+        if launch.region:  # resumed in a fresh worker: work where the instance was launched
+            backend.bind_region(launch.region)
+        location = launch.zone if backend.provider == "gcp" else launch.region
+        self.ledger.add("instance", launch.instance_id, location)
+        self.release()
+        try:
+            note = json.dumps({"try_number": self.ctx.try_number, "state": result.state, "at": time.time()})
+            call_with_retry(lambda: self.folder.put_text(delivered_key(launch.instance_id), note))
+        except Exception as err:  # a retry may then deliver this outcome once more: say so, go on
+            self.log.warning("Could not mark the outcome of %s as delivered: %s", launch.instance_id, err)
+        ended = time.time()
+        duration = ended - float(launch.launched_at or ended)
+        cost, basis = billed_cost(launch.hourly_usd, duration)
+        attempt = Attempt(launch, result, ended, duration, cost, basis)
+        self.log.info("Run %s ended: %s, exit code %s, %.0f s, cost $%s (%s)", launch.run_id, result.state,
+                      result.exit_code, duration, cost, basis)  # fmt: skip
+        return attempt
+
+    def release(self) -> None:
+        """Every resource of the run, through the ledger (and the tag sweep)."""
+        call_with_retry(lambda: self.ledger.release(self.ctx.backend), TransientBudget(budget_s=120.0))
+
+    def kill(self) -> None:
+        """``on_kill``: stop launching and waiting, and release whatever exists (or is being made)."""
+        self.killed = True
+        self.release()

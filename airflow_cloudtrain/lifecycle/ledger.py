@@ -1,0 +1,195 @@
+"""The write-ahead resource ledger: every cloud resource a run creates is torn down by one mechanism.
+
+Before a create call the ledger records ``(kind, id or None, location)`` in ``task_state_store``; after
+it, the id the cloud gave. Teardown (``release``) walks the entries in reverse creation order and
+hands each kind's entries to that kind's deleter, which treats "not found" as done. Entries whose id
+never came back (the worker died inside the create call) and resources the store never heard of (a
+crashed worker, a cleared task, a triggerer's ``on_kill``, which has no store) are found by the run
+key tag every resource carries: ``sweep`` rebuilds the ledger from tags.
+
+Resource kinds register a ``ResourceKind`` (how to find by run key, how to delete); instances are
+registered here, and the group/queue/template/job kinds of later operators register theirs the same
+way. Every teardown path of every operator goes through ``release``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+STORE_KEY = "cloudtrain_ledger"
+
+
+@dataclass
+class Resource:
+    """One cloud resource of a run. ``id`` is None while its create call is in flight."""
+
+    kind: str
+    id: str | None
+    location: str | None = None  # region (EC2) or zone (GCE): where the deleter must look
+    token: str = ""  # the create call's client token / request id
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class ResourceKind:
+    """How to find a kind of resource by run key (any state) and how to delete some of them."""
+
+    name: str
+    find: Callable[[Any, str], list[Resource]]  # (backend, run key digest) -> resources
+    delete: Callable[[Any, list[Resource]], None]  # (backend, resources with ids); NotFound is done
+
+
+KINDS: dict[str, ResourceKind] = {}
+
+
+def register_kind(kind: ResourceKind) -> ResourceKind:
+    """Make a resource kind known to every ledger (later operators add groups, queues, jobs...)."""
+    KINDS[kind.name] = kind
+    return kind
+
+
+def _find_instances(backend: Any, digest: str) -> list[Resource]:
+    return [Resource("instance", i.id, backend.location_of(i)) for i in backend.cloud.find(digest, ended=True)]
+
+
+def _delete_instances(backend: Any, resources: list[Resource]) -> None:
+    backend.terminate_instances([(r.id, r.location) for r in resources if r.id])
+
+
+INSTANCE = register_kind(ResourceKind("instance", _find_instances, _delete_instances))
+
+
+class ResourceLedger:
+    """The resources of one run (one run key), persisted write-ahead in ``task_state_store``."""
+
+    def __init__(self, run_key: str, store: Any = None, entries: list[Resource] | None = None,
+                 logger: logging.Logger | None = None) -> None:  # fmt: skip
+        self.run_key = run_key
+        self.store = store
+        self.entries: list[Resource] = list(entries or [])
+        self.log = logger or log
+
+    # --- persistence ---------------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, run_key: str, store: Any, logger: logging.Logger | None = None) -> ResourceLedger:
+        """The ledger an earlier try (or this one) wrote; empty if none, or if it was another run's."""
+        data = _store_get(store, STORE_KEY)
+        entries = []
+        if data and data.get("run_key") == run_key:
+            entries = [Resource(**e) for e in data.get("entries", [])]
+        return cls(run_key, store, entries, logger)
+
+    def _save(self) -> None:
+        if self.store is None:
+            return
+        # crash-safety is best effort: the tag sweep still finds what the store missed
+        with contextlib.suppress(Exception):
+            self.store.set(STORE_KEY, {"run_key": self.run_key, "entries": [e.to_dict() for e in self.entries]})
+
+    # --- recording -----------------------------------------------------------------------------
+
+    def intend(self, kind: str, location: str | None, id: str | None = None, token: str = "") -> Resource:
+        """Record a resource before the call that creates it (write-ahead)."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown resource kind {kind!r}: register it with register_kind()")
+        entry = Resource(kind, id, location, token)
+        self.entries.append(entry)
+        self._save()
+        return entry
+
+    def created(self, entry: Resource, id: str, location: str | None = None) -> None:
+        """The create call returned: remember the id the cloud gave (and where it landed)."""
+        entry.id = id
+        entry.location = location or entry.location
+        self._save()
+
+    def add(self, kind: str, id: str, location: str | None) -> Resource:
+        """Record a resource found alive (adopted, or rebuilt by a sweep)."""
+        for entry in self.entries:
+            if (entry.kind, entry.id) == (kind, id):
+                return entry
+        entry = self.intend(kind, location, id)
+        return entry
+
+    def of_kind(self, kind: str) -> list[Resource]:
+        return [e for e in self.entries if e.kind == kind and e.id]
+
+    # --- teardown ------------------------------------------------------------------------------
+
+    def sweep(self, backend: Any, kinds: list[str] | None = None) -> list[Resource]:
+        """Resources carrying this run key, found by tag (any state), added to the ledger."""
+        found: list[Resource] = []
+        for name in kinds or list(KINDS):
+            for resource in KINDS[name].find(backend, self.run_key):
+                found.append(self.add(resource.kind, resource.id or "", resource.location))
+        return found
+
+    def release(self, backend: Any, sweep: bool = True) -> list[Resource]:
+        """Delete every resource of the run, newest first; returns what was released.
+
+        With ``sweep`` (the default) the tags are searched too, so an entry whose create call never
+        returned, or a resource an earlier try made without telling the store, goes as well. Every
+        kind is attempted even when one fails; the first error is raised at the end.
+        """
+        if sweep or any(e.id is None for e in self.entries):
+            with contextlib.suppress(Exception):  # a failed search must not stop the known deletes
+                self.sweep(backend, sorted({e.kind for e in self.entries} | {"instance"}))
+        released: list[Resource] = []
+        error: BaseException | None = None
+        for kind in _reverse_kinds(self.entries):
+            batch = [e for e in reversed(self.entries) if e.kind == kind and e.id]
+            if not batch:
+                continue
+            try:
+                KINDS[kind].delete(backend, batch)
+            except Exception as err:  # keep going: the other kinds must still go
+                self.log.error("Deleting %s %s failed: %s", kind, [e.id for e in batch], err)
+                error = error or err
+                continue
+            released.extend(batch)
+            self.log.info("Released %s %s", kind, ", ".join(e.id or "" for e in batch))
+        self.entries = [e for e in self.entries if e not in released and e.id is not None]
+        self._save()
+        if error is not None:
+            raise error
+        return released
+
+
+def _reverse_kinds(entries: list[Resource]) -> list[str]:
+    """Kinds in reverse order of their first creation (a group goes before its template)."""
+    order: list[str] = []
+    for entry in entries:
+        if entry.kind not in order:
+            order.append(entry.kind)
+    return list(reversed(order))
+
+
+def _store_get(store: Any, key: str) -> dict[str, Any] | None:
+    if store is None:
+        return None
+    try:
+        value = store.get(key)
+    except Exception:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def store_get(store: Any, key: str) -> dict[str, Any] | None:
+    """A dict from ``task_state_store`` (None when absent, unreadable or not a dict)."""
+    return _store_get(store, key)
+
+
+def store_set(store: Any, key: str, value: dict[str, Any]) -> None:
+    """Best-effort write to ``task_state_store``: the tag sweep covers a store that failed."""
+    if store is not None:
+        with contextlib.suppress(Exception):
+            store.set(key, value)

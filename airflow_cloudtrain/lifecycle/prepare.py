@@ -1,0 +1,156 @@
+"""Before a launch: which offers, what goes into the run folder, and what each launch request says.
+
+Pure configuration work over the run folder and the catalog; the create calls themselves happen in
+``attempt`` under the ledger.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import tarfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow_cloudtrain.runs import (
+    AGENT_KEY,
+    CODE_KEY,
+    SPEC_KEY,
+    TAG_PRICE,
+    TAG_RUN_URI,
+    TAG_TRY,
+    RunSpec,
+    join,
+)
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.catalog.offers import Offer
+    from airflow_cloudtrain.clouds.base import LaunchRequest
+    from airflow_cloudtrain.operators.config import RunConfig
+    from airflow_cloudtrain.runs import RunKey
+
+HARD_STOP_MARGIN_MIN_S = 30.0
+HARD_STOP_MARGIN_MAX_S = 600.0
+
+
+@dataclass
+class LaunchOptions:
+    """Per-cloud launch settings that are not part of the shared vocabulary."""
+
+    image_id: str | None = None
+    key_name: str | None = None
+    subnet_id: str | None = None
+    security_group_ids: list[str] = field(default_factory=list)
+    iam_instance_profile: str | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    volume_id: str | None = None
+    service_account: str | None = None
+    provisioning: str | None = None
+    max_launch_attempts: int = 6
+    live_prices: bool = True
+
+
+def hard_stop_s(max_runtime_s: float | None) -> int | None:
+    """When the cloud itself ends the instance: after ``max_runtime`` plus time for the agent's own
+    graceful stop (SIGTERM, results upload, final status), 10% of it within [30 s, 10 min]."""
+    if not max_runtime_s:
+        return None
+    margin = min(HARD_STOP_MARGIN_MAX_S, max(HARD_STOP_MARGIN_MIN_S, 0.1 * max_runtime_s))
+    return int(max_runtime_s + margin)
+
+
+def offers_for(config: RunConfig, region: str | None, log: logging.Logger) -> list[Offer]:
+    """The ranked offers to launch (cheapest first); an explicit ``instance_type`` is one offer."""
+    from airflow_cloudtrain.catalog import rank_offers
+    from airflow_cloudtrain.catalog.offers import Offer
+    from airflow_cloudtrain.spec import Hardware
+
+    region = region or config.region
+    if config.instance_type:
+        known = [o for o in rank_offers(config.cloud, Hardware(cpus=1), region=region, zone=config.zone)
+                 if o.instance_type == config.instance_type]  # fmt: skip
+        if known:
+            return known[:1]
+        log.warning("instance_type=%r is not in the catalog: no price known", config.instance_type)
+        hw = config.hardware
+        return [Offer(config.cloud, config.instance_type, hw.cpus, hw.ram_gib, hw.gpus, hw.gpu_type, region or "", (),
+                      None, None)]  # fmt: skip
+    return rank_offers(config.cloud, config.hardware, region=region, zone=config.zone, bid=config.bid)
+
+
+def write_run_folder(config: RunConfig, key: RunKey, run_uri: str, folder: Any, volume: bool,
+                     log: logging.Logger) -> None:  # fmt: skip
+    """The spec, the agent and (for a local ``code`` folder) the code tarball, before any launch."""
+    from airflow_cloudtrain.agent.bootstrap import build_agent_zip
+    from airflow_cloudtrain.lifecycle.retry import call_with_retry
+
+    code_uri = config.code
+    if code_uri and not code_uri.startswith(("s3://", "gs://")):
+        payload = pack_code(code_uri)
+        call_with_retry(lambda: folder.put_bytes(CODE_KEY, payload))
+        log.info("Uploaded code from %s (%d bytes)", code_uri, len(payload))
+        code_uri = join(run_uri, CODE_KEY)
+    spec = RunSpec(run_id=key.short_id, run_uri=run_uri, cloud=config.cloud, command=config.command,
+                   setup_cmds=config.setup_cmds, env=config.env, image=config.image, gpus=config.hardware.gpus,
+                   code_uri=code_uri, max_runtime_s=config.max_runtime_s,
+                   volume_device="/dev/sdf" if volume else None)  # fmt: skip
+    call_with_retry(lambda: folder.put_text(SPEC_KEY, spec.to_json()))
+    agent = build_agent_zip()
+    call_with_retry(lambda: folder.put_bytes(AGENT_KEY, agent))
+
+
+def pack_code(path_text: str) -> bytes:
+    path = Path(path_text).resolve()  # a symlinked folder is packed as its contents, not as a link
+    if not path.is_dir():
+        raise ValueError(f"code={path_text!r} is not valid: no such local directory on this worker")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        tar.add(str(path), arcname=".", filter=_skip_caches)
+    return buffer.getvalue()
+
+
+def _skip_caches(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    parts = Path(info.name).parts
+    return None if "__pycache__" in parts or ".git" in parts else info
+
+
+def request_builder(config: RunConfig, key: RunKey, run_uri: str, options: LaunchOptions, try_number: int,
+                    provider: str) -> Any:  # fmt: skip
+    """``build(offer, zone, attempt) -> LaunchRequest`` for the launcher: same user data and tags,
+    a client token per (try, attempt), the bid and the price tag per offer."""
+    from airflow_cloudtrain.agent.bootstrap import render_user_data
+    from airflow_cloudtrain.clouds.base import LaunchRequest
+
+    stop_s = hard_stop_s(config.max_runtime_s)
+    # EC2: the bootstrap arms the timer; GCE: scheduling.maxRunDuration in the request
+    user_data = render_user_data(run_uri, config.cloud, hard_stop_s=stop_s if provider == "aws" else None)
+    tags = {**options.tags, **key.tags(), TAG_RUN_URI: run_uri, TAG_TRY: str(try_number)}
+
+    def build(offer: Offer, zone: str | None, attempt: int) -> LaunchRequest:
+        max_price = config.bid.max_price(offer.price) if config.bid and offer.is_spot else None
+        price = {TAG_PRICE: str(round(offer.hourly * 1e6))} if offer.hourly is not None else {}
+        return LaunchRequest(offer=offer, zone=zone, user_data=user_data, tags={**tags, **price},
+                             client_token=f"{key.digest}-{try_number}-{attempt}"[:64],
+                             disk_gib=config.hardware.hdd_gib or 50, max_price=max_price, image_id=options.image_id,
+                             key_name=options.key_name, subnet_id=options.subnet_id,
+                             security_group_ids=options.security_group_ids,
+                             iam_instance_profile=options.iam_instance_profile, volume_id=options.volume_id,
+                             service_account=options.service_account,
+                             provisioning=options.provisioning or ("spot" if offer.is_spot else None),
+                             hard_stop_s=stop_s if provider == "gcp" else None)  # fmt: skip
+
+    return build
+
+
+def price_from_tags(tags: dict[str, str]) -> float | None:
+    """The hourly price an earlier try recorded on the instance (micro-USD, label-safe)."""
+    try:
+        return int(tags[TAG_PRICE]) / 1e6
+    except (KeyError, ValueError):
+        return None
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,105 @@
+"""Transient cloud errors (throttling, 5xx, dropped connections) are waited out, not fatal.
+
+The SDKs retry a few times within one call; a throttled account or a storage blip can last minutes.
+Both waits (the blocking loop on a worker and the trigger) keep a ``TransientBudget``: a poll that
+hits a transient error backs off and polls again, and only once errors have lasted ``budget_s``
+without a single good poll is the run declared lost (and its resources released). Capacity errors
+are not transient here: they arrive as HTTP 500 on EC2, but the launcher moves on at once instead.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+THROTTLING_CODES = frozenset({
+    "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottledException",
+    "TooManyRequestsException", "RequestLimitExceeded", "SlowDown", "RequestThrottled",
+    "ProvisionedThroughputExceededException", "TransactionInProgressException", "EC2ThrottledException",
+    "PriorRequestNotComplete", "BandwidthLimitExceeded", "rateLimitExceeded", "userRateLimitExceeded",
+    "InternalError", "InternalFailure", "ServiceUnavailable", "RequestTimeout", "RequestTimeoutException",
+})  # fmt: skip
+NOT_TRANSIENT_CODES = frozenset({
+    "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
+    "InsufficientReservedInstanceCapacity", "ZONE_RESOURCE_POOL_EXHAUSTED",
+})  # fmt: skip
+TRANSIENT_HTTP = frozenset({429, 500, 502, 503, 504})
+_CONNECTION_ERRORS = ("EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError",
+                      "ConnectTimeoutError", "ConnectionError", "ClientConnectorError", "ServerDisconnectedError",
+                      "ClientOSError", "ServerTimeoutError", "TimeoutError", "ConnectionResetError",
+                      "RemoteDisconnected", "ProtocolError")  # fmt: skip
+
+
+def error_code(err: BaseException) -> tuple[str, int | None]:
+    """(the cloud's error code, the HTTP status) of a botocore / google-api-core / our error."""
+    response = getattr(err, "response", None)
+    if isinstance(response, dict):
+        code = str(response.get("Error", {}).get("Code", ""))
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return code, int(status) if status else None
+    code = getattr(err, "code", None)
+    reason = ""
+    for detail in getattr(err, "errors", None) or []:
+        reason = detail.get("reason", "") if isinstance(detail, dict) else getattr(detail, "reason", "")
+        break
+    if isinstance(code, int):
+        return reason, code
+    return str(code or reason or ""), None
+
+
+def is_transient(err: BaseException) -> bool:
+    """Would the same call likely succeed a little later? Capacity and client errors: no."""
+    code, status = error_code(err)
+    if code in NOT_TRANSIENT_CODES:
+        return False
+    if code in THROTTLING_CODES or status in TRANSIENT_HTTP:
+        return True
+    chain = [e for e in (err, err.__cause__, err.__context__) if e is not None]
+    names = {cls.__name__ for e in chain for cls in type(e).__mro__}
+    return bool(names & set(_CONNECTION_ERRORS))
+
+
+class TransientBudget:
+    """How long a wait tolerates transient errors in a row, and how long to back off after each."""
+
+    def __init__(self, budget_s: float = 600.0, base_s: float = 1.0, cap_s: float = 30.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+        self.budget_s, self.base_s, self.cap_s, self.clock = budget_s, base_s, cap_s, clock
+        self.failing_since: float | None = None
+        self.failures = 0
+
+    def ok(self) -> None:
+        self.failing_since, self.failures = None, 0
+
+    def failed(self, err: BaseException) -> float:
+        """Seconds to back off before polling again; re-raises when ``err`` is not transient or the
+        budget is spent."""
+        if not is_transient(err):
+            raise err
+        now = self.clock()
+        self.failing_since = self.failing_since if self.failing_since is not None else now
+        self.failures += 1
+        if now - self.failing_since > self.budget_s:
+            raise err
+        return min(self.cap_s, self.base_s * 2 ** min(self.failures - 1, 10)) * random.uniform(0.5, 1.0)
+
+
+def call_with_retry(fn: Callable[[], T], budget: TransientBudget | None = None,
+                    sleep: Callable[[float], Any] = time.sleep, on_retry: Callable[[BaseException, float], Any] | None = None) -> T:  # fmt: skip
+    """Call ``fn`` until it succeeds, backing off on transient errors within ``budget``."""
+    budget = budget or TransientBudget(budget_s=300.0)
+    while True:
+        try:
+            value = fn()
+        except Exception as err:
+            delay = budget.failed(err)
+            if on_retry is not None:
+                on_retry(err, delay)
+            sleep(delay)
+            continue
+        budget.ok()
+        return value

@@ -1,0 +1,150 @@
+"""A worker killed at any step of a run (SIGKILL: no cleanup code of ours runs), then the task retried.
+
+Try 1 runs ``dag.test()`` in a subprocess that kills itself at the step under test; try 2 runs the same
+DAG run in this process. Whatever step died, the retry must end with the job run exactly once, the
+task succeeded, and nothing of the run left in the cloud (the ``emu`` fixture also fails on any live
+instance; GCE is checked for powered-off VMs too, which still bill for their disk).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dag_helpers import task_states, write_dag, xcom
+
+from airflow_cloudtrain.agent.storage import open_run_folder
+from airflow_cloudtrain.runs import RunKey, join
+
+BUCKET = {"aws": "s3://cloudtrain-emulated/killed", "gcp": "gs://cloudtrain-emulated/killed"}
+CLOUD = {"aws": "ec2spot", "gcp": "gcspot"}
+REGION = {"aws": "us-east-1", "gcp": "us-central1"}
+LAUNCH_CALL = {"aws": "RunInstances", "gcp": "instances.insert"}
+STEPS = ["ledger_entry", "create_call", "waiting", "teardown"]
+
+DAG_SOURCE = """
+import os
+import signal
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_cloudtrain.lifecycle.attempt import RunAttempt
+from airflow_cloudtrain.lifecycle.ledger import ResourceLedger
+from airflow_cloudtrain.operators import CloudTrainOperator
+
+DIE_AT = os.environ.get("CLOUDTRAIN_TEST_DIE_AT")  # set only in the process that plays the dying worker
+
+
+def die(step):
+    if DIE_AT == step:
+        os.kill(os.getpid(), signal.SIGKILL)  # no finally, no on_kill: a worker lost with its machine
+
+
+class DyingLedger(ResourceLedger):
+    def intend(self, *args, **kwargs):
+        entry = super().intend(*args, **kwargs)
+        die("ledger_entry")
+        return entry
+
+    def release(self, *args, **kwargs):
+        die("teardown")
+        return super().release(*args, **kwargs)
+
+
+class DyingAttempt(RunAttempt):
+    def _create_instance(self, request):
+        instance = super()._create_instance(request)
+        die("create_call")
+        return instance
+
+    def wait(self, *args, **kwargs):
+        die("waiting")
+        return super().wait(*args, **kwargs)
+
+
+class DyingWorkerOperator(CloudTrainOperator):
+    def _new_attempt(self, context):
+        attempt = super()._new_attempt(context)
+        attempt.__class__ = DyingAttempt
+        attempt.ledger.__class__ = DyingLedger
+        if os.environ.get("CLOUDTRAIN_TEST_FORGET_STORE"):  # a cleared task: the store lost the ledger
+            attempt.ledger.entries.clear()
+            attempt.stored = None
+        return attempt
+
+
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+    DyingWorkerOperator(task_id="train", cloud="{cloud}", cpus=2, ram="4g", bucket="{bucket}",
+                        region="{region}", poll_interval=0.5, live_prices=False,
+                        command="echo started; sleep 2; echo trained > $CLOUDTRAIN_OUTPUT_DIR/model.txt")
+"""
+
+
+def first_try_dies(dag_id: str, step: str, logical_date: datetime) -> None:
+    """Run try 1 in a subprocess that SIGKILLs itself at ``step``."""
+    tests = Path(__file__).resolve().parents[1]
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from datetime import datetime
+        sys.path.insert(0, {str(tests)!r})
+        from dag_helpers import load_example
+        when = datetime.fromisoformat({logical_date.isoformat()!r})
+        load_example({dag_id!r}).test(logical_date=when, run_after=when)
+        """
+    )
+    env = {**os.environ, "CLOUDTRAIN_TEST_DIE_AT": step}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == -9, f"try 1 did not die at {step}: rc={done.returncode}\n{done.stderr[-3000:]}"
+
+
+def run_folder(provider: str, dag_id: str, run: Any) -> Any:
+    return open_run_folder(join(BUCKET[provider], RunKey(dag_id, "train", run.run_id, -1, BUCKET[provider]).path()))
+
+
+def leftovers(provider: str, dag_id: str, run: Any) -> list[Any]:
+    """Every instance of the run the cloud still lists as not terminated, GCE's powered-off VMs too."""
+    from airflow_cloudtrain.clouds.registry import backend_for
+
+    digest = RunKey(dag_id, "train", run.run_id, -1, BUCKET[provider]).digest
+    cloud = backend_for(CLOUD[provider], region=REGION[provider]).cloud
+    return [i for i in cloud.find(digest, ended=True) if provider == "gcp" or i.state != "terminated"]
+
+
+@pytest.mark.parametrize("forget_store", [False, True], ids=["store", "tags"])
+@pytest.mark.parametrize("step", STEPS)
+@pytest.mark.parametrize("provider", ["aws", "gcp"])
+def test_worker_killed_at_each_step_leaks_nothing_and_runs_the_job_once(
+    emu, airflow_db, monkeypatch, provider: str, step: str, forget_store: bool
+) -> None:
+    if forget_store and step in ("ledger_entry", "teardown"):
+        pytest.skip("the store is not consulted differently at this step")
+    dag_id = f"killed_{provider}_{step}_{int(forget_store)}"
+    write_dag(DAG_SOURCE.format(dag_id=dag_id, cloud=CLOUD[provider], bucket=BUCKET[provider],
+                                region=REGION[provider]), dag_id)  # fmt: skip
+    when = datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(hours=STEPS.index(step) * 2 + forget_store)
+    emu.reset_counts()
+    first_try_dies(dag_id, step, when)
+    if forget_store:
+        monkeypatch.setenv("CLOUDTRAIN_TEST_FORGET_STORE", "1")
+    from dag_helpers import load_example
+
+    run = load_example(dag_id).test(logical_date=when, run_after=when)
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    assert emu.request_counts().get(LAUNCH_CALL[provider]) == 1  # one instance ever ran the job
+    folder = run_folder(provider, dag_id, run)
+    ran = sorted({k.split("/")[1] for k in folder.list("instances/") if k.endswith("status.json")})
+    assert ran == [result["instance_id"]]
+    assert result["results_uri"] == join(folder.uri, "results", result["instance_id"])
+    assert folder.get_text(f"results/{result['instance_id']}/model.txt") == "trained\n"
+    assert result["adopted"] is (step != "ledger_entry")
+    assert result["cost_usd"] is not None  # the price travelled with the instance
+    assert leftovers(provider, dag_id, run) == []

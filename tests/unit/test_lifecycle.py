@@ -1,0 +1,191 @@
+"""The lifecycle's pure parts: records round-trip, the ledger's order and write-ahead, the retry policy."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError
+
+from airflow_cloudtrain.clouds.base import Instance
+from airflow_cloudtrain.lifecycle.ledger import (
+    STORE_KEY,
+    ResourceKind,
+    ResourceLedger,
+    register_kind,
+)
+from airflow_cloudtrain.lifecycle.prepare import hard_stop_s
+from airflow_cloudtrain.lifecycle.records import Attempt, LaunchRecord, Outcome
+from airflow_cloudtrain.lifecycle.retry import TransientBudget, call_with_retry, is_transient
+from airflow_cloudtrain.operators.config import DEFAULT_MAX_RUNTIME_S, parse_max_runtime
+
+
+class Store:
+    """task_state_store's get/set/delete, in memory; counts writes."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+        self.writes = 0
+
+    def get(self, key: str) -> Any:
+        return json.loads(json.dumps(self.data.get(key)))
+
+    def set(self, key: str, value: Any) -> None:
+        self.writes += 1
+        self.data[key] = json.loads(json.dumps(value))  # plain JSON only, as the real store
+
+    def delete(self, key: str) -> None:
+        self.data.pop(key, None)
+
+
+class FakeCloud:
+    """Instances by tag for the sweep; records terminate calls."""
+
+    def __init__(self, tagged: list[Instance]) -> None:
+        self.tagged = tagged
+
+    def find(self, digest: str, ended: bool = False) -> list[Instance]:
+        return list(self.tagged)
+
+
+class Backend:
+    def __init__(self, tagged: list[Instance] | None = None) -> None:
+        self.cloud = FakeCloud(tagged or [])
+        self.terminated: list[list[tuple[str, str | None]]] = []
+        self.deleted: list[tuple[str, list[str]]] = []
+
+    def location_of(self, instance: Instance) -> str | None:
+        return "us-east-1"
+
+    def terminate_instances(self, pairs: list[tuple[str, str | None]]) -> None:
+        self.terminated.append(pairs)
+
+
+GROUPS = register_kind(ResourceKind(
+    "test_group",
+    find=lambda backend, digest: [],
+    delete=lambda backend, rs: backend.deleted.append(("test_group", [r.id for r in rs])),
+))  # fmt: skip
+
+
+def inst(iid: str, state: str = "running") -> Instance:
+    return Instance(iid, state, "t3.small", "us-east-1a", False)
+
+
+def test_records_round_trip_through_json() -> None:
+    launch = LaunchRecord("ct-1", "s3://b/r", "ec2spot", "us-east-1", "i-1", "t3.small", "us-east-1a", True,
+                          0.0123, 1.5e9, failover=[["t3.micro", "us-east-1", "InsufficientInstanceCapacity"]])  # fmt: skip
+    outcome = Outcome("error", "interrupted", None, "spot", True, 1, {"id": "i-1"})
+    attempt = Attempt(launch, outcome, 1.5e9 + 60, 60.0, 0.0002, "basis")
+    for record in (launch, outcome, attempt):
+        assert type(record).from_dict(json.loads(json.dumps(record.to_dict()))) == record
+    assert LaunchRecord.from_dict({**launch.to_dict(), "from_a_newer_version": 1}) == launch
+    assert launch.location == "us-east-1" and LaunchRecord.from_dict({**launch.to_dict(), "cloud": "gcspot"}).location == "us-east-1a"
+    result = attempt.result()
+    assert result["results_uri"] == "s3://b/r/results/i-1" and result["interruptions"] == 1
+    json.dumps(result)
+
+
+def test_the_ledger_is_written_before_the_create_call_and_reloads() -> None:
+    store = Store()
+    ledger = ResourceLedger("key-1", store)
+    entry = ledger.intend("instance", "us-east-1", token="tok")
+    assert store.data[STORE_KEY]["entries"] == [{"kind": "instance", "id": None, "location": "us-east-1", "token": "tok"}]
+    ledger.created(entry, "i-1")
+    again = ResourceLedger.load("key-1", store)
+    assert [(e.kind, e.id) for e in again.entries] == [("instance", "i-1")]
+    assert ResourceLedger.load("another-run", store).entries == []  # never another run's resources
+
+
+def test_release_goes_newest_kind_first_and_empties_the_ledger() -> None:
+    store, backend = Store(), Backend()
+    ledger = ResourceLedger("key-1", store)
+    ledger.created(ledger.intend("test_group", "us-east-1"), "asg-1")
+    ledger.created(ledger.intend("instance", "us-east-1"), "i-1")
+    released = ledger.release(backend, sweep=False)
+    assert [r.id for r in released] == ["i-1", "asg-1"]
+    assert backend.terminated == [[("i-1", "us-east-1")]] and backend.deleted == [("test_group", ["asg-1"])]
+    assert ResourceLedger.load("key-1", store).entries == []
+
+
+def test_a_create_call_that_never_returned_is_found_by_its_tag() -> None:
+    """The worker died inside RunInstances: the id never reached the store, the tag finds it."""
+    store = Store()
+    ResourceLedger("key-1", store).intend("instance", "us-east-1", token="tok")
+    backend = Backend(tagged=[inst("i-9")])
+    ledger = ResourceLedger.load("key-1", store)
+    ledger.release(backend, sweep=False)  # an entry without id forces the sweep anyway
+    assert backend.terminated == [[("i-9", "us-east-1")]]
+
+
+def test_one_failing_deleter_does_not_stop_the_others() -> None:
+    class Failing(Backend):
+        def terminate_instances(self, pairs: list[tuple[str, str | None]]) -> None:
+            raise RuntimeError("boom")
+
+    backend = Failing()
+    ledger = ResourceLedger("key-1")
+    ledger.created(ledger.intend("test_group", None), "asg-1")
+    ledger.created(ledger.intend("instance", None), "i-1")
+    with pytest.raises(RuntimeError, match="boom"):
+        ledger.release(backend, sweep=False)
+    assert backend.deleted == [("test_group", ["asg-1"])]
+    assert [e.id for e in ledger.entries] == ["i-1"]  # kept for the next teardown path
+
+
+def test_unknown_kinds_are_refused() -> None:
+    with pytest.raises(ValueError, match="register_kind"):
+        ResourceLedger("k").intend("volcano", None)
+
+
+def client_error(code: str, status: int) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                       "DescribeInstances")  # fmt: skip
+
+
+def test_what_counts_as_transient() -> None:
+    assert is_transient(client_error("RequestLimitExceeded", 503))
+    assert is_transient(client_error("SlowDown", 503))
+    assert is_transient(client_error("InternalError", 500))
+    assert is_transient(EndpointConnectionError(endpoint_url="http://x"))
+    assert not is_transient(client_error("InsufficientInstanceCapacity", 500))  # the launcher moves on
+    assert not is_transient(client_error("InvalidInstanceID.NotFound", 400))
+    assert not is_transient(ValueError("bad"))
+
+
+def test_transient_errors_are_retried_with_backoff_within_the_budget() -> None:
+    now = [0.0]
+    sleeps: list[float] = []
+    calls = iter([client_error("Throttling", 400), client_error("SlowDown", 503), "ok"])
+
+    def fn() -> str:
+        value = next(calls)
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+
+    assert call_with_retry(fn, TransientBudget(60, clock=lambda: now[0]), sleep=sleep) == "ok"
+    assert len(sleeps) == 2 and sleeps[1] > 0
+    budget = TransientBudget(budget_s=10, clock=lambda: now[0])
+    budget.failed(client_error("Throttling", 400))
+    now[0] += 11
+    with pytest.raises(ClientError):  # errors for longer than the budget: the run is lost
+        budget.failed(client_error("Throttling", 400))
+    with pytest.raises(ValueError):
+        TransientBudget().failed(ValueError("not transient"))
+
+
+def test_max_runtime_defaults_to_a_7_day_cap_and_can_be_lifted() -> None:
+    assert parse_max_runtime(None) == DEFAULT_MAX_RUNTIME_S == 7 * 86400
+    assert parse_max_runtime("unlimited") is None
+    assert parse_max_runtime("2h") == 7200
+    with pytest.raises(ValueError, match="unlimited"):
+        parse_max_runtime("forever")
+    assert hard_stop_s(None) is None
+    assert hard_stop_s(4) == 34  # at least 30 s for the agent's own graceful stop
+    assert hard_stop_s(7200) == 7200 + 600  # at most 10 minutes past max_runtime
