@@ -10,7 +10,6 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.agent.storage import RunFolder
     from airflow_cloudtrain.catalog.offers import Offer
     from airflow_cloudtrain.clouds.aws import AwsCloud
-    from airflow_cloudtrain.clouds.base import Instance
 
 
 class AwsRunBackend:
@@ -53,7 +52,7 @@ class AwsRunBackend:
         """EC2 places the instance itself when no zone is asked for; a capacity error moves on."""
         return [zone]
 
-    def location_of(self, instance: Instance) -> str | None:
+    def location(self, zone: str | None) -> str | None:
         return self.region
 
     def terminate_instances(self, instances: list[tuple[str, str | None]]) -> None:

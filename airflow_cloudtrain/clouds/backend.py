@@ -7,7 +7,7 @@ triggers speak only this protocol and ``Cloud``; no other module branches on the
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -36,41 +36,8 @@ class RunBackend(Protocol):
     def zones_for(self, zone: str | None, offer: Offer) -> list[str | None]:
         """Zones to try an offer in, in order, before moving to the next offer."""
 
-    def location_of(self, instance: Instance) -> str | None:
-        """Where the ledger records an instance (EC2: region; GCE: zone)."""
+    def location(self, zone: str | None) -> str | None:
+        """Where the ledger records an instance in ``zone`` (EC2: the region; GCE: the zone)."""
 
     def terminate_instances(self, instances: list[tuple[str, str | None]]) -> None:
         """Terminate / delete ``(id, location)`` pairs; unknown ids are already done."""
-
-
-def async_describer(cloud: str, conn_id: str | None, location: str | None,
-                    project_id: str | None = None) -> tuple[Hashable, AsyncDescribe]:  # fmt: skip
-    """(poll-group key, async describe) for one connection and location, for the shared poll."""
-    from airflow_cloudtrain.clouds.registry import provider_of
-
-    if provider_of(cloud) == "aws":
-        from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
-
-        return ("aws", conn_id, location), CloudTrainAwsHook(aws_conn_id=conn_id, region_name=location).describe_async
-    from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
-
-    hook = CloudTrainGcpHook(gcp_conn_id=conn_id or "google_cloud_default", project_id=project_id)
-
-    async def describe(ids: list[str]) -> dict[str, Instance]:
-        return await hook.describe_async(ids, zone=location)
-
-    return ("gcp", conn_id, project_id, location), describe
-
-
-def instance_cloud(cloud: str, conn_id: str | None, region: str | None, zone: str | None = None,
-                   project_id: str | None = None) -> Cloud:  # fmt: skip
-    """A ``Cloud`` for direct instance calls (the sensor): EC2 in a region, GCE in a zone or region."""
-    from airflow_cloudtrain.clouds.registry import provider_of
-
-    if provider_of(cloud) == "aws":
-        from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
-
-        return CloudTrainAwsHook(aws_conn_id=conn_id, region_name=region).cloud()
-    from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
-
-    return CloudTrainGcpHook(gcp_conn_id=conn_id or "google_cloud_default", project_id=project_id).cloud(region, zone)

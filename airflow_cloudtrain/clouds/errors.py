@@ -19,9 +19,5 @@ class QuotaExceeded(CloudError):
     """An account limit stops the launch: another type (another quota) may still work."""
 
 
-class InstancePreempted(CloudError):
-    """A spot / preemptible instance was taken back by the cloud."""
-
-
 class InvalidRequest(CloudError):
     """The cloud rejected the request itself (unknown type in zone, bad field): do not retry as is."""

@@ -9,7 +9,6 @@ from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook, zones_of
 if TYPE_CHECKING:
     from airflow_cloudtrain.agent.storage import RunFolder
     from airflow_cloudtrain.catalog.offers import Offer
-    from airflow_cloudtrain.clouds.base import Instance
     from airflow_cloudtrain.clouds.gcp import GcpCloud
 
 
@@ -55,8 +54,8 @@ class GcpRunBackend:
         """A capacity error in one zone tries the offer's other zones before the next offer."""
         return [zone] if zone else list(offer.zones) or [None]
 
-    def location_of(self, instance: Instance) -> str | None:
-        return instance.zone
+    def location(self, zone: str | None) -> str | None:
+        return zone
 
     def terminate_instances(self, instances: list[tuple[str, str | None]]) -> None:
         by_zone: dict[str | None, list[str]] = {}

@@ -7,6 +7,7 @@ and Airflow's hooks, are imported only when ``backend_for`` is called on a worke
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Any
 
 # The studio tool's names (see ../shared/reference), mapped to the provider that serves them.
@@ -28,6 +29,16 @@ def is_spot(cloud: str) -> bool:
     return cloud in SPOT_CLOUDS
 
 
+def conn_id_for(cloud: str, aws_conn_id: str | None, gcp_conn_id: str | None) -> str | None:
+    """The connection of the provider that serves ``cloud``."""
+    return gcp_conn_id if provider_of(cloud) == "gcp" else aws_conn_id
+
+
+def location_for(cloud: str, region: str | None, zone: str | None) -> str | None:
+    """Where instances are described and deleted: EC2 per region, GCE per zone."""
+    return zone if provider_of(cloud) == "gcp" else region
+
+
 def backend_for(
     cloud: str,
     *,
@@ -44,3 +55,32 @@ def backend_for(
     from airflow_cloudtrain.clouds.gcp_backend import GcpRunBackend
 
     return GcpRunBackend(gcp_conn_id, project_id, region)
+
+
+def async_describer(cloud: str, conn_id: str | None, location: str | None,
+                    project_id: str | None = None) -> tuple[Hashable, Any]:  # fmt: skip
+    """(poll-group key, async describe) for one connection and location, for the shared poll."""
+    if provider_of(cloud) == "aws":
+        from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
+
+        return ("aws", conn_id, location), CloudTrainAwsHook(aws_conn_id=conn_id, region_name=location).describe_async
+    from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
+
+    hook = CloudTrainGcpHook(gcp_conn_id=conn_id or "google_cloud_default", project_id=project_id)
+
+    async def describe(ids: list[str]) -> Any:
+        return await hook.describe_async(ids, zone=location)
+
+    return ("gcp", conn_id, project_id, location), describe
+
+
+def instance_cloud(cloud: str, conn_id: str | None, region: str | None, zone: str | None = None,
+                   project_id: str | None = None) -> Any:  # fmt: skip
+    """A ``Cloud`` for direct instance calls (the sensor): EC2 in a region, GCE in a zone or region."""
+    if provider_of(cloud) == "aws":
+        from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
+
+        return CloudTrainAwsHook(aws_conn_id=conn_id, region_name=region).cloud()
+    from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
+
+    return CloudTrainGcpHook(gcp_conn_id=conn_id or "google_cloud_default", project_id=project_id).cloud(region, zone)

@@ -10,6 +10,7 @@ notices and preemptions through ``set_spot_action`` / ``set_preempted``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import threading
@@ -187,10 +188,9 @@ def _make_handler(server: MetadataServer) -> type[BaseHTTPRequestHandler]:
         do_GET = do_PUT = do_POST = do_DELETE = _respond
 
         def handle(self) -> None:
-            try:
+            # the client went away mid-request (an agent killed, a timeout): nobody to answer, no traceback
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 super().handle()
-            except (BrokenPipeError, ConnectionResetError):
-                pass  # the client went away mid-request (an agent killed, a timeout): nothing to answer
 
         def log_message(self, format: str, *args: object) -> None:
             pass  # quiet: agents poll every few seconds

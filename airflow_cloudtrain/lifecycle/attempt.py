@@ -103,7 +103,7 @@ class RunAttempt:
                 self.log.info("The job already finished on %s (%s) in an earlier try: delivering that result",
                               iid, status.state)  # fmt: skip
                 if iid not in known and not states[iid].missing:
-                    self.ledger.add("instance", iid, backend.location_of(states[iid]))
+                    self.ledger.add("instance", iid, backend.location(states[iid].zone))
                 return self._adopted(states.get(iid), iid), outcome(status, None, True)
         alive = [iid for iid in ids if iid in known and states[iid].state in ALIVE_STATES]
         if not alive:
@@ -113,7 +113,7 @@ class RunAttempt:
         chosen, extra = alive[0], alive[1:]
         if extra:
             self.log.warning("Terminating %d duplicate instance(s) of this run: %s", len(extra), extra)
-            backend.terminate_instances([(i, known[i].location) for i in extra])
+            self.ledger.release(backend, sweep=False, only=[known[i] for i in extra])
         self.log.info("Adopting instance %s launched by an earlier try of this task", chosen)
         return self._adopted(states[chosen], chosen), None
 
@@ -130,6 +130,7 @@ class RunAttempt:
                             instance_type=instance.instance_type if instance else None,
                             zone=instance.zone if instance else None, spot=bool(instance and instance.spot),
                             hourly_usd=price_from_tags(tags),
+                            location=self.ctx.backend.location(instance.zone if instance else None),
                             launched_at=(instance.launch_time if instance else None) or time.time(), adopted=True,
                             run_key=self.ctx.key.digest, try_number=self.ctx.try_number)  # fmt: skip
 
@@ -145,7 +146,7 @@ class RunAttempt:
         self.log.info("Chosen offer: %s at $%s/h (%s); %d alternatives for failover", chosen.describe(),
                       chosen.hourly, "spot" if chosen.is_spot else "on-demand", len(offers) - 1)  # fmt: skip
         write_run_folder(ctx.config, ctx.key, ctx.run_uri, self.folder, bool(ctx.options.volume_id), self.log)
-        build = request_builder(ctx.config, ctx.key, ctx.run_uri, ctx.options, ctx.try_number, backend.provider)
+        build = request_builder(ctx.config, ctx.key, ctx.run_uri, ctx.options, ctx.try_number)
         instance, offer, tried = launch_with_failover(self._create_instance, offers, build,
                                                       lambda o: backend.zones_for(ctx.config.zone, o),
                                                       ctx.options.max_launch_attempts, self.log)  # fmt: skip
@@ -153,6 +154,7 @@ class RunAttempt:
                               region=backend.region, instance_id=instance.id, instance_type=offer.instance_type,
                               zone=instance.zone, spot=offer.is_spot, hourly_usd=offer.hourly,
                               launched_at=time.time(), failover=[list(t) for t in tried], run_key=ctx.key.digest,
+                              location=backend.location(instance.zone),
                               try_number=ctx.try_number)  # fmt: skip
         store_set(ctx.store, LAUNCH_KEY, launch.to_dict())
         self.log.info("Launched instance %s (%s in %s)", instance.id, offer.instance_type, instance.zone)
@@ -168,8 +170,7 @@ class RunAttempt:
     def _create_instance(self, request: LaunchRequest) -> Instance:
         """The one create call for instances: ledger first, then the cloud, then the id."""
         backend = self.ctx.backend
-        location = request.zone if backend.provider == "gcp" else backend.region
-        entry = self.ledger.intend("instance", location, token=request.client_token)
+        entry = self.ledger.intend("instance", backend.location(request.zone), token=request.client_token)
         if self.killed:
             raise RunKilled("the task was killed before the launch")
         try:
@@ -177,7 +178,7 @@ class RunAttempt:
         except CloudError:  # the cloud refused: nothing was created
             self.ledger.entries.remove(entry)
             raise
-        self.ledger.created(entry, instance.id, backend.location_of(instance))
+        self.ledger.created(entry, instance.id, backend.location(instance.zone))
         if self.killed:  # on_kill ran while the create call was in flight
             self.release()
             raise RunKilled(f"the task was killed while launching; {instance.id} was terminated")
@@ -224,8 +225,7 @@ class RunAttempt:
         backend = self.ctx.backend
         if launch.region:  # resumed in a fresh worker: work where the instance was launched
             backend.bind_region(launch.region)
-        location = launch.zone if backend.provider == "gcp" else launch.region
-        self.ledger.add("instance", launch.instance_id, location)
+        self.ledger.add("instance", launch.instance_id, launch.location or backend.location(launch.zone))
         self.release()
         try:
             note = json.dumps({"try_number": self.ctx.try_number, "state": result.state, "at": time.time()})

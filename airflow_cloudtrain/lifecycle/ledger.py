@@ -57,7 +57,7 @@ def register_kind(kind: ResourceKind) -> ResourceKind:
 
 
 def _find_instances(backend: Any, digest: str) -> list[Resource]:
-    return [Resource("instance", i.id, backend.location_of(i)) for i in backend.cloud.find(digest, ended=True)]
+    return [Resource("instance", i.id, backend.location(i.zone)) for i in backend.cloud.find(digest, ended=True)]
 
 
 def _delete_instances(backend: Any, resources: list[Resource]) -> None:
@@ -133,20 +133,20 @@ class ResourceLedger:
                 found.append(self.add(resource.kind, resource.id or "", resource.location))
         return found
 
-    def release(self, backend: Any, sweep: bool = True) -> list[Resource]:
-        """Delete every resource of the run, newest first; returns what was released.
+    def release(self, backend: Any, sweep: bool = True, only: list[Resource] | None = None) -> list[Resource]:
+        """Delete every resource of the run (or ``only`` these), newest first; returns what went.
 
         With ``sweep`` (the default) the tags are searched too, so an entry whose create call never
         returned, or a resource an earlier try made without telling the store, goes as well. Every
         kind is attempted even when one fails; the first error is raised at the end.
         """
-        if sweep or any(e.id is None for e in self.entries):
+        if only is None and (sweep or any(e.id is None for e in self.entries)):
             with contextlib.suppress(Exception):  # a failed search must not stop the known deletes
                 self.sweep(backend, sorted({e.kind for e in self.entries} | {"instance"}))
         released: list[Resource] = []
         error: BaseException | None = None
         for kind in _reverse_kinds(self.entries):
-            batch = [e for e in reversed(self.entries) if e.kind == kind and e.id]
+            batch = [e for e in reversed(self.entries) if e.kind == kind and e.id and (only is None or e in only)]
             if not batch:
                 continue
             try:
@@ -157,7 +157,7 @@ class ResourceLedger:
                 continue
             released.extend(batch)
             self.log.info("Released %s %s", kind, ", ".join(e.id or "" for e in batch))
-        self.entries = [e for e in self.entries if e not in released and e.id is not None]
+        self.entries = [e for e in self.entries if e not in released and (e.id is not None or only is not None)]
         self._save()
         if error is not None:
             raise error

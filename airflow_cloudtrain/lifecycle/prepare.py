@@ -116,16 +116,16 @@ def _skip_caches(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return None if "__pycache__" in parts or ".git" in parts else info
 
 
-def request_builder(config: RunConfig, key: RunKey, run_uri: str, options: LaunchOptions, try_number: int,
-                    provider: str) -> Any:  # fmt: skip
+def request_builder(config: RunConfig, key: RunKey, run_uri: str, options: LaunchOptions,
+                    try_number: int) -> Any:  # fmt: skip
     """``build(offer, zone, attempt) -> LaunchRequest`` for the launcher: same user data and tags,
     a client token per (try, attempt), the bid and the price tag per offer."""
     from airflow_cloudtrain.agent.bootstrap import render_user_data
     from airflow_cloudtrain.clouds.base import LaunchRequest
 
     stop_s = hard_stop_s(config.max_runtime_s)
-    # EC2: the bootstrap arms the timer; GCE: scheduling.maxRunDuration in the request
-    user_data = render_user_data(run_uri, config.cloud, hard_stop_s=stop_s if provider == "aws" else None)
+    # both clouds get both: EC2 honours the bootstrap's shutdown timer, GCE scheduling.maxRunDuration
+    user_data = render_user_data(run_uri, config.cloud, hard_stop_s=stop_s)
     tags = {**options.tags, **key.tags(), TAG_RUN_URI: run_uri, TAG_TRY: str(try_number)}
 
     def build(offer: Offer, zone: str | None, attempt: int) -> LaunchRequest:
@@ -139,7 +139,7 @@ def request_builder(config: RunConfig, key: RunKey, run_uri: str, options: Launc
                              iam_instance_profile=options.iam_instance_profile, volume_id=options.volume_id,
                              service_account=options.service_account,
                              provisioning=options.provisioning or ("spot" if offer.is_spot else None),
-                             hard_stop_s=stop_s if provider == "gcp" else None)  # fmt: skip
+                             hard_stop_s=stop_s)  # fmt: skip
 
     return build
 

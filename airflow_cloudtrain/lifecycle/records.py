@@ -35,14 +35,8 @@ class LaunchRecord:
     adopted: bool = False
     failover: list[list[str]] = field(default_factory=list)
     run_key: str = ""  # digest of the RunKey: what the tag sweep looks for
+    location: str | None = None  # where it is watched and deleted (EC2: region; GCE: zone)
     try_number: int = 1
-
-    @property
-    def location(self) -> str | None:
-        """Where the instance is watched and deleted: EC2 by region, GCE by zone."""
-        from airflow_cloudtrain.clouds.registry import provider_of
-
-        return self.zone if provider_of(self.cloud) == "gcp" else self.region
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -140,15 +140,20 @@ class CloudTrainOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         attempt = self._new_attempt(context)
-        launch, done = attempt.start()
+        try:
+            launch, done = attempt.start()
+        except BaseException:  # a failed or timed-out launch: whatever it created goes (tag sweep)
+            attempt.release()
+            raise
         if done is not None:
             return self._deliver(attempt, launch, done)
         max_runtime_s = attempt.ctx.config.max_runtime_s
         deadline = time.time() + max_runtime_s + DEADLINE_MARGIN_S if max_runtime_s else None
         if self.deferrable:
+            from airflow_cloudtrain.clouds.registry import conn_id_for
             from airflow_cloudtrain.triggers.run import RunTrigger
 
-            conn_id = self.gcp_conn_id if attempt.ctx.backend.provider == "gcp" else self.aws_conn_id
+            conn_id = conn_id_for(attempt.ctx.config.cloud, self.aws_conn_id, self.gcp_conn_id)
             trigger = RunTrigger(launch=launch.to_dict(), conn_id=conn_id, project_id=self.project_id,
                                  poll_interval=self.poll_interval, deadline=deadline,
                                  startup_timeout=self.startup_timeout, heartbeat_timeout=self.heartbeat_timeout)  # fmt: skip

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, conf
 
-from airflow_cloudtrain.clouds.registry import AWS_CLOUDS
+from airflow_cloudtrain.clouds.registry import conn_id_for, location_for, provider_of
 from airflow_cloudtrain.spec import parse_cloud
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ class InstanceStatusSensor(BaseSensorOperator):
             raise ValueError(
                 f"target_state={target_state!r} is not valid: use one of {', '.join(TARGET_STATES)}"
             )
-        if self.cloud not in AWS_CLOUDS and not zone and "{{" not in str(region):
+        if provider_of(self.cloud) == "gcp" and not zone and "{{" not in str(region):
             raise ValueError(f"cloud={self.cloud!r} needs zone= (GCE instances are zonal)")
         if not instance_ids and not run_id:
             raise ValueError(
@@ -67,10 +67,10 @@ class InstanceStatusSensor(BaseSensorOperator):
 
     @property
     def conn_id(self) -> str | None:
-        return self.aws_conn_id if self.cloud in AWS_CLOUDS else self.gcp_conn_id
+        return conn_id_for(self.cloud, self.aws_conn_id, self.gcp_conn_id)
 
     def _cloud(self) -> Any:
-        from airflow_cloudtrain.clouds.backend import instance_cloud
+        from airflow_cloudtrain.clouds.registry import instance_cloud
 
         return instance_cloud(self.cloud, self.conn_id, self.region, self.zone, self.project_id)
 
@@ -95,7 +95,7 @@ class InstanceStatusSensor(BaseSensorOperator):
                 instance_ids=self._ids(),
                 target_state=self.target_state,
                 conn_id=self.conn_id,
-                region=self.region if self.cloud in AWS_CLOUDS else self.zone,
+                region=location_for(self.cloud, self.region, self.zone),
                 poll_interval=self.poke_interval,
                 project_id=self.project_id,
                 missing_as_terminated=self.missing_as_terminated,

@@ -35,7 +35,7 @@ async def watch_instances(
 ) -> AsyncIterator[dict[str, Instance]]:
     """Shared snapshots for ``ids`` (``location``: the EC2 region or the GCE zone). Transient describe
     errors (throttling, 5xx) are waited out with backoff for minutes; others end the watch."""
-    from airflow_cloudtrain.clouds.backend import async_describer
+    from airflow_cloudtrain.clouds.registry import async_describer
     from airflow_cloudtrain.lifecycle.retry import TransientBudget
 
     key, describe = async_describer(cloud, conn_id, location, project_id)

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
-from typing import Any
 
 from airflow_cloudtrain.clouds.base import Instance
 
@@ -30,13 +29,11 @@ class _Group:
         self.generation = 0
         self.changed = asyncio.Condition()
         self.task: asyncio.Task[None] | None = None
-        self.calls = 0
 
     async def loop(self) -> None:
         while self.watchers:
             ids = sorted(set().union(*self.watchers.values()))
             try:
-                self.calls += 1
                 snapshot, error = await self.describe(ids), None
             except asyncio.CancelledError:
                 raise
@@ -88,8 +85,3 @@ async def watch(
             group.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await group.task
-
-
-def calls_made() -> dict[Any, int]:
-    """Describe calls per live group (for diagnostics)."""
-    return {k: g.calls for k, g in _groups.items()}

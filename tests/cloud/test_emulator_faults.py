@@ -25,6 +25,7 @@ from airflow_cloudtrain import runs
 from airflow_cloudtrain.agent.bootstrap import render_user_data
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET
 from airflow_cloudtrain.emulator.gcp.gce import EMULATOR_USER_AGENT, compute_client_kwargs
+from airflow_cloudtrain.emulator.userdata import Bootstrap, parse_bootstrap
 
 ZONE = "us-central1-a"
 NO_RETRIES = Config(retries={"total_max_attempts": 1})
@@ -204,6 +205,16 @@ def test_an_instance_without_our_bootstrap_gets_no_agent(emu) -> None:
         ec2.terminate_instances(InstanceIds=[iid])
 
 
+def test_the_bootstrap_lines_the_emulator_reads() -> None:
+    script = render_user_data("s3://b/runs/it's here", "ec2spot", hard_stop_s=90)
+    assert parse_bootstrap(script) == Bootstrap("s3://b/runs/it's here", "ec2spot", 90)
+    assert parse_bootstrap(render_user_data("gs://b/r", "gcloud").encode()) == Bootstrap(
+        "gs://b/r", "gcloud", None
+    )
+    assert parse_bootstrap("#!/bin/bash\nCT_RUN_URI=\nCT_HARD_STOP_S=60\n") is None  # no run folder: not ours
+    assert parse_bootstrap("#!/bin/bash\necho hello\n") is None and parse_bootstrap(None) is None
+
+
 # --- throttling ----------------------------------------------------------------------------------
 
 
@@ -337,3 +348,10 @@ def test_gcp_throttling_is_rate_limit_exceeded(emu) -> None:
     emu.clear_faults()
     list(instances.list(project="cloudtrain-emulated", zone=ZONE))
     assert bucket.blob("faults/gcs-object").download_as_bytes(retry=None) == b"gcs"
+
+
+def test_the_aws_endpoint_sends_one_server_header(emu) -> None:
+    """moto adds ``Server: amazon.com`` to the HTTP server's own; aiohttp (debug mode) rejects two."""
+    for response in (boto3.client("ec2").describe_regions(), boto3.client("s3").list_buckets()):
+        raw = response["ResponseMetadata"]["HTTPHeaders"]
+        assert "," not in raw.get("server", "")  # botocore joins repeated headers with ", "

@@ -324,3 +324,21 @@ def test_a_run_survives_30_percent_of_ec2_and_s3_calls_throttled(
     assert any(k.startswith("throttled") and v for k, v in counts.items()), counts  # it was really throttled
     assert "job ran" in capfd.readouterr().out
     launched("aws", dag_id, run)
+
+
+def test_a_timeout_during_a_gce_insert_leaves_no_vm(emu, airflow_db, capfd) -> None:
+    """execution_timeout fires while the insert operation is still running: the VM exists but the
+    create call never returned its name to us, so only the ledger's tag sweep can find it."""
+    dag_id = "insert_timeout_gcp"
+    emu.gce.op_delay, before = 20.0, emu.gce.op_delay
+    try:
+        run = scenario(dag_id, "gcp", "echo never", extra=", execution_timeout=timedelta(seconds=6)").test()
+    finally:
+        emu.gce.op_delay = before
+    assert task_states(run) == {"train": "failed"}
+    digest = RunKey(dag_id, "train", run.run_id, -1, BUCKET["gcp"]).digest
+    deadline = time.monotonic() + 60
+    while (left := cloud_of("gcp").find(digest, ended=True)) and time.monotonic() < deadline:
+        time.sleep(0.5)  # the delete operation itself takes a moment in the emulator
+    assert left == [], left
+    assert "Released instance" in capfd.readouterr().out

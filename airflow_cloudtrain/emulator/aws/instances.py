@@ -1,27 +1,32 @@
 """The AWS half of what the instances' side sees: which EC2 instances boot our agent, and what the
-machines do by themselves (power off at their hard stop), read with the emulator's own EC2 clients.
+machines do by themselves (power off at their hard stop).
 
-An instance runs an agent when its user data (``DescribeInstanceAttribute userData``, read once per
-instance: it never changes) is our bootstrap (``emulator.userdata``), whatever its tags. The bootstrap's
-``CT_HARD_STOP_S`` is played as the real machine plays it: ``hard_stop_s`` after launch the instance
-shuts itself down (terminated, ``Client.InstanceInitiatedShutdown``), whether or not its agent lives.
+An instance runs an agent when its user data is our bootstrap (``emulator.userdata``), whatever its
+tags. The user data is read with ``DescribeInstanceAttribute userData`` (the emulator's own client:
+neither counted nor throttled), once per instance since it never changes. Which instances are live is
+read from moto's backend in process, as the hypervisor knows it: this poll runs every 0.3 s, and moto
+takes seconds to render a DescribeInstances of 1,000 instances (benchmarks launch that many), so an
+instance without any user data is not asked about either.
+
+The bootstrap's ``CT_HARD_STOP_S`` is played as the real machine plays it: ``hard_stop_s`` after launch
+(``LaunchTime``, whole seconds) the instance shuts itself down (terminated with
+``Client.InstanceInitiatedShutdown``), whether or not its agent lives.
 """
 
 from __future__ import annotations
 
 import base64
+import calendar
 import time
 from typing import Any
 
 from botocore.exceptions import ClientError
 
-from airflow_cloudtrain.emulator.aws.backend import SHUTDOWN, SPOT_TERMINATION, end_instance
+from airflow_cloudtrain.emulator.aws.backend import SHUTDOWN, SPOT_TERMINATION, ec2_backend, end_instance
 from airflow_cloudtrain.emulator.faults import EMULATOR_USER_AGENT
 from airflow_cloudtrain.emulator.metadata import MetadataServer
 from airflow_cloudtrain.emulator.runner import Seen
 from airflow_cloudtrain.emulator.userdata import Bootstrap, parse_bootstrap
-
-_LIVE = {"Name": "instance-state-name", "Values": ["pending", "running"]}
 
 
 class AwsInstances:
@@ -37,26 +42,36 @@ class AwsInstances:
         self.regions: dict[str, str] = {}  # instance id -> region
         self._boot: dict[str, Bootstrap | None] = {}  # instance id -> its bootstrap (None: not ours)
 
-    def live(self, filters: list[dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-        """Every pending or running instance in every region (``_region`` added)."""
+    def _live(self) -> list[tuple[str, Any]]:
+        """(region, moto instance) for every pending or running instance (moto copies its reservation
+        table under the GIL, so this is safe while requests mutate it)."""
         out = []
-        for region, ec2 in self.ec2.items():
-            for page in ec2.get_paginator("describe_instances").paginate(Filters=[_LIVE, *(filters or [])]):
-                for reservation in page["Reservations"]:
-                    for raw in reservation["Instances"]:
-                        self.regions[raw["InstanceId"]] = region
-                        out.append({**raw, "_region": region})
+        for region in self.ec2:
+            for reservation in ec2_backend(region).all_reservations():
+                for inst in list(reservation.instances):
+                    if inst.state in ("pending", "running"):
+                        self.regions[inst.id] = region
+                        out.append((region, inst))
         return out
 
     def managed(self) -> list[dict[str, Any]]:
         """Live instances of ours (``cloudtrain-managed=true``), as ``Emulator.running_instances`` lists them."""
         from airflow_cloudtrain.runs import TAG_MANAGED
 
-        return [{"cloud": "aws", "id": raw["InstanceId"], "instance_type": raw["InstanceType"],
-                 "zone": raw["Placement"].get("AvailabilityZone"), "spot": raw.get("InstanceLifecycle") == "spot"}
-                for raw in self.live([{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]}])]  # fmt: skip
+        filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
+                   {"Name": "instance-state-name", "Values": ["pending", "running"]}]  # fmt: skip
+        out = []
+        for region, ec2 in self.ec2.items():
+            for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
+                for raw in (i for r in page["Reservations"] for i in r["Instances"]):
+                    self.regions[raw["InstanceId"]] = region
+                    out.append({"cloud": "aws", "id": raw["InstanceId"], "instance_type": raw["InstanceType"],
+                                "zone": raw["Placement"].get("AvailabilityZone"),
+                                "spot": raw.get("InstanceLifecycle") == "spot"})  # fmt: skip
+        return out
 
     def bootstrap(self, instance_id: str, region: str) -> Bootstrap | None:
+        """The instance's bootstrap settings, None when its user data is not our bootstrap."""
         if instance_id not in self._boot:
             try:
                 attr = self.ec2[region].describe_instance_attribute(
@@ -71,23 +86,20 @@ class AwsInstances:
     def seen(self, hard_stop_scale: float = 1.0) -> list[Seen]:
         """Instances whose agent should run now; ends those whose hard stop has come."""
         out = []
-        for raw in self.live():
-            iid, region = raw["InstanceId"], raw["_region"]
-            boot = self.bootstrap(iid, region)
+        for region, inst in self._live():
+            if not inst.user_data:
+                self._boot.setdefault(inst.id, None)  # nothing given to boot with: nothing to ask
+            boot = self.bootstrap(inst.id, region)
             if boot is None:
                 continue  # not our bootstrap: nothing would start an agent there
-            if (
-                boot.hard_stop_s
-                and time.time() >= raw["LaunchTime"].timestamp() + boot.hard_stop_s * hard_stop_scale
-            ):
-                end_instance(region, iid, *SHUTDOWN)  # the runner kills the agent: the machine is gone
+            launched = calendar.timegm(inst.launch_time.utctimetuple())  # LaunchTime, whole seconds, UTC
+            if boot.hard_stop_s and time.time() >= launched + boot.hard_stop_s * hard_stop_scale:
+                end_instance(region, inst.id, *SHUTDOWN)  # the runner kills the agent: the machine is gone
                 continue
-            env = {
-                "AWS_EC2_METADATA_SERVICE_ENDPOINT": self.metadata.endpoint_for(iid),
-                "AWS_DEFAULT_REGION": region,
-            }
-            out.append(Seen("aws", iid, boot.run_uri, raw["InstanceType"], raw["Placement"].get("AvailabilityZone"),
-                            raw.get("InstanceLifecycle") == "spot", env))  # fmt: skip
+            env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": self.metadata.endpoint_for(inst.id),
+                   "AWS_DEFAULT_REGION": region}  # fmt: skip
+            out.append(Seen("aws", inst.id, boot.run_uri, inst.instance_type, inst.availability_zone,
+                            inst.lifecycle == "spot", env))  # fmt: skip
         return out
 
     def power_off(self, instance_id: str) -> None:
@@ -102,5 +114,5 @@ class AwsInstances:
 
     def region_of(self, instance_id: str) -> str:
         if instance_id not in self.regions:
-            self.live([{"Name": "instance-id", "Values": [instance_id]}])
+            self._live()
         return self.regions.get(instance_id, self.default_region)
