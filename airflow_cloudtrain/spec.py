@@ -23,9 +23,19 @@ GCP_CLOUDS = _registry.GCP_CLOUDS
 
 RAM_STEP_MIB = 256
 _MIB_PER_UNIT = {
-    "m": 1, "M": 1, "MB": 1, "Mb": 1, "MiB": 1, "mb": 1,
-    "g": 1024, "G": 1024, "GB": 1024, "Gb": 1024, "GiB": 1024, "gb": 1024,
-}  # fmt: skip
+    "m": 1,
+    "M": 1,
+    "MB": 1,
+    "Mb": 1,
+    "MiB": 1,
+    "mb": 1,
+    "g": 1024,
+    "G": 1024,
+    "GB": 1024,
+    "Gb": 1024,
+    "GiB": 1024,
+    "gb": 1024,
+}
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([A-Za-z]*)\s*$")
 _SIZE_FORMS = (
     "an int ({unit}) or a string like '16g', '512m', '1.5GiB' (suffixes m, M, MB, MiB, g, G, Gb, GB, GiB)"

@@ -40,11 +40,28 @@ def measure(emu: object, ids: list[str], impl: str, interval: float) -> tuple[in
     from airflow_cloudtrain.triggers.instances import InstanceStateTrigger
 
     if impl == "ours":
-        triggers = [InstanceStateTrigger(cloud="ec2", instance_ids=[i], target_state="running", conn_id="aws_default",
-                                         region="us-east-1", poll_interval=interval) for i in ids]  # fmt: skip
+        triggers = [
+            InstanceStateTrigger(
+                cloud="ec2",
+                instance_ids=[i],
+                target_state="running",
+                conn_id="aws_default",
+                region="us-east-1",
+                poll_interval=interval,
+            )
+            for i in ids
+        ]
     else:
-        triggers = [EC2StateSensorTrigger(instance_id=i, target_state="running", aws_conn_id="aws_default",
-                                          region_name="us-east-1", poll_interval=int(interval)) for i in ids]  # fmt: skip
+        triggers = [
+            EC2StateSensorTrigger(
+                instance_id=i,
+                target_state="running",
+                aws_conn_id="aws_default",
+                region_name="us-east-1",
+                poll_interval=int(interval),
+            )
+            for i in ids
+        ]
     emu.reset_counts()  # type: ignore[attr-defined]
     start = time.perf_counter()
     asyncio.run(_one_round(triggers))
@@ -62,8 +79,10 @@ def main() -> int:
 
     from airflow_cloudtrain.emulator import Emulator
 
-    print("EC2 DescribeInstances requests for one poll of every watcher, all triggers in one event loop, "
-          "moto server on loopback\n")  # fmt: skip
+    print(
+        "EC2 DescribeInstances requests for one poll of every watcher, all triggers in one event loop, "
+        "moto server on loopback\n"
+    )
     print(
         "| watched instances | implementation                  | requests per poll | wall time of the poll (s) |"
     )
@@ -74,8 +93,12 @@ def main() -> int:
         ec2 = boto3.client("ec2")
         image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
         for n in args.sizes:
-            ids = [i["InstanceId"] for i in ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=n,
-                                                              MaxCount=n)["Instances"]]  # fmt: skip
+            ids = [
+                i["InstanceId"]
+                for i in ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=n, MaxCount=n)[
+                    "Instances"
+                ]
+            ]
             for impl, label in (
                 ("ours", "cloudtrain InstanceStateTrigger"),
                 ("amazon", "EC2StateSensorTrigger"),

@@ -25,8 +25,14 @@ os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS_FOLDER)
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "True"
 os.environ["CLOUDTRAIN_CACHE_DIR"] = str(_HOME / "cache")
-for _var in ("AWS_PROFILE", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
-             "GOOGLE_APPLICATION_CREDENTIALS", "AWS_ENDPOINT_URL"):  # fmt: skip
+for _var in (
+    "AWS_PROFILE",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "AWS_ENDPOINT_URL",
+):
     os.environ.pop(_var, None)
 # The example DAGs are parsed from the DAGs folder, as Airflow would.
 for _item in (ROOT / "example_dags").iterdir():

@@ -54,11 +54,18 @@ N1_ATTACH_LIMITS: dict[str, dict[int, tuple[int, int]]] = {
 
 # Catalog GPU names -> Compute Engine accelerator type names.
 ACCELERATOR_TYPES: dict[str, str] = {
-    "T4": "nvidia-tesla-t4", "V100": "nvidia-tesla-v100", "P100": "nvidia-tesla-p100",
-    "P4": "nvidia-tesla-p4", "L4": "nvidia-l4", "A100": "nvidia-tesla-a100",
-    "A100-80GB": "nvidia-a100-80gb", "H100": "nvidia-h100-80gb", "H100-MEGA": "nvidia-h100-mega-80gb",
-    "H200": "nvidia-h200-141gb", "B200": "nvidia-b200",
-}  # fmt: skip
+    "T4": "nvidia-tesla-t4",
+    "V100": "nvidia-tesla-v100",
+    "P100": "nvidia-tesla-p100",
+    "P4": "nvidia-tesla-p4",
+    "L4": "nvidia-l4",
+    "A100": "nvidia-tesla-a100",
+    "A100-80GB": "nvidia-a100-80gb",
+    "H100": "nvidia-h100-80gb",
+    "H100-MEGA": "nvidia-h100-mega-80gb",
+    "H200": "nvidia-h200-141gb",
+    "B200": "nvidia-b200",
+}
 
 # Accelerator-optimised families: the GPU comes with the machine type.
 _G2_L4 = {4: 1, 8: 1, 12: 1, 16: 1, 32: 1, 24: 2, 48: 4, 96: 8}
@@ -110,15 +117,34 @@ def predefined_offers(rows: tuple[Row, ...], cloud: str) -> list[Offer]:
             if gpu_row is None:
                 continue  # no published price for its GPUs in this region: cannot price it
             offers.append(
-                Offer(cloud, r.instance_type, r.vcpus, r.memory_gib, count, gpu, r.region,
-                      _zones(r.zones, gpu_row.zones), _add(r.price, gpu_row.price),
-                      _add(r.spot_min, gpu_row.spot_min))
-            )  # fmt: skip
+                Offer(
+                    cloud,
+                    r.instance_type,
+                    r.vcpus,
+                    r.memory_gib,
+                    count,
+                    gpu,
+                    r.region,
+                    _zones(r.zones, gpu_row.zones),
+                    _add(r.price, gpu_row.price),
+                    _add(r.spot_min, gpu_row.spot_min),
+                )
+            )
         else:
             offers.append(
-                Offer(cloud, r.instance_type, r.vcpus, r.memory_gib, 0, None, r.region, r.zones,
-                      r.price, r.spot_min)
-            )  # fmt: skip
+                Offer(
+                    cloud,
+                    r.instance_type,
+                    r.vcpus,
+                    r.memory_gib,
+                    0,
+                    None,
+                    r.region,
+                    r.zones,
+                    r.price,
+                    r.spot_min,
+                )
+            )
     for r in n1_rows:
         for gpu, limits in N1_ATTACH_LIMITS.items():
             for count, (max_vcpus, max_mem) in limits.items():
@@ -128,10 +154,20 @@ def predefined_offers(rows: tuple[Row, ...], cloud: str) -> list[Offer]:
                 zones = _zones(r.zones, gpu_row.zones)
                 if zones:
                     offers.append(
-                        Offer(cloud, r.instance_type, r.vcpus, r.memory_gib, count, gpu, r.region, zones,
-                              _add(r.price, gpu_row.price), _add(r.spot_min, gpu_row.spot_min),
-                              attach_gpus=True)
-                    )  # fmt: skip
+                        Offer(
+                            cloud,
+                            r.instance_type,
+                            r.vcpus,
+                            r.memory_gib,
+                            count,
+                            gpu,
+                            r.region,
+                            zones,
+                            _add(r.price, gpu_row.price),
+                            _add(r.spot_min, gpu_row.spot_min),
+                            attach_gpus=True,
+                        )
+                    )
     return offers
 
 
@@ -201,8 +237,9 @@ def custom_shape(fam: CustomFamily, cpus: int, ram_mib: int | None) -> tuple[int
     return None
 
 
-def custom_offers(rows: tuple[Row, ...], cloud: str, cpus: int, ram_mib: int | None, gpus: int,
-                  gpu_type: str | None) -> list[Offer]:  # fmt: skip
+def custom_offers(
+    rows: tuple[Row, ...], cloud: str, cpus: int, ram_mib: int | None, gpus: int, gpu_type: str | None
+) -> list[Offer]:
     """Custom shapes (one per family and region) that meet the request, with GPUs attached on N1."""
     accel = _accelerator_prices(rows)
     rates = family_rates(rows)
@@ -236,9 +273,21 @@ def custom_offers(rows: tuple[Row, ...], cloud: str, cpus: int, ram_mib: int | N
                     zones = _zones(rate.zones, gpu_row.zones)
                     if zones:
                         offers.append(
-                            Offer(cloud, name, n, gib, count, gpu, region, zones, _add(price, gpu_row.price),
-                                  _add(spot, gpu_row.spot_min), attach_gpus=True, derived=True)
-                        )  # fmt: skip
+                            Offer(
+                                cloud,
+                                name,
+                                n,
+                                gib,
+                                count,
+                                gpu,
+                                region,
+                                zones,
+                                _add(price, gpu_row.price),
+                                _add(spot, gpu_row.spot_min),
+                                attach_gpus=True,
+                                derived=True,
+                            )
+                        )
                     break  # the smallest count that fits is the cheapest
     return offers
 

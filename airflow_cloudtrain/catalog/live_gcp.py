@@ -29,16 +29,30 @@ GCE_SERVICE_ID = "6F81-5844-456A"  # Compute Engine in the Billing Catalog (clou
 
 # Machine type prefixes the catalog knows -> the series as SKU descriptions spell it.
 FAMILIES: dict[str, str] = {
-    "n1-standard-": "N1 Predefined Instance", "n1-highmem-": "N1 Predefined Instance",
-    "n2-standard-": "N2 Instance", "n2-highmem-": "N2 Instance", "g2-standard-": "G2 Instance",
-    "a2-highgpu-": "A2 Instance", "a3-highgpu-": "A3 Instance",
-}  # fmt: skip
+    "n1-standard-": "N1 Predefined Instance",
+    "n1-highmem-": "N1 Predefined Instance",
+    "n2-standard-": "N2 Instance",
+    "n2-highmem-": "N2 Instance",
+    "g2-standard-": "G2 Instance",
+    "a2-highgpu-": "A2 Instance",
+    "a3-highgpu-": "A3 Instance",
+}
 # "Nvidia <name> GPU running in ..." -> catalog GPU name (SkyPilot's mapping).
 SKU_GPUS: dict[str, str] = {
-    "Tesla T4": "T4", "Tesla V100": "V100", "Tesla P100": "P100", "Tesla P4": "P4", "L4": "L4",
-    "Tesla A100": "A100", "A100 80GB": "A100-80GB", "H100 80GB": "H100", "H100 80GB Mega": "H100-MEGA",
-    "H100 Mega 80GB": "H100-MEGA", "H100 80GB Plus": "H100-MEGA", "H200 141GB": "H200", "B200": "B200",
-}  # fmt: skip
+    "Tesla T4": "T4",
+    "Tesla V100": "V100",
+    "Tesla P100": "P100",
+    "Tesla P4": "P4",
+    "L4": "L4",
+    "Tesla A100": "A100",
+    "A100 80GB": "A100-80GB",
+    "H100 80GB": "H100",
+    "H100 80GB Mega": "H100-MEGA",
+    "H100 Mega 80GB": "H100-MEGA",
+    "H100 80GB Plus": "H100-MEGA",
+    "H200 141GB": "H200",
+    "B200": "B200",
+}
 _GPU_OF_TYPE = {v: k for k, v in ACCELERATOR_TYPES.items()}  # "nvidia-tesla-t4" -> "T4"
 _EIGHT_ONLY = {"H100-MEGA", "H200", "B200"}  # sold only as whole 8-GPU machines
 _USAGE = ("OnDemand", "Preemptible")  # Preemptible = Spot; commitments (Commit1Yr, ...) are not ours
@@ -110,9 +124,9 @@ def sku_rates(skus: Iterable[dict[str, Any]], region: str) -> dict[tuple[str, st
     return {k: price for k, (_, price) in best.items()}
 
 
-def _list_shapes(mt_client: Any, at_client: Any, project: str, zones: Sequence[str]) -> tuple[
-    dict[str, tuple[float, float, list[str]]], dict[str, dict[str, int]]
-]:  # fmt: skip
+def _list_shapes(
+    mt_client: Any, at_client: Any, project: str, zones: Sequence[str]
+) -> tuple[dict[str, tuple[float, float, list[str]]], dict[str, dict[str, int]]]:
     """Machine types of our families -> (vCPUs, GiB, zones); catalog GPU -> zone -> max cards."""
     shapes: dict[str, tuple[float, float, list[str]]] = {}
     cards: dict[str, dict[str, int]] = {}
@@ -134,16 +148,29 @@ def _counts(gpu: str, max_cards: int) -> list[int]:
     return [2**i for i in range(max_cards.bit_length()) if 2**i <= max_cards]
 
 
-def build_rows(region: str, shapes: dict[str, tuple[float, float, list[str]]],
-               cards: dict[str, dict[str, int]], rates: dict[tuple[str, str, str], float]) -> list[Row]:  # fmt: skip
+def build_rows(
+    region: str,
+    shapes: dict[str, tuple[float, float, list[str]]],
+    cards: dict[str, dict[str, int]],
+    rates: dict[tuple[str, str, str], float],
+) -> list[Row]:
     """Rows in the snapshot layout. A price no SKU gave falls back to the snapshot's for the same row
     (as ``refresh_aws`` does); rows with no price at all are left out."""
-    old = {(r.instance_type, r.accelerator, r.accelerator_count): r
-           for r in snapshot_rows("gcp") if r.region == region}  # fmt: skip
+    old = {
+        (r.instance_type, r.accelerator, r.accelerator_count): r
+        for r in snapshot_rows("gcp")
+        if r.region == region
+    }
     rows: list[Row] = []
 
-    def add(key: tuple[str, str | None, int], vcpus: float, gib: float, price: float | None,
-            spot: float | None, zones: Iterable[str]) -> None:  # fmt: skip
+    def add(
+        key: tuple[str, str | None, int],
+        vcpus: float,
+        gib: float,
+        price: float | None,
+        spot: float | None,
+        zones: Iterable[str],
+    ) -> None:
         prev = old.get(key)
         price = price if price is not None else (prev.price if prev else None)
         spot = spot if spot is not None else (prev.spot_min if prev else None)
@@ -163,13 +190,26 @@ def build_rows(region: str, shapes: dict[str, tuple[float, float, list[str]]],
     for gpu, per_zone in sorted(cards.items()):
         od, spot = rates.get(("GPU", gpu, "OnDemand")), rates.get(("GPU", gpu, "Preemptible"))
         for n in _counts(gpu, max(per_zone.values())):
-            add(("", gpu, n), 0.0, 0.0, None if od is None else round(n * od, 6),
-                None if spot is None else round(n * spot, 6), [z for z, m in per_zone.items() if m >= n])  # fmt: skip
+            add(
+                ("", gpu, n),
+                0.0,
+                0.0,
+                None if od is None else round(n * od, 6),
+                None if spot is None else round(n * spot, 6),
+                [z for z, m in per_zone.items() if m >= n],
+            )
     return rows
 
 
-def refresh_gcp(region: str, machine_types_client: Any, accelerator_types_client: Any, billing_session: Any,
-                zones: Sequence[str], project: str, billing_url: str = BILLING_URL) -> list[Row]:  # fmt: skip
+def refresh_gcp(
+    region: str,
+    machine_types_client: Any,
+    accelerator_types_client: Any,
+    billing_session: Any,
+    zones: Sequence[str],
+    project: str,
+    billing_url: str = BILLING_URL,
+) -> list[Row]:
     """Refresh ``region`` from machineTypes/acceleratorTypes ``list`` in ``zones`` of ``project`` and
     the Billing Catalog at ``billing_url`` (through ``billing_session``, an AuthorizedSession).
 

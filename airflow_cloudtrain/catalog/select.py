@@ -28,10 +28,20 @@ def base_offers(cloud: str, rows: tuple[Row, ...]) -> tuple[Offer, ...]:
         offers = gce.predefined_offers(rows, cloud)
     else:
         offers = [
-            Offer(cloud, r.instance_type, r.vcpus, r.memory_gib, r.accelerator_count, r.accelerator,
-                  r.region, r.zones, r.price, r.spot_min)
+            Offer(
+                cloud,
+                r.instance_type,
+                r.vcpus,
+                r.memory_gib,
+                r.accelerator_count,
+                r.accelerator,
+                r.region,
+                r.zones,
+                r.price,
+                r.spot_min,
+            )
             for r in rows
-        ]  # fmt: skip
+        ]
     priced = [o for o in offers if o.hourly is not None]
     return tuple(sorted(priced, key=_sort_key))
 

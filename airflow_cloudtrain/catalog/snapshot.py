@@ -71,10 +71,20 @@ def format_rows(rows: Iterable[Row]) -> str:
         count = str(r.accelerator_count) if r.accelerator else ""
         out.append(
             ",".join(
-                [r.instance_type, r.accelerator or "", count, f(r.vcpus), f(r.memory_gib), r.region,
-                 f(r.price), f(r.spot_min), f(r.spot_max), ";".join(r.zones)]
+                [
+                    r.instance_type,
+                    r.accelerator or "",
+                    count,
+                    f(r.vcpus),
+                    f(r.memory_gib),
+                    r.region,
+                    f(r.price),
+                    f(r.spot_min),
+                    f(r.spot_max),
+                    ";".join(r.zones),
+                ]
             )
-        )  # fmt: skip
+        )
     return "\n".join(out) + "\n"
 
 

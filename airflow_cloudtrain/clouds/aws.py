@@ -86,8 +86,9 @@ class AwsCloud(Cloud):
 
     name = "aws"
 
-    def __init__(self, ec2_client: Any, region: str, ssm_client: Any | None = None,
-                 launch_client: Any | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, ec2_client: Any, region: str, ssm_client: Any | None = None, launch_client: Any | None = None
+    ) -> None:
         self.ec2 = ec2_client
         self.ssm = ssm_client
         self.region = region
@@ -143,7 +144,7 @@ class AwsCloud(Cloud):
                         "Encrypted": True,
                         "DeleteOnTermination": True,
                     },
-                }  # fmt: skip
+                }
             ],
             "TagSpecifications": [
                 {"ResourceType": "instance", "Tags": _tag_list(request.tags)},
@@ -183,7 +184,9 @@ class AwsCloud(Cloud):
     def find(self, run_key_digest: str, ended: bool = False) -> list[Instance]:
         filters = [{"Name": f"tag:{TAG_RUN_KEY}", "Values": [run_key_digest]}]
         if not ended:
-            filters.append({"Name": "instance-state-name", "Values": sorted(ALIVE_STATES | {"stopping", "stopped"})})
+            filters.append(
+                {"Name": "instance-state-name", "Values": sorted(ALIVE_STATES | {"stopping", "stopped"})}
+            )
         return list(_instances(self.ec2, Filters=filters))
 
     def find_run(self, run_id: str) -> list[Instance]:
@@ -235,7 +238,10 @@ def id_chunks(ids: list[str]) -> list[list[str]]:
 
 def id_filters(chunk: list[str]) -> list[list[dict[str, Any]]]:
     """The filters that describe ``chunk`` without failing on ids EC2 rejects."""
-    return [[{"Name": "instance-id", "Values": chunk[i : i + FILTER_BATCH]}] for i in range(0, len(chunk), FILTER_BATCH)]
+    return [
+        [{"Name": "instance-id", "Values": chunk[i : i + FILTER_BATCH]}]
+        for i in range(0, len(chunk), FILTER_BATCH)
+    ]
 
 
 def rejects_an_id(err: Exception) -> bool:
@@ -246,8 +252,15 @@ def rejects_an_id(err: Exception) -> bool:
 def with_missing(ids: list[str], found: dict[str, Instance]) -> dict[str, Instance]:
     """Ids the cloud did not report: never existed, or gone for over an hour. Their own answer."""
     for missing in set(ids) - set(found):
-        found[missing] = Instance(id=missing, state=TERMINATED, instance_type="", zone=None, spot=False,
-                                  state_reason="not found", missing=True)  # fmt: skip
+        found[missing] = Instance(
+            id=missing,
+            state=TERMINATED,
+            instance_type="",
+            zone=None,
+            spot=False,
+            state_reason="not found",
+            missing=True,
+        )
     return found
 
 

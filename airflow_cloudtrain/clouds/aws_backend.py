@@ -60,5 +60,9 @@ class AwsRunBackend:
         for iid, region in instances:
             by_region.setdefault(region or self.region, []).append(iid)
         for region, ids in by_region.items():
-            cloud = self.cloud if region == self.region else CloudTrainAwsHook(aws_conn_id=self.conn_id, region_name=region).cloud()
+            cloud = (
+                self.cloud
+                if region == self.region
+                else CloudTrainAwsHook(aws_conn_id=self.conn_id, region_name=region).cloud()
+            )
             cloud.terminate(ids)

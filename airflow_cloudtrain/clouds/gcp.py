@@ -27,11 +27,25 @@ from airflow_cloudtrain.clouds.base import (
 from airflow_cloudtrain.clouds.errors import CapacityUnavailable, CloudError, InvalidRequest, QuotaExceeded
 from airflow_cloudtrain.runs import TAG_RUN, TAG_RUN_KEY, TAG_RUN_URI
 
-CAPACITY_CODES = frozenset({"ZONE_RESOURCE_POOL_EXHAUSTED", "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
-                            "RESOURCE_POOL_EXHAUSTED", "UNSUPPORTED_OPERATION"})  # fmt: skip
+CAPACITY_CODES = frozenset(
+    {
+        "ZONE_RESOURCE_POOL_EXHAUSTED",
+        "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+        "RESOURCE_POOL_EXHAUSTED",
+        "UNSUPPORTED_OPERATION",
+    }
+)
 QUOTA_CODES = frozenset({"QUOTA_EXCEEDED", "quotaExceeded"})
-STATUS = {"PROVISIONING": PENDING, "STAGING": PENDING, "RUNNING": RUNNING, "STOPPING": STOPPING,
-          "SUSPENDING": STOPPING, "SUSPENDED": STOPPED, "REPAIRING": PENDING, "TERMINATED": TERMINATED}  # fmt: skip
+STATUS = {
+    "PROVISIONING": PENDING,
+    "STAGING": PENDING,
+    "RUNNING": RUNNING,
+    "STOPPING": STOPPING,
+    "SUSPENDING": STOPPING,
+    "SUSPENDED": STOPPED,
+    "REPAIRING": PENDING,
+    "TERMINATED": TERMINATED,
+}
 CPU_IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 GPU_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cu123-debian-11-py310"
 SCOPES = [
@@ -104,25 +118,46 @@ class GcpCloud(Cloud):
             scheduling = {"automatic_restart": True, "on_host_maintenance": "MIGRATE"}
         if r.hard_stop_s:
             # the cloud's own hard stop: deleted after this long, whether or not our agent is alive
-            scheduling.update(max_run_duration={"seconds": max(30, int(r.hard_stop_s))},
-                              instance_termination_action="DELETE")  # fmt: skip
+            scheduling.update(
+                max_run_duration={"seconds": max(30, int(r.hard_stop_s))},
+                instance_termination_action="DELETE",
+            )
         body: dict[str, Any] = {
             "name": name,
             "machine_type": f"zones/{zone}/machineTypes/{offer.instance_type}",
             "labels": labels,
-            "metadata": {"items": [{"key": "startup-script", "value": r.user_data},
-                                   {"key": TAG_RUN_URI, "value": r.tags.get(TAG_RUN_URI, "")}]},  # fmt: skip
-            "disks": [{"boot": True, "auto_delete": True, "initialize_params": {
-                "source_image": r.image_id or (GPU_IMAGE if gpu else CPU_IMAGE), "disk_size_gb": r.disk_gib}}],
-            "network_interfaces": [{"network": "global/networks/default",
-                                    "access_configs": [{"name": "External NAT", "type_": "ONE_TO_ONE_NAT"}]}],
+            "metadata": {
+                "items": [
+                    {"key": "startup-script", "value": r.user_data},
+                    {"key": TAG_RUN_URI, "value": r.tags.get(TAG_RUN_URI, "")},
+                ]
+            },
+            "disks": [
+                {
+                    "boot": True,
+                    "auto_delete": True,
+                    "initialize_params": {
+                        "source_image": r.image_id or (GPU_IMAGE if gpu else CPU_IMAGE),
+                        "disk_size_gb": r.disk_gib,
+                    },
+                }
+            ],
+            "network_interfaces": [
+                {
+                    "network": "global/networks/default",
+                    "access_configs": [{"name": "External NAT", "type_": "ONE_TO_ONE_NAT"}],
+                }
+            ],
             "service_accounts": [{"email": r.service_account or "default", "scopes": SCOPES}],
             "scheduling": scheduling,
-        }  # fmt: skip
+        }
         if offer.attach_gpus:
-            body["guest_accelerators"] = [{
-                "accelerator_type": f"zones/{zone}/acceleratorTypes/{ACCELERATOR_TYPES[offer.gpu_type or '']}",
-                "accelerator_count": offer.gpus}]  # fmt: skip
+            body["guest_accelerators"] = [
+                {
+                    "accelerator_type": f"zones/{zone}/acceleratorTypes/{ACCELERATOR_TYPES[offer.gpu_type or '']}",
+                    "accelerator_count": offer.gpus,
+                }
+            ]
         return body
 
     def launch(self, request: LaunchRequest) -> Instance:
@@ -134,8 +169,9 @@ class GcpCloud(Cloud):
         name = instance_name(digest, int(try_number), int(attempt))
         request_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"cloudtrain:{request.client_token}"))
         resource = compute_v1.Instance(self._body(request, zone, name))
-        insert = compute_v1.InsertInstanceRequest(project=self.project, zone=zone, instance_resource=resource,
-                                                  request_id=request_id)  # fmt: skip
+        insert = compute_v1.InsertInstanceRequest(
+            project=self.project, zone=zone, instance_resource=resource, request_id=request_id
+        )
         try:
             op = self.instances.insert(request=insert)
         except gexc.Conflict:  # the same launch sent twice: it is ours
@@ -173,7 +209,9 @@ class GcpCloud(Cloud):
         return self._labelled(TAG_RUN, run_id)
 
     def _labelled(self, key: str, value: str) -> list[Instance]:
-        return [to_instance(raw) for zone in self.zones for raw in self._list(zone, f"labels.{key} = {value}")]
+        return [
+            to_instance(raw) for zone in self.zones for raw in self._list(zone, f"labels.{key} = {value}")
+        ]
 
     def describe(self, ids: list[str]) -> dict[str, Instance]:
         """One list call per zone (per 500 instances); names not listed are gone (deleted)."""
@@ -191,8 +229,16 @@ class GcpCloud(Cloud):
                 inst.preempted = inst.id in preempted
             for name in wanted - set(out):
                 known = name in deleted or name in preempted
-                out[name] = Instance(name, TERMINATED, "", None, False, state_reason="deleted" if known else "not found",
-                                     preempted=name in preempted, missing=not known)  # fmt: skip
+                out[name] = Instance(
+                    name,
+                    TERMINATED,
+                    "",
+                    None,
+                    False,
+                    state_reason="deleted" if known else "not found",
+                    preempted=name in preempted,
+                    missing=not known,
+                )
         return out
 
     def _operation_targets(self, operation_type: str) -> set[str]:
@@ -202,8 +248,9 @@ class GcpCloud(Cloud):
 
         names = set()
         for zone in self.zones:
-            req = compute_v1.ListZoneOperationsRequest(project=self.project, zone=zone,
-                                                       filter=f'operationType = "{operation_type}"')  # fmt: skip
+            req = compute_v1.ListZoneOperationsRequest(
+                project=self.project, zone=zone, filter=f'operationType = "{operation_type}"'
+            )
             for op in self.operations.list(request=req):
                 names.add(op.target_link.rsplit("/", 1)[-1])
         return names

@@ -46,9 +46,15 @@ class GcpRunBackend:
         from airflow_cloudtrain.catalog.live_gcp import BILLING_URL, billing_session, refresh_gcp
 
         kwargs = self.hook._client_kwargs("compute_endpoint")
-        refresh_gcp(self.region, compute_v1.MachineTypesClient(**kwargs), compute_v1.AcceleratorTypesClient(**kwargs),
-                    billing_session(kwargs["credentials"]), zones_of(self.region), self.hook.project,
-                    billing_url=self.hook._get_field("billing_endpoint") or BILLING_URL)  # fmt: skip
+        refresh_gcp(
+            self.region,
+            compute_v1.MachineTypesClient(**kwargs),
+            compute_v1.AcceleratorTypesClient(**kwargs),
+            billing_session(kwargs["credentials"]),
+            zones_of(self.region),
+            self.hook.project,
+            billing_url=self.hook._get_field("billing_endpoint") or BILLING_URL,
+        )
 
     def zones_for(self, zone: str | None, offer: Offer) -> list[str | None]:
         """A capacity error in one zone tries the offer's other zones before the next offer."""
@@ -62,5 +68,7 @@ class GcpRunBackend:
         for name, zone in instances:
             by_zone.setdefault(zone, []).append(name)
         for zone, names in by_zone.items():
-            cloud: Any = self.cloud if zone is None else self.hook.cloud(self.region or zone.rsplit("-", 1)[0], zone)
+            cloud: Any = (
+                self.cloud if zone is None else self.hook.cloud(self.region or zone.rsplit("-", 1)[0], zone)
+            )
             cloud.terminate(names)

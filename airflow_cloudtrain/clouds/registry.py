@@ -57,13 +57,16 @@ def backend_for(
     return GcpRunBackend(gcp_conn_id, project_id, region)
 
 
-def async_describer(cloud: str, conn_id: str | None, location: str | None,
-                    project_id: str | None = None) -> tuple[Hashable, Any]:  # fmt: skip
+def async_describer(
+    cloud: str, conn_id: str | None, location: str | None, project_id: str | None = None
+) -> tuple[Hashable, Any]:
     """(poll-group key, async describe) for one connection and location, for the shared poll."""
     if provider_of(cloud) == "aws":
         from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
 
-        return ("aws", conn_id, location), CloudTrainAwsHook(aws_conn_id=conn_id, region_name=location).describe_async
+        return ("aws", conn_id, location), CloudTrainAwsHook(
+            aws_conn_id=conn_id, region_name=location
+        ).describe_async
     from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
 
     hook = CloudTrainGcpHook(gcp_conn_id=conn_id or "google_cloud_default", project_id=project_id)
@@ -74,8 +77,13 @@ def async_describer(cloud: str, conn_id: str | None, location: str | None,
     return ("gcp", conn_id, project_id, location), describe
 
 
-def instance_cloud(cloud: str, conn_id: str | None, region: str | None, zone: str | None = None,
-                   project_id: str | None = None) -> Any:  # fmt: skip
+def instance_cloud(
+    cloud: str,
+    conn_id: str | None,
+    region: str | None,
+    zone: str | None = None,
+    project_id: str | None = None,
+) -> Any:
     """A ``Cloud`` for direct instance calls (the sensor): EC2 in a region, GCE in a zone or region."""
     if provider_of(cloud) == "aws":
         from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
@@ -83,4 +91,6 @@ def instance_cloud(cloud: str, conn_id: str | None, region: str | None, zone: st
         return CloudTrainAwsHook(aws_conn_id=conn_id, region_name=region).cloud()
     from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
 
-    return CloudTrainGcpHook(gcp_conn_id=conn_id or "google_cloud_default", project_id=project_id).cloud(region, zone)
+    return CloudTrainGcpHook(gcp_conn_id=conn_id or "google_cloud_default", project_id=project_id).cloud(
+        region, zone
+    )

@@ -71,8 +71,13 @@ class CloudTrainGcpHook(GoogleBaseHook):
 
     def cloud(self, region: str | None, zone: str | None = None) -> GcpCloud:
         zones = [zone] if zone else zones_of(region)
-        return GcpCloud(self.instances_client(), self.operations_client(), self.project,
-                        region or (zone or "").rsplit("-", 1)[0], zones)  # fmt: skip
+        return GcpCloud(
+            self.instances_client(),
+            self.operations_client(),
+            self.project,
+            region or (zone or "").rsplit("-", 1)[0],
+            zones,
+        )
 
     def run_folder(self, run_uri: str) -> Any:
         from airflow_cloudtrain.agent.storage import open_run_folder

@@ -20,7 +20,13 @@ from airflow_cloudtrain.clouds.base import ALIVE_STATES
 from airflow_cloudtrain.clouds.errors import CloudError
 from airflow_cloudtrain.lifecycle.costs import billed_cost
 from airflow_cloudtrain.lifecycle.ledger import ResourceLedger, store_get, store_set
-from airflow_cloudtrain.lifecycle.prepare import LaunchOptions, offers_for, price_from_tags, request_builder
+from airflow_cloudtrain.lifecycle.prepare import (
+    LaunchOptions,
+    WaitSettings,
+    offers_for,
+    price_from_tags,
+    request_builder,
+)
 from airflow_cloudtrain.lifecycle.records import Attempt, LaunchRecord, Outcome
 from airflow_cloudtrain.lifecycle.retry import TransientBudget, call_with_retry
 from airflow_cloudtrain.lifecycle.waiting import RunWatch, outcome, parse_heartbeat
@@ -33,6 +39,7 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.runs import RunKey
 
 LAUNCH_KEY = "cloudtrain_launch"  # task_state_store: the LaunchRecord of the current attempt
+DEADLINE_MARGIN_S = 600.0  # past max_runtime, the wait gives up on an agent that did not stop the job
 
 
 class RunKilled(RuntimeError):
@@ -50,10 +57,46 @@ class RunContext:
     try_number: int
     options: LaunchOptions
     log: logging.Logger
+    wait: WaitSettings
+    conn_id: str | None = None  # the provider's connection, for the trigger
+    project_id: str | None = None
 
     @property
     def run_uri(self) -> str:
         return join(self.config.bucket, self.key.path())
+
+    @classmethod
+    def for_task(
+        cls, config: RunConfig, task: Any, context: Any, options: LaunchOptions, wait: WaitSettings
+    ) -> RunContext:
+        """The context of one task instance: ``task`` carries ``dag_id``, ``task_id``, ``log`` and the
+        ``aws_conn_id`` / ``gcp_conn_id`` / ``project_id`` of the official providers."""
+        from airflow_cloudtrain.clouds.registry import backend_for, conn_id_for
+        from airflow_cloudtrain.runs import RunKey
+
+        ti = context["ti"]
+        map_index = getattr(ti, "map_index", None)
+        index = -1 if map_index is None else int(map_index)
+        key = RunKey(task.dag_id, task.task_id, context["run_id"], index, scope=config.bucket)
+        backend = backend_for(
+            config.cloud,
+            region=config.region or config.zone_region,
+            aws_conn_id=task.aws_conn_id,
+            gcp_conn_id=task.gcp_conn_id,
+            project_id=task.project_id,
+        )
+        return cls(
+            config=config,
+            key=key,
+            backend=backend,
+            store=context.get("task_state_store"),
+            try_number=getattr(ti, "try_number", 1) or 1,
+            options=options,
+            log=task.log,
+            wait=wait,
+            conn_id=conn_id_for(config.cloud, task.aws_conn_id, task.gcp_conn_id),
+            project_id=task.project_id,
+        )
 
 
 class RunAttempt:
@@ -64,7 +107,9 @@ class RunAttempt:
         self.killed = False
         self._folder: Any = None
         stored = store_get(ctx.store, LAUNCH_KEY)
-        self.stored = LaunchRecord.from_dict(stored) if stored and stored.get("run_uri") == ctx.run_uri else None
+        self.stored = (
+            LaunchRecord.from_dict(stored) if stored and stored.get("run_uri") == ctx.run_uri else None
+        )
         if self.stored and self.stored.region:  # an earlier try launched there: adopt and tear down there
             ctx.backend.bind_region(self.stored.region)
 
@@ -100,8 +145,11 @@ class RunAttempt:
         for iid in ids:
             status = self._status(iid)
             if status is not None and status.final and not self.folder.get_text(delivered_key(iid)):
-                self.log.info("The job already finished on %s (%s) in an earlier try: delivering that result",
-                              iid, status.state)  # fmt: skip
+                self.log.info(
+                    "The job already finished on %s (%s) in an earlier try: delivering that result",
+                    iid,
+                    status.state,
+                )
                 if iid not in known and not states[iid].missing:
                     self.ledger.add("instance", iid, backend.location(states[iid].zone))
                 return self._adopted(states.get(iid), iid), outcome(status, None, True)
@@ -123,16 +171,26 @@ class RunAttempt:
 
     def _adopted(self, instance: Instance | None, instance_id: str) -> LaunchRecord:
         if self.stored and self.stored.instance_id == instance_id:
-            return LaunchRecord.from_dict({**self.stored.to_dict(), "adopted": True, "try_number": self.ctx.try_number})
+            return LaunchRecord.from_dict(
+                {**self.stored.to_dict(), "adopted": True, "try_number": self.ctx.try_number}
+            )
         tags = instance.tags if instance else {}
-        return LaunchRecord(run_id=self.ctx.key.short_id, run_uri=self.ctx.run_uri, cloud=self.ctx.config.cloud,
-                            region=self.ctx.backend.region, instance_id=instance_id,
-                            instance_type=instance.instance_type if instance else None,
-                            zone=instance.zone if instance else None, spot=bool(instance and instance.spot),
-                            hourly_usd=price_from_tags(tags),
-                            location=self.ctx.backend.location(instance.zone if instance else None),
-                            launched_at=(instance.launch_time if instance else None) or time.time(), adopted=True,
-                            run_key=self.ctx.key.digest, try_number=self.ctx.try_number)  # fmt: skip
+        return LaunchRecord(
+            run_id=self.ctx.key.short_id,
+            run_uri=self.ctx.run_uri,
+            cloud=self.ctx.config.cloud,
+            region=self.ctx.backend.region,
+            instance_id=instance_id,
+            instance_type=instance.instance_type if instance else None,
+            zone=instance.zone if instance else None,
+            spot=bool(instance and instance.spot),
+            hourly_usd=price_from_tags(tags),
+            location=self.ctx.backend.location(instance.zone if instance else None),
+            launched_at=(instance.launch_time if instance else None) or time.time(),
+            adopted=True,
+            run_key=self.ctx.key.digest,
+            try_number=self.ctx.try_number,
+        )
 
     def _launch(self) -> LaunchRecord:
         from airflow_cloudtrain.lifecycle.launcher import launch_with_failover
@@ -143,19 +201,39 @@ class RunAttempt:
             backend.refresh_catalog()
         offers = offers_for(ctx.config, backend.region, self.log)
         chosen = offers[0]
-        self.log.info("Chosen offer: %s at $%s/h (%s); %d alternatives for failover", chosen.describe(),
-                      chosen.hourly, "spot" if chosen.is_spot else "on-demand", len(offers) - 1)  # fmt: skip
+        self.log.info(
+            "Chosen offer: %s at $%s/h (%s); %d alternatives for failover",
+            chosen.describe(),
+            chosen.hourly,
+            "spot" if chosen.is_spot else "on-demand",
+            len(offers) - 1,
+        )
         write_run_folder(ctx.config, ctx.key, ctx.run_uri, self.folder, bool(ctx.options.volume_id), self.log)
         build = request_builder(ctx.config, ctx.key, ctx.run_uri, ctx.options, ctx.try_number)
-        instance, offer, tried = launch_with_failover(self._create_instance, offers, build,
-                                                      lambda o: backend.zones_for(ctx.config.zone, o),
-                                                      ctx.options.max_launch_attempts, self.log)  # fmt: skip
-        launch = LaunchRecord(run_id=ctx.key.short_id, run_uri=ctx.run_uri, cloud=ctx.config.cloud,
-                              region=backend.region, instance_id=instance.id, instance_type=offer.instance_type,
-                              zone=instance.zone, spot=offer.is_spot, hourly_usd=offer.hourly,
-                              launched_at=time.time(), failover=[list(t) for t in tried], run_key=ctx.key.digest,
-                              location=backend.location(instance.zone),
-                              try_number=ctx.try_number)  # fmt: skip
+        instance, offer, tried = launch_with_failover(
+            self._create_instance,
+            offers,
+            build,
+            lambda o: backend.zones_for(ctx.config.zone, o),
+            ctx.options.max_launch_attempts,
+            self.log,
+        )
+        launch = LaunchRecord(
+            run_id=ctx.key.short_id,
+            run_uri=ctx.run_uri,
+            cloud=ctx.config.cloud,
+            region=backend.region,
+            instance_id=instance.id,
+            instance_type=offer.instance_type,
+            zone=instance.zone,
+            spot=offer.is_spot,
+            hourly_usd=offer.hourly,
+            launched_at=time.time(),
+            failover=[list(t) for t in tried],
+            run_key=ctx.key.digest,
+            location=backend.location(instance.zone),
+            try_number=ctx.try_number,
+        )
         store_set(ctx.store, LAUNCH_KEY, launch.to_dict())
         self.log.info("Launched instance %s (%s in %s)", instance.id, offer.instance_type, instance.zone)
         if ctx.options.volume_id:
@@ -186,12 +264,34 @@ class RunAttempt:
 
     # --- wait ----------------------------------------------------------------------------------
 
-    def wait(self, launch: LaunchRecord, poll_interval: float, deadline: float | None,
-             startup_timeout: float | None, heartbeat_timeout: float | None) -> Outcome:  # fmt: skip
+    def deadline(self) -> float | None:
+        """When a wait gives up on a job the agent should have stopped at ``max_runtime``."""
+        max_runtime_s = self.ctx.config.max_runtime_s
+        return time.time() + max_runtime_s + DEADLINE_MARGIN_S if max_runtime_s else None
+
+    def trigger(self, launch: LaunchRecord) -> Any:
+        """The deferred form of ``wait``: a ``RunTrigger`` (same decision, in the triggerer)."""
+        from airflow_cloudtrain.triggers.run import RunTrigger
+
+        return RunTrigger(
+            launch=launch.to_dict(),
+            conn_id=self.ctx.conn_id,
+            project_id=self.ctx.project_id,
+            poll_interval=self.ctx.wait.poll_interval,
+            deadline=self.deadline(),
+            startup_timeout=self.ctx.wait.startup_timeout,
+            heartbeat_timeout=self.ctx.wait.heartbeat_timeout,
+        )
+
+    def wait(self, launch: LaunchRecord) -> Outcome:
         """Block until the run ends, streaming the job's log; transient errors are waited out."""
         from airflow_cloudtrain.lifecycle.logstream import LogFollower
 
         iid, folder, cloud = launch.instance_id, self.folder, self.ctx.backend.cloud
+        poll_interval = self.ctx.wait.poll_interval
+        deadline = self.deadline()
+        startup_timeout = self.ctx.wait.startup_timeout
+        heartbeat_timeout = self.ctx.wait.heartbeat_timeout
         follower = LogFollower(iid)
         watch = RunWatch(deadline, launch.launched_at, startup_timeout, heartbeat_timeout)
         budget = TransientBudget()
@@ -212,7 +312,9 @@ class RunAttempt:
                 continue
             event = watch.decide(RunStatus.from_json(raw) if raw else None, instance, beat)
             if event is not None:
-                lines = call_with_retry(lambda: follower.poll(folder.list, folder.get_bytes))  # the last words
+                lines = call_with_retry(
+                    lambda: follower.poll(folder.list, folder.get_bytes)
+                )  # the last words
                 for line in lines:
                     self.log.info("[job] %s", line)
                 return event
@@ -236,8 +338,15 @@ class RunAttempt:
         duration = ended - float(launch.launched_at or ended)
         cost, basis = billed_cost(launch.hourly_usd, duration)
         attempt = Attempt(launch, result, ended, duration, cost, basis)
-        self.log.info("Run %s ended: %s, exit code %s, %.0f s, cost $%s (%s)", launch.run_id, result.state,
-                      result.exit_code, duration, cost, basis)  # fmt: skip
+        self.log.info(
+            "Run %s ended: %s, exit code %s, %.0f s, cost $%s (%s)",
+            launch.run_id,
+            result.state,
+            result.exit_code,
+            duration,
+            cost,
+            basis,
+        )
         return attempt
 
     def release(self) -> None:

@@ -49,8 +49,12 @@ def launch_with_failover(
             except (CapacityUnavailable, QuotaExceeded) as err:
                 where = zone or offer.region
                 tried.append((offer.instance_type, where, err.code or type(err).__name__))
-                logger.warning("No capacity for %s in %s (%s); trying the next offer", offer.instance_type, where,
-                               err.code or type(err).__name__)  # fmt: skip
+                logger.warning(
+                    "No capacity for %s in %s (%s); trying the next offer",
+                    offer.instance_type,
+                    where,
+                    err.code or type(err).__name__,
+                )
                 continue
             return instance, offer, tried
     raise LaunchFailed(tried)

@@ -57,7 +57,9 @@ def register_kind(kind: ResourceKind) -> ResourceKind:
 
 
 def _find_instances(backend: Any, digest: str) -> list[Resource]:
-    return [Resource("instance", i.id, backend.location(i.zone)) for i in backend.cloud.find(digest, ended=True)]
+    return [
+        Resource("instance", i.id, backend.location(i.zone)) for i in backend.cloud.find(digest, ended=True)
+    ]
 
 
 def _delete_instances(backend: Any, resources: list[Resource]) -> None:
@@ -70,8 +72,13 @@ INSTANCE = register_kind(ResourceKind("instance", _find_instances, _delete_insta
 class ResourceLedger:
     """The resources of one run (one run key), persisted write-ahead in ``task_state_store``."""
 
-    def __init__(self, run_key: str, store: Any = None, entries: list[Resource] | None = None,
-                 logger: logging.Logger | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        run_key: str,
+        store: Any = None,
+        entries: list[Resource] | None = None,
+        logger: logging.Logger | None = None,
+    ) -> None:
         self.run_key = run_key
         self.store = store
         self.entries: list[Resource] = list(entries or [])
@@ -93,7 +100,9 @@ class ResourceLedger:
             return
         # crash-safety is best effort: the tag sweep still finds what the store missed
         with contextlib.suppress(Exception):
-            self.store.set(STORE_KEY, {"run_key": self.run_key, "entries": [e.to_dict() for e in self.entries]})
+            self.store.set(
+                STORE_KEY, {"run_key": self.run_key, "entries": [e.to_dict() for e in self.entries]}
+            )
 
     # --- recording -----------------------------------------------------------------------------
 
@@ -146,7 +155,9 @@ class ResourceLedger:
         released: list[Resource] = []
         error: BaseException | None = None
         for kind in _reverse_kinds(self.entries):
-            batch = [e for e in reversed(self.entries) if e.kind == kind and e.id and (only is None or e in only)]
+            batch = [
+                e for e in reversed(self.entries) if e.kind == kind and e.id and (only is None or e in only)
+            ]
             if not batch:
                 continue
             try:
@@ -157,7 +168,9 @@ class ResourceLedger:
                 continue
             released.extend(batch)
             self.log.info("Released %s %s", kind, ", ".join(e.id or "" for e in batch))
-        self.entries = [e for e in self.entries if e not in released and (e.id is not None or only is not None)]
+        self.entries = [
+            e for e in self.entries if e not in released and (e.id is not None or only is not None)
+        ]
         self._save()
         if error is not None:
             raise error

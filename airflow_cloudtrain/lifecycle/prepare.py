@@ -52,6 +52,15 @@ class LaunchOptions:
     live_prices: bool = True
 
 
+@dataclass
+class WaitSettings:
+    """How a wait polls, and when it stops trusting a silent agent."""
+
+    poll_interval: float = 10.0
+    startup_timeout: float | None = None
+    heartbeat_timeout: float | None = None
+
+
 def hard_stop_s(max_runtime_s: float | None) -> int | None:
     """When the cloud itself ends the instance: after ``max_runtime`` plus time for the agent's own
     graceful stop (SIGTERM, results upload, final status), 10% of it within [30 s, 10 min]."""
@@ -69,19 +78,35 @@ def offers_for(config: RunConfig, region: str | None, log: logging.Logger) -> li
 
     region = region or config.region
     if config.instance_type:
-        known = [o for o in rank_offers(config.cloud, Hardware(cpus=1), region=region, zone=config.zone)
-                 if o.instance_type == config.instance_type]  # fmt: skip
+        known = [
+            o
+            for o in rank_offers(config.cloud, Hardware(cpus=1), region=region, zone=config.zone)
+            if o.instance_type == config.instance_type
+        ]
         if known:
             return known[:1]
         log.warning("instance_type=%r is not in the catalog: no price known", config.instance_type)
         hw = config.hardware
-        return [Offer(config.cloud, config.instance_type, hw.cpus, hw.ram_gib, hw.gpus, hw.gpu_type, region or "", (),
-                      None, None)]  # fmt: skip
+        return [
+            Offer(
+                config.cloud,
+                config.instance_type,
+                hw.cpus,
+                hw.ram_gib,
+                hw.gpus,
+                hw.gpu_type,
+                region or "",
+                (),
+                None,
+                None,
+            )
+        ]
     return rank_offers(config.cloud, config.hardware, region=region, zone=config.zone, bid=config.bid)
 
 
-def write_run_folder(config: RunConfig, key: RunKey, run_uri: str, folder: Any, volume: bool,
-                     log: logging.Logger) -> None:  # fmt: skip
+def write_run_folder(
+    config: RunConfig, key: RunKey, run_uri: str, folder: Any, volume: bool, log: logging.Logger
+) -> None:
     """The spec, the agent and (for a local ``code`` folder) the code tarball, before any launch."""
     from airflow_cloudtrain.agent.bootstrap import build_agent_zip
     from airflow_cloudtrain.lifecycle.retry import call_with_retry
@@ -92,10 +117,19 @@ def write_run_folder(config: RunConfig, key: RunKey, run_uri: str, folder: Any, 
         call_with_retry(lambda: folder.put_bytes(CODE_KEY, payload))
         log.info("Uploaded code from %s (%d bytes)", code_uri, len(payload))
         code_uri = join(run_uri, CODE_KEY)
-    spec = RunSpec(run_id=key.short_id, run_uri=run_uri, cloud=config.cloud, command=config.command,
-                   setup_cmds=config.setup_cmds, env=config.env, image=config.image, gpus=config.hardware.gpus,
-                   code_uri=code_uri, max_runtime_s=config.max_runtime_s,
-                   volume_device="/dev/sdf" if volume else None)  # fmt: skip
+    spec = RunSpec(
+        run_id=key.short_id,
+        run_uri=run_uri,
+        cloud=config.cloud,
+        command=config.command,
+        setup_cmds=config.setup_cmds,
+        env=config.env,
+        image=config.image,
+        gpus=config.hardware.gpus,
+        code_uri=code_uri,
+        max_runtime_s=config.max_runtime_s,
+        volume_device="/dev/sdf" if volume else None,
+    )
     call_with_retry(lambda: folder.put_text(SPEC_KEY, spec.to_json()))
     agent = build_agent_zip()
     call_with_retry(lambda: folder.put_bytes(AGENT_KEY, agent))
@@ -116,8 +150,9 @@ def _skip_caches(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     return None if "__pycache__" in parts or ".git" in parts else info
 
 
-def request_builder(config: RunConfig, key: RunKey, run_uri: str, options: LaunchOptions,
-                    try_number: int) -> Any:  # fmt: skip
+def request_builder(
+    config: RunConfig, key: RunKey, run_uri: str, options: LaunchOptions, try_number: int
+) -> Any:
     """``build(offer, zone, attempt) -> LaunchRequest`` for the launcher: same user data and tags,
     a client token per (try, attempt), the bid and the price tag per offer."""
     from airflow_cloudtrain.agent.bootstrap import render_user_data
@@ -131,15 +166,24 @@ def request_builder(config: RunConfig, key: RunKey, run_uri: str, options: Launc
     def build(offer: Offer, zone: str | None, attempt: int) -> LaunchRequest:
         max_price = config.bid.max_price(offer.price) if config.bid and offer.is_spot else None
         price = {TAG_PRICE: str(round(offer.hourly * 1e6))} if offer.hourly is not None else {}
-        return LaunchRequest(offer=offer, zone=zone, user_data=user_data, tags={**tags, **price},
-                             client_token=f"{key.digest}-{try_number}-{attempt}"[:64],
-                             disk_gib=config.hardware.hdd_gib or 50, max_price=max_price, image_id=options.image_id,
-                             key_name=options.key_name, subnet_id=options.subnet_id,
-                             security_group_ids=options.security_group_ids,
-                             iam_instance_profile=options.iam_instance_profile, volume_id=options.volume_id,
-                             service_account=options.service_account,
-                             provisioning=options.provisioning or ("spot" if offer.is_spot else None),
-                             hard_stop_s=stop_s)  # fmt: skip
+        return LaunchRequest(
+            offer=offer,
+            zone=zone,
+            user_data=user_data,
+            tags={**tags, **price},
+            client_token=f"{key.digest}-{try_number}-{attempt}"[:64],
+            disk_gib=config.hardware.hdd_gib or 50,
+            max_price=max_price,
+            image_id=options.image_id,
+            key_name=options.key_name,
+            subnet_id=options.subnet_id,
+            security_group_ids=options.security_group_ids,
+            iam_instance_profile=options.iam_instance_profile,
+            volume_id=options.volume_id,
+            service_account=options.service_account,
+            provisioning=options.provisioning or ("spot" if offer.is_spot else None),
+            hard_stop_s=stop_s,
+        )
 
     return build
 

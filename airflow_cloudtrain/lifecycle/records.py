@@ -99,8 +99,14 @@ class Attempt:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Attempt:
         rest = {k: v for k, v in data.items() if k not in ("launch", "outcome")}
-        return _load(cls, {**rest, "launch": LaunchRecord.from_dict(data["launch"]),
-                           "outcome": Outcome.from_dict(data["outcome"])})  # fmt: skip
+        return _load(
+            cls,
+            {
+                **rest,
+                "launch": LaunchRecord.from_dict(data["launch"]),
+                "outcome": Outcome.from_dict(data["outcome"]),
+            },
+        )
 
     def result(self) -> dict[str, Any]:
         """The operator's XCom: JSON-safe, with the contract's keys."""

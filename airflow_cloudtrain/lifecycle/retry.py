@@ -16,22 +16,55 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-THROTTLING_CODES = frozenset({
-    "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottledException",
-    "TooManyRequestsException", "RequestLimitExceeded", "SlowDown", "RequestThrottled",
-    "ProvisionedThroughputExceededException", "TransactionInProgressException", "EC2ThrottledException",
-    "PriorRequestNotComplete", "BandwidthLimitExceeded", "rateLimitExceeded", "userRateLimitExceeded",
-    "InternalError", "InternalFailure", "ServiceUnavailable", "RequestTimeout", "RequestTimeoutException",
-})  # fmt: skip
-NOT_TRANSIENT_CODES = frozenset({
-    "InsufficientInstanceCapacity", "InsufficientCapacity", "InsufficientHostCapacity",
-    "InsufficientReservedInstanceCapacity", "ZONE_RESOURCE_POOL_EXHAUSTED",
-})  # fmt: skip
+THROTTLING_CODES = frozenset(
+    {
+        "Throttling",
+        "ThrottlingException",
+        "ThrottledException",
+        "RequestThrottledException",
+        "TooManyRequestsException",
+        "RequestLimitExceeded",
+        "SlowDown",
+        "RequestThrottled",
+        "ProvisionedThroughputExceededException",
+        "TransactionInProgressException",
+        "EC2ThrottledException",
+        "PriorRequestNotComplete",
+        "BandwidthLimitExceeded",
+        "rateLimitExceeded",
+        "userRateLimitExceeded",
+        "InternalError",
+        "InternalFailure",
+        "ServiceUnavailable",
+        "RequestTimeout",
+        "RequestTimeoutException",
+    }
+)
+NOT_TRANSIENT_CODES = frozenset(
+    {
+        "InsufficientInstanceCapacity",
+        "InsufficientCapacity",
+        "InsufficientHostCapacity",
+        "InsufficientReservedInstanceCapacity",
+        "ZONE_RESOURCE_POOL_EXHAUSTED",
+    }
+)
 TRANSIENT_HTTP = frozenset({429, 500, 502, 503, 504})
-_CONNECTION_ERRORS = ("EndpointConnectionError", "ConnectionClosedError", "ReadTimeoutError",
-                      "ConnectTimeoutError", "ConnectionError", "ClientConnectorError", "ServerDisconnectedError",
-                      "ClientOSError", "ServerTimeoutError", "TimeoutError", "ConnectionResetError",
-                      "RemoteDisconnected", "ProtocolError")  # fmt: skip
+_CONNECTION_ERRORS = (
+    "EndpointConnectionError",
+    "ConnectionClosedError",
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "ConnectionError",
+    "ClientConnectorError",
+    "ServerDisconnectedError",
+    "ClientOSError",
+    "ServerTimeoutError",
+    "TimeoutError",
+    "ConnectionResetError",
+    "RemoteDisconnected",
+    "ProtocolError",
+)
 
 
 def error_code(err: BaseException) -> tuple[str, int | None]:
@@ -66,8 +99,13 @@ def is_transient(err: BaseException) -> bool:
 class TransientBudget:
     """How long a wait tolerates transient errors in a row, and how long to back off after each."""
 
-    def __init__(self, budget_s: float = 600.0, base_s: float = 1.0, cap_s: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+    def __init__(
+        self,
+        budget_s: float = 600.0,
+        base_s: float = 1.0,
+        cap_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.budget_s, self.base_s, self.cap_s, self.clock = budget_s, base_s, cap_s, clock
         self.failing_since: float | None = None
         self.failures = 0
@@ -88,8 +126,12 @@ class TransientBudget:
         return min(self.cap_s, self.base_s * 2 ** min(self.failures - 1, 10)) * random.uniform(0.5, 1.0)
 
 
-def call_with_retry(fn: Callable[[], T], budget: TransientBudget | None = None,
-                    sleep: Callable[[float], Any] = time.sleep, on_retry: Callable[[BaseException, float], Any] | None = None) -> T:  # fmt: skip
+def call_with_retry(
+    fn: Callable[[], T],
+    budget: TransientBudget | None = None,
+    sleep: Callable[[float], Any] = time.sleep,
+    on_retry: Callable[[BaseException, float], Any] | None = None,
+) -> T:
     """Call ``fn`` until it succeeds, backing off on transient errors within ``budget``."""
     budget = budget or TransientBudget(budget_s=300.0)
     while True:

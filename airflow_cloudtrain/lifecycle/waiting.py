@@ -100,13 +100,19 @@ class RunWatch:
             and self.launched_at
             and now - self.launched_at > self.startup_timeout
         ):
-            return Outcome.lost("lost", f"the agent never reported within startup_timeout={self.startup_timeout:.0f}s "
-                                 "(the bootstrap failed or the instance cannot reach the bucket)")  # fmt: skip
+            return Outcome.lost(
+                "lost",
+                f"the agent never reported within startup_timeout={self.startup_timeout:.0f}s "
+                "(the bootstrap failed or the instance cannot reach the bucket)",
+            )
         if status is not None and not status.final and self.heartbeat_timeout:
             last = max(heartbeat_at or 0.0, status.updated_at or 0.0, status.started_at or 0.0)
             if last and now - last > self.heartbeat_timeout:
-                return Outcome.lost("lost", f"the agent stopped beating {now - last:.0f}s ago "
-                                     f"(heartbeat_timeout={self.heartbeat_timeout:.0f}s)")  # fmt: skip
+                return Outcome.lost(
+                    "lost",
+                    f"the agent stopped beating {now - last:.0f}s ago "
+                    f"(heartbeat_timeout={self.heartbeat_timeout:.0f}s)",
+                )
         return None
 
 

@@ -6,14 +6,13 @@ wait, outcome, release through the resource ledger, cost), which later operators
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator, conf
 
-from airflow_cloudtrain.lifecycle.prepare import LaunchOptions
-from airflow_cloudtrain.operators.config import RunConfig, is_templated, parse_config, parse_duration
+from airflow_cloudtrain.lifecycle.prepare import LaunchOptions, WaitSettings
+from airflow_cloudtrain.operators.config import is_templated, parse_config, parse_duration
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -21,9 +20,25 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.lifecycle.attempt import RunAttempt
     from airflow_cloudtrain.lifecycle.records import LaunchRecord, Outcome
 
-TEMPLATED = ("cloud", "command", "env", "setup_cmds", "code", "bucket", "cpus", "gpus", "ram", "hdd", "bid",
-             "instance_type", "gpu_type", "image", "region", "zone", "max_runtime")  # fmt: skip
-DEADLINE_MARGIN_S = 600.0  # past max_runtime, the wait gives up on an agent that did not stop the job
+TEMPLATED = (
+    "cloud",
+    "command",
+    "env",
+    "setup_cmds",
+    "code",
+    "bucket",
+    "cpus",
+    "gpus",
+    "ram",
+    "hdd",
+    "bid",
+    "instance_type",
+    "gpu_type",
+    "image",
+    "region",
+    "zone",
+    "max_runtime",
+)
 
 
 class CloudTrainOperator(BaseOperator):
@@ -103,8 +118,11 @@ class CloudTrainOperator(BaseOperator):
             live_prices=live_prices,
         )
         # an agent that never reports or stops beating means nobody will power the instance off
-        self.startup_timeout = parse_duration(startup_timeout, "startup_timeout")
-        self.heartbeat_timeout = parse_duration(heartbeat_timeout, "heartbeat_timeout")
+        self.wait = WaitSettings(
+            poll_interval=self.poll_interval,
+            startup_timeout=parse_duration(startup_timeout, "startup_timeout"),
+            heartbeat_timeout=parse_duration(heartbeat_timeout, "heartbeat_timeout"),
+        )
         self._attempt: RunAttempt | None = None
         if provisioning not in (None, "spot", "preemptible"):
             raise ValueError(
@@ -122,20 +140,10 @@ class CloudTrainOperator(BaseOperator):
         return {name: getattr(self, name) for name in TEMPLATED}
 
     def _new_attempt(self, context: Context) -> RunAttempt:
-        from airflow_cloudtrain.clouds.registry import backend_for
         from airflow_cloudtrain.lifecycle.attempt import RunAttempt, RunContext
-        from airflow_cloudtrain.runs import RunKey
 
         config = parse_config(self._args())
-        map_index = getattr(context["ti"], "map_index", None)
-        key = RunKey(self.dag_id, self.task_id, context["run_id"], -1 if map_index is None else int(map_index),
-                     scope=config.bucket)  # fmt: skip
-        backend = backend_for(config.cloud, region=config.region or _zone_region(config),
-                              aws_conn_id=self.aws_conn_id, gcp_conn_id=self.gcp_conn_id,
-                              project_id=self.project_id)  # fmt: skip
-        ctx = RunContext(config, key, backend, context.get("task_state_store"),
-                         getattr(context["ti"], "try_number", 1) or 1, self.launch_options, self.log)  # fmt: skip
-        self._attempt = RunAttempt(ctx)
+        self._attempt = RunAttempt(RunContext.for_task(config, self, context, self.launch_options, self.wait))
         return self._attempt
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -147,19 +155,10 @@ class CloudTrainOperator(BaseOperator):
             raise
         if done is not None:
             return self._deliver(attempt, launch, done)
-        max_runtime_s = attempt.ctx.config.max_runtime_s
-        deadline = time.time() + max_runtime_s + DEADLINE_MARGIN_S if max_runtime_s else None
         if self.deferrable:
-            from airflow_cloudtrain.clouds.registry import conn_id_for
-            from airflow_cloudtrain.triggers.run import RunTrigger
-
-            conn_id = conn_id_for(attempt.ctx.config.cloud, self.aws_conn_id, self.gcp_conn_id)
-            trigger = RunTrigger(launch=launch.to_dict(), conn_id=conn_id, project_id=self.project_id,
-                                 poll_interval=self.poll_interval, deadline=deadline,
-                                 startup_timeout=self.startup_timeout, heartbeat_timeout=self.heartbeat_timeout)  # fmt: skip
-            self.defer(trigger=trigger, method_name="execute_complete")
+            self.defer(trigger=attempt.trigger(launch), method_name="execute_complete")
         try:
-            result = attempt.wait(launch, self.poll_interval, deadline, self.startup_timeout, self.heartbeat_timeout)
+            result = attempt.wait(launch)
         except BaseException:  # killed, timed out, or the wait itself failed: nothing may outlive the task
             attempt.release()
             raise
@@ -170,7 +169,9 @@ class CloudTrainOperator(BaseOperator):
         from airflow_cloudtrain.lifecycle.records import LaunchRecord, Outcome
 
         attempt = self._new_attempt(context)
-        return self._deliver(attempt, LaunchRecord.from_dict(event["launch"]), Outcome.from_dict(event["outcome"]))
+        return self._deliver(
+            attempt, LaunchRecord.from_dict(event["launch"]), Outcome.from_dict(event["outcome"])
+        )
 
     def _deliver(self, attempt: RunAttempt, launch: LaunchRecord, result: Outcome) -> dict[str, Any]:
         record = attempt.finish(launch, result)
@@ -196,11 +197,3 @@ class CloudTrainOperator(BaseOperator):
         """The task was killed on the worker (while launching or waiting): release with it."""
         if self._attempt is not None:
             self._attempt.kill()
-
-
-def _zone_region(config: RunConfig) -> str | None:
-    if not config.zone:
-        return None
-    from airflow_cloudtrain.catalog.select import zone_region
-
-    return zone_region(config.cloud, config.zone)

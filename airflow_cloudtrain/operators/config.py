@@ -126,6 +126,15 @@ class RunConfig:
     zone: str | None
     image: str | None
 
+    @property
+    def zone_region(self) -> str | None:
+        """The region of ``zone``, when only a zone was given."""
+        if not self.zone:
+            return None
+        from airflow_cloudtrain.catalog.select import zone_region
+
+        return zone_region(self.cloud, self.zone)
+
 
 def parse_config(args: dict[str, Any]) -> RunConfig:
     """Parse everything; raises ValueError naming the field on the first bad value."""

@@ -110,7 +110,9 @@ class InstanceStatusSensor(BaseSensorOperator):
         from airflow_cloudtrain.triggers.instances import evaluate_states
 
         ids = self._ids()
-        event = evaluate_states(self._cloud().describe(ids), ids, self.target_state, self.missing_as_terminated)
+        event = evaluate_states(
+            self._cloud().describe(ids), ids, self.target_state, self.missing_as_terminated
+        )
         if event is None:
             self.log.info("Waiting for %s to be %s", ids, self.target_state)
             return False

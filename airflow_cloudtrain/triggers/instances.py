@@ -98,7 +98,9 @@ class InstanceStateTrigger(BaseTrigger):
         try:
             async with aclosing(stream):
                 async for snapshot in stream:
-                    event = evaluate_states(snapshot, self.instance_ids, self.target_state, self.missing_as_terminated)
+                    event = evaluate_states(
+                        snapshot, self.instance_ids, self.target_state, self.missing_as_terminated
+                    )
                     if event is not None:
                         break
             yield TriggerEvent(event)
@@ -108,8 +110,9 @@ class InstanceStateTrigger(BaseTrigger):
             yield TriggerEvent({"status": "error", "message": f"describing instances failed: {err}"})
 
 
-def evaluate_states(snapshot: dict[str, Instance], ids: list[str], target: str,
-                    missing_as_terminated: bool = False) -> dict[str, Any] | None:  # fmt: skip
+def evaluate_states(
+    snapshot: dict[str, Instance], ids: list[str], target: str, missing_as_terminated: bool = False
+) -> dict[str, Any] | None:
     """Pure: success when all are at ``target``, error when one can never reach it, else None.
 
     An id the cloud does not know is its own answer (an error naming it): a typo or another
@@ -117,9 +120,12 @@ def evaluate_states(snapshot: dict[str, Instance], ids: list[str], target: str,
     """
     missing = sorted(i for i in ids if i in snapshot and snapshot[i].missing)
     if missing and not missing_as_terminated:
-        return {"status": "error", "states": {i: "not found" for i in missing},
-                "message": f"instance(s) not found: {', '.join(missing)} (pass missing_as_terminated=True "
-                           "if an instance that is gone should count as terminated)"}  # fmt: skip
+        return {
+            "status": "error",
+            "states": {i: "not found" for i in missing},
+            "message": f"instance(s) not found: {', '.join(missing)} (pass missing_as_terminated=True "
+            "if an instance that is gone should count as terminated)",
+        }
     states = {i: snapshot[i].state for i in ids if i in snapshot}
     dead = {i: s for i, s in states.items() if s in UNREACHABLE.get(target, frozenset())}
     if dead:

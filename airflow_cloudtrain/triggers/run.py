@@ -131,8 +131,14 @@ class RunTrigger(BaseTrigger):
         launch = LaunchRecord.from_dict(self.launch)
         folder = AsyncRunFolder(launch.run_uri, launch.cloud, self.conn_id, launch.region)
         follower = LogFollower(launch.instance_id, self.next_log_seq)
-        stream = watch_instances(launch.cloud, self.conn_id, launch.location, [launch.instance_id],
-                                 self.poll_interval, self.project_id)  # fmt: skip
+        stream = watch_instances(
+            launch.cloud,
+            self.conn_id,
+            launch.location,
+            [launch.instance_id],
+            self.poll_interval,
+            self.project_id,
+        )
         watch = RunWatch(self.deadline, launch.launched_at, self.startup_timeout, self.heartbeat_timeout)
         budget = TransientBudget()
         result: Outcome | None = None
@@ -156,17 +162,22 @@ class RunTrigger(BaseTrigger):
         finally:
             await folder.close()
         result = result or Outcome(ERROR, "wait_failed", message="instance watch ended")
-        yield TriggerEvent({"outcome": result.to_dict(), "launch": self.launch, "next_log_seq": follower.next_seq})
+        yield TriggerEvent(
+            {"outcome": result.to_dict(), "launch": self.launch, "next_log_seq": follower.next_seq}
+        )
 
-    async def _step(self, folder: AsyncRunFolder, follower: LogFollower, instance: Instance | None,
-                    watch: RunWatch) -> Outcome | None:  # fmt: skip
+    async def _step(
+        self, folder: AsyncRunFolder, follower: LogFollower, instance: Instance | None, watch: RunWatch
+    ) -> Outcome | None:
         """One poll: show new log lines, read the status, decide (see ``lifecycle.waiting.RunWatch``)."""
         iid = follower.instance_id
         for line in await follower.apoll(folder.list, folder.get):
             self.log.info("[job] %s", line)
         raw = await folder.get(status_key(iid))
         beat = await folder.get(heartbeat_key(iid))
-        result = watch.decide(RunStatus.from_json(raw.decode()) if raw else None, instance, parse_heartbeat(beat))
+        result = watch.decide(
+            RunStatus.from_json(raw.decode()) if raw else None, instance, parse_heartbeat(beat)
+        )
         if result is not None:
             for line in await follower.apoll(folder.list, folder.get):  # what the agent wrote last
                 self.log.info("[job] %s", line)
@@ -182,7 +193,14 @@ class RunTrigger(BaseTrigger):
         from airflow_cloudtrain.lifecycle.ledger import Resource, ResourceLedger
 
         launch = LaunchRecord.from_dict(self.launch)
-        backend = backend_for(launch.cloud, region=launch.region, aws_conn_id=self.conn_id,
-                              gcp_conn_id=self.conn_id or "google_cloud_default", project_id=self.project_id)  # fmt: skip
-        ledger = ResourceLedger(launch.run_key, entries=[Resource("instance", launch.instance_id, launch.location)])
+        backend = backend_for(
+            launch.cloud,
+            region=launch.region,
+            aws_conn_id=self.conn_id,
+            gcp_conn_id=self.conn_id or "google_cloud_default",
+            project_id=self.project_id,
+        )
+        ledger = ResourceLedger(
+            launch.run_key, entries=[Resource("instance", launch.instance_id, launch.location)]
+        )
         return [r.id or "" for r in ledger.release(backend, sweep=bool(launch.run_key))]

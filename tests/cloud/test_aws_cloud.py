@@ -17,8 +17,15 @@ KEY = RunKey("dag", "task", "manual__1", -1)
 
 def request(cloud: str, **kw) -> LaunchRequest:
     offer = choose_offer(cloud, Hardware(2, 0, "4g"), region="us-east-1")
-    return LaunchRequest(offer=offer, zone=None, user_data="#!/bin/bash\ntrue\n",
-                         tags={**KEY.tags(), "team": "ml"}, client_token="tok-1", disk_gib=80, **kw)  # fmt: skip
+    return LaunchRequest(
+        offer=offer,
+        zone=None,
+        user_data="#!/bin/bash\ntrue\n",
+        tags={**KEY.tags(), "team": "ml"},
+        client_token="tok-1",
+        disk_gib=80,
+        **kw,
+    )
 
 
 @pytest.fixture()
@@ -54,7 +61,7 @@ def test_spot_launch_carries_the_bid_in_dollars(cloud) -> None:
     req = request("ec2spot")
     req.max_price = Bid("60%").max_price(req.offer.price)
     sent: list[dict] = []  # what goes over the wire (moto does not keep a one-time spot request's price)
-    cloud.ec2.meta.events.register(
+    cloud.launch_client.meta.events.register(
         "provide-client-params.ec2.RunInstances", lambda params, **_: sent.append(params)
     )
     inst = cloud.launch(req)
@@ -72,9 +79,12 @@ def test_spot_launch_carries_the_bid_in_dollars(cloud) -> None:
 def test_capacity_error_is_mapped_onto_our_vocabulary(cloud, emu) -> None:
     req = request("ec2")
     emu.fail_capacity(req.offer.instance_type)
+    emu.reset_counts()
     with pytest.raises(CapacityUnavailable) as err:
         cloud.launch(req)
     assert err.value.code == "InsufficientInstanceCapacity"
+    # EC2 sends it as HTTP 500; the launch client must not retry it (the launcher moves on at once)
+    assert emu.request_counts().get("RunInstances") == 1
 
 
 def test_describe_many_and_unknown_ids(cloud) -> None:

@@ -30,7 +30,7 @@ def _product(instance_type: str, usd: str) -> str:
                     "tenancy": "Shared",
                     "preInstalledSw": "NA",
                     "capacitystatus": "Used",
-                },  # fmt: skip
+                },
                 "sku": "ABCDEFGH12345678",
             },
             "serviceCode": "AmazonEC2",
@@ -68,8 +68,10 @@ def clients(moto_endpoint: str, tmp_path, monkeypatch):
 def test_refresh_uses_live_prices_and_caches_them(clients) -> None:
     ec2, pricing = clients
     stub = Stubber(pricing)
-    page = {"PriceList": [_product("g4dn.2xlarge", "0.0100000000"), _product("t3.micro", "0.0104000000")],
-            "FormatVersion": "aws_v1"}  # fmt: skip
+    page = {
+        "PriceList": [_product("g4dn.2xlarge", "0.0100000000"), _product("t3.micro", "0.0104000000")],
+        "FormatVersion": "aws_v1",
+    }
     stub.add_response("get_products", page, {"ServiceCode": "AmazonEC2", "Filters": ANY, "MaxResults": 100})
     with stub:
         rows = live.refresh_aws("us-west-2", ec2, pricing)

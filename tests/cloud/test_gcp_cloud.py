@@ -22,8 +22,15 @@ _tokens = iter(range(1000))
 
 def launch(emu, cloud_name: str, hw: Hardware, **kw):
     offer = choose_offer(cloud_name, hw, zone=ZONE)
-    request = LaunchRequest(offer=offer, zone=ZONE, user_data="#!/bin/bash\ntrue\n", tags=KEY.tags(),
-                            client_token=f"{KEY.digest}-1-{next(_tokens)}", disk_gib=120, **kw)  # fmt: skip
+    request = LaunchRequest(
+        offer=offer,
+        zone=ZONE,
+        user_data="#!/bin/bash\ntrue\n",
+        tags=KEY.tags(),
+        client_token=f"{KEY.digest}-1-{next(_tokens)}",
+        disk_gib=120,
+        **kw,
+    )
     cloud = CloudTrainGcpHook().cloud("us-central1", ZONE)
     inst = cloud.launch(request)
     return cloud, inst, emu.gce.instance(ZONE, inst.id), offer
@@ -86,9 +93,18 @@ def test_gce_triggers_share_one_list_per_zone(emu) -> None:
         names.append(inst.id)
     try:
         emu.reset_counts()
-        triggers = [InstanceStateTrigger(cloud="gcloud", instance_ids=[n], target_state="running",
-                                         conn_id="google_cloud_default", region=ZONE, poll_interval=0.3,
-                                         project_id="cloudtrain-emulated") for n in names]  # fmt: skip
+        triggers = [
+            InstanceStateTrigger(
+                cloud="gcloud",
+                instance_ids=[n],
+                target_state="running",
+                conn_id="google_cloud_default",
+                region=ZONE,
+                poll_interval=0.3,
+                project_id="cloudtrain-emulated",
+            )
+            for n in names
+        ]
 
         async def first(trigger):
             async with aclosing(trigger.run()) as events:

@@ -32,8 +32,16 @@ REGION = {"aws": "us-east-1", "gcp": "us-central1"}
 PROVIDERS = ["aws", "gcp"]
 
 
-def scenario(dag_id: str, provider: str, command: str, spot: bool = True, deferrable: bool = False,
-             extra: str = "", operator: str = "CloudTrainOperator", preamble: str = "") -> Any:  # fmt: skip
+def scenario(
+    dag_id: str,
+    provider: str,
+    command: str,
+    spot: bool = True,
+    deferrable: bool = False,
+    extra: str = "",
+    operator: str = "CloudTrainOperator",
+    preamble: str = "",
+) -> Any:
     cloud = (SPOT if spot else ON_DEMAND)[provider]
     header = "from datetime import datetime, timedelta\nfrom airflow.sdk import DAG\n"
     header += "from airflow_cloudtrain.operators import CloudTrainOperator\n"

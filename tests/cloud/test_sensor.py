@@ -56,7 +56,9 @@ def test_sensor_fails_fast_on_a_terminated_instance(emu, airflow_db, capfd, defe
 
 @pytest.mark.parametrize("target", ["terminated", "running"])
 @pytest.mark.parametrize("deferrable", [False, True], ids=["poke", "deferrable"])
-def test_an_instance_that_never_existed_fails_naming_it(emu, airflow_db, capfd, deferrable: bool, target: str) -> None:
+def test_an_instance_that_never_existed_fails_naming_it(
+    emu, airflow_db, capfd, deferrable: bool, target: str
+) -> None:
     """Not "is terminated" (and never success for target terminated): not found is its own answer."""
     ghost = "i-0123456789abcdef0"
     run = sensor_dag(f"sense_ghost_{int(deferrable)}_{target}", [ghost], target, deferrable).test()
@@ -84,8 +86,14 @@ def gce_instance(attempt: int) -> str:
     from airflow_cloudtrain.spec import Hardware
 
     offer = choose_offer("gcloud", Hardware(2), zone="us-central1-b")
-    request = LaunchRequest(offer=offer, zone="us-central1-b", user_data="#!/bin/bash\n", tags={"team": "ml"},
-                            client_token=f"0123456789abcdef0123-1-{attempt}", disk_gib=20)  # fmt: skip
+    request = LaunchRequest(
+        offer=offer,
+        zone="us-central1-b",
+        user_data="#!/bin/bash\n",
+        tags={"team": "ml"},
+        client_token=f"0123456789abcdef0123-1-{attempt}",
+        disk_gib=20,
+    )
     return CloudTrainGcpHook().cloud("us-central1", "us-central1-b").launch(request).id
 
 

@@ -15,8 +15,12 @@ from airflow_cloudtrain.triggers.run import RunTrigger
 def plain_instances(n: int) -> list[str]:
     ec2 = boto3.client("ec2")
     image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    return [i["InstanceId"] for i in ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=n,
-                                                       MaxCount=n)["Instances"]]  # fmt: skip
+    return [
+        i["InstanceId"]
+        for i in ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=n, MaxCount=n)[
+            "Instances"
+        ]
+    ]
 
 
 async def first_event(trigger):
@@ -29,8 +33,17 @@ def test_fifty_triggers_share_one_describe_per_poll(emu) -> None:
     ids = plain_instances(50)
     try:
         emu.reset_counts()
-        triggers = [InstanceStateTrigger(cloud="ec2", instance_ids=[i], target_state="running", conn_id="aws_default",
-                                         region="us-east-1", poll_interval=0.5) for i in ids]  # fmt: skip
+        triggers = [
+            InstanceStateTrigger(
+                cloud="ec2",
+                instance_ids=[i],
+                target_state="running",
+                conn_id="aws_default",
+                region="us-east-1",
+                poll_interval=0.5,
+            )
+            for i in ids
+        ]
 
         async def main():
             return await asyncio.gather(*(first_event(t) for t in triggers))
@@ -46,8 +59,17 @@ def test_waiting_triggers_keep_sharing_across_polls(emu) -> None:
     ids = plain_instances(20)
     try:
         emu.reset_counts()
-        triggers = [InstanceStateTrigger(cloud="ec2", instance_ids=[i], target_state="stopped", conn_id="aws_default",
-                                         region="us-east-1", poll_interval=0.3) for i in ids]  # fmt: skip
+        triggers = [
+            InstanceStateTrigger(
+                cloud="ec2",
+                instance_ids=[i],
+                target_state="stopped",
+                conn_id="aws_default",
+                region="us-east-1",
+                poll_interval=0.3,
+            )
+            for i in ids
+        ]
 
         async def main():
             tasks = [asyncio.ensure_future(first_event(t)) for t in triggers]
@@ -65,8 +87,9 @@ def test_waiting_triggers_keep_sharing_across_polls(emu) -> None:
 
 def test_run_trigger_on_kill_terminates_the_instance(emu) -> None:
     (iid,) = plain_instances(1)
-    launch = LaunchRecord(run_id="ct-x", run_uri="s3://cloudtrain-emulated/x", cloud="ec2", region="us-east-1",
-                          instance_id=iid)  # fmt: skip
+    launch = LaunchRecord(
+        run_id="ct-x", run_uri="s3://cloudtrain-emulated/x", cloud="ec2", region="us-east-1", instance_id=iid
+    )
     trigger = RunTrigger(launch=launch.to_dict(), conn_id="aws_default")
     asyncio.run(trigger.on_kill())
     state = boto3.client("ec2").describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0][

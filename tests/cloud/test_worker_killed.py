@@ -106,7 +106,9 @@ def first_try_dies(dag_id: str, step: str, logical_date: datetime) -> None:
 
 
 def run_folder(provider: str, dag_id: str, run: Any) -> Any:
-    return open_run_folder(join(BUCKET[provider], RunKey(dag_id, "train", run.run_id, -1, BUCKET[provider]).path()))
+    return open_run_folder(
+        join(BUCKET[provider], RunKey(dag_id, "train", run.run_id, -1, BUCKET[provider]).path())
+    )
 
 
 def leftovers(provider: str, dag_id: str, run: Any) -> list[Any]:
@@ -127,8 +129,12 @@ def test_worker_killed_at_each_step_leaks_nothing_and_runs_the_job_once(
     if forget_store and step in ("ledger_entry", "teardown"):
         pytest.skip("the store is not consulted differently at this step")
     dag_id = f"killed_{provider}_{step}_{int(forget_store)}"
-    write_dag(DAG_SOURCE.format(dag_id=dag_id, cloud=CLOUD[provider], bucket=BUCKET[provider],
-                                region=REGION[provider]), dag_id)  # fmt: skip
+    write_dag(
+        DAG_SOURCE.format(
+            dag_id=dag_id, cloud=CLOUD[provider], bucket=BUCKET[provider], region=REGION[provider]
+        ),
+        dag_id,
+    )
     when = datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(hours=STEPS.index(step) * 2 + forget_store)
     emu.reset_counts()
     first_try_dies(dag_id, step, when)

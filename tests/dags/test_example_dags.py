@@ -11,8 +11,18 @@ from dag_helpers import load_example, task_states, xcom
 from airflow_cloudtrain.catalog import choose_offer
 from airflow_cloudtrain.spec import Hardware
 
-XCOM_FIELDS = {"run_id", "run_uri", "cloud", "instance_type", "region", "zone", "exit_code", "duration_s",
-               "cost_usd", "interruptions"}  # fmt: skip
+XCOM_FIELDS = {
+    "run_id",
+    "run_uri",
+    "cloud",
+    "instance_type",
+    "region",
+    "zone",
+    "exit_code",
+    "duration_s",
+    "cost_usd",
+    "interruptions",
+}
 
 
 @pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])

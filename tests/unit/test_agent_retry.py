@@ -161,8 +161,9 @@ class Clock:
         self.now += seconds
 
 
-def failing(errors: list[BaseException], result: object = "ok", clock: Clock | None = None,
-            cost: float = 0.0) -> tuple[Callable[[], object], list[int]]:  # fmt: skip
+def failing(
+    errors: list[BaseException], result: object = "ok", clock: Clock | None = None, cost: float = 0.0
+) -> tuple[Callable[[], object], list[int]]:
     calls = [0]
 
     def fn() -> object:

@@ -106,7 +106,12 @@ def test_agent_zip_ships_the_registry_and_stub_packages() -> None:
         shipped = archive.read("airflow_cloudtrain/clouds/registry.py")
     assert {"airflow_cloudtrain/clouds/__init__.py", "airflow_cloudtrain/clouds/registry.py"} <= names
     assert "airflow_cloudtrain/agent/retry.py" in names
-    assert not [n for n in names if n.startswith("airflow_cloudtrain/clouds/") and "registry" not in n
-                and not n.endswith("__init__.py")]  # fmt: skip
+    assert not [
+        n
+        for n in names
+        if n.startswith("airflow_cloudtrain/clouds/")
+        and "registry" not in n
+        and not n.endswith("__init__.py")
+    ]
     assert "import" not in clouds_init  # a stub: the real package docstring's modules stay behind
     assert shipped == Path(registry.__file__).read_bytes()

@@ -17,8 +17,9 @@ AWS = snapshot_rows("aws")
 GCP = snapshot_rows("gcp")
 
 
-def brute_force_aws(spot: bool, cpus: int, gpus: int, ram_gib: float, region: str | None = None,
-                    bid: Bid | None = None) -> tuple[float, str, str]:  # fmt: skip
+def brute_force_aws(
+    spot: bool, cpus: int, gpus: int, ram_gib: float, region: str | None = None, bid: Bid | None = None
+) -> tuple[float, str, str]:
     """Independent scan of the raw rows: the cheapest (price, type, region) that satisfies."""
     best = None
     for r in AWS:
@@ -57,8 +58,9 @@ def test_plan_example_matches_brute_force() -> None:
         if spot or bid is None
     ],
 )
-def test_aws_cheapest_matches_brute_force(spot: bool, cpus: int, gpus: int, ram: int, region: str | None,
-                                          bid: str | None) -> None:  # fmt: skip
+def test_aws_cheapest_matches_brute_force(
+    spot: bool, cpus: int, gpus: int, ram: int, region: str | None, bid: str | None
+) -> None:
     cloud = "ec2spot" if spot else "ec2"
     b = Bid(bid) if bid else None
     try:
@@ -196,7 +198,17 @@ def test_gcspot_bid_has_no_effect_and_warns_once(monkeypatch: pytest.MonkeyPatch
 def test_offer_record_attributes() -> None:
     o = choose_offer("ec2spot", Hardware(cpus=2))
     assert isinstance(o, Offer)
-    for name in ("cloud", "instance_type", "vcpus", "memory_gib", "gpus", "gpu_type", "region", "zones", "price",
-                 "spot_price"):  # fmt: skip
+    for name in (
+        "cloud",
+        "instance_type",
+        "vcpus",
+        "memory_gib",
+        "gpus",
+        "gpu_type",
+        "region",
+        "zones",
+        "price",
+        "spot_price",
+    ):
         assert hasattr(o, name)
     assert o.to_dict()["zones"] == list(o.zones)

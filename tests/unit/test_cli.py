@@ -43,10 +43,26 @@ def test_plan_json_chosen_and_alternatives(capsys: pytest.CaptureFixture[str]) -
 
 def test_plan_table_names_prices_and_bid_in_dollars() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "airflow_cloudtrain.cli", "plan", "--cloud", "ec2spot", "--cpus", "8", "--gpus", "1",
-         "--ram", "32g", "--bid", "60%"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "airflow_cloudtrain.cli",
+            "plan",
+            "--cloud",
+            "ec2spot",
+            "--cpus",
+            "8",
+            "--gpus",
+            "1",
+            "--ram",
+            "32g",
+            "--bid",
+            "60%",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert "* g4dn.2xlarge" in out and "on-demand" in out and "spot" in out
     assert "bid 60% = at most $0.4512/h for g4dn.2xlarge" in out
 

@@ -62,11 +62,13 @@ class Backend:
         self.terminated.append(pairs)
 
 
-GROUPS = register_kind(ResourceKind(
-    "test_group",
-    find=lambda backend, digest: [],
-    delete=lambda backend, rs: backend.deleted.append(("test_group", [r.id for r in rs])),
-))  # fmt: skip
+GROUPS = register_kind(
+    ResourceKind(
+        "test_group",
+        find=lambda backend, digest: [],
+        delete=lambda backend, rs: backend.deleted.append(("test_group", [r.id for r in rs])),
+    )
+)
 
 
 def inst(iid: str, state: str = "running") -> Instance:
@@ -74,8 +76,19 @@ def inst(iid: str, state: str = "running") -> Instance:
 
 
 def test_records_round_trip_through_json() -> None:
-    launch = LaunchRecord("ct-1", "s3://b/r", "ec2spot", "us-east-1", "i-1", "t3.small", "us-east-1a", True,
-                          0.0123, 1.5e9, failover=[["t3.micro", "us-east-1", "InsufficientInstanceCapacity"]])  # fmt: skip
+    launch = LaunchRecord(
+        "ct-1",
+        "s3://b/r",
+        "ec2spot",
+        "us-east-1",
+        "i-1",
+        "t3.small",
+        "us-east-1a",
+        True,
+        0.0123,
+        1.5e9,
+        failover=[["t3.micro", "us-east-1", "InsufficientInstanceCapacity"]],
+    )
     outcome = Outcome("error", "interrupted", None, "spot", True, 1, {"id": "i-1"})
     attempt = Attempt(launch, outcome, 1.5e9 + 60, 60.0, 0.0002, "basis")
     for record in (launch, outcome, attempt):
@@ -90,7 +103,9 @@ def test_the_ledger_is_written_before_the_create_call_and_reloads() -> None:
     store = Store()
     ledger = ResourceLedger("key-1", store)
     entry = ledger.intend("instance", "us-east-1", token="tok")
-    assert store.data[STORE_KEY]["entries"] == [{"kind": "instance", "id": None, "location": "us-east-1", "token": "tok"}]
+    assert store.data[STORE_KEY]["entries"] == [
+        {"kind": "instance", "id": None, "location": "us-east-1", "token": "tok"}
+    ]
     ledger.created(entry, "i-1")
     again = ResourceLedger.load("key-1", store)
     assert [(e.kind, e.id) for e in again.entries] == [("instance", "i-1")]
@@ -139,8 +154,10 @@ def test_unknown_kinds_are_refused() -> None:
 
 
 def client_error(code: str, status: int) -> ClientError:
-    return ClientError({"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}},
-                       "DescribeInstances")  # fmt: skip
+    return ClientError(
+        {"Error": {"Code": code, "Message": code}, "ResponseMetadata": {"HTTPStatusCode": status}},
+        "DescribeInstances",
+    )
 
 
 def test_what_counts_as_transient() -> None:

@@ -76,9 +76,11 @@ def test_importing_an_operator_costs_no_cloud_sdk() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; before = set(sys.modules)\n"
-            "from airflow_cloudtrain.operators import CloudTrainOperator\n"
-            "CloudTrainOperator(task_id='t', command='x', bucket='s3://bkt', cloud='ec2spot', cpus=4, ram='8g')\n"
-            "print(sorted(m for m in set(sys.modules) - before if m.startswith(('boto', 'google.cloud'))))")  # fmt: skip
+    code = (
+        "import sys; before = set(sys.modules)\n"
+        "from airflow_cloudtrain.operators import CloudTrainOperator\n"
+        "CloudTrainOperator(task_id='t', command='x', bucket='s3://bkt', cloud='ec2spot', cpus=4, ram='8g')\n"
+        "print(sorted(m for m in set(sys.modules) - before if m.startswith(('boto', 'google.cloud'))))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == "[]"

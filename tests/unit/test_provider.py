@@ -21,8 +21,12 @@ def test_every_registered_module_imports() -> None:
     import importlib
 
     info = airflow_cloudtrain.get_provider_info()
-    modules = [m for kind in ("operators", "sensors", "hooks", "triggers") for entry in info[kind]
-               for m in entry["python-modules"]]  # fmt: skip
+    modules = [
+        m
+        for kind in ("operators", "sensors", "hooks", "triggers")
+        for entry in info[kind]
+        for m in entry["python-modules"]
+    ]
     assert "airflow_cloudtrain.operators.cloud_train" in modules
     for module in modules:
         importlib.import_module(module)

@@ -22,7 +22,7 @@ TRIGGERS = [
         conn_id="aws_default",
         region="us-east-1",
         poll_interval=3.0,
-    ),  # fmt: skip
+    ),
     InstanceStateTrigger(
         cloud="gcspot",
         instance_ids=["vm-1"],
@@ -30,10 +30,17 @@ TRIGGERS = [
         conn_id="gcp",
         region="us-central1",
         project_id="proj",
-    ),  # fmt: skip
+    ),
     RunTrigger(
-        launch=LaunchRecord(run_id="ct-1", run_uri="s3://b/runs/d/t/r/-1", cloud="ec2spot", region="us-east-1",
-                            instance_id="i-1", hourly_usd=0.1, failover=[["t3.small", "us-east-1", "X"]]).to_dict(),
+        launch=LaunchRecord(
+            run_id="ct-1",
+            run_uri="s3://b/runs/d/t/r/-1",
+            cloud="ec2spot",
+            region="us-east-1",
+            instance_id="i-1",
+            hourly_usd=0.1,
+            failover=[["t3.small", "us-east-1", "X"]],
+        ).to_dict(),
         conn_id="aws_default",
         poll_interval=2.0,
         next_log_seq=7,
