@@ -182,11 +182,12 @@ class AwsCloud(Cloud):
         return to_instance(response["Instances"][0])
 
     def find(self, run_key_digest: str, ended: bool = False) -> list[Instance]:
-        filters = [{"Name": f"tag:{TAG_RUN_KEY}", "Values": [run_key_digest]}]
-        if not ended:
-            filters.append(
-                {"Name": "instance-state-name", "Values": sorted(ALIVE_STATES | {"stopping", "stopped"})}
-            )
+        # a terminated EC2 instance is gone for good (only listed for a while): never in the result
+        states = ALIVE_STATES | {"stopping", "stopped"} | ({"shutting-down"} if ended else set())
+        filters = [
+            {"Name": f"tag:{TAG_RUN_KEY}", "Values": [run_key_digest]},
+            {"Name": "instance-state-name", "Values": sorted(states)},
+        ]
         return list(_instances(self.ec2, Filters=filters))
 
     def find_run(self, run_id: str) -> list[Instance]:

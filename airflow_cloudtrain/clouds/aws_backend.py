@@ -32,7 +32,8 @@ class AwsRunBackend:
     def bind_region(self, region: str) -> None:
         if region and region != self.region:
             self.hook = CloudTrainAwsHook(aws_conn_id=self.conn_id, region_name=region)
-            self.region, self._cloud = region, None
+            self.region = region
+            self._cloud = None
 
     def run_folder(self, run_uri: str) -> RunFolder:
         from airflow_cloudtrain.agent.storage import open_run_folder

@@ -73,8 +73,9 @@ class Cloud(ABC):
 
     @abstractmethod
     def find(self, run_key_digest: str, ended: bool = False) -> list[Instance]:
-        """Instances carrying this run key: alive ones (adoption), or with ``ended`` every one the
-        cloud still lists, ended ones too (teardown: a powered-off GCE VM still needs deleting)."""
+        """Instances carrying this run key: alive ones (adoption), or with ``ended`` also those that
+        ended but still exist (teardown: a powered-off GCE VM still needs deleting; a terminated EC2
+        instance is gone and never returned)."""
 
     @abstractmethod
     def find_run(self, run_id: str) -> list[Instance]:

@@ -32,7 +32,8 @@ class GcpRunBackend:
     def bind_region(self, region: str) -> None:
         """The catalog picked the region (none was asked for): work in its zones."""
         if region and self.region != region:
-            self.region, self._cloud = region, None
+            self.region = region
+            self._cloud = None
 
     def run_folder(self, run_uri: str) -> RunFolder:
         return self.hook.run_folder(run_uri)

@@ -24,10 +24,10 @@ production.
 The instances' side: nothing boots, so for each instance whose EC2 user data / GCE ``startup-script``
 is our bootstrap (its ``CT_RUN_URI=`` line, see ``userdata``) the emulator starts the real agent as a
 local process (``runner``), with the instance's metadata service (``metadata``) passed the standard
-way; the instance ends when the agent powers off. Hard stops are the clouds': EC2 ends the instance
-``CT_HARD_STOP_S`` (from the bootstrap) after launch with ``Client.InstanceInitiatedShutdown``; GCE
-stops or deletes a VM when its ``scheduling.maxRunDuration`` runs out (``instanceTerminationAction``);
-either way its agent is killed, alive or not.
+way; the instance ends when the agent powers off, and when an instance ends, every process it ran
+(agent, job) is killed. Hard stops are the clouds': EC2 ends the instance ``CT_HARD_STOP_S`` (from the
+bootstrap) after launch with ``Client.InstanceInitiatedShutdown``; GCE stops or deletes a VM when its
+``scheduling.maxRunDuration`` runs out (``instanceTerminationAction``); alive agent or not.
 
 Throttling (``throttle(rate, api=None, seed=0)``) refuses that share of the selected requests the
 way each cloud does: EC2 HTTP 503 ``RequestLimitExceeded``, S3 503 ``SlowDown``, other AWS services
@@ -69,8 +69,13 @@ AWS_REGIONS = ("us-east-1", "us-west-2", "eu-west-1")
 class Emulator:
     """moto server + Compute Engine and GCS emulators + metadata server + a local agent per instance."""
 
-    def __init__(self, region: str = "us-east-1", buckets: tuple[str, ...] = (DEFAULT_BUCKET,),
-                 workdir: str | Path | None = None, hard_stop_scale: float = 1.0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        region: str = "us-east-1",
+        buckets: tuple[str, ...] = (DEFAULT_BUCKET,),
+        workdir: str | Path | None = None,
+        hard_stop_scale: float = 1.0,
+    ) -> None:
         self.region = region
         self.buckets = buckets
         self._own_workdir = workdir is None
@@ -146,10 +151,14 @@ class Emulator:
         gcp = {
             "conn_type": "google_cloud_platform",
             # no Cloud Billing emulation: the emulator answers 404 there and runs keep the snapshot prices
-            "extra": {"project": GCP_PROJECT, "compute_endpoint": self.gce_endpoint,
-                      "storage_endpoint": self.gcs_endpoint, "billing_endpoint": self.gce_endpoint,
-                      "credentials": "anonymous"},
-        }  # fmt: skip
+            "extra": {
+                "project": GCP_PROJECT,
+                "compute_endpoint": self.gce_endpoint,
+                "storage_endpoint": self.gcs_endpoint,
+                "billing_endpoint": self.gce_endpoint,
+                "credentials": "anonymous",
+            },
+        }
         return {
             "STORAGE_EMULATOR_HOST": self.gcs_endpoint,
             "GOOGLE_CLOUD_PROJECT": GCP_PROJECT,

@@ -1,9 +1,12 @@
 """The instances' side of the emulated clouds: one local agent process per launched instance.
 
-Nothing in an emulated cloud boots a machine, so this watcher does what the instance would: when
-an instance of ours appears, it starts the same agent the user data would start (skipping only the
-bootstrap), with the endpoints passed the standard way; when the agent exits (the instance powers
-off) it ends the instance; when the instance is terminated from outside it kills the agent.
+Nothing in an emulated cloud boots a machine, so this watcher does what the instance would: when an
+instance whose user data is our bootstrap appears, it starts the same agent the bootstrap would start
+(skipping the bootstrap itself), with the endpoints passed the standard way; when the agent exits
+(the instance powers off) it ends the instance; when the instance is terminated from outside it kills
+the agent. When an instance is gone, every process it ran goes with it: the job too (it runs in its
+own session, so it outlives a crashed agent, as on a real machine), found by the
+``CLOUDTRAIN_EMULATED_MACHINE`` marker that the agent's environment hands down to everything it starts.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+MACHINE_MARKER = "CLOUDTRAIN_EMULATED_MACHINE"
 
 
 @dataclass
@@ -61,6 +65,7 @@ class InstanceRunner:
         self.interval = interval
         self.agents: dict[str, Agent] = {}
         self.finished: set[str] = set()
+        self.machines: set[str] = set()  # instances whose processes run here until they are gone
         self.lock = threading.RLock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="emulator-instances", daemon=True)
@@ -75,6 +80,9 @@ class InstanceRunner:
             for agent in list(self.agents.values()):
                 self._kill(agent)
             self.agents.clear()
+            for iid in list(self.machines):
+                self._power_down(iid)
+            self.machines.clear()
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -90,6 +98,7 @@ class InstanceRunner:
             for iid, seen in alive.items():
                 if iid not in self.agents and iid not in self.finished:
                     self.agents[iid] = self._start(seen)
+                    self.machines.add(iid)
             for iid, agent in list(self.agents.items()):
                 if iid not in alive:  # terminated from outside: the machine is gone
                     self._kill(agent)
@@ -99,14 +108,26 @@ class InstanceRunner:
                     del self.agents[iid]
                     self.finished.add(iid)
                     self.end_instance(agent.seen)
+            for iid in [i for i in self.machines if i not in alive]:  # gone: whatever still ran there dies
+                self.machines.discard(iid)
+                self._power_down(iid)
 
     def _start(self, seen: Seen) -> Agent:
         workdir = self.workdir / "instances" / seen.id
         workdir.mkdir(parents=True, exist_ok=True)
         log_path = workdir / "agent.log"
-        env = {**self.base_env, **seen.env}
-        cmd = [sys.executable, "-m", "airflow_cloudtrain.agent", "--run-uri", seen.run_uri,
-               "--instance-id", seen.id, "--workdir", str(workdir / "work")]  # fmt: skip
+        env = {**self.base_env, **seen.env, MACHINE_MARKER: self._machine(seen.id)}
+        cmd = [
+            sys.executable,
+            "-m",
+            "airflow_cloudtrain.agent",
+            "--run-uri",
+            seen.run_uri,
+            "--instance-id",
+            seen.id,
+            "--workdir",
+            str(workdir / "work"),
+        ]
         with log_path.open("wb") as out:
             process = subprocess.Popen(
                 cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -120,8 +141,24 @@ class InstanceRunner:
                 os.killpg(agent.process.pid, signal.SIGKILL)
             agent.process.wait(timeout=10)
 
+    def _machine(self, instance_id: str) -> str:
+        return f"{instance_id}@{self.workdir}"  # unique across emulators on one host
+
+    def _power_down(self, instance_id: str) -> None:
+        """Kill every process of the machine (the agent's group is gone already; its job may not be)."""
+        try:
+            import psutil  # Airflow's dependency
+        except ImportError:
+            return
+        mark = self._machine(instance_id)
+        for proc in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if proc.environ().get(MACHINE_MARKER) == mark:
+                    proc.kill()
+
     def kill_agent(self, instance_id: str) -> None:
-        """The machine vanishes (after a spot notice ran out): no more agent, no final status."""
+        """The agent dies at once (it crashed, or its machine vanished): no final status. The rest of the
+        machine's processes (its job) end when the instance leaves the alive list."""
         with self.lock:
             agent = self.agents.pop(instance_id, None)
             self.finished.add(instance_id)

@@ -42,8 +42,12 @@ class CloudTrainAwsHook(AwsBaseHook):
     def cloud(self) -> AwsCloud:
         from botocore.config import Config
 
-        no_retries = (self.config or Config()).merge(Config(retries={"mode": "standard", "total_max_attempts": 1}))
-        return AwsCloud(self.conn, self.conn_region_name, self.client("ssm"), self.client("ec2", config=no_retries))
+        no_retries = (self.config or Config()).merge(
+            Config(retries={"mode": "standard", "total_max_attempts": 1})
+        )
+        return AwsCloud(
+            self.conn, self.conn_region_name, self.client("ssm"), self.client("ec2", config=no_retries)
+        )
 
     @property
     def conn_region_name(self) -> str:

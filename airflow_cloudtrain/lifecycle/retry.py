@@ -106,12 +106,16 @@ class TransientBudget:
         cap_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.budget_s, self.base_s, self.cap_s, self.clock = budget_s, base_s, cap_s, clock
+        self.budget_s = budget_s
+        self.base_s = base_s
+        self.cap_s = cap_s
+        self.clock = clock
         self.failing_since: float | None = None
         self.failures = 0
 
     def ok(self) -> None:
-        self.failing_since, self.failures = None, 0
+        self.failing_since = None
+        self.failures = 0
 
     def failed(self, err: BaseException) -> float:
         """Seconds to back off before polling again; re-raises when ``err`` is not transient or the

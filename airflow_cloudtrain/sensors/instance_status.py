@@ -61,8 +61,13 @@ class InstanceStatusSensor(BaseSensorOperator):
                 "give instance_ids=[...] or run_id=... (the run_id in a CloudTrain operator's XCom)"
             )
         self.instance_ids = [instance_ids] if isinstance(instance_ids, str) else instance_ids
-        self.run_id, self.target_state, self.region, self.zone = run_id, target_state, region, zone
-        self.aws_conn_id, self.gcp_conn_id, self.project_id = aws_conn_id, gcp_conn_id, project_id
+        self.run_id = run_id
+        self.target_state = target_state
+        self.region = region
+        self.zone = zone
+        self.aws_conn_id = aws_conn_id
+        self.gcp_conn_id = gcp_conn_id
+        self.project_id = project_id
         self.deferrable = deferrable
 
     @property

@@ -29,7 +29,9 @@ class AsyncRunFolder:
     def __init__(self, run_uri: str, cloud: str, conn_id: str | None, region: str | None) -> None:
         self.run_uri = run_uri
         self.scheme, self.bucket, self.prefix = split_uri(run_uri)
-        self.cloud, self.conn_id, self.region = cloud, conn_id, region
+        self.cloud = cloud
+        self.conn_id = conn_id
+        self.region = region
         self._client: Any = None
         self._folder: Any = None
 

@@ -25,8 +25,19 @@ from airflow_cloudtrain.hooks.gcp import zones_of
 from airflow_cloudtrain.spec import Hardware
 
 REGION = "us-central1"
-AMERICAS = ["us-central1", "us-east1", "us-east4", "us-east5", "us-south1", "us-west1", "us-west2",
-            "us-west3", "us-west4", "northamerica-northeast1", "northamerica-northeast2"]  # fmt: skip
+AMERICAS = [
+    "us-central1",
+    "us-east1",
+    "us-east4",
+    "us-east5",
+    "us-south1",
+    "us-west1",
+    "us-west2",
+    "us-west3",
+    "us-west4",
+    "northamerica-northeast1",
+    "northamerica-northeast2",
+]
 
 # The rates recorded below, USD per vCPU-hour / GiB-hour / GPU-hour (units + nanos in the JSON).
 N1_CORE, N1_RAM, N1_SPOT_CORE, N1_SPOT_RAM = 0.031611, 0.004237, 0.006655, 0.000892
@@ -34,8 +45,16 @@ N2_CORE, N2_RAM, N2_SPOT_CORE, N2_SPOT_RAM = 0.031611, 0.004237, 0.007594, 0.001
 T4, T4_SPOT, A100 = 0.35, 0.0875, 2.933908
 
 
-def _sku(sku_id: str, description: str, group: str, usage: str, regions: list[str], price: float,
-         unit: str = "h", family: str = "Compute") -> dict[str, Any]:  # fmt: skip
+def _sku(
+    sku_id: str,
+    description: str,
+    group: str,
+    usage: str,
+    regions: list[str],
+    price: float,
+    unit: str = "h",
+    family: str = "Compute",
+) -> dict[str, Any]:
     """One SKU as ``GET /v1/services/6F81-5844-456A/skus`` returns it (units is an int64 string)."""
     units, nanos = int(price), round((price - int(price)) * 1e9)
     ram = unit == "GiBy.h"
@@ -43,74 +62,180 @@ def _sku(sku_id: str, description: str, group: str, usage: str, regions: list[st
         "name": f"services/6F81-5844-456A/skus/{sku_id}",
         "skuId": sku_id,
         "description": description,
-        "category": {"serviceDisplayName": "Compute Engine", "resourceFamily": family,
-                     "resourceGroup": group, "usageType": usage},
+        "category": {
+            "serviceDisplayName": "Compute Engine",
+            "resourceFamily": family,
+            "resourceGroup": group,
+            "usageType": usage,
+        },
         "serviceRegions": regions,
-        "pricingInfo": [{
-            "summary": "",
-            "pricingExpression": {
-                "usageUnit": unit, "displayQuantity": 1,
-                "usageUnitDescription": "gibibyte hour" if ram else ("gibibyte month" if "mo" in unit else "hour"),
-                "baseUnit": "By.s" if "By" in unit else "s",
-                "baseUnitDescription": "byte second" if "By" in unit else "second",
-                "baseUnitConversionFactor": 3865470566400 if ram else 3600,
-                "tieredRates": [{"startUsageAmount": 0,
-                                 "unitPrice": {"currencyCode": "USD", "units": str(units), "nanos": nanos}}],
-            },
-            "currencyConversionRate": 1,
-            "effectiveTime": "2026-11-24T09:14:47.263Z",
-        }],
+        "pricingInfo": [
+            {
+                "summary": "",
+                "pricingExpression": {
+                    "usageUnit": unit,
+                    "displayQuantity": 1,
+                    "usageUnitDescription": "gibibyte hour"
+                    if ram
+                    else ("gibibyte month" if "mo" in unit else "hour"),
+                    "baseUnit": "By.s" if "By" in unit else "s",
+                    "baseUnitDescription": "byte second" if "By" in unit else "second",
+                    "baseUnitConversionFactor": 3865470566400 if ram else 3600,
+                    "tieredRates": [
+                        {
+                            "startUsageAmount": 0,
+                            "unitPrice": {"currencyCode": "USD", "units": str(units), "nanos": nanos},
+                        }
+                    ],
+                },
+                "currencyConversionRate": 1,
+                "effectiveTime": "2026-11-24T09:14:47.263Z",
+            }
+        ],
         "serviceProviderName": "Google",
         "geoTaxonomy": {"type": "MULTI_REGIONAL" if len(regions) > 1 else "REGIONAL", "regions": regions},
-    }  # fmt: skip
+    }
 
 
 # Two pages, trimmed to a handful of SKUs each: what must match, and what must not.
 PAGES: dict[str, dict[str, Any]] = {
     "": {
         "skus": [
-            _sku("A1B4-2C3D-9E0F", "Storage PD Capacity", "PDStandard", "OnDemand", [REGION], 0.04,
-                 unit="GiBy.mo", family="Storage"),
+            _sku(
+                "A1B4-2C3D-9E0F",
+                "Storage PD Capacity",
+                "PDStandard",
+                "OnDemand",
+                [REGION],
+                0.04,
+                unit="GiBy.mo",
+                family="Storage",
+            ),
             # same series, another region (and dearer): never for us-central1
-            _sku("0E0F-6BBD-5C5A", "N1 Predefined Instance Core running in Sao Paulo", "N1Standard",
-                 "OnDemand", ["southamerica-east1"], 0.050229),
-            _sku("2E27-4F75-95CD", "N1 Predefined Instance Core running in Americas", "N1Standard",
-                 "OnDemand", AMERICAS, N1_CORE),
-            _sku("6C71-E844-38BC", "N1 Predefined Instance Ram running in Americas", "N1Standard",
-                 "OnDemand", AMERICAS, N1_RAM, unit="GiBy.h"),
-            _sku("1425-0532-6B33", "Spot Preemptible N1 Predefined Instance Core running in Americas",
-                 "N1Standard", "Preemptible", AMERICAS, N1_SPOT_CORE),
-            _sku("939B-3A4D-7F3F", "Spot Preemptible N1 Predefined Instance Ram running in Americas",
-                 "N1Standard", "Preemptible", AMERICAS, N1_SPOT_RAM, unit="GiBy.h"),
-            _sku("7C8B-2E6D-2D6A", "Commitment v1: N1 Predefined Instance Core in Americas for 1 Year",
-                 "CPU", "Commit1Yr", AMERICAS, 0.019915),
-            _sku("0039-3C45-6C8B", "Nvidia Tesla T4 GPU running in Americas", "GPU", "OnDemand",
-                 AMERICAS, T4),
+            _sku(
+                "0E0F-6BBD-5C5A",
+                "N1 Predefined Instance Core running in Sao Paulo",
+                "N1Standard",
+                "OnDemand",
+                ["southamerica-east1"],
+                0.050229,
+            ),
+            _sku(
+                "2E27-4F75-95CD",
+                "N1 Predefined Instance Core running in Americas",
+                "N1Standard",
+                "OnDemand",
+                AMERICAS,
+                N1_CORE,
+            ),
+            _sku(
+                "6C71-E844-38BC",
+                "N1 Predefined Instance Ram running in Americas",
+                "N1Standard",
+                "OnDemand",
+                AMERICAS,
+                N1_RAM,
+                unit="GiBy.h",
+            ),
+            _sku(
+                "1425-0532-6B33",
+                "Spot Preemptible N1 Predefined Instance Core running in Americas",
+                "N1Standard",
+                "Preemptible",
+                AMERICAS,
+                N1_SPOT_CORE,
+            ),
+            _sku(
+                "939B-3A4D-7F3F",
+                "Spot Preemptible N1 Predefined Instance Ram running in Americas",
+                "N1Standard",
+                "Preemptible",
+                AMERICAS,
+                N1_SPOT_RAM,
+                unit="GiBy.h",
+            ),
+            _sku(
+                "7C8B-2E6D-2D6A",
+                "Commitment v1: N1 Predefined Instance Core in Americas for 1 Year",
+                "CPU",
+                "Commit1Yr",
+                AMERICAS,
+                0.019915,
+            ),
+            _sku(
+                "0039-3C45-6C8B", "Nvidia Tesla T4 GPU running in Americas", "GPU", "OnDemand", AMERICAS, T4
+            ),
         ],
         "nextPageToken": "CiQxNDc2LTk0MTQtQkQ1QQ",
     },
     "CiQxNDc2LTk0MTQtQkQ1QQ": {
         "skus": [
-            _sku("F449-33EC-A5EF", "Spot Preemptible Nvidia Tesla T4 GPU running in Americas", "GPU",
-                 "Preemptible", AMERICAS, T4_SPOT),
-            _sku("E8B0-1A63-2C7C", "Nvidia Tesla T4 Virtual Workstation GPU running in Americas", "GPU",
-                 "OnDemand", AMERICAS, 0.55),
-            _sku("039F-D0DA-4055", "Nvidia Tesla A100 GPU running in Americas", "GPU", "OnDemand",
-                 AMERICAS, A100),
-            _sku("BB77-5FDA-69D9", "N2 Instance Core running in Americas", "CPU", "OnDemand", AMERICAS, N2_CORE),
-            _sku("5B01-D157-A097", "N2 Instance Ram running in Americas", "RAM", "OnDemand", AMERICAS, N2_RAM,
-                 unit="GiBy.h"),
-            _sku("2D9A-2BE3-B6E4", "Spot Preemptible N2 Instance Core running in Americas", "CPU",
-                 "Preemptible", AMERICAS, N2_SPOT_CORE),
-            _sku("8B26-0D1F-7E2A", "Spot Preemptible N2 Instance Ram running in Americas", "RAM",
-                 "Preemptible", AMERICAS, N2_SPOT_RAM, unit="GiBy.h"),
+            _sku(
+                "F449-33EC-A5EF",
+                "Spot Preemptible Nvidia Tesla T4 GPU running in Americas",
+                "GPU",
+                "Preemptible",
+                AMERICAS,
+                T4_SPOT,
+            ),
+            _sku(
+                "E8B0-1A63-2C7C",
+                "Nvidia Tesla T4 Virtual Workstation GPU running in Americas",
+                "GPU",
+                "OnDemand",
+                AMERICAS,
+                0.55,
+            ),
+            _sku(
+                "039F-D0DA-4055",
+                "Nvidia Tesla A100 GPU running in Americas",
+                "GPU",
+                "OnDemand",
+                AMERICAS,
+                A100,
+            ),
+            _sku(
+                "BB77-5FDA-69D9", "N2 Instance Core running in Americas", "CPU", "OnDemand", AMERICAS, N2_CORE
+            ),
+            _sku(
+                "5B01-D157-A097",
+                "N2 Instance Ram running in Americas",
+                "RAM",
+                "OnDemand",
+                AMERICAS,
+                N2_RAM,
+                unit="GiBy.h",
+            ),
+            _sku(
+                "2D9A-2BE3-B6E4",
+                "Spot Preemptible N2 Instance Core running in Americas",
+                "CPU",
+                "Preemptible",
+                AMERICAS,
+                N2_SPOT_CORE,
+            ),
+            _sku(
+                "8B26-0D1F-7E2A",
+                "Spot Preemptible N2 Instance Ram running in Americas",
+                "RAM",
+                "Preemptible",
+                AMERICAS,
+                N2_SPOT_RAM,
+                unit="GiBy.h",
+            ),
             # custom shapes have their own (dearer) SKUs: the catalog derives them from predefined ones
-            _sku("D0CC-50DF-59D2", "N2 Custom Instance Core running in Americas", "CPU", "OnDemand",
-                 AMERICAS, 0.033191),
+            _sku(
+                "D0CC-50DF-59D2",
+                "N2 Custom Instance Core running in Americas",
+                "CPU",
+                "OnDemand",
+                AMERICAS,
+                0.033191,
+            ),
         ],
         "nextPageToken": "",
     },
-}  # fmt: skip
+}
 
 
 class _Billing(BaseHTTPRequestHandler):
@@ -122,8 +247,10 @@ class _Billing(BaseHTTPRequestHandler):
         type(self).requests.append((url.path, query))
         page = PAGES.get(query.get("pageToken", [""])[0])
         if url.path.startswith("/broken/"):
-            status, body = 500, {"error": {"code": 500, "message": "Internal error encountered.",
-                                           "status": "INTERNAL"}}  # fmt: skip
+            status, body = (
+                500,
+                {"error": {"code": 500, "message": "Internal error encountered.", "status": "INTERNAL"}},
+            )
         elif url.path != f"/v1/services/{live_gcp.GCE_SERVICE_ID}/skus" or page is None:
             status, body = 404, {"error": {"code": 404, "message": "Not found", "status": "NOT_FOUND"}}
         else:

@@ -10,8 +10,13 @@ import time
 
 
 def test_cloudtrain_emulator_prints_its_endpoints_and_stops_on_ctrl_c() -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "airflow_cloudtrain.cli", "emulator"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env={**os.environ})  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "airflow_cloudtrain.cli", "emulator"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ},
+    )
     lines: list[str] = []
     deadline = time.monotonic() + 60
     try:

@@ -25,6 +25,7 @@ from airflow_cloudtrain import runs
 from airflow_cloudtrain.agent.bootstrap import render_user_data
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET
 from airflow_cloudtrain.emulator.gcp.gce import EMULATOR_USER_AGENT, compute_client_kwargs
+from airflow_cloudtrain.emulator.runner import MACHINE_MARKER
 from airflow_cloudtrain.emulator.userdata import Bootstrap, parse_bootstrap
 
 ZONE = "us-central1-a"
@@ -44,8 +45,15 @@ def until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
 def run_folder(scheme: str) -> str:
     """A run folder whose spec keeps the agent busy (sleep) until someone stops the machine."""
     uri = f"{scheme}://{DEFAULT_BUCKET}/faults/{uuid.uuid4().hex[:8]}"
-    spec = runs.RunSpec(run_id="ct-faults", run_uri=uri, cloud="ec2" if scheme == "s3" else "gcloud",
-                        command="sleep 600", log_interval_s=0.2, heartbeat_interval_s=0.2, metadata_poll_s=0.2)  # fmt: skip
+    spec = runs.RunSpec(
+        run_id="ct-faults",
+        run_uri=uri,
+        cloud="ec2" if scheme == "s3" else "gcloud",
+        command="sleep 600",
+        log_interval_s=0.2,
+        heartbeat_interval_s=0.2,
+        metadata_poll_s=0.2,
+    )
     _, bucket, prefix = runs.split_uri(uri)
     if scheme == "s3":
         boto3.client("s3").put_object(Bucket=bucket, Key=f"{prefix}/{runs.SPEC_KEY}", Body=spec.to_json())
@@ -70,6 +78,24 @@ def agent_status(uri: str, instance_id: str) -> dict[str, Any] | None:
         return None
 
 
+def machine_processes(emu: Any, instance_id: str) -> list[str]:
+    """The command lines of the processes the emulated machine still runs here."""
+    import psutil
+
+    out = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get(MACHINE_MARKER) == f"{instance_id}@{emu.workdir}":
+                out.append(" ".join(proc.cmdline()))
+        except psutil.Error:
+            continue
+    return out
+
+
+def running(uri: str, instance_id: str) -> bool:
+    return (agent_status(uri, instance_id) or {}).get("state") == runs.RUNNING
+
+
 # --- hard stops ----------------------------------------------------------------------------------
 
 
@@ -89,14 +115,26 @@ def test_ec2_hard_stop_ends_the_instance_even_when_its_agent_is_dead(hard_stops)
     ec2 = boto3.client("ec2")
     image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     tags = [{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in MANAGED.items()]}]
-    raw = ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=1, MaxCount=1, UserData=user_data,
-                            TagSpecifications=tags)["Instances"][0]  # fmt: skip
+    raw = ec2.run_instances(
+        ImageId=image,
+        InstanceType="t3.micro",
+        MinCount=1,
+        MaxCount=1,
+        UserData=user_data,
+        TagSpecifications=tags,
+    )["Instances"][0]
     iid, launched = raw["InstanceId"], raw["LaunchTime"].timestamp()  # EC2 keeps whole seconds
 
     # no run-uri tag: the agent starts from the user data, and reports in the run folder
-    until(lambda: agent_status(uri, iid), 30, "the agent's first status")
+    until(lambda: running(uri, iid), 30, "the agent to start the job")
+
+    def job() -> bool:
+        return any("sleep 600" in cmd for cmd in machine_processes(emu, iid))
+
+    until(job, 15, "the job's process")
     emu.crash_agent(iid)
     assert emu.wait_until_idle(10)
+    assert job()  # the job lives on (its own session), the machine too
 
     def state() -> dict[str, Any]:
         return ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
@@ -107,6 +145,7 @@ def test_ec2_hard_stop_ends_the_instance_even_when_its_agent_is_dead(hard_stops)
     assert time.time() >= launched + 30 * 0.2
     assert ended["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown"
     assert ended["StateReason"]["Message"] == "Client.InstanceInitiatedShutdown: Instance initiated shutdown"
+    until(lambda: not machine_processes(emu, iid), 10, "the machine's processes to go with it")
 
 
 @pytest.fixture()
@@ -117,13 +156,20 @@ def compute(emu) -> compute_v1.InstancesClient:
 def gce_instance(name: str, script: str, **scheduling: Any) -> compute_v1.Instance:
     """An instance resource as the product builds it (snake_case fields, a Duration as a dict)."""
     return compute_v1.Instance(
-        name=name, machine_type=f"zones/{ZONE}/machineTypes/n1-standard-2", labels=MANAGED,
-        disks=[{"boot": True, "auto_delete": True,
-                "initialize_params": {"source_image": "projects/debian-cloud/global/images/family/debian-12"}}],
+        name=name,
+        machine_type=f"zones/{ZONE}/machineTypes/n1-standard-2",
+        labels=MANAGED,
+        disks=[
+            {
+                "boot": True,
+                "auto_delete": True,
+                "initialize_params": {"source_image": "projects/debian-cloud/global/images/family/debian-12"},
+            }
+        ],
         network_interfaces=[{"network": "global/networks/default"}],
         metadata={"items": [{"key": "startup-script", "value": script}]},
         scheduling={"automatic_restart": False, "on_host_maintenance": "TERMINATE", **scheduling},
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("action", ["DELETE", "STOP"])
@@ -131,15 +177,19 @@ def test_gce_max_run_duration_stops_or_deletes_the_vm_and_its_agent(hard_stops, 
     emu = hard_stops
     uri = run_folder("gs")
     name = f"vm-{uuid.uuid4().hex[:8]}"
-    body = gce_instance(name, render_user_data(uri, "gcloud"), max_run_duration={"seconds": 30},
-                        instance_termination_action=action)  # fmt: skip
+    body = gce_instance(
+        name,
+        render_user_data(uri, "gcloud"),
+        max_run_duration={"seconds": 30},
+        instance_termination_action=action,
+    )
     compute.insert(project="cloudtrain-emulated", zone=ZONE, instance_resource=body).result(timeout=10)
     created = time.time()
     got = compute.get(project="cloudtrain-emulated", zone=ZONE, instance=name)
     assert got.scheduling.max_run_duration.seconds == 30
     assert got.scheduling.instance_termination_action == action
 
-    until(lambda: agent_status(uri, name), 30, "the agent's first status")  # started from the startup-script
+    until(lambda: running(uri, name), 30, "the agent to start the job")  # started from the startup-script
     assert emu.gce.instance(ZONE, name)["status"] == "RUNNING"
     emu.hard_stop_scale = 0.2  # 30 s -> 6 s after creation
 
@@ -150,6 +200,7 @@ def test_gce_max_run_duration_stops_or_deletes_the_vm_and_its_agent(hard_stops, 
     until(gone_or_stopped, 15, f"maxRunDuration's {action}")
     assert time.time() >= created + 30 * 0.2 - 0.5  # created: when the insert had returned
     assert emu.wait_until_idle(10)  # its agent was killed with the machine
+    until(lambda: not machine_processes(emu, name), 10, "the machine's processes to go with it")
     assert agent_status(uri, name)["state"] not in (runs.SUCCEEDED, runs.FAILED)
     if action == "DELETE":
         with pytest.raises(gexc.NotFound):
@@ -194,10 +245,23 @@ def test_gce_max_run_duration_is_validated_like_the_real_api(
 def test_an_instance_without_our_bootstrap_gets_no_agent(emu) -> None:
     ec2 = boto3.client("ec2")
     image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    tags = [{"ResourceType": "instance", "Tags": [{"Key": "cloudtrain-run-uri", "Value": "s3://b/r"},
-                                                   {"Key": "cloudtrain-managed", "Value": "true"}]}]  # fmt: skip
-    iid = ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=1, MaxCount=1, TagSpecifications=tags,
-                            UserData="#!/bin/bash\necho CT_RUN_URI is not set here\n")["Instances"][0]["InstanceId"]  # fmt: skip
+    tags = [
+        {
+            "ResourceType": "instance",
+            "Tags": [
+                {"Key": "cloudtrain-run-uri", "Value": "s3://b/r"},
+                {"Key": "cloudtrain-managed", "Value": "true"},
+            ],
+        }
+    ]
+    iid = ec2.run_instances(
+        ImageId=image,
+        InstanceType="t3.micro",
+        MinCount=1,
+        MaxCount=1,
+        TagSpecifications=tags,
+        UserData="#!/bin/bash\necho CT_RUN_URI is not set here\n",
+    )["Instances"][0]["InstanceId"]
     try:
         until(lambda: iid in emu._aws._boot, 10, "the emulator to read the user data")
         assert emu._aws._boot[iid] is None and emu.agent_log(iid) == ""
@@ -275,9 +339,11 @@ def test_s3_throttling_is_slow_down(emu, no_backoff: list[float]) -> None:
     key = f"faults/{uuid.uuid4().hex[:8]}/object"
     plain.put_object(Bucket=DEFAULT_BUCKET, Key=key, Body=b"x" * 1000)
     emu.throttle(rate=1.0, api="s3")
-    for call in (lambda: plain.get_object(Bucket=DEFAULT_BUCKET, Key=key),
-                 lambda: plain.put_object(Bucket=DEFAULT_BUCKET, Key=key, Body=b"y" * 100_000),
-                 lambda: plain.list_objects_v2(Bucket=DEFAULT_BUCKET, Prefix="faults/")):  # fmt: skip
+    for call in (
+        lambda: plain.get_object(Bucket=DEFAULT_BUCKET, Key=key),
+        lambda: plain.put_object(Bucket=DEFAULT_BUCKET, Key=key, Body=b"y" * 100_000),
+        lambda: plain.list_objects_v2(Bucket=DEFAULT_BUCKET, Prefix="faults/"),
+    ):
         with pytest.raises(ClientError) as info:
             call()
         assert info.value.response["Error"]["Code"] == "SlowDown"
@@ -343,8 +409,14 @@ def test_gcp_throttling_is_rate_limit_exceeded(emu) -> None:
     with pytest.raises(gexc.TooManyRequests) as info:
         bucket.blob("faults/gcs-object").reload(retry=None)
     assert info.value.errors[0]["reason"] == "rateLimitExceeded"
-    assert emu.request_counts() == {"instances.list": 1, "throttled:instances.list": 1, "objects.get": 2,
-                                    "throttled:objects.get": 2}  # fmt: skip
+    counts = emu.request_counts()  # (besides, the storage client reads the bucket now and then on its own)
+    wanted = {
+        "instances.list": 1,
+        "throttled:instances.list": 1,
+        "objects.get": 2,
+        "throttled:objects.get": 2,
+    }
+    assert {k: counts.get(k) for k in wanted} == wanted
     emu.clear_faults()
     list(instances.list(project="cloudtrain-emulated", zone=ZONE))
     assert bucket.blob("faults/gcs-object").download_as_bytes(retry=None) == b"gcs"

@@ -38,8 +38,16 @@ class Gce:
         self.ops = compute_v1.ZoneOperationsClient(**kwargs)
         self.kwargs = kwargs
 
-    def body(self, name: str, machine: str = "n1-standard-4", zone: str = ZONE, spot: bool = False,
-             action: str | None = None, gpus: tuple[str, int] | None = None, **fields: Any) -> dict[str, Any]:  # fmt: skip
+    def body(
+        self,
+        name: str,
+        machine: str = "n1-standard-4",
+        zone: str = ZONE,
+        spot: bool = False,
+        action: str | None = None,
+        gpus: tuple[str, int] | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
         """An insert body as JSON-shaped dict (what the hook sends), overridable field by field."""
         scheduling: dict[str, Any] = {"onHostMaintenance": "TERMINATE", "automaticRestart": False}
         if spot:
@@ -47,24 +55,41 @@ class Gce:
         body: dict[str, Any] = {
             "name": name,
             "machineType": f"zones/{zone}/machineTypes/{machine}",
-            "disks": [{"boot": True, "autoDelete": True,
-                       "initializeParams": {"sourceImage": IMAGE, "diskSizeGb": "80",
-                                            "diskType": f"zones/{zone}/diskTypes/pd-balanced"}}],
-            "networkInterfaces": [{"network": "global/networks/default", "accessConfigs": [{"type": "ONE_TO_ONE_NAT"}]}],
+            "disks": [
+                {
+                    "boot": True,
+                    "autoDelete": True,
+                    "initializeParams": {
+                        "sourceImage": IMAGE,
+                        "diskSizeGb": "80",
+                        "diskType": f"zones/{zone}/diskTypes/pd-balanced",
+                    },
+                }
+            ],
+            "networkInterfaces": [
+                {"network": "global/networks/default", "accessConfigs": [{"type": "ONE_TO_ONE_NAT"}]}
+            ],
             "labels": {"cloudtrain-managed": "true", "cloudtrain-run": "ct-test"},
             "metadata": {"items": [{"key": "startup-script", "value": "#!/bin/sh\necho hello"}]},
-            "serviceAccounts": [{"email": "default", "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}],
+            "serviceAccounts": [
+                {"email": "default", "scopes": ["https://www.googleapis.com/auth/cloud-platform"]}
+            ],
             "scheduling": scheduling,
-        }  # fmt: skip
+        }
         if gpus:
-            body["guestAccelerators"] = [{"acceleratorType": f"zones/{zone}/acceleratorTypes/{gpus[0]}",
-                                          "acceleratorCount": gpus[1]}]  # fmt: skip
+            body["guestAccelerators"] = [
+                {"acceleratorType": f"zones/{zone}/acceleratorTypes/{gpus[0]}", "acceleratorCount": gpus[1]}
+            ]
         body.update(fields)
         return {k: x for k, x in body.items() if x is not None}
 
     def insert(self, body: dict[str, Any], zone: str = ZONE, request_id: str | None = None) -> Any:
-        request = compute_v1.InsertInstanceRequest(project=self.project, zone=zone, request_id=request_id,
-                                                   instance_resource=compute_v1.Instance.from_json(json.dumps(body)))  # fmt: skip
+        request = compute_v1.InsertInstanceRequest(
+            project=self.project,
+            zone=zone,
+            request_id=request_id,
+            instance_resource=compute_v1.Instance.from_json(json.dumps(body)),
+        )
         return self.instances.insert(request=request)
 
     def wait(self, operation: Any, zone: str = ZONE) -> compute_v1.Operation:
@@ -135,16 +160,20 @@ def test_insert_get_list_delete_round_trip(gce: Gce, unique: Callable[[str], str
     assert gce.names(flt=f"(labels.cloudtrain-run = {run}) (name != {names[0]})") == names[1:2]
     assert gce.names(flt="labels.cloudtrain-run = nothing-like-this") == []
     # maxResults pages: the pager follows nextPageToken, one instance per page
-    request = compute_v1.ListInstancesRequest(project=gce.project, zone=ZONE, max_results=1,
-                                              filter="labels.cloudtrain-managed = true")  # fmt: skip
+    request = compute_v1.ListInstancesRequest(
+        project=gce.project, zone=ZONE, max_results=1, filter="labels.cloudtrain-managed = true"
+    )
     pages = list(gce.instances.list(request=request).pages)
     assert len(pages) >= 3 and all(len(p.items) == 1 for p in pages)
     assert set(names) <= {p.items[0].name for p in pages}
     aggregated = compute_v1.AggregatedListInstancesRequest(
         project=gce.project, filter=f"labels.cloudtrain-run={run}"
     )
-    found = {(scope, i.name) for scope, scoped in gce.instances.aggregated_list(request=aggregated)
-             for i in scoped.instances}  # fmt: skip
+    found = {
+        (scope, i.name)
+        for scope, scoped in gce.instances.aggregated_list(request=aggregated)
+        for i in scoped.instances
+    }
     assert found == {(f"zones/{ZONE}", n) for n in names[:2]}
 
     op = gce.instances.delete(project=gce.project, zone=ZONE, instance=names[0])
@@ -215,53 +244,122 @@ REJECTED = [
     ("name too long", _with(name="a" * 64), BAD, "Invalid value for field 'resource.name'"),
     ("no machine type", _without("machineType"), BAD, "Required field 'resource.machineType'"),
     ("bare machine type", _with(machineType="n1-standard-4"), BAD, "The URL is malformed"),
-    ("unknown machine type", _with(machineType=_mt("n1-standard-3")), BAD,
-     f"Machine type with name 'n1-standard-3' does not exist in zone '{ZONE}'"),
+    (
+        "unknown machine type",
+        _with(machineType=_mt("n1-standard-3")),
+        BAD,
+        f"Machine type with name 'n1-standard-3' does not exist in zone '{ZONE}'",
+    ),
     ("odd N1 custom vCPUs", _with(machineType=_mt("custom-3-4096")), BAD, "Invalid number of vCPUs 3"),
-    ("custom memory not 256 MiB", _with(machineType=_mt("custom-2-2000")), BAD,
-     "Memory should be a multiple of 256MiB, while 2000MiB is requested"),
-    ("N1 custom too much memory", _with(machineType=_mt("custom-2-16384")), BAD,
-     "Memory should be between 2048MiB and 13312MiB for 2 CPUs"),
-    ("N2 custom too little memory", _with(machineType=_mt("n2-custom-4-1024")), BAD,
-     "Memory should be between 2048MiB and 32768MiB for 4 CPUs"),
-    ("T4 on g2", _with(machineType=_mt("g2-standard-4"), guestAccelerators=_gpu("nvidia-tesla-t4")), BAD,
-     "[nvidia-tesla-t4, g2-standard-4] features are not compatible"),
-    ("L4 attached to n1", _with(guestAccelerators=_gpu("nvidia-l4")), BAD,
-     "[nvidia-l4, n1-standard-4] features are not compatible"),
-    ("T4 with live migration", _with(scheduling={"onHostMaintenance": "MIGRATE"}, guestAccelerators=_gpu("nvidia-tesla-t4")),
-     BAD, "Instances with guest accelerators do not support live migration"),
-    ("g2 with default maintenance", _with(scheduling={}, machineType=_mt("g2-standard-4")), BAD,
-     "Instances with guest accelerators do not support live migration"),
+    (
+        "custom memory not 256 MiB",
+        _with(machineType=_mt("custom-2-2000")),
+        BAD,
+        "Memory should be a multiple of 256MiB, while 2000MiB is requested",
+    ),
+    (
+        "N1 custom too much memory",
+        _with(machineType=_mt("custom-2-16384")),
+        BAD,
+        "Memory should be between 2048MiB and 13312MiB for 2 CPUs",
+    ),
+    (
+        "N2 custom too little memory",
+        _with(machineType=_mt("n2-custom-4-1024")),
+        BAD,
+        "Memory should be between 2048MiB and 32768MiB for 4 CPUs",
+    ),
+    (
+        "T4 on g2",
+        _with(machineType=_mt("g2-standard-4"), guestAccelerators=_gpu("nvidia-tesla-t4")),
+        BAD,
+        "[nvidia-tesla-t4, g2-standard-4] features are not compatible",
+    ),
+    (
+        "L4 attached to n1",
+        _with(guestAccelerators=_gpu("nvidia-l4")),
+        BAD,
+        "[nvidia-l4, n1-standard-4] features are not compatible",
+    ),
+    (
+        "T4 with live migration",
+        _with(scheduling={"onHostMaintenance": "MIGRATE"}, guestAccelerators=_gpu("nvidia-tesla-t4")),
+        BAD,
+        "Instances with guest accelerators do not support live migration",
+    ),
+    (
+        "g2 with default maintenance",
+        _with(scheduling={}, machineType=_mt("g2-standard-4")),
+        BAD,
+        "Instances with guest accelerators do not support live migration",
+    ),
     ("three T4", _with(guestAccelerators=_gpu("nvidia-tesla-t4", 3)), BAD, "must be one of [1, 2, 4]"),
-    ("V100 on too many vCPUs", _with(machineType=_mt("n1-standard-16"), guestAccelerators=_gpu("nvidia-tesla-v100")),
-     BAD, "At most 12 vCPUs can be used along with 1 accelerator cards"),
+    (
+        "V100 on too many vCPUs",
+        _with(machineType=_mt("n1-standard-16"), guestAccelerators=_gpu("nvidia-tesla-v100")),
+        BAD,
+        "At most 12 vCPUs can be used along with 1 accelerator cards",
+    ),
     ("no boot disk", _with(disks=[]), BAD, "Boot disk must be specified"),
-    ("boot disk second", _with(disks=[{"initializeParams": {"diskSizeGb": "10"}}, *_disk()]), BAD,
-     "Boot disk must be the first disk"),
-    ("boot disk without image", _with(disks=[{"boot": True, "initializeParams": {"diskSizeGb": "10"}}]), BAD,
-     "initializeParams.sourceImage"),
-    ("bare disk type", _with(disks=_disk(diskType="pd-ssd")), BAD,
-     "'resource.disks[0].initializeParams.diskType': 'pd-ssd'. The URL is malformed"),
-    ("pd-standard on g2", _with(machineType=_mt("g2-standard-4"), disks=_disk(diskType=f"zones/{ZONE}/diskTypes/pd-standard")),
-     BAD, "[pd-standard, g2-standard-4] features are not compatible"),
-    ("uppercase label value", _with(labels={"cloudtrain-run": "CT-1"}), BAD,
-     "Label value 'CT-1' violates format constraints"),
+    (
+        "boot disk second",
+        _with(disks=[{"initializeParams": {"diskSizeGb": "10"}}, *_disk()]),
+        BAD,
+        "Boot disk must be the first disk",
+    ),
+    (
+        "boot disk without image",
+        _with(disks=[{"boot": True, "initializeParams": {"diskSizeGb": "10"}}]),
+        BAD,
+        "initializeParams.sourceImage",
+    ),
+    (
+        "bare disk type",
+        _with(disks=_disk(diskType="pd-ssd")),
+        BAD,
+        "'resource.disks[0].initializeParams.diskType': 'pd-ssd'. The URL is malformed",
+    ),
+    (
+        "pd-standard on g2",
+        _with(machineType=_mt("g2-standard-4"), disks=_disk(diskType=f"zones/{ZONE}/diskTypes/pd-standard")),
+        BAD,
+        "[pd-standard, g2-standard-4] features are not compatible",
+    ),
+    (
+        "uppercase label value",
+        _with(labels={"cloudtrain-run": "CT-1"}),
+        BAD,
+        "Label value 'CT-1' violates format constraints",
+    ),
     ("label value too long", _with(labels={"k": "v" * 64}), BAD, "violates format constraints"),
     ("label key with a digit first", _with(labels={"1k": "v"}), BAD, "Label key '1k' violates"),
-    ("termination action on a standard VM", _with(scheduling={"instanceTerminationAction": "DELETE"}), BAD,
-     "instanceTerminationAction"),
-    ("spot with live migration", _with(scheduling={"provisioningModel": "SPOT", "onHostMaintenance": "MIGRATE"}),
-     BAD, "OnHostMaintenance isn't TERMINATE"),
-    ("oversized startup script", _with(metadata={"items": [{"key": "startup-script", "value": "x" * 262145}]}), BAD,
-     "'resource.metadata' is too large"),
-]  # fmt: skip
+    (
+        "termination action on a standard VM",
+        _with(scheduling={"instanceTerminationAction": "DELETE"}),
+        BAD,
+        "instanceTerminationAction",
+    ),
+    (
+        "spot with live migration",
+        _with(scheduling={"provisioningModel": "SPOT", "onHostMaintenance": "MIGRATE"}),
+        BAD,
+        "OnHostMaintenance isn't TERMINATE",
+    ),
+    (
+        "oversized startup script",
+        _with(metadata={"items": [{"key": "startup-script", "value": "x" * 262145}]}),
+        BAD,
+        "'resource.metadata' is too large",
+    ),
+]
 
 
 @pytest.mark.parametrize(
     ("mutate", "exc", "message"), [r[1:] for r in REJECTED], ids=[r[0] for r in REJECTED]
 )
-def test_insert_rejected_like_the_real_api(gce: Gce, unique: Callable[[str], str], mutate: Any, exc: type,
-                                           message: str) -> None:  # fmt: skip
+def test_insert_rejected_like_the_real_api(
+    gce: Gce, unique: Callable[[str], str], mutate: Any, exc: type, message: str
+) -> None:
     name = unique("vm")
     body = mutate(gce.body(name))
     with pytest.raises(exc) as info:
@@ -287,8 +385,9 @@ def test_unknown_zone_and_project(gce: Gce) -> None:
 
 
 @pytest.mark.parametrize("machine", ["custom-1-1024", "custom-2-13312", "custom-8-30720", "n2-custom-4-8192"])
-def test_custom_shapes_inside_the_family_rules_are_accepted(gce: Gce, unique: Callable[[str], str],
-                                                            machine: str) -> None:  # fmt: skip
+def test_custom_shapes_inside_the_family_rules_are_accepted(
+    gce: Gce, unique: Callable[[str], str], machine: str
+) -> None:
     name = unique("vm")
     gce.wait(gce.insert(gce.body(name, machine)))
     assert gce.get(name).machine_type.endswith(f"/machineTypes/{machine}")
@@ -394,8 +493,9 @@ def test_preempted_spot_vm_is_terminated_then_deleted(gce: Gce, unique: Callable
     stopped = gce.get(name)
     assert stopped.status == "TERMINATED" and stopped.last_stop_timestamp
     assert name not in {a["name"] for a in gce.server.alive()}
-    request = compute_v1.ListZoneOperationsRequest(project=gce.project, zone=ZONE,
-                                                   filter='operationType = "compute.instances.preempted"')  # fmt: skip
+    request = compute_v1.ListZoneOperationsRequest(
+        project=gce.project, zone=ZONE, filter='operationType = "compute.instances.preempted"'
+    )
     events = [o for o in gce.ops.list(request=request) if o.target_link.endswith(f"/instances/{name}")]
     assert (
         len(events) == 1
@@ -461,8 +561,12 @@ def test_request_counts_leave_out_the_emulators_own_calls(gce: Gce, unique: Call
     own = compute_v1.InstancesClient(client_info=ClientInfo(user_agent=EMULATOR_USER_AGENT), **gce.kwargs)
     own.get(project=gce.project, zone=ZONE, instance=name)
     list(own.aggregated_list(project=gce.project))
-    assert gce.server.counts() == {"instances.insert": 1, "zoneOperations.wait": 1, "instances.get": 1,
-                                   "instances.list": 1}  # fmt: skip
+    assert gce.server.counts() == {
+        "instances.insert": 1,
+        "zoneOperations.wait": 1,
+        "instances.get": 1,
+        "instances.list": 1,
+    }
     gce.delete(name)
 
 

@@ -14,5 +14,13 @@ from airflow_cloudtrain.emulator.aws.backend import (
 from airflow_cloudtrain.emulator.aws.server import FaultsAndCounts, MotoServer
 from airflow_cloudtrain.emulator.faults import EMULATOR_USER_AGENT
 
-__all__ = ["ACCOUNT_ID", "EMULATOR_USER_AGENT", "GPU_IMAGE_PARAM", "FaultsAndCounts", "MotoServer",
-           "ec2_backend", "end_instance", "seed_public_parameters"]  # fmt: skip
+__all__ = [
+    "ACCOUNT_ID",
+    "EMULATOR_USER_AGENT",
+    "GPU_IMAGE_PARAM",
+    "FaultsAndCounts",
+    "MotoServer",
+    "ec2_backend",
+    "end_instance",
+    "seed_public_parameters",
+]

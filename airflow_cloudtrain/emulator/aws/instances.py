@@ -58,16 +58,24 @@ class AwsInstances:
         """Live instances of ours (``cloudtrain-managed=true``), as ``Emulator.running_instances`` lists them."""
         from airflow_cloudtrain.runs import TAG_MANAGED
 
-        filters = [{"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
-                   {"Name": "instance-state-name", "Values": ["pending", "running"]}]  # fmt: skip
+        filters = [
+            {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
+            {"Name": "instance-state-name", "Values": ["pending", "running"]},
+        ]
         out = []
         for region, ec2 in self.ec2.items():
             for page in ec2.get_paginator("describe_instances").paginate(Filters=filters):
                 for raw in (i for r in page["Reservations"] for i in r["Instances"]):
                     self.regions[raw["InstanceId"]] = region
-                    out.append({"cloud": "aws", "id": raw["InstanceId"], "instance_type": raw["InstanceType"],
-                                "zone": raw["Placement"].get("AvailabilityZone"),
-                                "spot": raw.get("InstanceLifecycle") == "spot"})  # fmt: skip
+                    out.append(
+                        {
+                            "cloud": "aws",
+                            "id": raw["InstanceId"],
+                            "instance_type": raw["InstanceType"],
+                            "zone": raw["Placement"].get("AvailabilityZone"),
+                            "spot": raw.get("InstanceLifecycle") == "spot",
+                        }
+                    )
         return out
 
     def bootstrap(self, instance_id: str, region: str) -> Bootstrap | None:
@@ -96,10 +104,21 @@ class AwsInstances:
             if boot.hard_stop_s and time.time() >= launched + boot.hard_stop_s * hard_stop_scale:
                 end_instance(region, inst.id, *SHUTDOWN)  # the runner kills the agent: the machine is gone
                 continue
-            env = {"AWS_EC2_METADATA_SERVICE_ENDPOINT": self.metadata.endpoint_for(inst.id),
-                   "AWS_DEFAULT_REGION": region}  # fmt: skip
-            out.append(Seen("aws", inst.id, boot.run_uri, inst.instance_type, inst.availability_zone,
-                            inst.lifecycle == "spot", env))  # fmt: skip
+            env = {
+                "AWS_EC2_METADATA_SERVICE_ENDPOINT": self.metadata.endpoint_for(inst.id),
+                "AWS_DEFAULT_REGION": region,
+            }
+            out.append(
+                Seen(
+                    "aws",
+                    inst.id,
+                    boot.run_uri,
+                    inst.instance_type,
+                    inst.availability_zone,
+                    inst.lifecycle == "spot",
+                    env,
+                )
+            )
         return out
 
     def power_off(self, instance_id: str) -> None:

@@ -61,8 +61,12 @@ def s3_operation(environ: dict[str, Any]) -> str:
             method, f"{method}Bucket"
         )
     if "uploadId" in q:
-        return {"GET": "ListParts", "PUT": "UploadPart", "POST": "CompleteMultipartUpload",
-                "DELETE": "AbortMultipartUpload"}.get(method, "UploadPart")  # fmt: skip
+        return {
+            "GET": "ListParts",
+            "PUT": "UploadPart",
+            "POST": "CompleteMultipartUpload",
+            "DELETE": "AbortMultipartUpload",
+        }.get(method, "UploadPart")
     if method == "POST" and "uploads" in q:
         return "CreateMultipartUpload"
     if method == "PUT" and environ.get("HTTP_X_AMZ_COPY_SOURCE"):
@@ -83,39 +87,53 @@ def throttled(call: Call, method: str) -> Reply:
     """The answer AWS gives a throttled request, in the protocol of the call."""
     rid = str(uuid.uuid4())
     if call.protocol == "ec2":
-        body = ('<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>RequestLimitExceeded'
-                f"</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>{rid}</RequestID>"
-                "</Response>")  # fmt: skip
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>RequestLimitExceeded'
+            f"</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>{rid}</RequestID>"
+            "</Response>"
+        )
         return _reply("503 Service Unavailable", "text/xml;charset=UTF-8", body.encode())
     if call.protocol == "s3":
-        body = ('<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code><Message>Please reduce '
-                f"your request rate.</Message><RequestId>{rid}</RequestId><HostId>{rid}</HostId></Error>")  # fmt: skip
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code><Message>Please reduce '
+            f"your request rate.</Message><RequestId>{rid}</RequestId><HostId>{rid}</HostId></Error>"
+        )
         payload = b"" if method == "HEAD" else body.encode()
         return _reply("503 Slow Down", "application/xml", payload, ("x-amz-request-id", rid))
     if call.protocol == "query":
-        body = (f'<ErrorResponse xmlns="https://{call.service}.amazonaws.com/doc/"><Error><Type>Sender</Type>'
-                "<Code>Throttling</Code><Message>Rate exceeded</Message></Error>"
-                f"<RequestId>{rid}</RequestId></ErrorResponse>")  # fmt: skip
+        body = (
+            f'<ErrorResponse xmlns="https://{call.service}.amazonaws.com/doc/"><Error><Type>Sender</Type>'
+            "<Code>Throttling</Code><Message>Rate exceeded</Message></Error>"
+            f"<RequestId>{rid}</RequestId></ErrorResponse>"
+        )
         return _reply("400 Bad Request", "text/xml", body.encode(), ("x-amzn-RequestId", rid))
     if call.protocol == "json":
         payload = json.dumps({"__type": "ThrottlingException", "message": "Rate exceeded"}).encode()
         return _reply("400 Bad Request", "application/x-amz-json-1.1", payload, ("x-amzn-RequestId", rid))
     payload = json.dumps({"message": "Rate exceeded"}).encode()
-    return _reply("429 Too Many Requests", "application/json", payload,
-                  ("x-amzn-ErrorType", "ThrottlingException"), ("x-amzn-RequestId", rid))  # fmt: skip
+    return _reply(
+        "429 Too Many Requests",
+        "application/json",
+        payload,
+        ("x-amzn-ErrorType", "ThrottlingException"),
+        ("x-amzn-RequestId", rid),
+    )
 
 
 def capacity_error(instance_type: str, zone: str | None) -> Reply:
     """EC2's InsufficientInstanceCapacity for RunInstances (real EC2 sends it with HTTP 500)."""
-    body = ('<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>InsufficientInstanceCapacity'
-            f"</Code><Message>We currently do not have sufficient {instance_type} capacity in the Availability "
-            f"Zone you requested ({zone or 'chosen by EC2'}). Our system will be working on provisioning "
-            "additional capacity.</Message></Error></Errors><RequestID>cloudtrain-emulator</RequestID></Response>")  # fmt: skip
+    body = (
+        '<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>InsufficientInstanceCapacity'
+        f"</Code><Message>We currently do not have sufficient {instance_type} capacity in the Availability "
+        f"Zone you requested ({zone or 'chosen by EC2'}). Our system will be working on provisioning "
+        "additional capacity.</Message></Error></Errors><RequestID>cloudtrain-emulator</RequestID></Response>"
+    )
     return _reply("500 Internal Server Error", "text/xml", body.encode())
 
 
 def pricing_unavailable() -> Reply:
     """moto has no Pricing API: answer like a service that is not there, at once, not a 500 + retries."""
-    payload = json.dumps({"__type": "ServiceUnavailableException",
-                          "Message": "the emulator does not serve the Pricing API"}).encode()  # fmt: skip
+    payload = json.dumps(
+        {"__type": "ServiceUnavailableException", "Message": "the emulator does not serve the Pricing API"}
+    ).encode()
     return _reply("400 Bad Request", "application/x-amz-json-1.1", payload)

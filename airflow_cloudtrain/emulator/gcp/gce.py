@@ -69,8 +69,10 @@ from airflow_cloudtrain.emulator.serving import InThread
 
 __all__ = ["EMULATOR_USER_AGENT", "GceServer", "compute_client_kwargs"]
 
-_THROTTLED = ("Quota exceeded for quota metric 'Queries' and limit 'Queries per minute' of service "
-              "'compute.googleapis.com'. Rate Limit Exceeded")  # fmt: skip
+_THROTTLED = (
+    "Quota exceeded for quota metric 'Queries' and limit 'Queries per minute' of service "
+    "'compute.googleapis.com'. Rate Limit Exceeded"
+)
 
 
 def compute_client_kwargs(endpoint: str) -> dict[str, Any]:
@@ -83,8 +85,15 @@ def compute_client_kwargs(endpoint: str) -> dict[str, Any]:
 class GceServer(ComputeState):
     """Compute Engine v1 REST subset on 127.0.0.1 (random port) in a daemon thread; see the module doc."""
 
-    def __init__(self, project: str = "cloudtrain-emulated", op_delay: float = 0.0, provision_s: float = 0.1,
-                 boot_s: float = 0.1, delete_after_s: float = 0.5, throttle: Throttle | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        project: str = "cloudtrain-emulated",
+        op_delay: float = 0.0,
+        provision_s: float = 0.1,
+        boot_s: float = 0.1,
+        delete_after_s: float = 0.5,
+        throttle: Throttle | None = None,
+    ) -> None:
         super().__init__(project, op_delay, provision_s, boot_s, delete_after_s)
         self.throttle = throttle or Throttle()
         self.endpoint = ""
@@ -92,24 +101,28 @@ class GceServer(ComputeState):
         self._serving: InThread | None = None
         p = "/compute/v1/projects/<project>"
         z = f"{p}/zones/<zone>"
-        self._routes = Map([
-            Rule(f"{p}/zones", endpoint="zones.list", methods=["GET"]),
-            Rule(z, endpoint="zones.get", methods=["GET"]),
-            Rule(f"{z}/instances", endpoint="instances.list", methods=["GET"]),
-            Rule(f"{z}/instances", endpoint="instances.insert", methods=["POST"]),
-            Rule(f"{z}/instances/<name>", endpoint="instances.get", methods=["GET"]),
-            Rule(f"{z}/instances/<name>", endpoint="instances.delete", methods=["DELETE"]),
-            Rule(f"{z}/instances/<name>/stop", endpoint="instances.stop", methods=["POST"]),
-            Rule(f"{p}/aggregated/instances", endpoint="instances.aggregatedList", methods=["GET"]),
-            Rule(f"{z}/operations", endpoint="zoneOperations.list", methods=["GET"]),
-            Rule(f"{z}/operations/<op>", endpoint="zoneOperations.get", methods=["GET"]),
-            Rule(f"{z}/operations/<op>/wait", endpoint="zoneOperations.wait", methods=["POST"]),
-            Rule(f"{p}/aggregated/operations", endpoint="globalOperations.aggregatedList", methods=["GET"]),
-            Rule(f"{z}/machineTypes", endpoint="machineTypes.list", methods=["GET"]),
-            Rule(f"{z}/machineTypes/<name>", endpoint="machineTypes.get", methods=["GET"]),
-            Rule(f"{z}/acceleratorTypes", endpoint="acceleratorTypes.list", methods=["GET"]),
-            Rule(f"{z}/acceleratorTypes/<name>", endpoint="acceleratorTypes.get", methods=["GET"]),
-        ])  # fmt: skip
+        self._routes = Map(
+            [
+                Rule(f"{p}/zones", endpoint="zones.list", methods=["GET"]),
+                Rule(z, endpoint="zones.get", methods=["GET"]),
+                Rule(f"{z}/instances", endpoint="instances.list", methods=["GET"]),
+                Rule(f"{z}/instances", endpoint="instances.insert", methods=["POST"]),
+                Rule(f"{z}/instances/<name>", endpoint="instances.get", methods=["GET"]),
+                Rule(f"{z}/instances/<name>", endpoint="instances.delete", methods=["DELETE"]),
+                Rule(f"{z}/instances/<name>/stop", endpoint="instances.stop", methods=["POST"]),
+                Rule(f"{p}/aggregated/instances", endpoint="instances.aggregatedList", methods=["GET"]),
+                Rule(f"{z}/operations", endpoint="zoneOperations.list", methods=["GET"]),
+                Rule(f"{z}/operations/<op>", endpoint="zoneOperations.get", methods=["GET"]),
+                Rule(f"{z}/operations/<op>/wait", endpoint="zoneOperations.wait", methods=["POST"]),
+                Rule(
+                    f"{p}/aggregated/operations", endpoint="globalOperations.aggregatedList", methods=["GET"]
+                ),
+                Rule(f"{z}/machineTypes", endpoint="machineTypes.list", methods=["GET"]),
+                Rule(f"{z}/machineTypes/<name>", endpoint="machineTypes.get", methods=["GET"]),
+                Rule(f"{z}/acceleratorTypes", endpoint="acceleratorTypes.list", methods=["GET"]),
+                Rule(f"{z}/acceleratorTypes/<name>", endpoint="acceleratorTypes.get", methods=["GET"]),
+            ]
+        )
 
     # --- lifecycle and counts --------------------------------------------------------------------
 
@@ -189,8 +202,9 @@ class GceServer(ComputeState):
             out["nextPageToken"] = token
         return out
 
-    def _aggregated(self, kind: str, key: str, per_zone: dict[str, list[dict[str, Any]]],
-                    req: Request) -> dict[str, Any]:  # fmt: skip
+    def _aggregated(
+        self, kind: str, key: str, per_zone: dict[str, list[dict[str, Any]]], req: Request
+    ) -> dict[str, Any]:
         predicate = api.compile_filter(req.args.get("filter"))
         flat = [
             (z, r)
@@ -203,9 +217,17 @@ class GceServer(ComputeState):
         for zone in sorted(cat.catalog().zones):
             found = [r for z, r in chunk if z == zone]
             scope = f"zones/{zone}"
-            items[scope] = {key: found} if found else {"warning": {
-                "code": "NO_RESULTS_ON_PAGE", "message": f"There are no results for scope '{scope}' on this page.",
-                "data": [{"key": "scope", "value": scope}]}}  # fmt: skip
+            items[scope] = (
+                {key: found}
+                if found
+                else {
+                    "warning": {
+                        "code": "NO_RESULTS_ON_PAGE",
+                        "message": f"There are no results for scope '{scope}' on this page.",
+                        "data": [{"key": "scope", "value": scope}],
+                    }
+                }
+            )
         link = f"{API}/projects/{self.project}/aggregated/{key}"
         out = {
             "kind": kind,

@@ -11,8 +11,13 @@ from typing import Any
 
 API = "https://www.googleapis.com/compute/v1"  # what selfLinks carry, as in production
 _TZ = timezone(timedelta(hours=-7))  # the real API writes RFC 3339 in Pacific time, never "Z"
-_STATUS = {400: "INVALID_ARGUMENT", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 409: "ALREADY_EXISTS",
-           429: "RESOURCE_EXHAUSTED"}  # fmt: skip
+_STATUS = {
+    400: "INVALID_ARGUMENT",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ALREADY_EXISTS",
+    429: "RESOURCE_EXHAUSTED",
+}
 
 
 def rfc3339(t: float) -> str:
@@ -36,8 +41,14 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         error = {"message": self.message, "domain": self.domain, "reason": self.reason}
-        return {"error": {"code": self.code, "message": self.message, "errors": [error],
-                          "status": _STATUS.get(self.code, "UNKNOWN")}}  # fmt: skip
+        return {
+            "error": {
+                "code": self.code,
+                "message": self.message,
+                "errors": [error],
+                "status": _STATUS.get(self.code, "UNKNOWN"),
+            }
+        }
 
 
 def invalid(field: str, value: object, why: str) -> ApiError:

@@ -71,8 +71,12 @@ class Catalog:
             rule = (
                 "1 or an even number" if fam.name == "N1" else "an even number up to 32, then a multiple of 4"
             )
-            raise invalid(field, given, f"Invalid number of vCPUs {n} for a custom {fam.name} machine type: "
-                                        f"it must be {rule}, at most {fam.max_vcpus}.")  # fmt: skip
+            raise invalid(
+                field,
+                given,
+                f"Invalid number of vCPUs {n} for a custom {fam.name} machine type: "
+                f"it must be {rule}, at most {fam.max_vcpus}.",
+            )
         if mib % 256:
             raise invalid(
                 field, given, f"Memory should be a multiple of 256MiB, while {mib}MiB is requested."
@@ -80,8 +84,12 @@ class Catalog:
         low = math.ceil(fam.min_gib_per_vcpu * 1024 * n / 256) * 256
         high = math.floor(fam.max_gib_per_vcpu * 1024 * n / 256) * 256
         if mib < low or (mib > high and not m.group(4)):
-            raise invalid(field, given, f"Memory should be between {low}MiB and {high}MiB for {n} CPU"
-                                        f"{'s' if n > 1 else ''}, while {mib}MiB is requested.")  # fmt: skip
+            raise invalid(
+                field,
+                given,
+                f"Memory should be between {low}MiB and {high}MiB for {n} CPU"
+                f"{'s' if n > 1 else ''}, while {mib}MiB is requested.",
+            )
         return Shape(name, n, mib)
 
 
@@ -92,18 +100,34 @@ def catalog() -> Catalog:
 
 def zone_resource(project: str, zone: str) -> dict[str, Any]:
     link = f"{API}/projects/{project}"
-    return {"kind": "compute#zone", "id": str(2000 + sorted(catalog().zones).index(zone)), "name": zone,
-            "creationTimestamp": "1969-12-31T16:00:00.000-08:00", "description": zone, "status": "UP",
-            "region": f"{link}/regions/{catalog().zones[zone]}", "selfLink": f"{link}/zones/{zone}",
-            "supportsPzs": False}  # fmt: skip
+    return {
+        "kind": "compute#zone",
+        "id": str(2000 + sorted(catalog().zones).index(zone)),
+        "name": zone,
+        "creationTimestamp": "1969-12-31T16:00:00.000-08:00",
+        "description": zone,
+        "status": "UP",
+        "region": f"{link}/regions/{catalog().zones[zone]}",
+        "selfLink": f"{link}/zones/{zone}",
+        "supportsPzs": False,
+    }
 
 
 def machine_type_resource(project: str, zone: str, shape: Shape) -> dict[str, Any]:
-    out = {"kind": "compute#machineType", "id": str(int.from_bytes(shape.name.encode()[:6], "big")), "zone": zone,
-           "name": shape.name, "description": f"{shape.vcpus} vCPUs, {shape.memory_mb / 1024:g} GB RAM",
-           "guestCpus": shape.vcpus, "memoryMb": shape.memory_mb, "maximumPersistentDisks": 128,
-           "maximumPersistentDisksSizeGb": "263168", "isSharedCpu": False, "architecture": "X86_64",
-           "selfLink": f"{API}/projects/{project}/zones/{zone}/machineTypes/{shape.name}"}  # fmt: skip
+    out = {
+        "kind": "compute#machineType",
+        "id": str(int.from_bytes(shape.name.encode()[:6], "big")),
+        "zone": zone,
+        "name": shape.name,
+        "description": f"{shape.vcpus} vCPUs, {shape.memory_mb / 1024:g} GB RAM",
+        "guestCpus": shape.vcpus,
+        "memoryMb": shape.memory_mb,
+        "maximumPersistentDisks": 128,
+        "maximumPersistentDisksSizeGb": "263168",
+        "isSharedCpu": False,
+        "architecture": "X86_64",
+        "selfLink": f"{API}/projects/{project}/zones/{zone}/machineTypes/{shape.name}",
+    }
     if shape.gpus:
         out["accelerators"] = [
             {"guestAcceleratorType": shape.gpus[0], "guestAcceleratorCount": shape.gpus[1]}
@@ -113,6 +137,12 @@ def machine_type_resource(project: str, zone: str, shape: Shape) -> dict[str, An
 
 def accelerator_type_resource(project: str, zone: str, name: str, max_cards: int) -> dict[str, Any]:
     link = f"{API}/projects/{project}/zones/{zone}"
-    return {"kind": "compute#acceleratorType", "id": str(int.from_bytes(name.encode()[-6:], "big")), "name": name,
-            "description": f"NVIDIA {GPU_OF_TYPE[name]}", "zone": link, "maximumCardsPerInstance": max_cards,
-            "selfLink": f"{link}/acceleratorTypes/{name}"}  # fmt: skip
+    return {
+        "kind": "compute#acceleratorType",
+        "id": str(int.from_bytes(name.encode()[-6:], "big")),
+        "name": name,
+        "description": f"NVIDIA {GPU_OF_TYPE[name]}",
+        "zone": link,
+        "maximumCardsPerInstance": max_cards,
+        "selfLink": f"{link}/acceleratorTypes/{name}",
+    }

@@ -19,8 +19,16 @@ from airflow_cloudtrain.emulator.gcp import gce_validate as v
 from airflow_cloudtrain.emulator.gcp.gce_api import API, numeric_id, rfc3339
 
 ALIVE = ("PROVISIONING", "STAGING", "RUNNING", "STOPPING")  # STOPPING: the guest still runs (grace)
-_HELP = {"help": {"links": [{"description": "Troubleshooting documentation",
-                             "url": "https://cloud.google.com/compute/docs/resource-error"}]}}  # fmt: skip
+_HELP = {
+    "help": {
+        "links": [
+            {
+                "description": "Troubleshooting documentation",
+                "url": "https://cloud.google.com/compute/docs/resource-error",
+            }
+        ]
+    }
+}
 
 
 @dataclass
@@ -52,8 +60,9 @@ class Operation:
 class ComputeState:
     """Instances, operations and faults of one project; every method takes the lock itself."""
 
-    def __init__(self, project: str, op_delay: float, provision_s: float, boot_s: float,
-                 delete_after_s: float) -> None:  # fmt: skip
+    def __init__(
+        self, project: str, op_delay: float, provision_s: float, boot_s: float, delete_after_s: float
+    ) -> None:
         self.project = project
         self.op_delay, self.provision_s, self.boot_s = op_delay, provision_s, boot_s
         self.delete_after_s = delete_after_s
@@ -72,8 +81,13 @@ class ComputeState:
         with self._lock:
             self._capacity.add((machine_type, zone))
 
-    def fail_quota(self, machine_type: str | None = None, zone: str | None = None, metric: str | None = None,
-                   synchronous: bool = False) -> None:  # fmt: skip
+    def fail_quota(
+        self,
+        machine_type: str | None = None,
+        zone: str | None = None,
+        metric: str | None = None,
+        synchronous: bool = False,
+    ) -> None:
         """Inserts (of this type / in this zone; None = any) exceed a quota: QUOTA_EXCEEDED in the
         operation, or with ``synchronous`` an HTTP 403 ``quotaExceeded`` on the insert itself."""
         with self._lock:
@@ -90,12 +104,20 @@ class ComputeState:
         with self._lock:
             now = self._advance()
             return [
-                {"name": i.res["name"], "id": i.res["id"], "zone": i.zone, "status": self._status(i, now),
-                 "labels": dict(i.res.get("labels", {})), "created_at": i.created_at,
-                 "machine_type": i.res["machineType"].rsplit("/", 1)[-1], "spot": i.spot,
-                 "metadata": dict(i.metadata)}
-                for i in self._instances.values() if self._status(i, now) in ALIVE
-            ]  # fmt: skip
+                {
+                    "name": i.res["name"],
+                    "id": i.res["id"],
+                    "zone": i.zone,
+                    "status": self._status(i, now),
+                    "labels": dict(i.res.get("labels", {})),
+                    "created_at": i.created_at,
+                    "machine_type": i.res["machineType"].rsplit("/", 1)[-1],
+                    "spot": i.spot,
+                    "metadata": dict(i.metadata),
+                }
+                for i in self._instances.values()
+                if self._status(i, now) in ALIVE
+            ]
 
     def instance(self, zone: str, name: str) -> dict[str, Any] | None:
         """The instance as ``instances.get`` shows it, or None."""
@@ -165,15 +187,34 @@ class ComputeState:
             out["lastStopTimestamp"] = rfc3339(inst.stopped_at)  # type: ignore[arg-type]
         return out
 
-    def _new_op(self, zone: str, kind: str, inst: Instance | dict[str, Any], now: float, done_at: float,
-                name_prefix: str = "operation") -> Operation:  # fmt: skip
+    def _new_op(
+        self,
+        zone: str,
+        kind: str,
+        inst: Instance | dict[str, Any],
+        now: float,
+        done_at: float,
+        name_prefix: str = "operation",
+    ) -> Operation:
         res = inst.res if isinstance(inst, Instance) else inst
         name = f"{name_prefix}-{int(now * 1000)}-{secrets.token_hex(7)[:13]}-{secrets.token_hex(4)}-{secrets.token_hex(4)}"
         link = f"{API}/projects/{self.project}/zones/{zone}"
-        op = Operation({"kind": "compute#operation", "id": numeric_id(), "name": name, "zone": link,
-                        "operationType": kind, "targetLink": res["selfLink"], "targetId": res["id"],
-                        "user": "cloudtrain-emulator@example.iam.gserviceaccount.com", "insertTime": rfc3339(now),
-                        "startTime": rfc3339(now), "selfLink": f"{link}/operations/{name}"}, done_at)  # fmt: skip
+        op = Operation(
+            {
+                "kind": "compute#operation",
+                "id": numeric_id(),
+                "name": name,
+                "zone": link,
+                "operationType": kind,
+                "targetLink": res["selfLink"],
+                "targetId": res["id"],
+                "user": "cloudtrain-emulator@example.iam.gserviceaccount.com",
+                "insertTime": rfc3339(now),
+                "startTime": rfc3339(now),
+                "selfLink": f"{link}/operations/{name}",
+            },
+            done_at,
+        )
         self._ops[(zone, name)] = op
         return op
 
@@ -204,8 +245,12 @@ class ComputeState:
             now = self._advance()
             res, spot, metadata = v.build_instance(self.project, zone, body)
             if (zone, res["name"]) in self._instances:
-                raise v.ApiError(409, "alreadyExists", f"The resource 'projects/{self.project}/zones/{zone}/"
-                                 f"instances/{res['name']}' already exists")  # fmt: skip
+                raise v.ApiError(
+                    409,
+                    "alreadyExists",
+                    f"The resource 'projects/{self.project}/zones/{zone}/"
+                    f"instances/{res['name']}' already exists",
+                )
             error = self._fault(zone, res["machineType"].rsplit("/", 1)[-1], res, spot)
             op = self._new_op(zone, "insert", res, now, done_at=now + self.op_delay)
             if error:
@@ -233,15 +278,32 @@ class ComputeState:
             message = f"Quota '{metric}' exceeded.  Limit: 0.0 in region {v.catalog().zones[zone]}."
             if synchronous:
                 raise v.ApiError(403, "quotaExceeded", message)
-            return {"error": {"errors": [{"code": "QUOTA_EXCEEDED", "message": message, "errorDetails": [_HELP]}]},
-                    "httpErrorStatusCode": 403, "httpErrorMessage": "FORBIDDEN"}  # fmt: skip
+            return {
+                "error": {
+                    "errors": [{"code": "QUOTA_EXCEEDED", "message": message, "errorDetails": [_HELP]}]
+                },
+                "httpErrorStatusCode": 403,
+                "httpErrorMessage": "FORBIDDEN",
+            }
         if (mtype, None) in self._capacity or (mtype, zone) in self._capacity:
-            message = (f"The zone 'projects/{self.project}/zones/{zone}' does not have enough resources available "
-                       "to fulfill the request.  Try a different zone, or try again later.")  # fmt: skip
+            message = (
+                f"The zone 'projects/{self.project}/zones/{zone}' does not have enough resources available "
+                "to fulfill the request.  Try a different zone, or try again later."
+            )
             local = {"localizedMessage": {"locale": "en-US", "message": message}}
-            return {"error": {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": message,
-                                          "errorDetails": [_HELP, local]}]},
-                    "httpErrorStatusCode": 503, "httpErrorMessage": "SERVICE UNAVAILABLE"}  # fmt: skip
+            return {
+                "error": {
+                    "errors": [
+                        {
+                            "code": "ZONE_RESOURCE_POOL_EXHAUSTED",
+                            "message": message,
+                            "errorDetails": [_HELP, local],
+                        }
+                    ]
+                },
+                "httpErrorStatusCode": 503,
+                "httpErrorMessage": "SERVICE UNAVAILABLE",
+            }
         return None
 
     def _stop_or_delete(self, zone: str, name: str, kind: str, request_id: str | None) -> dict[str, Any]:

@@ -32,11 +32,25 @@ from airflow_cloudtrain.emulator.gcp.gce_api import (
 )
 from airflow_cloudtrain.emulator.gcp.gce_catalog import GPU_OF_TYPE, Shape, catalog
 
-__all__ = ["ApiError", "Shape", "bad_request", "build_instance", "catalog", "check_request_id", "invalid",
-           "not_found", "required"]  # fmt: skip
+__all__ = [
+    "ApiError",
+    "Shape",
+    "bad_request",
+    "build_instance",
+    "catalog",
+    "check_request_id",
+    "invalid",
+    "not_found",
+    "required",
+]
 
-_CPU_PLATFORM = {"N1": "Intel Broadwell", "N2": "Intel Cascade Lake", "A2": "Intel Cascade Lake",
-                 "G2": "Intel Cascade Lake", "A3": "Intel Sapphire Rapids"}  # fmt: skip
+_CPU_PLATFORM = {
+    "N1": "Intel Broadwell",
+    "N2": "Intel Cascade Lake",
+    "A2": "Intel Cascade Lake",
+    "G2": "Intel Cascade Lake",
+    "A3": "Intel Sapphire Rapids",
+}
 NAME_RE = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
 _NAME_RULE = "(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?|[1-9][0-9]{0,19})"
 _LABEL_KEY_RE = re.compile(r"[a-z][a-z0-9_-]{0,62}")
@@ -64,14 +78,22 @@ def check_name(name: str | None) -> str:
 def check_labels(labels: dict[str, str]) -> None:
     for key, value in labels.items():
         if not _LABEL_KEY_RE.fullmatch(key):
-            raise invalid("resource.labels", "", f"Label key '{key}' violates format constraints. The key must "
-                          "start with a lowercase character, can only contain lowercase letters, numeric "
-                          "characters, underscores and dashes. The key can be at most 63 characters long. "
-                          "International characters are allowed.")  # fmt: skip
+            raise invalid(
+                "resource.labels",
+                "",
+                f"Label key '{key}' violates format constraints. The key must "
+                "start with a lowercase character, can only contain lowercase letters, numeric "
+                "characters, underscores and dashes. The key can be at most 63 characters long. "
+                "International characters are allowed.",
+            )
         if not _LABEL_VALUE_RE.fullmatch(value):
-            raise invalid("resource.labels", "", f"Label value '{value}' violates format constraints. The value "
-                          "can only contain lowercase letters, numeric characters, underscores and dashes. "
-                          "The value can be at most 63 characters long. International characters are allowed.")  # fmt: skip
+            raise invalid(
+                "resource.labels",
+                "",
+                f"Label value '{value}' violates format constraints. The value "
+                "can only contain lowercase letters, numeric characters, underscores and dashes. "
+                "The value can be at most 63 characters long. International characters are allowed.",
+            )
 
 
 def check_request_id(request_id: str | None) -> None:
@@ -80,8 +102,12 @@ def check_request_id(request_id: str | None) -> None:
     except ValueError:
         ok = False
     if not ok:
-        raise invalid("requestId", request_id, "The request ID must be a valid UUID with the exception that "
-                      "zero UUID is not supported (00000000-0000-0000-0000-000000000000).")  # fmt: skip
+        raise invalid(
+            "requestId",
+            request_id,
+            "The request ID must be a valid UUID with the exception that "
+            "zero UUID is not supported (00000000-0000-0000-0000-000000000000).",
+        )
 
 
 def machine_shape(zone: str, given: str | None) -> Shape:
@@ -114,23 +140,36 @@ def check_accelerators(zone: str, shape: Shape, accels: list[dict[str, Any]]) ->
             raise invalid(f"{field}.acceleratorType", given, "The URL is malformed.")
         azone, name = parsed
         if azone != zone or name not in catalog().accelerators.get(zone, {}):
-            raise invalid(f"{field}.acceleratorType", given,
-                          f"Accelerator type '{name}' does not exist in zone '{zone}'.")  # fmt: skip
+            raise invalid(
+                f"{field}.acceleratorType",
+                given,
+                f"Accelerator type '{name}' does not exist in zone '{zone}'.",
+            )
         count = int(acc.get("acceleratorCount") or 0)
         gpu = GPU_OF_TYPE.get(name, "")
         if shape.family != "N1" or gpu not in N1_ATTACH_LIMITS:
             raise bad_request(f"[{name}, {shape.name}] features are not compatible for creating instance.")
         limits = N1_ATTACH_LIMITS[gpu]
         if count not in limits:
-            raise invalid(f"{field}.acceleratorCount", count, "Number of accelerator cards attached to an instance "
-                          f"must be one of {sorted(limits)}.")  # fmt: skip
+            raise invalid(
+                f"{field}.acceleratorCount",
+                count,
+                f"Number of accelerator cards attached to an instance must be one of {sorted(limits)}.",
+            )
         max_vcpus, max_gib = limits[count]
         if shape.vcpus > max_vcpus:
-            raise invalid(f"{field}.acceleratorCount", count,
-                          f"At most {max_vcpus} vCPUs can be used along with {count} accelerator cards in an instance.")  # fmt: skip
+            raise invalid(
+                f"{field}.acceleratorCount",
+                count,
+                f"At most {max_vcpus} vCPUs can be used along with {count} accelerator cards in an instance.",
+            )
         if shape.memory_mb > max_gib * 1024:
-            raise invalid(f"{field}.acceleratorCount", count, f"At most {max_gib} GB of memory can be used along "
-                          f"with {count} accelerator cards in an instance.")  # fmt: skip
+            raise invalid(
+                f"{field}.acceleratorCount",
+                count,
+                f"At most {max_gib} GB of memory can be used along "
+                f"with {count} accelerator cards in an instance.",
+            )
         out.append((name, count))
     return out
 
@@ -151,8 +190,13 @@ def check_scheduling(sched: dict[str, Any], has_gpus: bool) -> dict[str, Any]:
         raise bad_request("Scheduling must have automaticRestart be false when preemptible is true.")
     if has_gpus and ohm != "TERMINATE":
         raise bad_request("Instances with guest accelerators do not support live migration.")
-    out = {**sched, "onHostMaintenance": ohm, "automaticRestart": restart, "preemptible": spot,
-           "provisioningModel": model}  # fmt: skip
+    out = {
+        **sched,
+        "onHostMaintenance": ohm,
+        "automaticRestart": restart,
+        "preemptible": spot,
+        "provisioningModel": model,
+    }
     action = sched.get("instanceTerminationAction")
     if sched.get("maxRunDuration") is not None:
         out["maxRunDuration"] = check_run_duration(sched["maxRunDuration"])
@@ -164,8 +208,12 @@ def check_scheduling(sched: dict[str, Any], has_gpus: bool) -> dict[str, Any]:
                 "resource.scheduling.instanceTerminationAction", action, "Must be one of [DELETE, STOP]."
             )
         if not spot and not sched.get("maxRunDuration") and not sched.get("terminationTime"):
-            raise invalid("resource.scheduling.instanceTerminationAction", action, "Instance termination action "
-                          "can only be specified for Spot VMs or VMs with a max run duration or termination time.")  # fmt: skip
+            raise invalid(
+                "resource.scheduling.instanceTerminationAction",
+                action,
+                "Instance termination action "
+                "can only be specified for Spot VMs or VMs with a max run duration or termination time.",
+            )
     elif spot:
         out["instanceTerminationAction"] = "STOP"
     return out
@@ -186,8 +234,11 @@ def check_run_duration(value: Any) -> dict[str, Any]:
         raise invalid(f"{field}.nanos", nanos, "Must be between 0 and 999999999.")
     low, high = MAX_RUN_DURATION_S
     if not low <= whole <= high:
-        raise invalid(f"{field}.seconds", whole, f"Max run duration must be between {low} seconds and "
-                      f"{high // 86400} days ({high} seconds).")  # fmt: skip
+        raise invalid(
+            f"{field}.seconds",
+            whole,
+            f"Max run duration must be between {low} seconds and {high // 86400} days ({high} seconds).",
+        )
     return {"seconds": str(whole), **({"nanos": frac} if frac else {})}
 
 
@@ -229,8 +280,12 @@ def check_metadata(metadata: dict[str, Any]) -> dict[str, str]:
         if key in items:
             raise invalid("resource.metadata", "", "Metadata has duplicate keys.")
         if len(value) > METADATA_VALUE_MAX:
-            raise invalid("resource.metadata", "", f"Value for field 'resource.metadata' is too large: maximum "
-                          f"size {METADATA_VALUE_MAX} character(s); actual size {len(value)}.")  # fmt: skip
+            raise invalid(
+                "resource.metadata",
+                "",
+                f"Value for field 'resource.metadata' is too large: maximum "
+                f"size {METADATA_VALUE_MAX} character(s); actual size {len(value)}.",
+            )
         items[key] = value
     return items
 
@@ -256,32 +311,73 @@ def build_instance(
     base = f"{API}/projects/{project}/zones/{zone}"
     nics = []
     for i, nic in enumerate(body.get("networkInterfaces") or [{}]):
-        configs = [{**c, "kind": "compute#accessConfig", "natIP": f"34.{secrets.randbelow(256)}.{secrets.randbelow(256)}.7"}
-                   for c in nic.get("accessConfigs", [])]  # fmt: skip
-        nics.append({"network": f"{API}/projects/{project}/global/networks/default", **nic, "accessConfigs": configs,
-                     "kind": "compute#networkInterface", "name": f"nic{i}", "fingerprint": fingerprint(),
-                     "networkIP": f"10.128.{secrets.randbelow(256)}.{2 + secrets.randbelow(250)}"})  # fmt: skip
+        configs = [
+            {
+                **c,
+                "kind": "compute#accessConfig",
+                "natIP": f"34.{secrets.randbelow(256)}.{secrets.randbelow(256)}.7",
+            }
+            for c in nic.get("accessConfigs", [])
+        ]
+        nics.append(
+            {
+                "network": f"{API}/projects/{project}/global/networks/default",
+                **nic,
+                "accessConfigs": configs,
+                "kind": "compute#networkInterface",
+                "name": f"nic{i}",
+                "fingerprint": fingerprint(),
+                "networkIP": f"10.128.{secrets.randbelow(256)}.{2 + secrets.randbelow(250)}",
+            }
+        )
     attached = []
     for i, disk in enumerate(disks):
         params = disk.get("initializeParams") or {}
         disk_name = params.get("diskName") or (name if i == 0 else f"{name}-{i}")
-        attached.append({**{k: x for k, x in disk.items() if k != "initializeParams"}, "kind": "compute#attachedDisk",
-                         "type": disk.get("type", "PERSISTENT"), "mode": disk.get("mode", "READ_WRITE"),
-                         "source": disk.get("source") or f"{base}/disks/{disk_name}", "index": i,
-                         "deviceName": disk.get("deviceName") or f"persistent-disk-{i}", "boot": bool(disk.get("boot")),
-                         "autoDelete": bool(disk.get("autoDelete")), "interface": disk.get("interface", "SCSI"),
-                         "diskSizeGb": str(params.get("diskSizeGb") or disk.get("diskSizeGb") or 10)})  # fmt: skip
+        attached.append(
+            {
+                **{k: x for k, x in disk.items() if k != "initializeParams"},
+                "kind": "compute#attachedDisk",
+                "type": disk.get("type", "PERSISTENT"),
+                "mode": disk.get("mode", "READ_WRITE"),
+                "source": disk.get("source") or f"{base}/disks/{disk_name}",
+                "index": i,
+                "deviceName": disk.get("deviceName") or f"persistent-disk-{i}",
+                "boot": bool(disk.get("boot")),
+                "autoDelete": bool(disk.get("autoDelete")),
+                "interface": disk.get("interface", "SCSI"),
+                "diskSizeGb": str(params.get("diskSizeGb") or disk.get("diskSizeGb") or 10),
+            }
+        )
     res = {
-        "kind": "compute#instance", "id": numeric_id(), "creationTimestamp": rfc3339(time.time()), "name": name,
-        "description": body.get("description", ""), "tags": {**(body.get("tags") or {}), "fingerprint": fingerprint()},
-        "machineType": f"{base}/machineTypes/{shape.name}", "zone": base, "canIpForward": bool(body.get("canIpForward")),
-        "networkInterfaces": nics, "disks": attached, "scheduling": scheduling, "labels": labels,
-        "metadata": {"kind": "compute#metadata", "fingerprint": fingerprint(), "items": (body.get("metadata") or {}).get("items", [])},
-        "serviceAccounts": body.get("serviceAccounts", []), "selfLink": f"{base}/instances/{name}",
-        "cpuPlatform": _CPU_PLATFORM.get(shape.family, "Intel Broadwell"), "labelFingerprint": fingerprint(),
-        "startRestricted": False, "deletionProtection": bool(body.get("deletionProtection")), "fingerprint": fingerprint(),
-    }  # fmt: skip
+        "kind": "compute#instance",
+        "id": numeric_id(),
+        "creationTimestamp": rfc3339(time.time()),
+        "name": name,
+        "description": body.get("description", ""),
+        "tags": {**(body.get("tags") or {}), "fingerprint": fingerprint()},
+        "machineType": f"{base}/machineTypes/{shape.name}",
+        "zone": base,
+        "canIpForward": bool(body.get("canIpForward")),
+        "networkInterfaces": nics,
+        "disks": attached,
+        "scheduling": scheduling,
+        "labels": labels,
+        "metadata": {
+            "kind": "compute#metadata",
+            "fingerprint": fingerprint(),
+            "items": (body.get("metadata") or {}).get("items", []),
+        },
+        "serviceAccounts": body.get("serviceAccounts", []),
+        "selfLink": f"{base}/instances/{name}",
+        "cpuPlatform": _CPU_PLATFORM.get(shape.family, "Intel Broadwell"),
+        "labelFingerprint": fingerprint(),
+        "startRestricted": False,
+        "deletionProtection": bool(body.get("deletionProtection")),
+        "fingerprint": fingerprint(),
+    }
     if gpus:
-        res["guestAccelerators"] = [{"acceleratorType": f"{base}/acceleratorTypes/{n}", "acceleratorCount": c}
-                                    for n, c in gpus]  # fmt: skip
+        res["guestAccelerators"] = [
+            {"acceleratorType": f"{base}/acceleratorTypes/{n}", "acceleratorCount": c} for n, c in gpus
+        ]
     return res, scheduling["preemptible"], metadata

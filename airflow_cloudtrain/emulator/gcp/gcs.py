@@ -80,20 +80,38 @@ def _list_objects(storage: Any, bucket: str, query: dict[str, list[str]]) -> tup
     try:
         files, prefixes = storage.get_file_list(bucket, arg("prefix"), arg("delimiter"), arg("matchGlob"))
     except NotFound:
-        return 404, {"error": {"code": 404, "message": "The specified bucket does not exist.",
-                               "errors": [{"message": "The specified bucket does not exist.",
-                                           "domain": "global", "reason": "notFound"}]}}  # fmt: skip
+        return 404, {
+            "error": {
+                "code": 404,
+                "message": "The specified bucket does not exist.",
+                "errors": [
+                    {
+                        "message": "The specified bucket does not exist.",
+                        "domain": "global",
+                        "reason": "notFound",
+                    }
+                ],
+            }
+        }
     except BadRequest as exc:
-        return 400, {"error": {"code": 400, "message": str(exc), "errors": [{"message": str(exc),
-                                                                             "reason": "invalid"}]}}  # fmt: skip
+        return 400, {
+            "error": {
+                "code": 400,
+                "message": str(exc),
+                "errors": [{"message": str(exc), "reason": "invalid"}],
+            }
+        }
     start, end = arg("startOffset") or "", arg("endOffset")
     after = base64.urlsafe_b64decode(arg("pageToken") or "").decode()
     entries = sorted([(f["name"], f) for f in files] + [(p, None) for p in prefixes], key=lambda e: e[0])
     entries = [e for e in entries if e[0] >= start and (end is None or e[0] < end) and e[0] > after]
     size = max(1, min(int(arg("maxResults") or 1000), 1000))
     chunk = entries[:size]
-    out: dict[str, Any] = {"kind": "storage#objects", "items": [f for _, f in chunk if f is not None],
-                           "prefixes": [n for n, f in chunk if f is None]}  # fmt: skip
+    out: dict[str, Any] = {
+        "kind": "storage#objects",
+        "items": [f for _, f in chunk if f is not None],
+        "prefixes": [n for n, f in chunk if f is None],
+    }
     if len(entries) > size:
         out["nextPageToken"] = base64.urlsafe_b64encode(chunk[-1][0].encode()).decode()
     return 200, out

@@ -27,9 +27,17 @@ class GcpInstances:
         """Live VMs of ours (``cloudtrain-managed=true``), as ``Emulator.running_instances`` lists them."""
         from airflow_cloudtrain.runs import TAG_MANAGED
 
-        return [{"cloud": "gcp", "id": i["name"], "instance_type": i["machine_type"], "zone": i["zone"],
-                 "spot": i["spot"]}
-                for i in self.gce.alive() if i["labels"].get(TAG_MANAGED) == "true"]  # fmt: skip
+        return [
+            {
+                "cloud": "gcp",
+                "id": i["name"],
+                "instance_type": i["machine_type"],
+                "zone": i["zone"],
+                "spot": i["spot"],
+            }
+            for i in self.gce.alive()
+            if i["labels"].get(TAG_MANAGED) == "true"
+        ]
 
     def seen(self, hard_stop_scale: float = 1.0) -> list[Seen]:
         """VMs whose agent should run now; powers off those whose script's hard stop has come."""
