@@ -95,7 +95,7 @@ _PERMANENT_CLASSES = frozenset(
 )
 
 
-def _causes(err: BaseException) -> list[BaseException]:
+def causes(err: BaseException) -> list[BaseException]:
     """``err`` and what it wraps, outermost first (bounded, no cycles)."""
     chain: list[BaseException] = []
     todo: list[BaseException | None] = [err]
@@ -136,7 +136,7 @@ def _verdict(err: BaseException) -> bool | None:
 
 def is_transient(err: BaseException) -> bool:
     """Whether asking again later may well succeed (throttling, 5xx, a dropped connection)."""
-    for link in _causes(err):
+    for link in causes(err):
         verdict = _verdict(link)
         if verdict is not None:
             return verdict

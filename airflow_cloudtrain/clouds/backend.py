@@ -7,15 +7,12 @@ triggers speak only this protocol and ``Cloud``; no other module branches on the
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.agent.storage import RunFolder
     from airflow_cloudtrain.catalog.offers import Offer
-    from airflow_cloudtrain.clouds.base import Cloud, Instance
-
-AsyncDescribe = Callable[[list[str]], Awaitable[dict[str, "Instance"]]]
+    from airflow_cloudtrain.clouds.base import Cloud
 
 
 class RunBackend(Protocol):

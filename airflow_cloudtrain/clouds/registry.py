@@ -25,10 +25,6 @@ def provider_of(cloud: str) -> str:
         raise ValueError(f"cloud={cloud!r} is not valid: use one of {', '.join(CLOUDS)}") from None
 
 
-def is_spot(cloud: str) -> bool:
-    return cloud in SPOT_CLOUDS
-
-
 def conn_id_for(cloud: str, aws_conn_id: str | None, gcp_conn_id: str | None) -> str | None:
     """The connection of the provider that serves ``cloud``."""
     return gcp_conn_id if provider_of(cloud) == "gcp" else aws_conn_id

@@ -57,12 +57,16 @@ class InstanceRunner:
         workdir: Path,
         base_env: dict[str, str],
         interval: float = 0.3,
+        shutdown_grace_s: float = 8.0,
     ) -> None:
         self.list_alive = list_alive
         self.end_instance = end_instance
         self.workdir = workdir
         self.base_env = base_env
         self.interval = interval
+        # a terminated machine shuts its OS down: SIGTERM, this long, then whatever is left is killed
+        self.shutdown_grace_s = shutdown_grace_s
+        self.shutting_down: set[str] = set()
         self.agents: dict[str, Agent] = {}
         self.finished: set[str] = set()
         self.machines: set[str] = set()  # instances whose processes run here until they are gone
@@ -100,15 +104,19 @@ class InstanceRunner:
                     self.agents[iid] = self._start(seen)
                     self.machines.add(iid)
             for iid, agent in list(self.agents.items()):
-                if iid not in alive:  # terminated from outside: the machine is gone
-                    self._kill(agent)
+                if iid not in alive:  # terminated from outside: the guest OS shuts down
                     del self.agents[iid]
                     self.finished.add(iid)
+                    self.shutting_down.add(iid)
+                    threading.Thread(
+                        target=self._shut_down, args=(agent,), name=f"shutdown-{iid}", daemon=True
+                    ).start()
                 elif agent.process.poll() is not None:  # agent powered the instance off
                     del self.agents[iid]
                     self.finished.add(iid)
                     self.end_instance(agent.seen)
-            for iid in [i for i in self.machines if i not in alive]:  # gone: whatever still ran there dies
+            gone = [i for i in self.machines if i not in alive and i not in self.shutting_down]
+            for iid in gone:  # gone: whatever still ran there dies
                 self.machines.discard(iid)
                 self._power_down(iid)
 
@@ -134,6 +142,21 @@ class InstanceRunner:
             )
         log.info("emulator: started agent for %s (%s) pid %s", seen.id, seen.instance_type, process.pid)
         return Agent(seen, process, log_path)
+
+    def _shut_down(self, agent: Agent) -> None:
+        """As a terminated EC2 instance or deleted GCE VM: the OS sends SIGTERM (the agent records
+        the interruption and stops the job), waits a little, then the machine is gone."""
+        iid = agent.seen.id
+        if agent.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(agent.process.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                agent.process.wait(timeout=self.shutdown_grace_s)
+        self._kill(agent)
+        with self.lock:
+            self.machines.discard(iid)
+            self.shutting_down.discard(iid)
+        self._power_down(iid)
 
     def _kill(self, agent: Agent) -> None:
         if agent.process.poll() is None:

@@ -62,6 +62,12 @@ class CloudTrainAwsHook(AwsBaseHook):
             self._ec2_client = await (await self.get_async_conn()).__aenter__()
         return self._ec2_client
 
+    async def _close_ec2(self) -> None:
+        client = getattr(self, "_ec2_client", None)
+        self._ec2_client = None
+        if client is not None:
+            await client.__aexit__(None, None, None)
+
     async def describe_async(self, ids: list[str]) -> dict[str, Instance]:
         """DescribeInstances for up to 1,000 ids per call, without blocking the event loop; the same
         chunking and bad-id fallback as ``clouds.aws.describe_instances``."""
@@ -72,15 +78,11 @@ class CloudTrainAwsHook(AwsBaseHook):
                 responses = [await client.describe_instances(InstanceIds=chunk)]
             except Exception as err:
                 if not rejects_an_id(err):
-                    self._ec2_client = None
+                    await self._close_ec2()  # a fresh client next poll; this one's session is closed
                     raise
                 responses = [await client.describe_instances(Filters=f) for f in id_filters(chunk)]
             out.update((i.id, i) for response in responses for i in instances_of(response))
         return with_missing(ids, out)
-
-    async def terminate_async(self, ids: list[str]) -> None:
-        async with await self.get_async_conn() as client:
-            await client.terminate_instances(InstanceIds=ids)
 
     async def s3_async(self) -> Any:
         hook = AwsBaseHook(aws_conn_id=self.aws_conn_id, client_type="s3", region_name=self.conn_region_name)

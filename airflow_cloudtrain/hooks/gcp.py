@@ -91,12 +91,6 @@ class CloudTrainGcpHook(GoogleBaseHook):
         cloud = await asyncio.to_thread(self.cloud, region, zone)
         return await asyncio.to_thread(cloud.describe, ids)
 
-    async def terminate_async(
-        self, ids: list[str], zone: str | None = None, region: str | None = None
-    ) -> None:
-        cloud = await asyncio.to_thread(self.cloud, region, zone)
-        await asyncio.to_thread(cloud.terminate, ids)
-
 
 def zones_of(region: str | None) -> list[str]:
     """The region's zones the catalog knows (where our machine types are offered)."""

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.runs import RunKey
 
 LAUNCH_KEY = "cloudtrain_launch"  # task_state_store: the LaunchRecord of the current attempt
+DELIVERED_KEY = "cloudtrain_delivered"  # task_state_store: instances whose end was already reported
 DEADLINE_MARGIN_S = 600.0  # past max_runtime, the wait gives up on an agent that did not stop the job
 
 
@@ -126,10 +127,15 @@ class RunAttempt:
         backend = self.ctx.backend
         if backend.region is None:  # nothing asked, nothing configured: the cheapest region it is
             backend.bind_region(offers_for(self.ctx.config, None, self.log)[0].region)
-        found = self._earlier()
+        # Reads are retried; an error here releases nothing: an adoptable instance must survive it.
+        found = call_with_retry(self._earlier)
         if found is not None:
             return found
-        return self._launch(), None
+        try:
+            return self._launch(), None
+        except BaseException:  # a failed or timed-out launch: whatever it created goes (tag sweep too)
+            self.abandon()
+            raise
 
     def _earlier(self) -> tuple[LaunchRecord, Outcome | None] | None:
         """What earlier tries left: an unreported final status, else a live instance to adopt."""
@@ -144,7 +150,7 @@ class RunAttempt:
         states = backend.cloud.describe(ids)
         for iid in ids:
             status = self._status(iid)
-            if status is not None and status.final and not self.folder.get_text(delivered_key(iid)):
+            if status is not None and status.final and not self._delivered(iid):
                 self.log.info(
                     "The job already finished on %s (%s) in an earlier try: delivering that result",
                     iid,
@@ -168,6 +174,23 @@ class RunAttempt:
     def _status(self, instance_id: str) -> RunStatus | None:
         raw = self.folder.get_text(status_key(instance_id))
         return RunStatus.from_json(raw) if raw else None
+
+    def _delivered(self, instance_id: str) -> bool:
+        """Was this instance's end already reported to Airflow (or given up on by a teardown)?"""
+        stored = store_get(self.ctx.store, DELIVERED_KEY) or {}
+        return instance_id in stored.get("ids", []) or bool(self.folder.get_text(delivered_key(instance_id)))
+
+    def _mark_delivered(self, instance_id: str, state: str) -> None:
+        """Both in the run folder and in the store, so a retry never reports this end again."""
+        stored = store_get(self.ctx.store, DELIVERED_KEY) or {}
+        store_set(self.ctx.store, DELIVERED_KEY, {"ids": [*stored.get("ids", []), instance_id][-50:]})
+        note = json.dumps({"try_number": self.ctx.try_number, "state": state, "at": time.time()})
+        try:
+            call_with_retry(lambda: self.folder.put_text(delivered_key(instance_id), note))
+        except Exception as err:  # the store still has it, when there is one
+            self.log.warning(
+                "Could not mark the end of %s as reported in the run folder: %s", instance_id, err
+            )
 
     def _adopted(self, instance: Instance | None, instance_id: str) -> LaunchRecord:
         if self.stored and self.stored.instance_id == instance_id:
@@ -250,15 +273,16 @@ class RunAttempt:
         backend = self.ctx.backend
         entry = self.ledger.intend("instance", backend.location(request.zone), token=request.client_token)
         if self.killed:
+            self.ledger.discard(entry)
             raise RunKilled("the task was killed before the launch")
         try:
             instance = backend.cloud.launch(request)
         except CloudError:  # the cloud refused: nothing was created
-            self.ledger.entries.remove(entry)
+            self.ledger.discard(entry)
             raise
         self.ledger.created(entry, instance.id, backend.location(instance.zone))
         if self.killed:  # on_kill ran while the create call was in flight
-            self.release()
+            self.abandon()
             raise RunKilled(f"the task was killed while launching; {instance.id} was terminated")
         return instance
 
@@ -329,12 +353,10 @@ class RunAttempt:
             backend.bind_region(launch.region)
         self.ledger.add("instance", launch.instance_id, launch.location or backend.location(launch.zone))
         self.release()
-        try:
-            note = json.dumps({"try_number": self.ctx.try_number, "state": result.state, "at": time.time()})
-            call_with_retry(lambda: self.folder.put_text(delivered_key(launch.instance_id), note))
-        except Exception as err:  # a retry may then deliver this outcome once more: say so, go on
-            self.log.warning("Could not mark the outcome of %s as delivered: %s", launch.instance_id, err)
+        self._mark_delivered(launch.instance_id, result.state)
         ended = time.time()
+        if launch.adopted and result.ended_at:  # an earlier try's job: billed until its agent powered off
+            ended = min(ended, result.ended_at)
         duration = ended - float(launch.launched_at or ended)
         cost, basis = billed_cost(launch.hourly_usd, duration)
         attempt = Attempt(launch, result, ended, duration, cost, basis)
@@ -353,7 +375,24 @@ class RunAttempt:
         """Every resource of the run, through the ledger (and the tag sweep)."""
         call_with_retry(lambda: self.ledger.release(self.ctx.backend), TransientBudget(budget_s=120.0))
 
+    def abandon(self) -> None:
+        """Release after a kill, a timeout or a failed wait, when the job's end is not reported.
+
+        Terminating an instance makes its agent write a final ``interrupted`` status; a retry must
+        run the job again rather than report that, so every instance of the run whose status is not
+        final yet is marked as reported first. A job that did finish before this is still
+        delivered by the retry."""
+        try:
+            self.ledger.sweep(self.ctx.backend, ["instance"])
+            for entry in self.ledger.of_kind("instance"):
+                status = self._status(entry.id or "")
+                if status is None or not status.final:
+                    self._mark_delivered(entry.id or "", "released")
+        except Exception as err:  # the release below matters more
+            self.log.warning("Could not mark the run's instances before releasing them: %s", err)
+        self.release()
+
     def kill(self) -> None:
         """``on_kill``: stop launching and waiting, and release whatever exists (or is being made)."""
         self.killed = True
-        self.release()
+        self.abandon()

@@ -89,7 +89,7 @@ class ResourceLedger:
     @classmethod
     def load(cls, run_key: str, store: Any, logger: logging.Logger | None = None) -> ResourceLedger:
         """The ledger an earlier try (or this one) wrote; empty if none, or if it was another run's."""
-        data = _store_get(store, STORE_KEY)
+        data = store_get(store, STORE_KEY)
         entries = []
         if data and data.get("run_key") == run_key:
             entries = [Resource(**e) for e in data.get("entries", [])]
@@ -116,9 +116,20 @@ class ResourceLedger:
         return entry
 
     def created(self, entry: Resource, id: str, location: str | None = None) -> None:
-        """The create call returned: remember the id the cloud gave (and where it landed)."""
+        """The create call returned: remember the id the cloud gave (and where it landed).
+
+        A teardown that ran meanwhile (``on_kill`` during the call) may have dropped the entry; it
+        comes back, so the next release deletes what the call made."""
         entry.id = id
         entry.location = location or entry.location
+        if entry not in self.entries:
+            self.entries.append(entry)
+        self._save()
+
+    def discard(self, entry: Resource) -> None:
+        """The create call was refused: nothing exists to release."""
+        if entry in self.entries:
+            self.entries.remove(entry)
         self._save()
 
     def add(self, kind: str, id: str, location: str | None) -> Resource:
@@ -149,11 +160,16 @@ class ResourceLedger:
         returned, or a resource an earlier try made without telling the store, goes as well. Every
         kind is attempted even when one fails; the first error is raised at the end.
         """
-        if only is None and (sweep or any(e.id is None for e in self.entries)):
-            with contextlib.suppress(Exception):  # a failed search must not stop the known deletes
-                self.sweep(backend, sorted({e.kind for e in self.entries} | {"instance"}))
-        released: list[Resource] = []
         error: BaseException | None = None
+        swept = False
+        if only is None and (sweep or any(e.id is None for e in self.entries)):
+            try:
+                self.sweep(backend, sorted({e.kind for e in self.entries} | {"instance"}))
+                swept = True
+            except Exception as err:  # the known deletes still go; the error is raised at the end
+                self.log.error("Searching the run's resources by tag failed: %s", err)
+                error = err
+        released: list[Resource] = []
         for kind in _reverse_kinds(self.entries):
             batch = [
                 e for e in reversed(self.entries) if e.kind == kind and e.id and (only is None or e in only)
@@ -168,9 +184,8 @@ class ResourceLedger:
                 continue
             released.extend(batch)
             self.log.info("Released %s %s", kind, ", ".join(e.id or "" for e in batch))
-        self.entries = [
-            e for e in self.entries if e not in released and (e.id is not None or only is not None)
-        ]
+        # an entry whose create call never returned is kept until a sweep has looked for it
+        self.entries = [e for e in self.entries if e not in released and (e.id is not None or not swept)]
         self._save()
         if error is not None:
             raise error
@@ -186,7 +201,8 @@ def _reverse_kinds(entries: list[Resource]) -> list[str]:
     return list(reversed(order))
 
 
-def _store_get(store: Any, key: str) -> dict[str, Any] | None:
+def store_get(store: Any, key: str) -> dict[str, Any] | None:
+    """A dict from ``task_state_store`` (None when absent, unreadable or not a dict)."""
     if store is None:
         return None
     try:
@@ -194,11 +210,6 @@ def _store_get(store: Any, key: str) -> dict[str, Any] | None:
     except Exception:
         return None
     return value if isinstance(value, dict) else None
-
-
-def store_get(store: Any, key: str) -> dict[str, Any] | None:
-    """A dict from ``task_state_store`` (None when absent, unreadable or not a dict)."""
-    return _store_get(store, key)
 
 
 def store_set(store: Any, key: str, value: dict[str, Any]) -> None:

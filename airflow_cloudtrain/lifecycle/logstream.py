@@ -18,6 +18,7 @@ class LogFollower:
         self.instance_id = instance_id
         self.next_seq = next_seq
         self.prefix = log_prefix(instance_id)
+        self._pending: list[str] = []  # lines of chunks read by a poll that then failed
 
     def new_keys(self, keys: Iterable[str]) -> list[str]:
         """The next chunks in sequence; the cursor moves only as each is read (``advance``), so a
@@ -30,22 +31,26 @@ class LogFollower:
             seq += 1
         return out
 
-    def _take(self, raw: bytes | None) -> list[str]:
+    def _take(self, raw: bytes | None) -> None:
         self.next_seq += 1
-        return (raw or b"").decode(errors="replace").splitlines()
+        self._pending.extend((raw or b"").decode(errors="replace").splitlines())
+
+    def _hand_over(self) -> list[str]:
+        lines = self._pending
+        self._pending = []
+        return lines
 
     def poll(self, list_keys: Callable[[str], list[str]], read: Callable[[str], bytes | None]) -> list[str]:
-        """Blocking variant: new lines since the last poll."""
-        lines: list[str] = []
+        """Blocking variant: new lines since the last poll. When a read fails, the lines of the
+        chunks read before it are kept and come with the next poll."""
         for key in self.new_keys(list_keys(self.prefix)):
-            lines.extend(self._take(read(key)))
-        return lines
+            self._take(read(key))
+        return self._hand_over()
 
     async def apoll(
         self, list_keys: Callable[[str], Awaitable[list[str]]], read: Callable[[str], Awaitable[bytes | None]]
     ) -> list[str]:
         """Async variant for triggers."""
-        lines: list[str] = []
         for key in self.new_keys(await list_keys(self.prefix)):
-            lines.extend(self._take(await read(key)))
-        return lines
+            self._take(await read(key))
+        return self._hand_over()

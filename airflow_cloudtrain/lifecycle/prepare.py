@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import logging
 import tarfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -194,7 +193,3 @@ def price_from_tags(tags: dict[str, str]) -> float | None:
         return int(tags[TAG_PRICE]) / 1e6
     except (KeyError, ValueError):
         return None
-
-
-def now() -> float:
-    return time.time()

@@ -65,6 +65,7 @@ class Outcome:
     interrupted: bool = False
     interruptions: int = 0
     instance: dict[str, Any] | None = None
+    ended_at: float | None = None  # when the agent reported the end (unix time), if it did
 
     @property
     def ok(self) -> bool:

@@ -16,30 +16,8 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-THROTTLING_CODES = frozenset(
-    {
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottledException",
-        "TooManyRequestsException",
-        "RequestLimitExceeded",
-        "SlowDown",
-        "RequestThrottled",
-        "ProvisionedThroughputExceededException",
-        "TransactionInProgressException",
-        "EC2ThrottledException",
-        "PriorRequestNotComplete",
-        "BandwidthLimitExceeded",
-        "rateLimitExceeded",
-        "userRateLimitExceeded",
-        "InternalError",
-        "InternalFailure",
-        "ServiceUnavailable",
-        "RequestTimeout",
-        "RequestTimeoutException",
-    }
-)
+# A capacity or quota answer is not transient here even when it comes as HTTP 500 (EC2 does that):
+# the launcher moves on to the next zone or offer at once instead of asking the same place again.
 NOT_TRANSIENT_CODES = frozenset(
     {
         "InsufficientInstanceCapacity",
@@ -47,53 +25,41 @@ NOT_TRANSIENT_CODES = frozenset(
         "InsufficientHostCapacity",
         "InsufficientReservedInstanceCapacity",
         "ZONE_RESOURCE_POOL_EXHAUSTED",
+        "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
+        "RESOURCE_POOL_EXHAUSTED",
     }
 )
-TRANSIENT_HTTP = frozenset({429, 500, 502, 503, 504})
-_CONNECTION_ERRORS = (
-    "EndpointConnectionError",
-    "ConnectionClosedError",
-    "ReadTimeoutError",
-    "ConnectTimeoutError",
-    "ConnectionError",
-    "ClientConnectorError",
-    "ServerDisconnectedError",
-    "ClientOSError",
-    "ServerTimeoutError",
-    "TimeoutError",
-    "ConnectionResetError",
-    "RemoteDisconnected",
-    "ProtocolError",
-)
+# Google sends rate limits as 403 with these reasons; a 403 is otherwise a real refusal.
+RATE_LIMIT_REASONS = frozenset({"rateLimitExceeded", "userRateLimitExceeded", "RATE_LIMIT_EXCEEDED"})
 
 
-def error_code(err: BaseException) -> tuple[str, int | None]:
-    """(the cloud's error code, the HTTP status) of a botocore / google-api-core / our error."""
+def error_code(err: BaseException) -> str:
+    """The cloud's error code or reason of a botocore / google-api-core / our error ('' if none)."""
     response = getattr(err, "response", None)
     if isinstance(response, dict):
-        code = str(response.get("Error", {}).get("Code", ""))
-        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return code, int(status) if status else None
-    code = getattr(err, "code", None)
-    reason = ""
+        return str(response.get("Error", {}).get("Code", ""))
     for detail in getattr(err, "errors", None) or []:
         reason = detail.get("reason", "") if isinstance(detail, dict) else getattr(detail, "reason", "")
-        break
-    if isinstance(code, int):
-        return reason, code
-    return str(code or reason or ""), None
+        if reason:
+            return str(reason)
+    code = getattr(err, "code", "")
+    return code if isinstance(code, str) else ""
 
 
 def is_transient(err: BaseException) -> bool:
-    """Would the same call likely succeed a little later? Capacity and client errors: no."""
-    code, status = error_code(err)
-    if code in NOT_TRANSIENT_CODES:
-        return False
-    if code in THROTTLING_CODES or status in TRANSIENT_HTTP:
-        return True
-    chain = [e for e in (err, err.__cause__, err.__context__) if e is not None]
-    names = {cls.__name__ for e in chain for cls in type(e).__mro__}
-    return bool(names & set(_CONNECTION_ERRORS))
+    """Would the same call likely succeed a little later? Throttling, 5xx, dropped connections: yes
+    (the agent's classification, ``agent.retry.is_transient``, which looks through wrapped errors
+    such as our ``CloudError`` mapped from a botocore ``ClientError``); capacity and quota: no."""
+    from airflow_cloudtrain.agent.retry import causes
+    from airflow_cloudtrain.agent.retry import is_transient as transient_storage_error
+    from airflow_cloudtrain.clouds.errors import CapacityUnavailable, QuotaExceeded
+
+    for link in causes(err):
+        if isinstance(link, (CapacityUnavailable, QuotaExceeded)) or error_code(link) in NOT_TRANSIENT_CODES:
+            return False
+        if error_code(link) in RATE_LIMIT_REASONS:
+            return True
+    return transient_storage_error(err)
 
 
 class TransientBudget:

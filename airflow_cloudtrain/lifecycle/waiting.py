@@ -29,6 +29,7 @@ def outcome(status: RunStatus | None, instance: Instance | None, ended_grace_ove
             message=status.message,
             interrupted=interrupted and status.state != SUCCEEDED,
             interruptions=1 if status.interruption else 0,
+            ended_at=status.ended_at,
         )
     if instance is not None and (instance.state in ENDED_STATES or instance.state == STOPPED):
         if not ended_grace_over:

@@ -148,11 +148,7 @@ class CloudTrainOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         attempt = self._new_attempt(context)
-        try:
-            launch, done = attempt.start()
-        except BaseException:  # a failed or timed-out launch: whatever it created goes (tag sweep)
-            attempt.release()
-            raise
+        launch, done = attempt.start()
         if done is not None:
             return self._deliver(attempt, launch, done)
         if self.deferrable:
@@ -160,7 +156,7 @@ class CloudTrainOperator(BaseOperator):
         try:
             result = attempt.wait(launch)
         except BaseException:  # killed, timed out, or the wait itself failed: nothing may outlive the task
-            attempt.release()
+            attempt.abandon()
             raise
         return self._deliver(attempt, launch, result)
 
@@ -187,7 +183,7 @@ class CloudTrainOperator(BaseOperator):
         ``execute_complete``: release the run through its ledger first."""
         if next_method == "__fail__":
             try:
-                self._new_attempt(context).release()
+                self._new_attempt(context).abandon()
                 self.log.info("Released the run's resources after the deferred wait failed")
             except Exception:
                 self.log.exception("Teardown after the failed deferral did not complete")

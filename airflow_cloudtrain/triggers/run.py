@@ -191,8 +191,16 @@ class RunTrigger(BaseTrigger):
         self.log.info("Released %s because the task was killed", released)
 
     def _release(self) -> list[str]:
+        """As ``RunAttempt.abandon``: the job's end will not be reported, so mark the instance (its
+        agent writes ``interrupted`` when terminated) before releasing; retried within ~25 s, the
+        time Airflow gives ``on_kill``."""
+        import json
+        import time
+
         from airflow_cloudtrain.clouds.registry import backend_for
         from airflow_cloudtrain.lifecycle.ledger import Resource, ResourceLedger
+        from airflow_cloudtrain.lifecycle.retry import TransientBudget, call_with_retry
+        from airflow_cloudtrain.runs import delivered_key
 
         launch = LaunchRecord.from_dict(self.launch)
         backend = backend_for(
@@ -202,7 +210,17 @@ class RunTrigger(BaseTrigger):
             gcp_conn_id=self.conn_id or "google_cloud_default",
             project_id=self.project_id,
         )
+        try:
+            folder = backend.run_folder(launch.run_uri)
+            raw = folder.get_text(status_key(launch.instance_id))
+            if not raw or not RunStatus.from_json(raw).final:
+                note = {"try_number": launch.try_number, "state": "released", "at": time.time()}
+                folder.put_text(delivered_key(launch.instance_id), json.dumps(note))
+        except Exception as err:  # releasing matters more
+            self.log.warning("Could not mark %s before releasing it: %s", launch.instance_id, err)
         ledger = ResourceLedger(
             launch.run_key, entries=[Resource("instance", launch.instance_id, launch.location)]
         )
-        return [r.id or "" for r in ledger.release(backend, sweep=bool(launch.run_key))]
+        budget = TransientBudget(budget_s=25.0, cap_s=5.0)
+        released = call_with_retry(lambda: ledger.release(backend, sweep=bool(launch.run_key)), budget)
+        return [r.id or "" for r in released]

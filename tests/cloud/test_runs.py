@@ -136,6 +136,33 @@ def test_spot_interruption_fails_with_a_spot_error(
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_retry_after_a_kill_runs_the_job_again(emu, airflow_db, capfd, provider: str) -> None:
+    """Terminating the instance makes its agent write "interrupted"; the retry must not deliver that
+    as the run's result but run the job again."""
+    dag_id = f"killretry_{provider}"
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        watcher = when_running(emu, lambda iid: os.kill(os.getpid(), signal.SIGTERM))
+        dag = scenario(
+            dag_id,
+            provider,
+            "echo started; sleep 4; echo trained",
+            spot=False,
+            extra=", retries=1, retry_delay=timedelta(seconds=0)",
+        )
+        run = dag.test()
+        watcher.join(5)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert task_states(run) == {"train": "success"}
+    ids = launched(provider, dag_id, run)
+    assert len(ids) == 2, ids  # the retry launched a second instance to run the job again
+    result = xcom(run, "train")
+    assert result["state"] == "succeeded" and not result["adopted"]
+    assert status_of(provider, dag_id, run, result["instance_id"]).state == "succeeded"
+
+
+@pytest.mark.parametrize("provider", PROVIDERS)
 def test_killed_task_terminates_its_instance(emu, airflow_db, provider: str) -> None:
     """SIGTERM to the task process is how Airflow kills a running task; on_kill must take the instance."""
     dag_id = f"killed_{provider}"
@@ -309,7 +336,13 @@ def test_the_cloud_ends_the_instance_at_max_runtime_even_with_a_dead_agent(
     scheduling.maxRunDuration), so a machine whose agent died still ends without the operator."""
     dag_id = f"hardstop_{provider}"
     watcher = when_running(emu, emu.crash_agent)
-    run = scenario(dag_id, provider, LONG_JOB, extra=", max_runtime='4s', heartbeat_timeout='1h'").test()
+    # max_runtime 60 s puts the hard stop at 90 s; the emulator plays it 5x faster (18 s after launch),
+    # long after the agent died and long before the agent's own 60 s timer could have mattered
+    emu.hard_stop_scale, before = 0.2, emu.hard_stop_scale
+    try:
+        run = scenario(dag_id, provider, LONG_JOB, extra=", max_runtime='60s', heartbeat_timeout='1h'").test()
+    finally:
+        emu.hard_stop_scale = before
     watcher.join(5)
     assert task_states(run) == {"train": "failed"}
     out = capfd.readouterr().out

@@ -26,7 +26,7 @@ BUCKET = {"aws": "s3://cloudtrain-emulated/killed", "gcp": "gs://cloudtrain-emul
 CLOUD = {"aws": "ec2spot", "gcp": "gcspot"}
 REGION = {"aws": "us-east-1", "gcp": "us-central1"}
 LAUNCH_CALL = {"aws": "RunInstances", "gcp": "instances.insert"}
-STEPS = ["ledger_entry", "create_call", "waiting", "teardown"]
+STEPS = ["ledger_entry", "inside_create", "create_call", "waiting", "teardown"]
 
 DAG_SOURCE = """
 import os
@@ -60,6 +60,15 @@ class DyingLedger(ResourceLedger):
 
 class DyingAttempt(RunAttempt):
     def _create_instance(self, request):
+        cloud = self.ctx.backend.cloud
+        launch = cloud.launch
+
+        def launch_then_die(req):  # the cloud made it; the answer never reaches the ledger
+            instance = launch(req)
+            die("inside_create")
+            return instance
+
+        cloud.launch = launch_then_die
         instance = super()._create_instance(request)
         die("create_call")
         return instance
@@ -126,7 +135,7 @@ def leftovers(provider: str, dag_id: str, run: Any) -> list[Any]:
 def test_worker_killed_at_each_step_leaks_nothing_and_runs_the_job_once(
     emu, airflow_db, monkeypatch, provider: str, step: str, forget_store: bool
 ) -> None:
-    if forget_store and step in ("ledger_entry", "teardown"):
+    if forget_store and step in ("ledger_entry", "inside_create", "teardown"):
         pytest.skip("the store is not consulted differently at this step")
     dag_id = f"killed_{provider}_{step}_{int(forget_store)}"
     write_dag(

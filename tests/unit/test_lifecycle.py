@@ -10,6 +10,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError
 
 from airflow_cloudtrain.clouds.base import Instance
 from airflow_cloudtrain.lifecycle.ledger import (
+    KINDS,
     STORE_KEY,
     ResourceKind,
     ResourceLedger,
@@ -62,13 +63,18 @@ class Backend:
         self.terminated.append(pairs)
 
 
-GROUPS = register_kind(
-    ResourceKind(
-        "test_group",
-        find=lambda backend, digest: [],
-        delete=lambda backend, rs: backend.deleted.append(("test_group", [r.id for r in rs])),
+@pytest.fixture(autouse=True)
+def test_group_kind() -> Any:
+    """A second resource kind, as later operators register (groups, queues...), for these tests only."""
+    kind = register_kind(
+        ResourceKind(
+            "test_group",
+            find=lambda backend, digest: [],
+            delete=lambda backend, rs: backend.deleted.append(("test_group", [r.id for r in rs])),
+        )
     )
-)
+    yield kind
+    KINDS.pop("test_group", None)
 
 
 def inst(iid: str, state: str = "running") -> Instance:
@@ -161,6 +167,19 @@ def client_error(code: str, status: int) -> ClientError:
 
 
 def test_what_counts_as_transient() -> None:
+    from airflow_cloudtrain.clouds.aws import map_client_error
+
+    def mapped(err: ClientError) -> Exception:
+        """As the cloud module raises it: our vocabulary, from the SDK's error."""
+        try:
+            raise map_client_error(err) from err
+        except Exception as raised:
+            return raised
+
+    assert is_transient(mapped(client_error("Unavailable", 503)))  # EC2's own 5xx, behind CloudError
+    assert is_transient(mapped(client_error("RequestLimitExceeded", 503)))
+    assert not is_transient(mapped(client_error("InsufficientInstanceCapacity", 500)))
+    assert not is_transient(mapped(client_error("InvalidParameterValue", 400)))
     assert is_transient(client_error("RequestLimitExceeded", 503))
     assert is_transient(client_error("SlowDown", 503))
     assert is_transient(client_error("InternalError", 500))
@@ -185,8 +204,9 @@ def test_transient_errors_are_retried_with_backoff_within_the_budget() -> None:
         sleeps.append(seconds)
         now[0] += seconds
 
-    assert call_with_retry(fn, TransientBudget(60, clock=lambda: now[0]), sleep=sleep) == "ok"
-    assert len(sleeps) == 2 and sleeps[1] > 0
+    assert call_with_retry(fn, TransientBudget(60, base_s=1.0, clock=lambda: now[0]), sleep=sleep) == "ok"
+    assert len(sleeps) == 2
+    assert 0.5 <= sleeps[0] <= 1.0 and 1.0 <= sleeps[1] <= 2.0  # exponential, with jitter
     budget = TransientBudget(budget_s=10, clock=lambda: now[0])
     budget.failed(client_error("Throttling", 400))
     now[0] += 11
@@ -205,3 +225,35 @@ def test_max_runtime_defaults_to_a_7_day_cap_and_can_be_lifted() -> None:
     assert hard_stop_s(None) is None
     assert hard_stop_s(4) == 34  # at least 30 s for the agent's own graceful stop
     assert hard_stop_s(7200) == 7200 + 600  # at most 10 minutes past max_runtime
+
+
+def test_a_teardown_during_the_create_call_does_not_lose_the_instance() -> None:
+    """on_kill runs while RunInstances is in flight: its sweep finds nothing yet; when the call
+    returns, the id must land in the ledger again for the next release."""
+    store, backend = Store(), Backend()
+    ledger = ResourceLedger("key-1", store)
+    entry = ledger.intend("instance", "us-east-1")
+    ledger.release(backend)  # the sweep found nothing: the pending entry is dropped
+    ledger.created(entry, "i-late")
+    assert [e.id for e in ResourceLedger.load("key-1", store).entries] == ["i-late"]
+    ledger.release(backend, sweep=False)
+    assert backend.terminated[-1] == [("i-late", "us-east-1")]
+
+
+def test_a_failed_sweep_keeps_unresolved_entries_and_is_raised() -> None:
+    class Unlisted(Backend):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cloud.find = self._fail  # type: ignore[method-assign]
+
+        def _fail(self, digest: str, ended: bool = False) -> list[Instance]:
+            raise ConnectionError("DescribeInstances timed out")
+
+    backend = Unlisted()
+    ledger = ResourceLedger("key-1")
+    ledger.created(ledger.intend("instance", None), "i-1")
+    pending = ledger.intend("instance", None)
+    with pytest.raises(ConnectionError):
+        ledger.release(backend)
+    assert backend.terminated == [[("i-1", None)]]  # the known one still went
+    assert ledger.entries == [pending]  # the unknown one waits for a sweep that works
