@@ -160,6 +160,11 @@ class RunAttempt:
                     self.ledger.add("instance", iid, backend.location(states[iid].zone))
                 return self._adopted(states.get(iid), iid), outcome(status, None, True)
         alive = [iid for iid in ids if iid in known and states[iid].state in ALIVE_STATES]
+        given_up = [iid for iid in alive if self._delivered(iid)]  # a teardown marked it, then failed
+        if given_up:
+            self.log.warning("Releasing instance(s) an earlier teardown gave up on: %s", given_up)
+            self.ledger.release(backend, sweep=False, only=[known[i] for i in given_up])
+            alive = [iid for iid in alive if iid not in given_up]
         if not alive:
             if known:  # ended without a final status (e.g. a powered-off GCE VM): delete, then launch again
                 self.ledger.release(backend)
