@@ -11,6 +11,8 @@ Layout under ``run_uri`` (``s3://bucket/prefix/runs/<dag>/<task>/<run>/<map_inde
     results/<instance-id>/...          the job's output dir (CLOUDTRAIN_OUTPUT_DIR), at the end; one
                                        folder per attempt, so a retry never mixes into a finished try
     checkpoints/<step>/...             checkpoint files; ``MANIFEST.json`` written last = complete
+    checkpoints/<step>/MANIFEST.json   Manifest: the step's files with size and sha256; a step
+                                       without one (an agent killed mid-upload) is not a checkpoint
 
 Everything in this module is stdlib only: the agent imports it on the instance (no Airflow there).
 """
@@ -151,6 +153,13 @@ class RunSpec:
     log_interval_s: float = 2.0
     heartbeat_interval_s: float = 5.0
     metadata_poll_s: float = 5.0
+    # Checkpoints (see ``airflow_cloudtrain.checkpoint``): the job's checkpoint directory on the
+    # instance (None: ``<workdir>/checkpoints``; a relative path is under the workdir), how often the
+    # agent uploads the newest complete checkpoint (<= 0: only when the job ends), and how many times
+    # the run was relaunched after an interruption (the job sees it as CLOUDTRAIN_RESTARTS).
+    checkpoint_dir: str | None = None
+    checkpoint_interval_s: float = 300.0
+    restarts: int = 0
     version: int = SPEC_VERSION
 
     def to_json(self) -> str:
@@ -189,3 +198,62 @@ class RunStatus:
         data = json.loads(text)
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+
+# -- checkpoints in the run folder ------------------------------------------------------------------
+
+MANIFEST_NAME = "MANIFEST.json"
+
+
+def checkpoint_prefix(step: int) -> str:
+    """The folder of one checkpoint step: ``checkpoints/<step>`` (a plain decimal step number)."""
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"a checkpoint step is an int >= 0; got {step!r}")
+    return f"{CHECKPOINTS_PREFIX}/{step}"
+
+
+def manifest_key(step: int) -> str:
+    """``checkpoints/<step>/MANIFEST.json``: written after every file of the step, so its presence
+    means the step is complete (and its hashes tell whether the files are the ones it lists)."""
+    return f"{checkpoint_prefix(step)}/{MANIFEST_NAME}"
+
+
+def checkpoint_step(key: str) -> int | None:
+    """The step of a key under ``checkpoints/<step>/``, None for any other key."""
+    match = re.match(rf"{CHECKPOINTS_PREFIX}/(\d+)/", key)
+    return int(match.group(1)) if match else None
+
+
+@dataclass
+class Manifest:
+    """``MANIFEST.json`` of a checkpoint step. ``files``: ``{"path", "size", "sha256"}`` each, ``path``
+    relative to the step's folder (and to the job's checkpoint directory once restored), e.g.
+    ``ckpt-00042.pt`` or ``step-00042/model.pt``; the object is ``checkpoints/<step>/<path>``."""
+
+    step: int
+    files: list[dict[str, Any]] = field(default_factory=list)
+    created_at: float | None = None  # unix time the agent wrote it
+    instance_id: str = ""  # the instance whose agent uploaded it
+    version: int = 1
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        data = json.loads(text)
+        if not isinstance(data, dict):
+            raise ValueError("a manifest is a JSON object")
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        manifest = cls(**known)
+        if isinstance(manifest.step, bool) or not isinstance(manifest.step, int):
+            raise ValueError(f"manifest step must be an int; got {manifest.step!r}")
+        for entry in manifest.files:
+            if not (
+                isinstance(entry, dict)
+                and isinstance(entry.get("path"), str)
+                and isinstance(entry.get("size"), int)
+                and isinstance(entry.get("sha256"), str)
+            ):
+                raise ValueError(f"manifest file entries need path, size and sha256; got {entry!r}")
+        return manifest

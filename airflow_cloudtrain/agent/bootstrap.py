@@ -6,7 +6,8 @@ operator's agent version without a package index. The script fetches the zip wit
 role (AWS) or service account (GCP): it contains no credentials, keys or tokens, because user data is
 readable by anyone who can describe the instance.
 
-The zip carries the agent package, ``runs.py`` and ``clouds/registry.py`` (the one list of cloud
+The zip carries the agent package, ``runs.py``, ``checkpoint.py`` (the job imports it: the agent
+puts the zip on the job's ``PYTHONPATH``) and ``clouds/registry.py`` (the one list of cloud
 names, stdlib-only), with stub ``__init__.py`` files for ``airflow_cloudtrain`` and
 ``airflow_cloudtrain.clouds`` so that nothing else of the provider (nor Airflow) is imported on the
 instance: it imports with the stdlib and boto3 / google-cloud-storage only.
@@ -88,8 +89,9 @@ def build_agent_zip() -> bytes:
     """The agent as a zipapp (``python3 agent.zip --run-uri ...``); deterministic for a given version.
 
     It carries stub ``airflow_cloudtrain/__init__.py`` (just the version) and
-    ``airflow_cloudtrain/clouds/__init__.py`` instead of the real ones, plus ``runs.py`` and
-    ``clouds/registry.py``, so nothing on the instance imports Airflow or the provider's other modules.
+    ``airflow_cloudtrain/clouds/__init__.py`` instead of the real ones, plus ``runs.py``,
+    ``checkpoint.py`` and ``clouds/registry.py``, so nothing on the instance imports Airflow or the
+    provider's other modules.
     """
     package = Path(__file__).resolve().parent.parent
     stub = f'"""airflow-cloudtrain agent bundle."""\n\n__version__ = {_version()!r}\n'
@@ -98,6 +100,7 @@ def build_agent_zip() -> bytes:
         "__main__.py": _ZIP_MAIN,
         "airflow_cloudtrain/__init__.py": stub.encode(),
         "airflow_cloudtrain/runs.py": (package / "runs.py").read_bytes(),
+        "airflow_cloudtrain/checkpoint.py": (package / "checkpoint.py").read_bytes(),
         "airflow_cloudtrain/clouds/__init__.py": clouds_stub.encode(),
         "airflow_cloudtrain/clouds/registry.py": (package / "clouds" / "registry.py").read_bytes(),
     }

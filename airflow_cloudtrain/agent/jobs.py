@@ -32,15 +32,40 @@ class StopRequest:
     grace_s: float
 
 
-def job_env(spec: RunSpec, root: str) -> dict[str, str]:
-    """Variables the job gets on top of the agent's environment; ``root`` is where the workdir is seen."""
+def checkpoint_dir(spec: RunSpec, root: str) -> str:
+    """The job's checkpoint directory: ``spec.checkpoint_dir`` (relative: under ``root``), else
+    ``<root>/checkpoints``; ``root`` is where the workdir is seen (the host or the container)."""
+    if not spec.checkpoint_dir:
+        return f"{root}/checkpoints"
+    if os.path.isabs(spec.checkpoint_dir):
+        return spec.checkpoint_dir
+    return f"{root}/{spec.checkpoint_dir}"
+
+
+def job_env(
+    spec: RunSpec, root: str, resumed_step: int | None = None, agent_zip: str | None = None
+) -> dict[str, str]:
+    """Variables the job gets on top of the agent's environment; ``root`` is where the workdir is seen.
+
+    ``resumed_step``: the checkpoint step restored from the run folder (``CLOUDTRAIN_RESUMED=1`` and
+    ``CLOUDTRAIN_RESUMED_STEP``), None for a fresh start (``CLOUDTRAIN_RESUMED=0``). ``agent_zip``:
+    appended to ``PYTHONPATH`` (after the spec's, else the agent's, value), so the job can import
+    ``airflow_cloudtrain.checkpoint``.
+    """
     env = {str(k): str(v) for k, v in spec.env.items()}
     env.update(
         CLOUDTRAIN_OUTPUT_DIR=f"{root}/output",
-        CLOUDTRAIN_CHECKPOINT_DIR=f"{root}/checkpoints",
+        CLOUDTRAIN_CHECKPOINT_DIR=checkpoint_dir(spec, root),
         CLOUDTRAIN_RUN_ID=spec.run_id,
         CLOUDTRAIN_RUN_URI=spec.run_uri,
+        CLOUDTRAIN_RESUMED="1" if resumed_step is not None else "0",
+        CLOUDTRAIN_RESTARTS=str(int(spec.restarts or 0)),
     )
+    if resumed_step is not None:
+        env["CLOUDTRAIN_RESUMED_STEP"] = str(resumed_step)
+    if agent_zip:
+        existing = env.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+        env["PYTHONPATH"] = f"{existing}{os.pathsep}{agent_zip}" if existing else agent_zip
     return env
 
 
@@ -49,12 +74,19 @@ def container_name(spec: RunSpec) -> str:
 
 
 def build_docker_argv(
-    spec: RunSpec, workdir: str, env_names: Sequence[str], volumes: Sequence[str] = ()
+    spec: RunSpec,
+    workdir: str,
+    env_names: Sequence[str],
+    volumes: Sequence[str] = (),
+    agent_zip: str | None = None,
 ) -> list[str]:
     """``docker run`` for ``spec.image``; env passes by name only, so no value is on a command line.
 
     ``--init`` puts a real init as PID 1 so SIGTERM reaches the job even when the job does not trap
     it (PID 1 ignores default-action signals); ``--name`` lets the agent force-remove the container.
+    ``agent_zip`` (a path as the container sees it) is appended to the image's ``PYTHONPATH`` inside
+    the container, so the image's own value is kept. An absolute ``spec.checkpoint_dir`` is mounted
+    at the same path.
     """
     if not spec.image:
         raise ValueError("spec.image is not set")
@@ -62,21 +94,40 @@ def build_docker_argv(
     if spec.gpus and spec.gpus > 0:
         argv += ["--gpus", "all"]
     argv += ["-v", f"{workdir}:{CONTAINER_WORKDIR}", "-w", CONTAINER_WORKDIR]
-    for volume in volumes:
+    mounts = list(volumes)
+    if spec.checkpoint_dir and os.path.isabs(spec.checkpoint_dir) and spec.checkpoint_dir not in mounts:
+        mounts.append(spec.checkpoint_dir)
+    for volume in mounts:
         argv += ["-v", f"{volume}:{volume}"]
     for name in env_names:
         argv += ["-e", name]
-    return [*argv, spec.image, "bash", "-lc", spec.command]
+    command = spec.command
+    if agent_zip:
+        command = f'export PYTHONPATH="${{PYTHONPATH:+$PYTHONPATH:}}{agent_zip}"\n{command}'
+    return [*argv, spec.image, "bash", "-lc", command]
 
 
 def build_job_command(
-    spec: RunSpec, workdir: str, volumes: Sequence[str] = ()
+    spec: RunSpec,
+    workdir: str,
+    volumes: Sequence[str] = (),
+    resumed_step: int | None = None,
+    agent_zip: str | None = None,
 ) -> tuple[list[str], dict[str, str]]:
-    """The job's argv and the variables to add to the agent's environment for that process."""
+    """The job's argv and the variables to add to the agent's environment for that process.
+
+    ``agent_zip``: where the agent zip is on this machine; in a container it is seen at the same
+    place relative to the workdir (it must lie inside the workdir then), else it is left out there.
+    """
     if spec.image:
-        extra = job_env(spec, CONTAINER_WORKDIR)
-        return build_docker_argv(spec, workdir, sorted(extra), volumes), extra
-    return ["bash", "-lc", spec.command], job_env(spec, workdir)
+        extra = job_env(spec, CONTAINER_WORKDIR, resumed_step)
+        inside = None
+        if agent_zip:
+            rel = os.path.relpath(agent_zip, workdir)
+            if not rel.startswith(".." + os.sep) and rel != ".." and not os.path.isabs(rel):
+                inside = f"{CONTAINER_WORKDIR}/{rel}"
+        return build_docker_argv(spec, workdir, sorted(extra), volumes, inside), extra
+    return ["bash", "-lc", spec.command], job_env(spec, workdir, resumed_step, agent_zip)
 
 
 def exit_code_of(returncode: int) -> int:

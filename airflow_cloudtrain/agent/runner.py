@@ -12,6 +12,13 @@ Transient storage errors (throttling, 5xx, dropped connections; see ``agent.retr
 run: reading the spec, fetching the code, uploading each result file, the final log flush and the
 final status are retried with backoff for a few minutes. Heartbeats, log chunks and intermediate
 status writes are not: a failure is logged and the next round carries the data.
+
+Checkpoints (``agent.checkpoints``): before the setup commands the newest verified checkpoint of the
+run folder is restored into the job's checkpoint directory (``CLOUDTRAIN_RESUMED`` /
+``CLOUDTRAIN_RESUMED_STEP`` tell the job); while the job runs the newest complete one is uploaded
+every ``checkpoint_interval_s``, and once more after the job ended (also when a notice or SIGTERM
+stopped it), before the results. The agent zip is copied to ``<workdir>/.cloudtrain/agent.zip`` and
+appended to the job's ``PYTHONPATH``, so the job can ``import airflow_cloudtrain.checkpoint``.
 """
 
 from __future__ import annotations
@@ -19,14 +26,24 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import threading
 import time
+import zipfile
 from pathlib import Path
 
 from airflow_cloudtrain import runs
-from airflow_cloudtrain.agent.jobs import StopRequest, build_job_command, container_name, job_env, run_process
+from airflow_cloudtrain.agent.checkpoints import CheckpointSync
+from airflow_cloudtrain.agent.jobs import (
+    StopRequest,
+    build_job_command,
+    checkpoint_dir,
+    container_name,
+    job_env,
+    run_process,
+)
 from airflow_cloudtrain.agent.logs import LogStreamer, Periodic
 from airflow_cloudtrain.agent.retry import retry
 from airflow_cloudtrain.agent.status import StatusWriter
@@ -36,6 +53,7 @@ from airflow_cloudtrain.agent.workspace import default_workdir, fetch_code, moun
 
 log = logging.getLogger("cloudtrain.agent")
 
+AGENT_ZIP_IN_WORKDIR = ".cloudtrain/agent.zip"
 NOTICE_GRACE_S = 25.0  # GCE gives 30 s of notice; AWS two minutes, but we need time for the upload
 TIMEOUT_GRACE_S = 10.0
 
@@ -66,6 +84,8 @@ class Agent:
         self._chores: dict[str, Periodic] = {}
         self._stop_lock = threading.RLock()  # signal handlers run in the main thread, maybe inside it
         self._stop: StopRequest | None = None
+        self.checkpoints: CheckpointSync | None = None
+        self.resumed_step: int | None = None
 
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> int:
@@ -92,15 +112,21 @@ class Agent:
         workdir = Path(self.workdir)
         for sub in ("output", "checkpoints"):
             (workdir / sub).mkdir(parents=True, exist_ok=True)
+        agent_zip = self._install_agent_zip(workdir)
         if spec.code_uri:
             self._note(f"fetching code from {spec.code_uri}")
             fetch_code(folder, spec.code_uri, workdir)
         volumes = []
         if spec.volume_device and mount_volume(spec.volume_device, spec.volume_mount, self._note):
             volumes.append(spec.volume_mount)
+        local_checkpoints = Path(checkpoint_dir(spec, str(workdir)))
+        local_checkpoints.mkdir(parents=True, exist_ok=True)
+        assert self.instance_id is not None
+        self.checkpoints = CheckpointSync(folder, local_checkpoints, self.instance_id, note=self._note)
+        self.resumed_step = self.checkpoints.restore()
 
         self._update(state=runs.SETUP)
-        setup_env = {**os.environ, **job_env(spec, str(workdir))}
+        setup_env = {**os.environ, **job_env(spec, str(workdir), self.resumed_step, agent_zip)}
         for number, cmd in enumerate(spec.setup_cmds, 1):
             if stop := self.should_stop():
                 return stop.state, None, stop.message
@@ -115,8 +141,13 @@ class Agent:
 
         if stop := self.should_stop():
             return stop.state, None, stop.message
-        argv, extra = build_job_command(spec, str(workdir), volumes)
+        argv, extra = build_job_command(spec, str(workdir), volumes, self.resumed_step, agent_zip)
         self._update(state=runs.RUNNING, job_started_at=time.time())
+        interval = float(spec.checkpoint_interval_s or 0)
+        if interval > 0:
+            self._chores["checkpoints"] = Periodic(
+                "checkpoints", interval, self.checkpoints.sync, run_first=False
+            ).start()
         self._note(f"job started{f' in {spec.image}' if spec.image else ''}")
         code, stop = run_process(argv, {**os.environ, **extra}, str(workdir), self._sink, self.should_stop)
         if stop and spec.image:  # a killed `docker run` client leaves its container running
@@ -165,10 +196,16 @@ class Agent:
     def _finish(self, state: str, exit_code: int | None, message: str) -> None:
         """Results, last log chunk, final status: in this order, each attempted whatever failed before."""
         self._stop_chore("metadata")
+        self._stop_chore("checkpoints", timeout=600.0)  # a round in progress finishes its upload
         writer = self.writer
         if self.folder is None or writer is None:
             log.error("no run folder or status to report to; final state %s: %s", state, message)
             return
+        if self.checkpoints is not None:  # what the job saved last (also when a notice stopped it)
+            try:
+                self.checkpoints.sync()
+            except Exception as err:
+                self._note(f"checkpoint upload failed: {type(err).__name__}: {err}")
         output = Path(self.workdir, "output") if self.workdir else None
         if output is not None and output.is_dir() and self.instance_id:
             prefix = runs.results_prefix(self.instance_id)
@@ -254,7 +291,37 @@ class Agent:
         else:
             log.info("%s", message)
 
-    def _stop_chore(self, name: str) -> None:
+    def _stop_chore(self, name: str, timeout: float = 30.0) -> None:
         chore = self._chores.pop(name, None)
         if chore is not None:
-            chore.stop()
+            chore.stop(timeout)
+
+    def _install_agent_zip(self, workdir: Path) -> str | None:
+        """Copy the agent zip (this very program; built when running from source) into the workdir,
+        where the job, in a container too, can put it on its ``PYTHONPATH``. None if that failed."""
+        dest = workdir / AGENT_ZIP_IN_WORKDIR
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{dest.name}.tmp")
+            source = running_zip()
+            if source is not None:
+                shutil.copyfile(source, tmp)
+            else:
+                from airflow_cloudtrain.agent.bootstrap import build_agent_zip
+
+                tmp.write_bytes(build_agent_zip())
+            os.replace(tmp, dest)
+        except Exception as err:
+            self._note(f"could not put the agent zip on the job's PYTHONPATH: {type(err).__name__}: {err}")
+            return None
+        return str(dest)
+
+
+def running_zip() -> Path | None:
+    """The zip this agent is imported from (the zipapp on an instance), None when run from source."""
+    import airflow_cloudtrain
+
+    for parent in Path(airflow_cloudtrain.__file__).parents:
+        if parent.is_file():
+            return parent if zipfile.is_zipfile(parent) else None
+    return None

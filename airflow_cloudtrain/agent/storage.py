@@ -18,6 +18,7 @@ of that the agent wraps the calls it cannot afford to lose in ``agent.retry.retr
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from collections.abc import Callable
@@ -208,6 +209,18 @@ class RunFolder:
             scheme, bucket, key = self.scheme, self.bucket, self._full(key_or_uri)
         Path(local_path).parent.mkdir(parents=True, exist_ok=True)
         self._backend(scheme).download_file(bucket, key, os.fspath(local_path))
+
+    def delete_key(self, key: str) -> None:
+        """Delete one object of this folder (no error when it is not there)."""
+        backend = self._backend()
+        full = self._full(key)
+        if isinstance(backend, _GCS):
+            from google.api_core.exceptions import NotFound
+
+            with contextlib.suppress(NotFound):
+                backend.delete(self.bucket, [full])
+        else:
+            backend.delete(self.bucket, [full])
 
     def delete_prefix(self, prefix: str = "") -> int:
         """Delete the folder ``prefix`` (the whole run folder when empty); returns how many keys went."""

@@ -292,7 +292,10 @@ def test_agent_error_still_reports_and_powers_off(s3: Any, metadata: MetadataSer
 def test_zipapp_fetched_like_user_data_runs_the_job(
     s3: Any, metadata: MetadataServer, tmp_path: Path
 ) -> None:
-    run = Run(s3, metadata, tmp_path, command="echo from-zip")
+    # the job imports the checkpoint helpers from the agent zip the agent put on its PYTHONPATH (-S:
+    # not from the installed provider)
+    job = "from airflow_cloudtrain import checkpoint; print('from-zip', checkpoint.step_of('ckpt-3.pt'))"
+    run = Run(s3, metadata, tmp_path, command=f'{sys.executable} -S -c "{job}"')
     run.folder.put_bytes(runs.AGENT_KEY, build_agent_zip())
     agent_zip = tmp_path / "agent.zip"
     subprocess.run(
@@ -301,7 +304,7 @@ def test_zipapp_fetched_like_user_data_runs_the_job(
         timeout=60,
     )
     status = run.start(cmd=[sys.executable, str(agent_zip)]).wait()
-    assert status.state == runs.SUCCEEDED and run.log() == "from-zip\n"
+    assert status.state == runs.SUCCEEDED and run.log() == "from-zip 3\n", run.log(notes=True)
 
 
 def test_docker_argv() -> None:
@@ -314,6 +317,8 @@ def test_docker_argv() -> None:
         "A",
         "CLOUDTRAIN_CHECKPOINT_DIR",
         "CLOUDTRAIN_OUTPUT_DIR",
+        "CLOUDTRAIN_RESTARTS",
+        "CLOUDTRAIN_RESUMED",
         "CLOUDTRAIN_RUN_ID",
         "CLOUDTRAIN_RUN_URI",
         "TOKEN",
@@ -325,12 +330,31 @@ def test_docker_argv() -> None:
         *("img:1", "bash", "-lc", "python train.py"),
     ]
     assert extra["CLOUDTRAIN_OUTPUT_DIR"] == "/workspace/output" and extra["TOKEN"] == "value-not-on-argv"
+    assert extra["CLOUDTRAIN_RESUMED"] == "0" and extra["CLOUDTRAIN_RESTARTS"] == "0"
+    assert "CLOUDTRAIN_RESUMED_STEP" not in extra and "PYTHONPATH" not in extra
     assert "value-not-on-argv" not in " ".join(argv)
-    spec.gpus, spec.image = 0, "img:2"
+    # resumed, with the agent zip in the workdir: appended to the image's PYTHONPATH inside the container
+    spec.restarts, spec.checkpoint_dir = 2, "/mnt/data/ckpt"
+    argv, extra = build_job_command(
+        spec, "/work", (), resumed_step=42, agent_zip="/work/.cloudtrain/agent.zip"
+    )
+    assert (
+        argv[-1]
+        == 'export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}/workspace/.cloudtrain/agent.zip"\npython train.py'
+    )
+    assert "/mnt/data/ckpt:/mnt/data/ckpt" in argv  # an absolute checkpoint_dir is mounted as is
+    assert extra["CLOUDTRAIN_CHECKPOINT_DIR"] == "/mnt/data/ckpt" and extra["CLOUDTRAIN_RESTARTS"] == "2"
+    assert (extra["CLOUDTRAIN_RESUMED"], extra["CLOUDTRAIN_RESUMED_STEP"]) == ("1", "42")
+    spec.gpus, spec.image, spec.checkpoint_dir = 0, "img:2", None
     assert "--gpus" not in build_job_command(spec, "/work")[0]
     spec.image = None
     argv, extra = build_job_command(spec, "/work")
     assert argv == ["bash", "-lc", "python train.py"] and extra["CLOUDTRAIN_OUTPUT_DIR"] == "/work/output"
+    assert extra["CLOUDTRAIN_CHECKPOINT_DIR"] == "/work/checkpoints"
+    spec.checkpoint_dir, spec.env = "ckpt", {"PYTHONPATH": "/opt/lib"}
+    extra = build_job_command(spec, "/work", agent_zip="/work/.cloudtrain/agent.zip")[1]
+    assert extra["CLOUDTRAIN_CHECKPOINT_DIR"] == "/work/ckpt"  # relative: under the workdir
+    assert extra["PYTHONPATH"] == os.pathsep.join(["/opt/lib", "/work/.cloudtrain/agent.zip"])
 
 
 def test_run_folder_storage(s3: Any, tmp_path: Path) -> None:

@@ -25,6 +25,8 @@ AGENT_MODULES = [
     "airflow_cloudtrain.agent.storage",
     "airflow_cloudtrain.agent.retry",
     "airflow_cloudtrain.agent.bootstrap",
+    "airflow_cloudtrain.agent.checkpoints",
+    "airflow_cloudtrain.checkpoint",
 ]
 
 # Runs in the child: imports the agent, then reports what got imported and from where.
@@ -80,7 +82,7 @@ def _assert_only_the_zip(result: dict, extracted: Path) -> None:
     assert not [n for n in loaded if n == "airflow" or n.startswith("airflow.")]
     for name, path in loaded.items():
         assert path is None or Path(path).is_relative_to(extracted), (name, path)
-    assert "airflow_cloudtrain.clouds.registry" in loaded
+    assert "airflow_cloudtrain.clouds.registry" in loaded and "airflow_cloudtrain.checkpoint" in loaded
     assert not {"airflow_cloudtrain.clouds.aws", "airflow_cloudtrain.clouds.base"} & set(loaded)
     assert result["aws"] == sorted(registry.AWS_CLOUDS) and result["gcp"] == sorted(registry.GCP_CLOUDS)
 
@@ -106,6 +108,7 @@ def test_agent_zip_ships_the_registry_and_stub_packages() -> None:
         shipped = archive.read("airflow_cloudtrain/clouds/registry.py")
     assert {"airflow_cloudtrain/clouds/__init__.py", "airflow_cloudtrain/clouds/registry.py"} <= names
     assert "airflow_cloudtrain/agent/retry.py" in names
+    assert {"airflow_cloudtrain/checkpoint.py", "airflow_cloudtrain/agent/checkpoints.py"} <= names
     assert not [
         n
         for n in names

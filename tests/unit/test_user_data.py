@@ -230,6 +230,7 @@ def test_agent_zip_is_deterministic_and_self_contained(tmp_path: Path) -> None:
         stub = archive.read("airflow_cloudtrain/__init__.py").decode()
     assert "__main__.py" in names and "airflow_cloudtrain/runs.py" in names
     assert {"airflow_cloudtrain/agent/cli.py", "airflow_cloudtrain/agent/storage.py"} <= set(names)
+    assert {"airflow_cloudtrain/checkpoint.py", "airflow_cloudtrain/agent/checkpoints.py"} <= set(names)
     assert all(n == "__main__.py" or n.startswith("airflow_cloudtrain/") for n in names)
     assert f"__version__ = {__version__!r}" in stub and "get_provider_info" not in stub
     agent_zip = tmp_path / "agent.zip"
@@ -241,6 +242,18 @@ def test_agent_zip_is_deterministic_and_self_contained(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "--run-uri" in done.stdout and "--poweroff" in done.stdout
+    # the job side: the zip on PYTHONPATH (as the agent puts it) imports the checkpoint helpers alone
+    code = "from airflow_cloudtrain import checkpoint; print(checkpoint.__file__, checkpoint.step_of('ckpt-7.pt'))"
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(agent_zip)},
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [f"{agent_zip}/airflow_cloudtrain/checkpoint.py", "7"]
 
 
 def test_a_failing_bootstrap_powers_the_machine_off(tmp_path: Path) -> None:

@@ -1,0 +1,295 @@
+"""Checkpoint-resume, the agent's side, for real: the agent as a subprocess against the emulated S3 and
+GCS, running a small training loop that checkpoints every step with ``airflow_cloudtrain.checkpoint``.
+
+Run 1 is stopped midway the way an interruption stops it (SIGTERM to the agent): the job saves and
+exits, the agent uploads the newest checkpoint and its ``MANIFEST.json``. Run 2, a fresh agent with a
+new instance id on the same run folder, restores that step before the job starts, and the job goes on
+from it to the end. A step uploaded without its manifest, or with a hash that does not match, is
+skipped and the previous one used. Every wait is on a condition with a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_cloudtrain import runs
+from airflow_cloudtrain.agent.logs import NOTE_PREFIX
+from airflow_cloudtrain.agent.storage import RunFolder, open_run_folder
+from airflow_cloudtrain.emulator import DEFAULT_BUCKET
+
+REPO = Path(__file__).resolve().parents[2]
+FAST = {"log_interval_s": 0.2, "heartbeat_interval_s": 0.5, "metadata_poll_s": 0.5}
+
+# The job: plain Python, pickled state, a checkpoint per step, the newest three kept. It runs with
+# ``-S`` (no site-packages, so not the installed provider): ``airflow_cloudtrain.checkpoint`` comes
+# from the agent zip the agent put on PYTHONPATH. On SIGTERM it finishes the step it is in and exits.
+TRAIN = r"""
+import json, os, pickle, shutil, signal, sys, time
+from pathlib import Path
+from airflow_cloudtrain import checkpoint
+
+stopping = []
+signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+total, delay = int(sys.argv[1]), float(sys.argv[2])
+ckpt_dir = Path(os.environ["CLOUDTRAIN_CHECKPOINT_DIR"])
+state = {"step": 0, "loss_sum": 0.0}
+found = checkpoint.latest(ckpt_dir)
+if found is not None:
+    state = pickle.loads((found / "state.pkl" if found.is_dir() else found).read_bytes())
+print("resumed from step", state["step"], flush=True)
+print("env", json.dumps({k: v for k, v in os.environ.items() if k.startswith("CLOUDTRAIN_RE")}), flush=True)
+print("module", checkpoint.__file__, flush=True)
+while state["step"] < total and not stopping:
+    state["step"] += 1
+    state["loss_sum"] += 1.0 / state["step"]
+    checkpoint.save(ckpt_dir / f"ckpt-{state['step']:05d}.pkl", lambda tmp: tmp.write_bytes(pickle.dumps(state)))
+    for _, old in checkpoint.candidates(ckpt_dir)[:-3]:
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
+    print("step", state["step"], flush=True)
+    time.sleep(delay)
+if stopping:
+    print("stopped at step", state["step"], flush=True)
+    sys.exit(143)
+out = Path(os.environ["CLOUDTRAIN_OUTPUT_DIR"]) / "state.json"
+out.write_text(json.dumps(state))
+"""
+
+
+def expected_loss(steps: int) -> float:
+    total = 0.0
+    for step in range(1, steps + 1):
+        total += 1.0 / step
+    return total
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+class Agent:
+    """One agent process on the shared run folder, as a new instance (its own id and workdir)."""
+
+    def __init__(self, emu: Any, folder: RunFolder, tmp: Path, scheme: str) -> None:
+        prefix = "i" if scheme == "s3" else "vm"
+        self.iid = f"{prefix}-{uuid.uuid4().hex[:12]}"
+        self.folder, self.emu = folder, emu
+        self.workdir = tmp / self.iid
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.stdout = self.stderr = ""
+
+    def start(self) -> Agent:
+        env = {
+            **os.environ,
+            "AWS_EC2_METADATA_SERVICE_ENDPOINT": self.emu.metadata.endpoint_for(self.iid),
+            "GCE_METADATA_HOST": self.emu.metadata.gce_host_for(self.iid),
+        }
+        env.pop("PYTHONPATH", None)
+        argv = [sys.executable, "-m", "airflow_cloudtrain.agent", "--run-uri", self.folder.uri]
+        argv += ["--instance-id", self.iid, "--workdir", str(self.workdir)]
+        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return self
+
+    def wait(self, timeout: float = 180.0) -> runs.RunStatus:
+        assert self.proc is not None
+        try:
+            out, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate()
+            pytest.fail(f"agent did not finish in {timeout} s: {err.decode()[-3000:]}")
+        self.stdout, self.stderr = out.decode(), err.decode()
+        assert self.proc.returncode == 0, self.stderr[-3000:]
+        return self.status()
+
+    def status(self) -> runs.RunStatus:
+        text = self.folder.get_text(runs.status_key(self.iid))
+        assert text is not None, "no status.json"
+        return runs.RunStatus.from_json(text)
+
+    def log(self) -> str:
+        keys = self.folder.list(runs.log_prefix(self.iid))
+        return b"".join(self.folder.get_bytes(k) or b"" for k in keys).decode()
+
+    def job_log(self) -> str:
+        return "".join(ln for ln in self.log().splitlines(True) if not ln.startswith(NOTE_PREFIX))
+
+    def notes(self) -> list[str]:
+        return [ln[len(NOTE_PREFIX) :] for ln in self.log().splitlines() if ln.startswith(NOTE_PREFIX)]
+
+    def steps(self) -> list[int]:
+        return [int(n) for n in re.findall(r"^step (\d+)$", self.job_log(), re.M)]
+
+
+def manifest_steps(folder: RunFolder) -> list[int]:
+    return sorted(
+        step
+        for key in folder.list(runs.CHECKPOINTS_PREFIX + "/")
+        if (step := runs.checkpoint_step(key)) is not None and key == runs.manifest_key(step)
+    )
+
+
+@pytest.fixture(params=["s3", "gs"])
+def run_folder(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Any, RunFolder, Path, str]:
+    emu = request.getfixturevalue("emu")
+    scheme = request.param
+    uri = f"{scheme}://{DEFAULT_BUCKET}/runs/ckpt/{scheme}/{uuid.uuid4().hex[:12]}/-1"
+    folder = open_run_folder(uri)
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    return emu, folder, tmp_path, scheme
+
+
+def write_spec(folder: RunFolder, tmp: Path, scheme: str, total: int, delay: float, **extra: Any) -> None:
+    command = f"exec {sys.executable} -S {tmp / 'train.py'} {total} {delay}"
+    spec = runs.RunSpec(
+        run_id="ct-ckpt",
+        run_uri=folder.uri,
+        cloud="ec2spot" if scheme == "s3" else "gcspot",
+        command=command,
+        **{**FAST, "checkpoint_interval_s": 0.5, **extra},
+    )
+    folder.put_text(runs.SPEC_KEY, spec.to_json())
+
+
+def test_interrupted_run_resumes_from_its_last_checkpoint(
+    run_folder: tuple[Any, RunFolder, Path, str],
+) -> None:
+    emu, folder, tmp, scheme = run_folder
+    write_spec(folder, tmp, scheme, total=100_000, delay=0.05)
+    first = Agent(emu, folder, tmp, scheme).start()
+    # a few steps done and at least one periodic upload complete (manifest there) before the stop
+    wait_for("a few steps", lambda: len(first.steps()) >= 5, timeout=90)
+    periodic = wait_for("a periodic checkpoint upload", lambda: manifest_steps(folder), timeout=60)
+    assert first.proc is not None
+    first.proc.send_signal(signal.SIGTERM)  # the instance going away under the agent
+    status = first.wait()
+    assert status.state == runs.INTERRUPTED and "SIGTERM" in status.message, status
+    last = first.steps()[-1]
+    assert f"stopped at step {last}" in first.job_log()
+    assert periodic[0] <= last < 100_000
+    # the final sync after the job stopped sent exactly what the job saved last
+    assert manifest_steps(folder)[-1] == last
+    manifest = runs.Manifest.from_json(folder.get_text(runs.manifest_key(last)) or "")
+    assert manifest.instance_id == first.iid and [f["path"] for f in manifest.files] == [
+        f"ckpt-{last:05d}.pkl"
+    ]
+    assert folder.list(f"{runs.checkpoint_prefix(last)}/") == [
+        f"{runs.checkpoint_prefix(last)}/MANIFEST.json",
+        f"{runs.checkpoint_prefix(last)}/ckpt-{last:05d}.pkl",
+    ]
+    assert any(n.startswith(f"checkpoint step {last} uploaded") for n in first.notes())
+    assert not [k for k in folder.list("checkpoints/") if ".tmp" in k or "/." in k]  # never temp files
+    assert "resumed from step 0" in first.job_log()
+    assert '"CLOUDTRAIN_RESUMED": "0"' in first.job_log() and "CLOUDTRAIN_RESUMED_STEP" not in first.job_log()
+    # the job imported the checkpoint module from the agent zip in its workdir (python -S, PYTHONPATH)
+    assert f"module {first.workdir}/.cloudtrain/agent.zip/airflow_cloudtrain/checkpoint.py" in first.job_log()
+
+    # run 2: a fresh agent on a new instance, same run folder, relaunched once
+    total = last + 5
+    write_spec(folder, tmp, scheme, total=total, delay=0.0, restarts=1)
+    second = Agent(emu, folder, tmp, scheme).start()
+    status = second.wait()
+    assert status.state == runs.SUCCEEDED and status.exit_code == 0, (status, second.log()[-3000:])
+    assert f"resumed from step {last}\n" in second.job_log()
+    env = json.loads(re.search(r"^env (.*)$", second.job_log(), re.M).group(1))  # type: ignore[union-attr]
+    assert env == {
+        "CLOUDTRAIN_RESUMED": "1",
+        "CLOUDTRAIN_RESUMED_STEP": str(last),
+        "CLOUDTRAIN_RESTARTS": "1",
+    }
+    assert second.steps() == list(range(last + 1, total + 1))  # went on from there, nothing redone
+    restored = f"restored checkpoint step {last} from {folder.uri}/checkpoints/{last}"
+    assert restored in second.notes()
+    assert second.notes().index(restored) < second.notes().index("job started")
+    result = json.loads(folder.get_text(runs.join(runs.results_prefix(second.iid), "state.json")) or "{}")
+    assert result["step"] == total and result["loss_sum"] == pytest.approx(expected_loss(total))
+    assert manifest_steps(folder)[-1] == total
+    final = runs.Manifest.from_json(folder.get_text(runs.manifest_key(total)) or "")
+    assert final.instance_id == second.iid
+
+
+def _put_step(folder: RunFolder, step: int, files: dict[str, bytes], manifest: str = "good") -> None:
+    """A checkpoint step in the run folder as an agent would leave it; ``manifest``: "good", "none"
+    (killed before the manifest) or "bad-hash" (files replaced after the manifest was computed)."""
+    import hashlib
+
+    entries = []
+    for rel, data in files.items():
+        folder.put_bytes(runs.join(runs.checkpoint_prefix(step), rel), data)
+        digest = hashlib.sha256(data if manifest != "bad-hash" else data + b"!").hexdigest()
+        entries.append({"path": rel, "size": len(data), "sha256": digest})
+    if manifest != "none":
+        text = runs.Manifest(step=step, files=entries, created_at=time.time(), instance_id="i-old").to_json()
+        folder.put_text(runs.manifest_key(step), text)
+
+
+def test_incomplete_or_corrupt_steps_are_skipped(run_folder: tuple[Any, RunFolder, Path, str]) -> None:
+    import pickle
+
+    emu, folder, tmp, scheme = run_folder
+    # step 3: a complete step directory; 4: a bad hash; 5: files but no manifest (killed mid-upload)
+    _put_step(folder, 3, {"step-00003/state.pkl": pickle.dumps({"step": 3, "loss_sum": expected_loss(3)})})
+    _put_step(folder, 4, {"ckpt-00004.pkl": pickle.dumps({"step": 4, "loss_sum": 0.0})}, manifest="bad-hash")
+    _put_step(folder, 5, {"ckpt-00005.pkl": pickle.dumps({"step": 5, "loss_sum": 0.0})}, manifest="none")
+    write_spec(folder, tmp, scheme, total=6, delay=0.0, restarts=2)
+    agent = Agent(emu, folder, tmp, scheme).start()
+    status = agent.wait()
+    assert status.state == runs.SUCCEEDED, agent.log()
+    assert "resumed from step 3\n" in agent.job_log() and agent.steps() == [4, 5, 6]
+    assert (
+        '"CLOUDTRAIN_RESUMED_STEP": "3"' in agent.job_log()
+        and '"CLOUDTRAIN_RESTARTS": "2"' in agent.job_log()
+    )
+    notes = agent.notes()
+    assert any(n.startswith("skipping checkpoint step 4:") and "sha256" in n for n in notes), notes
+    assert not any("step 5" in n and "skipping" in n for n in notes)  # no manifest: not even a candidate
+    assert f"restored checkpoint step 3 from {folder.uri}/checkpoints/3" in notes
+    result = json.loads(folder.get_text(runs.join(runs.results_prefix(agent.iid), "state.json")) or "{}")
+    assert result == {"step": 6, "loss_sum": pytest.approx(expected_loss(6))}
+    # the job's last step went up (after the job ended), clean, and is what a next restore would pick
+    manifest = runs.Manifest.from_json(folder.get_text(runs.manifest_key(6)) or "")
+    assert manifest.instance_id == agent.iid and manifest_steps(folder)[-1] == 6
+    assert folder.list(f"{runs.checkpoint_prefix(6)}/") == [
+        f"{runs.checkpoint_prefix(6)}/MANIFEST.json",
+        f"{runs.checkpoint_prefix(6)}/ckpt-00006.pkl",
+    ]
+
+
+def test_interruption_notice_uploads_the_last_checkpoint(
+    run_folder: tuple[Any, RunFolder, Path, str],
+) -> None:
+    """A spot notice (EC2) / preemption (GCE) stops the job; what it saved last still goes up."""
+    emu, folder, tmp, scheme = run_folder
+    write_spec(folder, tmp, scheme, total=100_000, delay=0.05, checkpoint_interval_s=3600.0)
+    agent = Agent(emu, folder, tmp, scheme).start()
+    wait_for("a few steps", lambda: len(agent.steps()) >= 3, timeout=90)
+    assert manifest_steps(folder) == []  # no periodic round within the hour: only the final one
+    if scheme == "s3":
+        emu.metadata.set_spot_action(agent.iid, "terminate", at=time.time() + 60)
+    else:
+        emu.metadata.set_preempted(agent.iid)
+    status = agent.wait()
+    assert status.state == runs.INTERRUPTED and status.interruption, status
+    last = agent.steps()[-1]
+    assert manifest_steps(folder) == [last]
+    notes = agent.notes()
+    uploaded = [i for i, n in enumerate(notes) if n.startswith(f"checkpoint step {last} uploaded")]
+    assert uploaded and uploaded[0] < notes.index("finished: interrupted, exit code 143")
