@@ -43,6 +43,21 @@ DELIVERED_KEY = "cloudtrain_delivered"  # task_state_store: instances whose end 
 DEADLINE_MARGIN_S = 600.0  # past max_runtime, the wait gives up on an agent that did not stop the job
 
 
+def has_final_status(folder: Any, instance_id: str) -> bool:
+    """Has the agent on ``instance_id`` written a final status to the run folder?"""
+    raw = folder.get_text(status_key(instance_id))
+    return bool(raw) and RunStatus.from_json(raw).final
+
+
+def mark_reported(
+    folder: Any, instance_id: str, try_number: int, state: str, budget: TransientBudget | None = None
+) -> None:
+    """The ``delivered`` marker: this instance's end was reported to Airflow (or given up on by a
+    teardown, ``state="released"``), so no retry reports it again."""
+    note = json.dumps({"try_number": try_number, "state": state, "at": time.time()})
+    call_with_retry(lambda: folder.put_text(delivered_key(instance_id), note), budget)
+
+
 class RunKilled(RuntimeError):
     """The task was killed while this attempt was launching or waiting."""
 
@@ -189,9 +204,8 @@ class RunAttempt:
         """Both in the run folder and in the store, so a retry never reports this end again."""
         stored = store_get(self.ctx.store, DELIVERED_KEY) or {}
         store_set(self.ctx.store, DELIVERED_KEY, {"ids": [*stored.get("ids", []), instance_id][-50:]})
-        note = json.dumps({"try_number": self.ctx.try_number, "state": state, "at": time.time()})
         try:
-            call_with_retry(lambda: self.folder.put_text(delivered_key(instance_id), note))
+            mark_reported(self.folder, instance_id, self.ctx.try_number, state)
         except Exception as err:  # the store still has it, when there is one
             self.log.warning(
                 "Could not mark the end of %s as reported in the run folder: %s", instance_id, err
@@ -264,12 +278,8 @@ class RunAttempt:
         )
         store_set(ctx.store, LAUNCH_KEY, launch.to_dict())
         self.log.info("Launched instance %s (%s in %s)", instance.id, offer.instance_type, instance.zone)
-        if ctx.options.volume_id:
-            try:
-                device = backend.cloud.attach_volume(instance.id, ctx.options.volume_id)
-            except Exception:
-                self.release()
-                raise
+        if ctx.options.volume_id:  # a failure here is released by start(), as any launch error
+            device = backend.cloud.attach_volume(instance.id, ctx.options.volume_id)
             self.log.info("Attached volume %s as %s", ctx.options.volume_id, device)
         return launch
 
@@ -286,9 +296,8 @@ class RunAttempt:
             self.ledger.discard(entry)
             raise
         self.ledger.created(entry, instance.id, backend.location(instance.zone))
-        if self.killed:  # on_kill ran while the create call was in flight
-            self.abandon()
-            raise RunKilled(f"the task was killed while launching; {instance.id} was terminated")
+        if self.killed:  # on_kill ran while the create call was in flight; start() releases it
+            raise RunKilled(f"the task was killed while launching {instance.id}")
         return instance
 
     # --- wait ----------------------------------------------------------------------------------
@@ -317,12 +326,11 @@ class RunAttempt:
         from airflow_cloudtrain.lifecycle.logstream import LogFollower
 
         iid, folder, cloud = launch.instance_id, self.folder, self.ctx.backend.cloud
-        poll_interval = self.ctx.wait.poll_interval
-        deadline = self.deadline()
-        startup_timeout = self.ctx.wait.startup_timeout
-        heartbeat_timeout = self.ctx.wait.heartbeat_timeout
+        settings = self.ctx.wait
         follower = LogFollower(iid)
-        watch = RunWatch(deadline, launch.launched_at, startup_timeout, heartbeat_timeout)
+        watch = RunWatch(
+            self.deadline(), launch.launched_at, settings.startup_timeout, settings.heartbeat_timeout
+        )
         budget = TransientBudget()
         while True:
             if self.killed:
@@ -341,13 +349,11 @@ class RunAttempt:
                 continue
             event = watch.decide(RunStatus.from_json(raw) if raw else None, instance, beat)
             if event is not None:
-                lines = call_with_retry(
-                    lambda: follower.poll(folder.list, folder.get_bytes)
-                )  # the last words
-                for line in lines:
+                last_words = call_with_retry(lambda: follower.poll(folder.list, folder.get_bytes))
+                for line in last_words:
                     self.log.info("[job] %s", line)
                 return event
-            time.sleep(poll_interval)
+            time.sleep(settings.poll_interval)
 
     # --- end -----------------------------------------------------------------------------------
 
@@ -376,9 +382,10 @@ class RunAttempt:
         )
         return attempt
 
-    def release(self) -> None:
-        """Every resource of the run, through the ledger (and the tag sweep)."""
-        call_with_retry(lambda: self.ledger.release(self.ctx.backend), TransientBudget(budget_s=120.0))
+    def release(self, sweep: bool = True) -> None:
+        """Every resource of the run, through the ledger (and the tag sweep, unless just done)."""
+        backend = self.ctx.backend
+        call_with_retry(lambda: self.ledger.release(backend, sweep=sweep), TransientBudget(budget_s=120.0))
 
     def abandon(self) -> None:
         """Release after a kill, a timeout or a failed wait, when the job's end is not reported.
@@ -387,15 +394,16 @@ class RunAttempt:
         run the job again rather than report that, so every instance of the run whose status is not
         final yet is marked as reported first. A job that did finish before this is still
         delivered by the retry."""
+        swept = False
         try:
             self.ledger.sweep(self.ctx.backend, ["instance"])
+            swept = True
             for entry in self.ledger.of_kind("instance"):
-                status = self._status(entry.id or "")
-                if status is None or not status.final:
+                if not has_final_status(self.folder, entry.id or ""):
                     self._mark_delivered(entry.id or "", "released")
         except Exception as err:  # the release below matters more
             self.log.warning("Could not mark the run's instances before releasing them: %s", err)
-        self.release()
+        self.release(sweep=not swept)
 
     def kill(self) -> None:
         """``on_kill``: stop launching and waiting, and release whatever exists (or is being made)."""

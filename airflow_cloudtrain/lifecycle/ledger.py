@@ -96,13 +96,9 @@ class ResourceLedger:
         return cls(run_key, store, entries, logger)
 
     def _save(self) -> None:
-        if self.store is None:
-            return
-        # crash-safety is best effort: the tag sweep still finds what the store missed
-        with contextlib.suppress(Exception):
-            self.store.set(
-                STORE_KEY, {"run_key": self.run_key, "entries": [e.to_dict() for e in self.entries]}
-            )
+        store_set(
+            self.store, STORE_KEY, {"run_key": self.run_key, "entries": [e.to_dict() for e in self.entries]}
+        )
 
     # --- recording -----------------------------------------------------------------------------
 
@@ -134,10 +130,16 @@ class ResourceLedger:
 
     def add(self, kind: str, id: str, location: str | None) -> Resource:
         """Record a resource found alive (adopted, or rebuilt by a sweep)."""
+        entry = self._remember(kind, id, location)
+        self._save()
+        return entry
+
+    def _remember(self, kind: str, id: str, location: str | None) -> Resource:
         for entry in self.entries:
             if (entry.kind, entry.id) == (kind, id):
                 return entry
-        entry = self.intend(kind, location, id)
+        entry = Resource(kind, id, location)
+        self.entries.append(entry)
         return entry
 
     def of_kind(self, kind: str) -> list[Resource]:
@@ -150,7 +152,9 @@ class ResourceLedger:
         found: list[Resource] = []
         for name in kinds or list(KINDS):
             for resource in KINDS[name].find(backend, self.run_key):
-                found.append(self.add(resource.kind, resource.id or "", resource.location))
+                found.append(self._remember(resource.kind, resource.id or "", resource.location))
+        if found:
+            self._save()
         return found
 
     def release(self, backend: Any, sweep: bool = True, only: list[Resource] | None = None) -> list[Resource]:

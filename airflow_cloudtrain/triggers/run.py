@@ -26,10 +26,9 @@ from airflow_cloudtrain.triggers.instances import watch_instances
 class AsyncRunFolder:
     """Just enough async reading of a run folder for the trigger (S3 via aiobotocore)."""
 
-    def __init__(self, run_uri: str, cloud: str, conn_id: str | None, region: str | None) -> None:
+    def __init__(self, run_uri: str, conn_id: str | None, region: str | None) -> None:
         self.run_uri = run_uri
         self.scheme, self.bucket, self.prefix = split_uri(run_uri)
-        self.cloud = cloud
         self.conn_id = conn_id
         self.region = region
         self._client: Any = None
@@ -131,7 +130,7 @@ class RunTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         launch = LaunchRecord.from_dict(self.launch)
-        folder = AsyncRunFolder(launch.run_uri, launch.cloud, self.conn_id, launch.region)
+        folder = AsyncRunFolder(launch.run_uri, self.conn_id, launch.region)
         follower = LogFollower(launch.instance_id, self.next_log_seq)
         stream = watch_instances(
             launch.cloud,
@@ -194,13 +193,10 @@ class RunTrigger(BaseTrigger):
         """As ``RunAttempt.abandon``: the job's end will not be reported, so mark the instance (its
         agent writes ``interrupted`` when terminated) before releasing; retried within ~25 s, the
         time Airflow gives ``on_kill``."""
-        import json
-        import time
-
         from airflow_cloudtrain.clouds.registry import backend_for
+        from airflow_cloudtrain.lifecycle.attempt import has_final_status, mark_reported
         from airflow_cloudtrain.lifecycle.ledger import Resource, ResourceLedger
-        from airflow_cloudtrain.lifecycle.retry import TransientBudget, call_with_retry
-        from airflow_cloudtrain.runs import delivered_key
+        from airflow_cloudtrain.lifecycle.retry import call_with_retry
 
         launch = LaunchRecord.from_dict(self.launch)
         backend = backend_for(
@@ -212,10 +208,8 @@ class RunTrigger(BaseTrigger):
         )
         try:
             folder = backend.run_folder(launch.run_uri)
-            raw = folder.get_text(status_key(launch.instance_id))
-            if not raw or not RunStatus.from_json(raw).final:
-                note = {"try_number": launch.try_number, "state": "released", "at": time.time()}
-                folder.put_text(delivered_key(launch.instance_id), json.dumps(note))
+            if not has_final_status(folder, launch.instance_id):
+                mark_reported(folder, launch.instance_id, launch.try_number, "released", TransientBudget(5.0))
         except Exception as err:  # releasing matters more
             self.log.warning("Could not mark %s before releasing it: %s", launch.instance_id, err)
         ledger = ResourceLedger(
