@@ -27,10 +27,13 @@ from typing import Any
 
 SPEC_VERSION = 1
 
-# Agent states. The last four are final: the agent writes one of them and then powers off.
+# Agent states. The last five are final: the agent writes one of them and then powers off.
+# ``idle``: the hung-job watchdog stopped a job whose process tree used no CPU (and no GPU) for
+# ``idle_timeout_s``.
 STARTING, SETUP, RUNNING = "starting", "setup", "running"
 SUCCEEDED, FAILED, INTERRUPTED, TIMED_OUT = "succeeded", "failed", "interrupted", "timed_out"
-FINAL_STATES = frozenset({SUCCEEDED, FAILED, INTERRUPTED, TIMED_OUT})
+IDLE = "idle"
+FINAL_STATES = frozenset({SUCCEEDED, FAILED, INTERRUPTED, TIMED_OUT, IDLE})
 
 # Tag / label keys carried by every resource we create (instances and volumes).
 TAG_RUN_KEY = "cloudtrain-run-key"  # sha of the run key: what adoption looks up
@@ -160,6 +163,12 @@ class RunSpec:
     checkpoint_dir: str | None = None
     checkpoint_interval_s: float = 300.0
     restarts: int = 0
+    # On an interruption notice: seconds the job gets between SIGTERM and the final checkpoint sync
+    # (None: what the notice leaves, minus the time the sync needs).
+    stop_grace_s: float | None = None
+    # Hung-job watchdog: stop the job when its process tree used no CPU (and, with GPUs, no GPU) for
+    # this long; None: off. The run then ends as ``idle``.
+    idle_timeout_s: float | None = None
     version: int = SPEC_VERSION
 
     def to_json(self) -> str:
@@ -183,8 +192,15 @@ class RunStatus:
     started_at: float | None = None  # unix time the agent started
     job_started_at: float | None = None
     ended_at: float | None = None
-    interruption: dict[str, Any] | None = None  # {"kind": "spot"|"preemption", "notice_at", "action"}
+    # {"kind": "spot"|"preemption", "notice_at", "action", "at"?} and, as the agent gets there,
+    # "job_stopped_at" (the job exited after SIGTERM) and "checkpoint_at" / "checkpoint_step" (the
+    # final checkpoint's manifest was written).
+    interruption: dict[str, Any] | None = None
     updated_at: float | None = None
+    restored_step: int | None = None  # the checkpoint step restored before the job started
+    # the newest checkpoint this agent completed in the run folder:
+    # {"step", "saved_at" (the job wrote it), "uploaded_at" (its manifest was written)}
+    checkpoint: dict[str, Any] | None = None
 
     @property
     def final(self) -> bool:
@@ -234,6 +250,7 @@ class Manifest:
     files: list[dict[str, Any]] = field(default_factory=list)
     created_at: float | None = None  # unix time the agent wrote it
     instance_id: str = ""  # the instance whose agent uploaded it
+    saved_at: float | None = None  # when the job wrote it: the newest mtime of its files
     version: int = 1
 
     def to_json(self) -> str:

@@ -8,6 +8,7 @@
         emu.gce                           # the GceServer: emu.gce.alive(), emu.gce.instance(zone, name)
         emu.running_instances()           # [{"cloud", "id", "instance_type", "zone", "spot"}]
         emu.interrupt(instance_id, notice_s=5)      # EC2 spot notice / GCE preemption, then reclaimed
+        emu.interrupt(instance_id, notice_s=0)      # reclaimed at once, without a notice
         emu.crash_agent(instance_id)                # the agent dies, the machine runs on
         emu.fail_capacity("g5.xlarge", zone=None)   # InsufficientInstanceCapacity (EC2) or
         emu.fail_capacity("n1-standard-4", zone="us-central1-a")  # ZONE_RESOURCE_POOL_EXHAUSTED (GCE)
@@ -226,7 +227,11 @@ class Emulator:
 
     def interrupt(self, instance_id: str, notice_s: float = 5.0) -> None:
         """A spot interruption (EC2) or preemption (GCE): the notice appears in the instance's metadata,
-        then, ``notice_s`` later, the cloud takes the instance."""
+        then, ``notice_s`` later, the cloud takes the instance. ``notice_s=0``: no notice at all, the
+        instance is simply gone (the agent dies with it and writes nothing)."""
+        if notice_s <= 0:
+            self._reclaim(instance_id)
+            return
         self._side(instance_id).notice(instance_id, notice_s)
         timer = threading.Timer(notice_s, self._reclaim, args=(instance_id,))
         timer.daemon = True

@@ -21,6 +21,7 @@ from airflow_cloudtrain.clouds.errors import CloudError
 from airflow_cloudtrain.lifecycle.costs import billed_cost
 from airflow_cloudtrain.lifecycle.ledger import ResourceLedger, store_get, store_set
 from airflow_cloudtrain.lifecycle.prepare import (
+    JobOptions,
     LaunchOptions,
     WaitSettings,
     offers_for,
@@ -76,10 +77,12 @@ class RunContext:
     wait: WaitSettings
     conn_id: str | None = None  # the provider's connection, for the trigger
     project_id: str | None = None
+    job: JobOptions | None = None  # checkpoint / watchdog settings for the spec (None: defaults)
+    folder_uri: str | None = None  # another run folder to use (``resume_from``), else the key's own
 
     @property
     def run_uri(self) -> str:
-        return join(self.config.bucket, self.key.path())
+        return self.folder_uri or join(self.config.bucket, self.key.path())
 
     @classmethod
     def for_task(
@@ -250,8 +253,11 @@ class RunAttempt:
             "spot" if chosen.is_spot else "on-demand",
             len(offers) - 1,
         )
-        write_run_folder(ctx.config, ctx.key, ctx.run_uri, self.folder, bool(ctx.options.volume_id), self.log)
+        write_run_folder(
+            ctx.config, ctx.key, ctx.run_uri, self.folder, bool(ctx.options.volume_id), self.log, ctx.job
+        )
         build = request_builder(ctx.config, ctx.key, ctx.run_uri, ctx.options, ctx.try_number)
+        requested_at = time.time()
         instance, offer, tried = launch_with_failover(
             self._create_instance,
             offers,
@@ -275,6 +281,7 @@ class RunAttempt:
             run_key=ctx.key.digest,
             location=backend.location(instance.zone),
             try_number=ctx.try_number,
+            requested_at=requested_at,
         )
         store_set(ctx.store, LAUNCH_KEY, launch.to_dict())
         self.log.info("Launched instance %s (%s in %s)", instance.id, offer.instance_type, instance.zone)

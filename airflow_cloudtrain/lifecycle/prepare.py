@@ -49,6 +49,21 @@ class LaunchOptions:
     provisioning: str | None = None
     max_launch_attempts: int = 6
     live_prices: bool = True
+    # Which launch of the run this is (a checkpoint-resume loop relaunches within one try): part of
+    # every client token, so a relaunch is a new launch and not the replay of a finished one.
+    sequence: int = 0
+
+
+@dataclass
+class JobOptions:
+    """What the agent does around the job besides running it (``RunSpec`` fields): checkpoint sync,
+    the relaunch count the job sees, the stop grace on a notice and the hung-job watchdog."""
+
+    checkpoint_dir: str | None = None
+    checkpoint_interval_s: float = 300.0
+    restarts: int = 0
+    stop_grace_s: float | None = None
+    idle_timeout_s: float | None = None
 
 
 @dataclass
@@ -104,7 +119,13 @@ def offers_for(config: RunConfig, region: str | None, log: logging.Logger) -> li
 
 
 def write_run_folder(
-    config: RunConfig, key: RunKey, run_uri: str, folder: Any, volume: bool, log: logging.Logger
+    config: RunConfig,
+    key: RunKey,
+    run_uri: str,
+    folder: Any,
+    volume: bool,
+    log: logging.Logger,
+    job: JobOptions | None = None,
 ) -> None:
     """The spec, the agent and (for a local ``code`` folder) the code tarball, before any launch."""
     from airflow_cloudtrain.agent.bootstrap import build_agent_zip
@@ -129,6 +150,12 @@ def write_run_folder(
         max_runtime_s=config.max_runtime_s,
         volume_device="/dev/sdf" if volume else None,
     )
+    if job is not None:
+        spec.checkpoint_dir = job.checkpoint_dir
+        spec.checkpoint_interval_s = job.checkpoint_interval_s
+        spec.restarts = job.restarts
+        spec.stop_grace_s = job.stop_grace_s
+        spec.idle_timeout_s = job.idle_timeout_s
     call_with_retry(lambda: folder.put_text(SPEC_KEY, spec.to_json()))
     agent = build_agent_zip()
     call_with_retry(lambda: folder.put_bytes(AGENT_KEY, agent))
@@ -170,7 +197,7 @@ def request_builder(
             zone=zone,
             user_data=user_data,
             tags={**tags, **price},
-            client_token=f"{key.digest}-{try_number}-{attempt}"[:64],
+            client_token=f"{key.digest}-{try_number}-{attempt + 1000 * options.sequence}"[:64],
             disk_gib=config.hardware.hdd_gib or 50,
             max_price=max_price,
             image_id=options.image_id,

@@ -37,6 +37,7 @@ class LaunchRecord:
     run_key: str = ""  # digest of the RunKey: what the tag sweep looks for
     location: str | None = None  # where it is watched and deleted (EC2: region; GCE: zone)
     try_number: int = 1
+    requested_at: float | None = None  # when the first create call of this launch was sent
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

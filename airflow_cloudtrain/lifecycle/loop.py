@@ -1,0 +1,205 @@
+"""The checkpoint-resume loop's memory and its attempts: what ``CheckpointResumeOperator`` drives.
+
+Each (re)launch is a ``RunAttempt`` of the same run key (so the same ledger, tag sweep and teardown
+guarantee) in the same run folder (so the agent restores the newest complete checkpoint there).
+The loop's history (``lifecycle.history.RunHistory``) is saved to ``task_state_store`` and to the
+run folder after every change, and an attempt's end is saved as ``pending`` *before* it is released
+and accounted: a worker killed anywhere in between finds it on reload and finishes it, so no
+interruption is lost from the budgets and no attempt is billed twice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from airflow_cloudtrain.lifecycle.attempt import RunAttempt, RunContext
+from airflow_cloudtrain.lifecycle.history import (
+    LOOP_KEY,
+    AttemptRow,
+    RunHistory,
+    index_key,
+    ledger_key,
+)
+from airflow_cloudtrain.lifecycle.ledger import store_get, store_set
+from airflow_cloudtrain.lifecycle.prepare import JobOptions
+from airflow_cloudtrain.lifecycle.recovery import (
+    SPOT_OF,
+    RecoverySettings,
+    Step,
+    capacity_row,
+    next_step,
+    row_for,
+)
+from airflow_cloudtrain.lifecycle.retry import call_with_retry
+from airflow_cloudtrain.runs import SPEC_KEY, RunStatus, join, status_key
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.lifecycle.records import LaunchRecord, Outcome
+
+
+class ResumeSourceNotFound(ValueError):
+    """``resume_from`` names no run this bucket knows."""
+
+
+def resolve_resume_from(backend: Any, bucket: str, value: str) -> str:
+    """The run folder ``resume_from`` names: a run URI as is (it must hold a spec), a run id
+    through the bucket's ``index/<run_id>.json``."""
+    if value.startswith(("s3://", "gs://")):
+        uri = value.rstrip("/")
+        if not call_with_retry(lambda: backend.run_folder(uri).get_text(SPEC_KEY)):
+            raise ResumeSourceNotFound(f"resume_from={value!r}: no run folder there (no {SPEC_KEY})")
+        return uri
+    raw = call_with_retry(lambda: backend.run_folder(bucket).get_text(index_key(value)))
+    if not raw:
+        raise ResumeSourceNotFound(
+            f"resume_from={value!r}: no run with that id under {bucket} (no {index_key(value)})"
+        )
+    return str(json.loads(raw)["run_uri"])
+
+
+class RecoveryLoop:
+    """One task's loop over attempts; rebuilt from its saved history after every deferral."""
+
+    def __init__(
+        self, ctx: RunContext, settings: RecoverySettings, job: JobOptions, resume_from: str | None = None
+    ) -> None:
+        self.ctx = ctx
+        self.settings = settings
+        self.job = job
+        self.log = ctx.log
+        self.history = self._load(resume_from)
+        self.ctx.folder_uri = self.history.run_uri
+
+    # -- history ---------------------------------------------------------------------------------
+    def _load(self, resume_from: str | None) -> RunHistory:
+        ctx = self.ctx
+        run_id = ctx.key.short_id
+        saved = store_get(ctx.store, LOOP_KEY)
+        if saved and saved.get("run_id") == run_id:
+            return RunHistory.from_dict(saved)
+        run_uri = ctx.run_uri
+        if resume_from:
+            run_uri = resolve_resume_from(ctx.backend, ctx.config.bucket, resume_from)
+            self.log.info("Resuming %s: its checkpoints, and its run folder %s", resume_from, run_uri)
+        raw = call_with_retry(lambda: ctx.backend.run_folder(run_uri).get_text(ledger_key(run_id)))
+        if raw:  # the store is gone (a cleared task): the run folder has the same history
+            self.log.info("Continuing the loop from the ledger in %s", run_uri)
+            return RunHistory.from_dict(json.loads(raw))
+        history = RunHistory(
+            run_id=run_id,
+            run_uri=run_uri,
+            policy=self.settings.policy,
+            started_at=time.time(),
+            resumed_from=run_uri if resume_from else None,
+        )
+        index = json.dumps({"run_uri": run_uri, "dag_id": ctx.key.dag_id, "task_id": ctx.key.task_id})
+        call_with_retry(lambda: ctx.backend.run_folder(ctx.config.bucket).put_text(index_key(run_id), index))
+        return history
+
+    def save(self) -> None:
+        history = self.history
+        history.updated_at = time.time()
+        store_set(self.ctx.store, LOOP_KEY, history.to_dict())
+        folder = self.ctx.backend.run_folder(history.run_uri)
+        call_with_retry(lambda: folder.put_text(ledger_key(history.run_id), history.to_json()))
+
+    # -- steps -----------------------------------------------------------------------------------
+    def next_step(self) -> Step:
+        if self.history.pending:
+            self._finish_pending()
+        step = next_step(self.history, self.settings, self.ctx.try_number, time.time())
+        self.log.info("Next: %s%s (%s)", step.kind, f" on {step.cloud}" if step.cloud else "", step.reason)
+        return step
+
+    def attempt(self, cloud: str | None = None) -> RunAttempt:
+        """An attempt of this run on ``cloud`` (spot or on-demand of the same provider)."""
+        ctx, cloud = self.ctx, cloud or self.settings.cloud
+        spot = cloud == SPOT_OF[cloud]
+        config = replace(ctx.config, cloud=cloud, bid=ctx.config.bid if spot else None)
+        options = replace(
+            ctx.options,
+            provisioning=ctx.options.provisioning if spot else None,
+            sequence=len(self.history.attempts),
+        )
+        job = replace(self.job, restarts=self.history.restarts)
+        return RunAttempt(replace(ctx, config=config, options=options, job=job))
+
+    def launch_failed(self, cloud: str, err: Exception) -> None:
+        """No offer had capacity: a ledger row (it spends the interruption budget) and no cost."""
+        row = capacity_row(len(self.history.attempts) + 1, self.ctx.try_number, cloud, str(err), time.time())
+        self.history.attempts.append(row)
+        self.save()
+        self.log.warning("Attempt %d found no capacity: %s", row.attempt, err)
+
+    def begin_wait(self, reason: str) -> None:
+        """A wait before the next launch starts (saved: a deferral or a dead worker may end it)."""
+        now = time.time()
+        self.history.waits.append({"from": now, "to": now, "reason": reason, "open": True})
+        self.save()
+
+    def end_wait(self) -> None:
+        for wait in reversed(self.history.waits):
+            if wait.pop("open", False):
+                wait["to"] = time.time()
+                break
+        self.save()
+
+    def finish(self, attempt: RunAttempt, launch: LaunchRecord, outcome: Outcome) -> AttemptRow:
+        """Release the attempt's instance, account for it and add its row (crash-safe, see module)."""
+        self.history.pending = {"launch": launch.to_dict(), "outcome": outcome.to_dict()}
+        self.save()
+        return self._finish(attempt, launch, outcome)
+
+    def _finish(self, attempt: RunAttempt, launch: LaunchRecord, outcome: Outcome) -> AttemptRow:
+        done = attempt.finish(launch, outcome)
+        raw = call_with_retry(lambda: attempt.folder.get_text(status_key(launch.instance_id)))
+        status = RunStatus.from_json(raw) if raw else None
+        row = row_for(done, status, len(self.history.attempts) + 1, self.ctx.try_number)
+        if not self.history.has(launch.instance_id):
+            self.history.attempts.append(row)
+        self.history.pending = None
+        self.save()
+        self.log.info("Ledger so far:\n%s", self.history.table())
+        return row
+
+    def _finish_pending(self) -> None:
+        from airflow_cloudtrain.lifecycle.records import LaunchRecord, Outcome
+
+        pending = self.history.pending or {}
+        launch = LaunchRecord.from_dict(pending["launch"])
+        outcome = Outcome.from_dict(pending["outcome"])
+        if self.history.has(launch.instance_id):
+            self.history.pending = None
+            return
+        self.log.info("Finishing attempt on %s that an earlier worker left half done", launch.instance_id)
+        self._finish(self.attempt(launch.cloud), launch, outcome)
+
+    def close(self, ok: bool, message: str = "") -> None:
+        self.history.state = "succeeded" if ok else "failed"
+        self.history.message = message
+        self.save()
+        self.log.info("Ledger of run %s:\n%s", self.history.run_id, self.history.table())
+
+    # -- result ----------------------------------------------------------------------------------
+    def result(self, last: dict[str, Any]) -> dict[str, Any]:
+        """The XCom: the last attempt's result with the whole run's totals and the ledger."""
+        totals = self.history.totals()
+        rows = [r.to_dict() for r in self.history.attempts]
+        resumed = next((r["restored_step"] for r in reversed(rows) if r.get("instance_id")), None)
+        return {
+            **last,
+            "run_uri": self.history.run_uri,
+            "cost_usd": totals["cost_usd"],
+            "duration_s": totals["duration_s"],
+            "interruptions": totals["interruptions"],
+            "restarts": self.history.restarts,
+            "resumed_step": resumed,
+            "resumed_from": self.history.resumed_from,
+            "policy": self.history.policy,
+            "ledger_uri": join(self.history.run_uri, ledger_key(self.history.run_id)),
+            "totals": totals,
+            "attempts": rows,
+        }

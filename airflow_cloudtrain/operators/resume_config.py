@@ -1,0 +1,148 @@
+"""``CheckpointResumeOperator``'s own arguments, validated at DAG parse time (no cloud calls).
+
+Every error names the field and the accepted forms; combinations that cannot mean anything (a
+deadline with ``spot_first``, ``on_demand_after`` with ``deadline``) fail here, not at run time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from airflow_cloudtrain.lifecycle.recovery import DEADLINE, POLICIES, SPOT_FIRST
+from airflow_cloudtrain.operators.config import is_templated, parse_duration
+from airflow_cloudtrain.spec import AWS_CLOUDS
+
+MAX_STOP_GRACE_S = 115.0  # AWS gives two minutes of notice, GCE about 30 s; the sync needs some
+RUN_ID_RE = re.compile(r"ct-[0-9a-f]{12}")
+
+
+@dataclass(frozen=True)
+class ResumeArgs:
+    checkpoint_dir: str | None
+    checkpoint_interval_s: float
+    max_restarts: int
+    max_restarts_on_errors: int
+    resume_from: str | None
+    policy: str
+    on_demand_after: int | None
+    deadline: timedelta | datetime | None
+    expected_duration_s: float | None
+    stop_grace_s: float | None
+    idle_timeout_s: float | None
+
+    def deadline_at(self, started_at: float) -> float | None:
+        """The deadline as unix time, for a loop that started at ``started_at``."""
+        if isinstance(self.deadline, timedelta):
+            return started_at + self.deadline.total_seconds()
+        if isinstance(self.deadline, datetime):
+            when = self.deadline if self.deadline.tzinfo else self.deadline.replace(tzinfo=timezone.utc)
+            return when.timestamp()
+        return None
+
+
+def _count(value: Any, name: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}={value!r} is not valid: use a whole number >= {minimum}")
+    return value
+
+
+def _deadline(value: Any) -> timedelta | datetime:
+    if isinstance(value, datetime):
+        return value
+    try:
+        seconds = parse_duration(value, "deadline")
+    except ValueError:
+        seconds = None
+    if seconds is None:
+        raise ValueError(
+            f"deadline={value!r} is not valid: use a timedelta from the first start (or '6h', "
+            "seconds), or a datetime to finish by"
+        )
+    return timedelta(seconds=seconds)
+
+
+def parse_resume_from(value: Any, cloud: str | None) -> str | None:
+    """A run id (``ct-`` and 12 hex digits, as in the XCom) or a run URI of the same cloud."""
+    if value in (None, ""):
+        return None
+    if is_templated(value):
+        return value
+    scheme = "s3" if cloud in AWS_CLOUDS else "gs"
+    if isinstance(value, str) and (
+        RUN_ID_RE.fullmatch(value) or re.fullmatch(rf"{scheme}://[^/]+/.+", value) is not None
+    ):
+        return value
+    raise ValueError(
+        f"resume_from={value!r} is not valid: use an earlier run's id (its XCom 'run_id', e.g. "
+        f"'ct-0123456789ab') or its run URI ({scheme}://bucket/.../runs/...)"
+    )
+
+
+def parse_resume_args(
+    cloud: Any,
+    checkpoint_dir: Any,
+    checkpoint_interval: Any,
+    max_restarts: Any,
+    max_restarts_on_errors: Any,
+    resume_from: Any,
+    policy: Any,
+    on_demand_after: Any,
+    deadline: Any,
+    expected_duration: Any,
+    stop_grace: Any,
+    idle_timeout: Any,
+) -> ResumeArgs:
+    """Parse and cross-check; raises ValueError naming the first bad field."""
+    if checkpoint_dir is not None and (not isinstance(checkpoint_dir, str) or not checkpoint_dir.strip()):
+        raise ValueError(f"checkpoint_dir={checkpoint_dir!r} is not valid: use a path on the instance")
+    interval = parse_duration(checkpoint_interval, "checkpoint_interval")
+    if policy not in POLICIES:
+        raise ValueError(f"policy={policy!r} is not valid: use one of {', '.join(map(repr, POLICIES))}")
+    if on_demand_after is not None:
+        if policy == DEADLINE:
+            raise ValueError(
+                "on_demand_after applies to policy='spot_first' only; with policy='deadline' the "
+                "deadline policy decides when to run on-demand"
+            )
+        on_demand_after = _count(on_demand_after, "on_demand_after", 1)
+    when = expected_s = None
+    if policy == SPOT_FIRST:
+        for name, value in (("deadline", deadline), ("expected_duration", expected_duration)):
+            if value is not None:
+                raise ValueError(f"{name} applies to policy='deadline' only; set policy='deadline' too")
+    else:
+        if deadline is None or expected_duration is None:
+            missing = "deadline" if deadline is None else "expected_duration"
+            raise ValueError(
+                f"{missing} is required with policy='deadline': the policy needs when to finish "
+                "(deadline) and roughly how much pure compute the job needs (expected_duration)"
+            )
+        when = _deadline(deadline)
+        expected_s = parse_duration(expected_duration, "expected_duration")
+        if isinstance(when, timedelta) and expected_s and expected_s >= when.total_seconds():
+            raise ValueError(
+                f"expected_duration={expected_duration!r} does not fit in deadline={deadline!r}: "
+                "the job could not finish in time even on on-demand capacity"
+            )
+    grace = parse_duration(stop_grace, "stop_grace")
+    if grace is not None and grace > MAX_STOP_GRACE_S:
+        raise ValueError(
+            f"stop_grace={stop_grace!r} is longer than an interruption notice leaves: AWS gives "
+            f"120 s and GCE about 30 s, so at most {MAX_STOP_GRACE_S:.0f} s"
+        )
+    return ResumeArgs(
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_interval_s=float(interval or 300.0),
+        max_restarts=_count(max_restarts, "max_restarts", 0),
+        max_restarts_on_errors=_count(max_restarts_on_errors, "max_restarts_on_errors", 0),
+        resume_from=parse_resume_from(resume_from, cloud if isinstance(cloud, str) else None),
+        policy=policy,
+        on_demand_after=on_demand_after,
+        deadline=when,
+        expected_duration_s=expected_s,
+        stop_grace_s=grace,
+        idle_timeout_s=parse_duration(idle_timeout, "idle_timeout"),
+    )
