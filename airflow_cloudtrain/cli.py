@@ -3,6 +3,10 @@
 The studio tool chose the instance silently; ``plan`` makes the choice visible, with the next
 alternatives and what a bid means in dollars, so a user can check a spec before a DAG runs.
 It uses only the local catalog (snapshot plus any fresh live cache): no network call.
+
+``cloudtrain runs show RUN_ID_OR_URI`` prints the cost ledger of a checkpoint-resume run from its run
+folder (``ledger/<run_id>.json``): every attempt, how it ended, what it cost, the step it restored
+and the work it lost. It needs the bucket's credentials, not Airflow.
 """
 
 from __future__ import annotations
@@ -77,6 +81,42 @@ def _usd(value: float | None) -> str:
     return "-" if value is None else f"${value:.4f}"
 
 
+def _runs_show(args: argparse.Namespace) -> int:
+    """Print the ledger(s) of a run: by run URI, or by run id through ``<bucket>/index/<id>.json``."""
+    import os
+
+    from airflow_cloudtrain.agent.storage import open_run_folder
+    from airflow_cloudtrain.lifecycle.history import LEDGER_PREFIX, format_ledger, index_key
+
+    target, run_id = args.run, None
+    if not target.startswith(("s3://", "gs://")):
+        bucket = args.bucket or os.environ.get("CLOUDTRAIN_BUCKET")
+        if not bucket:
+            print(
+                "cloudtrain runs show: give --bucket (or CLOUDTRAIN_BUCKET) to find a run id", file=sys.stderr
+            )
+            return 2
+        run_id = target
+        raw = open_run_folder(bucket).get_text(index_key(run_id))
+        if not raw:
+            print(f"cloudtrain runs show: no run {run_id} under {bucket}", file=sys.stderr)
+            return 1
+        target = json.loads(raw)["run_uri"]
+    folder = open_run_folder(target)
+    keys = [k for k in folder.list(f"{LEDGER_PREFIX}/") if k.endswith(".json")]
+    if run_id is not None:  # that run's ledger first, then earlier runs that wrote to the folder
+        keys.sort(key=lambda k: k != f"{LEDGER_PREFIX}/{run_id}.json")
+    if not keys:
+        print(f"cloudtrain runs show: no ledger in {target}", file=sys.stderr)
+        return 1
+    ledgers = [json.loads(folder.get_text(k) or "{}") for k in keys]
+    if args.json:
+        print(json.dumps(ledgers if len(ledgers) > 1 else ledgers[0], indent=2))
+        return 0
+    print("\n\n".join(format_ledger(ledger) for ledger in ledgers))
+    return 0
+
+
 def _emulator(args: argparse.Namespace) -> int:  # pragma: no cover - interactive
     from airflow_cloudtrain.emulator import serve_forever
 
@@ -99,6 +139,14 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--alternatives", type=int, default=4, help="how many next offers to show")
     plan.add_argument("--json", action="store_true")
     plan.set_defaults(func=_plan)
+    runs = sub.add_parser("runs", help="look at runs in their run folders").add_subparsers(
+        dest="runs_command", required=True
+    )
+    show = runs.add_parser("show", help="print the cost ledger of a run (its attempts, cost, resumes)")
+    show.add_argument("run", help="a run id (ct-...; needs --bucket) or a run URI (s3://... / gs://...)")
+    show.add_argument("--bucket", default=None, help="the operator's bucket (default: $CLOUDTRAIN_BUCKET)")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=_runs_show)
     emu = sub.add_parser("emulator", help="run the emulated clouds in the foreground")
     emu.set_defaults(func=_emulator)
     return parser

@@ -11,7 +11,10 @@ size, mtime, inode and sha256 of what was sent). A step sent before whose files 
 manifest first and gets it back after the files. A step this agent has not sent yet has its folder
 cleared first (the leftovers of an agent killed mid-upload). A file replaced while it was uploading
 makes the round skip the manifest; the next round sends it again. Uploads go through
-``agent.retry.retry``.
+``agent.retry.retry``. The manifest's ``saved_at`` is the newest mtime of the step's files (when the
+job saved it). After each manifest written, ``last_manifest`` and ``last_round_s`` (how long that
+round took: the agent's estimate of the final sync on a notice) are set and ``on_uploaded(manifest)``
+is called; the runner reports it as ``RunStatus.checkpoint``.
 
 Restore (``CheckpointSync.restore``, before the setup commands): the steps of ``checkpoints/`` that
 have a manifest, highest first; a step's files are downloaded into a hidden staging folder of the
@@ -94,6 +97,7 @@ class CheckpointSync:
         instance_id: str,
         note: Callable[[str], None] | None = None,
         call: Callable[[Callable[[], object], str], object] | None = None,
+        on_uploaded: Callable[[runs.Manifest], None] | None = None,
     ) -> None:
         self.folder = folder
         self.local_dir = Path(local_dir)
@@ -104,6 +108,9 @@ class CheckpointSync:
         self.sent_steps: set[int] = set()  # steps whose folder this agent (or its restore) wrote
         self.manifests: dict[int, str] = {}  # step -> the manifest text in the run folder
         self.uploads = 0  # files uploaded, for tests and notes
+        self.on_uploaded = on_uploaded
+        self.last_manifest: runs.Manifest | None = None  # the newest manifest this agent wrote
+        self.last_round_s: float | None = None  # how long the round that wrote it took
         self._lock = threading.Lock()
 
     def uri(self, step: int) -> str:
@@ -121,15 +128,18 @@ class CheckpointSync:
                 return None
 
     def _sync(self) -> int | None:
+        began = time.monotonic()
         found = checkpoint.candidates(self.local_dir)
         if not found:
             return None
         step, entry = found[-1]
         entries: list[dict[str, object]] = []
         changed: list[tuple[Path, str, os.stat_result, str]] = []
+        saved_at: float | None = None
         for path in checkpoint_files(self.local_dir, entry):
             rel = path.relative_to(self.local_dir).as_posix()
             stat = path.stat()
+            saved_at = stat.st_mtime if saved_at is None else max(saved_at, stat.st_mtime)
             prev = self.sent.get(rel)
             same = (
                 prev is not None
@@ -176,15 +186,22 @@ class CheckpointSync:
             files=entries,
             created_at=time.time(),
             instance_id=self.instance_id,
+            saved_at=saved_at,
         )
         text = manifest.to_json()
         self.call(lambda: self.folder.put_text(runs.manifest_key(step), text), "checkpoint manifest")
         self.manifests[step] = text
+        self.last_manifest, self.last_round_s = manifest, time.monotonic() - began
         size = sum(int(str(e["size"])) for e in entries)
         self.note(
             f"checkpoint step {step} uploaded to {self.uri(step)} "
             f"({len(changed)} of {len(entries)} file(s) sent, {size} bytes)"
         )
+        if self.on_uploaded is not None:
+            try:
+                self.on_uploaded(manifest)
+            except Exception as err:  # reporting it must not make the upload look failed
+                log.warning("checkpoint on_uploaded failed: %s: %s", type(err).__name__, err)
         return step
 
     # -- restore ---------------------------------------------------------------------------------

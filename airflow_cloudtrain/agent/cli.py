@@ -10,9 +10,7 @@ import threading
 from collections.abc import Sequence
 from types import FrameType
 
-from airflow_cloudtrain import runs
-from airflow_cloudtrain.agent.jobs import StopRequest
-from airflow_cloudtrain.agent.runner import NOTICE_GRACE_S, Agent
+from airflow_cloudtrain.agent.runner import Agent
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -36,13 +34,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 
 def _install_signal_handlers(agent: Agent) -> None:
-    """The instance shutting down under us (or Ctrl-C) stops the job like a notice would."""
+    """The instance shutting down under us (or Ctrl-C) stops the job like a notice would (the grace
+    of a 30 s notice, or ``stop_grace_s`` within it: ``Agent.stop_for_signal``)."""
     if threading.current_thread() is not threading.main_thread():
         return
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
-        agent.request_stop(StopRequest(runs.INTERRUPTED, f"agent received {name}", NOTICE_GRACE_S))
+        agent.stop_for_signal(signal.Signals(signum).name)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, handler)

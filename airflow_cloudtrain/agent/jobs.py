@@ -4,6 +4,9 @@ The argv/env builders are pure so they can be tested without docker (no docker d
 ``run_process`` runs one command in its own process group with merged output, so a stop request
 (spot notice, max runtime, agent shutdown) reaches the whole job tree: SIGTERM first, so a training
 script can checkpoint, SIGKILL after the grace period.
+
+``notice_grace`` decides that grace period for an interruption notice, so that SIGTERM, the job's
+last checkpoint and the agent's upload of it all fit inside the notice.
 """
 
 from __future__ import annotations
@@ -22,14 +25,38 @@ from airflow_cloudtrain.runs import RunSpec
 
 CONTAINER_WORKDIR = "/workspace"
 
+# An interruption notice without a time (GCE preemption and maintenance, the agent's own SIGTERM):
+# GCE gives 30 s, so that is what we assume is left.
+NOTICE_DEFAULT_LEFT_S = 30.0
+MIN_SYNC_RESERVE_S = 5.0  # kept for the final checkpoint sync when no upload was timed yet
+MAX_NOTICE_GRACE_S = 115.0  # AWS's two minutes less the reserve: no notice leaves more
+MIN_GRACE_S = 1.0
+
 
 @dataclass(frozen=True)
 class StopRequest:
     """Why the agent wants the running step gone, and how long the step may take to wind down."""
 
-    state: str  # the final state it leads to (interrupted / timed_out)
+    state: str  # the final state it leads to (interrupted / timed_out / idle)
     message: str
     grace_s: float
+
+
+def notice_grace(
+    notice_left_s: float, stop_grace_s: float | None = None, sync_reserve_s: float = MIN_SYNC_RESERVE_S
+) -> float:
+    """Seconds between SIGTERM and SIGKILL for a job stopped by an interruption notice.
+
+    ``notice_left_s``: what the notice leaves until the cloud acts; ``sync_reserve_s``: what the
+    agent keeps for the final checkpoint upload after the job exited. The reserve never takes more
+    than half of a short notice (a 7 s notice with a 5 s reserve still gives the job 3.5 s to save).
+    ``stop_grace_s`` (the spec's): the grace asked for, but never beyond what the notice leaves less
+    the reserve. Always between ``MIN_GRACE_S`` and ``MAX_NOTICE_GRACE_S``.
+    """
+    left = max(0.0, float(notice_left_s))
+    room = left - min(max(0.0, float(sync_reserve_s)), left / 2)
+    grace = room if stop_grace_s is None else min(float(stop_grace_s), room)
+    return min(max(grace, MIN_GRACE_S), MAX_NOTICE_GRACE_S)
 
 
 def checkpoint_dir(spec: RunSpec, root: str) -> str:
@@ -147,8 +174,13 @@ def run_process(
     sink: Callable[[bytes], None],
     should_stop: Callable[[], StopRequest | None],
     tick: float = 0.05,
+    on_start: Callable[[int], None] | None = None,
 ) -> tuple[int, StopRequest | None]:
-    """Run to completion or until ``should_stop`` answers; returns (exit code, the stop that ended it)."""
+    """Run to completion or until ``should_stop`` answers; returns (exit code, the stop that ended it).
+
+    ``on_start(pid)`` is called once the process exists (its pid is also its process group and
+    session id), e.g. to start watching its CPU use; if it raises, the process is killed.
+    """
     proc = subprocess.Popen(
         argv,
         cwd=cwd,
@@ -170,6 +202,13 @@ def run_process(
 
     reader = threading.Thread(target=pump, name="cloudtrain-output", daemon=True)
     reader.start()
+    if on_start is not None:
+        try:
+            on_start(proc.pid)
+        except BaseException:  # never leave the job running without a supervisor
+            _signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
     stop: StopRequest | None = None
     kill_at = float("inf")
     while True:

@@ -18,7 +18,21 @@ run folder is restored into the job's checkpoint directory (``CLOUDTRAIN_RESUMED
 ``CLOUDTRAIN_RESUMED_STEP`` tell the job); while the job runs the newest complete one is uploaded
 every ``checkpoint_interval_s``, and once more after the job ended (also when a notice or SIGTERM
 stopped it), before the results. The agent zip is copied to ``<workdir>/.cloudtrain/agent.zip`` and
-appended to the job's ``PYTHONPATH``, so the job can ``import airflow_cloudtrain.checkpoint``.
+appended to the job's ``PYTHONPATH``, so the job can ``import airflow_cloudtrain.checkpoint``. The
+status says what the operator needs to tell how much work a resume keeps: ``restored_step`` (written
+with the ``setup`` state) and ``checkpoint`` (``{"step", "saved_at", "uploaded_at"}`` of the newest
+checkpoint this agent uploaded, rewritten after every upload).
+
+Interruption notices: the job gets SIGTERM at once and ``jobs.notice_grace`` seconds before SIGKILL:
+``spec.stop_grace_s`` or what the notice leaves (``at``; 30 s without one), in both cases less a
+reserve for the final checkpoint sync (from how long the last upload took, at least 5 s), so the
+job's last checkpoint and its upload fit inside the notice. The ``interruption`` record of the status
+is rewritten as the agent gets there: the notice, then ``job_stopped_at`` when the job exited, then
+``checkpoint_at`` / ``checkpoint_step`` once the final sync is done; all before the final status.
+
+Hung jobs (``spec.idle_timeout_s``; see ``agent.idle``): while the job runs, a chore samples its
+process tree's CPU time (and, with GPUs, ``nvidia-smi``); once it used neither for the timeout the
+job is stopped like any other stop (checkpoints synced) and the run ends as ``idle``.
 """
 
 from __future__ import annotations
@@ -36,12 +50,16 @@ from pathlib import Path
 
 from airflow_cloudtrain import runs
 from airflow_cloudtrain.agent.checkpoints import CheckpointSync
+from airflow_cloudtrain.agent.idle import IdleWatch, proc_available, sample_interval
 from airflow_cloudtrain.agent.jobs import (
+    MIN_SYNC_RESERVE_S,
+    NOTICE_DEFAULT_LEFT_S,
     StopRequest,
     build_job_command,
     checkpoint_dir,
     container_name,
     job_env,
+    notice_grace,
     run_process,
 )
 from airflow_cloudtrain.agent.logs import LogStreamer, Periodic
@@ -54,8 +72,9 @@ from airflow_cloudtrain.agent.workspace import default_workdir, fetch_code, moun
 log = logging.getLogger("cloudtrain.agent")
 
 AGENT_ZIP_IN_WORKDIR = ".cloudtrain/agent.zip"
-NOTICE_GRACE_S = 25.0  # GCE gives 30 s of notice; AWS two minutes, but we need time for the upload
-TIMEOUT_GRACE_S = 10.0
+NOTICE_GRACE_S = notice_grace(NOTICE_DEFAULT_LEFT_S)  # 25 s: a 30 s notice less the sync reserve
+TIMEOUT_GRACE_S = 10.0  # max_runtime and idle stops, unless spec.stop_grace_s says otherwise
+SYNC_RESERVE_FACTOR = 1.5  # the final sync may take this much longer than the last timed one
 
 
 class Agent:
@@ -86,6 +105,9 @@ class Agent:
         self._stop: StopRequest | None = None
         self.checkpoints: CheckpointSync | None = None
         self.resumed_step: int | None = None
+        self._interruption: dict[str, object] | None = None  # what status.json's record holds
+        self._interruption_lock = threading.Lock()  # the watcher and the main thread both add to it
+        self._checkpoint: dict[str, float | int | None] | None = None  # RunStatus.checkpoint
 
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> int:
@@ -122,10 +144,12 @@ class Agent:
         local_checkpoints = Path(checkpoint_dir(spec, str(workdir)))
         local_checkpoints.mkdir(parents=True, exist_ok=True)
         assert self.instance_id is not None
-        self.checkpoints = CheckpointSync(folder, local_checkpoints, self.instance_id, note=self._note)
+        self.checkpoints = CheckpointSync(
+            folder, local_checkpoints, self.instance_id, note=self._note, on_uploaded=self._uploaded
+        )
         self.resumed_step = self.checkpoints.restore()
 
-        self._update(state=runs.SETUP)
+        self._update(state=runs.SETUP, restored_step=self.resumed_step)
         setup_env = {**os.environ, **job_env(spec, str(workdir), self.resumed_step, agent_zip)}
         for number, cmd in enumerate(spec.setup_cmds, 1):
             if stop := self.should_stop():
@@ -135,6 +159,7 @@ class Agent:
                 ["bash", "-lc", cmd], setup_env, str(workdir), self._sink, self.should_stop
             )
             if stop:
+                self._job_exited()
                 return stop.state, code, stop.message
             if code != 0:
                 return runs.FAILED, code, f"setup command {number} {cmd[:200]!r} exited with code {code}"
@@ -149,7 +174,17 @@ class Agent:
                 "checkpoints", interval, self.checkpoints.sync, run_first=False
             ).start()
         self._note(f"job started{f' in {spec.image}' if spec.image else ''}")
-        code, stop = run_process(argv, {**os.environ, **extra}, str(workdir), self._sink, self.should_stop)
+        code, stop = run_process(
+            argv,
+            {**os.environ, **extra},
+            str(workdir),
+            self._sink,
+            self.should_stop,
+            on_start=self._watch_idle,
+        )
+        self._stop_chore("idle")
+        if stop:
+            self._job_exited()
         if stop and spec.image:  # a killed `docker run` client leaves its container running
             with contextlib.suppress(OSError, subprocess.SubprocessError):
                 subprocess.run(["docker", "rm", "-f", container_name(spec)], capture_output=True, timeout=60)
@@ -196,16 +231,25 @@ class Agent:
     def _finish(self, state: str, exit_code: int | None, message: str) -> None:
         """Results, last log chunk, final status: in this order, each attempted whatever failed before."""
         self._stop_chore("metadata")
+        self._stop_chore("idle")
         self._stop_chore("checkpoints", timeout=600.0)  # a round in progress finishes its upload
         writer = self.writer
         if self.folder is None or writer is None:
             log.error("no run folder or status to report to; final state %s: %s", state, message)
             return
+        if self.notice is not None and "job_stopped_at" not in (self._interruption or {}):
+            self._job_exited()  # stopped before the job ran, or it ended as the notice came
         if self.checkpoints is not None:  # what the job saved last (also when a notice stopped it)
             try:
                 self.checkpoints.sync()
             except Exception as err:
                 self._note(f"checkpoint upload failed: {type(err).__name__}: {err}")
+            else:
+                checkpoint = self._checkpoint
+                if self.notice is not None and checkpoint is not None:
+                    self._record_interruption(
+                        checkpoint_at=checkpoint["uploaded_at"], checkpoint_step=checkpoint["step"]
+                    )
         output = Path(self.workdir, "output") if self.workdir else None
         if output is not None and output.is_dir() and self.instance_id:
             prefix = runs.results_prefix(self.instance_id)
@@ -240,11 +284,27 @@ class Agent:
             log.exception("power-off command failed")
 
     # -- stopping ----------------------------------------------------------------------------------
-    def request_stop(self, request: StopRequest) -> None:
-        """Ask the running step to stop (first request wins); safe from threads and signal handlers."""
+    def request_stop(self, request: StopRequest) -> bool:
+        """Ask the running step to stop (first request wins: whether this one did); safe from threads
+        and signal handlers."""
         with self._stop_lock:
             if self._stop is None:
                 self._stop = request
+                return True
+            return False
+
+    def stop_for_signal(self, name: str) -> None:
+        """The instance shutting down under the agent (SIGTERM...): a notice of unknown length, so the
+        job gets the grace of a 30 s notice (or ``stop_grace_s``, within it)."""
+        stop_grace = self.spec.stop_grace_s if self.spec is not None else None
+        grace = notice_grace(NOTICE_DEFAULT_LEFT_S, stop_grace, self.sync_reserve_s())
+        self.request_stop(StopRequest(runs.INTERRUPTED, f"agent received {name}", grace))
+
+    def sync_reserve_s(self) -> float:
+        """Seconds to keep for the final checkpoint sync after the job exits: the last upload round's
+        time with some margin, at least ``MIN_SYNC_RESERVE_S``."""
+        last = self.checkpoints.last_round_s if self.checkpoints is not None else None
+        return max(MIN_SYNC_RESERVE_S, SYNC_RESERVE_FACTOR * last) if last else MIN_SYNC_RESERVE_S
 
     def should_stop(self) -> StopRequest | None:
         if self._stop is None and self.deadline is not None and time.time() >= self.deadline:
@@ -262,14 +322,68 @@ class Agent:
         notice = self.metadata.poll()
         if notice is None:
             return
+        with self._interruption_lock:  # before the stop: the main thread adds to it once the job exits
+            self._interruption = notice.interruption()
         self.notice = notice
-        grace = NOTICE_GRACE_S
-        if notice.at is not None:
-            grace = min(max(notice.at - time.time(), 1.0), NOTICE_GRACE_S)
+        left = notice.at - time.time() if notice.at is not None else NOTICE_DEFAULT_LEFT_S
+        stop_grace = self.spec.stop_grace_s if self.spec is not None else None
+        grace = notice_grace(left, stop_grace, self.sync_reserve_s())
         message = f"{notice.kind} interruption notice (action {notice.action})"
         self.request_stop(StopRequest(runs.INTERRUPTED, message, grace))
-        self._note(f"{message}: stopping the job, {grace:.0f} s grace")
-        self._update(interruption=notice.interruption())
+        self._note(f"{message}: stopping the job, {grace:.1f} s grace of {max(left, 0):.1f} s left")
+        self._record_interruption()
+
+    def _record_interruption(self, **fields: object) -> None:
+        """Add ``fields`` to the interruption record and write it; under a lock, so the last write
+        holds every field whichever thread added it."""
+        with self._interruption_lock:
+            if self._interruption is None:
+                return
+            self._interruption.update(fields)
+            self._update(interruption=dict(self._interruption))
+
+    def _job_exited(self) -> None:
+        """A stopped job (or setup command) exited: on a notice, the record says when."""
+        if self.notice is not None:
+            self._record_interruption(job_stopped_at=time.time())
+
+    def _uploaded(self, manifest: runs.Manifest) -> None:
+        """CheckpointSync wrote a manifest: the status tells the operator what a resume would keep."""
+        self._checkpoint = {"step": manifest.step, "saved_at": manifest.saved_at, "uploaded_at": time.time()}
+        self._update(checkpoint=dict(self._checkpoint))
+
+    # -- the hung-job watchdog ---------------------------------------------------------------------
+    def _watch_idle(self, pid: int) -> None:
+        """``run_process``'s on_start for the job: start the idle chore when ``idle_timeout_s`` is set.
+        Never raises: the job is already running."""
+        spec = self.spec
+        if spec is None or not spec.idle_timeout_s or spec.idle_timeout_s <= 0:
+            return
+        try:
+            if not proc_available():
+                self._note("idle_timeout: no /proc on this machine to read CPU use from; not watching")
+                return
+            watch = IdleWatch(
+                pid,
+                float(spec.idle_timeout_s),
+                gpu=bool(spec.gpus and spec.gpus > 0),
+                note=self._note,
+                container=container_name(spec) if spec.image else None,
+            )
+            interval = sample_interval(watch.timeout_s)
+            self._chores["idle"] = Periodic("idle", interval, lambda: self._check_idle(watch)).start()
+        except Exception as err:
+            self._note(f"idle_timeout: could not start the watchdog: {type(err).__name__}: {err}")
+
+    def _check_idle(self, watch: IdleWatch) -> None:
+        """Idle chore: once the job used no CPU (nor GPU) for the timeout, stop it as ``idle``."""
+        if self._stop is not None or not watch.poll():
+            return
+        message = f"no CPU or GPU use for {watch.timeout_s:g} s (idle_timeout): stopped the hung job"
+        assert self.spec is not None
+        grace = self.spec.stop_grace_s if self.spec.stop_grace_s is not None else TIMEOUT_GRACE_S
+        if self.request_stop(StopRequest(runs.IDLE, message, max(0.0, float(grace)))):
+            self._note(f"{message} ({grace:g} s grace)")
 
     # -- small helpers -----------------------------------------------------------------------------
     def _update(self, **changes: object) -> None:

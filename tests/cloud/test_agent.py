@@ -14,6 +14,7 @@ import io
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tarfile
@@ -29,9 +30,9 @@ import pytest
 
 from airflow_cloudtrain import runs
 from airflow_cloudtrain.agent.bootstrap import AWS_DOWNLOAD_PY, build_agent_zip
-from airflow_cloudtrain.agent.jobs import build_job_command
+from airflow_cloudtrain.agent.jobs import build_job_command, notice_grace
 from airflow_cloudtrain.agent.logs import NOTE_PREFIX, LogStreamer
-from airflow_cloudtrain.agent.runner import Agent
+from airflow_cloudtrain.agent.runner import NOTICE_GRACE_S, Agent
 from airflow_cloudtrain.agent.storage import S3_RETRIES, RunFolder, open_run_folder, s3_client
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET, Emulator
 from airflow_cloudtrain.emulator.metadata import MetadataServer
@@ -229,6 +230,103 @@ def test_job_ignoring_sigterm_is_killed_when_the_notice_runs_out(
     assert (
         time.monotonic() - started < 20
     )  # the 1.5 s notice, not NOTICE_GRACE_S (25 s); generous for a loaded machine
+
+
+def test_stop_grace_caps_what_the_notice_leaves(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
+    """``stop_grace_s`` 2 on a notice that leaves ~100 s: a job ignoring SIGTERM is killed after 2 s."""
+    job = "trap '' TERM; echo started; while true; do sleep 0.1; done"
+    run = Run(s3, metadata, tmp_path, command=job, stop_grace_s=2.0).start()
+    run.wait_for_log("started")
+    started = time.monotonic()
+    metadata.set_spot_action(run.iid, "terminate", at=time.time() + 100)
+    status = run.wait(timeout=90)
+    assert status.state == runs.INTERRUPTED and status.exit_code == 137, status
+    assert "stopping the job, 2.0 s grace of " in run.log(notes=True)
+    assert time.monotonic() - started < 60  # the 2 s asked for, not the ~95 s the notice leaves
+
+
+@pytest.mark.parametrize(
+    ("left", "stop_grace", "reserve", "grace"),
+    [
+        (120, None, 5, 115),  # AWS: two minutes less the reserve
+        (30, None, 5, 25),  # GCE, or the agent's SIGTERM (no time in the notice)
+        (60, None, 12, 48),  # a slow last upload keeps more back
+        (7, None, 3, 4),  # short notices (the emulator's)
+        (7, None, 5, 3.5),  # the reserve takes at most half of a short notice
+        (1.3, None, 5, 1),  # never under a second
+        (-4, None, 5, 1),  # a notice already past its time
+        (900, None, 5, 115),  # no notice leaves more than AWS's two minutes
+        (120, 10, 5, 10),  # stop_grace_s asks for less than the notice leaves: that
+        (30, 60, 5, 25),  # asks for more: what the notice leaves less the reserve
+        (7, 60, 3, 4),
+        (120, 0, 5, 1),
+        (900, 300, 5, 115),
+    ],
+)
+def test_notice_grace(left: float, stop_grace: float | None, reserve: float, grace: float) -> None:
+    assert notice_grace(left, stop_grace, reserve) == pytest.approx(grace)
+    assert NOTICE_GRACE_S == notice_grace(30) == 25.0  # the agent's SIGTERM without a spec
+
+
+class _RecordingFolder(RunFolder):
+    """The run folder, remembering every status.json the agent writes, in order (the status writer
+    holds its lock while it writes, so the order is the writes' order)."""
+
+    def __init__(self, uri: str, status_key: str) -> None:
+        super().__init__(uri)
+        self.status_key, self.statuses = status_key, []
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        super().put_bytes(key, data)
+        if key == self.status_key:
+            self.statuses.append(runs.RunStatus.from_json(data.decode()))
+
+
+SAVING_JOB = r"""D="$CLOUDTRAIN_CHECKPOINT_DIR"
+trap 'echo s7 > "$D/.ckpt-00007.pt.tmp"; mv "$D/.ckpt-00007.pt.tmp" "$D/ckpt-00007.pt"; exit 143' TERM
+echo started
+while true; do sleep 0.1; done"""
+
+
+def test_notice_record_is_filled_in_before_the_final_status(
+    s3: Any, metadata: MetadataServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a notice the status's interruption record gains ``job_stopped_at`` once the job exited and
+    ``checkpoint_at`` / ``checkpoint_step`` once its last checkpoint is up: each written as the agent
+    gets there, all before the final status. ``checkpoint`` says which step and when it was saved."""
+    run = Run(s3, metadata, tmp_path, command=SAVING_JOB, checkpoint_interval_s=3600.0)
+    folder = _RecordingFolder(run.uri, runs.status_key(run.iid))
+    monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", metadata.endpoint_for(run.iid))
+    agent = Agent(run.uri, instance_id=run.iid, workdir=str(tmp_path / "work"), folder=folder)
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+    run.wait_for_log("started", timeout=60)
+    metadata.set_spot_action(run.iid, "terminate", at=time.time() + 60)
+    thread.join(120)
+    assert not thread.is_alive(), "the agent did not finish"
+    final = folder.statuses[-1]
+    assert final.state == runs.INTERRUPTED and final.exit_code == 143, final
+    record = final.interruption or {}
+    assert record["kind"] == "spot" and record["checkpoint_step"] == 7
+    assert record["notice_at"] <= record["job_stopped_at"] <= record["checkpoint_at"] <= final.ended_at
+    before = folder.statuses[:-1]
+    assert not any(s.final for s in before)
+    with_record = [s.interruption or {} for s in before]
+    stopped = next(i for i, r in enumerate(with_record) if "job_stopped_at" in r)
+    uploaded = next(i for i, r in enumerate(with_record) if "checkpoint_step" in r)
+    assert stopped < uploaded and "checkpoint_at" not in with_record[stopped]
+    assert with_record[uploaded] == record  # the final status adds nothing to it
+    manifest = runs.Manifest.from_json(run.folder.get_text(runs.manifest_key(7)) or "")
+    assert manifest.saved_at is not None and manifest.saved_at <= record["job_stopped_at"]
+    assert final.checkpoint == {
+        "step": 7,
+        "saved_at": manifest.saved_at,
+        "uploaded_at": record["checkpoint_at"],
+    }
+    assert final.restored_step is None
+    # the grace: what the ~60 s notice leaves less the 5 s reserve for the sync
+    said = re.search(r"stopping the job, ([\d.]+) s grace", run.log(notes=True))
+    assert said is not None and 40 < float(said.group(1)) <= 55
 
 
 def test_max_runtime(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:

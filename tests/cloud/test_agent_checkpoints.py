@@ -5,7 +5,10 @@ Run 1 is stopped midway the way an interruption stops it (SIGTERM to the agent):
 exits, the agent uploads the newest checkpoint and its ``MANIFEST.json``. Run 2, a fresh agent with a
 new instance id on the same run folder, restores that step before the job starts, and the job goes on
 from it to the end. A step uploaded without its manifest, or with a hash that does not match, is
-skipped and the previous one used. Every wait is on a condition with a deadline.
+skipped and the previous one used; so is the half-uploaded step of an uploader SIGKILLed in the
+middle of it. The status reports ``restored_step``, the newest uploaded ``checkpoint`` and, on a
+notice, when the job stopped and its last checkpoint went up. Every wait is on a condition with a
+deadline.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from airflow_cloudtrain import runs
+from airflow_cloudtrain import checkpoint, runs
 from airflow_cloudtrain.agent.logs import NOTE_PREFIX
 from airflow_cloudtrain.agent.storage import RunFolder, open_run_folder
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET
@@ -198,6 +201,9 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(
     assert any(n.startswith(f"checkpoint step {last} uploaded") for n in first.notes())
     assert not [k for k in folder.list("checkpoints/") if ".tmp" in k or "/." in k]  # never temp files
     assert "resumed from step 0" in first.job_log()
+    assert status.restored_step is None and status.checkpoint is not None
+    assert status.checkpoint["step"] == last and manifest.saved_at == status.checkpoint["saved_at"]
+    assert status.checkpoint["saved_at"] <= status.checkpoint["uploaded_at"] <= status.ended_at
     assert '"CLOUDTRAIN_RESUMED": "0"' in first.job_log() and "CLOUDTRAIN_RESUMED_STEP" not in first.job_log()
     # the job imported the checkpoint module from the agent zip in its workdir (python -S, PYTHONPATH)
     assert f"module {first.workdir}/.cloudtrain/agent.zip/airflow_cloudtrain/checkpoint.py" in first.job_log()
@@ -209,6 +215,7 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(
     status = second.wait()
     assert status.state == runs.SUCCEEDED and status.exit_code == 0, (status, second.log()[-3000:])
     assert f"resumed from step {last}\n" in second.job_log()
+    assert status.restored_step == last and status.checkpoint and status.checkpoint["step"] == total
     env = json.loads(re.search(r"^env (.*)$", second.job_log(), re.M).group(1))  # type: ignore[union-attr]
     assert env == {
         "CLOUDTRAIN_RESUMED": "1",
@@ -293,3 +300,88 @@ def test_interruption_notice_uploads_the_last_checkpoint(
     notes = agent.notes()
     uploaded = [i for i, n in enumerate(notes) if n.startswith(f"checkpoint step {last} uploaded")]
     assert uploaded and uploaded[0] < notes.index("finished: interrupted, exit code 143")
+    # the record says when the job stopped and when its last checkpoint was up, inside the notice
+    record = status.interruption
+    assert record["checkpoint_step"] == last and status.checkpoint and status.checkpoint["step"] == last
+    assert record["notice_at"] <= record["job_stopped_at"] <= record["checkpoint_at"] <= status.ended_at
+    assert record["checkpoint_at"] == status.checkpoint["uploaded_at"]
+    if "at" in record:
+        assert record["checkpoint_at"] <= record["at"]
+
+
+# Uploads one complete checkpoint step (3), then starts on a three-file step (4) and blocks inside
+# the upload of its second file, after writing the marker: the test SIGKILLs it right there.
+KILLED_UPLOADER = r"""
+import sys, time
+from pathlib import Path
+from airflow_cloudtrain import checkpoint
+from airflow_cloudtrain.agent.checkpoints import CheckpointSync
+from airflow_cloudtrain.agent.storage import open_run_folder
+
+uri, local, marker = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+uploads = []
+
+def call(fn, what):
+    if what == "checkpoint upload" and len(uploads) == 2:  # step 3's file and step 4's first are up
+        marker.write_text("blocked")
+        time.sleep(3600)
+    result = fn()
+    if what == "checkpoint upload":
+        uploads.append(1)
+    return result
+
+sync = CheckpointSync(open_run_folder(uri), local, "i-killed", call=call)
+checkpoint.save(local / "ckpt-00003.pkl", lambda tmp: tmp.write_bytes(b"three" * 1000))
+assert sync.sync() == 3
+step = local / "step-00004"
+for name in ("a.bin", "b.bin", "c.bin"):
+    (step / name).parent.mkdir(parents=True, exist_ok=True)
+    (step / name).write_bytes(name.encode() * 100_000)
+checkpoint.mark_complete(step)
+sync.sync()
+print("never here", flush=True)
+"""
+
+
+def test_uploader_killed_mid_step_leaves_a_step_restore_ignores(
+    run_folder: tuple[Any, RunFolder, Path, str],
+) -> None:
+    """A real SIGKILL in the middle of a multi-file step: its folder holds part of the files and no
+    manifest; a fresh restore takes the previous step, verified, and a new upload of the step clears
+    the leftovers first."""
+    from airflow_cloudtrain.agent.checkpoints import CheckpointSync
+
+    _, folder, tmp, _ = run_folder
+    local, marker = tmp / "uploader", tmp / "blocked"
+    local.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    argv = [sys.executable, "-c", KILLED_UPLOADER, folder.uri, str(local), str(marker)]
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for("the uploader to block in step 4", lambda: marker.exists() or proc.poll() is not None)
+        assert marker.exists(), proc.communicate()[1].decode()[-3000:]
+    finally:
+        proc.kill()  # SIGKILL: no cleanup, no manifest
+        out, _ = proc.communicate(timeout=60)
+    assert b"never here" not in out
+    step4 = runs.checkpoint_prefix(4)
+    assert folder.list(f"{step4}/") == [f"{step4}/step-00004/a.bin"]  # one of three, no manifest
+    assert manifest_steps(folder) == [3]
+
+    notes: list[str] = []
+    restored = tmp / "restored"
+    assert CheckpointSync(folder, restored, "i-new", note=notes.append).restore() == 3
+    assert (restored / "ckpt-00003.pkl").read_bytes() == (local / "ckpt-00003.pkl").read_bytes()
+    assert checkpoint.latest(restored) == restored / "ckpt-00003.pkl"
+    assert not (restored / "step-00004").exists() and not any("step 4" in n for n in notes), notes
+
+    # the same step, changed, uploaded by a new agent: the killed one's leftover (a.bin) goes first
+    (local / "step-00004" / "a.bin").unlink()
+    (local / "step-00004" / "d.bin").write_bytes(b"new")
+    assert CheckpointSync(folder, local, "i-next", note=notes.append).sync() == 4
+    names = ("MANIFEST.json", "step-00004/b.bin", "step-00004/c.bin", "step-00004/d.bin")
+    assert folder.list(f"{step4}/") == [f"{step4}/{name}" for name in names]
+    again = tmp / "again"
+    assert CheckpointSync(folder, again, "i-third", note=notes.append).restore() == 4
+    restored_files = sorted(p.name for p in (again / "step-00004").iterdir())
+    assert restored_files == [".complete", "b.bin", "c.bin", "d.bin"]

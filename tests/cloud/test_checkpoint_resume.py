@@ -1,0 +1,255 @@
+"""CheckpointResumeOperator on the emulated EC2 and GCE, inside real Airflow.
+
+The job (``jobs/steps.py``) counts steps, checkpoints every few steps and on SIGTERM, and resumes
+from the newest complete checkpoint it finds. The tests interrupt its instances at random steps
+(seeded, printed) and check what a user would: the task's state, the step each attempt restored
+(it must be the newest complete checkpoint of the attempt before), the job's own "resumed from
+step N" line, the ledger in the XCom and in the run folder, and that every instance is gone.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dag_helpers import task_states, write_dag, xcom
+
+from airflow_cloudtrain.agent.storage import open_run_folder
+from airflow_cloudtrain.runs import RunKey, join, log_prefix
+
+JOBS = str(Path(__file__).parent / "jobs")
+SPOT = {"aws": "ec2spot", "gcp": "gcspot"}
+BUCKET = {"aws": "s3://cloudtrain-emulated/resume", "gcp": "gs://cloudtrain-emulated/resume"}
+REGION = {"aws": "us-east-1", "gcp": "us-central1"}
+LAUNCH_CALL = {"aws": "RunInstances", "gcp": "instances.insert"}
+
+
+def resume_dag(dag_id: str, provider: str, command: str, deferrable: bool = False, extra: str = "") -> Any:
+    source = textwrap.dedent(
+        f"""
+        from datetime import datetime, timedelta
+        from airflow.sdk import DAG
+        from airflow_cloudtrain.operators import CheckpointResumeOperator
+
+        with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+            CheckpointResumeOperator(
+                task_id="train", cloud={SPOT[provider]!r}, cpus=2, ram="4g", code={JOBS!r},
+                command={command!r}, bucket={BUCKET[provider]!r}, region={REGION[provider]!r},
+                poll_interval=0.5, live_prices=False, checkpoint_interval=1, deferrable={deferrable},
+                {extra})
+        """
+    )
+    return write_dag(source, dag_id)
+
+
+def job_steps(log: str) -> list[int]:
+    return [int(n) for n in re.findall(r"step (\d+) at", log)]
+
+
+class Interrupter:
+    """Interrupts each new instance once its job has reached the next step in ``at`` (a notice of
+    ``notice_s[i]`` seconds, 0 = none); remembers the highest step each job printed before."""
+
+    def __init__(self, emu: Any, at: list[int], notice_s: list[float]) -> None:
+        self.emu, self.at, self.notice_s = emu, at, notice_s
+        self.done: list[tuple[str, int]] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        seen: set[str] = set()
+        deadline = time.monotonic() + 300
+        while len(self.done) < len(self.at) and time.monotonic() < deadline:
+            for inst in self.emu.running_instances():
+                if inst["id"] in seen:
+                    continue
+                log = self.emu.agent_log(inst["id"])
+                steps = job_steps(log)
+                first = steps[0] - 1 if steps else 0
+                if steps and steps[-1] - first >= self.at[len(self.done)]:
+                    seen.add(inst["id"])
+                    self.done.append((inst["id"], steps[-1]))
+                    self.emu.interrupt(inst["id"], notice_s=self.notice_s[len(self.done) - 1])
+                    break
+            time.sleep(0.1)
+
+    def join(self) -> None:
+        self.thread.join(10)
+
+
+def job_log(result: dict[str, Any], instance_id: str) -> str:
+    folder = open_run_folder(result["run_uri"])
+    return "".join(folder.get_text(k) or "" for k in folder.list(log_prefix(instance_id)))
+
+
+def check_ledger(result: dict[str, Any]) -> None:
+    """The ledger's totals are its rows' sums, in the XCom and in the run folder."""
+    rows, totals = result["attempts"], result["totals"]
+    assert totals["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in rows))
+    assert result["cost_usd"] == totals["cost_usd"]
+    assert totals["interruptions"] == sum(r["ended"].startswith("interrupted") for r in rows)
+    assert result["interruptions"] == totals["interruptions"]
+    assert all(r["cost_usd"] > 0 for r in rows if r["instance_id"])
+    folder = open_run_folder(result["run_uri"])
+    stored = __import__("json").loads(folder.get_text(f"ledger/{result['run_id']}.json"))
+    assert [r["instance_id"] for r in stored["attempts"]] == [r["instance_id"] for r in rows]
+    assert stored["state"] == "succeeded"
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])
+@pytest.mark.parametrize("provider", ["aws", "gcp"])
+def test_interruptions_resume_from_the_latest_complete_checkpoint(
+    emu, airflow_db, provider: str, deferrable: bool
+) -> None:
+    seed = random.randrange(10_000)
+    rng = random.Random(seed)
+    at = [rng.randint(3, 9), rng.randint(3, 9)]
+    print(f"seed {seed}: interrupting after {at} steps")
+    dag_id = f"resume_{provider}_{int(deferrable)}"
+    interrupter = Interrupter(emu, at, notice_s=[8, 0])  # first with a notice, then without
+    run = resume_dag(dag_id, provider, "python3 steps.py 40 2 0.25", deferrable).test()
+    interrupter.join()
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    rows = result["attempts"]
+    assert [r["ended"] for r in rows] == ["interrupted", "interrupted_no_notice", "finished"], rows
+    assert [r["instance_id"] for r in rows[:2]] == [iid for iid, _ in interrupter.done]
+    for before, after in zip(rows, rows[1:], strict=False):
+        # the newest complete checkpoint of the attempt before, never beyond what that job reached
+        # (the machine's own output: a job killed without notice may not have flushed its log)
+        reached = max(job_steps(emu.agent_log(before["instance_id"])))
+        assert after["restored_step"] is not None
+        assert before["checkpoint_step"] <= after["restored_step"] <= reached
+        assert f"resumed from step {after['restored_step']}" in emu.agent_log(after["instance_id"])
+    # with a notice the job saved on SIGTERM: the next attempt starts where it stopped
+    assert rows[1]["restored_step"] == rows[0]["checkpoint_step"]
+    assert rows[0]["work_lost_s"] < 3
+    assert result["resumed_step"] == rows[2]["restored_step"]
+    assert result["restarts"] == 2 and result["interruptions"] == 2
+    folder = open_run_folder(result["run_uri"])
+    assert folder.get_text(f"results/{rows[2]['instance_id']}/final.json") == '{"step": 40}'
+    check_ledger(result)
+
+
+def test_max_restarts_spent_fails_the_task_and_says_why(emu, airflow_db, capfd) -> None:
+    interrupter = Interrupter(emu, [2, 2], notice_s=[0, 0])
+    run = resume_dag("resume_budget", "aws", "python3 steps.py 200 2 0.25", extra="max_restarts=1").test()
+    interrupter.join()
+    assert task_states(run) == {"train": "failed"}
+    assert "2 interruptions, more than max_restarts=1" in capfd.readouterr().out
+    key = RunKey("resume_budget", "train", run.run_id, -1, BUCKET["aws"])
+    folder = open_run_folder(join(BUCKET["aws"], key.path()))
+    ledger = __import__("json").loads(folder.get_text(f"ledger/{key.short_id}.json"))
+    assert ledger["state"] == "failed" and len(ledger["attempts"]) == 2
+
+
+@pytest.mark.parametrize("budget", [0, 1])
+def test_a_failed_job_is_relaunched_only_within_max_restarts_on_errors(
+    emu, airflow_db, capfd, budget: int
+) -> None:
+    dag_id = f"resume_errors_{budget}"
+    run = resume_dag(
+        dag_id, "gcp", "python3 steps.py 8 2 0.2 5", extra=f"max_restarts_on_errors={budget}"
+    ).test()
+    if budget == 0:
+        assert task_states(run) == {"train": "failed"}
+        assert "more than max_restarts_on_errors=0" in capfd.readouterr().out
+        return
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    assert [r["ended"] for r in result["attempts"]] == ["job_error", "finished"]
+    assert result["attempts"][0]["exit_code"] == 3
+    assert result["attempts"][1]["restored_step"] == 4  # the checkpoint before the failure
+    assert "restarts=1" in job_log(result, result["attempts"][1]["instance_id"])
+
+
+def test_on_demand_after_relaunches_on_demand(emu, airflow_db) -> None:
+    interrupter = Interrupter(emu, [3], notice_s=[0])
+    run = resume_dag("resume_od", "aws", "python3 steps.py 16 2 0.25", extra="on_demand_after=1").test()
+    interrupter.join()
+    assert task_states(run) == {"train": "success"}
+    rows = xcom(run, "train")["attempts"]
+    assert [(r["cloud"], r["spot"]) for r in rows] == [("ec2spot", True), ("ec2", False)]
+
+
+def test_resume_from_continues_an_earlier_runs_checkpoints(emu, airflow_db) -> None:
+    interrupter = Interrupter(emu, [5], notice_s=[0])
+    first = resume_dag("resume_first", "aws", "python3 steps.py 30 2 0.25", extra="max_restarts=0").test()
+    interrupter.join()
+    assert task_states(first) == {"train": "failed"}
+    key = RunKey("resume_first", "train", first.run_id, -1, BUCKET["aws"])
+    first_uri = join(BUCKET["aws"], key.path())
+    ledger = __import__("json").loads(open_run_folder(first_uri).get_text(f"ledger/{key.short_id}.json"))
+    saved = ledger["attempts"][0]["checkpoint_step"]
+    assert saved is not None
+
+    run = resume_dag(
+        "resume_second", "aws", "python3 steps.py 30 2 0.25", extra=f"resume_from={key.short_id!r}"
+    ).test()
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    assert result["run_uri"] == first_uri and result["resumed_from"] == first_uri
+    assert result["attempts"][0]["restored_step"] >= saved
+    assert (
+        open_run_folder(first_uri).get_text(f"results/{result['instance_id']}/final.json") == '{"step": 30}'
+    )
+
+    missing = resume_dag("resume_missing", "aws", "true", extra="resume_from='ct-0123456789ab'").test()
+    assert task_states(missing) == {"train": "failed"}
+
+
+@pytest.mark.parametrize(
+    ("deadline", "spot"),
+    [("timedelta(seconds=90)", False), ("timedelta(hours=6)", True)],
+    ids=["short-slack-on-demand", "ample-slack-spot"],
+)
+def test_the_deadline_policy_chooses_by_slack(emu, airflow_db, deadline: str, spot: bool) -> None:
+    dag_id = f"resume_deadline_{int(spot)}"
+    extra = f"policy='deadline', deadline={deadline}, expected_duration=30"
+    run = resume_dag(dag_id, "gcp", "python3 steps.py 4 2 0.2", extra=extra).test()
+    assert task_states(run) == {"train": "success"}
+    (row,) = xcom(run, "train")["attempts"]
+    assert row["spot"] is spot and row["cloud"] == ("gcspot" if spot else "gcloud")
+
+
+def test_the_deadline_policy_waits_out_a_spot_capacity_gap(emu, airflow_db) -> None:
+    import boto3
+
+    emu.fail_capacity("t3.medium")
+    s3 = boto3.client("s3")
+
+    def capacity_error_in_ledger() -> bool:
+        listing = s3.list_objects_v2(Bucket="cloudtrain-emulated", Prefix="resume/runs/resume_gap/")
+        for obj in listing.get("Contents", []):
+            if "/ledger/" in obj["Key"]:
+                body = s3.get_object(Bucket="cloudtrain-emulated", Key=obj["Key"])["Body"].read()
+                if b"capacity_error" in body:
+                    return True
+        return False
+
+    def clear_when(cond: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not cond():
+            time.sleep(0.2)
+        emu.clear_faults()
+
+    gap = threading.Thread(target=clear_when, args=(capacity_error_in_ledger,), daemon=True)
+    gap.start()
+    extra = (
+        "policy='deadline', deadline=timedelta(hours=6), expected_duration=60, "
+        "instance_type='t3.medium', max_launch_attempts=1"
+    )
+    run = resume_dag("resume_gap", "aws", "python3 steps.py 4 2 0.2", extra=extra).test()
+    gap.join(5)
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    assert [r["ended"] for r in result["attempts"]] == ["capacity_error", "finished"]
+    assert result["attempts"][1]["spot"] is True  # it waited for spot instead of paying on-demand
+    assert result["totals"]["waited_s"] > 0
