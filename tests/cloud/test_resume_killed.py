@@ -1,0 +1,189 @@
+"""The checkpoint-resume loop survives its own worker and triggerer: SIGKILLed, then run again.
+
+Try 1 runs ``dag.test()`` in a subprocess that dies (SIGKILL: no cleanup code of ours runs) between
+two attempts, in the middle of finishing one, or while the deferred attempt's trigger runs; the run
+is then continued in this process. The loop must go on from its saved history: the interrupted
+attempt counted once, the running instance adopted rather than launched twice, the job resumed from
+its checkpoint, and nothing left in the cloud.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+import time
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dag_helpers import load_example, task_states, write_dag, xcom
+
+JOBS = str(Path(__file__).parent / "jobs")
+BUCKET = {"aws": "s3://cloudtrain-emulated/resume-killed", "gcp": "gs://cloudtrain-emulated/resume-killed"}
+CLOUD = {"aws": "ec2spot", "gcp": "gcspot"}
+REGION = {"aws": "us-east-1", "gcp": "us-central1"}
+LAUNCH_CALL = {"aws": "RunInstances", "gcp": "instances.insert"}
+
+DAG_SOURCE = """
+import os
+import signal
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_cloudtrain.lifecycle.loop import RecoveryLoop
+from airflow_cloudtrain.operators import CheckpointResumeOperator
+
+DIE_AT = os.environ.get("CLOUDTRAIN_TEST_DIE_AT")  # set only in the process that plays the dying worker
+
+
+def die(step):
+    if DIE_AT == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class DyingLoop(RecoveryLoop):
+    def _finish(self, attempt, launch, outcome):
+        die("finishing")  # the end is saved as pending; nothing released or accounted yet
+        row = super()._finish(attempt, launch, outcome)
+        die("between_attempts")  # the row is saved; the next attempt not launched
+        return row
+
+
+class DyingResume(CheckpointResumeOperator):
+    def defer(self, **kwargs):
+        mark = os.environ.get("CLOUDTRAIN_TEST_MARK")
+        if mark:  # tells the test that the attempt's trigger is about to run
+            with open(mark, "a") as out:
+                out.write(kwargs.get("method_name", "") + "\\n")
+        super().defer(**kwargs)
+
+    def _loop(self, context):
+        loop = super()._loop(context)
+        loop.__class__ = DyingLoop
+        return loop
+
+
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+    DyingResume(task_id="train", cloud="{cloud}", cpus=2, ram="4g", code={jobs!r}, bucket="{bucket}",
+                region="{region}", poll_interval=0.5, live_prices=False, checkpoint_interval=1,
+                deferrable={deferrable}, command="python3 steps.py 24 2 0.25")
+"""
+
+
+def first_try(
+    dag_id: str, logical_date: datetime, die_at: str | None, mark: Path | None = None
+) -> subprocess.Popen[str]:
+    tests = Path(__file__).resolve().parents[1]
+    code = textwrap.dedent(
+        f"""
+        import sys
+        from datetime import datetime
+        sys.path.insert(0, {str(tests)!r})
+        from dag_helpers import load_example
+        when = datetime.fromisoformat({logical_date.isoformat()!r})
+        load_example({dag_id!r}).test(logical_date=when, run_after=when)
+        """
+    )
+    env = {**os.environ, "CLOUDTRAIN_TEST_DIE_AT": die_at or "", "CLOUDTRAIN_TEST_MARK": str(mark or "")}
+    return subprocess.Popen(
+        [sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+
+
+def wait_for(condition: Any, timeout: float = 180) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := condition():
+            return value
+        time.sleep(0.2)
+    raise AssertionError("condition not met in time")
+
+
+def job_step(emu: Any, instance_id: str) -> int:
+    steps = re.findall(r"step (\d+) at", emu.agent_log(instance_id))
+    return int(steps[-1]) if steps else 0
+
+
+@pytest.mark.parametrize("die_at", ["finishing", "between_attempts"])
+@pytest.mark.parametrize("provider", ["aws", "gcp"])
+def test_worker_killed_around_a_relaunch_continues_the_loop(
+    emu, airflow_db, provider: str, die_at: str
+) -> None:
+    dag_id = f"resume_killed_{provider}_{die_at}"
+    write_dag(
+        DAG_SOURCE.format(
+            dag_id=dag_id,
+            cloud=CLOUD[provider],
+            bucket=BUCKET[provider],
+            region=REGION[provider],
+            jobs=JOBS,
+            deferrable=False,
+        ),
+        dag_id,
+    )
+    when = datetime(2026, 2, 1, tzinfo=timezone.utc) + timedelta(
+        hours=["finishing", "between_attempts"].index(die_at)
+    )
+    emu.reset_counts()
+    proc = first_try(dag_id, when, die_at)
+    first = wait_for(
+        lambda: next((i["id"] for i in emu.running_instances() if job_step(emu, i["id"]) >= 4), None)
+    )
+    emu.interrupt(first, notice_s=0)
+    assert proc.wait(timeout=240) == -9, proc.stderr.read()[-3000:] if proc.stderr else ""
+    assert emu.request_counts().get(LAUNCH_CALL[provider]) == 1  # it died before relaunching
+
+    run = load_example(dag_id).test(logical_date=when, run_after=when)
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    rows = result["attempts"]
+    assert [r["ended"] for r in rows] == ["interrupted_no_notice", "finished"]  # counted once
+    assert rows[0]["instance_id"] == first and rows[1]["instance_id"] != first
+    assert rows[1]["restored_step"] >= rows[0]["checkpoint_step"] >= 2
+    assert emu.request_counts().get(LAUNCH_CALL[provider]) == 2  # one relaunch, no duplicate
+    assert result["totals"]["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in rows))
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp"])
+def test_triggerer_and_worker_killed_mid_attempt_adopt_the_running_instance(
+    emu, airflow_db, tmp_path: Path, provider: str
+) -> None:
+    """The deferred attempt's trigger dies with its process; the task runs again and re-attaches to
+    the same instance (its job goes on undisturbed) instead of launching a second one."""
+    dag_id = f"resume_trigger_killed_{provider}"
+    write_dag(
+        DAG_SOURCE.format(
+            dag_id=dag_id,
+            cloud=CLOUD[provider],
+            bucket=BUCKET[provider],
+            region=REGION[provider],
+            jobs=JOBS,
+            deferrable=True,
+        ),
+        dag_id,
+    )
+    when = datetime(2026, 3, 1, tzinfo=timezone.utc)
+    emu.reset_counts()
+    mark = tmp_path / "deferred"
+    proc = first_try(dag_id, when, None, mark)
+
+    def deferred_and_running() -> str | None:
+        if not mark.exists() or "attempt_complete" not in mark.read_text():
+            return None
+        return next((i["id"] for i in emu.running_instances() if job_step(emu, i["id"]) >= 3), None)
+
+    instance = wait_for(deferred_and_running)
+    proc.kill()
+    proc.wait(timeout=60)
+    assert instance in [i["id"] for i in emu.running_instances()]  # the job runs on meanwhile
+
+    run = load_example(dag_id).test(logical_date=when, run_after=when)
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    assert [(r["ended"], r["instance_id"]) for r in result["attempts"]] == [("finished", instance)]
+    assert emu.request_counts().get(LAUNCH_CALL[provider]) == 1
