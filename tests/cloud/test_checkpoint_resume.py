@@ -253,3 +253,30 @@ def test_the_deadline_policy_waits_out_a_spot_capacity_gap(emu, airflow_db) -> N
     assert [r["ended"] for r in result["attempts"]] == ["capacity_error", "finished"]
     assert result["attempts"][1]["spot"] is True  # it waited for spot instead of paying on-demand
     assert result["totals"]["waited_s"] > 0
+
+
+def test_a_hung_job_is_stopped_as_idle_with_the_reason_in_the_task_log(emu, airflow_db, capfd) -> None:
+    run = resume_dag("resume_idle", "gcp", "echo started; sleep 600", extra="idle_timeout=3").test()
+    assert task_states(run) == {"train": "failed"}
+    out = capfd.readouterr().out
+    assert "no CPU or GPU use for 3 s (idle_timeout)" in out
+    assert "more than max_restarts_on_errors=0" in out
+    key = RunKey("resume_idle", "train", run.run_id, -1, BUCKET["gcp"])
+    folder = open_run_folder(join(BUCKET["gcp"], key.path()))
+    ledger = __import__("json").loads(folder.get_text(f"ledger/{key.short_id}.json"))
+    assert [r["ended"] for r in ledger["attempts"]] == ["idle"]
+
+
+def test_runs_show_prints_the_ledger_without_airflow(emu, airflow_db, capsys) -> None:
+    from airflow_cloudtrain.cli import main
+
+    run = resume_dag("resume_show", "aws", "python3 steps.py 4 2 0.2").test()
+    result = xcom(run, "train")
+    capsys.readouterr()
+    assert main(["runs", "show", result["run_id"], "--bucket", BUCKET["aws"]]) == 0
+    out = capsys.readouterr().out
+    assert result["run_id"] in out and "finished" in out and result["instance_type"] in out
+    assert f"${result['cost_usd']:.6f}" in out
+    assert main(["runs", "show", result["run_uri"], "--json"]) == 0
+    assert __import__("json").loads(capsys.readouterr().out)["attempts"][0]["ended"] == "finished"
+    assert main(["runs", "show", "ct-000000000000", "--bucket", BUCKET["aws"]]) == 1
