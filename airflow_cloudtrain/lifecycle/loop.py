@@ -34,7 +34,8 @@ from airflow_cloudtrain.lifecycle.recovery import (
     row_for,
 )
 from airflow_cloudtrain.lifecycle.retry import call_with_retry
-from airflow_cloudtrain.runs import SPEC_KEY, RunStatus, join, status_key
+from airflow_cloudtrain.lifecycle.waiting import parse_heartbeat
+from airflow_cloudtrain.runs import SPEC_KEY, RunStatus, heartbeat_key, join, status_key
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.lifecycle.records import LaunchRecord, Outcome
@@ -155,9 +156,11 @@ class RecoveryLoop:
 
     def _finish(self, attempt: RunAttempt, launch: LaunchRecord, outcome: Outcome) -> AttemptRow:
         done = attempt.finish(launch, outcome)
-        raw = call_with_retry(lambda: attempt.folder.get_text(status_key(launch.instance_id)))
+        folder, iid = attempt.folder, launch.instance_id
+        raw = call_with_retry(lambda: folder.get_text(status_key(iid)))
+        beat = parse_heartbeat(call_with_retry(lambda: folder.get_text(heartbeat_key(iid))))
         status = RunStatus.from_json(raw) if raw else None
-        row = row_for(done, status, len(self.history.attempts) + 1, self.ctx.try_number)
+        row = row_for(done, status, len(self.history.attempts) + 1, self.ctx.try_number, beat)
         if not self.history.has(launch.instance_id):
             self.history.attempts.append(row)
         self.history.pending = None

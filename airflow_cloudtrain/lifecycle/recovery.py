@@ -171,15 +171,22 @@ def ending_of(state: str, interrupted: bool, notice: bool) -> str:
     return {"failed": JOB_ERROR, "idle": IDLE, "timed_out": TIMED_OUT}.get(state, LOST)
 
 
-def row_for(attempt: Attempt, status: RunStatus | None, number: int, try_number: int) -> AttemptRow:
-    """One ledger row: the attempt's launch, outcome and cost, plus the agent's checkpoint facts."""
+def row_for(
+    attempt: Attempt,
+    status: RunStatus | None,
+    number: int,
+    try_number: int,
+    last_beat: float | None = None,
+) -> AttemptRow:
+    """One ledger row: the attempt's launch, outcome and cost, plus the agent's checkpoint facts.
+    ``last_beat``: the agent's last heartbeat, when the job may have stopped without a word."""
     launch, outcome = attempt.launch, attempt.outcome
     notice = bool(status and status.interruption and status.interruption.get("notice_at"))
     ended = ending_of(outcome.state, outcome.interrupted, notice)
     checkpoint = (status.checkpoint if status else None) or {}
     saved_at = checkpoint.get("saved_at")
     job_started = status.job_started_at if status else None
-    stopped = _stopped_at(status, attempt)
+    stopped = _stopped_at(status, attempt, last_beat)
     lost = None
     progress = 0.0
     if job_started is not None:
@@ -216,18 +223,15 @@ def row_for(attempt: Attempt, status: RunStatus | None, number: int, try_number:
     )
 
 
-def _stopped_at(status: RunStatus | None, attempt: Attempt) -> float:
+def _stopped_at(status: RunStatus | None, attempt: Attempt, last_beat: float | None) -> float:
     """When the job stopped making progress: it exited after a notice, the agent ended, or (no word
-    from the agent) its last status update, else the release."""
+    from the agent) the last sign of life (status update or heartbeat), else the release."""
     interruption: dict[str, Any] = (status.interruption if status else None) or {}
-    for value in (
-        interruption.get("job_stopped_at"),
-        status.ended_at if status else None,
-        status.updated_at if status else None,
-    ):
+    for value in (interruption.get("job_stopped_at"), status.ended_at if status else None):
         if value:
             return float(value)
-    return attempt.released_at
+    seen = [v for v in (status.updated_at if status else None, last_beat) if v]
+    return float(max(seen)) if seen else attempt.released_at
 
 
 def capacity_row(number: int, try_number: int, cloud: str, message: str, now: float) -> AttemptRow:
