@@ -1,7 +1,14 @@
 """The demo: the main job (example_dags/ec2_train.py) on the emulated clouds, inside real Airflow.
 
-Starts the emulator, prepares an isolated AIRFLOW_HOME with a migrated metadata DB, runs the DAG
+Starts the emulator, prepares an isolated AIRFLOW_HOME with a migrated metadata DB, runs the DAGs
 with ``dag.test()`` and prints what happened: offer chosen, instance, job log, result, cost.
+
+``retrain_spot`` (the checkpoint-resume example) runs with two injected spot interruptions: the
+first instance is interrupted with a 10 s notice once its job passed 1/4 of the steps, the second
+without a notice once its job passed 1/2 (``example_dags/spot_interrupter.py``). The demo prints
+where each attempt resumed, the per-attempt cost ledger and its totals.
+
+Exits 1 if a DAG run failed, an injected interruption did not happen, or an instance is left running.
 """
 
 from __future__ import annotations
@@ -29,11 +36,20 @@ def prepare_airflow_home() -> None:
     db.initdb()
 
 
-def load_dag(name: str):
+def load_module(name: str):
     spec = importlib.util.spec_from_file_location(f"example_dags.{name}", DAGS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.dag
+    return module
+
+
+def load_dag(name: str):
+    return load_module(name).dag
+
+
+SPOT_STEPS = 60  # retrain_spot's training steps
+# (interrupt once the job passed this step, notice seconds): 1/4 with a notice, 1/2 without one
+SPOT_PLAN = [(SPOT_STEPS // 4, 10.0), (SPOT_STEPS // 2, 0.0)]
 
 
 def summarize(name: str, run) -> None:
@@ -65,16 +81,84 @@ def summarize(name: str, run) -> None:
     print("  XCom         :", json.dumps(result, default=str))
 
 
+def summarize_spot(run, injected: list[dict]) -> None:
+    """retrain_spot: the interruptions, where each attempt resumed, the ledger and its totals."""
+    from airflow_cloudtrain.agent.storage import open_run_folder
+    from airflow_cloudtrain.lifecycle.history import format_ledger, ledger_key
+    from airflow_cloudtrain.runs import log_prefix
+
+    def show(value, pattern="{}"):
+        return "-" if value is None else pattern.format(value)
+
+    print(f"\n=== retrain_spot: dag run {run.state} ===")
+    for ti in sorted(run.get_task_instances(), key=lambda t: t.start_date or t.end_date):
+        print(f"  task {ti.task_id:<14} {ti.state}")
+    print("  interruptions injected:")
+    for item in injected:
+        how = f"{item['notice_s']:g} s notice" if item["notice_s"] > 0 else "no notice"
+        print(f"    {item['instance_id']} when its job was at step {item['step']} ({how})")
+    result = run.get_task_instance("train").xcom_pull(task_ids="train")
+    if not result:
+        return
+    folder = open_run_folder(result["run_uri"])
+    print("  attempts (ended, instance, restored step, checkpoint step, work lost, cost; the job's log):")
+    for row in result["attempts"]:
+        print(
+            f"    #{row['attempt']} {row['ended']:<22} {show(row['instance_id']):<20} "
+            f"restored {show(row['restored_step']):>3}  checkpoint {show(row['checkpoint_step']):>3}  "
+            f"work lost {show(row['work_lost_s'], '{:.1f}'):>4} s  ${row['cost_usd']:.6f}"
+        )
+        if row.get("instance_id"):
+            log = "".join(folder.get_text(k) or "" for k in folder.list(log_prefix(row["instance_id"])))
+            for line in log.splitlines():
+                if line.startswith(("resumed from step", "fresh start", "SIGTERM", "done:")):
+                    print(f"       | {line}")
+    raw = folder.get_text(ledger_key(result["run_id"]))
+    ledger = json.loads(raw) if raw else {**result, "state": "?"}
+    print(f"  ledger       : {result['ledger_uri']}")
+    for line in format_ledger(ledger).splitlines():
+        print(f"    {line}")
+    t = result["totals"]
+    print(
+        f"  totals       : {t['attempts']} attempts, {t['interruptions']} interruptions, "
+        f"{result['restarts']} restarts, last resumed from step {result['resumed_step']}, "
+        f"{t['work_lost_s']:.1f} s of work lost, ${t['cost_usd']:.6f}"
+    )
+    evaluation = run.get_task_instance("evaluate").xcom_pull(task_ids="evaluate")
+    if evaluation:
+        m = evaluation["model"]
+        print(f"  model        : w={m['w']:.3f} b={m['b']:.3f} loss={m['loss']:.5f} after {m['steps']} steps")
+
+
+def run_spot(emu, name: str):
+    """dag.test() of retrain_spot while the interrupter takes two of its instances."""
+    interrupter = load_module("spot_interrupter").Interrupter(emu, SPOT_PLAN)
+    dag = load_dag(name)
+    interrupter.start()
+    try:
+        run = dag.test()
+    finally:
+        injected = interrupter.stop()
+    summarize_spot(run, injected)
+    if len(injected) < len(SPOT_PLAN):
+        print(f"  only {len(injected)} of {len(SPOT_PLAN)} interruptions were injected")
+    return run, len(injected) == len(SPOT_PLAN)
+
+
 def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     prepare_airflow_home()
     from airflow_cloudtrain.emulator import Emulator
 
-    dags = sys.argv[1:] or ["ec2_train", "gce_train"]
+    dags = sys.argv[1:] or ["ec2_train", "gce_train", "retrain_spot"]
     failed = 0
     with Emulator() as emu:
         for name in dags:
             print(f"\n=== {name} on the emulated cloud ===", flush=True)
+            if name == "retrain_spot":
+                run, injected = run_spot(emu, name)
+                failed += run.state != "success" or not injected
+                continue
             dag = load_dag(name)
             run = dag.test()
             failed += run.state != "success"

@@ -310,9 +310,8 @@ class Agent:
         if self._stop is None and self.deadline is not None and time.time() >= self.deadline:
             assert self.spec is not None
             limit = f"{float(self.spec.max_runtime_s):g}"
-            self.request_stop(
-                StopRequest(runs.TIMED_OUT, f"exceeded max_runtime of {limit} s", TIMEOUT_GRACE_S)
-            )
+            grace = self.spec.stop_grace_s if self.spec.stop_grace_s is not None else TIMEOUT_GRACE_S
+            self.request_stop(StopRequest(runs.TIMED_OUT, f"exceeded max_runtime of {limit} s", grace))
         return self._stop
 
     def _watch(self) -> None:

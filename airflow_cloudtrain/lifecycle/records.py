@@ -67,6 +67,7 @@ class Outcome:
     interruptions: int = 0
     instance: dict[str, Any] | None = None
     ended_at: float | None = None  # when the agent reported the end (unix time), if it did
+    seen_ended_at: float | None = None  # when the wait first saw the instance ended (unix time)
 
     @property
     def ok(self) -> bool:

@@ -41,6 +41,7 @@ POLICIES = (SPOT_FIRST, DEADLINE)
 SPOT_OF = {"ec2": "ec2spot", "ec2spot": "ec2spot", "gcloud": "gcspot", "gcspot": "gcspot"}
 ON_DEMAND_OF = {"ec2": "ec2", "ec2spot": "ec2", "gcloud": "gcloud", "gcspot": "gcloud"}
 DEFAULT_CHANGEOVER_S = 300.0  # before this run has measured its own: boot, setup, restore
+HEARTBEAT_S = 5.0  # the agent's heartbeat interval (RunSpec.heartbeat_interval_s)
 
 
 @dataclass(frozen=True)
@@ -224,14 +225,19 @@ def row_for(
 
 
 def _stopped_at(status: RunStatus | None, attempt: Attempt, last_beat: float | None) -> float:
-    """When the job stopped making progress: it exited after a notice, the agent ended, or (no word
-    from the agent) the last sign of life (status update or heartbeat), else the release."""
+    """When the job stopped making progress: it exited after a notice, or the agent reported the
+    end. Without a word from the agent (gone without notice) the end lies between its last sign of
+    life and the next heartbeat it would have written, and before the wait saw the instance ended:
+    the ledger takes that upper bound, so it never under-reports the work lost."""
     interruption: dict[str, Any] = (status.interruption if status else None) or {}
     for value in (interruption.get("job_stopped_at"), status.ended_at if status else None):
         if value:
             return float(value)
-    seen = [v for v in (status.updated_at if status else None, last_beat) if v]
-    return float(max(seen)) if seen else attempt.released_at
+    bounds = [attempt.released_at, attempt.outcome.seen_ended_at or attempt.released_at]
+    signs = [v for v in (status.updated_at if status else None, last_beat) if v]
+    if signs:
+        bounds.append(max(signs) + HEARTBEAT_S)
+    return float(min(bounds))
 
 
 def capacity_row(number: int, try_number: int, cloud: str, message: str, now: float) -> AttemptRow:

@@ -77,12 +77,14 @@ class RunWatch:
         self.clock = clock or time.monotonic
         self.wall = wall or time.time
         self.ended_since: float | None = None
+        self.ended_seen_at: float | None = None  # wall time, for the ledger
 
     def decide(
         self, status: RunStatus | None, instance: Instance | None, heartbeat_at: float | None = None
     ) -> Outcome | None:
         if instance is not None and (instance.state in ENDED_STATES or instance.state == STOPPED):
             self.ended_since = self.ended_since or self.clock()
+            self.ended_seen_at = self.ended_seen_at or self.wall()
         grace_over = self.ended_since is not None and self.clock() - self.ended_since >= ENDED_GRACE_S
         event = outcome(status, instance, grace_over)
         if event is None:
@@ -91,6 +93,7 @@ class RunWatch:
             event = Outcome.lost("timed_out", "max_runtime passed and the agent did not stop the job")
         if event is not None:
             event.instance = instance.to_dict() if instance else None
+            event.seen_ended_at = self.ended_seen_at
         return event
 
     def _agent_silent(self, status: RunStatus | None, heartbeat_at: float | None) -> Outcome | None:
