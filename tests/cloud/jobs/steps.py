@@ -17,7 +17,9 @@ fail_at = int(sys.argv[4]) if len(sys.argv) > 4 else None
 ckpt_dir = os.environ["CLOUDTRAIN_CHECKPOINT_DIR"]
 found = checkpoint.latest(ckpt_dir)
 step = json.loads(found.read_text())["step"] if found else 0
-print(f"resumed from step {step}" if found else "fresh start", f"restarts={os.environ['CLOUDTRAIN_RESTARTS']}")
+print(
+    f"resumed from step {step}" if found else "fresh start", f"restarts={os.environ['CLOUDTRAIN_RESTARTS']}"
+)
 print("started", flush=True)
 stopping = False
 
