@@ -16,3 +16,4 @@ bench: setup
 	.venv/bin/python benchmarks/catalog.py
 	.venv/bin/python benchmarks/poll_calls.py
 	.venv/bin/python benchmarks/spot_policy.py
+	.venv/bin/python benchmarks/recovery.py
