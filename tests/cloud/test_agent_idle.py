@@ -14,11 +14,9 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from airflow_cloudtrain import runs
@@ -30,28 +28,6 @@ REPO = Path(__file__).resolve().parents[2]
 FAST = {"log_interval_s": 0.2, "heartbeat_interval_s": 0.5, "metadata_poll_s": 0.5}
 IDLE_MESSAGE = "no CPU or GPU use for 3 s (idle_timeout): stopped the hung job"
 BURN = "import time\nt = time.time()\nwhile time.time() - t < 6: pass\nprint('burnt')"
-
-
-@pytest.fixture
-def s3(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A fresh bucket; the env it is reachable with is inherited by the agent subprocesses."""
-    for name, value in {
-        "AWS_ENDPOINT_URL": moto_endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    client = boto3.client("s3")
-    client.bucket = f"ct-{uuid.uuid4().hex[:12]}"
-    client.create_bucket(Bucket=client.bucket)
-    return client
-
-
-@pytest.fixture(scope="module")
-def metadata() -> Iterator[MetadataServer]:
-    with MetadataServer() as server:
-        yield server
 
 
 def run_agent(

@@ -9,18 +9,15 @@ its checkpoint, and nothing left in the cloud.
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
-import textwrap
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dag_helpers import load_example, task_states, write_dag, xcom
+from dag_helpers import load_example, start_first_try, task_states, write_dag, xcom
 
 JOBS = str(Path(__file__).parent / "jobs")
 BUCKET = {"aws": "s3://cloudtrain-emulated/resume-killed", "gcp": "gs://cloudtrain-emulated/resume-killed"}
@@ -78,21 +75,20 @@ with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=Fal
 def first_try(
     dag_id: str, logical_date: datetime, die_at: str | None, mark: Path | None = None
 ) -> subprocess.Popen[str]:
-    tests = Path(__file__).resolve().parents[1]
-    code = textwrap.dedent(
-        f"""
-        import sys
-        from datetime import datetime
-        sys.path.insert(0, {str(tests)!r})
-        from dag_helpers import load_example
-        when = datetime.fromisoformat({logical_date.isoformat()!r})
-        load_example({dag_id!r}).test(logical_date=when, run_after=when)
-        """
+    env = {"CLOUDTRAIN_TEST_DIE_AT": die_at or "", "CLOUDTRAIN_TEST_MARK": str(mark or "")}
+    return start_first_try(dag_id, logical_date, env)
+
+
+def write_dying_dag(dag_id: str, provider: str, deferrable: bool) -> None:
+    source = DAG_SOURCE.format(
+        dag_id=dag_id,
+        cloud=CLOUD[provider],
+        bucket=BUCKET[provider],
+        region=REGION[provider],
+        jobs=JOBS,
+        deferrable=deferrable,
     )
-    env = {**os.environ, "CLOUDTRAIN_TEST_DIE_AT": die_at or "", "CLOUDTRAIN_TEST_MARK": str(mark or "")}
-    return subprocess.Popen(
-        [sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
+    write_dag(source, dag_id)
 
 
 def wait_for(condition: Any, timeout: float = 180) -> Any:
@@ -115,17 +111,7 @@ def test_worker_killed_around_a_relaunch_continues_the_loop(
     emu, airflow_db, provider: str, die_at: str
 ) -> None:
     dag_id = f"resume_killed_{provider}_{die_at}"
-    write_dag(
-        DAG_SOURCE.format(
-            dag_id=dag_id,
-            cloud=CLOUD[provider],
-            bucket=BUCKET[provider],
-            region=REGION[provider],
-            jobs=JOBS,
-            deferrable=False,
-        ),
-        dag_id,
-    )
+    write_dying_dag(dag_id, provider, deferrable=False)
     when = datetime(2026, 2, 1, tzinfo=timezone.utc) + timedelta(
         hours=["finishing", "between_attempts"].index(die_at)
     )
@@ -156,17 +142,7 @@ def test_triggerer_and_worker_killed_mid_attempt_adopt_the_running_instance(
     """The deferred attempt's trigger dies with its process; the task runs again and re-attaches to
     the same instance (its job goes on undisturbed) instead of launching a second one."""
     dag_id = f"resume_trigger_killed_{provider}"
-    write_dag(
-        DAG_SOURCE.format(
-            dag_id=dag_id,
-            cloud=CLOUD[provider],
-            bucket=BUCKET[provider],
-            region=REGION[provider],
-            jobs=JOBS,
-            deferrable=True,
-        ),
-        dag_id,
-    )
+    write_dying_dag(dag_id, provider, deferrable=True)
     when = datetime(2026, 3, 1, tzinfo=timezone.utc)
     emu.reset_counts()
     mark = tmp_path / "deferred"

@@ -8,16 +8,11 @@ instance; GCE is checked for powered-off VMs too, which still bill for their dis
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Any
 
 import pytest
-from dag_helpers import task_states, write_dag, xcom
+from dag_helpers import start_first_try, task_states, write_dag, xcom
 
 from airflow_cloudtrain.agent.storage import open_run_folder
 from airflow_cloudtrain.runs import RunKey, join
@@ -98,20 +93,9 @@ with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=Fal
 
 def first_try_dies(dag_id: str, step: str, logical_date: datetime) -> None:
     """Run try 1 in a subprocess that SIGKILLs itself at ``step``."""
-    tests = Path(__file__).resolve().parents[1]
-    code = textwrap.dedent(
-        f"""
-        import sys
-        from datetime import datetime
-        sys.path.insert(0, {str(tests)!r})
-        from dag_helpers import load_example
-        when = datetime.fromisoformat({logical_date.isoformat()!r})
-        load_example({dag_id!r}).test(logical_date=when, run_after=when)
-        """
-    )
-    env = {**os.environ, "CLOUDTRAIN_TEST_DIE_AT": step}
-    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == -9, f"try 1 did not die at {step}: rc={done.returncode}\n{done.stderr[-3000:]}"
+    proc = start_first_try(dag_id, logical_date, {"CLOUDTRAIN_TEST_DIE_AT": step})
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == -9, f"try 1 did not die at {step}: rc={proc.returncode}\n{err[-3000:]}"
 
 
 def run_folder(provider: str, dag_id: str, run: Any) -> Any:

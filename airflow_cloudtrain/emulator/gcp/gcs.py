@@ -145,7 +145,8 @@ class GcsServer:
         from gcp_storage_emulator.server import RequestHandler
         from gcp_storage_emulator.storage import Storage
 
-        logging.getLogger("gcp_storage_emulator").setLevel(logging.WARNING)  # logs every request at INFO
+        # it logs every request at INFO and every read of a missing object (a normal poll) at ERROR
+        logging.getLogger("gcp_storage_emulator").setLevel(logging.CRITICAL)
         self._storage = Storage(
             use_memory_fs=self.data_dir is None, data_dir=str(self.data_dir or Path.cwd())
         )
