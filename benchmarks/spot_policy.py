@@ -3,6 +3,9 @@
 Replays every trace in ``--traces`` through every policy in :mod:`airflow_cloudtrain.policy`
 (the same ``decide`` functions the operator runs), from a start every ``--start-every-hours``,
 and reports cost relative to always-on-demand, share of deadlines met and changeovers per run.
+It also computes the offline optimum of every run (:func:`airflow_cloudtrain.policy.optimal_costs`:
+perfect foresight of the trace, same model) and each policy's gap to it: the mean over runs of
+``policy cost / optimum cost - 1`` (``--no-optimum`` skips it).
 
 Defaults follow Wu et al., "Can't Be Late" (NSDI 2024): 48 h of work, 0.2 h changeover, deadlines
 of 52, 60 and 72 h (job fractions 0.92, 0.80, 0.67). Prices are the us-west-2 rows of the
@@ -11,7 +14,7 @@ package's ``catalog/data/aws.csv``: on-demand ``Price``, and for spot the mean o
 of the p3 type with the same GPU count (only the ratio matters: costs are reported relative to
 on-demand), or left out with ``--exclude-k80``.
 
-Usage: python benchmarks/spot_policy.py [--traces DIR] [--deadline-hours D] [--json]
+Usage: python benchmarks/spot_policy.py [--traces DIR] [--deadline-hours D] [--no-optimum] [--json]
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from airflow_cloudtrain.policy import POLICIES, Trace, load_trace, simulate  # noqa: E402
+from airflow_cloudtrain.policy import POLICIES, Trace, load_trace, optimal_costs, simulate  # noqa: E402
 
 TRACE_SOURCE = "github.com/skypilot-org/spot-traces (NSDI 2024 'Can't Be Late'), aws-10-26-2022"
 DEFAULT_TRACES = REPO_ROOT.parent / "shared" / "traces" / "aws-10-26-2022"
@@ -40,6 +43,8 @@ CATALOG = REPO_ROOT / "airflow_cloudtrain" / "catalog" / "data" / "aws.csv"
 REGION = "us-west-2"
 DEFAULT_DEADLINES = (52.0, 60.0, 72.0)
 INSTANCE_FOR_GPUS = {"1": "p3.2xlarge", "8": "p3.16xlarge"}
+OPTIMUM = "optimum"
+"""Task name of the offline optimum (not a policy: it knows the future)."""
 
 
 @dataclass(frozen=True)
@@ -95,14 +100,33 @@ class Task:
     start_every: int
 
 
-def run_task(task: Task) -> tuple[Task, list[tuple[float, bool, int]]]:
-    """Simulate every start of one cell; returns (cost / always-on-demand cost, met, launches)."""
-    decide = POLICIES[task.policy]
+def starts_of(task: Task) -> range:
+    """Start ticks of one cell: every ``start_every`` ticks while the deadline window fits."""
+    window = int(task.deadline / task.trace.gap_hours + 0.5)
+    return range(0, len(task.trace.data) - window + 1, task.start_every)
+
+
+def run_task(task: Task) -> tuple[Task, list[tuple[float, bool, int | None]]]:
+    """Simulate every start of one cell; returns (cost / always-on-demand cost, met, launches).
+
+    For the optimum, launches are ``None``: its batched program computes costs only.
+    """
     trace = task.trace
-    window = int(task.deadline / trace.gap_hours + 0.5)
     baseline = task.on_demand_price * (task.job + task.changeover)
-    rows = []
-    for start in range(0, len(trace.data) - window + 1, task.start_every):
+    if task.policy == OPTIMUM:
+        costs = optimal_costs(
+            trace,
+            starts_of(task),
+            job_hours=task.job,
+            deadline_hours=task.deadline,
+            changeover_hours=task.changeover,
+            spot_price=task.spot_price,
+            on_demand_price=task.on_demand_price,
+        )
+        return task, [(cost / baseline, cost < float("inf"), None) for cost in costs]
+    decide = POLICIES[task.policy]
+    rows: list[tuple[float, bool, int | None]] = []
+    for start in starts_of(task):
         res = simulate(
             trace,
             decide,
@@ -122,7 +146,7 @@ def spot_only_bound(task: Task) -> list[float]:
     trace, ratio = task.trace, task.spot_price / task.on_demand_price
     window = int(task.deadline / trace.gap_hours + 0.5)
     out = []
-    for start in range(0, len(trace.data) - window + 1, task.start_every):
+    for start in starts_of(task):
         spot = min(task.job, sum(trace.data[start : start + window]) * trace.gap_hours)
         out.append((spot * ratio + task.job - spot) / (task.job + task.changeover))
     return out
@@ -138,12 +162,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--start-every-hours", type=float, default=2.0, help="spacing of start offsets")
     p.add_argument("--exclude-k80", action="store_true", help="only the v100 traces (priced directly)")
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
-    p.add_argument("--json", action="store_true", help='print {"policies": {NAME: {...}}} only')
+    p.add_argument("--no-optimum", action="store_true", help="skip the offline optimum and the gaps to it")
+    p.add_argument(
+        "--json", action="store_true", help='print {"policies": {NAME: {...}}, "optimum": {...}} only'
+    )
     return p.parse_args(argv)
 
 
+def mean_gap(costs: list[float], optimum: list[float]) -> float:
+    """Mean over runs of ``cost / optimum cost - 1`` (runs paired by trace, deadline and start)."""
+    return statistics.fmean(c / o - 1.0 for c, o in zip(costs, optimum, strict=True))
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Run every policy on every (trace, deadline, start) and print the table or the JSON."""
+    """Run every policy (and the optimum) on every (trace, deadline, start); print table or JSON."""
     args = parse_args(argv)
     began = time.monotonic()
     paths = sorted(args.traces.glob("*.json"))
@@ -154,6 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     traces = [load_trace(p) for p in paths]
     prices = read_prices()
     deadlines = (args.deadline_hours,) if args.deadline_hours else DEFAULT_DEADLINES
+    with_optimum = not args.no_optimum
+    if with_optimum and min(deadlines) < args.job_hours + args.changeover_hours:
+        print("no optimum: a deadline is shorter than the job plus one changeover", file=sys.stderr)
+        with_optimum = False
+    # Slowest first keeps both workers busy: the optimum, then the policies in reverse order.
+    order = ([OPTIMUM] if with_optimum else []) + list(reversed(POLICIES))
     tasks = [
         Task(
             name,
@@ -165,35 +203,52 @@ def main(argv: list[str] | None = None) -> int:
             price_for(tr.name, prices).on_demand,
             max(1, round(args.start_every_hours / tr.gap_hours)),
         )
-        for name in reversed(POLICIES)  # slowest policies first keeps both workers busy
+        for name in order
         for tr in traces
         for dl in deadlines
     ]
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         results = list(pool.map(run_task, tasks))
 
-    rows: dict[str, list[tuple[float, bool, int]]] = defaultdict(list)
+    names = list(POLICIES) + ([OPTIMUM] if with_optimum else [])
+    rows: dict[str, list[tuple[float, bool, int | None]]] = defaultdict(list)
     cells: dict[tuple[str, str], list[float]] = defaultdict(list)
     for task, out in results:
         rows[task.policy] += out
         cells[(task.policy, f"{task.deadline:g}h")] += [r[0] for r in out]
         cells[(task.policy, task.trace.name)] += [r[0] for r in out]
     bound = [x for t in tasks if t.policy == "on_demand" for x in spot_only_bound(t)]
+    columns = [f"{d:g}h" for d in deadlines] + [t.name for t in traces]
 
-    summary = {
-        name: {
+    def gap(name: str, col: str | None = None) -> float | None:
+        """Gap to the optimum of one policy, overall or in one column (None without optimum)."""
+        if not with_optimum:
+            return None
+        if col is None:
+            return mean_gap([r[0] for r in rows[name]], [r[0] for r in rows[OPTIMUM]])
+        return mean_gap(cells[(name, col)], cells[(OPTIMUM, col)])
+
+    summary = {}
+    for name in names:
+        launches = [r[2] for r in rows[name] if r[2] is not None]
+        entry: dict[str, object] = {
             "cost_vs_on_demand": round(statistics.fmean(r[0] for r in rows[name]), 4),
             "deadlines_met": round(statistics.fmean(r[1] for r in rows[name]), 4),
-            "mean_changeovers": round(statistics.fmean(r[2] for r in rows[name]), 2),
+            "mean_changeovers": round(statistics.fmean(launches), 2) if launches else None,
             "runs": len(rows[name]),
             "by_deadline": {
                 f"{dl:g}": round(statistics.fmean(cells[(name, f"{dl:g}h")]), 4) for dl in deadlines
             },
         }
-        for name in POLICIES
-    }
+        if with_optimum and name != OPTIMUM:
+            entry["gap_to_optimum"] = round(gap(name) or 0.0, 4)
+            entry["gap_by_deadline"] = {f"{dl:g}": round(gap(name, f"{dl:g}h") or 0.0, 4) for dl in deadlines}
+        summary[name] = entry
     if args.json:
-        print(json.dumps({"policies": summary}, indent=2))
+        report: dict[str, object] = {"policies": {n: summary[n] for n in POLICIES}}
+        if with_optimum:
+            report[OPTIMUM] = summary[OPTIMUM]
+        print(json.dumps(report, indent=2))
         return 0
 
     used = sorted({price_for(t.name, prices).instance for t in traces})
@@ -212,19 +267,35 @@ def main(argv: list[str] | None = None) -> int:
     if any("_k80_" in t.name for t in traces):
         print("k80 traces (p2.*, not in the catalog) are priced like the p3 type with the same GPU count.")
     print()
-    print(f"{'policy':<20}{'cost_vs_on_demand':>18}{'saved':>8}{'deadlines_met':>15}{'changeovers':>13}")
+    gap_head = f"{'gap_to_optimum':>16}" if with_optimum else ""
+    print(
+        f"{'policy':<20}{'cost_vs_on_demand':>18}{'saved':>8}{'deadlines_met':>15}{'changeovers':>13}{gap_head}"
+    )
     for name, s in summary.items():
-        print(
+        changeovers = "-" if s["mean_changeovers"] is None else f"{s['mean_changeovers']:.1f}"
+        gap_cell = f"{s['gap_to_optimum']:>+16.1%}" if "gap_to_optimum" in s else ""
+        line = (
             f"{name:<20}{s['cost_vs_on_demand']:>18.3f}{1 - s['cost_vs_on_demand']:>8.1%}"
-            f"{s['deadlines_met']:>15.1%}{s['mean_changeovers']:>13.1f}"
+            f"{s['deadlines_met']:>15.1%}{changeovers:>13}{gap_cell}"
         )
+        print(line.rstrip())
     print(f"{'spot-only bound *':<20}{statistics.fmean(bound):>18.3f}{1 - statistics.fmean(bound):>8.1%}")
     print("* every available spot hour used, changeovers free, future known: no policy can reach it.")
+    if with_optimum:
+        print(
+            "optimum: perfect foresight of the trace, same model (changeovers paid), cheapest schedule that\n"
+            "meets the deadline. gap_to_optimum: mean over runs of cost / optimum cost - 1."
+        )
 
-    columns = [f"{d:g}h" for d in deadlines] + [t.name for t in traces]
-    print(f"\ncost_vs_on_demand by deadline and by trace\n{'':<20}" + "".join(f"{p:>18}" for p in POLICIES))
+    title = "cost_vs_on_demand (gap to optimum)" if with_optimum else "cost_vs_on_demand"
+    print(f"\n{title} by deadline and by trace\n{'':<20}" + "".join(f"{p:>18}" for p in names))
     for col in columns:
-        print(f"{col:<20}" + "".join(f"{statistics.fmean(cells[(p, col)]):>18.3f}" for p in POLICIES))
+        line = f"{col:<20}"
+        for p in names:
+            cost = statistics.fmean(cells[(p, col)])
+            g = gap(p, col) if p != OPTIMUM else None
+            line += f"{cost:>18.3f}" if g is None else f"{f'{cost:.3f} ({g:+.1%})':>18}"
+        print(line)
     print(f"\nwall time {time.monotonic() - began:.1f} s with {args.workers} worker(s)")
     return 0
 

@@ -19,6 +19,7 @@ from airflow_cloudtrain.policy import (
     ours,
     simulate,
 )
+from airflow_cloudtrain.policy.deadline import slack_scarcity
 
 TICK = 1.0 / 6.0
 JOB, CHANGEOVER, SPOT_PRICE, OD_PRICE = 48.0, 0.2, 0.3, 1.0
@@ -176,3 +177,28 @@ def test_decisions_are_pure_functions_of_the_state() -> None:
         assert first in ("spot", "on_demand", "wait")
         assert all(decide(state) == first for _ in range(5))
         assert first != "spot"  # never ask for spot when none is available
+
+
+def test_ours_leaves_on_demand_for_a_young_spell_only_while_slack_is_plentiful() -> None:
+    # On on-demand, spot back for 0.4 h. Riding it costs two changeovers of slack (onto spot,
+    # back after the preemption). With slack for every spell still expected, take it; with
+    # slack for fewer, wait until the spell has proven longer (spells have a falling hazard).
+    plenty = PolicyState(
+        elapsed=10.0,
+        deadline=60.0,
+        work_done=10.0,
+        work_remaining=39.0,  # slack 11 h: ~26 switches affordable, ~15 spells expected
+        changeover=CHANGEOVER,
+        spot_available=True,
+        running="on_demand",
+        seen_available_hours=6.0,
+        seen_unavailable_hours=4.0,
+        spot_spells=3,
+        spell_hours=0.4,
+    )
+    scarce = dataclasses.replace(plenty, work_remaining=47.0)  # slack 3 h: ~6.6 switches
+    assert slack_scarcity(plenty) == 1.0
+    assert slack_scarcity(scarce) > 2.0
+    assert ours(plenty) == "spot"
+    assert ours(scarce) == "on_demand"
+    assert ours(dataclasses.replace(scarce, spell_hours=1.0)) == "spot"

@@ -7,6 +7,7 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -164,16 +165,16 @@ def test_ours_meets_every_deadline_on_the_real_traces() -> None:
                 assert res.met_deadline, (path.name, deadline, start, res)
 
 
-def test_benchmark_json_shape(tmp_path: Path) -> None:
+def run_benchmark_json(traces: Path, *extra: str) -> dict[str, Any]:
     rng = random.Random(1)
     for name in ("us-west-2a_v100_1", "us-west-2b_k80_8"):
         payload = {"metadata": {"gap_seconds": 600}, "data": markov_trace(rng, 400)}
-        (tmp_path / f"{name}.json").write_text(json.dumps(payload))
+        (traces / f"{name}.json").write_text(json.dumps(payload))
     cmd = [
         sys.executable,
         str(REPO / "benchmarks" / "spot_policy.py"),
         "--traces",
-        str(tmp_path),
+        str(traces),
         "--job-hours",
         "6",
         "--deadline-hours",
@@ -183,15 +184,35 @@ def test_benchmark_json_shape(tmp_path: Path) -> None:
         "--workers",
         "1",
         "--json",
+        *extra,
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=True).stdout
-    report = json.loads(out)
-    assert list(report) == ["policies"]
+    return json.loads(out)
+
+
+def test_benchmark_json_shape(tmp_path: Path) -> None:
+    pytest.importorskip("numpy")  # for the optimum
+    report = run_benchmark_json(tmp_path)
+    assert list(report) == ["policies", "optimum"]
     assert set(report["policies"]) == {"on_demand", "greedy", "uniform_progress", "ours"}
+    runs = 2 * len(range(0, 400 - 54 + 1, 72))
+    optimum = report["optimum"]
+    assert optimum["runs"] == runs and optimum["deadlines_met"] == 1.0
+    assert optimum["mean_changeovers"] is None  # the batched optimum computes costs only
     for name, row in report["policies"].items():
         assert 0.0 < row["cost_vs_on_demand"] <= 1.5, name
         assert 0.0 <= row["deadlines_met"] <= 1.0, name
-        assert row["runs"] == 2 * len(range(0, 400 - 54 + 1, 72)), name
+        assert row["runs"] == runs, name
+        # Per run, no policy is cheaper than the optimum, so neither is any mean of them.
+        assert row["cost_vs_on_demand"] >= optimum["cost_vs_on_demand"] - 1e-4, name
+        assert row["gap_to_optimum"] >= -1e-4, name
+        assert set(row["gap_by_deadline"]) == {"9"}, name
     assert report["policies"]["on_demand"]["cost_vs_on_demand"] == pytest.approx(1.0)
     assert report["policies"]["ours"]["deadlines_met"] == 1.0
     assert report["policies"]["ours"]["cost_vs_on_demand"] < 1.0
+
+
+def test_benchmark_json_without_optimum(tmp_path: Path) -> None:
+    report = run_benchmark_json(tmp_path, "--no-optimum")
+    assert list(report) == ["policies"]
+    assert all("gap_to_optimum" not in row for row in report["policies"].values())
