@@ -129,9 +129,14 @@ class JobTree:
         self.ticks_per_s = float(os.sysconf("SC_CLK_TCK"))
         self._container_pid: int | None = None
 
-    def __call__(self) -> CpuSample:
+    def container_root(self) -> int | None:
+        """The container's init pid once it runs (looked up until found); None without one."""
         if self.container and self._container_pid is None:
             self._container_pid = container_pid(self.container)
+        return self._container_pid
+
+    def __call__(self) -> CpuSample:
+        self.container_root()
         roots = [self.pid] + ([self._container_pid] if self._container_pid else [])
         return tree_cpu(roots, read_proc_stats(self.proc), self.ticks_per_s)
 
@@ -189,8 +194,13 @@ class IdleWatch:
         return 0.0 if self.idle_since is None else self.clock() - self.idle_since
 
     def poll(self) -> bool:
-        """Take a sample; True once the job has been idle for ``timeout_s`` without a break."""
+        """Take a sample; True once the job has been idle for ``timeout_s`` without a break. A
+        container job counts as busy until its container runs (``docker run`` may be pulling)."""
         now = self.clock()
+        tree = self.read_cpu
+        if isinstance(tree, JobTree) and tree.container and tree.container_root() is None:
+            self.idle_since, self._last = now, None
+            return False
         sample = self.read_cpu()
         busy = self._cpu_busy(sample, now) or self._gpu_busy()
         self._last, self._last_at = sample, now

@@ -12,6 +12,7 @@ Stdlib only: the CLI reads it without Airflow.
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
@@ -28,9 +29,13 @@ JOB_ERROR = "job_error"  # the job itself failed (non-zero exit not caused by an
 IDLE = "idle"  # the hung-job watchdog stopped it
 LOST = "lost"  # the agent went silent or the instance ended for another reason
 TIMED_OUT = "timed_out"  # max_runtime
-# Endings that spend the interruption budget (max_restarts) and the error budget.
-INTERRUPTION_ENDINGS = frozenset({INTERRUPTED, INTERRUPTED_NO_NOTICE, CAPACITY_ERROR, LOST})
-ERROR_ENDINGS = frozenset({JOB_ERROR, IDLE})
+ABANDONED = "abandoned"  # the task was killed or its wait failed: released, not reported by the agent
+# Spot interruptions (the XCom's ``interruptions``); with a capacity loss they spend ``max_restarts``.
+# A silent agent (a broken bootstrap, no bucket access) is not the cloud's doing: it spends the
+# error budget, so a bad image is not relaunched ten times.
+SPOT_ENDINGS = frozenset({INTERRUPTED, INTERRUPTED_NO_NOTICE})
+INTERRUPTION_ENDINGS = SPOT_ENDINGS | {CAPACITY_ERROR}
+ERROR_ENDINGS = frozenset({JOB_ERROR, IDLE, LOST})
 
 
 def ledger_key(run_id: str) -> str:
@@ -106,14 +111,19 @@ class RunHistory:
     attempts: list[AttemptRow] = field(default_factory=list)
     waits: list[dict[str, Any]] = field(default_factory=list)  # {"from", "to", "reason"}
     pending: dict[str, Any] | None = None  # {"launch", "outcome"}: an attempt being finished
+    launch_seq: int = 0  # launches begun so far: part of each launch's client tokens, never reused
     state: str = "running"  # running | succeeded | failed
     message: str = ""
     updated_at: float | None = None
     version: int = 1
 
     # -- budgets ---------------------------------------------------------------------------------
-    def interruptions(self, try_number: int | None = None) -> int:
-        """Attempts that ended by losing their capacity (in one try, or in all)."""
+    def interruptions(self) -> int:
+        """Spot interruptions (reclaims, preemptions), with or without notice."""
+        return sum(1 for r in self.attempts if r.ended in SPOT_ENDINGS)
+
+    def capacity_losses(self, try_number: int | None = None) -> int:
+        """What ``max_restarts`` counts: interruptions and launches with no capacity anywhere."""
         return sum(
             1
             for r in self.attempts
@@ -155,7 +165,7 @@ class RunHistory:
     # -- the ledger --------------------------------------------------------------------------------
     def totals(self) -> dict[str, Any]:
         rows = self.attempts
-        cost = sum(r.cost_usd for r in rows)
+        cost = math.fsum(r.cost_usd for r in rows)
         lost = [r.work_lost_s for r in rows if r.work_lost_s is not None]
         end = max((r.ended_at for r in rows if r.ended_at), default=None) or time.time()
         return {
@@ -164,8 +174,8 @@ class RunHistory:
             "interruptions": self.interruptions(),
             "error_restarts": self.error_restarts(),
             "cost_usd": round(cost, 6),
-            "spot_cost_usd": round(sum(r.cost_usd for r in rows if r.spot), 6),
-            "on_demand_cost_usd": round(sum(r.cost_usd for r in rows if not r.spot), 6),
+            "spot_cost_usd": round(math.fsum(r.cost_usd for r in rows if r.spot), 6),
+            "on_demand_cost_usd": round(math.fsum(r.cost_usd for r in rows if not r.spot), 6),
             "work_lost_s": round(sum(lost), 3),
             "waited_s": round(sum(max(0.0, w["to"] - w["from"]) for w in self.waits), 3),
             "duration_s": round(max(0.0, end - self.started_at), 3),

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.lifecycle.attempt import RunAttempt, RunContext
 from airflow_cloudtrain.lifecycle.history import (
+    ABANDONED,
     LOOP_KEY,
     AttemptRow,
     RunHistory,
@@ -71,24 +72,30 @@ class RecoveryLoop:
         self.settings = settings
         self.job = job
         self.log = ctx.log
+        self.killed = False
         self.history = self._load(resume_from)
         self.ctx.folder_uri = self.history.run_uri
 
     # -- history ---------------------------------------------------------------------------------
     def _load(self, resume_from: str | None) -> RunHistory:
+        """The saved history (the newer of the store's and the run folder's copies), else a new one,
+        saved at once: its start time is what a timedelta ``deadline`` counts from."""
         ctx = self.ctx
         run_id = ctx.key.short_id
         saved = store_get(ctx.store, LOOP_KEY)
-        if saved and saved.get("run_id") == run_id:
-            return RunHistory.from_dict(saved)
-        run_uri = ctx.run_uri
-        if resume_from:
+        stored = RunHistory.from_dict(saved) if saved and saved.get("run_id") == run_id else None
+        run_uri = stored.run_uri if stored else ctx.run_uri
+        if stored is None and resume_from:
             run_uri = resolve_resume_from(ctx.backend, ctx.config.bucket, resume_from)
             self.log.info("Resuming %s: its checkpoints, and its run folder %s", resume_from, run_uri)
         raw = call_with_retry(lambda: ctx.backend.run_folder(run_uri).get_text(ledger_key(run_id)))
-        if raw:  # the store is gone (a cleared task): the run folder has the same history
-            self.log.info("Continuing the loop from the ledger in %s", run_uri)
-            return RunHistory.from_dict(json.loads(raw))
+        in_folder = RunHistory.from_dict(json.loads(raw)) if raw else None
+        if in_folder and (stored is None or (in_folder.updated_at or 0) > (stored.updated_at or 0)):
+            if stored is None:  # the store is gone (a cleared task): the run folder has the history
+                self.log.info("Continuing the loop from the ledger in %s", run_uri)
+            return in_folder
+        if stored is not None:
+            return stored
         history = RunHistory(
             run_id=run_id,
             run_uri=run_uri,
@@ -98,14 +105,23 @@ class RecoveryLoop:
         )
         index = json.dumps({"run_uri": run_uri, "dag_id": ctx.key.dag_id, "task_id": ctx.key.task_id})
         call_with_retry(lambda: ctx.backend.run_folder(ctx.config.bucket).put_text(index_key(run_id), index))
+        self.history = history
+        self.save()
         return history
 
-    def save(self) -> None:
+    def save(self, strict: bool = True) -> None:
+        """To the store (best effort) and the run folder (retried; with ``strict=False`` a failure
+        is only logged, for the write-ahead before a release, which must not wait on the bucket)."""
         history = self.history
         history.updated_at = time.time()
         store_set(self.ctx.store, LOOP_KEY, history.to_dict())
         folder = self.ctx.backend.run_folder(history.run_uri)
-        call_with_retry(lambda: folder.put_text(ledger_key(history.run_id), history.to_json()))
+        try:
+            call_with_retry(lambda: folder.put_text(ledger_key(history.run_id), history.to_json()))
+        except Exception as err:
+            if strict:
+                raise
+            self.log.warning("Could not save the run's ledger to %s (%s); going on", history.run_uri, err)
 
     # -- steps -----------------------------------------------------------------------------------
     def next_step(self) -> Step:
@@ -116,17 +132,26 @@ class RecoveryLoop:
         return step
 
     def attempt(self, cloud: str | None = None) -> RunAttempt:
-        """An attempt of this run on ``cloud`` (spot or on-demand of the same provider)."""
+        """An attempt of this run on ``cloud`` (spot or on-demand of the same provider); launching
+        goes through ``launch_attempt``, which numbers it."""
         ctx, cloud = self.ctx, cloud or self.settings.cloud
         spot = cloud == SPOT_OF[cloud]
         config = replace(ctx.config, cloud=cloud, bid=ctx.config.bid if spot else None)
         options = replace(
             ctx.options,
             provisioning=ctx.options.provisioning if spot else None,
-            sequence=len(self.history.attempts),
+            sequence=self.history.launch_seq,
         )
         job = replace(self.job, restarts=self.history.restarts)
-        return RunAttempt(replace(ctx, config=config, options=options, job=job))
+        attempt = RunAttempt(replace(ctx, config=config, options=options, job=job))
+        attempt.killed = self.killed
+        return attempt
+
+    def launch_attempt(self, cloud: str | None) -> RunAttempt:
+        """The next launch: numbered (and saved) first, so its client tokens are never reused."""
+        self.history.launch_seq += 1
+        self.save()
+        return self.attempt(cloud)
 
     def launch_failed(self, cloud: str, err: Exception) -> None:
         """No offer had capacity: a ledger row (it spends the interruption budget) and no cost."""
@@ -150,9 +175,44 @@ class RecoveryLoop:
 
     def finish(self, attempt: RunAttempt, launch: LaunchRecord, outcome: Outcome) -> AttemptRow:
         """Release the attempt's instance, account for it and add its row (crash-safe, see module)."""
+        if self.history.pending and self.history.pending["launch"].get("instance_id") != launch.instance_id:
+            self._finish_pending()  # an older end a failed save left behind: account for it first
         self.history.pending = {"launch": launch.to_dict(), "outcome": outcome.to_dict()}
-        self.save()
+        self.save(strict=False)
         return self._finish(attempt, launch, outcome)
+
+    def abandoned(self, launch: LaunchRecord, reason: str) -> None:
+        """A row for an attempt released without a reported end (killed task, failed wait), so the
+        ledger still shows what it cost. Best effort: the task is failing anyway."""
+        from airflow_cloudtrain.lifecycle.costs import billed_cost
+
+        if self.history.has(launch.instance_id):
+            return
+        now = time.time()
+        cost, _ = billed_cost(launch.hourly_usd, now - float(launch.launched_at or now))
+        row = AttemptRow(
+            attempt=len(self.history.attempts) + 1,
+            try_number=self.ctx.try_number,
+            ended=ABANDONED,
+            cloud=launch.cloud,
+            instance_id=launch.instance_id,
+            instance_type=launch.instance_type,
+            spot=bool(launch.spot),
+            zone=launch.zone,
+            region=launch.region,
+            requested_at=launch.requested_at,
+            launched_at=launch.launched_at,
+            ended_at=now,
+            hourly_usd=launch.hourly_usd,
+            cost_usd=float(cost or 0.0),
+            message=reason,
+        )
+        self.history.attempts.append(row)
+        self.history.pending = None
+        try:
+            self.save(strict=False)
+        except Exception as err:
+            self.log.warning("Could not record the abandoned attempt in the ledger: %s", err)
 
     def _finish(self, attempt: RunAttempt, launch: LaunchRecord, outcome: Outcome) -> AttemptRow:
         done = attempt.finish(launch, outcome)

@@ -74,13 +74,13 @@ def next_step(history: RunHistory, settings: RecoverySettings, try_number: int, 
     last = history.attempts[-1] if history.attempts else None
     if last is not None and last.ended == FINISHED:
         return Step("done", reason="the job finished")
-    if last is not None and last.ended == TIMED_OUT:
+    if last is not None and last.ended == TIMED_OUT and last.try_number == try_number:
         return Step("fail", reason=f"attempt {last.attempt} ran past max_runtime: {last.message}")
-    interruptions = history.interruptions(try_number)
-    if interruptions > settings.max_restarts:
+    losses = history.capacity_losses(try_number)
+    if losses > settings.max_restarts:
         return Step(
             "fail",
-            reason=f"{interruptions} interruptions, more than max_restarts={settings.max_restarts}"
+            reason=f"{losses} interruptions, more than max_restarts={settings.max_restarts}"
             + (f"; last: {last.message}" if last and last.message else ""),
         )
     errors = history.error_restarts(try_number)
@@ -100,11 +100,11 @@ def next_step(history: RunHistory, settings: RecoverySettings, try_number: int, 
     if settings.policy == DEADLINE:
         return _deadline_step(history, settings, now, capacity_just_failed)
     cloud = settings.cloud
+    if capacity_just_failed:
+        return Step("wait", seconds=settings.relaunch_wait_s, reason="no offer had capacity")
     total = history.interruptions()
     if settings.on_demand_after is not None and total >= settings.on_demand_after:
         return Step("launch", ON_DEMAND_OF[cloud], reason=f"on-demand after {total} interruption(s)")
-    if capacity_just_failed:
-        return Step("wait", seconds=settings.relaunch_wait_s, reason="no offer had capacity")
     return Step("launch", cloud, reason="relaunch" if history.launches else "first launch")
 
 

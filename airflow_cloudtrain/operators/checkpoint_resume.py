@@ -75,6 +75,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
             idle_timeout,
         )
         self._loop_obj: RecoveryLoop | None = None
+        self._killed = False
 
     # -- the loop ------------------------------------------------------------------------------------
     def _loop(self, context: Context) -> RecoveryLoop:
@@ -106,6 +107,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
         loop = RecoveryLoop(ctx, settings, job, parse_resume_from(self.resume_from, config.cloud))
         # a deadline given as a timedelta counts from the loop's first start, kept in its history
         loop.settings = replace(settings, deadline_at=args.deadline_at(loop.history.started_at))
+        loop.killed = self._killed
         self._loop_obj = loop
         return loop
 
@@ -121,9 +123,35 @@ class CheckpointResumeOperator(CloudTrainOperator):
 
     def _new_attempt(self, context: Context) -> RunAttempt:
         """Any attempt of the run (same key, ledger, folder): what teardown after a failed deferral
-        uses (``CloudTrainOperator.resume_execution``)."""
-        self._attempt = self._loop(context).attempt()
+        uses (``CloudTrainOperator.resume_execution``). Releasing needs only the run key (ledger and
+        tag sweep), so when the loop cannot be rebuilt (the bucket is down) a plain attempt does it."""
+        try:
+            loop = self._loop(context)
+        except Exception as err:
+            self.log.warning("Could not load the run's loop (%s); releasing by run key", err)
+            return super()._new_attempt(context)
+        self._attempt = loop.attempt()
         return self._attempt
+
+    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
+        """A failed deferral (``__fail__``): the ledger gets a row for the attempt it waited on, then
+        ``CloudTrainOperator`` releases the run."""
+        if next_method == "__fail__":
+            try:
+                loop = self._loop(context)
+                waited_on = loop.attempt().stored
+                if waited_on is not None:
+                    loop.abandoned(waited_on, "the deferred wait failed")
+            except Exception as err:  # releasing matters more
+                self.log.warning("Could not record the failed attempt in the ledger: %s", err)
+        return super().resume_execution(next_method, next_kwargs, context)
+
+    def on_kill(self) -> None:
+        """Stop the loop (no further launch or wait) and release the current attempt."""
+        self._killed = True
+        if self._loop_obj is not None:
+            self._loop_obj.killed = True
+        super().on_kill()
 
     def execute(self, context: Context) -> dict[str, Any]:
         return self._run(context, self._loop(context))
@@ -149,6 +177,8 @@ class CheckpointResumeOperator(CloudTrainOperator):
         from airflow_cloudtrain.lifecycle.launcher import LaunchFailed
 
         while True:
+            if self._killed:
+                raise AirflowException(f"task killed: the loop stopped (run {loop.history.run_id})")
             step = loop.next_step()
             if step.kind == "done":
                 loop.close(True)
@@ -159,7 +189,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
             if step.kind == "wait":
                 self._wait(loop, step.seconds, step.reason)
                 continue
-            attempt = loop.attempt(step.cloud)
+            attempt = loop.launch_attempt(step.cloud)
             self._attempt = attempt
             try:
                 launch, done = attempt.start()
@@ -171,8 +201,9 @@ class CheckpointResumeOperator(CloudTrainOperator):
                     self.defer(trigger=attempt.trigger(launch), method_name="attempt_complete")
                 try:
                     done = attempt.wait(launch)
-                except BaseException:
+                except BaseException as err:
                     attempt.abandon()
+                    loop.abandoned(launch, f"{type(err).__name__}: {err}"[:300])
                     raise
             loop.finish(attempt, launch, done)
 
@@ -187,7 +218,9 @@ class CheckpointResumeOperator(CloudTrainOperator):
 
             moment = datetime.now(timezone.utc) + timedelta(seconds=seconds)
             self.defer(trigger=DateTimeTrigger(moment=moment), method_name="wait_complete")
-        time.sleep(seconds)
+        until = time.monotonic() + seconds
+        while not self._killed and time.monotonic() < until:  # on_kill may come while we sleep
+            time.sleep(min(1.0, max(0.0, until - time.monotonic())))
         loop.end_wait()
 
     @staticmethod

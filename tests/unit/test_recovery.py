@@ -40,18 +40,27 @@ def test_budgets_are_separate_and_per_try() -> None:
     settings = RecoverySettings(cloud="ec2spot", max_restarts=1, max_restarts_on_errors=1)
     one_each = history(row(1, "interrupted"), row(2, "job_error"))
     assert next_step(one_each, settings, 1, T0).kind == "launch"
-    spent = history(row(1, "interrupted"), row(2, "lost"))
+    spent = history(row(1, "interrupted"), row(2, "capacity_error", instance_id=None))
     step = next_step(spent, settings, 1, T0)
     assert step.kind == "fail" and "max_restarts=1" in step.reason
     errors = history(row(1, "job_error"), row(2, "idle"))
     assert "max_restarts_on_errors=1" in next_step(errors, settings, 1, T0).reason
-    assert next_step(spent, settings, 2, T0).kind == "launch"  # a retry of the task gets fresh budgets
+    silent = history(row(1, "lost"), row(2, "lost"))  # a broken bootstrap is not the cloud's doing
+    assert "max_restarts_on_errors=1" in next_step(silent, settings, 1, T0).reason
+    assert next_step(spent, settings, 2, T0).kind == "wait"  # a retry gets fresh budgets (then waits)
+
+
+def test_capacity_errors_wait_also_after_on_demand_after() -> None:
+    settings = RecoverySettings(cloud="ec2spot", on_demand_after=1, relaunch_wait_s=5)
+    gap = history(row(1, "interrupted"), row(2, "capacity_error", instance_id=None, spot=False))
+    assert next_step(gap, settings, 1, T0).kind == "wait"
 
 
 def test_finished_timed_out_and_capacity() -> None:
     settings = RecoverySettings(cloud="ec2spot", relaunch_wait_s=42)
     assert next_step(history(row(1, "finished")), settings, 1, T0).kind == "done"
     assert next_step(history(row(1, "timed_out")), settings, 1, T0).kind == "fail"
+    assert next_step(history(row(1, "timed_out")), settings, 2, T0).kind == "launch"  # a new try
     gap = history(row(1, "capacity_error", instance_id=None))
     assert next_step(gap, settings, 1, T0).kind == "wait"
     assert next_step(gap, settings, 1, T0).seconds == 42
@@ -92,7 +101,7 @@ def test_ledger_totals_add_up_and_print() -> None:
     )
     totals = h.totals()
     assert totals["cost_usd"] == 0.06 and totals["spot_cost_usd"] == 0.01
-    assert totals["on_demand_cost_usd"] == 0.05 and totals["interruptions"] == 2
+    assert totals["on_demand_cost_usd"] == 0.05 and totals["interruptions"] == 1  # spot ones only
     assert totals["launches"] == 2 and h.restarts == 1 and totals["work_lost_s"] == 1.5
     text = format_ledger(h.to_dict())
     assert "capacity_error" in text and "on-demand" in text and "$0.060000" in text
