@@ -219,14 +219,18 @@ def test_the_deadline_policy_chooses_by_slack(emu, airflow_db, deadline: str, sp
     assert row["spot"] is spot and row["cloud"] == ("gcspot" if spot else "gcloud")
 
 
-def test_the_deadline_policy_waits_out_a_spot_capacity_gap(emu, airflow_db) -> None:
+@pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])
+def test_the_deadline_policy_waits_out_a_spot_capacity_gap(emu, airflow_db, deferrable: bool) -> None:
+    """No spot capacity and hours of slack: the policy waits (a timer deferral when deferrable)
+    instead of paying for on-demand, and launches spot once capacity is back."""
     import boto3
 
     emu.fail_capacity("t3.medium")
     s3 = boto3.client("s3")
 
     def capacity_error_in_ledger() -> bool:
-        listing = s3.list_objects_v2(Bucket="cloudtrain-emulated", Prefix="resume/runs/resume_gap/")
+        prefix = f"resume/runs/resume_gap_{int(deferrable)}/"
+        listing = s3.list_objects_v2(Bucket="cloudtrain-emulated", Prefix=prefix)
         for obj in listing.get("Contents", []):
             if "/ledger/" in obj["Key"]:
                 body = s3.get_object(Bucket="cloudtrain-emulated", Key=obj["Key"])["Body"].read()
@@ -246,7 +250,8 @@ def test_the_deadline_policy_waits_out_a_spot_capacity_gap(emu, airflow_db) -> N
         "policy='deadline', deadline=timedelta(hours=6), expected_duration=60, "
         "instance_type='t3.medium', max_launch_attempts=1"
     )
-    run = resume_dag("resume_gap", "aws", "python3 steps.py 4 2 0.2", extra=extra).test()
+    dag_id = f"resume_gap_{int(deferrable)}"
+    run = resume_dag(dag_id, "aws", "python3 steps.py 4 2 0.2", deferrable, extra=extra).test()
     gap.join(5)
     assert task_states(run) == {"train": "success"}
     result = xcom(run, "train")
