@@ -32,7 +32,7 @@ from airflow_cloudtrain.lifecycle.history import (
 )
 
 if TYPE_CHECKING:
-    from airflow_cloudtrain.lifecycle.records import Attempt
+    from airflow_cloudtrain.lifecycle.records import Attempt, LaunchRecord
     from airflow_cloudtrain.policy import PolicyState
     from airflow_cloudtrain.runs import RunStatus
 
@@ -202,17 +202,9 @@ def row_for(
         attempt=number,
         try_number=try_number,
         ended=ended,
-        cloud=launch.cloud,
-        instance_id=launch.instance_id,
-        instance_type=launch.instance_type,
-        spot=bool(launch.spot),
-        zone=launch.zone,
-        region=launch.region,
-        requested_at=launch.requested_at,
-        launched_at=launch.launched_at,
+        **launch_fields(launch),
         job_started_at=job_started,
         ended_at=attempt.released_at,
-        hourly_usd=launch.hourly_usd,
         cost_usd=float(attempt.cost_usd or 0.0),
         exit_code=outcome.exit_code,
         restored_step=status.restored_step if status else None,
@@ -222,6 +214,21 @@ def row_for(
         progress_s=round(progress, 3),
         message=outcome.message,
     )
+
+
+def launch_fields(launch: LaunchRecord) -> dict[str, Any]:
+    """The ledger row's columns that come from the launch: which offer, where, when."""
+    return {
+        "cloud": launch.cloud,
+        "instance_id": launch.instance_id,
+        "instance_type": launch.instance_type,
+        "spot": bool(launch.spot),
+        "zone": launch.zone,
+        "region": launch.region,
+        "requested_at": launch.requested_at,
+        "launched_at": launch.launched_at,
+        "hourly_usd": launch.hourly_usd,
+    }
 
 
 def _stopped_at(status: RunStatus | None, attempt: Attempt, last_beat: float | None) -> float:

@@ -290,3 +290,35 @@ def test_runs_show_prints_the_ledger_without_airflow(emu, airflow_db, capsys) ->
     assert main(["runs", "show", result["run_uri"], "--json"]) == 0
     assert __import__("json").loads(capsys.readouterr().out)["attempts"][0]["ended"] == "finished"
     assert main(["runs", "show", "ct-000000000000", "--bucket", BUCKET["aws"]]) == 1
+
+
+def test_a_killed_task_stops_the_loop_and_the_ledger_keeps_what_it_cost(emu, airflow_db) -> None:
+    """SIGTERM is how Airflow kills a running task: on_kill releases the attempt and the loop launches
+    nothing more; the released attempt is a row of the ledger."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    emu.reset_counts()
+
+    def kill_when_running() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(job_steps(emu.agent_log(i["id"])) for i in emu.running_instances()):
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.1)
+
+    killer = threading.Thread(target=kill_when_running, daemon=True)
+    try:
+        killer.start()
+        run = resume_dag("resume_killed_task", "aws", "python3 steps.py 400 2 0.25").test()
+        killer.join(5)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert task_states(run) == {"train": "failed"}
+    assert emu.request_counts().get("RunInstances") == 1  # no relaunch after the kill
+    key = RunKey("resume_killed_task", "train", run.run_id, -1, BUCKET["aws"])
+    folder = open_run_folder(join(BUCKET["aws"], key.path()))
+    ledger = __import__("json").loads(folder.get_text(f"ledger/{key.short_id}.json"))
+    (row,) = ledger["attempts"]
+    assert row["ended"] == "abandoned" and row["cost_usd"] > 0
