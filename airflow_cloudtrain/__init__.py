@@ -28,7 +28,10 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": "Cloud Train",
-                "python-modules": ["airflow_cloudtrain.operators.cloud_train"],
+                "python-modules": [
+                    "airflow_cloudtrain.operators.cloud_train",
+                    "airflow_cloudtrain.operators.checkpoint_resume",
+                ],
             }
         ],
         "sensors": [

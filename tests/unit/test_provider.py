@@ -28,6 +28,7 @@ def test_every_registered_module_imports() -> None:
         for m in entry["python-modules"]
     ]
     assert "airflow_cloudtrain.operators.cloud_train" in modules
+    assert "airflow_cloudtrain.operators.checkpoint_resume" in modules
     for module in modules:
         importlib.import_module(module)
 
