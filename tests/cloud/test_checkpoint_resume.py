@@ -58,8 +58,9 @@ class Interrupter:
     """Interrupts each new instance once its job has reached the next step in ``at`` (a notice of
     ``notice_s[i]`` seconds, 0 = none); remembers the highest step each job printed before."""
 
-    def __init__(self, emu: Any, at: list[int], notice_s: list[float]) -> None:
+    def __init__(self, emu: Any, at: list[int], notice_s: list[float], uploaded: bool = False) -> None:
         self.emu, self.at, self.notice_s = emu, at, notice_s
+        self.uploaded = uploaded  # also wait until the agent uploaded a checkpoint
         self.done: list[tuple[str, int]] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -74,7 +75,8 @@ class Interrupter:
                 log = self.emu.agent_log(inst["id"])
                 steps = job_steps(log)
                 first = steps[0] - 1 if steps else 0
-                if steps and steps[-1] - first >= self.at[len(self.done)]:
+                ready = not self.uploaded or "uploaded to" in log
+                if steps and steps[-1] - first >= self.at[len(self.done)] and ready:
                     seen.add(inst["id"])
                     self.done.append((inst["id"], steps[-1]))
                     self.emu.interrupt(inst["id"], notice_s=self.notice_s[len(self.done) - 1])
@@ -185,7 +187,7 @@ def test_on_demand_after_relaunches_on_demand(emu, airflow_db) -> None:
 
 
 def test_resume_from_continues_an_earlier_runs_checkpoints(emu, airflow_db) -> None:
-    interrupter = Interrupter(emu, [5], notice_s=[0])
+    interrupter = Interrupter(emu, [5], notice_s=[0], uploaded=True)
     first = resume_dag("resume_first", "aws", "python3 steps.py 30 2 0.25", extra="max_restarts=0").test()
     interrupter.join()
     assert task_states(first) == {"train": "failed"}

@@ -100,6 +100,11 @@ def wait_for(condition: Any, timeout: float = 180) -> Any:
     raise AssertionError("condition not met in time")
 
 
+def checkpointed(emu: Any, instance_id: str) -> bool:
+    """The job is a few steps in and its agent has uploaded a checkpoint (a busy machine may be slow)."""
+    return job_step(emu, instance_id) >= 4 and "uploaded to" in emu.agent_log(instance_id)
+
+
 def job_step(emu: Any, instance_id: str) -> int:
     steps = re.findall(r"step (\d+) at", emu.agent_log(instance_id))
     return int(steps[-1]) if steps else 0
@@ -118,7 +123,7 @@ def test_worker_killed_around_a_relaunch_continues_the_loop(
     emu.reset_counts()
     proc = first_try(dag_id, when, die_at)
     first = wait_for(
-        lambda: next((i["id"] for i in emu.running_instances() if job_step(emu, i["id"]) >= 4), None)
+        lambda: next((i["id"] for i in emu.running_instances() if checkpointed(emu, i["id"])), None)
     )
     emu.interrupt(first, notice_s=0)
     assert proc.wait(timeout=240) == -9, proc.stderr.read()[-3000:] if proc.stderr else ""
