@@ -41,7 +41,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from .base import ON_DEMAND, SPOT, WAIT, Decision
-from .simulate import RunResult, Trace
+from .simulate import RunResult, Trace, trace_data
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import numpy as np
@@ -307,15 +307,6 @@ def _kind(row: int, n_phase: int) -> Decision:
     return WAIT if row == 0 else SPOT if row <= n_phase else ON_DEMAND
 
 
-def _trace_data(trace: Trace | Sequence[int], gap_hours: float | None) -> tuple[Sequence[int], float]:
-    """(values, tick hours) of a :class:`Trace` or of a bare sequence plus ``gap_hours``."""
-    if isinstance(trace, Trace):
-        return trace.data, trace.gap_hours
-    if gap_hours is None:
-        raise ValueError("gap_hours is required when trace is a plain sequence")
-    return tuple(trace), gap_hours
-
-
 def optimal_plan(
     trace: Trace | Sequence[int],
     *,
@@ -334,7 +325,7 @@ def optimal_plan(
     when always-on-demand misses it too), the cheapest of those that finish earliest is returned,
     with ``met_deadline=False``.
     """
-    data, gap = _trace_data(trace, gap_hours)
+    data, gap = trace_data(trace, gap_hours)
     feasible = deadline_hours >= job_hours + changeover_hours - TOLERANCE_HOURS
     deadline = deadline_hours if feasible else job_hours + changeover_hours
     model = _model(job_hours, deadline, changeover_hours, gap, spot_price, on_demand_price)
@@ -417,7 +408,7 @@ def optimal_costs(
     CPU cache). Raises ``ValueError`` if the deadline is shorter than the job plus one
     changeover (no schedule can meet it).
     """
-    data, gap = _trace_data(trace, gap_hours)
+    data, gap = trace_data(trace, gap_hours)
     model = _model(job_hours, deadline_hours, changeover_hours, gap, spot_price, on_demand_price)
     out: list[float] = []
     for first in range(0, len(starts), batch):

@@ -60,6 +60,15 @@ class RunResult:
     on_demand_hours: float
 
 
+def trace_data(trace: Trace | Sequence[int], gap_hours: float | None) -> tuple[Sequence[int], float]:
+    """(values, tick hours) of a :class:`Trace` or of a bare sequence plus ``gap_hours``."""
+    if isinstance(trace, Trace):
+        return trace.data, trace.gap_hours
+    if gap_hours is None:
+        raise ValueError("gap_hours is required when trace is a plain sequence")
+    return tuple(trace), gap_hours
+
+
 def simulate(
     trace: Trace | Sequence[int],
     decide: DecideFn,
@@ -79,12 +88,7 @@ def simulate(
     missed deadline (so its full cost is known) until ``max_hours`` (default: twice the deadline
     plus the job), after which it is reported unfinished.
     """
-    if isinstance(trace, Trace):
-        data, gap = trace.data, trace.gap_hours
-    else:
-        if gap_hours is None:
-            raise ValueError("gap_hours is required when trace is a plain sequence")
-        data, gap = tuple(trace), gap_hours
+    data, gap = trace_data(trace, gap_hours)
     if max_hours is None:
         max_hours = 2.0 * deadline_hours + job_hours
     max_ticks = int(max_hours / gap) + 1
