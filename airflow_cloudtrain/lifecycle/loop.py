@@ -37,7 +37,7 @@ from airflow_cloudtrain.lifecycle.recovery import (
 )
 from airflow_cloudtrain.lifecycle.retry import call_with_retry
 from airflow_cloudtrain.lifecycle.waiting import parse_heartbeat
-from airflow_cloudtrain.runs import SPEC_KEY, RunStatus, heartbeat_key, join, status_key
+from airflow_cloudtrain.runs import SPEC_KEY, RunStatus, heartbeat_key, join, results_prefix, status_key
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.lifecycle.records import LaunchRecord, Outcome
@@ -240,22 +240,37 @@ class RecoveryLoop:
         self.log.info("Ledger of run %s:\n%s", self.history.run_id, self.history.table())
 
     # -- result ----------------------------------------------------------------------------------
-    def result(self, last: dict[str, Any]) -> dict[str, Any]:
-        """The XCom: the last attempt's result with the whole run's totals and the ledger."""
-        totals = self.history.totals()
-        rows = [r.to_dict() for r in self.history.attempts]
-        resumed = next((r["restored_step"] for r in reversed(rows) if r.get("instance_id")), None)
+    def result(self) -> dict[str, Any]:
+        """The XCom: the contract's keys from the last attempt that ran an instance, with the whole
+        run's totals and the ledger."""
+        history = self.history
+        totals = history.totals()
+        last = next((r for r in reversed(history.attempts) if r.instance_id), None)
+        per_attempt: dict[str, Any] = {}
+        if last is not None:
+            per_attempt = {
+                "run_id": history.run_id,
+                "results_uri": join(history.run_uri, results_prefix(last.instance_id or "")),
+                "cloud": last.cloud,
+                "instance_id": last.instance_id,
+                "instance_type": last.instance_type,
+                "region": last.region,
+                "zone": last.zone,
+                "spot": last.spot,
+                "exit_code": last.exit_code,
+                "state": "succeeded" if last.ended == "finished" else last.ended,
+            }
         return {
-            **last,
-            "run_uri": self.history.run_uri,
+            **per_attempt,
+            "run_uri": history.run_uri,
             "cost_usd": totals["cost_usd"],
             "duration_s": totals["duration_s"],
             "interruptions": totals["interruptions"],
-            "restarts": self.history.restarts,
-            "resumed_step": resumed,
-            "resumed_from": self.history.resumed_from,
-            "policy": self.history.policy,
-            "ledger_uri": join(self.history.run_uri, ledger_key(self.history.run_id)),
+            "restarts": history.restarts,
+            "resumed_step": last.restored_step if last is not None else None,
+            "resumed_from": history.resumed_from,
+            "policy": history.policy,
+            "ledger_uri": join(history.run_uri, ledger_key(history.run_id)),
             "totals": totals,
-            "attempts": rows,
+            "attempts": [r.to_dict() for r in history.attempts],
         }

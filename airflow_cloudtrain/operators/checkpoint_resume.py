@@ -182,7 +182,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
             step = loop.next_step()
             if step.kind == "done":
                 loop.close(True)
-                return loop.result(self._last_result(loop))
+                return loop.result()
             if step.kind == "fail":
                 loop.close(False, step.reason)
                 raise AirflowException(f"{step.reason} (run {loop.history.run_id})")
@@ -222,25 +222,3 @@ class CheckpointResumeOperator(CloudTrainOperator):
         while not self._killed and time.monotonic() < until:  # on_kill may come while we sleep
             time.sleep(min(1.0, max(0.0, until - time.monotonic())))
         loop.end_wait()
-
-    @staticmethod
-    def _last_result(loop: RecoveryLoop) -> dict[str, Any]:
-        """The contract's per-run keys, from the last attempt that ran an instance."""
-        from airflow_cloudtrain.runs import join, results_prefix
-
-        row = next((r for r in reversed(loop.history.attempts) if r.instance_id), None)
-        if row is None:
-            return {}
-        return {
-            "run_id": loop.history.run_id,
-            "run_uri": loop.history.run_uri,
-            "results_uri": join(loop.history.run_uri, results_prefix(row.instance_id or "")),
-            "cloud": row.cloud,
-            "instance_id": row.instance_id,
-            "instance_type": row.instance_type,
-            "region": row.region,
-            "zone": row.zone,
-            "spot": row.spot,
-            "exit_code": row.exit_code,
-            "state": "succeeded" if row.ended == "finished" else row.ended,
-        }

@@ -9,6 +9,7 @@ step N" line, the ledger in the XCom and in the run folder, and that every insta
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -101,7 +102,7 @@ def check_ledger(result: dict[str, Any]) -> None:
     assert result["interruptions"] == totals["interruptions"]
     assert all(r["cost_usd"] > 0 for r in rows if r["instance_id"])
     folder = open_run_folder(result["run_uri"])
-    stored = __import__("json").loads(folder.get_text(f"ledger/{result['run_id']}.json"))
+    stored = json.loads(folder.get_text(f"ledger/{result['run_id']}.json"))
     assert [r["instance_id"] for r in stored["attempts"]] == [r["instance_id"] for r in rows]
     assert stored["state"] == "succeeded"
 
@@ -153,7 +154,7 @@ def test_max_restarts_spent_fails_the_task_and_says_why(emu, airflow_db, capfd) 
     assert "2 interruptions, more than max_restarts=1" in capfd.readouterr().out
     key = RunKey("resume_budget", "train", run.run_id, -1, BUCKET["aws"])
     folder = open_run_folder(join(BUCKET["aws"], key.path()))
-    ledger = __import__("json").loads(folder.get_text(f"ledger/{key.short_id}.json"))
+    ledger = json.loads(folder.get_text(f"ledger/{key.short_id}.json"))
     assert ledger["state"] == "failed" and len(ledger["attempts"]) == 2
 
 
@@ -193,7 +194,7 @@ def test_resume_from_continues_an_earlier_runs_checkpoints(emu, airflow_db) -> N
     assert task_states(first) == {"train": "failed"}
     key = RunKey("resume_first", "train", first.run_id, -1, BUCKET["aws"])
     first_uri = join(BUCKET["aws"], key.path())
-    ledger = __import__("json").loads(open_run_folder(first_uri).get_text(f"ledger/{key.short_id}.json"))
+    ledger = json.loads(open_run_folder(first_uri).get_text(f"ledger/{key.short_id}.json"))
     saved = ledger["attempts"][0]["checkpoint_step"]
     assert saved is not None
 
@@ -275,7 +276,7 @@ def test_a_hung_job_is_stopped_as_idle_with_the_reason_in_the_task_log(emu, airf
     assert "more than max_restarts_on_errors=0" in out
     key = RunKey("resume_idle", "train", run.run_id, -1, BUCKET["gcp"])
     folder = open_run_folder(join(BUCKET["gcp"], key.path()))
-    ledger = __import__("json").loads(folder.get_text(f"ledger/{key.short_id}.json"))
+    ledger = json.loads(folder.get_text(f"ledger/{key.short_id}.json"))
     assert [r["ended"] for r in ledger["attempts"]] == ["idle"]
 
 
@@ -290,7 +291,7 @@ def test_runs_show_prints_the_ledger_without_airflow(emu, airflow_db, capsys) ->
     assert result["run_id"] in out and "finished" in out and result["instance_type"] in out
     assert f"${result['cost_usd']:.6f}" in out
     assert main(["runs", "show", result["run_uri"], "--json"]) == 0
-    assert __import__("json").loads(capsys.readouterr().out)["attempts"][0]["ended"] == "finished"
+    assert json.loads(capsys.readouterr().out)["attempts"][0]["ended"] == "finished"
     assert main(["runs", "show", "ct-000000000000", "--bucket", BUCKET["aws"]]) == 1
 
 
@@ -321,6 +322,6 @@ def test_a_killed_task_stops_the_loop_and_the_ledger_keeps_what_it_cost(emu, air
     assert emu.request_counts().get("RunInstances") == 1  # no relaunch after the kill
     key = RunKey("resume_killed_task", "train", run.run_id, -1, BUCKET["aws"])
     folder = open_run_folder(join(BUCKET["aws"], key.path()))
-    ledger = __import__("json").loads(folder.get_text(f"ledger/{key.short_id}.json"))
+    ledger = json.loads(folder.get_text(f"ledger/{key.short_id}.json"))
     (row,) = ledger["attempts"]
     assert row["ended"] == "abandoned" and row["cost_usd"] > 0
