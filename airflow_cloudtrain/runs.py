@@ -169,6 +169,9 @@ class RunSpec:
     # Hung-job watchdog: stop the job when its process tree used no CPU (and, with GPUs, no GPU) for
     # this long; None: off. The run then ends as ``idle``.
     idle_timeout_s: float | None = None
+    # A fleet's spec (``workqueue.WorkerSettings`` as a dict): the agent then runs as a worker that
+    # takes items from the queue, each in its own folder ``items/<id>/``; None: one job.
+    worker: dict[str, Any] | None = None
     version: int = SPEC_VERSION
 
     def to_json(self) -> str:

@@ -90,7 +90,7 @@ def build_agent_zip() -> bytes:
 
     It carries stub ``airflow_cloudtrain/__init__.py`` (just the version) and
     ``airflow_cloudtrain/clouds/__init__.py`` instead of the real ones, plus ``runs.py``,
-    ``checkpoint.py`` and ``clouds/registry.py``, so nothing on the instance imports Airflow or the
+    ``checkpoint.py``, ``workqueue.py`` and ``clouds/registry.py``, so nothing on the instance imports Airflow or the
     provider's other modules.
     """
     package = Path(__file__).resolve().parent.parent
@@ -101,6 +101,7 @@ def build_agent_zip() -> bytes:
         "airflow_cloudtrain/__init__.py": stub.encode(),
         "airflow_cloudtrain/runs.py": (package / "runs.py").read_bytes(),
         "airflow_cloudtrain/checkpoint.py": (package / "checkpoint.py").read_bytes(),
+        "airflow_cloudtrain/workqueue.py": (package / "workqueue.py").read_bytes(),
         "airflow_cloudtrain/clouds/__init__.py": clouds_stub.encode(),
         "airflow_cloudtrain/clouds/registry.py": (package / "clouds" / "registry.py").read_bytes(),
     }
