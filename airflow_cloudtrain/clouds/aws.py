@@ -64,6 +64,45 @@ def _tag_list(tags: dict[str, str]) -> list[dict[str, str]]:
     return [{"Key": k, "Value": v} for k, v in sorted(tags.items())]
 
 
+def instance_shape(request: LaunchRequest, image: str, root_device: str) -> dict[str, Any]:
+    """The secure launch shape shared by RunInstances and a fleet's launch template: IMDSv2 only,
+    an encrypted root volume, shutdown = terminate, run-key tags on instance and volume, and no key
+    pair or security group unless the user asked for one."""
+    shape: dict[str, Any] = {
+        "ImageId": image,
+        "InstanceType": request.offer.instance_type,
+        "InstanceInitiatedShutdownBehavior": "terminate",
+        "MetadataOptions": {
+            "HttpTokens": "required",
+            "HttpEndpoint": "enabled",
+            "HttpPutResponseHopLimit": 2,
+        },
+        "BlockDeviceMappings": [
+            {
+                "DeviceName": root_device,
+                "Ebs": {
+                    "VolumeSize": request.disk_gib,
+                    "VolumeType": "gp3",
+                    "Encrypted": True,
+                    "DeleteOnTermination": True,
+                },
+            }
+        ],
+        "TagSpecifications": [
+            {"ResourceType": "instance", "Tags": _tag_list(request.tags)},
+            {"ResourceType": "volume", "Tags": _tag_list(request.tags)},
+        ],
+    }
+    if request.security_group_ids:
+        shape["SecurityGroupIds"] = list(request.security_group_ids)
+    if request.key_name:
+        shape["KeyName"] = request.key_name
+    if request.iam_instance_profile:
+        key = "Arn" if request.iam_instance_profile.startswith("arn:") else "Name"
+        shape["IamInstanceProfile"] = {key: request.iam_instance_profile}
+    return shape
+
+
 def to_instance(raw: dict[str, Any]) -> Instance:
     """One DescribeInstances entry as our record."""
     reason = (raw.get("StateReason") or {}).get("Code", "")
@@ -123,45 +162,16 @@ class AwsCloud(Cloud):
         offer = request.offer
         image = request.image_id or self.default_image(offer.gpus)
         kwargs: dict[str, Any] = {
-            "ImageId": image,
-            "InstanceType": offer.instance_type,
+            **instance_shape(request, image, self.root_device(image)),
             "MinCount": 1,
             "MaxCount": 1,
             "ClientToken": request.client_token,
             "UserData": request.user_data,
-            "InstanceInitiatedShutdownBehavior": "terminate",
-            "MetadataOptions": {
-                "HttpTokens": "required",
-                "HttpEndpoint": "enabled",
-                "HttpPutResponseHopLimit": 2,
-            },
-            "BlockDeviceMappings": [
-                {
-                    "DeviceName": self.root_device(image),
-                    "Ebs": {
-                        "VolumeSize": request.disk_gib,
-                        "VolumeType": "gp3",
-                        "Encrypted": True,
-                        "DeleteOnTermination": True,
-                    },
-                }
-            ],
-            "TagSpecifications": [
-                {"ResourceType": "instance", "Tags": _tag_list(request.tags)},
-                {"ResourceType": "volume", "Tags": _tag_list(request.tags)},
-            ],
         }
         if request.zone:
             kwargs["Placement"] = {"AvailabilityZone": request.zone}
         if request.subnet_id:
             kwargs["SubnetId"] = request.subnet_id
-        if request.security_group_ids:
-            kwargs["SecurityGroupIds"] = list(request.security_group_ids)
-        if request.key_name:
-            kwargs["KeyName"] = request.key_name
-        if request.iam_instance_profile:
-            key = "Arn" if request.iam_instance_profile.startswith("arn:") else "Name"
-            kwargs["IamInstanceProfile"] = {key: request.iam_instance_profile}
         if offer.is_spot:
             spot: dict[str, Any] = {
                 "SpotInstanceType": "one-time",

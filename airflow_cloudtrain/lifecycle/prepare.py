@@ -126,8 +126,12 @@ def write_run_folder(
     volume: bool,
     log: logging.Logger,
     job: JobOptions | None = None,
+    worker: dict[str, Any] | None = None,
 ) -> None:
-    """The spec, the agent and (for a local ``code`` folder) the code tarball, before any launch."""
+    """The spec, the agent and (for a local ``code`` folder) the code tarball, before any launch.
+
+    ``worker`` (``workqueue.WorkerSettings`` as a dict) makes it a fleet's spec: every instance
+    launched with it runs items from the queue instead of one job."""
     from airflow_cloudtrain.agent.bootstrap import build_agent_zip
     from airflow_cloudtrain.lifecycle.retry import call_with_retry
 
@@ -156,6 +160,7 @@ def write_run_folder(
         spec.restarts = job.restarts
         spec.stop_grace_s = job.stop_grace_s
         spec.idle_timeout_s = job.idle_timeout_s
+    spec.worker = worker
     call_with_retry(lambda: folder.put_text(SPEC_KEY, spec.to_json()))
     agent = build_agent_zip()
     call_with_retry(lambda: folder.put_bytes(AGENT_KEY, agent))

@@ -2,5 +2,6 @@
 
 from airflow_cloudtrain.operators.checkpoint_resume import CheckpointResumeOperator
 from airflow_cloudtrain.operators.cloud_train import CloudTrainOperator
+from airflow_cloudtrain.operators.spot_fleet import SpotFleetOperator
 
-__all__ = ["CheckpointResumeOperator", "CloudTrainOperator"]
+__all__ = ["CheckpointResumeOperator", "CloudTrainOperator", "SpotFleetOperator"]

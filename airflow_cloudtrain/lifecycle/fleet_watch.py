@@ -1,0 +1,234 @@
+"""The wait of a fleet run: scale from the backlog, notice outcomes and workers, decide when it is over.
+
+One ``poll`` makes a fixed handful of calls whatever the number of items: GetQueueAttributes,
+DescribeAutoScalingGroups, DescribeInstances of the group's members (one filtered call), a listing of
+``outcomes/`` and a read of each outcome that is new. The blocking wait and the trigger run the same
+``FleetWatch``, so scaling and the end are decided the same way in both modes.
+
+Scaling: the group's desired capacity is raised to ``min(max_workers, visible + in-flight)`` whenever
+that is more than it is; it is never lowered from here. Workers lower it themselves: one that finds
+the queue empty drops its scale-in protection and leaves with "decrement desired capacity", so a
+busy worker is never scaled in, and the group shrinks to 0 as the queue empties.
+
+The end: every item has an outcome (``outcomes/<id>.json``), or the queue has been empty (nothing
+visible, in flight or delayed) on two polls in a row; an item without an outcome then went to the
+dead-letter queue after ``max_item_attempts`` deliveries whose workers vanished, and is failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import Counter
+from math import fsum
+from typing import Any
+
+from airflow_cloudtrain import workqueue
+from airflow_cloudtrain.clouds.base import ALIVE_STATES
+from airflow_cloudtrain.lifecycle.fleet import FleetHandle
+from airflow_cloudtrain.workqueue import ItemOutcome, WorkerRecord
+
+EMPTY_POLLS_TO_END = 2
+
+
+class FleetFailed(RuntimeError):
+    """The fleet cannot finish: no worker starts, or its group is gone."""
+
+
+def read_outcomes(folder: Any, known: set[str]) -> dict[str, ItemOutcome]:
+    """The outcomes in the run folder whose item id is not in ``known``."""
+    out: dict[str, ItemOutcome] = {}
+    for key in folder.list(workqueue.OUTCOMES_PREFIX + "/"):
+        item = key.rsplit("/", 1)[-1].removesuffix(".json")
+        if item in known or not key.endswith(".json"):
+            continue
+        raw = folder.get_text(key)
+        if raw:
+            out[item] = ItemOutcome.from_json(raw)
+    return out
+
+
+class FleetWatch:
+    def __init__(
+        self,
+        handle: FleetHandle,
+        cloud: Any,
+        folder: Any,
+        log: logging.Logger,
+        startup_timeout: float | None = 1800.0,
+        clock: Any = time.time,
+    ) -> None:
+        self.handle = handle
+        self.cloud = cloud
+        self.folder = folder
+        self.log = log
+        self.startup_timeout = startup_timeout
+        self.clock = clock
+        self.outcomes: dict[str, ItemOutcome] = {}
+        self.members: dict[str, Any] = {}  # instance id -> Instance (any state)
+        self.ended_seen: dict[str, float] = {}
+        self.empty_polls = 0
+        self.last_progress = clock()
+        self.desired: int | None = None
+
+    # --- one poll --------------------------------------------------------------------------------
+
+    def poll(self) -> bool:
+        """One round; True when the run is over. Raises ``FleetFailed`` when it cannot finish."""
+        handle, cloud = self.handle, self.cloud
+        now = self.clock()
+        depth = cloud.depth(handle.queue)
+        group = cloud.group(handle.group)
+        if group is None:
+            raise FleetFailed(f"the Auto Scaling group {handle.group} no longer exists")
+        self._members(cloud.members(handle.group), now)
+        new = read_outcomes(self.folder, set(self.outcomes))
+        for item_id in sorted(new):
+            self._log_outcome(new[item_id])
+        self.outcomes.update(new)
+        if new or any(m.state in ALIVE_STATES for m in self.members.values()):
+            self.last_progress = now
+        if len(self.outcomes) >= len(handle.item_ids):
+            return True
+        self.empty_polls = self.empty_polls + 1 if depth.total == 0 else 0
+        if self.empty_polls >= EMPTY_POLLS_TO_END:
+            return True
+        target = min(handle.max_workers, depth.backlog)
+        self.desired = group.desired
+        if target > group.desired:
+            cloud.set_desired(handle.group, target)
+            self.desired = target
+            self.log.info(
+                "Scaling %s to %d worker(s): %d item(s) waiting, %d running",
+                handle.group,
+                target,
+                depth.visible,
+                depth.in_flight,
+            )
+        if self.startup_timeout and now - self.last_progress > self.startup_timeout:
+            raise FleetFailed(
+                f"no worker of {handle.group} ran for {self.startup_timeout:.0f} s while "
+                f"{depth.backlog} item(s) waited (capacity, quota or a bid below the spot price?)"
+            )
+        return False
+
+    def _members(self, found: list[Any], now: float) -> None:
+        for inst in found:
+            before = self.members.get(inst.id)
+            self.members[inst.id] = inst
+            if before is None and inst.state in ALIVE_STATES:
+                market = "spot" if inst.spot else "on-demand"
+                self.log.info(
+                    "Worker %s started (%s, %s, %s)", inst.id, inst.instance_type, market, inst.zone
+                )
+            if inst.state not in ALIVE_STATES and inst.id not in self.ended_seen:
+                self.ended_seen[inst.id] = now
+                why = "reclaimed (spot interruption)" if inst.preempted else "ended"
+                self.log.info("Worker %s %s", inst.id, why)
+
+    def _log_outcome(self, outcome: ItemOutcome) -> None:
+        where = f"on {outcome.instance_id}, delivery {outcome.attempts}"
+        if outcome.state == workqueue.SUCCEEDED:
+            self.log.info("Item %s succeeded %s", outcome.id, where)
+        else:
+            self.log.warning(
+                "Item %s failed for good %s: %s", outcome.id, where, outcome.message or outcome.exit_code
+            )
+
+    # --- the result ------------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Read what a result needs (after a deferral the watch starts empty)."""
+        now = self.clock()
+        with contextlib.suppress(Exception):
+            self._members(self.cloud.members(self.handle.group), now)
+        self.outcomes.update(read_outcomes(self.folder, set(self.outcomes)))
+
+    def result(self) -> dict[str, Any]:
+        """The XCom: per item outcome, worker count, interruptions and cost (price x billed time)."""
+        handle, now = self.handle, self.clock()
+        duplicates = Counter(
+            key.split("/")[1]
+            for key in self.folder.list(workqueue.DUPLICATES_PREFIX + "/")
+            if key.count("/") >= 2
+        )
+        items, failed = [], []
+        for item_id in handle.item_ids:
+            outcome = self.outcomes.get(item_id)
+            if outcome is None:
+                failed.append(item_id)
+                items.append(
+                    {
+                        "id": item_id,
+                        "state": workqueue.FAILED,
+                        "exit_code": None,
+                        "attempts": None,
+                        "instance_id": None,
+                        "results_uri": None,
+                        "message": "no result: its deliveries ran out on workers that vanished "
+                        "(it is in the dead-letter queue)",
+                        "duplicate_runs": duplicates.get(item_id, 0),
+                    }
+                )
+                continue
+            if outcome.state != workqueue.SUCCEEDED:
+                failed.append(item_id)
+            items.append(
+                {
+                    "id": item_id,
+                    "state": outcome.state,
+                    "exit_code": outcome.exit_code,
+                    "attempts": outcome.attempts,
+                    "interruptions": outcome.interruptions,
+                    "instance_id": outcome.instance_id,
+                    "results_uri": outcome.results_uri,
+                    "message": outcome.message,
+                    "duplicate_runs": duplicates.get(item_id, 0),
+                }
+            )
+        records = self._worker_records()
+        costs = []
+        for inst in self.members.values():
+            start = inst.launch_time or handle.started_at
+            record = records.get(inst.id)
+            end = (
+                (record.ended_at if record and record.ended_at else None)
+                or self.ended_seen.get(inst.id)
+                or now
+            )
+            price = handle.prices.get(inst.instance_type)
+            if price is not None:
+                costs.append(price * max(0.0, end - start) / 3600.0)
+        types = Counter(m.instance_type for m in self.members.values())
+        return {
+            "run_id": handle.run_id,
+            "run_uri": handle.run_uri,
+            "cloud": handle.cloud,
+            "region": handle.region,
+            "zone": None,
+            "instance_type": types.most_common(1)[0][0] if types else None,
+            "exit_code": 1 if failed else 0,
+            "items_total": len(handle.item_ids),
+            "items_succeeded": len(handle.item_ids) - len(failed),
+            "items_failed": failed,
+            "items_duplicated": sorted(i for i, n in duplicates.items() if n),
+            "items": items,
+            "workers_launched": len(self.members),
+            "interruptions": sum(1 for m in self.members.values() if m.preempted),
+            "cost_usd": round(fsum(costs), 6),
+            "duration_s": round(now - handle.started_at, 3),
+            "queue": handle.queue,
+            "dead_letter_queue": handle.dead_letter,
+            "group": handle.group,
+        }
+
+    def _worker_records(self) -> dict[str, WorkerRecord]:
+        out = {}
+        with contextlib.suppress(Exception):
+            for key in self.folder.list(workqueue.WORKERS_PREFIX + "/"):
+                raw = self.folder.get_text(key)
+                if raw:
+                    record = WorkerRecord.from_json(raw)
+                    out[record.instance_id] = record
+        return out

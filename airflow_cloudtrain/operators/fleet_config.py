@@ -1,0 +1,102 @@
+"""The fleet operators' own arguments: checked at DAG parse time, again once templates are rendered.
+
+Local and cheap like ``operators.config``: ``work_items`` that come from an upstream task (an XComArg)
+or a template are checked when the task runs, everything else when the DAG file is parsed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from airflow_cloudtrain import workqueue
+from airflow_cloudtrain.lifecycle.fleet import FleetSettings
+from airflow_cloudtrain.operators.config import is_templated, parse_duration
+
+MAX_ITEMS = 100_000
+MAX_RECEIVES = 1000  # SQS's maxReceiveCount limit
+MAX_LEASE_S = 12 * 3600  # SQS's longest visibility timeout
+
+
+def is_deferred_value(value: Any) -> bool:
+    """An XComArg (an upstream task's output) or a template: known only when the task runs."""
+    return is_templated(value) or type(value).__name__.endswith("XComArg") or hasattr(value, "resolve")
+
+
+def parse_work_items(value: Any) -> list[str]:
+    """The items as the job will see them (``CLOUDTRAIN_WORK_ITEM``): strings as they are, dicts
+    (and other JSON values) as JSON; a rendered template that is a JSON list is accepted too."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise ValueError(
+                f"work_items={value[:80]!r} is not valid: give a list of strings or JSON-serialisable "
+                "dicts (or an upstream task's output / a template that renders to one)"
+            ) from None
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(
+            f"work_items={value!r} is not valid: give a list of strings or JSON-serialisable dicts"
+        )
+    if not value:
+        raise ValueError("work_items=[] is empty: give at least one item to run (nothing would run)")
+    if len(value) > MAX_ITEMS:
+        raise ValueError(f"work_items has {len(value)} items: at most {MAX_ITEMS} per task")
+    out = []
+    for index, item in enumerate(value):
+        if isinstance(item, str):
+            text = item
+        else:
+            try:
+                text = json.dumps(item, sort_keys=True, allow_nan=False)
+            except (TypeError, ValueError) as err:
+                raise ValueError(
+                    f"work_items[{index}]={item!r} is not valid: each item must be a string or a "
+                    f"JSON-serialisable dict ({err})"
+                ) from None
+        if len(text.encode()) > workqueue.MAX_MESSAGE_BYTES - 1000:
+            raise ValueError(
+                f"work_items[{index}] is {len(text.encode())} bytes: at most "
+                f"{workqueue.MAX_MESSAGE_BYTES - 1000} per item (a queue message); put large inputs "
+                "in the bucket and pass their URIs"
+            )
+        out.append(text)
+    return out
+
+
+def _count(value: Any, name: str, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
+        bound = f"between {low} and {high}" if high else f"at least {low}"
+        raise ValueError(f"{name}={value!r} is not valid: use a whole number {bound}")
+    return value
+
+
+def parse_fleet_args(args: dict[str, Any], items: list[str] | None) -> FleetSettings:
+    """Everything but the items (``items=None``: not known yet); raises ValueError naming the field."""
+    num_workers = _count(args.get("num_workers", 1), "num_workers", 1, 10_000)
+    max_workers_arg = args.get("max_workers")
+    max_workers = (
+        num_workers if max_workers_arg is None else _count(max_workers_arg, "max_workers", 1, 10_000)
+    )
+    if max_workers < num_workers:
+        raise ValueError(
+            f"max_workers={max_workers} is less than num_workers={num_workers}: the group starts with "
+            "num_workers and scales up to max_workers"
+        )
+    attempts = _count(args.get("max_item_attempts", 3), "max_item_attempts", 1, MAX_RECEIVES)
+    lease = parse_duration(args.get("lease_timeout", 120), "lease_timeout") or 120.0
+    if not 10 <= lease <= MAX_LEASE_S:
+        raise ValueError(
+            f"lease_timeout={args.get('lease_timeout')!r} is not valid: between 10 s and 12 h (how long "
+            "an item stays leased to a worker that stopped renewing it)"
+        )
+    item_timeout = parse_duration(args.get("item_timeout"), "item_timeout")
+    return FleetSettings(
+        items=items or [],
+        num_workers=num_workers,
+        max_workers=max_workers,
+        item_timeout_s=item_timeout,
+        max_item_attempts=attempts,
+        lease_s=int(lease),
+        allow_failed_items=bool(args.get("allow_failed_items", False)),
+    )
