@@ -1,0 +1,192 @@
+"""SpotFleetOperator on the emulated EC2 (moto's SQS and Auto Scaling, agents as local workers),
+inside real Airflow: every item runs once, the group scales with the backlog and back to zero, a
+reclaimed worker's item resumes elsewhere from its checkpoint, a failing item fails the task by name,
+and nothing of the run exists afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import boto3
+from dag_helpers import task_states, write_dag, xcom
+
+from airflow_cloudtrain.agent.storage import open_run_folder
+from airflow_cloudtrain.runs import RunKey
+
+JOBS = str(Path(__file__).parent / "jobs")
+BUCKET = "s3://cloudtrain-emulated/fleet"
+
+
+def fleet_dag(
+    dag_id: str, items: list[Any], deferrable: bool = False, extra: str = "", cloud: str = "ec2spot"
+) -> Any:
+    source = textwrap.dedent(
+        f"""
+        from datetime import datetime
+        from airflow.sdk import DAG
+        from airflow_cloudtrain.operators import SpotFleetOperator
+
+        with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+            SpotFleetOperator(
+                task_id="sweep", cloud={cloud!r}, cpus=2, ram="4g", code={JOBS!r},
+                command="python3 item.py", bucket={BUCKET!r}, region="us-east-1",
+                work_items={items!r}, poll_interval=0.5, live_prices=False, lease_timeout=10,
+                checkpoint_interval=1, deferrable={deferrable}, {extra})
+        """
+    )
+    return write_dag(source, dag_id)
+
+
+def nothing_left(digest: str) -> None:
+    """Queues, group, template and instances of the run are all gone."""
+    sqs, asg, ec2 = boto3.client("sqs"), boto3.client("autoscaling"), boto3.client("ec2")
+    queues = sqs.list_queues(QueueNamePrefix=f"ct-{digest}").get("QueueUrls", [])
+    assert queues == []
+    groups = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[f"ct-{digest}"])["AutoScalingGroups"]
+    assert groups == []
+    templates = ec2.describe_launch_templates(
+        Filters=[{"Name": "launch-template-name", "Values": [f"ct-{digest}"]}]
+    )["LaunchTemplates"]
+    assert templates == []
+    alive = ec2.describe_instances(
+        Filters=[
+            {"Name": "tag:cloudtrain-run-key", "Values": [digest]},
+            {"Name": "instance-state-name", "Values": ["pending", "running"]},
+        ]
+    )["Reservations"]
+    assert alive == []
+
+
+def digest_of(dag_id: str, run: Any) -> str:
+    return RunKey(dag_id, "sweep", run.run_id, -1, BUCKET).digest
+
+
+def item_output(result: dict[str, Any], item: dict[str, Any]) -> dict[str, Any]:
+    folder = open_run_folder(item["results_uri"])
+    return json.loads(folder.get_text("item.json") or "{}")
+
+
+class GroupRecorder:
+    """Samples the group's desired capacity and members while the task runs."""
+
+    def __init__(self, name_prefix: str = "ct-") -> None:
+        self.desired: list[int] = []
+        self.members: list[int] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.prefix = name_prefix
+        self.thread.start()
+
+    def _run(self) -> None:
+        asg = boto3.client("autoscaling")
+        while not self.stop.is_set():
+            for group in asg.describe_auto_scaling_groups()["AutoScalingGroups"]:
+                if group["AutoScalingGroupName"].startswith(self.prefix):
+                    self.desired.append(group["DesiredCapacity"])
+                    self.members.append(len(group["Instances"]))
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(10)
+
+
+def test_twelve_items_on_one_to_four_workers_each_run_once(emu, airflow_db) -> None:
+    items = [{"steps": 4, "step_s": 0.2, "n": n} for n in range(12)]
+    dag_id = "fleet_twelve"
+    dag = fleet_dag(dag_id, items, extra="num_workers=1, max_workers=4")
+    emu.reset_counts()
+    recorder = GroupRecorder()
+    try:
+        run = dag.test()
+    finally:
+        recorder.close()
+    assert task_states(run) == {"sweep": "success"}
+    result = xcom(run, "sweep")
+    assert result["items_total"] == 12 and result["items_succeeded"] == 12
+    assert result["items_failed"] == [] and result["items_duplicated"] == []
+    for n, item in enumerate(result["items"]):
+        assert item["state"] == "succeeded" and item["exit_code"] == 0 and item["attempts"] == 1
+        output = item_output(result, item)
+        assert output["id"] == item["id"] and output["item"]["n"] == n
+    # the group started with one worker, grew to four while items waited, and shrank to zero by itself
+    assert recorder.desired[0] == 1 and max(recorder.desired) == 4
+    assert 0 in recorder.desired[recorder.desired.index(4) :]
+    assert max(recorder.members) <= 4
+    assert 2 <= result["workers_launched"] <= 4 + 4  # a worker that left may be replaced by a new one
+    assert result["cost_usd"] > 0 and result["interruptions"] == 0
+    assert emu.request_counts().get("CreateAutoScalingGroup") == 1
+    nothing_left(digest_of(dag_id, run))
+
+
+def test_deferrable_fleet_with_a_reclaimed_worker_resumes_the_item_elsewhere(emu, airflow_db) -> None:
+    items = [{"steps": 24, "step_s": 0.25, "n": 0}, {"steps": 24, "step_s": 0.25, "n": 1}]
+    dag_id = "fleet_reclaimed"
+    dag = fleet_dag(dag_id, items, deferrable=True, extra="num_workers=2, max_workers=2")
+    reclaimed: list[str] = []
+
+    def reclaim_one() -> None:  # the first worker whose item uploaded a checkpoint past step 4
+        deadline = time.monotonic() + 240
+        while not reclaimed and time.monotonic() < deadline:
+            for inst in emu.running_instances():
+                log = emu.agent_log(inst["id"])
+                if "uploaded to" in log and "step 6" in log:
+                    reclaimed.append(inst["id"])
+                    emu.interrupt(inst["id"], notice_s=5)
+                    break
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=reclaim_one, daemon=True)
+    thread.start()
+    run = dag.test()
+    thread.join(10)
+    assert reclaimed, "no worker was reclaimed"
+    assert task_states(run) == {"sweep": "success"}
+    result = xcom(run, "sweep")
+    assert result["items_succeeded"] == 2 and result["interruptions"] >= 1
+    moved = [i for i in result["items"] if i["interruptions"]]
+    assert len(moved) == 1, result["items"]
+    assert moved[0]["instance_id"] != reclaimed[0]
+    assert item_output(result, moved[0])["resumed_from"] >= 2  # not from scratch: its checkpoint
+    nothing_left(digest_of(dag_id, run))
+
+
+def test_an_item_failing_every_attempt_fails_the_task_naming_it(emu, airflow_db) -> None:
+    items = [{"steps": 2, "step_s": 0.1}, {"steps": 2, "fail": True}, {"steps": 2, "step_s": 0.1}]
+    dag_id = "fleet_failing"
+    dag = fleet_dag(dag_id, items, extra="num_workers=1, max_workers=2, max_item_attempts=2")
+    run = dag.test()
+    assert task_states(run) == {"sweep": "failed"}
+    folder = open_run_folder(f"{BUCKET}/{RunKey(dag_id, 'sweep', run.run_id, -1, BUCKET).path()}")
+    failed = json.loads(folder.get_text("outcomes/0001.json"))
+    assert failed["state"] == "failed" and failed["attempts"] == 2 and failed["exit_code"] == 3
+    assert json.loads(folder.get_text("outcomes/0000.json"))["state"] == "succeeded"
+    assert json.loads(folder.get_text("outcomes/0002.json"))["state"] == "succeeded"
+    nothing_left(digest_of(dag_id, run))
+
+
+def test_allow_failed_items_succeeds_and_lists_them(emu, airflow_db) -> None:
+    dag_id = "fleet_allow_failed"
+    dag = fleet_dag(
+        dag_id, [{"steps": 1}, {"fail": True}], extra="max_item_attempts=1, allow_failed_items=True"
+    )
+    run = dag.test()
+    assert task_states(run) == {"sweep": "success"}
+    result = xcom(run, "sweep")
+    assert result["items_failed"] == ["0001"] and result["items_succeeded"] == 1 and result["exit_code"] == 1
+    nothing_left(digest_of(dag_id, run))
+
+
+def test_on_demand_workers_with_cloud_ec2(emu, airflow_db) -> None:
+    dag_id = "fleet_on_demand"
+    dag = fleet_dag(dag_id, [{"steps": 1}, {"steps": 1}], cloud="ec2")
+    run = dag.test()
+    assert task_states(run) == {"sweep": "success"}
+    assert xcom(run, "sweep")["items_succeeded"] == 2
+    nothing_left(digest_of(dag_id, run))
