@@ -37,13 +37,20 @@ def get_provider_info() -> dict[str, Any]:
         "sensors": [
             {
                 "integration-name": "Cloud Train",
-                "python-modules": ["airflow_cloudtrain.sensors.instance_status"],
+                "python-modules": [
+                    "airflow_cloudtrain.sensors.instance_status",
+                    "airflow_cloudtrain.sensors.queue_depth",
+                ],
             }
         ],
         "hooks": [
             {
                 "integration-name": "Cloud Train",
-                "python-modules": ["airflow_cloudtrain.hooks.aws", "airflow_cloudtrain.hooks.gcp"],
+                "python-modules": [
+                    "airflow_cloudtrain.hooks.aws",
+                    "airflow_cloudtrain.hooks.gcp",
+                    "airflow_cloudtrain.hooks.sqs",
+                ],
             }
         ],
         "triggers": [
@@ -51,6 +58,7 @@ def get_provider_info() -> dict[str, Any]:
                 "integration-name": "Cloud Train",
                 "python-modules": [
                     "airflow_cloudtrain.triggers.instances",
+                    "airflow_cloudtrain.triggers.queue_depth",
                     "airflow_cloudtrain.triggers.run",
                 ],
             }

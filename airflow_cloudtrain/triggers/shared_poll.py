@@ -5,6 +5,9 @@ region); one poll task per group describes the union of ids (up to 1,000 per cal
 watcher with the fresh snapshot. A hundred runs waiting in one triggerer then cost one
 DescribeInstances per poll interval instead of a hundred. The group's task stops with its last
 watcher; cancellation of a watcher propagates normally.
+
+Nothing here is about instances: the values are whatever ``describe`` answers per id, so queue
+depths share the same way (one GetQueueAttributes per queue per poll, ``triggers.queue_depth``).
 """
 
 from __future__ import annotations
@@ -13,18 +16,19 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from typing import Any, Generic, TypeVar
 
-from airflow_cloudtrain.clouds.base import Instance
+V = TypeVar("V")  # what describe answers per id: an ``Instance``, a queue's depth, ...
 
-Describe = Callable[[list[str]], Awaitable[dict[str, Instance]]]
+Describe = Callable[[list[str]], Awaitable[dict[str, V]]]
 
 
-class _Group:
-    def __init__(self, describe: Describe, interval: float) -> None:
+class _Group(Generic[V]):
+    def __init__(self, describe: Describe[V], interval: float) -> None:
         self.describe = describe
         self.interval = interval
         self.watchers: dict[int, set[str]] = {}
-        self.snapshot: dict[str, Instance] = {}
+        self.snapshot: dict[str, V] = {}
         self.error: BaseException | None = None
         self.generation = 0
         self.changed = asyncio.Condition()
@@ -46,18 +50,19 @@ class _Group:
             await asyncio.sleep(self.interval)
 
 
-_groups: dict[Hashable, _Group] = {}
+_groups: dict[Hashable, _Group[Any]] = {}
 _tokens = itertools.count()  # one per watcher; id() of a temporary would be reused at once
 
 
 async def watch(
-    key: Hashable, ids: list[str], describe: Describe, interval: float
-) -> AsyncIterator[dict[str, Instance]]:
-    """Yield ``{id: Instance}`` for ``ids`` after every shared poll of the group ``key``.
+    key: Hashable, ids: list[str], describe: Describe[V], interval: float
+) -> AsyncIterator[dict[str, V]]:
+    """Yield ``{id: value}`` (an ``Instance``, a queue depth, ...) for ``ids`` after every shared
+    poll of the group ``key``.
 
     Raises the describe error to this watcher when a poll failed.
     """
-    group = _groups.get(key)
+    group: _Group[V] | None = _groups.get(key)
     if group is None or group.task is None or group.task.done():
         group = _groups[key] = _Group(describe, interval)
     group.interval = min(group.interval, interval)

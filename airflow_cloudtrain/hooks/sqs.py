@@ -1,0 +1,153 @@
+"""SQS queue depth through the Airflow AWS connection: boto3 for the sensor's poke, aiobotocore for
+the trigger (one client per poll group, closed with it)."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Hashable
+from functools import cached_property
+from typing import Any, ClassVar
+
+from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+
+from airflow_cloudtrain.triggers.queue_depth import DepthReader, QueueDepth, QueueNotFound
+
+DEPTH_ATTRIBUTES = [
+    "ApproximateNumberOfMessages",
+    "ApproximateNumberOfMessagesNotVisible",
+    "ApproximateNumberOfMessagesDelayed",
+]
+# The JSON protocol's code, and the query protocol's (older botocore, some endpoints).
+MISSING_CODES = frozenset({"AWS.SimpleQueueService.NonExistentQueue", "QueueDoesNotExist"})
+MAX_CONCURRENT = 16  # GetQueueAttributes in flight at once for one poll of many queues
+
+# https://sqs.us-west-2.amazonaws.com/123/q, https://sqs.cn-north-1.amazonaws.com.cn/123/q,
+# legacy https://us-west-2.queue.amazonaws.com/123/q
+_URL_REGION = re.compile(
+    r"^https?://(?:sqs\.([a-z0-9-]+)\.amazonaws\.com|([a-z0-9-]+)\.queue\.amazonaws\.com)"
+)
+
+
+def is_url(queue: str) -> bool:
+    return queue.startswith(("https://", "http://"))
+
+
+def region_in_url(url: str) -> str | None:
+    """The region an AWS queue URL names (None for other hosts, e.g. a local endpoint)."""
+    match = _URL_REGION.match(url)
+    return (match.group(1) or match.group(2)) if match else None
+
+
+def is_missing_queue(err: BaseException) -> bool:
+    error = (getattr(err, "response", None) or {}).get("Error", {})
+    return error.get("Code") in MISSING_CODES or error.get("QueryErrorCode") in MISSING_CODES
+
+
+def depth_of(url: str, attributes: dict[str, str]) -> QueueDepth:
+    return QueueDepth(
+        queue=url,
+        visible=int(attributes.get("ApproximateNumberOfMessages", 0)),
+        in_flight=int(attributes.get("ApproximateNumberOfMessagesNotVisible", 0)),
+        delayed=int(attributes.get("ApproximateNumberOfMessagesDelayed", 0)),
+    )
+
+
+class QueueDepthHook(AwsBaseHook):
+    """GetQueueUrl / GetQueueAttributes for one connection and region (``aws_conn_id``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["client_type"] = "sqs"
+        super().__init__(*args, **kwargs)
+        self._async_client: Any = None
+
+    @cached_property
+    def sync_client(self) -> Any:
+        """boto3, one try per call: the sensor tries again on its next poke, within its budget."""
+        from botocore.config import Config
+
+        one_try = (self.config or Config()).merge(
+            Config(retries={"mode": "standard", "total_max_attempts": 1})
+        )
+        return self.get_client_type(region_name=self.region_name, config=one_try)
+
+    def queue_url(self, name: str) -> str:
+        """GetQueueUrl; ``QueueNotFound`` naming the queue when there is none."""
+        try:
+            return str(self.sync_client.get_queue_url(QueueName=name)["QueueUrl"])
+        except Exception as err:
+            if is_missing_queue(err):
+                where = self.region_name or "the connection's region"
+                raise QueueNotFound(
+                    f"SQS queue {name!r} does not exist in {where} (a missing queue is never taken as empty)"
+                ) from err
+            raise
+
+    def depth(self, url: str) -> QueueDepth:
+        try:
+            response = self.sync_client.get_queue_attributes(QueueUrl=url, AttributeNames=DEPTH_ATTRIBUTES)
+        except Exception as err:
+            if is_missing_queue(err):
+                return QueueDepth(queue=url, missing=True)
+            raise
+        return depth_of(url, response.get("Attributes", {}))
+
+    async def _client(self) -> Any:
+        """One aiobotocore client per hook (per poll group), not one per poll."""
+        if self._async_client is None:
+            self._async_client = await (await self.get_async_conn()).__aenter__()
+        return self._async_client
+
+    async def aclose(self) -> None:
+        client, self._async_client = self._async_client, None
+        if client is not None:
+            await client.__aexit__(None, None, None)
+
+    async def depths_async(self, urls: list[str]) -> dict[str, QueueDepth]:
+        """GetQueueAttributes once per distinct URL, concurrently, without blocking the event loop."""
+        client = await self._client()
+        gate = asyncio.Semaphore(MAX_CONCURRENT)
+
+        async def one(url: str) -> QueueDepth:
+            try:
+                async with gate:
+                    response = await client.get_queue_attributes(
+                        QueueUrl=url, AttributeNames=DEPTH_ATTRIBUTES
+                    )
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                return (
+                    QueueDepth(queue=url, missing=True)
+                    if is_missing_queue(err)
+                    else QueueDepth(url, error=err)
+                )
+            return depth_of(url, response.get("Attributes", {}))
+
+        depths = await asyncio.gather(*(one(u) for u in dict.fromkeys(urls)))
+        if any(d.error is not None and getattr(d.error, "response", None) is None for d in depths):
+            await self.aclose()  # not an answer from SQS (a dropped connection): a fresh client next poll
+        return {d.queue: d for d in depths}
+
+
+class SqsDepthReader(DepthReader):
+    """Queue depths for one AWS connection and region; queues are read by URL."""
+
+    provider: ClassVar[str] = "sqs"
+
+    def __init__(self, conn_id: str | None, region: str | None) -> None:
+        self.key: Hashable = ("sqs", conn_id, region)
+        self.hook = QueueDepthHook(aws_conn_id=conn_id, region_name=region)
+
+    def resolve(self, queue: str) -> str:
+        """A URL as is; a name through GetQueueUrl."""
+        return queue if is_url(queue) else self.hook.queue_url(queue)
+
+    def read(self, queue: str) -> QueueDepth:
+        return self.hook.depth(queue)
+
+    async def read_async(self, queues: list[str]) -> dict[str, QueueDepth]:
+        return await self.hook.depths_async(queues)
+
+    async def aclose(self) -> None:
+        await self.hook.aclose()

@@ -1,0 +1,235 @@
+"""QueueDepthSensor: wait until a work queue drains (or fills) past a threshold."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+QUEUE_FORMS = (
+    "an SQS queue URL (https://sqs.<region>.amazonaws.com/<account>/<name>), an SQS queue name, "
+    "or a Pub/Sub subscription path (projects/<project>/subscriptions/<name>)"
+)
+_SUBSCRIPTION = re.compile(r"^projects/[^/\s]+/subscriptions/[^/\s]+$")
+_TOPIC = re.compile(r"^projects/[^/\s]+/topics/[^/\s]+$")
+_SQS_NAME = re.compile(r"^(?:[A-Za-z0-9_-]{1,80}|[A-Za-z0-9_-]{1,75}\.fifo)$")
+
+
+def queue_kind(queue: Any) -> str:
+    """``"sqs-url"``, ``"sqs-name"`` or ``"pubsub"`` for a queue argument; a ValueError naming the
+    field and the accepted forms otherwise."""
+    if not isinstance(queue, str) or not queue.strip():
+        raise ValueError(f"queue={queue!r} is empty: give {QUEUE_FORMS}")
+    if queue.startswith(("https://", "http://")):
+        if queue.rstrip("/").count("/") < 3:
+            raise ValueError(f"queue={queue!r} is not a queue URL: give {QUEUE_FORMS}")
+        return "sqs-url"
+    if _SUBSCRIPTION.match(queue):
+        return "pubsub"
+    if _TOPIC.match(queue):
+        raise ValueError(
+            f"queue={queue!r} is a Pub/Sub topic, which has no backlog of its own: "
+            "give one of its subscriptions (projects/<project>/subscriptions/<name>)"
+        )
+    if _SQS_NAME.match(queue):
+        return "sqs-name"
+    raise ValueError(f"queue={queue!r} is not valid: give {QUEUE_FORMS}")
+
+
+def _is_template(value: str) -> bool:
+    return "{{" in value or "{%" in value
+
+
+def _check_depth(name: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"{name}={value!r} is not valid: give a whole number of messages, 0 or more")
+
+
+class QueueDepthSensor(BaseSensorOperator):
+    """Wait until a queue's depth is at most ``max_depth`` (0: drained) or at least ``min_depth``.
+
+    The depth counts visible, in-flight (received, not yet deleted) and delayed messages; with
+    ``count_in_flight=False`` only the visible ones. ``queue`` is an SQS queue URL (used as is) or
+    name (resolved once with GetQueueUrl), or a Pub/Sub subscription path (Pub/Sub depth comes with
+    ``PreemptibleGroupOperator``). A queue that does not exist fails the sensor naming it; it is
+    never taken as empty. Returns (XCom) ``{"queue": url, "depth", "visible", "in_flight",
+    "delayed"}``. Deferrable sensors in one triggerer share one GetQueueAttributes per queue per poll.
+
+    ``queue`` takes the name BaseOperator gives the executor queue: the watched queue is kept as
+    ``watched_queue`` (templated), ``task.queue`` stays the executor queue, and ``executor_queue=``
+    sets it (as ``queue=`` would on other operators).
+    """
+
+    # BaseOperator's own ``queue`` is the executor queue the task runs on; the queue watched here is
+    # ``watched_queue`` (``executor_queue=`` sets the other).
+    template_fields: Sequence[str] = ("watched_queue",)
+
+    def __init__(
+        self,
+        *,
+        queue: str,
+        max_depth: int | None = None,
+        min_depth: int | None = None,
+        count_in_flight: bool = True,
+        aws_conn_id: str | None = "aws_default",
+        region: str | None = None,
+        gcp_conn_id: str = "google_cloud_default",
+        project_id: str | None = None,
+        poll_interval: float = 30,
+        deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
+        executor_queue: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if (
+            isinstance(poll_interval, bool)
+            or not isinstance(poll_interval, (int, float))
+            or poll_interval <= 0
+        ):
+            raise ValueError(f"poll_interval={poll_interval!r} is not valid: give seconds, more than 0")
+        kwargs.setdefault("poke_interval", poll_interval)  # poke_interval, if given, is the same knob
+        if executor_queue is not None:
+            kwargs["queue"] = executor_queue
+        super().__init__(**kwargs)
+        if queue is None or (isinstance(queue, str) and not _is_template(queue)):
+            queue_kind(queue)  # a template or an XComArg is checked once rendered (execute)
+        if max_depth is None and min_depth is None:
+            raise ValueError(
+                "give max_depth=N (succeed when the depth is <= N; 0: the queue drained) "
+                "or min_depth=N (succeed when the depth is >= N)"
+            )
+        if max_depth is not None and min_depth is not None:
+            raise ValueError(
+                f"max_depth={max_depth!r} and min_depth={min_depth!r} were both given: give exactly one"
+            )
+        _check_depth("max_depth", max_depth)
+        _check_depth("min_depth", min_depth)
+        if not isinstance(count_in_flight, bool):
+            raise ValueError(f"count_in_flight={count_in_flight!r} is not valid: give True or False")
+        if not self.poke_interval:
+            raise ValueError("poke_interval=0 is not valid: give seconds between polls, more than 0")
+        self.watched_queue = queue
+        self.max_depth = max_depth
+        self.min_depth = min_depth
+        self.count_in_flight = count_in_flight
+        self.aws_conn_id = aws_conn_id
+        self.region = region
+        self.gcp_conn_id = gcp_conn_id
+        self.project_id = project_id
+        self.poll_interval = poll_interval
+        self.deferrable = deferrable
+
+    # --- where the queue is (resolved once per try) -----------------------------------------------
+
+    def _target(self) -> tuple[str, str | None]:
+        """(the id depths are read by: an SQS queue URL, the region to read it in)."""
+        if getattr(self, "_resolved", None) is None:
+            kind = queue_kind(self.watched_queue)  # rendered now: check it again
+            if kind == "pubsub":
+                from airflow_cloudtrain.triggers.queue_depth import PUBSUB_LATER
+
+                raise NotImplementedError(
+                    f"queue={self.watched_queue!r} is a Pub/Sub subscription: {PUBSUB_LATER}"
+                )
+            from airflow_cloudtrain.hooks.sqs import region_in_url
+
+            region = self.region or (region_in_url(self.watched_queue) if kind == "sqs-url" else None)
+            self._resolved = (self._reader(region).resolve(self.watched_queue), region)
+        return self._resolved
+
+    def _reader(self, region: str | None) -> Any:
+        readers = getattr(self, "_readers", None)
+        if readers is None:
+            readers = self._readers = {}
+        if region not in readers:
+            from airflow_cloudtrain.triggers.queue_depth import depth_reader
+
+            readers[region] = depth_reader("sqs", self.aws_conn_id, region)
+        return readers[region]
+
+    def _describe_threshold(self) -> str:
+        return f"<= {self.max_depth}" if self.max_depth is not None else f">= {self.min_depth}"
+
+    # --- waiting ---------------------------------------------------------------------------------
+
+    def execute(self, context: Context) -> Any:
+        self._resolved = None
+        self._budget = None
+        if not self.deferrable:
+            return super().execute(context)
+        done = self.poke(context)
+        if done:
+            return done.xcom_value
+        from airflow_cloudtrain.triggers.queue_depth import QueueDepthTrigger
+
+        url, region = self._target()
+        self.defer(
+            trigger=QueueDepthTrigger(
+                queue=url,
+                max_depth=self.max_depth,
+                min_depth=self.min_depth,
+                count_in_flight=self.count_in_flight,
+                provider="sqs",
+                conn_id=self.aws_conn_id,
+                region=region,
+                poll_interval=self.poke_interval,
+            ),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout),
+        )
+
+    def poke(self, context: Context) -> PokeReturnValue:
+        from airflow.exceptions import AirflowException
+
+        from airflow_cloudtrain.lifecycle.retry import TransientBudget
+        from airflow_cloudtrain.triggers.queue_depth import QueueNotFound, evaluate_depth
+
+        budget = getattr(self, "_budget", None) or TransientBudget()
+        self._budget = budget
+        try:
+            url, region = self._target()
+            depth = self._reader(region).read(url)
+        except QueueNotFound:
+            raise
+        except Exception as err:
+            budget.failed(err)  # re-raises unless transient (throttling, 5xx) within the budget
+            self.log.warning(
+                "Reading the depth of %s failed (%s); trying again next poll", self.watched_queue, err
+            )
+            return PokeReturnValue(is_done=False)
+        budget.ok()
+        event = evaluate_depth(depth, self.max_depth, self.min_depth, self.count_in_flight)
+        if event is None:
+            self.log.info(
+                "Queue %s: depth %d, waiting for %s",
+                url,
+                depth.depth(self.count_in_flight),
+                self._describe_threshold(),
+            )
+            return PokeReturnValue(is_done=False)
+        if event["status"] != "success":
+            raise AirflowException(event["message"])
+        result = depth.result(self.count_in_flight)
+        self.log.info("Queue %s: depth %d (%s): done", url, result["depth"], self._describe_threshold())
+        return PokeReturnValue(is_done=True, xcom_value=result)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        if event.get("status") != "success":
+            from airflow.exceptions import AirflowException
+
+            raise AirflowException(
+                event.get("message", f"queue {self.watched_queue} did not reach its depth")
+            )
+        result = {k: event[k] for k in ("queue", "depth", "visible", "in_flight", "delayed") if k in event}
+        self.log.info(
+            "Queue %s: depth %d (%s): done",
+            result.get("queue"),
+            result.get("depth", -1),
+            self._describe_threshold(),
+        )
+        return result

@@ -1,0 +1,252 @@
+"""Waiting on a queue's depth: the provider-neutral depth reader, the pure decision, the trigger.
+
+A ``DepthReader`` reads queue depths for one connection and location; each cloud is one small class
+(``hooks.sqs.SqsDepthReader`` today; a Pub/Sub reader over Cloud Monitoring's
+``subscription/num_undelivered_messages`` comes with ``PreemptibleGroupOperator``). Deferred sensors
+in one triggerer share one reader per (provider, connection, location) and, through
+``shared_poll.watch``, one depth call per queue per poll: twenty sensors on the same queue cost one
+GetQueueAttributes per poll interval, not twenty. The reader's async client lives as long as its
+poll group and is closed when the group's last watcher leaves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Hashable
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from airflow.exceptions import AirflowException
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_cloudtrain.triggers import shared_poll
+
+PROVIDERS = ("sqs", "pubsub")
+PUBSUB_LATER = (
+    "Pub/Sub subscription depth (Cloud Monitoring subscription/num_undelivered_messages) comes with "
+    "PreemptibleGroupOperator; QueueDepthSensor reads SQS queues only for now"
+)
+
+
+class QueueNotFound(AirflowException):
+    """The queue does not exist (never read as an empty queue)."""
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    """One queue's depth at one poll. ``in_flight``: received but not yet deleted or returned
+    (SQS ``ApproximateNumberOfMessagesNotVisible``); ``delayed``: sent with a delay not yet over.
+    ``missing``: the queue does not exist. ``error``: this queue's read failed this poll (the other
+    queues of the same poll are unaffected)."""
+
+    queue: str
+    visible: int = 0
+    in_flight: int = 0
+    delayed: int = 0
+    missing: bool = False
+    error: BaseException | None = None
+
+    def depth(self, count_in_flight: bool = True) -> int:
+        """visible + in flight + delayed, or visible only."""
+        return self.visible + self.in_flight + self.delayed if count_in_flight else self.visible
+
+    def result(self, count_in_flight: bool = True) -> dict[str, Any]:
+        """The sensor's XCom: JSON-safe."""
+        return {
+            "queue": self.queue,
+            "depth": self.depth(count_in_flight),
+            "visible": self.visible,
+            "in_flight": self.in_flight,
+            "delayed": self.delayed,
+        }
+
+
+class DepthReader(ABC):
+    """Queue depths for one connection and location.
+
+    ``key`` names the poll group (one reader, one async client per group). The sync methods serve
+    the sensor's poke on a worker; ``read_async`` is the shared poll's describe in the triggerer and
+    must not block the event loop; ``aclose`` ends the async client.
+    """
+
+    provider: ClassVar[str]
+    key: Hashable
+
+    @abstractmethod
+    def resolve(self, queue: str) -> str:
+        """The id depths are read by (an SQS queue URL) for a queue as the user named it; raises
+        ``QueueNotFound`` naming it when it does not exist."""
+
+    @abstractmethod
+    def read(self, queue: str) -> QueueDepth:
+        """One queue's depth now (sync). A missing queue comes back with ``missing=True``."""
+
+    @abstractmethod
+    async def read_async(self, queues: list[str]) -> dict[str, QueueDepth]:
+        """Every distinct queue's depth, one call each; a per-queue failure is that queue's ``error``."""
+
+    async def aclose(self) -> None:
+        """Close the async client, if one was opened."""
+        return None
+
+
+def depth_reader(
+    provider: str, conn_id: str | None, region: str | None, project_id: str | None = None
+) -> DepthReader:
+    """The reader for a provider ("sqs", "pubsub"), bound to a connection and location."""
+    if provider == "sqs":
+        from airflow_cloudtrain.hooks.sqs import SqsDepthReader
+
+        return SqsDepthReader(conn_id, region)
+    if provider == "pubsub":
+        raise NotImplementedError(PUBSUB_LATER)
+    raise ValueError(f"provider={provider!r} is not valid: use one of {', '.join(PROVIDERS)}")
+
+
+def evaluate_depth(
+    depth: QueueDepth, max_depth: int | None, min_depth: int | None, count_in_flight: bool = True
+) -> dict[str, Any] | None:
+    """Pure: success when the depth crossed the threshold, error when the queue does not exist,
+    else None (keep waiting)."""
+    if depth.missing:
+        return {
+            "status": "error",
+            "queue": depth.queue,
+            "message": f"queue {depth.queue} does not exist (a missing queue is never taken as empty)",
+        }
+    n = depth.depth(count_in_flight)
+    if (max_depth is not None and n <= max_depth) or (min_depth is not None and n >= min_depth):
+        return {"status": "success", **depth.result(count_in_flight), "at": time.time()}
+    return None
+
+
+# One reader per poll-group key, counted by the watchers using it: its async client is closed when
+# the last one leaves (which is when the shared poll's group for that key has ended).
+_readers: dict[Hashable, list[Any]] = {}  # key -> [reader, users]
+
+
+@asynccontextmanager
+async def shared_reader(
+    provider: str, conn_id: str | None, region: str | None, project_id: str | None = None
+) -> AsyncIterator[DepthReader]:
+    key = (provider, conn_id, project_id, region) if provider == "pubsub" else (provider, conn_id, region)
+    entry = _readers.get(key)
+    if entry is None:
+        entry = _readers[key] = [depth_reader(provider, conn_id, region, project_id), 0]
+    entry[1] += 1
+    try:
+        yield entry[0]
+    finally:
+        entry[1] -= 1
+        if entry[1] == 0:
+            if _readers.get(key) is entry:  # out of the registry first: a newcomer opens a fresh one
+                del _readers[key]
+            with contextlib.suppress(Exception):  # a client that will not close cleanly is gone anyway
+                await entry[0].aclose()
+
+
+async def watch_depth(
+    provider: str,
+    conn_id: str | None,
+    region: str | None,
+    queue: str,
+    interval: float,
+    project_id: str | None = None,
+) -> AsyncIterator[QueueDepth]:
+    """The queue's depth after every shared poll. Transient errors (throttling, 5xx, dropped
+    connections) are waited out with backoff within a budget; others end the watch."""
+    from airflow_cloudtrain.lifecycle.retry import TransientBudget
+
+    budget = TransientBudget(base_s=interval)
+    while True:
+        try:
+            async with shared_reader(provider, conn_id, region, project_id) as reader:
+                stream = shared_poll.watch(reader.key, [queue], reader.read_async, interval)
+                async with aclosing(stream):
+                    async for snapshot in stream:
+                        depth = snapshot.get(queue)
+                        if depth is None:
+                            continue
+                        if depth.error is not None:
+                            raise depth.error
+                        budget.ok()
+                        yield depth
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            await asyncio.sleep(budget.failed(err))
+
+
+class QueueDepthTrigger(BaseTrigger):
+    """Fires when the queue's depth is <= ``max_depth`` or >= ``min_depth``; fails at once when the
+    queue does not exist. ``queue`` is what the reader reads by (an SQS queue URL)."""
+
+    def __init__(
+        self,
+        queue: str,
+        max_depth: int | None = None,
+        min_depth: int | None = None,
+        count_in_flight: bool = True,
+        provider: str = "sqs",
+        conn_id: str | None = "aws_default",
+        region: str | None = None,
+        project_id: str | None = None,
+        poll_interval: float = 30.0,
+    ) -> None:
+        super().__init__()
+        self.queue = queue
+        self.max_depth = max_depth
+        self.min_depth = min_depth
+        self.count_in_flight = count_in_flight
+        self.provider = provider
+        self.conn_id = conn_id
+        self.region = region
+        self.project_id = project_id
+        self.poll_interval = poll_interval
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "queue": self.queue,
+                "max_depth": self.max_depth,
+                "min_depth": self.min_depth,
+                "count_in_flight": self.count_in_flight,
+                "provider": self.provider,
+                "conn_id": self.conn_id,
+                "region": self.region,
+                "project_id": self.project_id,
+                "poll_interval": self.poll_interval,
+            },
+        )
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        stream = watch_depth(
+            self.provider, self.conn_id, self.region, self.queue, self.poll_interval, self.project_id
+        )
+        event: dict[str, Any] | None = None
+        last: int | None = None
+        try:
+            async with aclosing(stream):
+                async for depth in stream:
+                    event = evaluate_depth(depth, self.max_depth, self.min_depth, self.count_in_flight)
+                    if event is not None:
+                        break
+                    if depth.depth(self.count_in_flight) != last:
+                        last = depth.depth(self.count_in_flight)
+                        self.log.info("Queue %s: depth %d, waiting", self.queue, last)
+            yield TriggerEvent(event)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            yield TriggerEvent(
+                {
+                    "status": "error",
+                    "queue": self.queue,
+                    "message": f"reading the depth of queue {self.queue} failed: {err}",
+                }
+            )

@@ -1,0 +1,382 @@
+"""QueueDepthSensor against SQS on the emulator: drains, fills, in-flight messages, missing queues,
+one GetQueueAttributes per queue per poll across deferred sensors, and a deferrable run in a DAG."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import importlib
+import json
+import re
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import aclosing
+from typing import Any
+
+import boto3
+import pytest
+from dag_helpers import task_states, write_dag, xcom
+
+from airflow_cloudtrain.sensors import QueueDepthSensor
+from airflow_cloudtrain.triggers import queue_depth, shared_poll
+from airflow_cloudtrain.triggers.queue_depth import QueueDepthTrigger
+
+UNCLOSED = "Unclosed client session"
+
+
+@pytest.fixture
+def sqs(emu) -> Any:
+    return boto3.client("sqs")
+
+
+@pytest.fixture
+def queue(sqs) -> Iterator[tuple[str, str]]:
+    """(name, url) of a fresh queue, deleted afterwards."""
+    name = f"ct-q-{uuid.uuid4().hex[:10]}"
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    yield name, url
+    sqs.delete_queue(QueueUrl=url)
+
+
+def send(sqs, url: str, n: int) -> None:
+    for i in range(n):
+        sqs.send_message(QueueUrl=url, MessageBody=json.dumps({"item": i}))
+
+
+def polls(emu) -> int:
+    return emu.request_counts().get("GetQueueAttributes", 0)
+
+
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+class Background(threading.Thread):
+    """Does ``action`` once ``condition`` holds; ``join()`` re-raises what went wrong in it."""
+
+    def __init__(self, condition: Callable[[], bool], action: Callable[[], Any], what: str) -> None:
+        super().__init__(daemon=True)
+        self.condition, self.action, self.what = condition, action, what
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            wait_for(self.condition, self.what)
+            self.action()
+        except BaseException as err:  # handed to the test by join()
+            self.error = err
+
+    def join(self, timeout: float | None = 30.0) -> None:
+        super().join(timeout)
+        if self.error is not None:
+            raise self.error
+
+
+def sensor(**kwargs: Any) -> QueueDepthSensor:
+    kwargs.setdefault("poll_interval", 0.2)
+    kwargs.setdefault("timeout", 30)
+    kwargs.setdefault("deferrable", False)
+    return QueueDepthSensor(task_id=f"wait_{uuid.uuid4().hex[:6]}", **kwargs)
+
+
+# --- parse time ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"queue": "q"}, "give max_depth=N (succeed when the depth is <= N"),
+        ({"queue": "q", "max_depth": 0, "min_depth": 2}, "max_depth=0 and min_depth=2"),
+        ({"queue": "q", "max_depth": -1}, "max_depth=-1"),
+        ({"queue": "q", "min_depth": "3"}, "min_depth='3'"),
+        ({"queue": "q", "max_depth": True}, "max_depth=True"),
+        ({"queue": "q", "max_depth": 0, "poll_interval": 0}, "poll_interval=0"),
+        ({"queue": "q", "max_depth": 0, "poll_interval": "fast"}, "poll_interval='fast'"),
+        ({"queue": "q", "max_depth": 0, "count_in_flight": "yes"}, "count_in_flight='yes'"),
+        ({"queue": "", "max_depth": 0}, "queue=''"),
+        ({"queue": None, "max_depth": 0}, "queue=None"),
+        ({"queue": "  ", "max_depth": 0}, "queue='  '"),
+        ({"queue": "projects/p/topics/t", "max_depth": 0}, "queue='projects/p/topics/t' is a Pub/Sub topic"),
+        ({"queue": "my/queue", "max_depth": 0}, "queue='my/queue' is not valid"),
+        ({"queue": "https://sqs.us-east-1.amazonaws.com", "max_depth": 0}, "is not a queue URL"),
+    ],
+)
+def test_bad_arguments_fail_at_parse_time_naming_the_field(kwargs: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(field)):
+        QueueDepthSensor(task_id="s", **kwargs)
+
+
+def test_accepted_queue_forms() -> None:
+    for q in (
+        "jobs",
+        "jobs.fifo",
+        "https://sqs.eu-west-1.amazonaws.com/123456789012/jobs",
+        "projects/p/subscriptions/s",
+        "{{ params.queue }}",
+    ):
+        assert QueueDepthSensor(task_id="s", queue=q, max_depth=0).watched_queue == q
+    s = QueueDepthSensor(task_id="s", queue="jobs", min_depth=5, poll_interval=7)
+    assert (s.min_depth, s.max_depth, s.count_in_flight, s.poke_interval) == (5, None, True, 7)
+
+
+def test_the_executor_queue_is_not_the_watched_queue() -> None:
+    """BaseOperator's ``queue`` routes the task to workers; it must not become the SQS queue."""
+    from airflow.sdk.bases.operator import DEFAULT_QUEUE
+
+    s = QueueDepthSensor(task_id="s", queue="jobs", max_depth=0)
+    assert (s.watched_queue, s.queue) == ("jobs", DEFAULT_QUEUE)
+    routed = QueueDepthSensor(task_id="s", queue="jobs", max_depth=0, executor_queue="gpu")
+    assert (routed.watched_queue, routed.queue) == ("jobs", "gpu")
+
+
+def test_pubsub_subscription_is_recognised_and_says_when_it_comes() -> None:
+    s = sensor(queue="projects/p/subscriptions/work", max_depth=0)
+    with pytest.raises(NotImplementedError, match="PreemptibleGroupOperator"):
+        s.execute({})
+
+
+def test_depth_and_decision_are_pure() -> None:
+    from airflow_cloudtrain.hooks.sqs import region_in_url
+    from airflow_cloudtrain.triggers.queue_depth import QueueDepth, evaluate_depth
+
+    d = QueueDepth("u", visible=2, in_flight=3, delayed=1)
+    assert (d.depth(), d.depth(count_in_flight=False)) == (6, 2)
+    assert evaluate_depth(d, max_depth=5, min_depth=None) is None
+    assert evaluate_depth(d, max_depth=2, min_depth=None, count_in_flight=False)["status"] == "success"
+    assert evaluate_depth(d, max_depth=None, min_depth=6)["depth"] == 6
+    gone = evaluate_depth(QueueDepth("u", missing=True), max_depth=None, min_depth=0)
+    assert gone["status"] == "error" and "queue u does not exist" in gone["message"]
+    assert region_in_url("https://sqs.eu-west-1.amazonaws.com/1/q") == "eu-west-1"
+    assert region_in_url("https://us-west-2.queue.amazonaws.com/1/q") == "us-west-2"
+    assert region_in_url("http://127.0.0.1:5000/1/q") is None
+
+
+# --- poking (non-deferrable) ---------------------------------------------------------------------
+
+
+def test_succeeds_when_the_queue_drains(emu, sqs, queue) -> None:
+    name, url = queue
+    send(sqs, url, 3)
+    emu.reset_counts()
+    # Drain only once the sensor has seen the queue non-empty at least twice.
+    drainer = Background(lambda: polls(emu) >= 2, lambda: sqs.purge_queue(QueueUrl=url), "two polls")
+    drainer.start()
+    result = sensor(queue=name, max_depth=0).execute({})
+    drainer.join()
+    assert polls(emu) >= 3
+    assert result == {"queue": url, "depth": 0, "visible": 0, "in_flight": 0, "delayed": 0}
+
+
+def test_succeeds_when_min_depth_is_reached(emu, sqs, queue) -> None:
+    _, url = queue
+    send(sqs, url, 1)
+    emu.reset_counts()
+    filler = Background(lambda: polls(emu) >= 2, lambda: send(sqs, url, 3), "two polls")
+    filler.start()
+    result = sensor(queue=url, min_depth=4).execute({})
+    filler.join()
+    assert result["queue"] == url and result["depth"] >= 4
+
+
+def test_count_in_flight_false_ignores_in_flight_messages(sqs, queue) -> None:
+    _, url = queue
+    send(sqs, url, 2)
+    received = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=1, VisibilityTimeout=600)
+    assert len(received["Messages"]) == 1
+    assert not sensor(queue=url, max_depth=1).poke({})  # 1 visible + 1 in flight
+    visible_only = sensor(queue=url, max_depth=1, count_in_flight=False).execute({})
+    assert visible_only == {"queue": url, "depth": 1, "visible": 1, "in_flight": 1, "delayed": 0}
+
+
+def test_delayed_messages_count_with_in_flight(sqs, queue) -> None:
+    _, url = queue
+    sqs.send_message(QueueUrl=url, MessageBody="later", DelaySeconds=600)
+    done = sensor(queue=url, max_depth=0, count_in_flight=False).poke({})
+    assert done and done.xcom_value["delayed"] == 1 and done.xcom_value["depth"] == 0
+    assert not sensor(queue=url, max_depth=0).poke({})
+
+
+def test_a_missing_queue_fails_naming_it(emu, sqs) -> None:
+    ghost = f"ct-ghost-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(Exception, match=f"SQS queue '{ghost}' does not exist"):
+        sensor(queue=ghost, max_depth=0).execute({})
+    ghost_url = f"{emu.aws_endpoint}/123456789012/{ghost}"
+    for threshold in ({"max_depth": 0}, {"min_depth": 1}):
+        with pytest.raises(Exception, match=f"queue {ghost_url} does not exist"):
+            sensor(queue=ghost_url, **threshold).execute({})
+
+
+def test_a_throttled_poll_is_retried(emu, sqs, queue) -> None:
+    _, url = queue
+    emu.throttle(1.0, api="GetQueueAttributes")
+    try:
+        s = sensor(queue=url, max_depth=0)
+        assert not s.poke({})  # throttled (after the SDK's own retries): not done, not failed
+    finally:
+        emu.clear_faults()
+    assert s.poke({})
+
+
+# --- the trigger ---------------------------------------------------------------------------------
+
+
+def trigger(url: str, **kwargs: Any) -> QueueDepthTrigger:
+    kwargs.setdefault("max_depth", 0)
+    kwargs.setdefault("poll_interval", 0.3)
+    return QueueDepthTrigger(queue=url, conn_id="aws_default", **kwargs)
+
+
+async def first_event(t: QueueDepthTrigger) -> dict[str, Any]:
+    async with aclosing(t.run()) as events:
+        async for event in events:
+            return event.payload
+    raise AssertionError("the trigger ended without an event")
+
+
+def assert_clean(capfd, caplog) -> None:
+    """No client left open: the registries are empty and aiohttp complained about nothing."""
+    gc.collect()
+    assert not queue_depth._readers
+    assert not [k for k in shared_poll._groups if isinstance(k, tuple) and k[:1] == ("sqs",)]
+    captured = capfd.readouterr()
+    assert UNCLOSED not in captured.out + captured.err + caplog.text
+
+
+def test_twenty_triggers_share_one_get_queue_attributes_per_poll(emu, sqs, queue, capfd, caplog) -> None:
+    _, url = queue
+    send(sqs, url, 1)  # never drains: every trigger keeps waiting
+    emu.reset_counts()
+    triggers = [trigger(url, poll_interval=0.5) for _ in range(20)]
+
+    async def main() -> int:
+        tasks = [asyncio.ensure_future(first_event(t)) for t in triggers]
+        deadline = asyncio.get_running_loop().time() + 60
+        while (calls := await asyncio.to_thread(polls, emu)) < 3:
+            assert asyncio.get_running_loop().time() < deadline, f"only {calls} polls in 60 s"
+            assert not any(t.done() for t in tasks), [t.result() for t in tasks if t.done()]
+            await asyncio.sleep(0.05)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return calls
+
+    seen = asyncio.run(main())
+    # Unshared, the first poll alone is 20 calls; shared, each poll is one call for all 20.
+    assert 3 <= seen <= polls(emu) < 20
+    assert_clean(capfd, caplog)
+
+
+def test_trigger_succeeds_once_the_queue_drains(emu, sqs, queue, capfd, caplog) -> None:
+    _, url = queue
+    send(sqs, url, 2)
+    emu.reset_counts()
+
+    async def main() -> list[dict[str, Any]]:
+        tasks = [asyncio.ensure_future(first_event(trigger(url))) for _ in range(3)]
+        deadline = asyncio.get_running_loop().time() + 30
+        while await asyncio.to_thread(polls, emu) < 2:
+            assert asyncio.get_running_loop().time() < deadline, "the triggers never polled"
+            await asyncio.sleep(0.05)
+        assert not any(t.done() for t in tasks)
+        await asyncio.to_thread(sqs.purge_queue, QueueUrl=url)
+        return list(await asyncio.wait_for(asyncio.gather(*tasks), 30))
+
+    events = asyncio.run(main())
+    for event in events:
+        assert event["status"] == "success"
+        assert (event["queue"], event["depth"], event["visible"]) == (url, 0, 0)
+    assert_clean(capfd, caplog)
+
+
+def test_trigger_fails_at_once_on_a_missing_queue(emu, capfd, caplog) -> None:
+    ghost_url = f"{emu.aws_endpoint}/123456789012/ct-ghost-{uuid.uuid4().hex[:8]}"
+    event = asyncio.run(asyncio.wait_for(first_event(trigger(ghost_url, min_depth=1, max_depth=None)), 30))
+    assert event["status"] == "error" and f"queue {ghost_url} does not exist" in event["message"]
+    assert_clean(capfd, caplog)
+
+
+def test_trigger_waits_out_throttling(emu, sqs, queue, capfd, caplog) -> None:
+    _, url = queue
+    emu.reset_counts()
+    emu.throttle(1.0, api="GetQueueAttributes")
+
+    def throttled() -> int:
+        return emu.request_counts().get("throttled:GetQueueAttributes", 0)
+
+    async def main() -> dict[str, Any]:
+        task = asyncio.ensure_future(first_event(trigger(url)))
+        deadline = asyncio.get_running_loop().time() + 30
+        while await asyncio.to_thread(throttled) < 3:
+            assert asyncio.get_running_loop().time() < deadline, "the trigger never polled"
+            await asyncio.sleep(0.05)
+        assert not task.done(), task.result()  # throttled: waited out, not failed
+        emu.clear_faults()
+        return await asyncio.wait_for(task, 30)
+
+    try:
+        event = asyncio.run(main())
+    finally:
+        emu.clear_faults()
+    assert event["status"] == "success" and event["depth"] == 0
+    assert_clean(capfd, caplog)
+
+
+def test_pubsub_trigger_says_when_it_comes(capfd, caplog) -> None:
+    t = QueueDepthTrigger(queue="projects/p/subscriptions/s", provider="pubsub", conn_id="gcp", max_depth=0)
+    event = asyncio.run(asyncio.wait_for(first_event(t), 10))
+    assert event["status"] == "error" and "PreemptibleGroupOperator" in event["message"]
+    assert_clean(capfd, caplog)
+
+
+def test_trigger_serialize_round_trips() -> None:
+    t = QueueDepthTrigger(
+        queue="https://sqs.eu-west-1.amazonaws.com/123456789012/jobs",
+        min_depth=5,
+        count_in_flight=False,
+        conn_id="aws_prod",
+        region="eu-west-1",
+        poll_interval=12.5,
+    )
+    classpath, kwargs = t.serialize()
+    assert json.loads(json.dumps(kwargs)) == kwargs  # plain JSON only
+    module, _, name = classpath.rpartition(".")
+    rebuilt = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
+    assert rebuilt.serialize() == (classpath, kwargs)
+    assert kwargs["min_depth"] == 5 and kwargs["max_depth"] is None and kwargs["count_in_flight"] is False
+
+
+# --- in a DAG ------------------------------------------------------------------------------------
+
+
+def test_deferrable_sensor_in_a_dag(emu, airflow_db, sqs, queue, capfd) -> None:
+    """The queue name comes through a template; the queue drains after the trigger's first poll."""
+    name, url = queue
+    send(sqs, url, 2)
+    emu.reset_counts()
+    dag_id = "queue_depth_deferrable"
+    source = textwrap.dedent(
+        f"""
+        from datetime import datetime
+        from airflow.sdk import DAG
+        from airflow_cloudtrain.sensors import QueueDepthSensor
+        with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
+                 params={{"queue": {name!r}}}) as dag:
+            QueueDepthSensor(task_id="wait", queue="{{{{ params.queue }}}}", max_depth=0,
+                             poll_interval=0.3, timeout=60, deferrable=True)
+        """
+    )
+    # One poll is the sensor's own first check on the worker; the second is the trigger's.
+    drainer = Background(lambda: polls(emu) >= 2, lambda: sqs.purge_queue(QueueUrl=url), "the trigger's poll")
+    drainer.start()
+    run = write_dag(source, dag_id).test()
+    drainer.join()
+    assert task_states(run) == {"wait": "success"}
+    assert xcom(run, "wait") == {"queue": url, "depth": 0, "visible": 0, "in_flight": 0, "delayed": 0}
+    captured = capfd.readouterr()
+    assert UNCLOSED not in captured.out + captured.err
