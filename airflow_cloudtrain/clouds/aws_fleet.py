@@ -19,6 +19,7 @@ from typing import Any
 from airflow_cloudtrain.clouds.aws import _tag_list, instance_shape, map_client_error, to_instance
 from airflow_cloudtrain.clouds.base import Instance, LaunchRequest
 from airflow_cloudtrain.lifecycle.ledger import Resource, ResourceKind, register_kind
+from airflow_cloudtrain.runs import TAG_RUN_KEY
 
 log = logging.getLogger(__name__)
 
@@ -257,14 +258,24 @@ class AwsFleet:
             if _code(err) != "AlreadyExists":  # a retried call after a lost answer
                 raise map_client_error(err) from err
 
+    def zone_names(self, wanted: set[str]) -> list[str]:
+        """The region's available zones among ``wanted`` (zone names or the catalog's zone ids such
+        as ``use1-az6``, which map to different names in each account); all of them if none match."""
+        zones = self.ec2.describe_availability_zones(Filters=[{"Name": "state", "Values": ["available"]}])[
+            "AvailabilityZones"
+        ]
+        names = [z["ZoneName"] for z in zones if {z["ZoneName"], z.get("ZoneId")} & wanted]
+        return sorted(names or [z["ZoneName"] for z in zones])
+
     def set_desired(self, name: str, desired: int) -> None:
         self.autoscaling.set_desired_capacity(
             AutoScalingGroupName=name, DesiredCapacity=desired, HonorCooldown=False
         )
 
-    def members(self, name: str) -> list[Instance]:
-        """Every instance the group launched (any state), from EC2: type, market, launch time, end."""
-        filters = [{"Name": f"tag:{GROUP_TAG}", "Values": [name]}]
+    def members(self, digest: str) -> list[Instance]:
+        """Every worker of the run (any state), from EC2: type, market, launch time, how it ended.
+        By the run-key tag the template gives them, which stays when the group lets one go."""
+        filters = [{"Name": f"tag:{TAG_RUN_KEY}", "Values": [digest]}]
         out = []
         for page in self.ec2.get_paginator("describe_instances").paginate(Filters=filters):
             out.extend(to_instance(i) for r in page["Reservations"] for i in r["Instances"])
@@ -283,7 +294,11 @@ class AwsFleet:
         except Exception as err:
             if not _missing(err):
                 raise
-        alive = [i.id for i in self.members(name) if i.state in ("pending", "running", "stopping", "stopped")]
+        alive = [
+            i.id
+            for i in self.members(name.removeprefix("ct-"))
+            if i.state in ("pending", "running", "stopping", "stopped")
+        ]
         if alive:
             self.ec2.terminate_instances(InstanceIds=alive)
 

@@ -52,6 +52,7 @@ class FleetSettings:
     max_item_attempts: int = 3
     lease_s: int = 120
     allow_failed_items: bool = False
+    poll_interval: float = 10.0
 
 
 @dataclass
@@ -177,6 +178,8 @@ class FleetRun:
             heartbeat_s=max(1.0, ctx.fleet.lease_s / 4),
             item_timeout_s=ctx.fleet.item_timeout_s,
             max_item_attempts=ctx.fleet.max_item_attempts,
+            # a worker waits for work about as long as the operator waits between polls, twice
+            wait_s=max(1, min(20, round(ctx.fleet.poll_interval))),
         )
         from airflow_cloudtrain.lifecycle.prepare import write_run_folder
 
@@ -315,7 +318,8 @@ class FleetRun:
             self.log.info("Re-attached to group %s", name)
             return
         self._check()
-        zones = sorted({z for o in offers for z in o.zones if o.instance_type in types})
+        wanted = {z for o in offers for z in o.zones if o.instance_type in types}
+        zones = [] if ctx.options.subnet_id else call_with_retry(lambda: cloud.zone_names(wanted))
         subnets = [ctx.options.subnet_id] if ctx.options.subnet_id else []
         tags = {**ctx.options.tags, **ctx.key.tags()}
         entry = self.ledger.intend("asg", cloud.region, token=name)

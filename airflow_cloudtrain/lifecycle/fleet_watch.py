@@ -82,7 +82,7 @@ class FleetWatch:
         group = cloud.group(handle.group)
         if group is None:
             raise FleetFailed(f"the Auto Scaling group {handle.group} no longer exists")
-        self._members(cloud.members(handle.group), now)
+        self._members(cloud.members(handle.run_key), now)
         new = read_outcomes(self.folder, set(self.outcomes))
         for item_id in sorted(new):
             self._log_outcome(new[item_id])
@@ -142,7 +142,7 @@ class FleetWatch:
         """Read what a result needs (after a deferral the watch starts empty)."""
         now = self.clock()
         with contextlib.suppress(Exception):
-            self._members(self.cloud.members(self.handle.group), now)
+            self._members(self.cloud.members(self.handle.run_key), now)
         self.outcomes.update(read_outcomes(self.folder, set(self.outcomes)))
 
     def result(self) -> dict[str, Any]:
@@ -215,7 +215,11 @@ class FleetWatch:
             "items_duplicated": sorted(i for i, n in duplicates.items() if n),
             "items": items,
             "workers_launched": len(self.members),
-            "interruptions": sum(1 for m in self.members.values() if m.preempted),
+            # reclaimed workers, or (when EC2 no longer lists them) the item runs they stopped
+            "interruptions": max(
+                sum(1 for m in self.members.values() if m.preempted),
+                sum(o.interruptions for o in self.outcomes.values()),
+            ),
             "cost_usd": round(fsum(costs), 6),
             "duration_s": round(now - handle.started_at, 3),
             "queue": handle.queue,

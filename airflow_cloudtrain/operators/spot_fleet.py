@@ -103,6 +103,7 @@ class SpotFleetOperator(CloudTrainOperator):
         config = parse_config(self._args())
         items = parse_work_items(self.work_items)
         settings = parse_fleet_args(self.fleet_args, items)
+        settings.poll_interval = self.poll_interval
         base = RunContext.for_task(config, self, context, self.launch_options, self.wait)
         job = JobOptions(checkpoint_dir=self.checkpoint_dir, checkpoint_interval_s=self.checkpoint_interval_s)
         ctx = FleetContext(

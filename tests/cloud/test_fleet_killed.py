@@ -1,0 +1,108 @@
+"""A SpotFleetOperator worker killed at each step (SIGKILL: no cleanup code runs), then the task retried.
+
+Try 1 runs ``dag.test()`` in a subprocess that kills itself right after the queues exist, right after
+the group exists, or in the middle of the sweep (two items done); try 2 runs the same DAG run here.
+The retry must re-attach (exactly one group ever created), every item must have exactly one result,
+and after the task nothing of the run may exist: queues, group, launch template, instances.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from dag_helpers import load_example, start_first_try, task_states, write_dag, xcom
+from test_spot_fleet import BUCKET, nothing_left
+
+from airflow_cloudtrain.agent.storage import open_run_folder
+from airflow_cloudtrain.runs import RunKey, join
+
+JOBS = str(Path(__file__).parent / "jobs")
+STEPS = ["queue_created", "group_created", "mid_sweep"]
+
+DAG_SOURCE = """
+import os
+import signal
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_cloudtrain.lifecycle.fleet import FleetRun
+from airflow_cloudtrain.operators import SpotFleetOperator
+
+DIE_AT = os.environ.get("CLOUDTRAIN_TEST_DIE_AT")  # set only in the process that plays the dying worker
+
+
+def die(step):
+    if DIE_AT == step:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class DyingFleet(FleetRun):
+    def _ensure_queue(self, name, dead_letter):
+        url = super()._ensure_queue(name, dead_letter)
+        if dead_letter:  # the work queue (the second one) exists, nothing else yet
+            die("queue_created")
+        return url
+
+    def _ensure_group(self, *args, **kwargs):
+        super()._ensure_group(*args, **kwargs)
+        die("group_created")
+
+
+class DyingFleetOperator(SpotFleetOperator):
+    def _new_fleet(self, context):
+        fleet = super()._new_fleet(context)
+        fleet.__class__ = DyingFleet
+        return fleet
+
+    def _watch(self, fleet, handle):
+        watch = super()._watch(fleet, handle)
+        poll = watch.poll
+
+        def poll_then_die():
+            done = poll()
+            if len(watch.outcomes) >= 2:
+                die("mid_sweep")
+            return done
+
+        watch.poll = poll_then_die
+        return watch
+
+
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+    DyingFleetOperator(
+        task_id="sweep", cloud="ec2spot", cpus=2, ram="4g", code="{jobs}", command="python3 item.py",
+        bucket="{bucket}", region="us-east-1", poll_interval=0.5, live_prices=False, lease_timeout=10,
+        num_workers=1, max_workers=3, work_items=[{{"steps": 6, "step_s": 0.2, "n": n}} for n in range(6)])
+"""
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_fleet_worker_killed_at_each_step_leaves_one_group_and_nothing_after(
+    emu, airflow_db, step: str
+) -> None:
+    dag_id = f"fleet_killed_{step}"
+    write_dag(DAG_SOURCE.format(dag_id=dag_id, jobs=JOBS, bucket=BUCKET), dag_id)
+    when = datetime(2026, 2, 1, tzinfo=timezone.utc) + timedelta(hours=STEPS.index(step))
+    emu.reset_counts()
+    proc = start_first_try(dag_id, when, {"CLOUDTRAIN_TEST_DIE_AT": step})
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == -9, f"try 1 did not die at {step}: rc={proc.returncode}\n{err[-3000:]}"
+
+    run = load_example(dag_id).test(logical_date=when, run_after=when)
+    assert task_states(run) == {"sweep": "success"}
+    result = xcom(run, "sweep")
+    counts = emu.request_counts()
+    assert counts.get("CreateAutoScalingGroup", 0) == 1  # the retry re-attached to try 1's group
+    assert counts.get("CreateLaunchTemplate", 0) <= 1
+    assert (
+        result["items_succeeded"] == 6 and result["items_failed"] == [] and result["items_duplicated"] == []
+    )
+    folder = open_run_folder(join(BUCKET, RunKey(dag_id, "sweep", run.run_id, -1, BUCKET).path()))
+    for n, item in enumerate(result["items"]):
+        output = json.loads(folder.get_text(item["results_uri"].split(folder.uri + "/", 1)[1] + "/item.json"))
+        assert output["item"]["n"] == n
+    nothing_left(RunKey(dag_id, "sweep", run.run_id, -1, BUCKET).digest)
