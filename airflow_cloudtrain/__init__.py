@@ -31,6 +31,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_cloudtrain.operators.cloud_train",
                     "airflow_cloudtrain.operators.checkpoint_resume",
+                    "airflow_cloudtrain.operators.spot_fleet",
                 ],
             }
         ],
@@ -57,6 +58,7 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "integration-name": "Cloud Train",
                 "python-modules": [
+                    "airflow_cloudtrain.triggers.fleet",
                     "airflow_cloudtrain.triggers.instances",
                     "airflow_cloudtrain.triggers.queue_depth",
                     "airflow_cloudtrain.triggers.run",
