@@ -33,6 +33,10 @@ is rewritten as the agent gets there: the notice, then ``job_stopped_at`` when t
 Hung jobs (``spec.idle_timeout_s``; see ``agent.idle``): while the job runs, a chore samples its
 process tree's CPU time (and, with GPUs, ``nvidia-smi``); once it used neither for the timeout the
 job is stopped like any other stop (checkpoints synced) and the run ends as ``idle``.
+
+Work items (``agent.worker``): a worker runs one ``Agent`` per item, given the item's spec, its folder
+(``items/<id>/``) and the attempt name as ``instance_id`` (``<instance-id>.<delivery>``), without a
+power-off; everything above holds per item. ``outcome`` is the run's final (state, exit code, message).
 """
 
 from __future__ import annotations
@@ -87,13 +91,15 @@ class Agent:
         workdir: str | None = None,
         poweroff: str | None = None,
         folder: RunFolder | None = None,
+        spec: runs.RunSpec | None = None,
     ) -> None:
         self.run_uri = run_uri
         self.instance_id = instance_id
         self.workdir = workdir
         self.poweroff = poweroff
         self.folder = folder
-        self.spec: runs.RunSpec | None = None
+        self.spec: runs.RunSpec | None = spec  # given: spec.json is not read (a worker's item)
+        self.outcome: tuple[str, int | None, str] | None = None  # (state, exit_code, message) at the end
         self.metadata: AwsMetadata | GceMetadata | None = None
         self.streamer: LogStreamer | None = None
         self.writer: StatusWriter | None = None
@@ -117,6 +123,7 @@ class Agent:
         except Exception as err:
             log.exception("agent error")
             state, exit_code, message = runs.FAILED, None, f"agent error: {type(err).__name__}: {err}"
+        self.outcome = (state, exit_code, message)
         try:
             self._finish(state, exit_code, message)
         except Exception:
@@ -199,11 +206,8 @@ class Agent:
         self.folder = self.folder or open_run_folder(self.run_uri)
         spec_error: Exception | None = None
         try:
-            folder = self.folder
-            text = retry(lambda: folder.get_text(runs.SPEC_KEY), what="spec read")
-            if text is None:
-                raise RuntimeError(f"no {runs.SPEC_KEY} in {self.folder.uri}")
-            self.spec = runs.RunSpec.from_json(text)
+            if self.spec is None:
+                self.spec = read_spec(self.folder)
         except Exception as err:  # still report it, under our instance id
             spec_error = err
         cloud = self.spec.cloud if self.spec else ("ec2" if self.folder.scheme == "s3" else "gcloud")
@@ -271,17 +275,12 @@ class Agent:
             except Exception as err:  # the status still has to be written
                 log.error("final log flush failed: %s: %s", type(err).__name__, err)
         self._stop_chore("heartbeat")
+        self.outcome = (state, exit_code, message)
         changes = {"state": state, "exit_code": exit_code, "message": message, "ended_at": time.time()}
         retry(lambda: writer.update(raise_errors=True, **changes), what="final status")
 
     def _power_off(self) -> None:
-        if not self.poweroff:
-            return
-        log.info("powering off: %s", self.poweroff)
-        try:
-            subprocess.run(self.poweroff, shell=True, check=False)
-        except Exception:
-            log.exception("power-off command failed")
+        power_off(self.poweroff)
 
     # -- stopping ----------------------------------------------------------------------------------
     def request_stop(self, request: StopRequest) -> bool:
@@ -428,6 +427,25 @@ class Agent:
             self._note(f"could not put the agent zip on the job's PYTHONPATH: {type(err).__name__}: {err}")
             return None
         return str(dest)
+
+
+def read_spec(folder: RunFolder) -> runs.RunSpec:
+    """The run folder's spec.json (retried on transient errors); raises when it is missing."""
+    text = retry(lambda: folder.get_text(runs.SPEC_KEY), what="spec read")
+    if text is None:
+        raise RuntimeError(f"no {runs.SPEC_KEY} in {folder.uri}")
+    return runs.RunSpec.from_json(text)
+
+
+def power_off(command: str | None) -> None:
+    """Run the power-off command (``--poweroff``), if any; never raises."""
+    if not command:
+        return
+    log.info("powering off: %s", command)
+    try:
+        subprocess.run(command, shell=True, check=False)
+    except Exception:
+        log.exception("power-off command failed")
 
 
 def running_zip() -> Path | None:
