@@ -6,7 +6,7 @@
         emu.aws_endpoint                  # "http://127.0.0.1:PORT" (moto's server)
         emu.gce_endpoint, emu.gcs_endpoint          # Compute Engine v1 REST subset, GCS JSON API
         emu.gce                           # the GceServer: emu.gce.alive(), emu.gce.instance(zone, name)
-        emu.running_instances()           # [{"cloud", "id", "instance_type", "zone", "spot"}]
+        emu.running_instances()           # [{"cloud", "id", "instance_type", "zone", "spot", "group"}]
         emu.interrupt(instance_id, notice_s=5)      # EC2 spot notice / GCE preemption, then reclaimed
         emu.interrupt(instance_id, notice_s=0)      # reclaimed at once, without a notice
         emu.crash_agent(instance_id)                # the agent dies, the machine runs on
@@ -30,6 +30,19 @@ way; the instance ends when the agent powers off, and when an instance ends, eve
 bootstrap) after launch with ``Client.InstanceInitiatedShutdown``; GCE stops or deletes a VM when its
 ``scheduling.maxRunDuration`` runs out (``instanceTerminationAction``); alive agent or not.
 
+EC2 Auto Scaling groups (``aws/groups``): moto creates and scales groups, and a member's agent starts
+like any instance's (its user data comes from the launch template); the emulator adds what moto
+lacks, on the instance poll and around Auto Scaling requests. Members that a ``MixedInstancesPolicy``
+puts on the spot market (``OnDemandPercentageAboveBaseCapacity`` below 100, beyond
+``OnDemandBaseCapacity``) are spot instances from their launch on, so ``interrupt`` reclaims them as
+such; a member terminated from outside (a spot reclaim, its own power-off) is dropped from its group
+and replaced up to ``DesiredCapacity``, as AWS's health checks do, while one that leaves through
+``TerminateInstanceInAutoScalingGroup`` with a decrement is not; deleting a group terminates every
+member, those protected from scale-in too; UpdateAutoScalingGroup keeps the mixed-instances policy
+(moto drops it). Members are of the launch template's ``InstanceType``. ``running_instances()``
+names a member's group under ``"group"`` (its ``aws:autoscaling:groupName`` tag; None otherwise, and
+for GCP for now).
+
 Throttling (``throttle(rate, api=None, seed=0)``) refuses that share of the selected requests the
 way each cloud does: EC2 HTTP 503 ``RequestLimitExceeded``, S3 503 ``SlowDown``, other AWS services
 ``Throttling``/``ThrottlingException``, Compute Engine and GCS HTTP 429 ``rateLimitExceeded``. ``api``
@@ -41,7 +54,8 @@ from a ``random.Random(seed)``. The emulator's own requests are never throttled 
 S3 and other AWS operations, Compute methods, GCS methods; throttled requests are counted there too,
 and also under ``"throttled:<operation>"``.
 
-Layout: ``aws/`` (moto server and middleware, backend helpers, wire formats, AWS instances' side),
+Layout: ``aws/`` (moto server and middleware, backend helpers, wire formats, AWS instances' side,
+Auto Scaling groups),
 ``gcp/`` (Compute Engine server, its state, rules and catalog; GCS; GCP instances' side), and shared:
 ``faults`` (throttling), ``userdata`` (reading the bootstrap), ``metadata``, ``runner``, ``serving``.
 """
@@ -222,7 +236,8 @@ class Emulator:
             self.gce.hard_stop_scale = value
 
     def running_instances(self) -> list[dict[str, Any]]:
-        """Every live (pending or running) instance of ours, in every emulated cloud."""
+        """Every live (pending or running) instance of ours, in every emulated cloud; ``group`` is the
+        name of an EC2 Auto Scaling member's group (None for any other instance)."""
         return self._aws.managed() + self._gcp.managed()
 
     def interrupt(self, instance_id: str, notice_s: float = 5.0) -> None:

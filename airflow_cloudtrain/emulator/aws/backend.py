@@ -1,6 +1,6 @@
-"""What the emulated AWS does on moto's in-process backend: instances ending by the cloud's hand (spot
-interruptions, instance-initiated shutdowns) with the state reasons EC2 reports, and the public SSM
-parameters real regions have and moto lacks."""
+"""What the emulated AWS does on moto's in-process backends (EC2's, Auto Scaling's): instances ending by
+the cloud's hand (spot interruptions, instance-initiated shutdowns) with the state reasons EC2 reports,
+and the public SSM parameters real regions have and moto lacks."""
 
 from __future__ import annotations
 
@@ -18,6 +18,12 @@ def ec2_backend(region: str) -> Any:
     from moto.ec2.models import ec2_backends
 
     return ec2_backends[ACCOUNT_ID][region]
+
+
+def autoscaling_backend(region: str) -> Any:
+    from moto.autoscaling.models import autoscaling_backends
+
+    return autoscaling_backends[ACCOUNT_ID][region]
 
 
 def end_instance(region: str, instance_id: str, code: str, message: str) -> None:

@@ -1,5 +1,6 @@
-"""The AWS half of what the instances' side sees: which EC2 instances boot our agent, and what the
-machines do by themselves (power off at their hard stop).
+"""The AWS half of what the instances' side sees: which EC2 instances boot our agent, what the
+machines do by themselves (power off at their hard stop), and what Auto Scaling does with group
+members before they are looked at (``groups``).
 
 An instance runs an agent when its user data is our bootstrap (``emulator.userdata``), whatever its
 tags. The user data is read with ``DescribeInstanceAttribute userData`` (the emulator's own client:
@@ -17,16 +18,20 @@ from __future__ import annotations
 
 import base64
 import calendar
+import logging
 import time
 from typing import Any
 
 from botocore.exceptions import ClientError
 
+from airflow_cloudtrain.emulator.aws import groups
 from airflow_cloudtrain.emulator.aws.backend import SHUTDOWN, SPOT_TERMINATION, ec2_backend, end_instance
 from airflow_cloudtrain.emulator.faults import EMULATOR_USER_AGENT
 from airflow_cloudtrain.emulator.metadata import MetadataServer
 from airflow_cloudtrain.emulator.runner import Seen
 from airflow_cloudtrain.emulator.userdata import Bootstrap, parse_bootstrap
+
+log = logging.getLogger(__name__)
 
 
 class AwsInstances:
@@ -74,6 +79,7 @@ class AwsInstances:
                             "instance_type": raw["InstanceType"],
                             "zone": raw["Placement"].get("AvailabilityZone"),
                             "spot": raw.get("InstanceLifecycle") == "spot",
+                            "group": groups.member_group(raw.get("Tags")),
                         }
                     )
         return out
@@ -92,7 +98,12 @@ class AwsInstances:
         return self._boot[instance_id]
 
     def seen(self, hard_stop_scale: float = 1.0) -> list[Seen]:
-        """Instances whose agent should run now; ends those whose hard stop has come."""
+        """Instances whose agent should run now; ends those whose hard stop has come. Auto Scaling
+        groups are played first (``groups``), so a member is spot or replaced before it is seen."""
+        try:
+            groups.reconcile(list(self.ec2))
+        except Exception:  # the single instances' side must go on whatever a group hits
+            log.exception("emulator: Auto Scaling reconcile failed")
         out = []
         for region, inst in self._live():
             if not inst.user_data:

@@ -4,18 +4,22 @@ The layer counts requests per operation (``DescribeInstances``, ``GetObject``, .
 excluded), refuses a share of them as throttled when asked (``RequestLimitExceeded`` for EC2,
 ``SlowDown`` for S3, ``Throttling``/``ThrottlingException`` elsewhere), answers RunInstances of a type
 without capacity with ``InsufficientInstanceCapacity``, and sends one ``Server`` header, not moto's
-``amazon.com`` on top of Werkzeug's (aiohttp rejects a repeated one in debug mode).
+``amazon.com`` on top of Werkzeug's (aiohttp rejects a repeated one in debug mode). Requests that
+may change Auto Scaling groups (every Auto Scaling request, and EC2 TerminateInstances, whose handler
+replaces members) go through ``groups.request``: one at a time with the emulator's group reconcile,
+new members placed on their market before the answer (``groups``).
 """
 
 from __future__ import annotations
 
 import io
+import re
 import threading
 import urllib.parse
 from collections import Counter
 from typing import Any
 
-from airflow_cloudtrain.emulator.aws import wire
+from airflow_cloudtrain.emulator.aws import groups, wire
 from airflow_cloudtrain.emulator.faults import Throttle, is_own
 from airflow_cloudtrain.emulator.serving import InThread
 
@@ -68,6 +72,10 @@ class FaultsAndCounts:
                 )
             if hit:
                 return self._send(start_response, wire.capacity_error(itype, zone))
+        terminate = call.operation == "TerminateInstances" and call.protocol == "ec2"
+        if call.service == "autoscaling" or terminate:
+            with groups.request(_region(environ), call.operation, form):
+                return self.app(environ, _one_server_header(start_response))
         return self.app(environ, _one_server_header(start_response))
 
     @staticmethod
@@ -75,6 +83,15 @@ class FaultsAndCounts:
         status, headers, body = reply
         start_response(status, headers)
         return [body]
+
+
+_REGION = re.compile(r"Credential=[^/,\s]+/\d{8}/([^/]+)/")
+
+
+def _region(environ: dict[str, Any]) -> str | None:
+    """The region a SigV4-signed request is for (its credential scope)."""
+    found = _REGION.search(environ.get("HTTP_AUTHORIZATION", ""))
+    return found.group(1) if found else None
 
 
 def _one_server_header(start_response: Any) -> Any:

@@ -34,6 +34,7 @@ class GcpInstances:
                 "instance_type": i["machine_type"],
                 "zone": i["zone"],
                 "spot": i["spot"],
+                "group": None,
             }
             for i in self.gce.alive()
             if i["labels"].get(TAG_MANAGED) == "true"
