@@ -191,7 +191,7 @@ class SpotFleetOperator(CloudTrainOperator):
         fleet.release()
         result = watch.result()
         self.log.info(
-            "Fleet %s: %d/%d item(s) succeeded on %d worker(s), %d interruption(s), $%.4f",
+            "Fleet %s: %d/%d item(s) succeeded on %d worker(s), %d interruption(s), $%.6f",
             result["run_id"],
             result["items_succeeded"],
             result["items_total"],
