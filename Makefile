@@ -17,3 +17,4 @@ bench: setup
 	.venv/bin/python benchmarks/poll_calls.py
 	.venv/bin/python benchmarks/spot_policy.py
 	.venv/bin/python benchmarks/recovery.py
+	.venv/bin/python benchmarks/fleet.py --quick
