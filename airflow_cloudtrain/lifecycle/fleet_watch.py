@@ -214,7 +214,7 @@ class FleetWatch:
             "items_failed": failed,
             "items_duplicated": sorted(i for i, n in duplicates.items() if n),
             "items": items,
-            "workers_launched": len(self.members),
+            "workers_launched": len(set(self.members) | set(records)),
             # reclaimed workers, or (when EC2 no longer lists them) the item runs they stopped
             "interruptions": max(
                 sum(1 for m in self.members.values() if m.preempted),

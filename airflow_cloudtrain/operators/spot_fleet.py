@@ -181,13 +181,12 @@ class SpotFleetOperator(CloudTrainOperator):
             raise AirflowException(
                 f"fleet {handle.run_id} failed: {event.get('message', event.get('status'))}"
             )
-        watch = self._watch(fleet, handle)
-        watch.refresh()
-        return self._deliver_fleet(fleet, watch)
+        return self._deliver_fleet(fleet, self._watch(fleet, handle))
 
     def _deliver_fleet(self, fleet: FleetRun, watch: FleetWatch) -> dict[str, Any]:
         from airflow.exceptions import AirflowException
 
+        watch.refresh()  # workers launched after the last poll count too
         fleet.release()
         result = watch.result()
         self.log.info(
