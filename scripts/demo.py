@@ -8,7 +8,14 @@ first instance is interrupted with a 10 s notice once its job passed 1/4 of the 
 without a notice once its job passed 1/2 (``example_dags/spot_interrupter.py``). The demo prints
 where each attempt resumed, the per-attempt cost ledger and its totals.
 
-Exits 1 if a DAG run failed, an injected interruption did not happen, or an instance is left running.
+``spot_sweep`` (the ``SpotFleetOperator`` example: 12 trials on one to four spot workers) runs with
+one worker reclaimed, with a 5 s notice, while its trial runs and after that trial's first checkpoint
+was uploaded (``spot_interrupter.FleetInterrupter``). The demo prints how many trials succeeded, the
+trial that moved (from which worker to which, and the step it resumed from), the workers launched,
+the cost and the best config.
+
+Exits 1 if a DAG run failed, an injected interruption did not happen (or moved no trial), or an
+instance is left running.
 """
 
 from __future__ import annotations
@@ -145,12 +152,85 @@ def run_spot(emu, name: str):
     return run, len(injected) == len(SPOT_PLAN)
 
 
+def summarize_sweep(run, injected: list[dict]) -> bool:
+    """spot_sweep: the trials, the one that moved off the reclaimed worker, the fleet, the winner.
+    Whether a trial moved and resumed from a checkpoint."""
+    from airflow_cloudtrain.agent.storage import open_run_folder
+    from airflow_cloudtrain.runs import log_prefix
+
+    print(f"\n=== spot_sweep: dag run {run.state} ===")
+    for ti in sorted(run.get_task_instances(), key=lambda t: t.start_date or t.end_date):
+        print(f"  task {ti.task_id:<14} {ti.state}")
+    for item in injected:
+        print(
+            f"  reclaimed    : worker {item['instance_id']} while it ran trial {item['item_id']} "
+            f"(at step {item['step']}, checkpoint step {item['checkpoint_step']} uploaded; "
+            f"{item['notice_s']:g} s notice)"
+        )
+    result = run.get_task_instance("sweep").xcom_pull(task_ids="sweep")
+    if not result:
+        return False
+    failed = ", ".join(result["items_failed"]) or "none"
+    twice = ", ".join(result["items_duplicated"]) or "none"
+    print(
+        f"  trials       : {result['items_succeeded']}/{result['items_total']} succeeded "
+        f"(failed: {failed}; ran to the end twice: {twice})"
+    )
+    moved_ok = False
+    for item in result["items"]:
+        if not (item.get("interruptions") or (item.get("attempts") or 1) > 1):
+            continue
+        metric = json.loads(open_run_folder(item["results_uri"]).get_text("metric.json") or "{}")
+        folder = open_run_folder(f"{result['run_uri']}/items/{item['id']}")
+        attempts = sorted({k.split("/")[1] for k in folder.list("instances/")})
+        froms = [a.rsplit(".", 1)[0] for a in attempts if not a.startswith(item["instance_id"] + ".")]
+        resumed = metric.get("resumed_from")
+        print(
+            f"  moved        : trial {item['id']} {json.dumps(metric.get('config'), sort_keys=True)} from "
+            f"{', '.join(froms) or '?'} to {item['instance_id']}, resumed from step {resumed}"
+        )
+        for attempt in attempts:
+            log = "".join(folder.get_text(k) or "" for k in folder.list(log_prefix(attempt)))
+            for line in log.splitlines():
+                if line.startswith(("item ", "SIGTERM", "done:")) and "lr=" not in line:
+                    print(f"       {attempt:<22} | {line}")
+        moved_ok = moved_ok or bool(resumed)
+    print(
+        f"  fleet        : {result['workers_launched']} worker(s) launched ({result['instance_type']} spot), "
+        f"{result['interruptions']} interruption(s), {result['duration_s']:.1f} s, ${result['cost_usd']:.6f}"
+    )
+    best = run.get_task_instance("pick_best").xcom_pull(task_ids="pick_best")
+    if best:
+        print(
+            f"  best config  : {json.dumps(best['config'], sort_keys=True)} val_loss {best['loss']:.5f}, "
+            f"accuracy {best['accuracy']:.3f} (trial {best['item_id']} of {best['trials']})"
+        )
+    if not moved_ok:
+        print("  no trial moved to another worker and resumed from a checkpoint")
+    return moved_ok
+
+
+def run_sweep(emu, name: str):
+    """dag.test() of spot_sweep while one worker is reclaimed in the middle of a trial."""
+    interrupter = load_module("spot_interrupter").FleetInterrupter(emu, count=1, notice_s=5.0)
+    dag = load_dag(name)
+    interrupter.start()
+    try:
+        run = dag.test()
+    finally:
+        injected = interrupter.stop()
+    moved = summarize_sweep(run, injected)
+    if not injected:
+        print("  no worker was reclaimed")
+    return run, bool(injected) and moved
+
+
 def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     prepare_airflow_home()
     from airflow_cloudtrain.emulator import Emulator
 
-    dags = sys.argv[1:] or ["ec2_train", "gce_train", "retrain_spot"]
+    dags = sys.argv[1:] or ["ec2_train", "gce_train", "retrain_spot", "spot_sweep"]
     failed = 0
     with Emulator() as emu:
         for name in dags:
@@ -158,6 +238,10 @@ def main() -> int:
             if name == "retrain_spot":
                 run, injected = run_spot(emu, name)
                 failed += run.state != "success" or not injected
+                continue
+            if name == "spot_sweep":
+                run, moved = run_sweep(emu, name)
+                failed += run.state != "success" or not moved
                 continue
             dag = load_dag(name)
             run = dag.test()
