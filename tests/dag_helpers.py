@@ -65,3 +65,24 @@ def start_first_try(dag_id: str, logical_date: datetime, env: dict[str, str]) ->
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def fleet_nothing_left(digest: str) -> None:
+    """A fleet run's queues, group, launch template and instances (by run key) are all gone."""
+    import boto3
+
+    sqs, asg, ec2 = boto3.client("sqs"), boto3.client("autoscaling"), boto3.client("ec2")
+    assert sqs.list_queues(QueueNamePrefix=f"ct-{digest}").get("QueueUrls", []) == []
+    groups = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[f"ct-{digest}"])["AutoScalingGroups"]
+    assert groups == []
+    templates = ec2.describe_launch_templates(
+        Filters=[{"Name": "launch-template-name", "Values": [f"ct-{digest}"]}]
+    )["LaunchTemplates"]
+    assert templates == []
+    alive = ec2.describe_instances(
+        Filters=[
+            {"Name": "tag:cloudtrain-run-key", "Values": [digest]},
+            {"Name": "instance-state-name", "Values": ["pending", "running"]},
+        ]
+    )["Reservations"]
+    assert alive == []

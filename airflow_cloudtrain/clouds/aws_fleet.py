@@ -23,7 +23,6 @@ from airflow_cloudtrain.runs import TAG_RUN_KEY
 
 log = logging.getLogger(__name__)
 
-GROUP_TAG = "aws:autoscaling:groupName"
 SEND_BATCH = 10  # SendMessageBatch takes up to 10 messages
 
 
@@ -166,10 +165,6 @@ class AwsFleet:
         want it); the market (spot or on-demand) is the group's to choose, not the template's."""
         data = instance_shape(request, image, root_device)
         data["UserData"] = base64.b64encode(request.user_data.encode()).decode()
-        if request.subnet_id:
-            data.pop("SecurityGroupIds", None)  # the group's subnets place it; groups go per interface
-            if request.security_group_ids:
-                data["SecurityGroupIds"] = list(request.security_group_ids)
         try:
             made = self.ec2.create_launch_template(
                 LaunchTemplateName=name,
@@ -355,4 +350,3 @@ def _delete_groups(backend: Any, resources: list[Resource]) -> None:
 SQS_QUEUE = register_kind(ResourceKind("sqs_queue", _find_queues, _delete_queues))
 LAUNCH_TEMPLATE = register_kind(ResourceKind("launch_template", _find_templates, _delete_templates))
 ASG = register_kind(ResourceKind("asg", _find_groups, _delete_groups))
-FLEET_KINDS = ["asg", "launch_template", "sqs_queue"]

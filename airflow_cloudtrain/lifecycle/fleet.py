@@ -22,12 +22,18 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain import workqueue
 from airflow_cloudtrain.lifecycle.ledger import ResourceLedger
-from airflow_cloudtrain.lifecycle.prepare import JobOptions, LaunchOptions, offers_for, request_builder
+from airflow_cloudtrain.lifecycle.prepare import (
+    JobOptions,
+    LaunchOptions,
+    offers_for,
+    request_builder,
+    write_run_folder,
+)
 from airflow_cloudtrain.lifecycle.retry import TransientBudget, call_with_retry
 from airflow_cloudtrain.runs import join
 
@@ -73,7 +79,6 @@ class FleetHandle:
     max_workers: int
     started_at: float
     try_number: int = 1
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -181,8 +186,6 @@ class FleetRun:
             # a worker waits for work about as long as the operator waits between polls, twice
             wait_s=max(1, min(20, round(ctx.fleet.poll_interval))),
         )
-        from airflow_cloudtrain.lifecycle.prepare import write_run_folder
-
         write_run_folder(
             ctx.config, ctx.key, ctx.run_uri, self.folder, False, self.log, ctx.job, settings.to_dict()
         )
@@ -336,16 +339,21 @@ class FleetRun:
     # --- teardown --------------------------------------------------------------------------------
 
     def release(self, budget_s: float = 180.0) -> None:
-        """Delete group, template, queues and any instance of the run: known entries and a search by
-        name and tag, so a store that was lost still leaves nothing behind."""
-        backend = self.ctx.backend
-
-        def release() -> None:
-            self.ledger.sweep(backend, SWEEP_ORDER)
-            self.ledger.release(backend, sweep=False)
-
-        call_with_retry(release, TransientBudget(budget_s=budget_s))
+        release_fleet(self.ledger, self.ctx.backend, TransientBudget(budget_s=budget_s))
 
     def kill(self) -> None:
         self.killed = True
         self.release()
+
+
+def release_fleet(ledger: ResourceLedger, backend: Any, budget: TransientBudget) -> None:
+    """Delete group, template, queues and any instance of the run: the ledger's entries plus a search
+    by name and tag, so a store that was lost (or a triggerer, which has none) leaves nothing behind.
+    Imports ``clouds.aws_fleet``, which registers those resource kinds with the ledger."""
+    from airflow_cloudtrain.clouds import aws_fleet  # noqa: F401
+
+    def release() -> None:
+        ledger.sweep(backend, SWEEP_ORDER)
+        ledger.release(backend, sweep=False)
+
+    call_with_retry(release, budget)

@@ -70,7 +70,6 @@ class FleetWatch:
         self.ended_seen: dict[str, float] = {}
         self.empty_polls = 0
         self.last_progress = clock()
-        self.desired: int | None = None
 
     # --- one poll --------------------------------------------------------------------------------
 
@@ -95,10 +94,8 @@ class FleetWatch:
         if self.empty_polls >= EMPTY_POLLS_TO_END:
             return True
         target = min(handle.max_workers, depth.backlog)
-        self.desired = group.desired
         if target > group.desired:
             cloud.set_desired(handle.group, target)
-            self.desired = target
             self.log.info(
                 "Scaling %s to %d worker(s): %d item(s) waiting, %d running",
                 handle.group,
@@ -192,11 +189,7 @@ class FleetWatch:
         for inst in self.members.values():
             start = inst.launch_time or handle.started_at
             record = records.get(inst.id)
-            end = (
-                (record.ended_at if record and record.ended_at else None)
-                or self.ended_seen.get(inst.id)
-                or now
-            )
+            end = (record.ended_at if record else None) or self.ended_seen.get(inst.id) or now
             price = handle.prices.get(inst.instance_type)
             if price is not None:
                 costs.append(price * max(0.0, end - start) / 3600.0)

@@ -94,17 +94,8 @@ class FleetTrigger(BaseTrigger):
         self.log.info("Released fleet %s because the task was killed", self.handle.get("run_id"))
 
     def _release(self) -> None:
-        from airflow_cloudtrain.clouds import aws_fleet  # registers the fleet's resource kinds
-        from airflow_cloudtrain.lifecycle.fleet import SWEEP_ORDER
+        from airflow_cloudtrain.lifecycle.fleet import release_fleet
         from airflow_cloudtrain.lifecycle.ledger import ResourceLedger
-        from airflow_cloudtrain.lifecycle.retry import call_with_retry
 
-        del aws_fleet
-        backend = self._backend()
         ledger = ResourceLedger(self.handle["run_key"], logger=logging.getLogger(__name__))
-
-        def release() -> None:
-            ledger.sweep(backend, SWEEP_ORDER)
-            ledger.release(backend, sweep=False)
-
-        call_with_retry(release, TransientBudget(budget_s=25.0, cap_s=5.0))
+        release_fleet(ledger, self._backend(), TransientBudget(budget_s=25.0, cap_s=5.0))

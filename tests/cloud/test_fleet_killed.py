@@ -13,8 +13,9 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
+from dag_helpers import fleet_nothing_left as nothing_left
 from dag_helpers import load_example, start_first_try, task_states, write_dag, xcom
-from test_spot_fleet import BUCKET, nothing_left
+from test_spot_fleet import BUCKET
 
 from airflow_cloudtrain.agent.storage import open_run_folder
 from airflow_cloudtrain.runs import RunKey, join

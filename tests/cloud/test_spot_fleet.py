@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+from dag_helpers import fleet_nothing_left as nothing_left
 from dag_helpers import task_states, write_dag, xcom
 
 from airflow_cloudtrain.agent.storage import open_run_folder
@@ -41,26 +42,6 @@ def fleet_dag(
         """
     )
     return write_dag(source, dag_id)
-
-
-def nothing_left(digest: str) -> None:
-    """Queues, group, template and instances of the run are all gone."""
-    sqs, asg, ec2 = boto3.client("sqs"), boto3.client("autoscaling"), boto3.client("ec2")
-    queues = sqs.list_queues(QueueNamePrefix=f"ct-{digest}").get("QueueUrls", [])
-    assert queues == []
-    groups = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[f"ct-{digest}"])["AutoScalingGroups"]
-    assert groups == []
-    templates = ec2.describe_launch_templates(
-        Filters=[{"Name": "launch-template-name", "Values": [f"ct-{digest}"]}]
-    )["LaunchTemplates"]
-    assert templates == []
-    alive = ec2.describe_instances(
-        Filters=[
-            {"Name": "tag:cloudtrain-run-key", "Values": [digest]},
-            {"Name": "instance-state-name", "Values": ["pending", "running"]},
-        ]
-    )["Reservations"]
-    assert alive == []
 
 
 def digest_of(dag_id: str, run: Any) -> str:

@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import boto3
-from dag_helpers import dags_folder, load_example, task_states, xcom
+from dag_helpers import dags_folder, fleet_nothing_left, load_example, task_states, xcom
 
 from airflow_cloudtrain.agent.storage import open_run_folder
 from airflow_cloudtrain.runs import RunKey
@@ -51,22 +50,7 @@ def _attempt_states(run_uri: str, item_id: str) -> dict[str, str]:
 def _nothing_left(run: Any) -> None:
     """Queues, group, template and instances of the run are all gone (the emu fixture checks the
     emulator's live instances too)."""
-    digest = RunKey("spot_sweep", "sweep", run.run_id, -1, BUCKET).digest
-    sqs, asg, ec2 = boto3.client("sqs"), boto3.client("autoscaling"), boto3.client("ec2")
-    assert sqs.list_queues(QueueNamePrefix=f"ct-{digest}").get("QueueUrls", []) == []
-    groups = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[f"ct-{digest}"])["AutoScalingGroups"]
-    assert groups == []
-    templates = ec2.describe_launch_templates(
-        Filters=[{"Name": "launch-template-name", "Values": [f"ct-{digest}"]}]
-    )["LaunchTemplates"]
-    assert templates == []
-    alive = ec2.describe_instances(
-        Filters=[
-            {"Name": "tag:cloudtrain-run-key", "Values": [digest]},
-            {"Name": "instance-state-name", "Values": ["pending", "running"]},
-        ]
-    )["Reservations"]
-    assert alive == []
+    fleet_nothing_left(RunKey("spot_sweep", "sweep", run.run_id, -1, BUCKET).digest)
 
 
 def _uninterrupted(config: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
