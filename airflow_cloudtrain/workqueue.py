@@ -88,8 +88,9 @@ def decode_message(body: str) -> tuple[str, str, int]:
 class WorkerSettings:
     """``RunSpec.worker``: how a worker finds its queue and group and paces its leases.
 
-    ``queue`` is the SQS queue URL (or Pub/Sub subscription path); ``dead_letter`` the DLQ's URL (or
-    topic). ``group`` is the Auto Scaling group (or managed instance group) the worker belongs to;
+    ``queue`` is the SQS queue URL (or Pub/Sub subscription path, ``projects/P/subscriptions/S``);
+    ``dead_letter`` the DLQ's URL (or dead-letter topic path); ``topic`` the Pub/Sub topic the
+    subscription reads (GCP: where an interrupted item is published again; None on AWS). ``group`` is the Auto Scaling group (or managed instance group) the worker belongs to;
     ``None`` when it runs outside one (it then powers off when the work is done). ``lease_s`` is the
     visibility timeout of one lease, renewed every ``heartbeat_s`` while the item runs; an item
     whose worker vanished reappears after at most ``lease_s``. ``item_timeout_s`` is each item's
@@ -104,6 +105,7 @@ class WorkerSettings:
     group: str | None = None
     zone: str | None = None  # the managed instance group's zone (GCP)
     project: str | None = None
+    topic: str | None = None  # the items' Pub/Sub topic path (GCP)
     lease_s: int = 300
     heartbeat_s: float = 60.0
     item_timeout_s: float | None = None

@@ -19,8 +19,15 @@ from airflow_cloudtrain.emulator.userdata import parse_bootstrap
 
 
 class GcpInstances:
-    def __init__(self, gce: GceServer, metadata: MetadataServer, gcs_endpoint: str) -> None:
+    def __init__(
+        self,
+        gce: GceServer,
+        metadata: MetadataServer,
+        gcs_endpoint: str,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.gce, self.metadata, self.gcs_endpoint = gce, metadata, gcs_endpoint
+        self.extra_env = dict(extra_env or {})  # more of the emulated image's environment (endpoints)
         self.zones: dict[str, str] = {}  # instance name -> zone
 
     def managed(self) -> list[dict[str, Any]]:
@@ -55,6 +62,7 @@ class GcpInstances:
             env = {
                 "GCE_METADATA_HOST": self.metadata.gce_host_for(name),
                 "STORAGE_EMULATOR_HOST": self.gcs_endpoint,
+                **self.extra_env,
             }
             out.append(Seen("gcp", name, boot.run_uri, inst["machine_type"], inst["zone"], inst["spot"], env))
         return out
