@@ -32,6 +32,8 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_cloudtrain.operators.cloud_train",
                     "airflow_cloudtrain.operators.checkpoint_resume",
                     "airflow_cloudtrain.operators.spot_fleet",
+                    "airflow_cloudtrain.operators.preemptible_group",
+                    "airflow_cloudtrain.operators.work_queue",
                 ],
             }
         ],
@@ -50,6 +52,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_cloudtrain.hooks.aws",
                     "airflow_cloudtrain.hooks.gcp",
+                    "airflow_cloudtrain.hooks.pubsub",
                     "airflow_cloudtrain.hooks.sqs",
                 ],
             }

@@ -19,6 +19,7 @@ to wait in a worker slot instead); CLOUDTRAIN_SWEEP_STEP_S sets each step's simu
 from __future__ import annotations
 
 import os
+import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -26,11 +27,11 @@ from airflow.sdk import DAG, task
 
 from airflow_cloudtrain.operators import SpotFleetOperator
 
+sys.path.insert(0, str(Path(__file__).parent))  # the DAGs folder, for the shared trial helpers
+from sweep_trials import STEPS, best_trial, trials  # noqa: E402
+
 BUCKET = os.environ.get("CLOUDTRAIN_BUCKET") or "s3://cloudtrain-emulated/examples"
 DEFERRABLE = os.environ.get("CLOUDTRAIN_DEFERRABLE", "true").lower() == "true"
-LEARNING_RATES = [0.01, 0.1, 0.5, 2.0]
-BATCH_SIZES = [8, 32, 128]
-STEPS = 40  # one step: an epoch of mini-batch gradient descent, then STEP_S seconds of "GPU time"
 STEP_S = os.environ.get("CLOUDTRAIN_SWEEP_STEP_S", "0.15")  # ~6 s per trial; 0 for a quick run
 
 with DAG(
@@ -45,7 +46,7 @@ with DAG(
     @task
     def make_sweep() -> list[dict]:
         """The trials: every learning rate with every batch size (12 configs)."""
-        return [{"lr": lr, "batch_size": bs} for lr in LEARNING_RATES for bs in BATCH_SIZES]
+        return trials()
 
     sweep = SpotFleetOperator(
         task_id="sweep",
@@ -72,41 +73,6 @@ with DAG(
     @task
     def pick_best(result: dict) -> dict:
         """Open each trial's metric.json (its results_uri) and return the config with the lowest loss."""
-        import json
-
-        from airflow_cloudtrain.agent.storage import open_run_folder
-
-        trials = []
-        for item in result["items"]:
-            if item["state"] != "succeeded" or not item["results_uri"]:
-                print(f"trial {item['id']}: {item['state']} ({item.get('message')}), skipped")
-                continue
-            metric = json.loads(open_run_folder(item["results_uri"]).get_text("metric.json") or "null")
-            if metric is None:
-                print(f"trial {item['id']}: no metric.json in {item['results_uri']}, skipped")
-                continue
-            trials.append({**metric, "id": item["id"], "instance_id": item["instance_id"]})
-            resumed = f", resumed from step {metric['resumed_from']}" if metric["resumed_from"] else ""
-            print(
-                f"trial {item['id']} {json.dumps(metric['config'], sort_keys=True)}: "
-                f"val_loss {metric['loss']:.5f}, accuracy {metric['accuracy']:.3f} "
-                f"on {item['instance_id']}{resumed}"
-            )
-        if not trials:
-            raise ValueError(f"no trial of {result['run_id']} produced a metric")
-        best = min(trials, key=lambda t: (t["loss"], t["id"]))
-        print(
-            f"best of {len(trials)} trial(s): {json.dumps(best['config'], sort_keys=True)} "
-            f"val_loss {best['loss']:.5f} (trial {best['id']}); {result['workers_launched']} worker(s), "
-            f"{result['interruptions']} interruption(s), ${result['cost_usd']}"
-        )
-        return {
-            "config": best["config"],
-            "loss": best["loss"],
-            "accuracy": best["accuracy"],
-            "item_id": best["id"],
-            "results_uri": next(i["results_uri"] for i in result["items"] if i["id"] == best["id"]),
-            "trials": len(trials),
-        }
+        return best_trial(result)
 
     pick_best(sweep.output)

@@ -12,6 +12,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 
 def dags_folder() -> Path:
     return Path(os.environ["AIRFLOW__CORE__DAGS_FOLDER"])
@@ -86,3 +88,39 @@ def fleet_nothing_left(digest: str) -> None:
         ]
     )["Reservations"]
     assert alive == []
+
+
+def gce_fleet_nothing_left(emu: Any, digest: str) -> None:
+    """A GCE fleet run's topics, subscriptions, template, group and VMs (by run key) are all gone,
+    asked through the real Google clients."""
+    from google.api_core import exceptions as gexc
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import compute_v1
+    from google.pubsub_v1 import PublisherClient, SubscriberClient
+
+    from airflow_cloudtrain.emulator import GCP_PROJECT
+    from airflow_cloudtrain.emulator.gcp.gce import compute_client_kwargs
+
+    pubsub = {"credentials": AnonymousCredentials(), "client_options": {"api_endpoint": emu.pubsub_endpoint}}
+    publisher, subscriber = (
+        PublisherClient(transport="rest", **pubsub),
+        SubscriberClient(transport="rest", **pubsub),
+    )
+    for suffix in ("items", "dlq"):
+        with pytest.raises(gexc.NotFound):
+            publisher.get_topic(topic=f"projects/{GCP_PROJECT}/topics/ct-{digest}-{suffix}")
+        with pytest.raises(gexc.NotFound):
+            subscriber.get_subscription(
+                subscription=f"projects/{GCP_PROJECT}/subscriptions/ct-{digest}-{suffix}"
+            )
+    compute = compute_client_kwargs(emu.gce_endpoint)
+    with pytest.raises(gexc.NotFound):
+        compute_v1.InstanceTemplatesClient(**compute).get(
+            project=GCP_PROJECT, instance_template=f"ct-{digest}"
+        )
+    groups = compute_v1.InstanceGroupManagersClient(**compute)
+    for zone in ("us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"):
+        with pytest.raises(gexc.NotFound):
+            groups.get(project=GCP_PROJECT, zone=zone, instance_group_manager=f"ct-{digest}")
+    alive = [i for i in emu.gce.alive() if i["labels"].get("cloudtrain-run-key") == digest]
+    assert alive == [], alive

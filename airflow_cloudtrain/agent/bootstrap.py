@@ -10,7 +10,9 @@ The zip carries the agent package, ``runs.py``, ``checkpoint.py`` (the job impor
 puts the zip on the job's ``PYTHONPATH``) and ``clouds/registry.py`` (the one list of cloud
 names, stdlib-only), with stub ``__init__.py`` files for ``airflow_cloudtrain`` and
 ``airflow_cloudtrain.clouds`` so that nothing else of the provider (nor Airflow) is imported on the
-instance: it imports with the stdlib and boto3 / google-cloud-storage only.
+instance: it imports with the stdlib and boto3 / google-cloud-storage only. A fleet's workers
+(``render_user_data(..., worker=True)``) on GCE also get google-cloud-pubsub and google-cloud-compute
+for their queue and group (``agent.queue_pubsub``); on AWS boto3 serves SQS and Auto Scaling too.
 
 Cloud-side hard stop (``hard_stop_s``): the script has a line ``CT_HARD_STOP_S=<seconds>`` (empty
 when ``None``; the emulator parses ``^CT_HARD_STOP_S=(\d*)$``). When it is set, the very first thing
@@ -76,6 +78,14 @@ _SDK = {
     "s3": ("boto3", "boto3", AWS_DOWNLOAD_PY),
     "gs": ("google.cloud.storage", "google-cloud-storage", GCS_DOWNLOAD_PY),
 }
+# What a worker (``worker=True``) needs besides the storage SDK, per scheme: (import names, pip packages).
+# On GCE its queue is a Pub/Sub subscription and its group a managed instance group
+# (``agent.queue_pubsub``); on AWS boto3 already covers SQS and Auto Scaling.
+_WORKER_SDK: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "s3": ((), ()),
+    "gs": (("google.pubsub_v1", "google.cloud.compute_v1"), ("google-cloud-pubsub", "google-cloud-compute")),
+}
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # modules and packages split safely in bash
 POWEROFF = "shutdown -h now"
 
 
@@ -216,7 +226,7 @@ ct_install_packages() {
     ct_install_os_packages
   fi
   python3 -m venv --system-site-packages "$CT_HOME/venv"
-  "$CT_HOME/venv/bin/python" -m pip install -q --upgrade "$CT_PIP_PACKAGE"
+  "$CT_HOME/venv/bin/python" -m pip install -q --upgrade @PIP_ARGS@
   CT_PYTHON="$CT_HOME/venv/bin/python"
 }
 
@@ -254,7 +264,12 @@ trap - ERR  # from here on the agent owns the machine's life
 
 
 def render_user_data(
-    run_uri: str, cloud: str, agent_key: str = runs.AGENT_KEY, hard_stop_s: int | None = None
+    run_uri: str,
+    cloud: str,
+    agent_key: str = runs.AGENT_KEY,
+    hard_stop_s: int | None = None,
+    *,
+    worker: bool = False,
 ) -> str:
     """The bash user data (EC2) / startup-script (GCE) that starts the agent for ``run_uri``.
 
@@ -262,6 +277,12 @@ def render_user_data(
     google-cloud-storage for gs://), since that is what the agent talks to. ``hard_stop_s`` (seconds,
     > 0; a float is rounded up) arms the cloud-side hard stop described in the module docstring; the
     script gets ``CT_HARD_STOP_S=<int>``, or ``CT_HARD_STOP_S=`` (nothing armed) for ``None``.
+
+    ``worker``: the agent will run in worker mode, so it also needs its queue's and group's SDKs: for
+    gs:// google-cloud-pubsub and google-cloud-compute (``CT_PY_MODULE`` is then an import list,
+    ``a, b, c``, checked in one ``import``, and ``CT_PIP_PACKAGE`` the packages separated by spaces,
+    installed together when any import fails); for s3:// boto3 does it all. Without ``worker`` the
+    script is exactly what it always was.
     """
     if cloud not in CLOUDS:
         raise ValueError(f"cloud must be one of {', '.join(CLOUDS)}; got {cloud!r}")
@@ -277,13 +298,21 @@ def render_user_data(
         hard_stop = str(math.ceil(hard_stop_s))
     scheme = runs.split_uri(run_uri)[0]
     module, package, download_py = _SDK[scheme]
+    modules, packages = [module], [package]
+    if worker:
+        more_modules, more_packages = _WORKER_SDK[scheme]
+        modules += more_modules
+        packages += more_packages
+    assert all(_PLAIN_NAME.match(name) for name in modules + packages), (modules, packages)
     values = {
         "@VERSION@": _version(),
         "@RUN_URI@": shlex.quote(run_uri),
         "@AGENT_URI@": shlex.quote(runs.join(run_uri, agent_key)),
         "@CLOUD@": shlex.quote(cloud),
-        "@PY_MODULE@": shlex.quote(module),
-        "@PIP_PACKAGE@": shlex.quote(package),
+        "@PY_MODULE@": shlex.quote(", ".join(modules)),  # import a, b, c
+        "@PIP_PACKAGE@": shlex.quote(" ".join(packages)),
+        # one package: quoted, as it always was; several: split on the spaces (plain names only)
+        "@PIP_ARGS@": '"$CT_PIP_PACKAGE"' if len(packages) == 1 else "$CT_PIP_PACKAGE",
         "@DOWNLOAD_PY@": shlex.quote(download_py),
         "@POWEROFF@": shlex.quote(POWEROFF),
         "@HARD_STOP_S@": hard_stop,  # digits or nothing: the emulator reads ^CT_HARD_STOP_S=(\d*)$

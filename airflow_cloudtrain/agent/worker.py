@@ -62,10 +62,16 @@ MAX_RECEIVE_ERRORS = 8  # receives failing in a row (backing off up to 30 s) bef
 
 
 def open_backend(settings: WorkerSettings, instance_id: str) -> tuple[Any, Any]:
-    """(queue, group or None) for the settings' provider."""
+    """(queue, group or None) for the settings' provider. The clients' SDKs are imported by the
+    backends when first used, so a worker on one cloud never needs the other cloud's."""
     if settings.provider == "aws":
         group = AutoScalingGroup(settings, instance_id) if settings.group else None
         return SqsQueue(settings), group
+    if settings.provider == "gcp":
+        from airflow_cloudtrain.agent.queue_pubsub import ManagedInstanceGroup, PubSubQueue
+
+        mig = ManagedInstanceGroup(settings, instance_id) if settings.group else None
+        return PubSubQueue(settings), mig
     raise NotImplementedError(f"no worker queue for provider {settings.provider!r} in this agent")
 
 

@@ -139,6 +139,22 @@ class AwsFleet:
             if failed:
                 raise RuntimeError(f"SQS refused {len(failed)} item message(s): {failed[:3]}")
 
+    def drain(self, url: str) -> None:
+        """Delete whatever a dead try sent (no worker exists yet, so nothing else receives)."""
+        while True:
+            got = self.sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=60)
+            messages = got.get("Messages") or []
+            if not messages:
+                return
+            self.sqs.delete_message_batch(
+                QueueUrl=url,
+                Entries=[{"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(messages)],
+            )
+
+    def take_dead_letters(self, url: str) -> list[tuple[str, int]]:
+        """Nothing: on SQS the watch ends on an empty queue, and items without an outcome are failed."""
+        return []
+
     def purge(self, url: str) -> None:
         self.sqs.purge_queue(QueueUrl=url)
 

@@ -93,6 +93,73 @@ def map_api_error(err: Exception) -> Exception:
     return err
 
 
+def instance_properties(r: LaunchRequest, zone: str | None) -> dict[str, Any]:
+    """The launch shape of one of our VMs, shared by a single run's insert and a group's instance
+    template (``zone=None``: machine and accelerator types by bare name, as templates take them).
+
+    Shielded VM (vTPM, integrity monitoring; secure boot on CPU images, whose kernels are signed, not
+    on GPU images, whose NVIDIA modules may not be), the run's labels, the agent bootstrap as the
+    startup script, and no SSH key or firewall rule of ours."""
+    offer = r.offer
+    labels = {k: label_value(v) for k, v in r.tags.items() if k != TAG_RUN_URI}
+    gpu = offer.gpus > 0
+    scheduling: dict[str, Any] = {"automatic_restart": False, "on_host_maintenance": "TERMINATE"}
+    if r.provisioning == "preemptible":
+        scheduling["preemptible"] = True
+    elif r.provisioning == "spot" or offer.is_spot:
+        scheduling.update(provisioning_model="SPOT", instance_termination_action="DELETE")
+    elif not gpu:
+        scheduling = {"automatic_restart": True, "on_host_maintenance": "MIGRATE"}
+    if r.hard_stop_s:
+        # the cloud's own hard stop: deleted after this long, whether or not our agent is alive
+        scheduling.update(
+            max_run_duration={"seconds": max(30, int(r.hard_stop_s))},
+            instance_termination_action="DELETE",
+        )
+    body: dict[str, Any] = {
+        "machine_type": f"zones/{zone}/machineTypes/{offer.instance_type}" if zone else offer.instance_type,
+        "labels": labels,
+        "metadata": {
+            "items": [
+                {"key": "startup-script", "value": r.user_data},
+                {"key": TAG_RUN_URI, "value": r.tags.get(TAG_RUN_URI, "")},
+            ]
+        },
+        "disks": [
+            {
+                "boot": True,
+                "auto_delete": True,
+                "initialize_params": {
+                    "source_image": r.image_id or (GPU_IMAGE if gpu else CPU_IMAGE),
+                    "disk_size_gb": r.disk_gib,
+                },
+            }
+        ],
+        "network_interfaces": [
+            {
+                "network": "global/networks/default",
+                "access_configs": [{"name": "External NAT", "type_": "ONE_TO_ONE_NAT"}],
+            }
+        ],
+        "service_accounts": [{"email": r.service_account or "default", "scopes": SCOPES}],
+        "scheduling": scheduling,
+        "shielded_instance_config": {
+            "enable_secure_boot": not gpu,
+            "enable_vtpm": True,
+            "enable_integrity_monitoring": True,
+        },
+    }
+    if offer.attach_gpus:
+        accelerator = ACCELERATOR_TYPES[offer.gpu_type or ""]
+        body["guest_accelerators"] = [
+            {
+                "accelerator_type": f"zones/{zone}/acceleratorTypes/{accelerator}" if zone else accelerator,
+                "accelerator_count": offer.gpus,
+            }
+        ]
+    return body
+
+
 class GcpCloud(Cloud):
     """Compute Engine in one project, for the zones of one region."""
 
@@ -105,61 +172,6 @@ class GcpCloud(Cloud):
         self.region = region
         self.zones = zones
 
-    def _body(self, r: LaunchRequest, zone: str, name: str) -> dict[str, Any]:
-        offer = r.offer
-        labels = {k: label_value(v) for k, v in r.tags.items() if k != TAG_RUN_URI}
-        gpu = offer.gpus > 0
-        scheduling: dict[str, Any] = {"automatic_restart": False, "on_host_maintenance": "TERMINATE"}
-        if r.provisioning == "preemptible":
-            scheduling["preemptible"] = True
-        elif r.provisioning == "spot" or offer.is_spot:
-            scheduling.update(provisioning_model="SPOT", instance_termination_action="DELETE")
-        elif not gpu:
-            scheduling = {"automatic_restart": True, "on_host_maintenance": "MIGRATE"}
-        if r.hard_stop_s:
-            # the cloud's own hard stop: deleted after this long, whether or not our agent is alive
-            scheduling.update(
-                max_run_duration={"seconds": max(30, int(r.hard_stop_s))},
-                instance_termination_action="DELETE",
-            )
-        body: dict[str, Any] = {
-            "name": name,
-            "machine_type": f"zones/{zone}/machineTypes/{offer.instance_type}",
-            "labels": labels,
-            "metadata": {
-                "items": [
-                    {"key": "startup-script", "value": r.user_data},
-                    {"key": TAG_RUN_URI, "value": r.tags.get(TAG_RUN_URI, "")},
-                ]
-            },
-            "disks": [
-                {
-                    "boot": True,
-                    "auto_delete": True,
-                    "initialize_params": {
-                        "source_image": r.image_id or (GPU_IMAGE if gpu else CPU_IMAGE),
-                        "disk_size_gb": r.disk_gib,
-                    },
-                }
-            ],
-            "network_interfaces": [
-                {
-                    "network": "global/networks/default",
-                    "access_configs": [{"name": "External NAT", "type_": "ONE_TO_ONE_NAT"}],
-                }
-            ],
-            "service_accounts": [{"email": r.service_account or "default", "scopes": SCOPES}],
-            "scheduling": scheduling,
-        }
-        if offer.attach_gpus:
-            body["guest_accelerators"] = [
-                {
-                    "accelerator_type": f"zones/{zone}/acceleratorTypes/{ACCELERATOR_TYPES[offer.gpu_type or '']}",
-                    "accelerator_count": offer.gpus,
-                }
-            ]
-        return body
-
     def launch(self, request: LaunchRequest) -> Instance:
         from google.api_core import exceptions as gexc
         from google.cloud import compute_v1
@@ -168,7 +180,7 @@ class GcpCloud(Cloud):
         digest, try_number, attempt = request.client_token.split("-")[:3]
         name = instance_name(digest, int(try_number), int(attempt))
         request_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"cloudtrain:{request.client_token}"))
-        resource = compute_v1.Instance(self._body(request, zone, name))
+        resource = compute_v1.Instance({"name": name, **instance_properties(request, zone)})
         insert = compute_v1.InsertInstanceRequest(
             project=self.project, zone=zone, instance_resource=resource, request_id=request_id
         )

@@ -5,6 +5,8 @@
     with Emulator() as emu:
         emu.aws_endpoint                  # "http://127.0.0.1:PORT" (moto's server)
         emu.gce_endpoint, emu.gcs_endpoint          # Compute Engine v1 REST subset, GCS JSON API
+        emu.pubsub_endpoint               # Pub/Sub v1 REST + Monitoring timeSeries.list (one server)
+        emu.pubsub                        # the PubSubServer: emu.pubsub.subscription_backlog(name)
         emu.gce                           # the GceServer: emu.gce.alive(), emu.gce.instance(zone, name)
         emu.running_instances()           # [{"cloud", "id", "instance_type", "zone", "spot", "group"}]
         emu.interrupt(instance_id, notice_s=5)      # EC2 spot notice / GCE preemption, then reclaimed
@@ -40,8 +42,8 @@ and replaced up to ``DesiredCapacity``, as AWS's health checks do, while one tha
 ``TerminateInstanceInAutoScalingGroup`` with a decrement is not; deleting a group terminates every
 member, those protected from scale-in too; UpdateAutoScalingGroup keeps the mixed-instances policy
 (moto drops it). Members are of the launch template's ``InstanceType``. ``running_instances()``
-names a member's group under ``"group"`` (its ``aws:autoscaling:groupName`` tag; None otherwise, and
-for GCP for now).
+names a member's group under ``"group"`` (its ``aws:autoscaling:groupName`` tag, or a GCE VM's
+``created-by`` managed instance group; None otherwise).
 
 Throttling (``throttle(rate, api=None, seed=0)``) refuses that share of the selected requests the
 way each cloud does: EC2 HTTP 503 ``RequestLimitExceeded``, S3 503 ``SlowDown``, other AWS services
@@ -98,6 +100,7 @@ class Emulator:
         self.aws_endpoint = ""
         self.gce_endpoint = ""
         self.gcs_endpoint = ""
+        self.pubsub_endpoint = ""
         self._hard_stop_scale = hard_stop_scale
         self._throttle = Throttle()
         self._saved_env: dict[str, str | None] = {}
@@ -118,7 +121,7 @@ class Emulator:
 
         from airflow_cloudtrain.emulator.aws import EMULATOR_USER_AGENT, MotoServer, seed_public_parameters
         from airflow_cloudtrain.emulator.aws.instances import AwsInstances
-        from airflow_cloudtrain.emulator.gcp import GceServer, GcsServer
+        from airflow_cloudtrain.emulator.gcp import GceServer, GcsServer, PubSubServer
         from airflow_cloudtrain.emulator.gcp.instances import GcpInstances
         from airflow_cloudtrain.emulator.metadata import MetadataServer
 
@@ -129,11 +132,22 @@ class Emulator:
         self.gce_endpoint = self.gce.start()
         self.gcs = GcsServer(throttle=self._throttle)
         self.gcs_endpoint = self.gcs.start()
+        self.pubsub = PubSubServer(project=GCP_PROJECT, throttle=self._throttle)
+        self.pubsub_endpoint = self.pubsub.start()
         self.metadata = MetadataServer()
         self.metadata.start()
         self._set_env(self.env())
         self._aws = AwsInstances(self.metadata, AWS_REGIONS, self.region)
-        self._gcp = GcpInstances(self.gce, self.metadata, self.gcs_endpoint)
+        self._gcp = GcpInstances(
+            self.gce,
+            self.metadata,
+            self.gcs_endpoint,
+            # how an emulated VM's agent finds the emulated APIs (unset in production)
+            extra_env={
+                "CLOUDTRAIN_PUBSUB_ENDPOINT": self.pubsub_endpoint,
+                "CLOUDTRAIN_COMPUTE_ENDPOINT": self.gce_endpoint,
+            },
+        )
         config = Config(user_agent_extra=EMULATOR_USER_AGENT, retries={"max_attempts": 1})
         s3 = boto3.session.Session(region_name=self.region).client("s3", config=config)
         for bucket in self.buckets:
@@ -143,12 +157,13 @@ class Emulator:
             self._aws.ec2[region].describe_regions()  # makes moto load the region's backends
             seed_public_parameters(region)
         self.runner = InstanceRunner(self._alive, self._powered_off, self.workdir, self._image_env())
+        self._gcp.runner = self.runner  # a MIG recreates a VM under its old name: start its agent anew
         self.runner.start()
 
     def stop(self) -> None:
         for timer in self._timers:
             timer.cancel()
-        for part in ("runner", "metadata", "moto", "gce", "gcs"):
+        for part in ("runner", "metadata", "moto", "gce", "gcs", "pubsub"):
             if hasattr(self, part):
                 getattr(self, part).stop()
         self._restore_env()
@@ -171,6 +186,8 @@ class Emulator:
                 "compute_endpoint": self.gce_endpoint,
                 "storage_endpoint": self.gcs_endpoint,
                 "billing_endpoint": self.gce_endpoint,
+                "pubsub_endpoint": self.pubsub_endpoint,
+                "monitoring_endpoint": self.pubsub_endpoint,  # one server serves both APIs
                 "credentials": "anonymous",
             },
         }
@@ -286,11 +303,12 @@ class Emulator:
         refused as throttled are also counted under ``"throttled:<operation>"``."""
         with self.moto.middleware.lock:
             aws = dict(self.moto.middleware.counts)
-        return {**aws, **self.gce.counts(), **self.gcs.counts()}
+        return {**aws, **self.gce.counts(), **self.gcs.counts(), **self.pubsub.counts()}
 
     def reset_counts(self) -> None:
         self.gce.reset_counts()
         self.gcs.reset_counts()
+        self.pubsub.reset_counts()
         with self.moto.middleware.lock:
             self.moto.middleware.counts.clear()
 

@@ -3,8 +3,10 @@
 Credentials and project resolve exactly as the official Google provider resolves them
 (``gcp_conn_id``, key file / JSON / ADC, ``project_id``). Two optional connection extras serve
 private or local endpoints: ``compute_endpoint`` (e.g. a Private Service Connect address) and
-``storage_endpoint``, ``billing_endpoint``; ``credentials: "anonymous"`` is accepted only together
-with a compute endpoint.
+``storage_endpoint``, ``billing_endpoint``, ``pubsub_endpoint``, ``monitoring_endpoint``;
+``credentials: "anonymous"`` is accepted only together with a compute endpoint. The Pub/Sub
+clients use the REST transport (plain pull is all a work queue needs; streaming pull is gRPC-only),
+so one HTTP stack serves every Google API we call.
 """
 
 from __future__ import annotations
@@ -63,6 +65,26 @@ class CloudTrainGcpHook(GoogleBaseHook):
         from google.cloud import compute_v1
 
         return compute_v1.ZoneOperationsClient(**self._client_kwargs("compute_endpoint"))
+
+    def templates_client(self) -> Any:
+        from google.cloud import compute_v1
+
+        return compute_v1.InstanceTemplatesClient(**self._client_kwargs("compute_endpoint"))
+
+    def groups_client(self) -> Any:
+        from google.cloud import compute_v1
+
+        return compute_v1.InstanceGroupManagersClient(**self._client_kwargs("compute_endpoint"))
+
+    def publisher_client(self) -> Any:
+        from google.pubsub_v1 import PublisherClient
+
+        return PublisherClient(transport="rest", **self._client_kwargs("pubsub_endpoint"))
+
+    def subscriber_client(self) -> Any:
+        from google.pubsub_v1 import SubscriberClient
+
+        return SubscriberClient(transport="rest", **self._client_kwargs("pubsub_endpoint"))
 
     def storage_client(self) -> Any:
         from google.cloud import storage

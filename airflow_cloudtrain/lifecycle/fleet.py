@@ -38,13 +38,16 @@ from airflow_cloudtrain.lifecycle.retry import TransientBudget, call_with_retry
 from airflow_cloudtrain.runs import join
 
 if TYPE_CHECKING:
-    from airflow_cloudtrain.clouds.aws_fleet import AwsFleet
     from airflow_cloudtrain.operators.config import RunConfig
     from airflow_cloudtrain.runs import RunKey
 
 ENQUEUED_KEY = "fleet/enqueued.json"
 MAX_OVERRIDES = 20  # instance types in the group's MixedInstancesPolicy (AWS allows up to 40)
-SWEEP_ORDER = ["sqs_queue", "launch_template", "asg", "instance"]  # released newest first
+SWEEP_ORDER = {  # kinds a sweep looks for, oldest first (released newest first, groups before all)
+    "aws": ["sqs_queue", "launch_template", "asg", "instance"],
+    "gcp": ["pubsub_topic", "pubsub_subscription", "instance_template", "mig", "instance"],
+}
+GROUP_KINDS = ("asg", "mig")  # deleted first: a group would replace members deleted before it
 
 
 @dataclass
@@ -70,8 +73,8 @@ class FleetHandle:
     run_key: str
     cloud: str
     region: str
-    queue: str
-    dead_letter: str
+    queue: str  # SQS queue URL / Pub/Sub subscription path
+    dead_letter: str  # SQS DLQ URL / Pub/Sub dead-letter subscription path (the watch reads it)
     group: str
     item_ids: list[str]
     prices: dict[str, float]  # instance type -> USD/h of the market the group buys
@@ -79,6 +82,8 @@ class FleetHandle:
     max_workers: int
     started_at: float
     try_number: int = 1
+    zone: str | None = None  # the managed instance group's zone (GCP)
+    topic: str | None = None  # the items' Pub/Sub topic (GCP)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,7 +100,7 @@ class FleetContext:
     config: RunConfig
     fleet: FleetSettings
     key: RunKey
-    backend: Any  # AwsRunBackend
+    backend: Any  # AwsRunBackend or GcpRunBackend
     store: Any
     try_number: int
     options: LaunchOptions
@@ -113,16 +118,19 @@ class FleetKilled(RuntimeError):
 
 
 class FleetRun:
-    def __init__(self, ctx: FleetContext) -> None:
-        from airflow_cloudtrain.clouds import aws_fleet
+    """The AWS fleet (SQS, launch template, Auto Scaling group); ``GceFleetRun`` below is the GCP one.
+    ``fleet_run(ctx)`` picks by the backend's provider."""
 
+    provider = "aws"
+
+    def __init__(self, ctx: FleetContext) -> None:
         self.ctx = ctx
         self.log = ctx.log
-        self.names = aws_fleet
+        self.names = fleet_module(self.provider)
         self.ledger = ResourceLedger.load(ctx.key.digest, ctx.store, ctx.log)
         self.killed = False
         self._folder: Any = None
-        self._cloud: AwsFleet | None = None
+        self._cloud: Any = None
 
     @property
     def folder(self) -> Any:
@@ -131,7 +139,7 @@ class FleetRun:
         return self._folder
 
     @property
-    def cloud(self) -> AwsFleet:
+    def cloud(self) -> Any:
         if self._cloud is None:
             self._cloud = self.names.fleet_of(self.ctx.backend)
         return self._cloud
@@ -171,10 +179,9 @@ class FleetRun:
             offers[0].hourly,
             len(types),
         )
-        dead_letter = self._ensure_queue(self.names.queue_name(digest, dead_letter=True), None)
-        queue = self._ensure_queue(self.names.queue_name(digest), dead_letter)
+        queue, dead_letter, topic = self._queues()
         settings = workqueue.WorkerSettings(
-            provider="aws",
+            provider=self.provider,
             queue=queue,
             dead_letter=dead_letter,
             region=ctx.backend.region,
@@ -185,13 +192,14 @@ class FleetRun:
             max_item_attempts=ctx.fleet.max_item_attempts,
             # a worker waits for work about as long as the operator waits between polls, twice
             wait_s=max(1, min(20, round(ctx.fleet.poll_interval))),
+            **self._worker_extra(topic),
         )
         write_run_folder(
             ctx.config, ctx.key, ctx.run_uri, self.folder, False, self.log, ctx.job, settings.to_dict()
         )
-        started_at, pending = self._enqueue(queue)
+        started_at, pending = self._enqueue(queue, topic or queue)
         self._check()
-        request = request_builder(ctx.config, ctx.key, ctx.run_uri, ctx.options, ctx.try_number)(
+        request = request_builder(ctx.config, ctx.key, ctx.run_uri, ctx.options, ctx.try_number, worker=True)(
             offers[0], None, 0
         )
         template = self._ensure_template(request)
@@ -204,7 +212,7 @@ class FleetRun:
             cloud=ctx.config.cloud,
             region=ctx.backend.region,
             queue=queue,
-            dead_letter=dead_letter,
+            dead_letter=self._dead_letter_source(dead_letter),
             group=self.names.group_name(digest),
             item_ids=workqueue.item_ids(len(ctx.fleet.items)),
             prices=prices,
@@ -212,7 +220,23 @@ class FleetRun:
             max_workers=ctx.fleet.max_workers,
             started_at=started_at,
             try_number=ctx.try_number,
+            zone=getattr(self.cloud, "zone", None),
+            topic=topic,
         )
+
+    # --- the provider's parts (overridden by GceFleetRun) -----------------------------------------
+
+    def _queues(self) -> tuple[str, str, str | None]:
+        """(queue the workers receive from, where dead letters go, topic to publish to or None)."""
+        digest = self.ctx.key.digest
+        dead_letter = self._ensure_queue(self.names.queue_name(digest, dead_letter=True), None)
+        return self._ensure_queue(self.names.queue_name(digest), dead_letter), dead_letter, None
+
+    def _worker_extra(self, topic: str | None) -> dict[str, Any]:
+        return {}
+
+    def _dead_letter_source(self, dead_letter: str) -> str:
+        return dead_letter
 
     def _ensure_queue(self, name: str, dead_letter: str | None) -> str:
         """The queue of that name: found (a retry), or made under the ledger."""
@@ -234,8 +258,9 @@ class FleetRun:
         self.log.info("Created queue %s", url)
         return url
 
-    def _enqueue(self, queue: str) -> tuple[float, int]:
-        """Send the items once per queue; returns (when the sweep started, items pending)."""
+    def _enqueue(self, queue: str, send_to: str) -> tuple[float, int]:
+        """Send the items once per queue (to ``send_to``: the queue, or its topic); returns (when the
+        sweep started, items pending)."""
         cloud, folder, items = self.cloud, self.folder, self.ctx.fleet.items
         created = call_with_retry(lambda: cloud.queue_created(queue))
         raw = call_with_retry(lambda: folder.get_text(ENQUEUED_KEY))
@@ -260,7 +285,7 @@ class FleetRun:
                 ENQUEUED_KEY, json.dumps({"queue": queue, "created": None, "started_at": started_at})
             )
         )  # before sending: a retry that finds this queue without ``created`` drains it first
-        call_with_retry(lambda: cloud.send(queue, bodies))
+        call_with_retry(lambda: cloud.send(send_to, bodies))
         note = {"queue": queue, "created": created, "started_at": started_at, "count": len(bodies)}
         call_with_retry(lambda: folder.put_text(ENQUEUED_KEY, json.dumps(note)))
         skipped = len(ids) - len(bodies)
@@ -273,16 +298,7 @@ class FleetRun:
 
     def _drain(self, queue: str) -> None:
         """Delete whatever a dead try sent (no worker exists yet, so nothing else receives)."""
-        sqs = self.cloud.sqs
-        while True:
-            got = sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10, VisibilityTimeout=60)
-            messages = got.get("Messages") or []
-            if not messages:
-                return
-            sqs.delete_message_batch(
-                QueueUrl=queue,
-                Entries=[{"Id": str(n), "ReceiptHandle": m["ReceiptHandle"]} for n, m in enumerate(messages)],
-            )
+        self.cloud.drain(queue)
 
     def _succeeded_ids(self) -> set[str]:
         from airflow_cloudtrain.lifecycle.fleet_watch import read_outcomes
@@ -346,14 +362,37 @@ class FleetRun:
         self.release()
 
 
+def fleet_module(provider: str) -> Any:
+    """``clouds.aws_fleet`` or ``clouds.gcp_fleet`` (importing it registers its ledger kinds)."""
+    if provider == "gcp":
+        from airflow_cloudtrain.clouds import gcp_fleet
+
+        return gcp_fleet
+    from airflow_cloudtrain.clouds import aws_fleet
+
+    return aws_fleet
+
+
+def fleet_run(ctx: FleetContext) -> FleetRun:
+    """The fleet of the backend's provider."""
+    if ctx.backend.provider == "gcp":
+        from airflow_cloudtrain.lifecycle.gce_fleet import GceFleetRun
+
+        return GceFleetRun(ctx)
+    return FleetRun(ctx)
+
+
 def release_fleet(ledger: ResourceLedger, backend: Any, budget: TransientBudget) -> None:
     """Delete group, template, queues and any instance of the run: the ledger's entries plus a search
     by name and tag, so a store that was lost (or a triggerer, which has none) leaves nothing behind.
-    Imports ``clouds.aws_fleet``, which registers those resource kinds with the ledger."""
-    from airflow_cloudtrain.clouds import aws_fleet  # noqa: F401
+    The group goes first: deleting its members before it would only make it replace them."""
+    fleet_module(backend.provider)
 
     def release() -> None:
-        ledger.sweep(backend, SWEEP_ORDER)
+        ledger.sweep(backend, SWEEP_ORDER[backend.provider])
+        groups = [e for e in ledger.entries if e.kind in GROUP_KINDS]
+        if groups:
+            ledger.release(backend, sweep=False, only=groups)
         ledger.release(backend, sweep=False)
 
     call_with_retry(release, budget)

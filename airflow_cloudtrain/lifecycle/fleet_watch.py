@@ -13,6 +13,11 @@ busy worker is never scaled in, and the group shrinks to 0 as the queue empties.
 The end: every item has an outcome (``outcomes/<id>.json``), or the queue has been empty (nothing
 visible, in flight or delayed) on two polls in a row; an item without an outcome then went to the
 dead-letter queue after ``max_item_attempts`` deliveries whose workers vanished, and is failed.
+
+On GCP (``clouds.gcp_fleet``) Pub/Sub has no backlog call (``depth`` is None): the backlog is the
+items without an outcome, the run ends when each has one, and each poll also pulls the dead-letter
+subscription: an item that arrives there without an outcome (its deliveries ran out on workers that
+vanished) is given a failed one, so the end still comes.
 """
 
 from __future__ import annotations
@@ -80,8 +85,9 @@ class FleetWatch:
         depth = cloud.depth(handle.queue)
         group = cloud.group(handle.group)
         if group is None:
-            raise FleetFailed(f"the Auto Scaling group {handle.group} no longer exists")
+            raise FleetFailed(f"the worker group {handle.group} no longer exists")
         self._members(cloud.members(handle.run_key), now)
+        self._fail_dead_letters(cloud.take_dead_letters(handle.dead_letter))
         new = read_outcomes(self.folder, set(self.outcomes))
         for item_id in sorted(new):
             self._log_outcome(new[item_id])
@@ -90,25 +96,50 @@ class FleetWatch:
             self.last_progress = now
         if len(self.outcomes) >= len(handle.item_ids):
             return True
-        self.empty_polls = self.empty_polls + 1 if depth.total == 0 else 0
-        if self.empty_polls >= EMPTY_POLLS_TO_END:
-            return True
-        target = min(handle.max_workers, depth.backlog)
+        if depth is None:  # no backlog API (Pub/Sub): what has no outcome yet is the backlog
+            backlog = len(handle.item_ids) - len(self.outcomes)
+            waiting = f"{backlog} item(s) without an outcome"
+        else:
+            self.empty_polls = self.empty_polls + 1 if depth.total == 0 else 0
+            if self.empty_polls >= EMPTY_POLLS_TO_END:
+                return True
+            backlog = depth.backlog
+            waiting = f"{depth.visible} item(s) waiting, {depth.in_flight} running"
+        target = min(handle.max_workers, backlog)
         if target > group.desired:
             cloud.set_desired(handle.group, target)
-            self.log.info(
-                "Scaling %s to %d worker(s): %d item(s) waiting, %d running",
-                handle.group,
-                target,
-                depth.visible,
-                depth.in_flight,
-            )
+            self.log.info("Scaling %s to %d worker(s): %s", handle.group, target, waiting)
         if self.startup_timeout and now - self.last_progress > self.startup_timeout:
             raise FleetFailed(
                 f"no worker of {handle.group} ran for {self.startup_timeout:.0f} s while "
-                f"{depth.backlog} item(s) waited (capacity, quota or a bid below the spot price?)"
+                f"{backlog} item(s) waited (capacity, quota or a bid below the spot price?)"
             )
         return False
+
+    def _fail_dead_letters(self, letters: list[tuple[str, int]]) -> None:
+        """Items that reached the dead-letter subscription without an outcome fail for good (first
+        writer wins, as for the workers' outcomes)."""
+        for body, deliveries in letters:
+            try:
+                item_id, _, interruptions = workqueue.decode_message(body)
+            except (ValueError, KeyError, TypeError):
+                self.log.warning("A malformed message reached the dead-letter queue: %.80r", body)
+                continue
+            key = workqueue.outcome_key(item_id)
+            if self.folder.get_text(key) is not None:
+                continue
+            outcome = ItemOutcome(
+                id=item_id,
+                state=workqueue.FAILED,
+                attempt="dead-letter",
+                instance_id="",
+                exit_code=None,
+                message=f"no result after {deliveries or 'several'} deliveries: its workers vanished "
+                "(it is in the dead-letter queue)",
+                attempts=deliveries or 1,
+                interruptions=interruptions,
+            )
+            self.folder.put_text(key, outcome.to_json())
 
     def _members(self, found: list[Any], now: float) -> None:
         for inst in found:

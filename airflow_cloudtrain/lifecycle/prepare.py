@@ -182,16 +182,23 @@ def _skip_caches(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
 
 
 def request_builder(
-    config: RunConfig, key: RunKey, run_uri: str, options: LaunchOptions, try_number: int
+    config: RunConfig,
+    key: RunKey,
+    run_uri: str,
+    options: LaunchOptions,
+    try_number: int,
+    worker: bool = False,
 ) -> Any:
     """``build(offer, zone, attempt) -> LaunchRequest`` for the launcher: same user data and tags,
-    a client token per (try, attempt), the bid and the price tag per offer."""
+    a client token per (try, attempt), the bid and the price tag per offer. ``worker``: a fleet's
+    worker, whose bootstrap also installs the queue and group SDKs it needs."""
     from airflow_cloudtrain.agent.bootstrap import render_user_data
     from airflow_cloudtrain.clouds.base import LaunchRequest
 
     stop_s = hard_stop_s(config.max_runtime_s)
     # both clouds get both: EC2 honours the bootstrap's shutdown timer, GCE scheduling.maxRunDuration
-    user_data = render_user_data(run_uri, config.cloud, hard_stop_s=stop_s)
+    extra = {"worker": True} if worker else {}
+    user_data = render_user_data(run_uri, config.cloud, hard_stop_s=stop_s, **extra)
     tags = {**options.tags, **key.tags(), TAG_RUN_URI: run_uri, TAG_TRY: str(try_number)}
 
     def build(offer: Offer, zone: str | None, attempt: int) -> LaunchRequest:

@@ -54,12 +54,22 @@ def _check_depth(name: str, value: Any) -> None:
 class QueueDepthSensor(BaseSensorOperator):
     """Wait until a queue's depth is at most ``max_depth`` (0: drained) or at least ``min_depth``.
 
-    The depth counts visible, in-flight (received, not yet deleted) and delayed messages; with
-    ``count_in_flight=False`` only the visible ones. ``queue`` is an SQS queue URL (used as is) or
-    name (resolved once with GetQueueUrl), or a Pub/Sub subscription path (Pub/Sub depth comes with
-    ``PreemptibleGroupOperator``). A queue that does not exist fails the sensor naming it; it is
-    never taken as empty. Returns (XCom) ``{"queue": url, "depth", "visible", "in_flight",
-    "delayed"}``. Deferrable sensors in one triggerer share one GetQueueAttributes per queue per poll.
+    ``queue`` is an SQS queue URL (used as is) or name (resolved once with GetQueueUrl), through
+    ``aws_conn_id`` / ``region``; or a Pub/Sub subscription path ``projects/<p>/subscriptions/<s>``
+    (checked once with ``subscriptions.get``), through ``gcp_conn_id`` (``project_id``: the
+    connection's project override; the path's own project is the one read).
+
+    SQS: the depth counts visible, in-flight (received, not yet deleted) and delayed messages; with
+    ``count_in_flight=False`` only the visible ones. Pub/Sub: the depth is Cloud Monitoring's
+    ``subscription/num_undelivered_messages`` (latest sample, 1-3 minutes behind), every message not
+    yet acknowledged, leased ones included, reported as ``visible`` (``in_flight`` 0): there
+    ``count_in_flight=False`` cannot leave leased messages out. A subscription Monitoring has no
+    sample of yet (new) is waited on, logged, never read as 0.
+
+    A queue that does not exist fails the sensor naming it; it is never taken as empty. Returns
+    (XCom) ``{"queue": url or subscription path, "depth", "visible", "in_flight", "delayed"}``.
+    Deferrable sensors in one triggerer share one depth call (GetQueueAttributes, Monitoring
+    ``timeSeries.list``) per queue per poll.
 
     ``queue`` takes the name BaseOperator gives the executor queue: the watched queue is kept as
     ``watched_queue`` (templated), ``task.queue`` stays the executor queue, and ``executor_queue=``
@@ -126,19 +136,20 @@ class QueueDepthSensor(BaseSensorOperator):
 
     # --- where the queue is (resolved once per try) -----------------------------------------------
 
+    def _provider(self) -> str:
+        return "pubsub" if queue_kind(self.watched_queue) == "pubsub" else "sqs"
+
     def _target(self) -> tuple[str, str | None]:
-        """(the id depths are read by: an SQS queue URL, the region to read it in)."""
+        """(the id depths are read by: an SQS queue URL or a Pub/Sub subscription path, the region
+        to read it in: None for Pub/Sub)."""
         if getattr(self, "_resolved", None) is None:
             kind = queue_kind(self.watched_queue)  # rendered now: check it again
             if kind == "pubsub":
-                from airflow_cloudtrain.triggers.queue_depth import PUBSUB_LATER
+                region = None
+            else:
+                from airflow_cloudtrain.hooks.sqs import region_in_url
 
-                raise NotImplementedError(
-                    f"queue={self.watched_queue!r} is a Pub/Sub subscription: {PUBSUB_LATER}"
-                )
-            from airflow_cloudtrain.hooks.sqs import region_in_url
-
-            region = self.region or (region_in_url(self.watched_queue) if kind == "sqs-url" else None)
+                region = self.region or (region_in_url(self.watched_queue) if kind == "sqs-url" else None)
             self._resolved = (self._reader(region).resolve(self.watched_queue), region)
         return self._resolved
 
@@ -146,11 +157,16 @@ class QueueDepthSensor(BaseSensorOperator):
         readers = getattr(self, "_readers", None)
         if readers is None:
             readers = self._readers = {}
-        if region not in readers:
+        provider = self._provider()
+        if (provider, region) not in readers:
             from airflow_cloudtrain.triggers.queue_depth import depth_reader
 
-            readers[region] = depth_reader("sqs", self.aws_conn_id, region)
-        return readers[region]
+            if provider == "pubsub":
+                reader = depth_reader("pubsub", self.gcp_conn_id, None, self.project_id)
+            else:
+                reader = depth_reader("sqs", self.aws_conn_id, region)
+            readers[(provider, region)] = reader
+        return readers[(provider, region)]
 
     def _describe_threshold(self) -> str:
         return f"<= {self.max_depth}" if self.max_depth is not None else f">= {self.min_depth}"
@@ -160,6 +176,11 @@ class QueueDepthSensor(BaseSensorOperator):
     def execute(self, context: Context) -> Any:
         self._resolved = None
         self._budget = None
+        if self._provider() == "pubsub" and not self.count_in_flight:
+            self.log.warning(
+                "count_in_flight=False has no effect on Pub/Sub: the backlog (num_undelivered_messages) "
+                "includes messages pulled and not yet acknowledged"
+            )
         if not self.deferrable:
             return super().execute(context)
         done = self.poke(context)
@@ -168,15 +189,17 @@ class QueueDepthSensor(BaseSensorOperator):
         from airflow_cloudtrain.triggers.queue_depth import QueueDepthTrigger
 
         url, region = self._target()
+        pubsub = self._provider() == "pubsub"
         self.defer(
             trigger=QueueDepthTrigger(
                 queue=url,
                 max_depth=self.max_depth,
                 min_depth=self.min_depth,
                 count_in_flight=self.count_in_flight,
-                provider="sqs",
-                conn_id=self.aws_conn_id,
+                provider="pubsub" if pubsub else "sqs",
+                conn_id=self.gcp_conn_id if pubsub else self.aws_conn_id,
                 region=region,
+                project_id=self.project_id if pubsub else None,
                 poll_interval=self.poke_interval,
             ),
             method_name="execute_complete",
@@ -187,13 +210,15 @@ class QueueDepthSensor(BaseSensorOperator):
         from airflow.exceptions import AirflowException
 
         from airflow_cloudtrain.lifecycle.retry import TransientBudget
-        from airflow_cloudtrain.triggers.queue_depth import QueueNotFound, evaluate_depth
+        from airflow_cloudtrain.triggers.queue_depth import DepthNotKnownYet, QueueNotFound, evaluate_depth
 
         budget = getattr(self, "_budget", None) or TransientBudget()
         self._budget = budget
         try:
             url, region = self._target()
             depth = self._reader(region).read(url)
+            if depth.error is not None and not isinstance(depth.error, DepthNotKnownYet):
+                raise depth.error
         except QueueNotFound:
             raise
         except Exception as err:
@@ -202,7 +227,10 @@ class QueueDepthSensor(BaseSensorOperator):
                 "Reading the depth of %s failed (%s); trying again next poll", self.watched_queue, err
             )
             return PokeReturnValue(is_done=False)
-        budget.ok()
+        budget.ok()  # an answer, even "no data yet", is a good poll
+        if depth.error is not None:  # not known yet: neither 0 nor a failure
+            self.log.info("Queue %s: %s; waiting for %s", url, depth.error, self._describe_threshold())
+            return PokeReturnValue(is_done=False)
         event = evaluate_depth(depth, self.max_depth, self.min_depth, self.count_in_flight)
         if event is None:
             self.log.info(

@@ -28,10 +28,12 @@ class FleetTrigger(BaseTrigger):
         conn_id: str | None,
         poll_interval: float = 10.0,
         startup_timeout: float | None = 1800.0,
+        project_id: str | None = None,
     ) -> None:
         super().__init__()
         self.handle = handle
         self.conn_id = conn_id
+        self.project_id = project_id
         self.poll_interval = poll_interval
         self.startup_timeout = startup_timeout
 
@@ -43,24 +45,26 @@ class FleetTrigger(BaseTrigger):
                 "conn_id": self.conn_id,
                 "poll_interval": self.poll_interval,
                 "startup_timeout": self.startup_timeout,
+                "project_id": self.project_id,
             },
         )
 
     def _backend(self) -> Any:
-        from airflow_cloudtrain.clouds.registry import backend_for
+        from airflow_cloudtrain.clouds.registry import backend_for, provider_of
 
-        return backend_for(self.handle["cloud"], region=self.handle["region"], aws_conn_id=self.conn_id)
+        conn = {"aws_conn_id": self.conn_id}
+        if provider_of(self.handle["cloud"]) == "gcp":
+            conn = {"gcp_conn_id": self.conn_id or "google_cloud_default", "project_id": self.project_id}
+        return backend_for(self.handle["cloud"], region=self.handle["region"], **conn)
 
     def _watch(self) -> Any:
-        from airflow_cloudtrain.clouds.aws_fleet import fleet_of
-        from airflow_cloudtrain.lifecycle.fleet import FleetHandle
+        from airflow_cloudtrain.lifecycle.fleet import FleetHandle, fleet_module
         from airflow_cloudtrain.lifecycle.fleet_watch import FleetWatch
 
         backend = self._backend()
         handle = FleetHandle.from_dict(self.handle)
-        return FleetWatch(
-            handle, fleet_of(backend), backend.run_folder(handle.run_uri), self.log, self.startup_timeout
-        )
+        cloud = fleet_module(backend.provider).fleet_of(backend, *([handle.zone] if handle.zone else []))
+        return FleetWatch(handle, cloud, backend.run_folder(handle.run_uri), self.log, self.startup_timeout)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         budget = TransientBudget()

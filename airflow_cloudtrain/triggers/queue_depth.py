@@ -1,12 +1,16 @@
 """Waiting on a queue's depth: the provider-neutral depth reader, the pure decision, the trigger.
 
 A ``DepthReader`` reads queue depths for one connection and location; each cloud is one small class
-(``hooks.sqs.SqsDepthReader`` today; a Pub/Sub reader over Cloud Monitoring's
-``subscription/num_undelivered_messages`` comes with ``PreemptibleGroupOperator``). Deferred sensors
-in one triggerer share one reader per (provider, connection, location) and, through
-``shared_poll.watch``, one depth call per queue per poll: twenty sensors on the same queue cost one
-GetQueueAttributes per poll interval, not twenty. The reader's async client lives as long as its
-poll group and is closed when the group's last watcher leaves.
+(``hooks.sqs.SqsDepthReader``: GetQueueAttributes; ``hooks.pubsub.PubSubDepthReader``: Cloud
+Monitoring's ``subscription/num_undelivered_messages``). Deferred sensors in one triggerer share one
+reader per (provider, connection, [project,] location) and, through ``shared_poll.watch``, one depth
+call per queue per poll: twenty sensors on the same queue cost one GetQueueAttributes (or one
+Monitoring ``timeSeries.list``) per poll interval, not twenty. The reader's clients live as long as
+its poll group and are closed when the group's last watcher leaves.
+
+A queue that does not exist is never read as empty (``missing``: the wait fails naming it); a queue
+whose depth is not known yet (``DepthNotKnownYet``: a new Pub/Sub subscription Monitoring has no
+sample of) is never read as 0 either: the wait goes on, logged, until a depth comes.
 """
 
 from __future__ import annotations
@@ -26,14 +30,16 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_cloudtrain.triggers import shared_poll
 
 PROVIDERS = ("sqs", "pubsub")
-PUBSUB_LATER = (
-    "Pub/Sub subscription depth (Cloud Monitoring subscription/num_undelivered_messages) comes with "
-    "PreemptibleGroupOperator; QueueDepthSensor reads SQS queues only for now"
-)
 
 
 class QueueNotFound(AirflowException):
     """The queue does not exist (never read as an empty queue)."""
+
+
+class DepthNotKnownYet(AirflowException):
+    """The queue exists but its depth is not known yet (Cloud Monitoring has no sample of a new
+    Pub/Sub subscription for its first minutes). As a ``QueueDepth.error`` it means "unknown, keep
+    waiting": never depth 0, never a failure."""
 
 
 @dataclass(frozen=True)
@@ -41,7 +47,11 @@ class QueueDepth:
     """One queue's depth at one poll. ``in_flight``: received but not yet deleted or returned
     (SQS ``ApproximateNumberOfMessagesNotVisible``); ``delayed``: sent with a delay not yet over.
     ``missing``: the queue does not exist. ``error``: this queue's read failed this poll (the other
-    queues of the same poll are unaffected)."""
+    queues of the same poll are unaffected), or, a ``DepthNotKnownYet``, its depth is not known yet;
+    either way the counts mean nothing (``evaluate_depth`` decides nothing on it).
+
+    On Pub/Sub the backlog (``num_undelivered_messages``, leased messages included) is ``visible``;
+    ``in_flight`` and ``delayed`` are 0."""
 
     queue: str
     visible: int = 0
@@ -78,12 +88,13 @@ class DepthReader(ABC):
 
     @abstractmethod
     def resolve(self, queue: str) -> str:
-        """The id depths are read by (an SQS queue URL) for a queue as the user named it; raises
-        ``QueueNotFound`` naming it when it does not exist."""
+        """The id depths are read by (an SQS queue URL, a Pub/Sub subscription path) for a queue as
+        the user named it; raises ``QueueNotFound`` naming it when it does not exist."""
 
     @abstractmethod
     def read(self, queue: str) -> QueueDepth:
-        """One queue's depth now (sync). A missing queue comes back with ``missing=True``."""
+        """One queue's depth now (sync). A missing queue comes back with ``missing=True``; a depth
+        not known yet with ``error=DepthNotKnownYet(...)``; a failed call raises."""
 
     @abstractmethod
     async def read_async(self, queues: list[str]) -> dict[str, QueueDepth]:
@@ -97,13 +108,16 @@ class DepthReader(ABC):
 def depth_reader(
     provider: str, conn_id: str | None, region: str | None, project_id: str | None = None
 ) -> DepthReader:
-    """The reader for a provider ("sqs", "pubsub"), bound to a connection and location."""
+    """The reader for a provider ("sqs", "pubsub"), bound to a connection and location (and, for
+    Pub/Sub, the project bare subscription names are in)."""
     if provider == "sqs":
         from airflow_cloudtrain.hooks.sqs import SqsDepthReader
 
         return SqsDepthReader(conn_id, region)
     if provider == "pubsub":
-        raise NotImplementedError(PUBSUB_LATER)
+        from airflow_cloudtrain.hooks.pubsub import PubSubDepthReader
+
+        return PubSubDepthReader(conn_id, project_id, region)
     raise ValueError(f"provider={provider!r} is not valid: use one of {', '.join(PROVIDERS)}")
 
 
@@ -111,13 +125,15 @@ def evaluate_depth(
     depth: QueueDepth, max_depth: int | None, min_depth: int | None, count_in_flight: bool = True
 ) -> dict[str, Any] | None:
     """Pure: success when the depth crossed the threshold, error when the queue does not exist,
-    else None (keep waiting)."""
+    else None (keep waiting); a depth with an ``error`` (failed, or not known yet) decides nothing."""
     if depth.missing:
         return {
             "status": "error",
             "queue": depth.queue,
             "message": f"queue {depth.queue} does not exist (a missing queue is never taken as empty)",
         }
+    if depth.error is not None:
+        return None
     n = depth.depth(count_in_flight)
     if (max_depth is not None and n <= max_depth) or (min_depth is not None and n >= min_depth):
         return {"status": "success", **depth.result(count_in_flight), "at": time.time()}
@@ -157,8 +173,10 @@ async def watch_depth(
     interval: float,
     project_id: str | None = None,
 ) -> AsyncIterator[QueueDepth]:
-    """The queue's depth after every shared poll. Transient errors (throttling, 5xx, dropped
-    connections) are waited out with backoff within a budget; others end the watch."""
+    """The queue's depth after every shared poll. A depth not known yet (``DepthNotKnownYet``) is
+    yielded as is (its ``error`` set) for the caller to log and wait on. Transient errors
+    (throttling, 5xx, dropped connections) are waited out with backoff within a budget; others end
+    the watch."""
     from airflow_cloudtrain.lifecycle.retry import TransientBudget
 
     budget = TransientBudget(base_s=interval)
@@ -171,9 +189,9 @@ async def watch_depth(
                         depth = snapshot.get(queue)
                         if depth is None:
                             continue
-                        if depth.error is not None:
+                        if depth.error is not None and not isinstance(depth.error, DepthNotKnownYet):
                             raise depth.error
-                        budget.ok()
+                        budget.ok()  # an answer, even "no data yet", is a good poll
                         yield depth
         except asyncio.CancelledError:
             raise
@@ -183,7 +201,9 @@ async def watch_depth(
 
 class QueueDepthTrigger(BaseTrigger):
     """Fires when the queue's depth is <= ``max_depth`` or >= ``min_depth``; fails at once when the
-    queue does not exist. ``queue`` is what the reader reads by (an SQS queue URL)."""
+    queue does not exist; waits (logged) while the depth is not known yet. ``queue`` is what the
+    reader reads by (an SQS queue URL, a Pub/Sub subscription path); for Pub/Sub ``conn_id`` is the
+    Google connection and ``project_id`` the project (``region`` unused)."""
 
     def __init__(
         self,
@@ -229,14 +249,18 @@ class QueueDepthTrigger(BaseTrigger):
             self.provider, self.conn_id, self.region, self.queue, self.poll_interval, self.project_id
         )
         event: dict[str, Any] | None = None
-        last: int | None = None
+        last: int | str | None = None
         try:
             async with aclosing(stream):
                 async for depth in stream:
                     event = evaluate_depth(depth, self.max_depth, self.min_depth, self.count_in_flight)
                     if event is not None:
                         break
-                    if depth.depth(self.count_in_flight) != last:
+                    if depth.error is not None:  # not known yet (other errors end the watch)
+                        if last != "unknown":
+                            last = "unknown"
+                            self.log.info("Queue %s: %s; waiting", self.queue, depth.error)
+                    elif depth.depth(self.count_in_flight) != last:
                         last = depth.depth(self.count_in_flight)
                         self.log.info("Queue %s: depth %d, waiting", self.queue, last)
             yield TriggerEvent(event)

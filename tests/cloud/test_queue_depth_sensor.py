@@ -135,12 +135,6 @@ def test_the_executor_queue_is_not_the_watched_queue() -> None:
     assert (routed.watched_queue, routed.queue) == ("jobs", "gpu")
 
 
-def test_pubsub_subscription_is_recognised_and_says_when_it_comes() -> None:
-    s = sensor(queue="projects/p/subscriptions/work", max_depth=0)
-    with pytest.raises(NotImplementedError, match="PreemptibleGroupOperator"):
-        s.execute({})
-
-
 def test_depth_and_decision_are_pure() -> None:
     from airflow_cloudtrain.hooks.sqs import region_in_url
     from airflow_cloudtrain.triggers.queue_depth import QueueDepth, evaluate_depth
@@ -324,13 +318,6 @@ def test_trigger_waits_out_throttling(emu, sqs, queue, capfd, caplog) -> None:
     finally:
         emu.clear_faults()
     assert event["status"] == "success" and event["depth"] == 0
-    assert_clean(capfd, caplog)
-
-
-def test_pubsub_trigger_says_when_it_comes(capfd, caplog) -> None:
-    t = QueueDepthTrigger(queue="projects/p/subscriptions/s", provider="pubsub", conn_id="gcp", max_depth=0)
-    event = asyncio.run(asyncio.wait_for(first_event(t), 10))
-    assert event["status"] == "error" and "PreemptibleGroupOperator" in event["message"]
     assert_clean(capfd, caplog)
 
 

@@ -111,6 +111,7 @@ def _run_script(
     stubs: str | None = None,
     hard_stop_s: int | None = None,
     hide: set[str] | None = None,
+    worker: bool = False,
 ) -> tuple[Path, Path]:
     """Run the rendered script in a scratch root with shims; returns (root, shim log dir).
 
@@ -127,7 +128,7 @@ def _run_script(
             (bin_dir / name).write_text(text)
             (bin_dir / name).chmod(0o755)
     script = tmp_path / "user-data.sh"
-    script.write_text(render_user_data(uri, cloud, hard_stop_s=hard_stop_s))
+    script.write_text(render_user_data(uri, cloud, hard_stop_s=hard_stop_s, worker=worker))
     system_path = _system_path_without(tmp_path, hide) if hide else SYSTEM_PATH
     env = {
         "PATH": f"{bin_dir}:{system_path}",
@@ -202,6 +203,44 @@ def test_installs_sdk_into_venv(ensurepip: str, tmp_path: Path) -> None:
     else:  # no venv module: the distribution's packages first (apt-get is the first manager found)
         installs = (shim_log / "os-packages").read_text().splitlines()
         assert installs[-1] == "apt-get install -y -q python3 python3-venv python3-pip"
+
+
+GCE_WORKER_MODULES = "google.cloud.storage, google.pubsub_v1, google.cloud.compute_v1"
+GCE_WORKER_PACKAGES = ["google-cloud-storage", "google-cloud-pubsub", "google-cloud-compute"]
+
+
+@pytest.mark.parametrize("sdk", ["venv", "system"])
+def test_gce_worker_needs_pubsub_and_compute_too(sdk: str, tmp_path: Path) -> None:
+    """A worker on GCE talks to Pub/Sub and its managed instance group besides GCS: one import check
+    covers the three modules, and pip gets the three packages as separate arguments."""
+    root, shim_log = _run_script(tmp_path, "gs://b/runs/x/0", "gcspot", {"SHIM_SDK": sdk}, worker=True)
+    checks = [c for c in _calls(shim_log) if " -c import google" in c]  # not the download snippet
+    assert checks and all(c.endswith(f" -c import {GCE_WORKER_MODULES}") for c in checks), checks
+    if sdk == "venv":
+        venv_python = str(root / "opt/cloudtrain/venv/bin/python")
+        assert _agent_argv(shim_log)[0] == venv_python
+        pip = (shim_log / "pip").read_text().splitlines()
+        assert pip == [" ".join(["-m", "pip", "install", "-q", "--upgrade", *GCE_WORKER_PACKAGES])]
+    else:  # the image has them all: nothing installed
+        assert _agent_argv(shim_log)[0] == str(tmp_path / "bin/python3")
+        assert not (shim_log / "pip").exists()
+
+
+def test_worker_rendering(tmp_path: Path) -> None:
+    """Only a gs:// worker's script differs; s3:// workers need nothing but boto3."""
+    for uri, cloud in [("s3://b/runs/x/0", "ec2spot"), ("gs://b/runs/x/0", "gcspot")]:
+        assert render_user_data(uri, cloud, worker=False) == render_user_data(uri, cloud)
+    assert render_user_data("s3://b/r", "ec2spot", worker=True) == render_user_data("s3://b/r", "ec2spot")
+    script = render_user_data("gs://b/r", "gcspot", hard_stop_s=60, worker=True)
+    lines = script.splitlines()
+    assert f"CT_PY_MODULE='{GCE_WORKER_MODULES}'" in lines
+    assert f"CT_PIP_PACKAGE='{' '.join(GCE_WORKER_PACKAGES)}'" in lines
+    assert HARD_STOP_LINE.findall(script) == ["60"]
+    plain = render_user_data("gs://b/r", "gcspot")
+    assert "CT_PY_MODULE=google.cloud.storage" in plain.splitlines()
+    assert 'pip install -q --upgrade "$CT_PIP_PACKAGE"' in plain  # one package, quoted as ever
+    (tmp_path / "user-data.sh").write_text(script)
+    subprocess.run(["bash", "-n", str(tmp_path / "user-data.sh")], check=True)
 
 
 def test_stub_hook_replaces_steps(tmp_path: Path) -> None:

@@ -7,7 +7,8 @@ as is (the REST transport keeps an explicit scheme; ``url_scheme`` only matters 
     client = compute_v1.InstancesClient(credentials=AnonymousCredentials(),
                                         client_options={"api_endpoint": endpoint})
     # == compute_v1.InstancesClient(**compute_client_kwargs(endpoint)); the same for
-    # ZoneOperationsClient, ZonesClient, MachineTypesClient and AcceleratorTypesClient.
+    # ZoneOperationsClient, ZonesClient, MachineTypesClient, AcceleratorTypesClient,
+    # InstanceTemplatesClient, InstanceGroupManagersClient and GlobalOperationsClient.
 
 What is mimicked, and why (the product's control plane must meet the answers it meets in production):
 
@@ -45,6 +46,29 @@ What is mimicked, and why (the product's control plane must meet the answers it 
   emulator's own polling. The REST transport sends ``gapic_v1.client_info.ClientInfo(user_agent=...)``
   in ``x-goog-api-client`` (``User-Agent`` stays python-requests'), so both headers are read.
 
+Instance templates and managed instance groups (``gce_groups``: the calls; ``gce_manager``: the group
+manager; ``gce_templates``: the template rules), for worker groups that the cloud keeps at a size:
+
+* ``InstanceTemplatesClient`` (global): insert, get, list, delete; ``GlobalOperationsClient`` get,
+  wait, list for their operations. ``properties`` are checked as ``instances.insert`` checks a body,
+  with zonal types by bare name (``machineType: n1-standard-4``); 409 for a duplicate name; deleting a
+  template a group uses is refused (400 ``resourceInUseByAnotherResource``), as on the real API.
+* ``InstanceGroupManagersClient`` (zonal): insert (``instanceTemplate`` as a URL; unknown: 404),
+  get (``targetSize``, ``currentActions``, ``status.isStable``), list, resize, deleteInstances,
+  listManagedInstances (``currentAction``, ``instanceStatus``, ``lastAttempt``), delete.
+* The group manager runs on a daemon thread (every ``reconcile_s``, 0.2 s) and after each group call,
+  never only when asked: a worker group runs with nobody polling it. It creates members from the
+  template (``<baseInstanceName>-xxxx``, metadata ``created-by`` = the group), so the instances' side
+  starts their agents as for any VM; it repairs a member whose VM ended other than through the group
+  (``instances.delete``, a preemption, a power-off: the VM is made again under the same name,
+  ``recreate_s`` after the old one is gone; RECREATING meanwhile) -- which is why workers leave with
+  ``deleteInstances``, which deletes them and lowers ``targetSize``; resize down deletes the members
+  not running, then the newest; deleting a group deletes its members. A VM the group cannot create
+  (``fail_capacity``, ``fail_quota``) leaves its member CREATING without a VM, the error in
+  ``lastAttempt``, retried on every pass.
+* For tests: ``server.templates()`` (names), ``server.group(zone, name)`` (the GET resource plus its
+  ``managedInstances``; None if there is none), ``server.reconcile()`` (one pass now).
+
 Timestamps are RFC 3339 with a -07:00 offset, as the real API writes them (Pacific time, never "Z").
 """
 
@@ -64,7 +88,8 @@ from airflow_cloudtrain.emulator.faults import EMULATOR_USER_AGENT, Throttle, is
 from airflow_cloudtrain.emulator.gcp import gce_api as api
 from airflow_cloudtrain.emulator.gcp import gce_catalog as cat
 from airflow_cloudtrain.emulator.gcp.gce_api import API, ApiError
-from airflow_cloudtrain.emulator.gcp.gce_state import ComputeState
+from airflow_cloudtrain.emulator.gcp.gce_groups import GroupApi, group_rules
+from airflow_cloudtrain.emulator.gcp.gce_state import GLOBAL
 from airflow_cloudtrain.emulator.serving import InThread
 
 __all__ = ["EMULATOR_USER_AGENT", "GceServer", "compute_client_kwargs"]
@@ -82,7 +107,7 @@ def compute_client_kwargs(endpoint: str) -> dict[str, Any]:
     return {"credentials": AnonymousCredentials(), "client_options": {"api_endpoint": endpoint}}
 
 
-class GceServer(ComputeState):
+class GceServer(GroupApi):
     """Compute Engine v1 REST subset on 127.0.0.1 (random port) in a daemon thread; see the module doc."""
 
     def __init__(
@@ -93,8 +118,9 @@ class GceServer(ComputeState):
         boot_s: float = 0.1,
         delete_after_s: float = 0.5,
         throttle: Throttle | None = None,
+        recreate_s: float = 1.0,
     ) -> None:
-        super().__init__(project, op_delay, provision_s, boot_s, delete_after_s)
+        super().__init__(project, op_delay, provision_s, boot_s, delete_after_s, recreate_s)
         self.throttle = throttle or Throttle()
         self.endpoint = ""
         self._counts: Counter[str] = Counter()
@@ -121,6 +147,7 @@ class GceServer(ComputeState):
                 Rule(f"{z}/machineTypes/<name>", endpoint="machineTypes.get", methods=["GET"]),
                 Rule(f"{z}/acceleratorTypes", endpoint="acceleratorTypes.list", methods=["GET"]),
                 Rule(f"{z}/acceleratorTypes/<name>", endpoint="acceleratorTypes.get", methods=["GET"]),
+                *group_rules(p, z),
             ]
         )
 
@@ -132,9 +159,11 @@ class GceServer(ComputeState):
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request drowns the task log
         self._serving = InThread(make_server("127.0.0.1", 0, self._wsgi, threaded=True), "gce-emulator")
         self.endpoint = self._serving.endpoint
+        self.start_manager()
         return self.endpoint
 
     def stop(self) -> None:
+        self.stop_manager()
         if self._serving is not None:
             self._serving.stop()
             self._serving = None
@@ -189,18 +218,7 @@ class GceServer(ComputeState):
         )
 
     def _list(self, kind: str, self_link: str, items: list[dict[str, Any]], req: Request) -> dict[str, Any]:
-        items = sorted(filter(api.compile_filter(req.args.get("filter")), items), key=lambda r: r["name"])
-        chunk, token = api.page(items, req.args.get("maxResults"), req.args.get("pageToken"))
-        out: dict[str, Any] = {
-            "kind": kind,
-            "id": self_link.split("/compute/v1/", 1)[-1],
-            "selfLink": self_link,
-        }
-        if chunk:
-            out["items"] = chunk
-        if token:
-            out["nextPageToken"] = token
-        return out
+        return api.listing(kind, self_link, items, req.args)
 
     def _aggregated(
         self, kind: str, key: str, per_zone: dict[str, list[dict[str, Any]]], req: Request
@@ -214,9 +232,9 @@ class GceServer(ComputeState):
         ]
         chunk, token = api.page(flat, req.args.get("maxResults"), req.args.get("pageToken"))
         items: dict[str, Any] = {}
-        for zone in sorted(cat.catalog().zones):
+        for zone in ([GLOBAL] if GLOBAL in per_zone else []) + sorted(cat.catalog().zones):
             found = [r for z, r in chunk if z == zone]
-            scope = f"zones/{zone}"
+            scope = GLOBAL if zone == GLOBAL else f"zones/{zone}"
             items[scope] = (
                 {key: found}
                 if found
@@ -273,12 +291,7 @@ class GceServer(ComputeState):
             return self._show_op(self._get_op(zone, op), time.time())
 
     def _h_zoneOperations_wait(self, req: Request, zone: str, op: str) -> dict[str, Any]:
-        """Like the real ``wait``: returns when the operation is DONE or after two minutes at most."""
-        with self._lock:
-            done_at = self._get_op(zone, op).done_at
-        time.sleep(max(0.0, min(done_at - time.time(), 120.0)))
-        with self._lock:
-            return self._show_op(self._get_op(zone, op), time.time())
+        return self._wait_op(zone, op)
 
     def _h_zoneOperations_list(self, req: Request, zone: str) -> dict[str, Any]:
         with self._lock:

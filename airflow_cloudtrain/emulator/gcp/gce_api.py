@@ -171,3 +171,16 @@ def page(items: list[Any], max_results: str | None, page_token: str | None) -> t
     end = start + size
     token = base64.urlsafe_b64encode(str(end).encode()).decode() if end < len(items) else None
     return items[start:end], token
+
+
+def listing(kind: str, self_link: str, items: list[dict[str, Any]], args: Any) -> dict[str, Any]:
+    """A list call's answer: ``items`` filtered (``filter``), sorted by name and paged (``maxResults``,
+    ``pageToken``) as the request's query ``args`` ask."""
+    items = sorted(filter(compile_filter(args.get("filter")), items), key=lambda r: r["name"])
+    chunk, token = page(items, args.get("maxResults"), args.get("pageToken"))
+    out: dict[str, Any] = {"kind": kind, "id": self_link.split("/compute/v1/", 1)[-1], "selfLink": self_link}
+    if chunk:
+        out["items"] = chunk
+    if token:
+        out["nextPageToken"] = token
+    return out

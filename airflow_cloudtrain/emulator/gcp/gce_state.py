@@ -1,10 +1,11 @@
 """The emulated Compute Engine's state: instances and operations on one clock, the faults injected, and
 what the cloud does by itself (Spot preemptions, guest shutdowns, ``maxRunDuration`` expiring).
 
-No HTTP here (``gce.py`` serves it). Statuses are computed from timestamps when read, so nothing needs
-a background thread: an instance is PROVISIONING for ``provision_s``, STAGING for ``boot_s``, then
-RUNNING; STOPPING while its guest still runs (a preemption's grace, a stop or delete in progress);
-TERMINATED once stopped; gone once its deletion completed.
+No HTTP here (``gce.py`` serves it). Statuses are computed from timestamps when read, so instances need
+no background thread (managed instance groups do: ``gce_manager``): an instance is PROVISIONING for
+``provision_s``, STAGING for ``boot_s``, then RUNNING; STOPPING while its guest still runs (a
+preemption's grace, a stop or delete in progress); TERMINATED once stopped; gone once its deletion
+completed.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from airflow_cloudtrain.emulator.gcp import gce_validate as v
 from airflow_cloudtrain.emulator.gcp.gce_api import API, numeric_id, rfc3339
 
 ALIVE = ("PROVISIONING", "STAGING", "RUNNING", "STOPPING")  # STOPPING: the guest still runs (grace)
+GLOBAL = "global"  # the scope key of global operations (instance templates) in place of a zone
 _HELP = {
     "help": {
         "links": [
@@ -196,15 +198,16 @@ class ComputeState:
         done_at: float,
         name_prefix: str = "operation",
     ) -> Operation:
+        """A new operation in ``zone``'s list, or with ``zone`` GLOBAL a global one (no ``zone`` field)."""
         res = inst.res if isinstance(inst, Instance) else inst
         name = f"{name_prefix}-{int(now * 1000)}-{secrets.token_hex(7)[:13]}-{secrets.token_hex(4)}-{secrets.token_hex(4)}"
-        link = f"{API}/projects/{self.project}/zones/{zone}"
+        link = f"{API}/projects/{self.project}/" + (GLOBAL if zone == GLOBAL else f"zones/{zone}")
         op = Operation(
             {
                 "kind": "compute#operation",
                 "id": numeric_id(),
                 "name": name,
-                "zone": link,
+                **({} if zone == GLOBAL else {"zone": link}),
                 "operationType": kind,
                 "targetLink": res["selfLink"],
                 "targetId": res["id"],
@@ -256,12 +259,18 @@ class ComputeState:
             if error:
                 op.error = error
             else:
-                self._instances[(zone, res["name"])] = Instance(
-                    res, zone, spot, metadata, now + self.provision_s, now
-                )
+                self._launch(zone, res, spot, metadata, now)
             if request_id:
                 self._requests[(zone, "insert", request_id)] = op.res["name"]
             return self._show_op(op, now)
+
+    def _launch(
+        self, zone: str, res: dict[str, Any], spot: bool, metadata: dict[str, str], now: float
+    ) -> Instance:
+        """The VM exists from now on: PROVISIONING, then STAGING and RUNNING on the clock."""
+        inst = Instance(res, zone, spot, metadata, now + self.provision_s, now)
+        self._instances[(zone, res["name"])] = inst
+        return inst
 
     def _fault(self, zone: str, mtype: str, res: dict[str, Any], spot: bool) -> dict[str, Any] | None:
         """The injected failure for this insert: an operation error, None, or an HTTP 403 raised."""
@@ -329,8 +338,17 @@ class ComputeState:
             raise v.not_found(f"projects/{self.project}/zones/{zone}/instances/{name}")
         return inst
 
+    def _wait_op(self, zone: str, op: str) -> dict[str, Any]:
+        """Like the real ``wait``: returns when the operation is DONE or after two minutes at most."""
+        with self._lock:
+            done_at = self._get_op(zone, op).done_at
+        time.sleep(max(0.0, min(done_at - time.time(), 120.0)))
+        with self._lock:
+            return self._show_op(self._get_op(zone, op), time.time())
+
     def _get_op(self, zone: str, op: str) -> Operation:
         found = self._ops.get((zone, op))
         if found is None:
-            raise v.not_found(f"projects/{self.project}/zones/{zone}/operations/{op}")
+            scope = GLOBAL if zone == GLOBAL else f"zones/{zone}"
+            raise v.not_found(f"projects/{self.project}/{scope}/operations/{op}")
         return found

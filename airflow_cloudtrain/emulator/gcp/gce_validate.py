@@ -38,7 +38,9 @@ __all__ = [
     "bad_request",
     "build_instance",
     "catalog",
+    "check_name",
     "check_request_id",
+    "parse_zonal",
     "invalid",
     "not_found",
     "required",
@@ -290,6 +292,30 @@ def check_metadata(metadata: dict[str, Any]) -> dict[str, str]:
     return items
 
 
+_SHIELDED = ("enableSecureBoot", "enableVtpm", "enableIntegrityMonitoring")
+_SHIELDED_DEFAULT = {"enableSecureBoot": False, "enableVtpm": True, "enableIntegrityMonitoring": True}
+_SCOPE_PREFIX = "https://www.googleapis.com/auth/"
+
+
+def check_service_accounts(accounts: list[dict[str, Any]]) -> None:
+    """One service account at most, its scopes as full URLs (``gcloud`` expands aliases such as
+    ``cloud-platform``; the API does not)."""
+    if len(accounts) > 1:
+        raise invalid("resource.serviceAccounts", "", "At most one service account may be specified.")
+    for i, account in enumerate(accounts):
+        for j, scope in enumerate(account.get("scopes") or []):
+            if not str(scope).startswith(_SCOPE_PREFIX):
+                raise invalid(f"resource.serviceAccounts[{i}].scopes[{j}]", scope, "The URL is malformed.")
+
+
+def check_shielded(config: dict[str, Any]) -> dict[str, bool]:
+    """``shieldedInstanceConfig`` as GET shows it: the given booleans over the API's defaults."""
+    for key, value in config.items():
+        if key not in _SHIELDED or not isinstance(value, bool):
+            raise invalid(f"resource.shieldedInstanceConfig.{key}", value, "Must be a boolean.")
+    return {**_SHIELDED_DEFAULT, **config}
+
+
 # --- resources as the API shows them ------------------------------------------------------------------
 
 
@@ -308,6 +334,8 @@ def build_instance(
     disks = body.get("disks") or []
     check_disks(zone, shape, disks)
     metadata = check_metadata(body.get("metadata") or {})
+    check_service_accounts(body.get("serviceAccounts") or [])
+    shielded = check_shielded(body.get("shieldedInstanceConfig") or {})
     base = f"{API}/projects/{project}/zones/{zone}"
     nics = []
     for i, nic in enumerate(body.get("networkInterfaces") or [{}]):
@@ -369,6 +397,7 @@ def build_instance(
             "items": (body.get("metadata") or {}).get("items", []),
         },
         "serviceAccounts": body.get("serviceAccounts", []),
+        "shieldedInstanceConfig": shielded,
         "selfLink": f"{base}/instances/{name}",
         "cpuPlatform": _CPU_PLATFORM.get(shape.family, "Intel Broadwell"),
         "labelFingerprint": fingerprint(),
