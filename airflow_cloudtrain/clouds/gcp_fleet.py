@@ -72,6 +72,7 @@ class GcpFleet:
         self.zone = zone
         self.zones = zones
         self._clients: dict[str, Any] = {}
+        self._cloud: Any = None  # GcpCloud of the group's zone, for the members
 
     def _client(self, name: str) -> Any:
         if name not in self._clients:
@@ -298,13 +299,11 @@ class GcpFleet:
         )
 
     def members(self, digest: str) -> list[Instance]:
-        """Every VM of the run (by the run-key label the template gives them), in the group's zone."""
-        from airflow_cloudtrain.clouds.gcp import GcpCloud
-        from airflow_cloudtrain.runs import TAG_RUN_KEY
-
-        zones = [self.zone] if self.zone else self.zones
-        cloud = GcpCloud(self.hook.instances_client(), None, self.project, self.region, zones)
-        return cloud._labelled(TAG_RUN_KEY, digest)
+        """Every VM of the run, any state (by the run-key label the template gives them), in the
+        group's zone: ``GcpCloud.find``, the sweep's own search."""
+        if self._cloud is None:
+            self._cloud = self.hook.cloud(self.region, self.zone)
+        return self._cloud.find(digest, ended=True)
 
     def delete_group(self, name: str) -> None:
         """Delete the group and wait for it: Compute Engine deletes every member with it, and the

@@ -83,7 +83,6 @@ class FleetHandle:
     started_at: float
     try_number: int = 1
     zone: str | None = None  # the managed instance group's zone (GCP)
-    topic: str | None = None  # the items' Pub/Sub topic (GCP)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -192,7 +191,7 @@ class FleetRun:
             max_item_attempts=ctx.fleet.max_item_attempts,
             # a worker waits for work about as long as the operator waits between polls, twice
             wait_s=max(1, min(20, round(ctx.fleet.poll_interval))),
-            **self._worker_extra(topic),
+            **self._worker_extra(topic, offers[0]),
         )
         write_run_folder(
             ctx.config, ctx.key, ctx.run_uri, self.folder, False, self.log, ctx.job, settings.to_dict()
@@ -221,7 +220,6 @@ class FleetRun:
             started_at=started_at,
             try_number=ctx.try_number,
             zone=getattr(self.cloud, "zone", None),
-            topic=topic,
         )
 
     # --- the provider's parts (overridden by GceFleetRun) -----------------------------------------
@@ -232,7 +230,7 @@ class FleetRun:
         dead_letter = self._ensure_queue(self.names.queue_name(digest, dead_letter=True), None)
         return self._ensure_queue(self.names.queue_name(digest), dead_letter), dead_letter, None
 
-    def _worker_extra(self, topic: str | None) -> dict[str, Any]:
+    def _worker_extra(self, topic: str | None, offer: Any) -> dict[str, Any]:
         return {}
 
     def _dead_letter_source(self, dead_letter: str) -> str:

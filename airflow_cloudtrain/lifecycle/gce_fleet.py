@@ -23,21 +23,20 @@ class GceFleetRun(FleetRun):
     provider = "gcp"
 
     def _queues(self) -> tuple[str, str, str | None]:
-        digest, cloud = self.ctx.key.digest, self.cloud
+        digest = self.ctx.key.digest
         dead_name = self.names.queue_name(digest, dead_letter=True)
         dead_topic = self._ensure_topic(dead_name)
         self._ensure_subscription(dead_name, dead_topic, None)
         name = self.names.queue_name(digest)
         topic = self._ensure_topic(name)
-        subscription = self._ensure_subscription(name, topic, dead_topic)
-        self._dead_letter_subscription = cloud.subscription_path(dead_name)
-        return subscription, dead_topic, topic
+        return self._ensure_subscription(name, topic, dead_topic), dead_topic, topic
 
-    def _worker_extra(self, topic: str | None) -> dict[str, Any]:
-        return {"topic": topic, "zone": self._zone(), "project": self.cloud.project}
+    def _worker_extra(self, topic: str | None, offer: Any) -> dict[str, Any]:
+        return {"topic": topic, "zone": self._zone(offer), "project": self.cloud.project}
 
     def _dead_letter_source(self, dead_letter: str) -> str:
-        return self._dead_letter_subscription
+        """The watch pulls the dead-letter topic's subscription (of the same name)."""
+        return self.cloud.subscription_path(self.names.queue_name(self.ctx.key.digest, dead_letter=True))
 
     def _tags(self) -> dict[str, str]:
         return {**self.ctx.options.tags, **self.ctx.key.tags()}
@@ -72,15 +71,12 @@ class GceFleetRun(FleetRun):
         self.log.info("Created subscription %s", path)
         return path
 
-    def _zone(self) -> str:
+    def _zone(self, offer: Any) -> str:
         """The group's zone: ``zone=``, else the first zone of the cheapest offer."""
         cloud = self.cloud
         if cloud.zone is None:
-            from airflow_cloudtrain.lifecycle.prepare import offers_for
-
-            config = self.ctx.config
-            offer = offers_for(config, self.ctx.backend.region, self.log)[0]
-            cloud.zone = config.zone or (offer.zones[0] if offer.zones else f"{cloud.region}-a")
+            zones = offer.zones
+            cloud.zone = self.ctx.config.zone or (zones[0] if zones else f"{cloud.region}-a")
         return str(cloud.zone)
 
     def _ensure_template(self, request: Any) -> str:
@@ -107,7 +103,7 @@ class GceFleetRun(FleetRun):
     ) -> None:
         """A group of ``num_workers`` (fewer when fewer items wait): the constant size the studio
         tool's ``--num-workers`` asks for. ``bid`` has no effect on GCE (Spot VMs have no bid)."""
-        cloud, name, zone = self.cloud, self.names.group_name(self.ctx.key.digest), self._zone()
+        cloud, name, zone = self.cloud, self.names.group_name(self.ctx.key.digest), self._zone(offers[0])
         if call_with_retry(lambda: cloud.group(name)) is not None:
             self.ledger.add("mig", name, zone)
             self.log.info("Re-attached to group %s", name)

@@ -71,8 +71,14 @@ def _count(value: Any, name: str, low: int, high: int | None = None) -> int:
     return value
 
 
-def parse_fleet_args(args: dict[str, Any], items: list[str] | None) -> FleetSettings:
-    """Everything but the items (``items=None``: not known yet); raises ValueError naming the field."""
+def parse_fleet_args(
+    args: dict[str, Any],
+    items: list[str] | None,
+    max_lease_s: float = MAX_LEASE_S,
+    lease_limit: str = "12 h",
+) -> FleetSettings:
+    """Everything but the items (``items=None``: not known yet); raises ValueError naming the field.
+    ``max_lease_s`` is the queue's longest lease (SQS 12 h; Pub/Sub's ack deadline, 600 s)."""
     num_workers = _count(args.get("num_workers", 1), "num_workers", 1, 10_000)
     max_workers_arg = args.get("max_workers")
     max_workers = (
@@ -85,10 +91,10 @@ def parse_fleet_args(args: dict[str, Any], items: list[str] | None) -> FleetSett
         )
     attempts = _count(args.get("max_item_attempts", 3), "max_item_attempts", 1, MAX_RECEIVES)
     lease = parse_duration(args.get("lease_timeout", 120), "lease_timeout") or 120.0
-    if not 10 <= lease <= MAX_LEASE_S:
+    if not 10 <= lease <= max_lease_s:
         raise ValueError(
-            f"lease_timeout={args.get('lease_timeout')!r} is not valid: between 10 s and 12 h (how long "
-            "an item stays leased to a worker that stopped renewing it)"
+            f"lease_timeout={args.get('lease_timeout')!r} is not valid: between 10 s and {lease_limit} "
+            "(how long an item stays leased to a worker that stopped renewing it)"
         )
     item_timeout = parse_duration(args.get("item_timeout"), "item_timeout")
     return FleetSettings(

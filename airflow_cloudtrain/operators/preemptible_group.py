@@ -13,12 +13,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_cloudtrain.operators.config import parse_duration
 from airflow_cloudtrain.operators.fleet_config import is_deferred_value
 from airflow_cloudtrain.operators.work_queue import WorkQueueOperator
 
 CLOUDS = ("gcspot", "gcloud")
-MAX_ACK_S = 600  # Pub/Sub's longest ack deadline: a lease longer than that cannot be held
 
 
 class PreemptibleGroupOperator(WorkQueueOperator):
@@ -34,6 +32,9 @@ class PreemptibleGroupOperator(WorkQueueOperator):
     left remove themselves). There is no ``max_workers`` and no ``bid``: a MIG does not scale with the
     queue here, and Spot VMs have no bid. Returns the same XCom as ``SpotFleetOperator``.
     """
+
+    max_lease_s = 600  # Pub/Sub's longest ack deadline: a longer lease cannot be held
+    lease_limit = "600 s, Pub/Sub's longest ack deadline"
 
     def __init__(
         self,
@@ -59,12 +60,6 @@ class PreemptibleGroupOperator(WorkQueueOperator):
         super().__init__(
             work_items=work_items, cloud=cloud, num_workers=num_workers, provisioning=provisioning, **kwargs
         )
-        lease = parse_duration(kwargs.get("lease_timeout", 120), "lease_timeout") or 0
-        if lease > MAX_ACK_S:
-            raise ValueError(
-                f"lease_timeout={kwargs.get('lease_timeout')!r} is not valid for PreemptibleGroupOperator: "
-                f"at most {MAX_ACK_S} s (Pub/Sub's longest ack deadline)"
-            )
 
     def _check_cloud(self, cloud: Any, bid: Any) -> None:
         if is_deferred_value(cloud):

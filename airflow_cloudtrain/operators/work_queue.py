@@ -16,7 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.operators.cloud_train import TEMPLATED, CloudTrainOperator
 from airflow_cloudtrain.operators.config import parse_config, parse_duration
-from airflow_cloudtrain.operators.fleet_config import is_deferred_value, parse_fleet_args, parse_work_items
+from airflow_cloudtrain.operators.fleet_config import (
+    MAX_LEASE_S,
+    is_deferred_value,
+    parse_fleet_args,
+    parse_work_items,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -29,6 +34,8 @@ class WorkQueueOperator(CloudTrainOperator):
     """Run ``command`` once per item of ``work_items`` on a group of workers (see the subclasses)."""
 
     template_fields: Sequence[str] = (*TEMPLATED, "work_items")
+    max_lease_s: float = MAX_LEASE_S  # the queue's longest lease, and how the error names it
+    lease_limit = "12 h"
     template_fields_renderers = {"env": "json", "setup_cmds": "py", "command": "bash", "work_items": "json"}
     ui_color = "#fde8f4"
 
@@ -61,7 +68,7 @@ class WorkQueueOperator(CloudTrainOperator):
         self.checkpoint_interval_s = parse_duration(checkpoint_interval, "checkpoint_interval") or 0.0
         self._fleet: FleetRun | None = None
         self._check_cloud(cloud, kwargs.get("bid"))
-        parse_fleet_args(self.fleet_args, None)
+        parse_fleet_args(self.fleet_args, None, self.max_lease_s, self.lease_limit)
         if not is_deferred_value(work_items):
             parse_work_items(work_items)
 
@@ -78,7 +85,7 @@ class WorkQueueOperator(CloudTrainOperator):
         self._check_cloud(self.cloud, self.bid)
         config = parse_config(self._args())
         items = parse_work_items(self.work_items)
-        settings = parse_fleet_args(self.fleet_args, items)
+        settings = parse_fleet_args(self.fleet_args, items, self.max_lease_s, self.lease_limit)
         settings.poll_interval = self.poll_interval
         base = RunContext.for_task(config, self, context, self.launch_options, self.wait)
         job = JobOptions(checkpoint_dir=self.checkpoint_dir, checkpoint_interval_s=self.checkpoint_interval_s)
