@@ -31,6 +31,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_cloudtrain.operators.cloud_train",
                     "airflow_cloudtrain.operators.checkpoint_resume",
+                    "airflow_cloudtrain.operators.mlengine_train",
                     "airflow_cloudtrain.operators.spot_fleet",
                     "airflow_cloudtrain.operators.preemptible_group",
                     "airflow_cloudtrain.operators.work_queue",
@@ -54,6 +55,7 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_cloudtrain.hooks.gcp",
                     "airflow_cloudtrain.hooks.pubsub",
                     "airflow_cloudtrain.hooks.sqs",
+                    "airflow_cloudtrain.hooks.vertex",
                 ],
             }
         ],
@@ -65,8 +67,9 @@ def get_provider_info() -> dict[str, Any]:
                     "airflow_cloudtrain.triggers.instances",
                     "airflow_cloudtrain.triggers.queue_depth",
                     "airflow_cloudtrain.triggers.run",
+                    "airflow_cloudtrain.triggers.vertex_job",
                 ],
             }
         ],
-        "extra-links": [],
+        "extra-links": ["airflow_cloudtrain.links.vertex.VertexJobLink"],
     }

@@ -7,6 +7,9 @@ It uses only the local catalog (snapshot plus any fresh live cache): no network 
 ``cloudtrain runs show RUN_ID_OR_URI`` prints the cost ledger of a checkpoint-resume run from its run
 folder (``ledger/<run_id>.json``): every attempt, how it ended, what it cost, the step it restored
 and the work it lost. It needs the bucket's credentials, not Airflow.
+
+``cloudtrain jobs list [--running]`` and ``cloudtrain jobs logs JOB_ID [--follow --polling-interval S]``
+show Vertex AI training jobs (``cli_jobs``).
 """
 
 from __future__ import annotations
@@ -147,6 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--bucket", default=None, help="the operator's bucket (default: $CLOUDTRAIN_BUCKET)")
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=_runs_show)
+    from airflow_cloudtrain.cli_jobs import add_jobs_parser
+
+    add_jobs_parser(sub)
     emu = sub.add_parser("emulator", help="run the emulated clouds in the foreground")
     emu.set_defaults(func=_emulator)
     return parser

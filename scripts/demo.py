@@ -14,6 +14,11 @@ was uploaded (``spot_interrupter.FleetInterrupter``). The demo prints how many t
 trial that moved (from which worker to which, and the step it resumed from), the workers launched,
 the cost and the best config.
 
+``mlengine_train`` (the ``MLEngineTrainOperator`` example on the emulated Vertex AI) trains on a
+``STANDARD_1`` cluster, evaluates the trained folder with a second job, and resumes the first job; the
+demo prints each job's replicas, state, folder, estimated cost, the step the resume continued from, and
+the evaluation's metrics.
+
 Exits 1 if a DAG run failed, an injected interruption did not happen (or moved no trial), or an
 instance is left running.
 """
@@ -225,12 +230,44 @@ def run_sweep(emu, name: str):
     return run, bool(injected) and moved
 
 
+def summarize_mlengine(run) -> None:
+    from airflow_cloudtrain.agent.storage import open_run_folder
+
+    print(f"\n=== mlengine_train: dag run {run.state} ===")
+    for ti in sorted(run.get_task_instances(), key=lambda t: t.start_date or 0):
+        result = ti.xcom_pull(task_ids=ti.task_id) or {}
+        print(f"  task {ti.task_id:<9} {ti.state}: job {result.get('job_id')} {result.get('state')}")
+        if not result:
+            continue
+        pools = ", ".join(
+            f"{r['role']} {r['count']} x {r['requested'] or r['machine_type']} ({r['machine_type']})"
+            for r in result["replicas"]
+        )
+        print(f"    replicas   : {pools}")
+        print(
+            f"    job folder : {result['job_dir']}"
+            + (f"  (resumed {result['resumed_from']})" if result["resumed_from"] else "")
+        )
+        print(f"    cost       : ${result['cost_usd']} in {result['duration_s']} s ({result['cost_basis']})")
+        print(f"    console    : {result['console_url']}")
+    train = run.get_task_instance("train").xcom_pull(task_ids="train") or {}
+    evaluate = run.get_task_instance("evaluate").xcom_pull(task_ids="evaluate") or {}
+    if train and evaluate:
+        folder = open_run_folder(train["job_dir"])
+        model = json.loads(folder.get_text("model/model.json") or "{}")
+        metrics = json.loads(open_run_folder(evaluate["job_dir"]).get_text("model/metrics.json") or "{}")
+        print(
+            f"  model        : step {model.get('step')} (the resume went on from the training job's checkpoint)"
+        )
+        print(f"  evaluation   : {metrics}")
+
+
 def main() -> int:
     logging.basicConfig(level=logging.WARNING)
     prepare_airflow_home()
     from airflow_cloudtrain.emulator import Emulator
 
-    dags = sys.argv[1:] or ["ec2_train", "gce_train", "retrain_spot", "spot_sweep"]
+    dags = sys.argv[1:] or ["ec2_train", "gce_train", "retrain_spot", "spot_sweep", "mlengine_train"]
     failed = 0
     with Emulator() as emu:
         for name in dags:
@@ -246,6 +283,9 @@ def main() -> int:
             dag = load_dag(name)
             run = dag.test()
             failed += run.state != "success"
+            if name == "mlengine_train":
+                summarize_mlengine(run)
+                continue
             summarize(name, run)
         left = emu.running_instances()
         print(f"\ninstances still running on the emulated cloud: {left or 'none'}")

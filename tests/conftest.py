@@ -58,7 +58,8 @@ def _emulator() -> Iterator[Any]:
 
 @pytest.fixture()
 def emu(_emulator: Any) -> Iterator[Any]:
-    """The emulated clouds; fails the test if an instance of ours is still alive afterwards."""
+    """The emulated clouds; fails the test if an instance or a Vertex AI job of ours is still alive
+    afterwards."""
     _emulator.clear_faults()
     yield _emulator
     _emulator.clear_faults()
@@ -71,3 +72,21 @@ def emu(_emulator: Any) -> Iterator[Any]:
         for inst in left:  # clean up so one leak does not fail every later test
             _emulator._reclaim(inst["id"])
         pytest.fail(f"leaked instances: {left}")
+    jobs = _running_jobs(_emulator)
+    while jobs and time.monotonic() < deadline:
+        time.sleep(0.3)
+        jobs = _running_jobs(_emulator)
+    if jobs:
+        for job in jobs:
+            _emulator.fail_job(job["name"], "left running by a test")
+        pytest.fail(f"Vertex AI jobs left running: {[j['name'] for j in jobs]}")
+
+
+def _running_jobs(emulator: Any) -> list[dict[str, Any]]:
+    """Vertex AI jobs of ours not ended (a cancel in progress counts: it ends on its own)."""
+    ended = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED", "JOB_STATE_CANCELLING"}
+    return [
+        j
+        for j in emulator.vertex.jobs()
+        if j["state"] not in ended and (j.get("labels") or {}).get("cloudtrain-managed") == "true"
+    ]

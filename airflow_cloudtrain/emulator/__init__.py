@@ -8,10 +8,14 @@
         emu.pubsub_endpoint               # Pub/Sub v1 REST + Monitoring timeSeries.list (one server)
         emu.pubsub                        # the PubSubServer: emu.pubsub.subscription_backlog(name)
         emu.gce                           # the GceServer: emu.gce.alive(), emu.gce.instance(zone, name)
+        emu.vertex_endpoint               # Vertex AI v1 REST customJobs + Logging entries:list (one server)
+        emu.vertex                        # the VertexServer: emu.vertex.job(name), .replica_processes(name)
         emu.running_instances()           # [{"cloud", "id", "instance_type", "zone", "spot", "group"}]
         emu.interrupt(instance_id, notice_s=5)      # EC2 spot notice / GCE preemption, then reclaimed
         emu.interrupt(instance_id, notice_s=0)      # reclaimed at once, without a notice
         emu.crash_agent(instance_id)                # the agent dies, the machine runs on
+        emu.fail_job(job, "message")                # a Vertex AI CustomJob fails (replicas killed)
+        emu.preempt_replica(job, "workerpool0-0")   # a SPOT job's replica is reclaimed and restarts
         emu.fail_capacity("g5.xlarge", zone=None)   # InsufficientInstanceCapacity (EC2) or
         emu.fail_capacity("n1-standard-4", zone="us-central1-a")  # ZONE_RESOURCE_POOL_EXHAUSTED (GCE)
         emu.throttle(0.3, api="DescribeInstances")  # 30 % of those calls refused as throttled
@@ -45,20 +49,31 @@ member, those protected from scale-in too; UpdateAutoScalingGroup keeps the mixe
 names a member's group under ``"group"`` (its ``aws:autoscaling:groupName`` tag, or a GCE VM's
 ``created-by`` managed instance group; None otherwise).
 
+Vertex AI (``gcp/vertex``): CustomJobs of any project and location go QUEUED, PENDING, RUNNING and
+end as Vertex's do; while RUNNING every replica (``workerpool{i}-{k}``) is a local process run by the
+same runner as the instances' agents (a Python package's module, or a container spec's command, with
+Vertex's ``CLUSTER_SPEC``/``TF_CONFIG``/``AIP_*`` environment), so it is killed with its "machine" on
+cancel, failure, the end of the job or a preemption; its output lines are the job's Cloud Logging
+entries (``entries:list`` on the same server). Replicas are not instances: ``running_instances()``
+leaves them out.
+
 Throttling (``throttle(rate, api=None, seed=0)``) refuses that share of the selected requests the
 way each cloud does: EC2 HTTP 503 ``RequestLimitExceeded``, S3 503 ``SlowDown``, other AWS services
-``Throttling``/``ThrottlingException``, Compute Engine and GCS HTTP 429 ``rateLimitExceeded``. ``api``
-is a service (``"ec2"``, ``"s3"``, ``"compute"``, ``"storage"``), an operation (``"DescribeInstances"``,
-``"GetObject"``, ``"instances.list"``, ``"objects.get"``), a list of these, or None for all. Draws come
+``Throttling``/``ThrottlingException``, Compute Engine and GCS HTTP 429 ``rateLimitExceeded``, Pub/Sub,
+Monitoring, Vertex AI and Logging HTTP 429 ``RESOURCE_EXHAUSTED``. ``api`` is a service (``"ec2"``,
+``"s3"``, ``"compute"``, ``"storage"``, ``"pubsub"``, ``"aiplatform"``, ``"logging"``), an operation
+(``"DescribeInstances"``, ``"GetObject"``, ``"instances.list"``, ``"objects.get"``,
+``"customJobs.get"``, ``"entries.list"``), a list of these, or None for all. Draws come
 from a ``random.Random(seed)``. The emulator's own requests are never throttled nor counted.
 
 ``request_counts()`` counts requests per operation since start or ``reset_counts()``: EC2 actions,
-S3 and other AWS operations, Compute methods, GCS methods; throttled requests are counted there too,
-and also under ``"throttled:<operation>"``.
+S3 and other AWS operations, Compute methods, GCS methods, Pub/Sub, Monitoring, Vertex AI and Logging
+methods; throttled requests are counted there too, and also under ``"throttled:<operation>"``.
 
 Layout: ``aws/`` (moto server and middleware, backend helpers, wire formats, AWS instances' side,
 Auto Scaling groups),
-``gcp/`` (Compute Engine server, its state, rules and catalog; GCS; GCP instances' side), and shared:
+``gcp/`` (Compute Engine server, its state, rules and catalog; GCS; Pub/Sub; Vertex AI and its jobs'
+logs; GCP instances' side), and shared:
 ``faults`` (throttling), ``userdata`` (reading the bootstrap), ``metadata``, ``runner``, ``serving``.
 """
 
@@ -101,6 +116,7 @@ class Emulator:
         self.gce_endpoint = ""
         self.gcs_endpoint = ""
         self.pubsub_endpoint = ""
+        self.vertex_endpoint = ""
         self._hard_stop_scale = hard_stop_scale
         self._throttle = Throttle()
         self._saved_env: dict[str, str | None] = {}
@@ -123,6 +139,7 @@ class Emulator:
         from airflow_cloudtrain.emulator.aws.instances import AwsInstances
         from airflow_cloudtrain.emulator.gcp import GceServer, GcsServer, PubSubServer
         from airflow_cloudtrain.emulator.gcp.instances import GcpInstances
+        from airflow_cloudtrain.emulator.gcp.vertex import VertexServer
         from airflow_cloudtrain.emulator.metadata import MetadataServer
 
         self.moto = MotoServer(self._throttle)
@@ -134,6 +151,10 @@ class Emulator:
         self.gcs_endpoint = self.gcs.start()
         self.pubsub = PubSubServer(project=GCP_PROJECT, throttle=self._throttle)
         self.pubsub_endpoint = self.pubsub.start()
+        # a replica's google.cloud.storage writes to the emulated GCS (its project is the job's)
+        replica_env = {"STORAGE_EMULATOR_HOST": self.gcs_endpoint}
+        self.vertex = VertexServer(self._throttle, self.workdir / "vertex", replica_env)
+        self.vertex_endpoint = self.vertex.start()
         self.metadata = MetadataServer()
         self.metadata.start()
         self._set_env(self.env())
@@ -158,12 +179,13 @@ class Emulator:
             seed_public_parameters(region)
         self.runner = InstanceRunner(self._alive, self._powered_off, self.workdir, self._image_env())
         self._gcp.runner = self.runner  # a MIG recreates a VM under its old name: start its agent anew
+        self.vertex.runner = self.runner  # Vertex AI replicas run as the instances' agents do
         self.runner.start()
 
     def stop(self) -> None:
         for timer in self._timers:
             timer.cancel()
-        for part in ("runner", "metadata", "moto", "gce", "gcs", "pubsub"):
+        for part in ("runner", "metadata", "moto", "gce", "gcs", "pubsub", "vertex"):
             if hasattr(self, part):
                 getattr(self, part).stop()
         self._restore_env()
@@ -188,6 +210,8 @@ class Emulator:
                 "billing_endpoint": self.gce_endpoint,
                 "pubsub_endpoint": self.pubsub_endpoint,
                 "monitoring_endpoint": self.pubsub_endpoint,  # one server serves both APIs
+                "vertex_endpoint": self.vertex_endpoint,
+                "logging_endpoint": self.vertex_endpoint,  # one server serves both APIs
                 "credentials": "anonymous",
             },
         }
@@ -231,9 +255,13 @@ class Emulator:
     # --- what the instances' side sees (aws/instances.py, gcp/instances.py) ----------------------
 
     def _alive(self) -> list[Seen]:
-        return self._aws.seen(self._hard_stop_scale) + self._gcp.seen(self._hard_stop_scale)
+        instances = self._aws.seen(self._hard_stop_scale) + self._gcp.seen(self._hard_stop_scale)
+        return instances + self.vertex.seen()  # and the Vertex AI replicas' machines
 
     def _powered_off(self, seen: Seen) -> None:
+        if seen.cloud == "vertex":  # a replica's process exited (seen.returncode)
+            self.vertex.replica_exited(seen)
+            return
         (self._gcp if seen.cloud == "gcp" else self._aws).power_off(seen.id)
 
     def _side(self, instance_id: str) -> Any:
@@ -278,6 +306,17 @@ class Emulator:
         """The agent dies (killed, out of memory) and the machine keeps running: nobody powers it off."""
         self.runner.kill_agent(instance_id)
 
+    def fail_job(self, job: str, message: str) -> None:
+        """A Vertex AI CustomJob (full name, numeric id or display name) fails now with ``message``:
+        JOB_STATE_FAILED, its replicas' processes killed."""
+        self.vertex.fail_job(job, message)
+
+    def preempt_replica(self, job: str, replica: str = "workerpool0-0") -> None:
+        """The spot VM of a running Vertex AI job's replica is reclaimed: the replica's processes are
+        killed and it restarts afresh, same environment (every replica does with
+        ``restartJobOnWorkerRestart``); the job stays RUNNING. ValueError for a job not on SPOT."""
+        self.vertex.preempt_replica(job, replica)
+
     def fail_capacity(self, instance_type: str, zone: str | None = None) -> None:
         """From now on launches of this type (in this zone, or anywhere) find no capacity."""
         if "." not in instance_type:  # GCE machine types have no dot: n1-standard-4, custom-8-32768
@@ -303,9 +342,16 @@ class Emulator:
         refused as throttled are also counted under ``"throttled:<operation>"``."""
         with self.moto.middleware.lock:
             aws = dict(self.moto.middleware.counts)
-        return {**aws, **self.gce.counts(), **self.gcs.counts(), **self.pubsub.counts()}
+        return {
+            **aws,
+            **self.gce.counts(),
+            **self.gcs.counts(),
+            **self.pubsub.counts(),
+            **self.vertex.counts(),
+        }
 
     def reset_counts(self) -> None:
+        self.vertex.reset_counts()
         self.gce.reset_counts()
         self.gcs.reset_counts()
         self.pubsub.reset_counts()

@@ -7,6 +7,10 @@ instance whose user data is our bootstrap appears, it starts the same agent the 
 the agent. When an instance is gone, every process it ran goes with it: the job too (it runs in its
 own session, so it outlives a crashed agent, as on a real machine), found by the
 ``CLOUDTRAIN_EMULATED_MACHINE`` marker that the agent's environment hands down to everything it starts.
+
+A "machine" may run another program than the agent: a ``Seen`` with ``argv`` (and ``cwd``) runs that
+command instead (a Vertex AI replica, ``gcp/vertex``), under the same marker and the same end; when such
+a process exits on its own, ``end_instance`` gets the ``Seen`` with its ``returncode`` set.
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ class Seen:
     zone: str | None
     spot: bool
     env: dict[str, str] = field(default_factory=dict)  # endpoints for this instance's agent
+    argv: list[str] | None = None  # what the machine runs instead of the agent (None: the agent)
+    cwd: str | None = None  # its working directory (None: the runner's)
+    returncode: int | None = None  # set by the runner when the process exited on its own
 
 
 @dataclass
@@ -114,6 +121,7 @@ class InstanceRunner:
                 elif agent.process.poll() is not None:  # agent powered the instance off
                     del self.agents[iid]
                     self.finished.add(iid)
+                    agent.seen.returncode = agent.process.returncode
                     self.end_instance(agent.seen)
             gone = [i for i in self.machines if i not in alive and i not in self.shutting_down]
             for iid in gone:  # gone: whatever still ran there dies
@@ -125,7 +133,7 @@ class InstanceRunner:
         workdir.mkdir(parents=True, exist_ok=True)
         log_path = workdir / "agent.log"
         env = {**self.base_env, **seen.env, MACHINE_MARKER: self._machine(seen.id)}
-        cmd = [
+        cmd = seen.argv or [
             sys.executable,
             "-m",
             "airflow_cloudtrain.agent",
@@ -138,7 +146,7 @@ class InstanceRunner:
         ]
         with log_path.open("wb") as out:
             process = subprocess.Popen(
-                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=seen.cwd
             )
         log.info("emulator: started agent for %s (%s) pid %s", seen.id, seen.instance_type, process.pid)
         return Agent(seen, process, log_path)
@@ -153,10 +161,10 @@ class InstanceRunner:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 agent.process.wait(timeout=self.shutdown_grace_s)
         self._kill(agent)
+        self._power_down(iid)  # before letting go: ``held()`` shows the machine until it is gone
         with self.lock:
             self.machines.discard(iid)
             self.shutting_down.discard(iid)
-        self._power_down(iid)
 
     def _kill(self, agent: Agent) -> None:
         if agent.process.poll() is None:
@@ -178,6 +186,17 @@ class InstanceRunner:
             with contextlib.suppress(psutil.Error):
                 if proc.environ().get(MACHINE_MARKER) == mark:
                     proc.kill()
+
+    def held(self) -> set[str]:
+        """Ids of the machines the runner still has: an agent (or command) running, shutting down, or
+        processes not yet powered down."""
+        with self.lock:
+            return set(self.agents) | self.shutting_down | self.machines
+
+    def pids(self) -> dict[str, int]:
+        """Id -> pid of each running agent (or command) process."""
+        with self.lock:
+            return {iid: agent.process.pid for iid, agent in self.agents.items()}
 
     def kill_agent(self, instance_id: str) -> None:
         """The agent dies at once (it crashed, or its machine vanished): no final status. The rest of the

@@ -168,7 +168,7 @@ class ResourceLedger:
         swept = False
         if only is None and (sweep or any(e.id is None for e in self.entries)):
             try:
-                self.sweep(backend, sorted({e.kind for e in self.entries} | {"instance"}))
+                self.sweep(backend, sorted({e.kind for e in self.entries} | set(_sweep_kinds(backend))))
                 swept = True
             except Exception as err:  # the known deletes still go; the error is raised at the end
                 self.log.error("Searching the run's resources by tag failed: %s", err)
@@ -194,6 +194,12 @@ class ResourceLedger:
         if error is not None:
             raise error
         return released
+
+
+def _sweep_kinds(backend: Any) -> tuple[str, ...]:
+    """What a tag sweep always looks for on this backend: instances, unless it says otherwise (a
+    Vertex backend has jobs and no instances)."""
+    return tuple(getattr(backend, "sweep_kinds", ("instance",)))
 
 
 def _reverse_kinds(entries: list[Resource]) -> list[str]:

@@ -2,7 +2,14 @@
 
 from airflow_cloudtrain.operators.checkpoint_resume import CheckpointResumeOperator
 from airflow_cloudtrain.operators.cloud_train import CloudTrainOperator
+from airflow_cloudtrain.operators.mlengine_train import MLEngineTrainOperator
 from airflow_cloudtrain.operators.preemptible_group import PreemptibleGroupOperator
 from airflow_cloudtrain.operators.spot_fleet import SpotFleetOperator
 
-__all__ = ["CheckpointResumeOperator", "CloudTrainOperator", "PreemptibleGroupOperator", "SpotFleetOperator"]
+__all__ = [
+    "CheckpointResumeOperator",
+    "CloudTrainOperator",
+    "MLEngineTrainOperator",
+    "PreemptibleGroupOperator",
+    "SpotFleetOperator",
+]

@@ -1,0 +1,177 @@
+"""The deferred wait of MLEngineTrainOperator: until the Vertex AI job ends, its log lines streamed.
+
+Job states are shared: every deferred job of one (connection, project, region) in this triggerer is
+read from one ``customJobs.list`` per poll (our active jobs, by the ``cloudtrain-managed`` label), and a
+job missing from that list (it just ended) from one ``get``. Log lines are read per job on their own
+cadence (``log_polling_interval``) from Cloud Logging and written to the task log with the replica and
+the time the job wrote them; the cursor lives in the job folder, so a re-created trigger (triggerer
+restart) neither repeats nor loses lines (``lifecycle.vertex_logs``). Every client call is blocking
+(google-cloud-aiplatform's REST client, ``requests``) and runs in a worker thread, never on the loop.
+``on_kill`` cancels the job: a task killed while deferred leaves nothing running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from typing import Any
+
+from airflow.triggers.base import BaseTrigger, TriggerEvent
+
+from airflow_cloudtrain.clouds.vertex import JobRecord
+from airflow_cloudtrain.lifecycle.retry import TransientBudget
+from airflow_cloudtrain.triggers import shared_poll
+
+_lock = threading.RLock()
+_hooks: dict[tuple[str, str | None], Any] = {}
+_jobs: dict[tuple[str, str | None, str], Any] = {}
+
+
+def _hook(conn_id: str, project_id: str | None) -> Any:
+    """One hook per (connection, project) per triggerer: fetching a connection is a blocking call."""
+    from airflow_cloudtrain.hooks.vertex import VertexHook
+
+    with _lock:
+        key = (conn_id, project_id)
+        if key not in _hooks:
+            _hooks[key] = VertexHook(gcp_conn_id=conn_id, project_id=project_id)
+        return _hooks[key]
+
+
+def _jobs_client(conn_id: str, project_id: str | None, region: str) -> Any:
+    """One ``VertexJobs`` (one JobServiceClient) per (connection, project, region) per triggerer."""
+    from airflow_cloudtrain.clouds.vertex import VertexJobs
+
+    with _lock:
+        key = (conn_id, project_id, region)
+        if key not in _jobs:
+            hook = _hook(conn_id, project_id)
+            _jobs[key] = VertexJobs(hook.job_client(region), hook.project, region)
+        return _jobs[key]
+
+
+def describe_jobs(
+    conn_id: str, project_id: str | None, region: str, names: list[str]
+) -> dict[str, JobRecord]:
+    """Blocking: the watched jobs, from one list of our active jobs plus a get for each one missing."""
+    jobs = _jobs_client(conn_id, project_id, region)
+    wanted = set(names)
+    found = {j.name: j for j in jobs.active_managed() if j.name in wanted}
+    for name in sorted(wanted - set(found)):
+        job = jobs.get(name)
+        if job is not None:
+            found[name] = job
+    return found
+
+
+class VertexJobTrigger(BaseTrigger):
+    """Waits for one Vertex AI custom job; yields ``{"status": "done", "job": JobRecord}`` or an error."""
+
+    def __init__(
+        self,
+        job_name: str,
+        conn_id: str = "google_cloud_default",
+        project_id: str | None = None,
+        poll_interval: float = 30.0,
+        log_polling_interval: float = 30.0,
+        job_dir: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.job_name = job_name
+        self.conn_id = conn_id
+        self.project_id = project_id
+        self.poll_interval = poll_interval
+        self.log_polling_interval = log_polling_interval
+        self.job_dir = job_dir
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "job_name": self.job_name,
+                "conn_id": self.conn_id,
+                "project_id": self.project_id,
+                "poll_interval": self.poll_interval,
+                "log_polling_interval": self.log_polling_interval,
+                "job_dir": self.job_dir,
+            },
+        )
+
+    @property
+    def region(self) -> str:
+        return self.job_name.split("/")[3]
+
+    def _tail(self) -> Any:
+        from airflow_cloudtrain.lifecycle.vertex_logs import JobLogTail
+
+        hook = _hook(self.conn_id, self.project_id)
+        folder = hook.run_folder(self.job_dir) if self.job_dir else None
+        return JobLogTail(hook, self.job_name.rsplit("/", 1)[-1], folder)
+
+    def _show(self, tail: Any) -> None:
+        lines = tail.poll()
+        for line in lines:
+            self.log.info("%s", line.render())
+        if lines:
+            tail.commit()
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        key = ("vertex", self.conn_id, self.project_id, self.region)
+
+        async def describe(names: list[str]) -> dict[str, JobRecord]:
+            return await asyncio.to_thread(describe_jobs, self.conn_id, self.project_id, self.region, names)
+
+        event: dict[str, Any] | None = None
+        budget = TransientBudget()
+        tail: Any = None
+        next_log = 0.0
+        stream = shared_poll.watch(key, [self.job_name], describe, self.poll_interval)
+        try:
+            async with aclosing(stream):
+                async for snapshot in stream:
+                    try:
+                        if tail is None:
+                            tail = await asyncio.to_thread(self._tail)
+                        job = snapshot.get(self.job_name)
+                        if job is None:
+                            event = {
+                                "status": "error",
+                                "message": f"Vertex AI job {self.job_name} no longer exists",
+                            }
+                            break
+                        if job.terminal or time.monotonic() >= next_log:
+                            await asyncio.to_thread(self._show, tail)
+                            next_log = time.monotonic() + self.log_polling_interval
+                        budget.ok()
+                    except Exception as err:
+                        delay = budget.failed(err)  # re-raises when not transient or lasting too long
+                        self.log.warning("Transient error following %s (%s); retrying", self.job_name, err)
+                        await asyncio.sleep(delay)
+                        continue
+                    if job.terminal:
+                        event = {"status": "done", "job": job.to_dict()}
+                        break
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            event = {"status": "error", "message": f"waiting for {self.job_name} failed: {err}"}
+        yield TriggerEvent(event or {"status": "error", "message": "the job watch ended"})
+
+    async def on_kill(self) -> None:
+        """The user killed the deferred task (or marked it failed): cancel the job."""
+        cancelled = await asyncio.to_thread(self._cancel)
+        self.log.info(
+            "Cancelled Vertex AI job %s because the task was killed"
+            if cancelled
+            else "Vertex AI job %s had already ended",
+            self.job_name,
+        )
+
+    def _cancel(self) -> bool:
+        from airflow_cloudtrain.lifecycle.retry import call_with_retry
+
+        jobs = _jobs_client(self.conn_id, self.project_id, self.region)
+        return call_with_retry(lambda: jobs.cancel(self.job_name), TransientBudget(budget_s=25.0, cap_s=5.0))
