@@ -92,17 +92,17 @@ def _logs(args: argparse.Namespace) -> int:
         print(f"cloudtrain jobs logs: no job {args.job_id!r} in {jobs.parent}", file=sys.stderr)
         return 1
     tail = JobLogTail(hook, job.numeric_id)  # its own cursor: never moves the task's
-    while True:
-        for line in tail.poll():
-            print(line.render(), flush=True)
-        if not args.follow or job.terminal:
-            break
+
+    def show_all() -> None:  # every line there is now (a read takes at most MAX_PAGES pages)
+        while lines := tail.poll():
+            for line in lines:
+                print(line.render(), flush=True)
+
+    show_all()
+    while args.follow and not job.terminal:
         time.sleep(args.polling_interval)
         job = jobs.get(job.name) or job
-        if job.terminal:  # one last read: the lines written just before the end
-            for line in tail.poll():
-                print(line.render(), flush=True)
-            break
+        show_all()  # after the end too: the lines written just before it
     if args.follow:
         print(f"job {job.display_name} ended {job.state}" + (f": {job.error}" if job.error else ""))
     return 0

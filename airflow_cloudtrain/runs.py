@@ -58,6 +58,13 @@ class RunKey:
     map_index: int = -1
     scope: str = ""  # the bucket: two deployments of one DAG in one account never share a key
 
+    @classmethod
+    def of_task(cls, task: Any, context: Any, scope: str) -> RunKey:
+        """The key of the task instance running with ``context`` (``task``: its operator)."""
+        map_index = getattr(context["ti"], "map_index", None)
+        index = -1 if map_index is None else int(map_index)
+        return cls(task.dag_id, task.task_id, context["run_id"], index, scope=scope)
+
     @property
     def digest(self) -> str:
         raw = json.dumps([self.dag_id, self.task_id, self.run_id, self.map_index, self.scope])

@@ -20,6 +20,9 @@ from airflow_cloudtrain.runs import TAG_MANAGED, TAG_RUN_KEY
 log = logging.getLogger(__name__)
 
 SUCCEEDED = "JOB_STATE_SUCCEEDED"
+CANCELLING = "JOB_STATE_CANCELLING"
+PAUSED = "JOB_STATE_PAUSED"
+TIMEOUT_S = 60.0  # per call: google-cloud-aiplatform sets none, and a hung call would stall every wait
 # Every end but success fails the task: PARTIALLY_SUCCEEDED and PAUSED included (a paused job does not
 # finish by itself; the task would wait forever).
 FAILED_STATES = frozenset(
@@ -47,6 +50,11 @@ def _stamp(value: Any) -> float | None:
     if isinstance(value, datetime):
         return value.timestamp() if value.year > 1970 else None
     return None
+
+
+def _enum(value: Any) -> str:
+    """An enum's name; a value this client version does not know comes as a bare int."""
+    return str(getattr(value, "name", value))
 
 
 @dataclass
@@ -109,7 +117,7 @@ class JobRecord:
             if not pool.replica_count:
                 continue
             machine = pool.machine_spec
-            accelerator = machine.accelerator_type.name if machine.accelerator_count else None
+            accelerator = _enum(machine.accelerator_type) if machine.accelerator_count else None
             pools.append(
                 {
                     "index": index,
@@ -119,11 +127,11 @@ class JobRecord:
                     "count": int(pool.replica_count),
                 }
             )
-        strategy = spec.scheduling.strategy.name if spec.scheduling else ""
+        strategy = _enum(spec.scheduling.strategy) if spec.scheduling else ""
         return cls(
             name=job.name,
             display_name=job.display_name,
-            state=job.state.name,
+            state=_enum(job.state),
             labels=dict(job.labels),
             output_dir=spec.base_output_directory.output_uri_prefix or None,
             error=(job.error.message or f"error code {job.error.code}")
@@ -155,13 +163,15 @@ class VertexJobs:
         return f"projects/{self.project}/locations/{self.region}"
 
     def create(self, body: dict[str, Any]) -> JobRecord:
-        return JobRecord.from_api(self.client.create_custom_job(parent=self.parent, custom_job=body))
+        return JobRecord.from_api(
+            self.client.create_custom_job(parent=self.parent, custom_job=body, timeout=TIMEOUT_S)
+        )
 
     def get(self, name: str) -> JobRecord | None:
         from google.api_core.exceptions import NotFound
 
         try:
-            return JobRecord.from_api(self.client.get_custom_job(name=name))
+            return JobRecord.from_api(self.client.get_custom_job(name=name, timeout=TIMEOUT_S))
         except NotFound:
             return None
 
@@ -169,7 +179,7 @@ class VertexJobs:
         """Jobs matching ``filter_`` (Vertex's list filter), newest first; every page, or ``limit``."""
         out: list[JobRecord] = []
         request = {"parent": self.parent, "filter": filter_, "page_size": 100}
-        for job in self.client.list_custom_jobs(request=request):
+        for job in self.client.list_custom_jobs(request=request, timeout=TIMEOUT_S):
             out.append(JobRecord.from_api(job))
             if limit is not None and len(out) >= limit:
                 break
@@ -193,7 +203,7 @@ class VertexJobs:
         from google.api_core.exceptions import FailedPrecondition, NotFound
 
         try:
-            self.client.cancel_custom_job(name=name)
+            self.client.cancel_custom_job(name=name, timeout=TIMEOUT_S)
         except (NotFound, FailedPrecondition):
             return False
         return True

@@ -94,9 +94,7 @@ class RunContext:
         from airflow_cloudtrain.runs import RunKey
 
         ti = context["ti"]
-        map_index = getattr(ti, "map_index", None)
-        index = -1 if map_index is None else int(map_index)
-        key = RunKey(task.dag_id, task.task_id, context["run_id"], index, scope=config.bucket)
+        key = RunKey.of_task(task, context, config.bucket)
         backend = backend_for(
             config.cloud,
             region=config.region or config.zone_region,

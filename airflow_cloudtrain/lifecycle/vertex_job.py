@@ -28,10 +28,10 @@ import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from airflow_cloudtrain.clouds.vertex import KIND, JobRecord, VertexJobs, console_url
+from airflow_cloudtrain.clouds.vertex import CANCELLING, KIND, PAUSED, JobRecord, VertexJobs, console_url
 from airflow_cloudtrain.lifecycle.ledger import ResourceLedger, store_get, store_set
 from airflow_cloudtrain.lifecycle.retry import TransientBudget, call_with_retry
-from airflow_cloudtrain.lifecycle.vertex_logs import JobLogTail
+from airflow_cloudtrain.lifecycle.vertex_logs import JobLogTail, LogStream
 from airflow_cloudtrain.mlengine import ROLES, MachineSpec, ReplicaPool, estimate_cost, worker_pool_specs
 from airflow_cloudtrain.operators.mlengine_config import EXECUTOR_CPU, EXECUTOR_GPU, JobConfig
 from airflow_cloudtrain.runs import TAG_RUN_URI, RunKey, join
@@ -88,6 +88,8 @@ class VertexJobRun:
     def start(self) -> JobRecord:
         """The task's job: an earlier try's (running, or finished and unreported) or a new one."""
         earlier = call_with_retry(lambda: self.jobs.find(self.key.digest))
+        if any(j.state == CANCELLING for j in earlier):  # a cancel in flight ends its job: then go on
+            earlier = self._cancels_done(earlier)
         running = [j for j in earlier if not j.terminal]
         if running:
             job = running[0]
@@ -113,6 +115,16 @@ class VertexJobRun:
             self.cancel()  # a create that went through before the failure must not run on
             raise
 
+    def _cancels_done(self, jobs: list[JobRecord], timeout_s: float = 600.0) -> list[JobRecord]:
+        """Wait for jobs being cancelled (a failed or killed earlier try, a cleared task) to end, so a
+        retry submits anew instead of re-attaching to a job that is about to be CANCELLED."""
+        self.log.info("Waiting for an earlier try's job to finish cancelling before submitting")
+        deadline = time.monotonic() + timeout_s
+        while any(j.state == CANCELLING for j in jobs) and time.monotonic() < deadline:
+            self.killed.wait(5.0)
+            jobs = call_with_retry(lambda: self.jobs.find(self.key.digest))
+        return jobs
+
     def job_id(self) -> str:
         """The configured id, else the one the first try chose (``<task>_<UTC timestamp>``)."""
         if self.config.job_id:
@@ -134,6 +146,8 @@ class VertexJobRun:
             return join(self.config.bucket, job_id), None
         name = self.config.resume_from
         named = call_with_retry(lambda: self.jobs.named(name))
+        bucket = self.config.bucket.rstrip("/") + "/"
+        named.sort(key=lambda j: not (j.output_dir or "").startswith(bucket))  # this bucket's first
         for job in named:
             if job.output_dir:
                 first = first_job_of(job.output_dir) or name
@@ -226,30 +240,38 @@ class VertexJobRun:
         return JobLogTail(self.hook, job.numeric_id, self.folder(job.output_dir) if job.output_dir else None)
 
     def wait(self, job: JobRecord, poll_interval: float, log_interval: float) -> JobRecord:
-        """Poll the job until it ends, showing its log lines; cancelled with the task (``kill``)."""
-        tail = self.log_tail(job)
+        """Poll the job until it ends, showing its log lines; cancelled with the task (``kill``). A failed
+        log read never fails the wait (``LogStream``)."""
+        logs = LogStream(self.log, log_interval)
         budget = TransientBudget()
-        next_log = 0.0
         while True:
             if self.killed.is_set():
                 raise JobKilled(f"the task was killed while waiting for {job.name}")
             try:
                 fresh = self.jobs.get(job.name)
-                if fresh is None:
-                    raise RuntimeError(f"Vertex AI job {job.name} no longer exists (deleted?)")
-                job = fresh
-                if job.terminal or time.monotonic() >= next_log:
-                    show_lines(self.log, tail)
-                    next_log = time.monotonic() + log_interval
                 budget.ok()
             except Exception as err:
                 delay = budget.failed(err)  # re-raises when not transient, or lasting too long
                 self.log.warning("Transient error polling %s (%s); retrying", job.name, err)
                 self.killed.wait(delay)
                 continue
+            if fresh is None:
+                raise RuntimeError(f"Vertex AI job {job.name} no longer exists (deleted?)")
+            job = fresh
+            if logs.tail is None:
+                logs.tail = logs.guard(self.log_tail, job)
             if job.terminal:
+                logs.drain(lambda: show_lines(self.log, logs.tail))
                 return job
-            self.killed.wait(min(poll_interval, max(0.5, next_log - time.monotonic())))
+            if logs.due():
+                logs.guard(show_lines, self.log, logs.tail)
+            self.killed.wait(min(poll_interval, max(0.5, logs.next_at - time.monotonic())))
+
+    def show_rest(self, job: JobRecord) -> None:
+        """The lines of a finished job that no try showed yet (it ended while no one watched)."""
+        logs = LogStream(self.log, 0.0)
+        logs.tail = logs.guard(self.log_tail, job)
+        logs.drain(lambda: show_lines(self.log, logs.tail))
 
     # --- end --------------------------------------------------------------------------------------
 
@@ -260,6 +282,8 @@ class VertexJobRun:
 
     def finish(self, job: JobRecord) -> dict[str, Any]:
         """The XCom of a finished job; marks it delivered, so a re-run of the task submits anew."""
+        if job.state == PAUSED:  # a paused job fails the task, and must not resume unwatched later
+            self.cancel()
         result = job_result(job, self.config.pools)
         if job.output_dir:
             self.folder(job.output_dir).put_text(

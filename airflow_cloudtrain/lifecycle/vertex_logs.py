@@ -2,9 +2,15 @@
 triggerer restarts and task retries.
 
 Entries are read with ``entries:list`` (``resource.type="ml_job"``, the job's numeric id), oldest first.
-Cloud Logging can index an entry a little after later ones, so each read starts ``LATE_S`` before the
-newest timestamp shown and skips the ``insertId``s already shown in that window: a late line still
-appears (after the lines around it), and none appears twice. The cursor (newest timestamp shown and the
+Cloud Logging can index an entry a little after later ones, so each read starts ``LATE_S`` (60 s) before
+the newest timestamp shown and skips the ``insertId``s already shown in that window: a line indexed up
+to a minute late still appears (after the lines around it), and none appears twice. After the job's end
+the log is read until a read brings nothing new (at most ``DRAIN_S``), for the last lines -- often the
+failure's traceback -- that Cloud Logging indexes after the job ended.
+
+Reading the log never fails the task nor cancels the job (``LogStream``): a transient error is retried
+on the next read, any other (no Logs Viewer permission, say) stops the streaming with a warning, and
+the job goes on. The cursor (newest timestamp shown and the
 window's ids) is saved in the job folder (``_cloudtrain/jobs/<numeric id>/log_cursor.json``) after each
 batch is shown, so a re-created trigger or a retried task that re-attaches goes on where the last one
 stopped. A trigger cannot update its own kwargs and the triggerer has no ``task_state_store``, so the
@@ -14,13 +20,18 @@ triggerer killed between the two shows that one batch again; saving first could 
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import re
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-LATE_S = 10.0  # how far back each read looks for lines indexed late
+LATE_S = 60.0  # how far back each read looks for lines indexed late
+DRAIN_S = 30.0  # after the job's end: keep reading while lines still arrive, at most this long
 MAX_PAGES = 20  # pages (of 1,000 entries) per read: a very chatty job catches up over several polls
 _FRACTION = re.compile(r"\.(\d+)")
 
@@ -128,3 +139,68 @@ class JobLogTail:
         """Save the cursor in the job folder (after the lines were shown)."""
         if self.folder is not None:
             self.folder.put_text(cursor_key(self.numeric_id), json.dumps(self.cursor.to_dict()))
+
+
+class LogStream:
+    """When to read a job's log, and what a failed read does: lines are a courtesy, never a reason to
+    fail the wait (which would cancel the job). Shared by the blocking wait and the trigger."""
+
+    def __init__(self, log: logging.Logger, interval: float) -> None:
+        self.log = log
+        self.interval = interval
+        self.tail: JobLogTail | None = None
+        self.next_at = 0.0
+        self.broken = False
+
+    def due(self) -> bool:
+        return self.tail is not None and not self.broken and time.monotonic() >= self.next_at
+
+    def _failed(self, err: Exception) -> None:
+        from airflow_cloudtrain.lifecycle.retry import is_transient
+
+        if is_transient(err):
+            self.log.warning("Reading the job's log failed (%s); trying again later", err)
+            self.next_at = time.monotonic() + max(self.interval, 5.0)
+            return
+        self.broken = True
+        self.log.warning(
+            "Not streaming the job's log any more: %s. The job goes on; its log is in the console and "
+            "in `cloudtrain jobs logs`",
+            err,
+        )
+
+    def guard(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``, or None when the log is broken or the call failed (handled as above)."""
+        if self.broken:
+            return None
+        try:
+            value = fn(*args)
+        except Exception as err:
+            self._failed(err)
+            return None
+        self.next_at = time.monotonic() + self.interval
+        return value
+
+    async def aguard(self, fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        if self.broken:
+            return None
+        try:
+            value = await fn(*args)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            self._failed(err)
+            return None
+        self.next_at = time.monotonic() + self.interval
+        return value
+
+    def drain(self, read: Callable[[], int]) -> None:
+        """After the end: read until nothing new comes (``read`` returns how many lines it showed)."""
+        deadline = time.monotonic() + DRAIN_S
+        while self.tail is not None and self.guard(read) and time.monotonic() < deadline:
+            time.sleep(1.0)
+
+    async def adrain(self, read: Callable[[], Awaitable[int]]) -> None:
+        deadline = time.monotonic() + DRAIN_S
+        while self.tail is not None and await self.aguard(read) and time.monotonic() < deadline:
+            await asyncio.sleep(1.0)

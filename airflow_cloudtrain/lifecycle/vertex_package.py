@@ -5,7 +5,9 @@ Engine users ran ``python setup.py sdist`` and uploaded the result by hand (the 
 that in). A folder with its own ``setup.py`` / ``pyproject.toml`` is packed as it is; any other folder
 gets a minimal ``setup.py`` that installs its packages and top-level modules. The archive is
 deterministic (sorted names, fixed times and owners), so its content hash names its upload: a retried
-task or a resumed job reuses the same object instead of uploading it again.
+task or a resumed job reuses the same object instead of uploading it again. Caches, ``.git``, virtual
+environments and local secrets (``.env*``, ``.netrc``, ``.pypirc``, ``*.pem``, ``*.key``, ``*.p12``) are
+left out: the package lands in a bucket.
 """
 
 from __future__ import annotations
@@ -20,6 +22,9 @@ from typing import Any
 
 NAME, VERSION = "cloudtrain_job", "0.0.0"
 SKIP_DIRS = {"__pycache__", ".git", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+# never shipped: local secrets that sit next to code (the package lands in a bucket others may read)
+SKIP_FILES = (".env", ".netrc", ".pypirc")
+SKIP_SUFFIXES = (".pyc", ".pyo", ".pem", ".key", ".p12")
 
 _SETUP = """from setuptools import find_packages, setup
 
@@ -38,7 +43,7 @@ def _files(root: Path) -> list[Path]:
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d not in SKIP_DIRS)
         for name in sorted(filenames):
-            if not name.endswith((".pyc", ".pyo")):
+            if not name.endswith(SKIP_SUFFIXES) and not name.startswith(SKIP_FILES):
                 out.append(Path(dirpath) / name)
     return out
 

@@ -20,7 +20,7 @@ from airflow.sdk import BaseOperator, conf
 
 from airflow_cloudtrain.links.vertex import LINK_XCOM_KEY, VertexJobLink
 from airflow_cloudtrain.operators.config import is_templated, parse_duration
-from airflow_cloudtrain.operators.mlengine_config import JobConfig, parse_job_config
+from airflow_cloudtrain.operators.mlengine_config import VOCABULARY_ARGS, JobConfig, parse_job_config
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -37,18 +37,7 @@ TEMPLATED = (
     "command",
     "env",
     "executor_image",
-    "scale_tier",
-    "master_type",
-    "worker_type",
-    "worker_count",
-    "parameter_server_type",
-    "parameter_server_count",
-    "evaluator_type",
-    "evaluator_count",
-    "master_accelerator",
-    "worker_accelerator",
-    "parameter_server_accelerator",
-    "evaluator_accelerator",
+    *VOCABULARY_ARGS,
     "bucket",
     "job_id",
     "resume_from",
@@ -135,14 +124,7 @@ class MLEngineTrainOperator(BaseOperator):
 
         config: JobConfig = parse_job_config(self._args())
         ti = context["ti"]
-        map_index = getattr(ti, "map_index", None)
-        key = RunKey(
-            self.dag_id,
-            self.task_id,
-            context["run_id"],
-            -1 if map_index is None else int(map_index),
-            scope=config.bucket,
-        )
+        key = RunKey.of_task(self, context, config.bucket)
         hook = VertexHook(gcp_conn_id=self.gcp_conn_id, project_id=config.project_id)
         self._run = VertexJobRun(
             config, key, hook, context.get("task_state_store"), self.log, getattr(ti, "try_number", 1) or 1
@@ -150,32 +132,45 @@ class MLEngineTrainOperator(BaseOperator):
         return self._run
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from airflow.exceptions import TaskDeferred
+
         run = self._new_run(context)
         job = run.start()
+        if job.terminal:  # an earlier try's job ended while nobody watched: its last lines, its result
+            run.show_rest(job)
+            return self._deliver(run, job)
+        try:
+            self._push_link(context, run, job)
+            if self.deferrable:
+                from airflow_cloudtrain.triggers.vertex_job import VertexJobTrigger
+
+                self.defer(
+                    trigger=VertexJobTrigger(
+                        job_name=job.name,
+                        conn_id=self.gcp_conn_id,
+                        project_id=run.project,
+                        poll_interval=self.poll_interval,
+                        log_polling_interval=self.log_polling_interval,
+                        job_dir=job.output_dir,
+                    ),
+                    method_name="execute_complete",
+                )
+            job = run.wait(job, self.poll_interval, self.log_polling_interval)
+        except TaskDeferred:
+            raise
+        except BaseException:  # killed, or the wait itself failed: the job must not run on unwatched
+            run.kill()
+            raise
+        return self._deliver(run, job)
+
+    def _push_link(self, context: Context, run: VertexJobRun, job: Any) -> None:
+        """The console link, now: Airflow pushes an extra link's value only when ``execute`` returns or
+        defers, so a blocking task's button would stay empty while its job runs."""
         from airflow_cloudtrain.clouds.vertex import console_url
 
-        context["ti"].xcom_push(key=LINK_XCOM_KEY, value=console_url(run.project, job.region, job.numeric_id))
-        if not job.terminal and self.deferrable:
-            from airflow_cloudtrain.triggers.vertex_job import VertexJobTrigger
-
-            self.defer(
-                trigger=VertexJobTrigger(
-                    job_name=job.name,
-                    conn_id=self.gcp_conn_id,
-                    project_id=run.project,
-                    poll_interval=self.poll_interval,
-                    log_polling_interval=self.log_polling_interval,
-                    job_dir=job.output_dir,
-                ),
-                method_name="execute_complete",
-            )
-        if not job.terminal:
-            try:
-                job = run.wait(job, self.poll_interval, self.log_polling_interval)
-            except BaseException:  # killed, or the wait itself failed: the job must not run on unwatched
-                run.kill()
-                raise
-        return self._deliver(run, job)
+        url = console_url(run.project, job.region, job.numeric_id)
+        context["ti"].xcom_push(key=LINK_XCOM_KEY, value=url)
+        context["ti"].xcom_push(key=VertexJobLink().xcom_key, value=url)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Back from the trigger: report, and raise on anything but success."""

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
@@ -111,49 +110,63 @@ class VertexJobTrigger(BaseTrigger):
         folder = hook.run_folder(self.job_dir) if self.job_dir else None
         return JobLogTail(hook, self.job_name.rsplit("/", 1)[-1], folder)
 
-    def _show(self, tail: Any) -> None:
+    def _show(self, tail: Any) -> int:
         lines = tail.poll()
         for line in lines:
             self.log.info("%s", line.render())
         if lines:
             tail.commit()
+        return len(lines)
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        key = ("vertex", self.conn_id, self.project_id, self.region)
+    async def _watch(self, key: Any) -> AsyncIterator[dict[str, JobRecord]]:
+        """Shared snapshots; transient list/get errors (throttling, 5xx) are waited out with backoff
+        for minutes, as ``triggers.instances`` does: one blip must not end every deferred job's wait."""
 
         async def describe(names: list[str]) -> dict[str, JobRecord]:
             return await asyncio.to_thread(describe_jobs, self.conn_id, self.project_id, self.region, names)
 
-        event: dict[str, Any] | None = None
-        budget = TransientBudget()
-        tail: Any = None
-        next_log = 0.0
-        stream = shared_poll.watch(key, [self.job_name], describe, self.poll_interval)
-        try:
-            async with aclosing(stream):
-                async for snapshot in stream:
-                    try:
-                        if tail is None:
-                            tail = await asyncio.to_thread(self._tail)
-                        job = snapshot.get(self.job_name)
-                        if job is None:
-                            event = {
-                                "status": "error",
-                                "message": f"Vertex AI job {self.job_name} no longer exists",
-                            }
-                            break
-                        if job.terminal or time.monotonic() >= next_log:
-                            await asyncio.to_thread(self._show, tail)
-                            next_log = time.monotonic() + self.log_polling_interval
+        budget = TransientBudget(base_s=self.poll_interval)
+        while True:
+            try:
+                async with aclosing(
+                    shared_poll.watch(key, [self.job_name], describe, self.poll_interval)
+                ) as stream:
+                    async for snapshot in stream:
                         budget.ok()
-                    except Exception as err:
-                        delay = budget.failed(err)  # re-raises when not transient or lasting too long
-                        self.log.warning("Transient error following %s (%s); retrying", self.job_name, err)
-                        await asyncio.sleep(delay)
-                        continue
+                        yield snapshot
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                delay = budget.failed(err)  # re-raises when not transient or lasting too long
+                self.log.warning("Transient error polling %s (%s); retrying", self.job_name, err)
+                await asyncio.sleep(delay)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow_cloudtrain.lifecycle.vertex_logs import LogStream
+
+        logs = LogStream(self.log, self.log_polling_interval)
+        event: dict[str, Any] | None = None
+        try:
+            async with aclosing(
+                self._watch(("vertex", self.conn_id, self.project_id, self.region))
+            ) as stream:
+                async for snapshot in stream:
+                    job = snapshot.get(self.job_name)
+                    if job is None:
+                        event = {
+                            "status": "error",
+                            "message": f"Vertex AI job {self.job_name} no longer exists",
+                        }
+                        break
+                    if logs.tail is None:
+                        logs.tail = await logs.aguard(asyncio.to_thread, self._tail)
                     if job.terminal:
                         event = {"status": "done", "job": job.to_dict()}
                         break
+                    if logs.due():
+                        await logs.aguard(asyncio.to_thread, self._show, logs.tail)
+            if event and event["status"] == "done":  # out of the shared poll first: it polls no more for us
+                await logs.adrain(lambda: asyncio.to_thread(self._show, logs.tail))
         except asyncio.CancelledError:
             raise
         except Exception as err:

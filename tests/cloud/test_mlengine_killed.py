@@ -69,7 +69,7 @@ with DAG(DAG_ID, schedule=None, start_date=datetime(2026, 1, 1), catchup=False) 
     MLEngineTrainOperator(
         task_id="train", region="us-central1", bucket=BUCKET, code=CODE, python_module="trainer.task",
         scale_tier="BASIC", job_id=JOB_ID, deferrable=DEFERRABLE, poll_interval=0.5,
-        log_polling_interval=0.5, training_args=["--steps", "16", "--step-s", "0.2", "--checkpoint-every", "2"],
+        log_polling_interval=0.5, training_args=["--steps", "24", "--step-s", "0.2", "--checkpoint-every", "2"],
     )
 """
 
@@ -97,8 +97,8 @@ def test_a_killed_try_is_re_attached_not_duplicated(emu, airflow_db, capfd, step
     assert len(ours) == 1 and ours[0]["state"] == "JOB_STATE_SUCCEEDED"
     result = xcom(run, "train")
     assert result["job_name"] == ours[0]["name"] and result["job_dir"] == f"{BUCKET}/{job_id}"
-    if step != "before_create":
-        assert "Re-attaching to Vertex AI job" in out
+    if step != "before_create":  # running: re-attached; ended meanwhile: its result delivered
+        assert "Re-attaching to Vertex AI job" in out or "already succeeded in an earlier try" in out
     lines = Counter(
         line.split("] ", 1)[1].split(" [airflow", 1)[0]
         for line in out.splitlines()
@@ -106,4 +106,4 @@ def test_a_killed_try_is_re_attached_not_duplicated(emu, airflow_db, capfd, step
     )
     assert all(n == 1 for n in lines.values()), lines
     if step == "deferred":  # try 1 showed the first steps and saved its cursor: try 2 goes on after it
-        assert "step 1 loss" not in "".join(lines) and "step 16" in "".join(lines)
+        assert "step 1 loss" not in "".join(lines) and "step 24" in "".join(lines)

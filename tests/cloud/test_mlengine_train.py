@@ -180,9 +180,10 @@ def test_a_killed_task_cancels_its_job(emu, airflow_db) -> None:
     try:
         watcher.start()
         run = dag.test()
-        watcher.join(10)
+        watcher.join(30)
     finally:
         signal.signal(signal.SIGTERM, before)
+    assert not watcher.is_alive()
     assert task_states(run) == {"train": "failed"}
     (job,) = [j for j in emu.vertex.jobs() if j["displayName"] == "killed_job_1"]
     until(lambda: emu.vertex.job(job["name"])["state"] == "JOB_STATE_CANCELLED", 60)
@@ -194,7 +195,7 @@ def test_a_preempted_spot_replica_restarts_from_its_checkpoint(emu, airflow_db, 
         "vertex_spot",
         {
             "train": "scale_tier='BASIC', spot=True, job_id='spot_job_1', "
-            "training_args=['--steps', '30', '--step-s', '0.1', '--checkpoint-every', '4']"
+            "training_args=['--steps', '80', '--step-s', '0.1', '--checkpoint-every', '4']"
         },
         deferrable=True,
     )
@@ -207,7 +208,8 @@ def test_a_preempted_spot_replica_restarts_from_its_checkpoint(emu, airflow_db, 
     watcher = threading.Thread(target=preempt_after_a_checkpoint, daemon=True)
     watcher.start()
     run = dag.test()
-    watcher.join(10)
+    watcher.join(30)
+    assert not watcher.is_alive()
     assert task_states(run) == {"train": "success"}
     lines = [t for _, t in job_lines(capfd.readouterr().out)]
     resumed = [t for t in lines if t.startswith("resumed from step")]

@@ -1,0 +1,105 @@
+"""VertexJobTrigger in one event loop, as the triggerer runs it: deferred jobs of one project and region
+share one ``customJobs.list`` per poll, each trigger yields its own job's end, a cancelled trigger stops
+at once, and ``on_kill`` cancels the job."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_cloudtrain.clouds.vertex import JobRecord
+from airflow_cloudtrain.hooks.vertex import VertexHook
+from airflow_cloudtrain.lifecycle.vertex_job import VertexJobRun
+from airflow_cloudtrain.operators.mlengine_config import parse_job_config
+from airflow_cloudtrain.runs import RunKey
+from airflow_cloudtrain.triggers.vertex_job import VertexJobTrigger
+
+CODE = str(Path(__file__).resolve().parents[2] / "example_dags" / "mlengine_code")
+BUCKET = "gs://cloudtrain-emulated/vertex-trigger"
+
+
+def submit(task_id: str, steps: int) -> JobRecord:
+    config = parse_job_config(
+        {
+            "region": "us-central1",
+            "bucket": BUCKET,
+            "code": CODE,
+            "python_module": "trainer.task",
+            "scale_tier": "BASIC",
+            "training_args": ["--steps", str(steps), "--step-s", "0.1"],
+        }
+    )
+    return VertexJobRun(config, RunKey("trigger_tests", task_id, "r1", -1, BUCKET), VertexHook()).start()
+
+
+def trigger(job: JobRecord) -> VertexJobTrigger:
+    return VertexJobTrigger(job.name, poll_interval=0.5, log_polling_interval=0.5, job_dir=job.output_dir)
+
+
+async def first_event(t: VertexJobTrigger) -> dict[str, Any]:
+    async for event in t.run():
+        return event.payload
+    raise AssertionError("no event")
+
+
+def test_deferred_jobs_share_one_list_per_poll(emu) -> None:
+    jobs = [submit(f"share_{n}", steps=30 + 2 * n) for n in range(3)]  # running together
+    emu.reset_counts()
+
+    async def main() -> list[dict[str, Any]]:
+        return await asyncio.wait_for(asyncio.gather(*(first_event(trigger(j)) for j in jobs)), 180)
+
+    started = time.monotonic()
+    events = asyncio.run(main())
+    elapsed = time.monotonic() - started
+    assert [e["status"] for e in events] == ["done"] * 3
+    assert [e["job"]["name"] for e in events] == [j.name for j in jobs]  # each its own job
+    assert {e["job"]["state"] for e in events} == {"JOB_STATE_SUCCEEDED"}
+    counts = emu.request_counts()
+    # One poll loop for the three triggers: it lists, then sleeps the interval, so it can list at most
+    # once per interval however fast or slow the machine is; three unshared loops would list three
+    # times as often.
+    assert counts["customJobs.list"] <= elapsed / 0.5 + 1, (counts, elapsed)
+    assert counts.get("customJobs.get", 0) <= 6  # a job that ended is read once or twice, then let go
+
+
+def test_a_cancelled_trigger_stops_and_on_kill_cancels_the_job(emu) -> None:
+    job = submit("killed", steps=600)
+    t = trigger(job)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(first_event(t))
+        deadline = time.monotonic() + 120
+        while emu.vertex.job(job.name)["state"] != "JOB_STATE_RUNNING":
+            assert time.monotonic() < deadline, "the job never ran"
+            await asyncio.sleep(0.2)
+        task.cancel()  # the triggerer cancels the trigger of a killed task...
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await t.on_kill()  # ...and then calls on_kill, which cancels the cloud work
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 60
+    while emu.vertex.job(job.name)["state"] != "JOB_STATE_CANCELLED":
+        assert time.monotonic() < deadline, emu.vertex.job(job.name)["state"]
+        time.sleep(0.2)
+    assert not any(emu.vertex.replica_processes(job.name).values())
+
+
+def test_throttled_polls_and_an_unreadable_log_do_not_end_the_wait(emu, capfd) -> None:
+    """A 429 on the shared list is waited out; a log that cannot be read never fails the job."""
+    job = submit("throttled", steps=20)
+    emu.throttle(0.4, api="customJobs.list")
+    emu.throttle(1.0, api="entries.list", seed=None)
+    try:
+        event = asyncio.run(asyncio.wait_for(first_event(trigger(job)), 240))
+    finally:
+        emu.clear_faults()
+    assert event["status"] == "done" and event["job"]["state"] == "JOB_STATE_SUCCEEDED"
+    counts = emu.request_counts()
+    assert counts.get("throttled:customJobs.list", 0) >= 1 and counts.get("throttled:entries.list", 0) >= 1
+    assert "Reading the job's log failed" in "".join(capfd.readouterr())
