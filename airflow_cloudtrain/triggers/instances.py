@@ -36,20 +36,11 @@ async def watch_instances(
     """Shared snapshots for ``ids`` (``location``: the EC2 region or the GCE zone). Transient describe
     errors (throttling, 5xx) are waited out with backoff for minutes; others end the watch."""
     from airflow_cloudtrain.clouds.registry import async_describer
-    from airflow_cloudtrain.lifecycle.retry import TransientBudget
 
     key, describe = async_describer(cloud, conn_id, location, project_id)
-    budget = TransientBudget(base_s=interval)
-    while True:
-        try:
-            async with aclosing(shared_poll.watch(key, ids, describe, interval)) as stream:
-                async for snapshot in stream:
-                    budget.ok()
-                    yield snapshot
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:
-            await asyncio.sleep(budget.failed(err))
+    async with aclosing(shared_poll.watch_with_retry(key, ids, describe, interval)) as stream:
+        async for snapshot in stream:
+            yield snapshot
 
 
 class InstanceStateTrigger(BaseTrigger):

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from contextlib import aclosing
 from typing import Any, Generic, TypeVar
 
 V = TypeVar("V")  # what describe answers per id: an ``Instance``, a queue's depth, ...
@@ -90,3 +91,26 @@ async def watch(
             group.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await group.task
+
+
+async def watch_with_retry(
+    key: Hashable, ids: list[str], describe: Describe[V], interval: float, log: Any = None
+) -> AsyncIterator[dict[str, V]]:
+    """``watch``, with transient describe errors (throttling, 5xx) waited out with backoff for minutes
+    (``lifecycle.retry.TransientBudget``); any other error, or one that lasts, is raised."""
+    from airflow_cloudtrain.lifecycle.retry import TransientBudget
+
+    budget = TransientBudget(base_s=interval)
+    while True:
+        try:
+            async with aclosing(watch(key, ids, describe, interval)) as stream:
+                async for snapshot in stream:
+                    budget.ok()
+                    yield snapshot
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            delay = budget.failed(err)  # re-raises when not transient or lasting too long
+            if log is not None:
+                log.warning("Transient error polling (%s); retrying", err)
+            await asyncio.sleep(delay)

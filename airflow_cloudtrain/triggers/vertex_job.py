@@ -118,28 +118,14 @@ class VertexJobTrigger(BaseTrigger):
             tail.commit()
         return len(lines)
 
-    async def _watch(self, key: Any) -> AsyncIterator[dict[str, JobRecord]]:
-        """Shared snapshots; transient list/get errors (throttling, 5xx) are waited out with backoff
-        for minutes, as ``triggers.instances`` does: one blip must not end every deferred job's wait."""
+    def _watch(self, key: Any) -> AsyncIterator[dict[str, JobRecord]]:
+        """Shared snapshots; transient list/get errors are waited out (one blip must not end every
+        deferred job's wait)."""
 
         async def describe(names: list[str]) -> dict[str, JobRecord]:
             return await asyncio.to_thread(describe_jobs, self.conn_id, self.project_id, self.region, names)
 
-        budget = TransientBudget(base_s=self.poll_interval)
-        while True:
-            try:
-                async with aclosing(
-                    shared_poll.watch(key, [self.job_name], describe, self.poll_interval)
-                ) as stream:
-                    async for snapshot in stream:
-                        budget.ok()
-                        yield snapshot
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                delay = budget.failed(err)  # re-raises when not transient or lasting too long
-                self.log.warning("Transient error polling %s (%s); retrying", self.job_name, err)
-                await asyncio.sleep(delay)
+        return shared_poll.watch_with_retry(key, [self.job_name], describe, self.poll_interval, self.log)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_cloudtrain.lifecycle.vertex_logs import LogStream
