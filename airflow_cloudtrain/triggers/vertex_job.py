@@ -160,17 +160,26 @@ class VertexJobTrigger(BaseTrigger):
         yield TriggerEvent(event or {"status": "error", "message": "the job watch ended"})
 
     async def on_kill(self) -> None:
-        """The user killed the deferred task (or marked it failed): cancel the job."""
+        """The user killed the deferred task (or marked it failed): cancel the job, through the
+        run's ledger like every other teardown (the job, and any other job of its run key)."""
         cancelled = await asyncio.to_thread(self._cancel)
         self.log.info(
-            "Cancelled Vertex AI job %s because the task was killed"
+            "Released %s (a cancel; nothing to do for a job already ended) because the task was killed"
             if cancelled
-            else "Vertex AI job %s had already ended",
-            self.job_name,
+            else "Nothing to cancel for %s",
+            ", ".join(cancelled) or self.job_name,
         )
 
-    def _cancel(self) -> bool:
+    def _cancel(self) -> list[str]:
+        from airflow_cloudtrain.clouds.vertex import KIND
+        from airflow_cloudtrain.lifecycle.ledger import Resource, ResourceLedger
         from airflow_cloudtrain.lifecycle.retry import call_with_retry
+        from airflow_cloudtrain.runs import TAG_RUN_KEY
 
         jobs = _jobs_client(self.conn_id, self.project_id, self.region)
-        return call_with_retry(lambda: jobs.cancel(self.job_name), TransientBudget(budget_s=25.0, cap_s=5.0))
+        budget = TransientBudget(budget_s=25.0, cap_s=5.0)
+        job = call_with_retry(lambda: jobs.get(self.job_name), budget)
+        digest = (job.labels.get(TAG_RUN_KEY) if job else None) or ""
+        ledger = ResourceLedger(digest, entries=[Resource(KIND, self.job_name, self.region)])
+        released = call_with_retry(lambda: ledger.release(jobs, sweep=bool(digest)), budget)
+        return [r.id or "" for r in released if r.id]
