@@ -27,6 +27,8 @@ from airflow_cloudtrain.triggers import shared_poll
 _lock = threading.RLock()
 _hooks: dict[tuple[str, str | None], Any] = {}
 _jobs: dict[tuple[str, str | None, str], Any] = {}
+_ended: dict[str, JobRecord] = {}  # job name -> its final record: an ended job never changes again
+_ENDED_KEPT = 1000
 
 
 def _hook(conn_id: str, project_id: str | None) -> Any:
@@ -55,15 +57,31 @@ def _jobs_client(conn_id: str, project_id: str | None, region: str) -> Any:
 def describe_jobs(
     conn_id: str, project_id: str | None, region: str, names: list[str]
 ) -> dict[str, JobRecord]:
-    """Blocking: the watched jobs, from one list of our active jobs plus a get for each one missing."""
+    """Blocking: the watched jobs, from one list of our active jobs plus a get for each one missing.
+
+    A job that ended is read once: its final record is kept, so polls that come before its trigger
+    has left the group (it may still be draining log lines) cost no further reads.
+    """
     jobs = _jobs_client(conn_id, project_id, region)
     wanted = set(names)
     found = {j.name: j for j in jobs.active_managed() if j.name in wanted}
     for name in sorted(wanted - set(found)):
-        job = jobs.get(name)
+        with _lock:
+            job = _ended.get(name)
+        if job is None:
+            job = jobs.get(name)
         if job is not None:
             found[name] = job
+            if job.terminal:
+                _remember_ended(job)
     return found
+
+
+def _remember_ended(job: JobRecord) -> None:
+    with _lock:
+        _ended[job.name] = job
+        while len(_ended) > _ENDED_KEPT:  # oldest first: dicts keep insertion order
+            del _ended[next(iter(_ended))]
 
 
 class VertexJobTrigger(BaseTrigger):
