@@ -6,13 +6,23 @@ Layout under ``run_uri`` (``s3://bucket/prefix/runs/<dag>/<task>/<run>/<map_inde
     agent/airflow_cloudtrain.zip       the agent code of the operator's version (the instance fetches it)
     code/code.tar.gz                   the user's ``code`` when it was a local directory
     instances/<instance-id>/status.json    agent: RunStatus, rewritten on every change
-    instances/<instance-id>/heartbeat      agent: unix time, every few seconds
-    instances/<instance-id>/logs/<seq>.log log chunks, seq = 000000, 000001, ... in order
+    instances/<instance-id>/heartbeat      agent: unix time, every few seconds (only without a live index)
+    instances/<instance-id>/logs/<seq>.log log chunks, seq = 000000, 000001, ... in order; each line
+                                       starts with the agent's UTC time (``2026-11-23T08:00:09.602Z ``)
     results/<instance-id>/...          the job's output dir (CLOUDTRAIN_OUTPUT_DIR), at the end; one
                                        folder per attempt, so a retry never mixes into a finished try
     checkpoints/<step>/...             checkpoint files; ``MANIFEST.json`` written last = complete
     checkpoints/<step>/MANIFEST.json   Manifest: the step's files with size and sha256; a step
                                        without one (an agent killed mid-upload) is not a checkpoint
+
+And one level up, shared by every run of a bucket (``live_index_uri(bucket)``), the live index that
+lets one triggerer watch a thousand runs with one listing per poll (``triggers.run_index``)::
+
+    _cloudtrain/live/<instance-id>.json      agent: Beacon (status, log seq, recent lines), rewritten on
+                                             each change and, unchanged, on each heartbeat: its
+                                             LastModified is the heartbeat, its ETag / md5 what changed
+    _cloudtrain/live/<instance-id>.end.json  agent: the final RunStatus, written once, last
+    _cloudtrain/cursors/<triggerer>.json     triggerer: {instance id: next log seq} it has shown
 
 Everything in this module is stdlib only: the agent imports it on the instance (no Airflow there).
 """
@@ -22,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -144,6 +155,115 @@ def log_seq(key: str) -> int:
     return int(key.rsplit("/", 1)[-1].split(".")[0])
 
 
+# -- per-line timestamps in log chunks ---------------------------------------------------------------
+# The agent stamps each line with the time its first byte arrived, as ``docker logs -t`` does, so a
+# reader shows when the job wrote it, not when a poll happened to read it.
+STAMP_LEN = len("2026-11-23T08:00:09.602Z ")
+_STAMP = re.compile(rb"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")
+
+
+def format_stamp(at: float) -> bytes:
+    """``2026-11-23T08:00:09.602Z `` (UTC, milliseconds, one trailing space)."""
+    whole = int(at)
+    millis = min(999, int(round((at - whole) * 1000)))
+    return (time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole)) + f".{millis:03d}Z ").encode()
+
+
+def split_stamp(line: str) -> tuple[str | None, str]:
+    """``("2026-11-23T08:00:09.602Z", "text")``; ``(None, line)`` for a line without a stamp (a line
+    split across chunks by the 4 MiB chunk limit continues unstamped)."""
+    if len(line) >= STAMP_LEN and _STAMP.fullmatch(line[:STAMP_LEN].encode("ascii", "replace")):
+        return line[: STAMP_LEN - 1], line[STAMP_LEN:]
+    return None, line
+
+
+def strip_stamps(text: str) -> str:
+    """The job's output as it printed it: every line without its stamp."""
+    return "".join(split_stamp(line)[1] for line in text.splitlines(keepends=True))
+
+
+# -- the live index -------------------------------------------------------------------------------
+LIVE_PREFIX = "_cloudtrain/live"
+CURSORS_PREFIX = "_cloudtrain/cursors"
+END_SUFFIX = ".end.json"
+BEACON_SUFFIX = ".json"
+TAIL_MAX = 64 * 1024  # bytes of recent log text a beacon carries, so a reader seldom reads chunks
+
+
+def live_index_uri(bucket_uri: str) -> str:
+    """Where the runs of ``bucket_uri`` (the operator's ``bucket``) publish their beacons."""
+    return join(bucket_uri, LIVE_PREFIX)
+
+
+def cursors_uri(bucket_uri_or_live_uri: str) -> str:
+    base = bucket_uri_or_live_uri.rstrip("/")
+    if base.endswith(LIVE_PREFIX):
+        base = base[: -len(LIVE_PREFIX)]
+    return join(base, CURSORS_PREFIX)
+
+
+def beacon_name(instance_id: str) -> str:
+    return f"{instance_id}{BEACON_SUFFIX}"
+
+
+def end_name(instance_id: str) -> str:
+    return f"{instance_id}{END_SUFFIX}"
+
+
+def live_entry(name: str) -> tuple[str, bool] | None:
+    """``"i-1.json"`` -> ("i-1", False), ``"i-1.end.json"`` -> ("i-1", True), anything else None."""
+    if name.endswith(END_SUFFIX):
+        return name[: -len(END_SUFFIX)], True
+    if name.endswith(BEACON_SUFFIX) and "/" not in name:
+        return name[: -len(BEACON_SUFFIX)], False
+    return None
+
+
+@dataclass
+class Beacon:
+    """One instance's state in the live index: small, and byte-identical while nothing changes.
+
+    ``status`` is the agent's RunStatus without ``updated_at`` (so a heartbeat rewrite keeps the same
+    bytes and ETag); ``log_seq`` the number of log chunks uploaded; ``tail`` the text of chunks
+    ``tail_from .. log_seq - 1`` (at most ``TAIL_MAX`` bytes), so a reader that is behind by no more
+    than that reads only this object.
+    """
+
+    instance_id: str
+    status: dict[str, Any]
+    log_seq: int = 0
+    tail_from: int = 0
+    tail: str = ""
+
+    def to_bytes(self) -> bytes:
+        status = {k: v for k, v in self.status.items() if k != "updated_at"}
+        body = {**asdict(self), "status": status}
+        return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> Beacon:
+        data = json.loads(raw)
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+    def run_status(self) -> RunStatus:
+        known = {k: v for k, v in self.status.items() if k in RunStatus.__dataclass_fields__}
+        return RunStatus(**known)
+
+    def lines_from(self, seq: int) -> list[str] | None:
+        """The tail's lines from chunk ``seq`` on, or None when ``seq`` is before the tail."""
+        if seq < self.tail_from:
+            return None
+        if seq >= self.log_seq:
+            return []
+        return _chunk_lines(self.tail, seq - self.tail_from)
+
+
+def _chunk_lines(tail: str, skip_chunks: int) -> list[str]:
+    """The tail joins chunks with a form feed (never in a chunk: the agent drops it) after each."""
+    chunks = tail.split("\f")[:-1] if tail else []
+    return [line for chunk in chunks[skip_chunks:] for line in chunk.splitlines()]
+
+
 @dataclass
 class RunSpec:
     """What the agent needs to run the job; JSON in ``spec.json``. No credentials in here."""
@@ -161,6 +281,9 @@ class RunSpec:
     volume_device: str | None = None  # an attached volume to mount at volume_mount (EC2: volume_id)
     volume_mount: str = "/mnt/data"
     log_interval_s: float = 2.0
+    # The bucket's live index (``live_index_uri``): the agent publishes its Beacon there; None: only
+    # the run folder (fleet items, older operators).
+    live_uri: str | None = None
     heartbeat_interval_s: float = 5.0
     metadata_poll_s: float = 5.0
     # Checkpoints (see ``airflow_cloudtrain.checkpoint``): the job's checkpoint directory on the

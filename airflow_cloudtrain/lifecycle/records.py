@@ -38,6 +38,7 @@ class LaunchRecord:
     location: str | None = None  # where it is watched and deleted (EC2: region; GCE: zone)
     try_number: int = 1
     requested_at: float | None = None  # when the first create call of this launch was sent
+    live_uri: str | None = None  # the bucket's live index the agent publishes to (runs.Beacon)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
