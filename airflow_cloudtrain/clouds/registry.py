@@ -7,7 +7,6 @@ and Airflow's hooks, are imported only when ``backend_for`` is called on a worke
 
 from __future__ import annotations
 
-from collections.abc import Hashable
 from typing import Any
 
 # The studio tool's names (see ../shared/reference), mapped to the provider that serves them.
@@ -51,26 +50,6 @@ def backend_for(
     from airflow_cloudtrain.clouds.gcp_backend import GcpRunBackend
 
     return GcpRunBackend(gcp_conn_id, project_id, region)
-
-
-def async_describer(
-    cloud: str, conn_id: str | None, location: str | None, project_id: str | None = None
-) -> tuple[Hashable, Any]:
-    """(poll-group key, async describe) for one connection and location, for the shared poll."""
-    if provider_of(cloud) == "aws":
-        from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
-
-        return ("aws", conn_id, location), CloudTrainAwsHook(
-            aws_conn_id=conn_id, region_name=location
-        ).describe_async
-    from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
-
-    hook = CloudTrainGcpHook(gcp_conn_id=conn_id or "google_cloud_default", project_id=project_id)
-
-    async def describe(ids: list[str]) -> Any:
-        return await hook.describe_async(ids, zone=location)
-
-    return ("gcp", conn_id, project_id, location), describe
 
 
 def instance_cloud(

@@ -1,4 +1,4 @@
-"""The AWS hook: clients from the Airflow connection, sync for workers, aiobotocore for triggers."""
+"""The AWS hook: clients from the Airflow connection; triggers use them from worker threads."""
 
 from __future__ import annotations
 
@@ -6,14 +6,7 @@ from typing import Any
 
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
-from airflow_cloudtrain.clouds.aws import (
-    AwsCloud,
-    id_chunks,
-    id_filters,
-    instances_of,
-    rejects_an_id,
-    with_missing,
-)
+from airflow_cloudtrain.clouds.aws import AwsCloud
 from airflow_cloudtrain.clouds.base import Instance
 
 
@@ -56,34 +49,31 @@ class CloudTrainAwsHook(AwsBaseHook):
     def s3_client(self) -> Any:
         return self.client("s3")
 
-    async def _ec2_async(self) -> Any:
-        """One aiobotocore client per hook (per shared poll group), not one per poll."""
-        if getattr(self, "_ec2_client", None) is None:
-            self._ec2_client = await (await self.get_async_conn()).__aenter__()
-        return self._ec2_client
 
-    async def _close_ec2(self) -> None:
-        client = getattr(self, "_ec2_client", None)
-        self._ec2_client = None
+class Ec2Poller:
+    """The EC2 side of one shared poll group: one boto3 client, built on first use in a worker
+    thread (building a client loads botocore's service model: too slow for the event loop), used
+    only from worker threads (the response of a thousand instances is parsed there too), and
+    closed when the group ends. ``ended_only``: ask only for stopped/ended instances (a run's wait)."""
+
+    def __init__(self, conn_id: str | None, region: str | None, ended_only: bool = False) -> None:
+        self.conn_id = conn_id
+        self.region = region
+        self.ended_only = ended_only
+        self._client: Any = None
+
+    def _ec2(self) -> Any:
+        if self._client is None:
+            self._client = CloudTrainAwsHook(aws_conn_id=self.conn_id, region_name=self.region).client("ec2")
+        return self._client
+
+    def describe(self, ids: list[str]) -> dict[str, Instance]:
+        """Blocking; up to 1,000 ids per call, the bad-id fallback of ``clouds.aws``."""
+        from airflow_cloudtrain.clouds.aws import describe_ended, describe_instances
+
+        return (describe_ended if self.ended_only else describe_instances)(self._ec2(), ids)
+
+    def close(self) -> None:
+        client, self._client = self._client, None
         if client is not None:
-            await client.__aexit__(None, None, None)
-
-    async def describe_async(self, ids: list[str]) -> dict[str, Instance]:
-        """DescribeInstances for up to 1,000 ids per call, without blocking the event loop; the same
-        chunking and bad-id fallback as ``clouds.aws.describe_instances``."""
-        out: dict[str, Instance] = {}
-        client = await self._ec2_async()
-        for chunk in id_chunks(ids):
-            try:
-                responses = [await client.describe_instances(InstanceIds=chunk)]
-            except Exception as err:
-                if not rejects_an_id(err):
-                    await self._close_ec2()  # a fresh client next poll; this one's session is closed
-                    raise
-                responses = [await client.describe_instances(Filters=f) for f in id_filters(chunk)]
-            out.update((i.id, i) for response in responses for i in instances_of(response))
-        return with_missing(ids, out)
-
-    async def s3_async(self) -> Any:
-        hook = AwsBaseHook(aws_conn_id=self.aws_conn_id, client_type="s3", region_name=self.conn_region_name)
-        return await hook.get_async_conn()
+            client.close()

@@ -11,7 +11,6 @@ so one HTTP stack serves every Google API we call.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
@@ -106,12 +105,29 @@ class CloudTrainGcpHook(GoogleBaseHook):
 
         return open_run_folder(run_uri, gcs_client=self.storage_client())
 
-    async def describe_async(
-        self, ids: list[str], zone: str | None = None, region: str | None = None
-    ) -> dict[str, Instance]:
-        """The compute client is synchronous: describe in a worker thread, off the event loop."""
-        cloud = await asyncio.to_thread(self.cloud, region, zone)
-        return await asyncio.to_thread(cloud.describe, ids)
+
+class GcePoller:
+    """The GCE side of one shared poll group: one Compute client (built in a worker thread on first
+    use), one ``instances.list`` per zone per poll, closed when the group ends."""
+
+    def __init__(self, conn_id: str | None, project_id: str | None, zone: str | None) -> None:
+        self.conn_id = conn_id or "google_cloud_default"
+        self.project_id = project_id
+        self.zone = zone
+        self._cloud: GcpCloud | None = None
+
+    def describe(self, ids: list[str]) -> dict[str, Instance]:
+        if self._cloud is None:
+            hook = CloudTrainGcpHook(gcp_conn_id=self.conn_id, project_id=self.project_id)
+            self._cloud = hook.cloud(None, self.zone)
+        return self._cloud.describe(ids)
+
+    def close(self) -> None:
+        cloud, self._cloud = self._cloud, None
+        for client in (getattr(cloud, "instances", None), getattr(cloud, "operations", None)):
+            transport = getattr(client, "transport", None)
+            if transport is not None and hasattr(transport, "close"):
+                transport.close()
 
 
 def zones_of(region: str | None) -> list[str]:

@@ -84,6 +84,16 @@ class RunContext:
     def run_uri(self) -> str:
         return self.folder_uri or join(self.config.bucket, self.key.path())
 
+    @property
+    def live_uri(self) -> str:
+        """The live index the agent publishes to: the bucket's, in the run folder's bucket (a
+        trigger reads the run's older log chunks through the same client)."""
+        from airflow_cloudtrain.runs import live_index_uri, split_uri
+
+        scheme, bucket, _ = split_uri(self.run_uri)
+        same = split_uri(self.config.bucket)[:2] == (scheme, bucket)
+        return live_index_uri(self.config.bucket if same else f"{scheme}://{bucket}")
+
     @classmethod
     def for_task(
         cls, config: RunConfig, task: Any, context: Any, options: LaunchOptions, wait: WaitSettings
@@ -123,6 +133,7 @@ class RunAttempt:
         self.ledger = ResourceLedger.load(ctx.key.digest, ctx.store, ctx.log)
         self.killed = False
         self._folder: Any = None
+        self._live: Any = None  # the live index, opened on first use
         stored = store_get(ctx.store, LAUNCH_KEY)
         self.stored = (
             LaunchRecord.from_dict(stored) if stored and stored.get("run_uri") == ctx.run_uri else None
@@ -221,6 +232,7 @@ class RunAttempt:
         return LaunchRecord(
             run_id=self.ctx.key.short_id,
             run_uri=self.ctx.run_uri,
+            live_uri=self.ctx.live_uri,
             cloud=self.ctx.config.cloud,
             region=self.ctx.backend.region,
             instance_id=instance_id,
@@ -252,7 +264,14 @@ class RunAttempt:
             len(offers) - 1,
         )
         write_run_folder(
-            ctx.config, ctx.key, ctx.run_uri, self.folder, bool(ctx.options.volume_id), self.log, ctx.job
+            ctx.config,
+            ctx.key,
+            ctx.run_uri,
+            self.folder,
+            bool(ctx.options.volume_id),
+            self.log,
+            ctx.job,
+            live_uri=ctx.live_uri,
         )
         build = request_builder(ctx.config, ctx.key, ctx.run_uri, ctx.options, ctx.try_number)
         requested_at = time.time()
@@ -267,6 +286,7 @@ class RunAttempt:
         launch = LaunchRecord(
             run_id=ctx.key.short_id,
             run_uri=ctx.run_uri,
+            live_uri=ctx.live_uri,
             cloud=ctx.config.cloud,
             region=backend.region,
             instance_id=instance.id,
@@ -328,7 +348,7 @@ class RunAttempt:
 
     def wait(self, launch: LaunchRecord) -> Outcome:
         """Block until the run ends, streaming the job's log; transient errors are waited out."""
-        from airflow_cloudtrain.lifecycle.logstream import LogFollower
+        from airflow_cloudtrain.lifecycle.logstream import LogFollower, render_line
 
         iid, folder, cloud = launch.instance_id, self.folder, self.ctx.backend.cloud
         settings = self.ctx.wait
@@ -342,9 +362,9 @@ class RunAttempt:
                 raise RunKilled(f"task killed: instance {iid} was terminated")
             try:
                 for line in follower.poll(folder.list, folder.get_bytes):
-                    self.log.info("[job] %s", line)
+                    self.log.info("%s", render_line(line))
                 raw = folder.get_text(status_key(iid))
-                beat = parse_heartbeat(folder.get_text(heartbeat_key(iid)))
+                beat = self.heartbeat(launch)
                 instance = cloud.describe([iid]).get(iid)
                 budget.ok()
             except Exception as err:
@@ -356,9 +376,36 @@ class RunAttempt:
             if event is not None:
                 last_words = call_with_retry(lambda: follower.poll(folder.list, folder.get_bytes))
                 for line in last_words:
-                    self.log.info("[job] %s", line)
+                    self.log.info("%s", render_line(line))
                 return event
             time.sleep(settings.poll_interval)
+
+    def heartbeat(self, launch: LaunchRecord) -> float | None:
+        """The agent's last heartbeat: its beacon's LastModified in the live index (the beacon is
+        rewritten, unchanged, on every beat), or the heartbeat file of a run without one."""
+        from airflow_cloudtrain.runs import beacon_name
+
+        if launch.live_uri:
+            if self._live is None:
+                self._live = self.ctx.backend.run_folder(launch.live_uri)
+            return self._live.modified_at(beacon_name(launch.instance_id))
+        return parse_heartbeat(self.folder.get_text(heartbeat_key(launch.instance_id)))
+
+    def unpublish(self, launch: LaunchRecord) -> None:
+        """The run's end was reported: take its entries out of the live index, so the index that
+        triggers list each poll holds the runs in flight, not history. Best effort: the index also
+        drops entries nobody watched for two days (``triggers.run_index``)."""
+        from airflow_cloudtrain.runs import beacon_name, end_name
+
+        if not launch.live_uri:
+            return
+        try:
+            if self._live is None:
+                self._live = self.ctx.backend.run_folder(launch.live_uri)
+            for name in (end_name(launch.instance_id), beacon_name(launch.instance_id)):
+                self._live.delete_key(name)
+        except Exception as err:
+            self.log.warning("Could not remove %s from the live index: %s", launch.instance_id, err)
 
     # --- end -----------------------------------------------------------------------------------
 

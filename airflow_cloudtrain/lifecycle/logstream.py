@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Iterable
 
-from airflow_cloudtrain.runs import log_prefix, log_seq
+from airflow_cloudtrain.runs import Beacon, join, log_key, log_prefix, log_seq, split_stamp
+
+
+def render_line(line: str) -> str:
+    """A job line for the task log: ``[job 08:00:09.602] text`` with the time the job wrote it (UTC,
+    as the agent stamped it), ``[job] text`` for a line without a stamp."""
+    stamp, text = split_stamp(line)
+    return f"[job {stamp[11:23]}] {text}" if stamp else f"[job] {text}"
 
 
 class LogFollower:
@@ -45,6 +52,20 @@ class LogFollower:
         chunks read before it are kept and come with the next poll."""
         for key in self.new_keys(list_keys(self.prefix)):
             self._take(read(key))
+        return self._hand_over()
+
+    def from_beacon(self, beacon: Beacon, run_uri: str, read_uri: Callable[[str], bytes | None]) -> list[str]:
+        """Blocking: new lines up to the beacon's ``log_seq``: from its tail, and chunks older than
+        the tail by key (no listing). A chunk that cannot be read yet stops there (next time)."""
+        while self.next_seq < min(beacon.tail_from, beacon.log_seq):
+            raw = read_uri(join(run_uri, log_key(self.instance_id, self.next_seq)))
+            if raw is None:
+                return self._hand_over()
+            self._take(raw)
+        tail = beacon.lines_from(self.next_seq)
+        if tail:
+            self._pending.extend(tail)
+        self.next_seq = max(self.next_seq, beacon.log_seq)
         return self._hand_over()
 
     async def apoll(

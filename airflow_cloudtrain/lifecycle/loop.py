@@ -36,8 +36,7 @@ from airflow_cloudtrain.lifecycle.recovery import (
     row_for,
 )
 from airflow_cloudtrain.lifecycle.retry import call_with_retry
-from airflow_cloudtrain.lifecycle.waiting import parse_heartbeat
-from airflow_cloudtrain.runs import SPEC_KEY, RunStatus, heartbeat_key, join, results_prefix, status_key
+from airflow_cloudtrain.runs import SPEC_KEY, RunStatus, join, results_prefix, status_key
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.lifecycle.records import LaunchRecord, Outcome
@@ -211,7 +210,8 @@ class RecoveryLoop:
         done = attempt.finish(launch, outcome)
         folder, iid = attempt.folder, launch.instance_id
         raw = call_with_retry(lambda: folder.get_text(status_key(iid)))
-        beat = parse_heartbeat(call_with_retry(lambda: folder.get_text(heartbeat_key(iid))))
+        beat = call_with_retry(lambda: attempt.heartbeat(launch))
+        attempt.unpublish(launch)
         status = RunStatus.from_json(raw) if raw else None
         row = row_for(done, status, len(self.history.attempts) + 1, self.ctx.try_number, beat)
         if not self.history.has(launch.instance_id):

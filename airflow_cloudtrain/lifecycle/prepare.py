@@ -127,8 +127,11 @@ def write_run_folder(
     log: logging.Logger,
     job: JobOptions | None = None,
     worker: dict[str, Any] | None = None,
+    live_uri: str | None = None,
 ) -> None:
     """The spec, the agent and (for a local ``code`` folder) the code tarball, before any launch.
+
+    ``live_uri``: the bucket's live index, where the agent publishes its beacon for triggers.
 
     ``worker`` (``workqueue.WorkerSettings`` as a dict) makes it a fleet's spec: every instance
     launched with it runs items from the queue instead of one job."""
@@ -161,6 +164,7 @@ def write_run_folder(
         spec.stop_grace_s = job.stop_grace_s
         spec.idle_timeout_s = job.idle_timeout_s
     spec.worker = worker
+    spec.live_uri = live_uri
     call_with_retry(lambda: folder.put_text(SPEC_KEY, spec.to_json()))
     agent = build_agent_zip()
     call_with_retry(lambda: folder.put_bytes(AGENT_KEY, agent))

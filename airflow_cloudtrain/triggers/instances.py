@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 from contextlib import aclosing
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_cloudtrain.clouds.base import Instance
+from airflow_cloudtrain.clouds.registry import provider_of
 from airflow_cloudtrain.triggers import shared_poll
 
 # From which states can a target never be reached? (terminated is forever; stopped comes back only
@@ -25,6 +26,35 @@ UNREACHABLE: dict[str, frozenset[str]] = {
 }
 
 
+def _make_poller(key: Hashable) -> Any:
+    """The poll group's resource: nothing is built here (this runs on the event loop); its client is
+    built by its first describe, in a worker thread."""
+    kind, conn_id, *where = key
+    if kind in ("aws", "aws-ended"):
+        from airflow_cloudtrain.hooks.aws import Ec2Poller
+
+        return Ec2Poller(conn_id, where[0], ended_only=kind == "aws-ended")
+    from airflow_cloudtrain.hooks.gcp import GcePoller
+
+    return GcePoller(conn_id, where[0], where[1])
+
+
+async def _close_poller(poller: Any) -> None:
+    await asyncio.to_thread(poller.close)
+
+
+# One poller (one SDK client) per poll group, i.e. per (connection, region or zone) in a triggerer.
+POLLERS: shared_poll.Pool[Any] = shared_poll.Pool(_make_poller, _close_poller)
+
+
+def poll_key(
+    cloud: str, conn_id: str | None, location: str | None, project_id: str | None, ended_only: bool = False
+) -> tuple[Any, ...]:
+    if provider_of(cloud) == "aws":
+        return ("aws-ended" if ended_only else "aws", conn_id, location)
+    return ("gcp", conn_id, project_id, location)  # GCE lists the zone: every state at no extra cost
+
+
 async def watch_instances(
     cloud: str,
     conn_id: str | None,
@@ -32,13 +62,21 @@ async def watch_instances(
     ids: list[str],
     interval: float,
     project_id: str | None = None,
+    ended_only: bool = False,
 ) -> AsyncIterator[dict[str, Instance]]:
     """Shared snapshots for ``ids`` (``location``: the EC2 region or the GCE zone). Transient describe
-    errors (throttling, 5xx) are waited out with backoff for minutes; others end the watch."""
-    from airflow_cloudtrain.clouds.registry import async_describer
+    errors (throttling, 5xx) are waited out with backoff for minutes; others end the watch.
 
-    key, describe = async_describer(cloud, conn_id, location, project_id)
-    async with aclosing(shared_poll.watch_with_retry(key, ids, describe, interval)) as stream:
+    Describes run in worker threads with the group's one client, closed when the group ends.
+    ``ended_only`` (EC2): only stopped or ended instances are reported, the rest are left out.
+    """
+    key = poll_key(cloud, conn_id, location, project_id, ended_only)
+
+    async def describe(wanted: list[str]) -> dict[str, Instance]:
+        return await asyncio.to_thread(POLLERS.get(key).describe, wanted)
+
+    stream = shared_poll.watch_with_retry(key, ids, describe, interval, close=POLLERS.closer(key))
+    async with aclosing(stream):
         async for snapshot in stream:
             yield snapshot
 

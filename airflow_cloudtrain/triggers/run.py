@@ -1,8 +1,16 @@
-"""The operator's deferred wait: until the agent writes a final status or the instance ends.
+"""The operator's deferred wait: until the agent's final status, or the instance ends without one.
 
-Streams the job's log chunks into the task log as they arrive (the triggerer's log for a deferred
-task is the task log). Instance state comes from the shared poll; the run folder is read per run.
-The decision is ``lifecycle.waiting.RunWatch``, the same one the blocking wait makes.
+Built for a thousand runs in one triggerer. Every watched run of one bucket is seen through one
+listing of the bucket's live index per poll (``triggers.run_index``): heartbeats from LastModified,
+changes from ETags, ends from end markers, objects read only for what changed. Instances are watched
+through one shared DescribeInstances per (connection, region) that asks only for stopped or ended
+instances (GCE: one list per zone). All SDK work runs in worker threads with one client per poll
+group, closed when the group ends. The decision is ``lifecycle.waiting.RunWatch``, the same one the
+blocking wait makes.
+
+What the task log shows: each job line once, in order, as ``[job 08:00:09.602] text`` with the time
+the job wrote it; new lines arrive each poll (with more than ``run_index.LOG_READS_PER_POLL``
+runs in one triggerer, every few polls); the job's last lines always before the task ends.
 """
 
 from __future__ import annotations
@@ -14,74 +22,28 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_cloudtrain.clouds.base import Instance
-from airflow_cloudtrain.lifecycle.logstream import LogFollower
+from airflow_cloudtrain.clouds.base import ENDED_STATES, STOPPED, Instance
+from airflow_cloudtrain.lifecycle.logstream import LogFollower, render_line
 from airflow_cloudtrain.lifecycle.records import ERROR, LaunchRecord, Outcome
 from airflow_cloudtrain.lifecycle.retry import TransientBudget
-from airflow_cloudtrain.lifecycle.waiting import RunWatch, parse_heartbeat
-from airflow_cloudtrain.runs import RunStatus, heartbeat_key, join, split_uri, status_key
+from airflow_cloudtrain.lifecycle.waiting import RunWatch
+from airflow_cloudtrain.runs import SPEC_KEY, STARTING, RunSpec, RunStatus
+from airflow_cloudtrain.triggers import shared_poll
 from airflow_cloudtrain.triggers.instances import watch_instances
+from airflow_cloudtrain.triggers.run_index import LiveIndex, LiveView
 
 
-class AsyncRunFolder:
-    """Just enough async reading of a run folder for the trigger (S3 via aiobotocore)."""
+def _make_index(key: Any) -> LiveIndex:
+    _kind, conn_id, project_id, live_uri = key
+    return LiveIndex(live_uri, conn_id, project_id)
 
-    def __init__(self, run_uri: str, conn_id: str | None, region: str | None) -> None:
-        self.run_uri = run_uri
-        self.scheme, self.bucket, self.prefix = split_uri(run_uri)
-        self.conn_id = conn_id
-        self.region = region
-        self._client: Any = None
-        self._folder: Any = None
 
-    def _key(self, key: str) -> str:
-        return split_uri(join(self.run_uri, key))[2]
+async def _close_index(index: LiveIndex) -> None:
+    await asyncio.to_thread(index.close)
 
-    async def _s3(self) -> Any:
-        if self._client is None:
-            from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
 
-            hook = CloudTrainAwsHook(aws_conn_id=self.conn_id, region_name=self.region)
-            self._client = await (await hook.s3_async()).__aenter__()
-        return self._client
-
-    async def _gcs_folder(self) -> Any:
-        if self._folder is None:
-            from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
-
-            self._folder = await asyncio.to_thread(
-                CloudTrainGcpHook(gcp_conn_id=self.conn_id or "google_cloud_default").run_folder, self.run_uri
-            )
-        return self._folder
-
-    async def get(self, key: str) -> bytes | None:
-        if self.scheme == "gs":
-            folder = await self._gcs_folder()
-            return await asyncio.to_thread(folder.get_bytes, key)
-        client = await self._s3()
-        try:
-            response = await client.get_object(Bucket=self.bucket, Key=self._key(key))
-        except client.exceptions.NoSuchKey:
-            return None
-        async with response["Body"] as body:
-            return await body.read()
-
-    async def list(self, prefix: str) -> list[str]:
-        if self.scheme == "gs":
-            folder = await self._gcs_folder()
-            return await asyncio.to_thread(folder.list, prefix)
-        client = await self._s3()
-        base = self._key("")
-        keys: list[str] = []
-        paginator = client.get_paginator("list_objects_v2")
-        async for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
-            keys.extend(obj["Key"][len(base) :].lstrip("/") for obj in page.get("Contents", []))
-        return sorted(keys)
-
-    async def close(self) -> None:
-        if self._client is not None:
-            await self._client.__aexit__(None, None, None)
-            self._client = None
+# One LiveIndex (one storage client, the group's cursors) per (connection, live index) per triggerer.
+INDEXES: shared_poll.Pool[LiveIndex] = shared_poll.Pool(_make_index, _close_index)
 
 
 class RunTrigger(BaseTrigger):
@@ -89,7 +51,8 @@ class RunTrigger(BaseTrigger):
 
     Kwargs are plain JSON: the ``LaunchRecord`` as a dict, the connection, and the wait settings
     (including the agent watchdog's ``startup_timeout`` / ``heartbeat_timeout``, so a dead agent is
-    noticed in deferrable mode exactly as in blocking mode).
+    noticed in deferrable mode exactly as in blocking mode). ``next_log_seq`` is where the task log
+    was when the task deferred; a re-created trigger continues from the saved cursor when further.
     """
 
     def __init__(
@@ -130,8 +93,76 @@ class RunTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         launch = LaunchRecord.from_dict(self.launch)
-        folder = AsyncRunFolder(launch.run_uri, self.conn_id, launch.region)
         follower = LogFollower(launch.instance_id, self.next_log_seq)
+        result: Outcome | None = None
+        try:
+            live_uri = launch.live_uri or await asyncio.to_thread(self._live_uri_from_spec, launch)
+            result = await self._wait(launch, live_uri, follower)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            result = Outcome(ERROR, "wait_failed", message=f"waiting for the run failed: {err}")
+        result = result or Outcome(ERROR, "wait_failed", message="the run watch ended")
+        yield TriggerEvent(
+            {"outcome": result.to_dict(), "launch": self.launch, "next_log_seq": follower.next_seq}
+        )
+
+    async def _wait(self, launch: LaunchRecord, live_uri: str, follower: LogFollower) -> Outcome | None:
+        iid = launch.instance_id
+        key = ("live", self.conn_id, self.project_id, live_uri)
+
+        async def poll(ids: list[str]) -> dict[str, LiveView]:
+            return await asyncio.to_thread(INDEXES.get(key).poll, ids)
+
+        instances: dict[str, Instance | None] = {}
+        failed: list[BaseException] = []
+        watcher = asyncio.ensure_future(self._follow_instance(launch, instances, failed))
+        watch = RunWatch(self.deadline, launch.launched_at, self.startup_timeout, self.heartbeat_timeout)
+        status: RunStatus | None = None
+        stream = shared_poll.watch_with_retry(
+            key, [iid], poll, self.poll_interval, self.log, close=INDEXES.closer(key)
+        )
+        try:
+            async with aclosing(stream):
+                async for snapshot in stream:
+                    if failed:
+                        raise failed[0]
+                    index = INDEXES.peek(key)
+                    view = snapshot.get(iid) or LiveView()
+                    follower.next_seq = max(follower.next_seq, view.cursor)
+                    if view.beacon is not None:
+                        status = view.beacon.run_status()
+                        await self._show(index, launch, follower, view.beacon)
+                    if view.final is not None:
+                        status = view.final
+                    elif view.listed and status is None:
+                        status = RunStatus(STARTING, iid)  # it reported; what exactly, its beacon says
+                    instance = instances.get(iid)
+                    if _ended(instance) and view.final is None and view.listed and index is not None:
+                        beacon = await asyncio.to_thread(index.read_beacon, iid)  # interruption, lines
+                        if beacon is not None:
+                            status = beacon.run_status()
+                            await self._show(index, launch, follower, beacon)
+                    result = watch.decide(status, instance, view.beacon_at)
+                    if result is None:
+                        continue
+                    if index is not None and view.listed:  # what the agent wrote last
+                        beacon = await asyncio.to_thread(index.read_beacon, iid)
+                        if beacon is not None:
+                            await self._show(index, launch, follower, beacon)
+                    if index is not None:
+                        index.forget(iid)
+                    return result
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        return None
+
+    async def _follow_instance(
+        self, launch: LaunchRecord, out: dict[str, Instance | None], failed: list[BaseException]
+    ) -> None:
+        """Keeps ``out`` at the latest shared snapshot of the instance (only when it stopped or
+        ended, on EC2); a lasting describe error is handed to the wait."""
         stream = watch_instances(
             launch.cloud,
             self.conn_id,
@@ -139,50 +170,44 @@ class RunTrigger(BaseTrigger):
             [launch.instance_id],
             self.poll_interval,
             self.project_id,
+            ended_only=True,
         )
-        watch = RunWatch(self.deadline, launch.launched_at, self.startup_timeout, self.heartbeat_timeout)
-        budget = TransientBudget()
-        result: Outcome | None = None
         try:
             async with aclosing(stream):
                 async for snapshot in stream:
-                    try:
-                        result = await self._step(folder, follower, snapshot.get(launch.instance_id), watch)
-                        budget.ok()
-                    except Exception as err:
-                        delay = budget.failed(err)  # re-raises when not transient or lasting too long
-                        self.log.warning("Transient error reading the run folder (%s); retrying", err)
-                        await asyncio.sleep(delay)
-                        continue
-                    if result is not None:
-                        break
+                    out[launch.instance_id] = snapshot.get(launch.instance_id)
         except asyncio.CancelledError:
             raise
         except Exception as err:
-            result = Outcome(ERROR, "wait_failed", message=f"waiting for the run failed: {err}")
-        finally:
-            await folder.close()
-        result = result or Outcome(ERROR, "wait_failed", message="instance watch ended")
-        yield TriggerEvent(
-            {"outcome": result.to_dict(), "launch": self.launch, "next_log_seq": follower.next_seq}
-        )
+            failed.append(err)
 
-    async def _step(
-        self, folder: AsyncRunFolder, follower: LogFollower, instance: Instance | None, watch: RunWatch
-    ) -> Outcome | None:
-        """One poll: show new log lines, read the status, decide (see ``lifecycle.waiting.RunWatch``)."""
-        iid = follower.instance_id
-        for line in await follower.apoll(folder.list, folder.get):
-            self.log.info("[job] %s", line)
-        raw = await folder.get(status_key(iid))
-        beat = await folder.get(heartbeat_key(iid))
-        result = watch.decide(
-            RunStatus.from_json(raw.decode()) if raw else None, instance, parse_heartbeat(beat)
+    async def _show(
+        self, index: LiveIndex | None, launch: LaunchRecord, follower: LogFollower, beacon: Any
+    ) -> None:
+        """Log the new lines, then move the saved cursor (no await between the two)."""
+        if index is None:
+            return
+        lines = await asyncio.to_thread(follower.from_beacon, beacon, launch.run_uri, index.read_uri)
+        for line in lines:
+            self.log.info("%s", render_line(line))
+        index.advance(launch.instance_id, follower.next_seq)
+
+    def _live_uri_from_spec(self, launch: LaunchRecord) -> str:
+        """A launch recorded without its live index: the run's spec names it."""
+        from airflow_cloudtrain.clouds.registry import backend_for
+
+        backend = backend_for(
+            launch.cloud,
+            region=launch.region,
+            aws_conn_id=self.conn_id,
+            gcp_conn_id=self.conn_id or "google_cloud_default",
+            project_id=self.project_id,
         )
-        if result is not None:
-            for line in await follower.apoll(folder.list, folder.get):  # what the agent wrote last
-                self.log.info("[job] %s", line)
-        return result
+        raw = backend.run_folder(launch.run_uri).get_bytes(SPEC_KEY)
+        spec = RunSpec.from_json(raw.decode()) if raw else None
+        if spec is None or not spec.live_uri:
+            raise ValueError(f"the run at {launch.run_uri} publishes no live index (spec without live_uri)")
+        return spec.live_uri
 
     async def on_kill(self) -> None:
         """The user killed the deferred task: release the run through its ledger (and tag sweep)."""
@@ -218,3 +243,7 @@ class RunTrigger(BaseTrigger):
         budget = TransientBudget(budget_s=25.0, cap_s=5.0)
         released = call_with_retry(lambda: ledger.release(backend, sweep=bool(launch.run_key)), budget)
         return [r.id or "" for r in released]
+
+
+def _ended(instance: Instance | None) -> bool:
+    return instance is not None and (instance.state in ENDED_STATES or instance.state == STOPPED)

@@ -4,7 +4,9 @@ Each trigger that waits on instances registers its ids with the group for its (c
 region); one poll task per group describes the union of ids (up to 1,000 per call) and wakes every
 watcher with the fresh snapshot. A hundred runs waiting in one triggerer then cost one
 DescribeInstances per poll interval instead of a hundred. The group's task stops with its last
-watcher; cancellation of a watcher propagates normally.
+watcher; cancellation of a watcher propagates normally. A group may own resources (its SDK client):
+``close`` is called once when the group ends; its synchronous part runs at once (so a watcher
+arriving next builds fresh ones) and the awaitable it returns, if any, after the poll task stopped.
 
 Nothing here is about instances: the values are whatever ``describe`` answers per id, so queue
 depths share the same way (one GetQueueAttributes per queue per poll, ``triggers.queue_depth``).
@@ -22,11 +24,42 @@ from typing import Any, Generic, TypeVar
 V = TypeVar("V")  # what describe answers per id: an ``Instance``, a queue's depth, ...
 
 Describe = Callable[[list[str]], Awaitable[dict[str, V]]]
+Close = Callable[[], Awaitable[None] | None]
+
+
+class Pool(Generic[V]):
+    """Per-key resources (an SDK client, a listing's state) that live exactly as long as the poll
+    group of that key: ``get`` builds one on first use (call it from the describe, so a group that
+    ended and restarted gets a fresh one), ``close`` is the group's ``close``."""
+
+    def __init__(self, make: Callable[[Hashable], V], finish: Callable[[V], Awaitable[None]]) -> None:
+        self._make = make
+        self._finish = finish
+        self._items: dict[Hashable, V] = {}
+
+    def get(self, key: Hashable) -> V:
+        if key not in self._items:
+            self._items[key] = self._make(key)
+        return self._items[key]
+
+    def peek(self, key: Hashable) -> V | None:
+        return self._items.get(key)
+
+    def closer(self, key: Hashable) -> Close:
+        def close() -> Awaitable[None] | None:
+            item = self._items.pop(key, None)  # at once: the next group of this key builds anew
+            return self._finish(item) if item is not None else None
+
+        return close
+
+    def __len__(self) -> int:
+        return len(self._items)
 
 
 class _Group(Generic[V]):
-    def __init__(self, describe: Describe[V], interval: float) -> None:
+    def __init__(self, describe: Describe[V], interval: float, close: Close | None = None) -> None:
         self.describe = describe
+        self.close = close
         self.interval = interval
         self.watchers: dict[int, set[str]] = {}
         self.snapshot: dict[str, V] = {}
@@ -56,16 +89,17 @@ _tokens = itertools.count()  # one per watcher; id() of a temporary would be reu
 
 
 async def watch(
-    key: Hashable, ids: list[str], describe: Describe[V], interval: float
+    key: Hashable, ids: list[str], describe: Describe[V], interval: float, close: Close | None = None
 ) -> AsyncIterator[dict[str, V]]:
     """Yield ``{id: value}`` (an ``Instance``, a queue depth, ...) for ``ids`` after every shared
-    poll of the group ``key``.
+    poll of the group ``key``. ``describe`` and ``close`` of the watcher that starts a group serve
+    the whole group.
 
     Raises the describe error to this watcher when a poll failed.
     """
     group: _Group[V] | None = _groups.get(key)
     if group is None or group.task is None or group.task.done():
-        group = _groups[key] = _Group(describe, interval)
+        group = _groups[key] = _Group(describe, interval, close)
     group.interval = min(group.interval, interval)
     token = next(_tokens)
     group.watchers[token] = set(ids)
@@ -88,13 +122,22 @@ async def watch(
             # new group, not join one whose poll loop is being cancelled
             if _groups.get(key) is group:
                 del _groups[key]
+            closing = group.close() if group.close is not None else None
+            group.close = None
             group.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await group.task
+            if closing is not None:
+                await closing
 
 
 async def watch_with_retry(
-    key: Hashable, ids: list[str], describe: Describe[V], interval: float, log: Any = None
+    key: Hashable,
+    ids: list[str],
+    describe: Describe[V],
+    interval: float,
+    log: Any = None,
+    close: Close | None = None,
 ) -> AsyncIterator[dict[str, V]]:
     """``watch``, with transient describe errors (throttling, 5xx) waited out with backoff for minutes
     (``lifecycle.retry.TransientBudget``); any other error, or one that lasts, is raised."""
@@ -103,7 +146,7 @@ async def watch_with_retry(
     budget = TransientBudget(base_s=interval)
     while True:
         try:
-            async with aclosing(watch(key, ids, describe, interval)) as stream:
+            async with aclosing(watch(key, ids, describe, interval, close)) as stream:
                 async for snapshot in stream:
                     budget.ok()
                     yield snapshot
