@@ -220,9 +220,12 @@ def load_dag(path: Path) -> Any:
 
 
 def run_folder_log(folder: Any, instance_id: str) -> str:
-    from airflow_cloudtrain.runs import log_prefix
+    """The instance's job log in the run folder, as the job printed it (without the agent's per-line
+    stamps, so ``STEP_RE`` / ``RESUMED_RE`` match at line starts)."""
+    from airflow_cloudtrain.runs import log_prefix, strip_stamps
 
-    return "".join(folder.get_text(key) or "" for key in sorted(folder.list(log_prefix(instance_id))))
+    keys = sorted(folder.list(log_prefix(instance_id)))
+    return strip_stamps("".join(folder.get_text(key) or "" for key in keys))
 
 
 def read_status(folder: Any, instance_id: str) -> dict[str, Any]:

@@ -97,7 +97,7 @@ def summarize_spot(run, injected: list[dict]) -> None:
     """retrain_spot: the interruptions, where each attempt resumed, the ledger and its totals."""
     from airflow_cloudtrain.agent.storage import open_run_folder
     from airflow_cloudtrain.lifecycle.history import format_ledger, ledger_key
-    from airflow_cloudtrain.runs import log_prefix
+    from airflow_cloudtrain.runs import log_prefix, strip_stamps
 
     def show(value, pattern="{}"):
         return "-" if value is None else pattern.format(value)
@@ -122,7 +122,7 @@ def summarize_spot(run, injected: list[dict]) -> None:
         )
         if row.get("instance_id"):
             log = "".join(folder.get_text(k) or "" for k in folder.list(log_prefix(row["instance_id"])))
-            for line in log.splitlines():
+            for line in strip_stamps(log).splitlines():
                 if line.startswith(("resumed from step", "fresh start", "SIGTERM", "done:")):
                     print(f"       | {line}")
     raw = folder.get_text(ledger_key(result["run_id"]))
@@ -161,7 +161,7 @@ def summarize_sweep(run, injected: list[dict]) -> bool:
     """spot_sweep: the trials, the one that moved off the reclaimed worker, the fleet, the winner.
     Whether a trial moved and resumed from a checkpoint."""
     from airflow_cloudtrain.agent.storage import open_run_folder
-    from airflow_cloudtrain.runs import log_prefix
+    from airflow_cloudtrain.runs import log_prefix, strip_stamps
 
     print(f"\n=== spot_sweep: dag run {run.state} ===")
     for ti in sorted(run.get_task_instances(), key=lambda t: t.start_date or t.end_date):
@@ -196,7 +196,7 @@ def summarize_sweep(run, injected: list[dict]) -> bool:
         )
         for attempt in attempts:
             log = "".join(folder.get_text(k) or "" for k in folder.list(log_prefix(attempt)))
-            for line in log.splitlines():
+            for line in strip_stamps(log).splitlines():
                 if line.startswith(("item ", "SIGTERM", "done:")) and "lr=" not in line:
                     print(f"       {attempt:<22} | {line}")
         moved_ok = moved_ok or bool(resumed)

@@ -2,7 +2,12 @@
 
 Teardown is a guarantee, so ``Agent.run`` never raises: whatever happens it tries to upload results,
 flush the log, write a final status and run the power-off command. The final status is the last
-write of the run, so an observer that sees it also sees every log chunk and result.
+write of the run folder, so an observer that sees it also sees every log chunk and result.
+
+The live index (``spec.live_uri``, see ``agent.beacon``): the instance's beacon is rewritten on every
+status change, after every log flush that uploaded chunks and on every heartbeat (instead of the
+``heartbeat`` file). After the final status come the final beacon (final status, every chunk) and
+then the end marker, both retried like the final status: the end marker is the run's last write.
 
 Results go to ``runs.results_prefix(instance_id)`` (``results/<instance-id>/``): one folder per
 instance, i.e. per attempt, so a retried task's new instance never mixes files into (or overwrites)
@@ -53,6 +58,7 @@ import zipfile
 from pathlib import Path
 
 from airflow_cloudtrain import runs
+from airflow_cloudtrain.agent.beacon import BeaconWriter
 from airflow_cloudtrain.agent.checkpoints import CheckpointSync
 from airflow_cloudtrain.agent.idle import IdleWatch, proc_available, sample_interval
 from airflow_cloudtrain.agent.jobs import (
@@ -103,6 +109,7 @@ class Agent:
         self.metadata: AwsMetadata | GceMetadata | None = None
         self.streamer: LogStreamer | None = None
         self.writer: StatusWriter | None = None
+        self.beacon: BeaconWriter | None = None  # with a live index (spec.live_uri)
         self.started_at = time.time()
         self.deadline: float | None = None
         self.notice: Notice | None = None
@@ -218,8 +225,18 @@ class Agent:
             log.warning("metadata service unavailable (%s: %s)", type(err).__name__, err)
             self.instance_id = self.instance_id or socket.gethostname()
         self.streamer = LogStreamer(self.folder, self.instance_id)
-        self.writer = StatusWriter(self.folder, self.instance_id, self.started_at)
-        self.writer.update()
+        writer = self.writer = StatusWriter(self.folder, self.instance_id, self.started_at)
+        if self.spec is not None and self.spec.live_uri:
+            try:
+                index = self.folder.at(self.spec.live_uri)
+            except ValueError as err:  # not an s3:// / gs:// URI: the run folder alone, as before
+                log.error("live index %r unusable (%s); writing heartbeats instead", self.spec.live_uri, err)
+            else:
+                self.beacon = BeaconWriter(
+                    index, self.instance_id, lambda: writer.status, self.streamer.snapshot
+                )
+                writer.beacon = self.beacon
+        writer.update()
         if spec_error is not None:
             raise spec_error
         assert self.spec is not None
@@ -278,6 +295,11 @@ class Agent:
         self.outcome = (state, exit_code, message)
         changes = {"state": state, "exit_code": exit_code, "message": message, "ended_at": time.time()}
         retry(lambda: writer.update(raise_errors=True, **changes), what="final status")
+        beacon = self.beacon
+        if beacon is not None:  # after the final status; the end marker last of all
+            final = writer.status
+            retry(lambda: beacon.publish_final(final), what="final beacon")
+            retry(lambda: beacon.write_end(final), what="end marker")
 
     def _power_off(self) -> None:
         power_off(self.poweroff)
@@ -389,8 +411,17 @@ class Agent:
             self.writer.update(**changes)
 
     def _flush_logs(self) -> None:
-        if self.streamer is not None:
-            self.streamer.flush()
+        """Logs chore: upload new chunks; when some went up, the beacon says so (even if a later
+        chunk of the round failed)."""
+        streamer = self.streamer
+        if streamer is None:
+            return
+        before = streamer.seq
+        try:
+            streamer.flush()
+        finally:
+            if self.beacon is not None and streamer.seq != before:
+                self.beacon.publish()
 
     def _sink(self, data: bytes) -> None:
         if self.streamer is not None:

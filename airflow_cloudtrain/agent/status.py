@@ -7,6 +7,10 @@ because observers take a final status to mean that logs and results are complete
 A failed write of a non-final change or a heartbeat is only logged (the next change / beat carries
 it); the runner writes the final status through ``agent.retry.retry``, which replaced the fixed
 five tries that lived here.
+
+With a live index (``RunSpec.live_uri``; ``agent.beacon``) every non-final change also rewrites the
+instance's beacon, and the heartbeat is the beacon rewritten (its LastModified) instead of the
+``heartbeat`` file; the runner writes the final beacon after the final status.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import replace
 from typing import Any
 
 from airflow_cloudtrain import runs
+from airflow_cloudtrain.agent.beacon import BeaconWriter
 from airflow_cloudtrain.agent.storage import RunFolder
 
 log = logging.getLogger("cloudtrain.agent")
@@ -29,6 +34,7 @@ class StatusWriter:
     def __init__(self, folder: RunFolder, instance_id: str, started_at: float) -> None:
         self.folder = folder
         self.status = runs.RunStatus(runs.STARTING, instance_id, started_at=started_at)
+        self.beacon: BeaconWriter | None = None  # set when the run has a live index
         self._lock = threading.Lock()
 
     def update(self, raise_errors: bool = False, **changes: Any) -> None:
@@ -50,7 +56,13 @@ class StatusWriter:
                     "status write failed (%s: %s); the next change rewrites it", type(err).__name__, err
                 )
             self.status = new
+            if self.beacon is not None and not new.final:  # the final one: the runner, after this
+                self.beacon.publish()
 
     def beat(self) -> None:
-        """Heartbeat: the operator tells a dead agent from a slow job by this timestamp."""
-        self.folder.put_text(runs.heartbeat_key(self.status.instance_id), f"{time.time():.3f}")
+        """Heartbeat: the operator tells a dead agent from a slow job by this timestamp (the beacon's
+        LastModified with a live index, else the ``heartbeat`` file). Raises when the write fails."""
+        if self.beacon is not None:
+            self.beacon.publish(raise_errors=True)
+        else:
+            self.folder.put_text(runs.heartbeat_key(self.status.instance_id), f"{time.time():.3f}")

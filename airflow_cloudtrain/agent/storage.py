@@ -14,11 +14,16 @@ and dropped connections itself: up to 10 retries after the first try, in botocor
 (``S3_RETRIES``; clients passed in, e.g. the operator's, keep their own settings). On top
 of that the agent wraps the calls it cannot afford to lose in ``agent.retry.retry`` (see there);
 ``upload_dir`` takes such a wrapper for each file, so one throttled file does not re-upload the rest.
+
+``RunFolder.at(uri)`` opens another folder through the same clients (the agent's live index,
+``RunSpec.live_uri``); ``modified_at(key)`` is an object's LastModified / ``updated``, which is how a
+beacon's heartbeat is read without reading the beacon.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import os
 from collections.abc import Callable
@@ -63,6 +68,17 @@ class _S3:
             if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
                 return None
             raise
+
+    def modified_at(self, bucket: str, key: str) -> float | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self.client.head_object(Bucket=bucket, Key=key)
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+        return float(head["LastModified"].timestamp())
 
     def list(self, bucket: str, prefix: str) -> list[str]:
         keys: list[str] = []
@@ -112,6 +128,11 @@ class _GCS:
         except NotFound:
             return None
 
+    def modified_at(self, bucket: str, key: str) -> float | None:
+        blob = self.client.bucket(bucket).get_blob(key)  # None when it does not exist
+        updated = getattr(blob, "updated", None)
+        return None if updated is None else float(updated.timestamp())
+
     def list(self, bucket: str, prefix: str) -> list[str]:
         return [blob.name for blob in self.client.list_blobs(bucket, prefix=prefix)]
 
@@ -143,6 +164,14 @@ class RunFolder:
     def __repr__(self) -> str:
         return f"RunFolder({self.uri!r})"
 
+    def at(self, uri: str) -> RunFolder:
+        """The folder at ``uri`` (e.g. the bucket's live index, ``RunSpec.live_uri``) through this
+        folder's clients: same credentials, endpoint and retry settings, one connection pool."""
+        other = copy.copy(self)  # shares the client and backend dicts (a subclass stays one)
+        other.scheme, other.bucket, other.base = runs.split_uri(uri)
+        other.uri = f"{other.scheme}://{other.bucket}" + (f"/{other.base}" if other.base else "")
+        return other
+
     def _backend(self, scheme: str | None = None) -> _S3 | _GCS:
         scheme = scheme or self.scheme
         if scheme not in self._backends:
@@ -167,6 +196,11 @@ class RunFolder:
     def get_text(self, key: str) -> str | None:
         data = self.get_bytes(key)
         return None if data is None else data.decode("utf-8")
+
+    def modified_at(self, key: str) -> float | None:
+        """When the object was last written (S3 ``LastModified``, GCS ``updated``) as unix time, or None
+        when it does not exist. S3 gives whole seconds; GCS microseconds."""
+        return self._backend().modified_at(self.bucket, self._full(key))
 
     def list(self, prefix: str = "") -> list[str]:
         """Keys under ``prefix`` (a raw key prefix), relative to the run folder, sorted."""

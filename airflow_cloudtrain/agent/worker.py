@@ -203,6 +203,7 @@ class Worker:
             run_uri=item_uri,
             run_id=f"{self.spec.run_id}-{item_id}",
             worker=None,
+            live_uri=None,  # items are watched through their outcomes, not the live index
             env=env,
             max_runtime_s=settings.item_timeout_s,
             restarts=interruptions,

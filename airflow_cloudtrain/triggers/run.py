@@ -210,9 +210,20 @@ class RunTrigger(BaseTrigger):
         return spec.live_uri
 
     async def on_kill(self) -> None:
-        """The user killed the deferred task: release the run through its ledger (and tag sweep)."""
+        """The user killed the deferred task: release the run through its ledger (and tag sweep).
+
+        The triggerer routes a trigger's lines to the task log only until it reports the trigger
+        finished, and that report can overtake a line logged just before it: so what is about to
+        happen is said first, while the task log surely still takes it, then the result."""
+        launch = LaunchRecord.from_dict(self.launch)
+        self.log.warning(
+            "The task was killed while deferred: terminating instance %s and releasing everything "
+            "else of run %s",
+            launch.instance_id,
+            launch.run_id,
+        )
         released = await asyncio.to_thread(self._release)
-        self.log.info("Released %s because the task was killed", released)
+        self.log.warning("Released %s because the task was killed", ", ".join(released) or "nothing")
 
     def _release(self) -> list[str]:
         """As ``RunAttempt.abandon``: the job's end will not be reported, so mark the instance (its

@@ -82,7 +82,8 @@ class Run:
         return [self.folder.get_bytes(k) or b"" for k in keys]
 
     def log(self, notes: bool = False) -> str:
-        text = b"".join(self.chunks()).decode()
+        """The job's output as it printed it (lines without their stamps), the agent's notes too."""
+        text = runs.strip_stamps(b"".join(self.chunks()).decode())
         return (
             text
             if notes
@@ -142,6 +143,8 @@ def test_success_final_status_is_last_write(s3: Any, metadata: MetadataServer, t
     assert results == f"results/{run.iid}"  # one folder per instance (attempt)
     assert at_final["results"] == [f"{results}/result.txt", f"{results}/sub/a.txt"]
     assert run.result("sub/a.txt") == "nested\n"
+    # no live index in this spec (live_uri None): heartbeats go to the run folder's heartbeat file
+    assert run.spec.live_uri is None
     assert abs(float(run.folder.get_text(runs.heartbeat_key(run.iid)) or 0) - time.time()) < 30
     assert "line 12" in run.stdout  # echoed to the agent's own output too
 
@@ -519,7 +522,9 @@ def test_log_streamer_keeps_bytes_across_failed_uploads() -> None:
     streamer.write(b"tail")
     streamer.flush(final=True)
     assert list(folder.objects) == [runs.log_key("i-1", 0), runs.log_key("i-1", 1)]
-    assert b"".join(folder.objects.values()) == b"a\nbc\ntail"
+    text = b"".join(folder.objects.values()).decode()
+    assert runs.strip_stamps(text) == "a\nbc\ntail"
+    assert [runs.split_stamp(line)[0] is not None for line in text.splitlines()] == [True, True, True]
 
 
 def test_upload_dir_wraps_each_file(s3: Any, tmp_path: Path) -> None:
@@ -693,7 +698,7 @@ def test_agent_finishes_when_gcs_throttles(
     assert status.state == runs.SUCCEEDED and status.exit_code == 0, status
     keys = folder.list(runs.log_prefix(iid))
     assert [runs.log_seq(k) for k in keys] == list(range(len(keys)))
-    text = b"".join(folder.get_bytes(k) or b"" for k in keys).decode()
+    text = runs.strip_stamps(b"".join(folder.get_bytes(k) or b"" for k in keys).decode())
     assert "".join(line for line in text.splitlines(True) if not line.startswith(NOTE_PREFIX)) == (
         JOB_OUTPUT + "\n"
     )
@@ -747,6 +752,6 @@ def test_agent_subprocess_finishes_when_the_emulator_throttles(
     assert status.state == runs.SUCCEEDED, (status, done.stderr[-3000:])
     keys = folder.list(runs.log_prefix(iid))
     assert [runs.log_seq(k) for k in keys] == list(range(len(keys)))
-    text = b"".join(folder.get_bytes(k) or b"" for k in keys).decode()
+    text = runs.strip_stamps(b"".join(folder.get_bytes(k) or b"" for k in keys).decode())
     assert "".join(ln for ln in text.splitlines(True) if not ln.startswith(NOTE_PREFIX)) == JOB_OUTPUT + "\n"
     assert folder.get_text(runs.join(runs.results_prefix(iid), "sub/a.txt")) == "nested\n"

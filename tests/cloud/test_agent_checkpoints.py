@@ -128,8 +128,9 @@ class Agent:
         return runs.RunStatus.from_json(text)
 
     def log(self) -> str:
+        """The job log as the job printed it: lines without the agent's stamps."""
         keys = self.folder.list(runs.log_prefix(self.iid))
-        return b"".join(self.folder.get_bytes(k) or b"" for k in keys).decode()
+        return runs.strip_stamps(b"".join(self.folder.get_bytes(k) or b"" for k in keys).decode())
 
     def job_log(self) -> str:
         return "".join(ln for ln in self.log().splitlines(True) if not ln.startswith(NOTE_PREFIX))

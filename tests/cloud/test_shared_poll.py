@@ -94,7 +94,7 @@ def test_waiting_triggers_keep_sharing_across_polls(emu) -> None:
         boto3.client("ec2").terminate_instances(InstanceIds=ids)
 
 
-def test_run_trigger_on_kill_terminates_the_instance(emu) -> None:
+def test_run_trigger_on_kill_terminates_the_instance_and_says_so(emu, capfd) -> None:
     (iid,) = plain_instances(1)
     launch = LaunchRecord(
         run_id="ct-x", run_uri="s3://cloudtrain-emulated/x", cloud="ec2", region="us-east-1", instance_id=iid
@@ -105,3 +105,7 @@ def test_run_trigger_on_kill_terminates_the_instance(emu) -> None:
         "State"
     ]
     assert state["Name"] == "terminated"
+    out = "".join(capfd.readouterr())
+    # said before the release starts (the triggerer may stop routing lines to the task log once the
+    # trigger is done), and after it
+    assert f"terminating instance {iid}" in out and f"Released {iid}" in out
