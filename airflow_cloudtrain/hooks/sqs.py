@@ -1,5 +1,6 @@
-"""SQS queue depth through the Airflow AWS connection: boto3 for the sensor's poke, aiobotocore for
-the trigger (one client per poll group, closed with it)."""
+"""SQS queue depth through the Airflow AWS connection: one boto3 client per hook, for the sensor's
+poke and for the trigger (one per poll group, built and called in worker threads, closed with it:
+building a client loads botocore's service model, which must not stall the triggerer's loop)."""
 
 from __future__ import annotations
 
@@ -59,7 +60,6 @@ class QueueDepthHook(AwsBaseHook):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["client_type"] = "sqs"
         super().__init__(*args, **kwargs)
-        self._async_client: Any = None
 
     @cached_property
     def sync_client(self) -> Any:
@@ -92,41 +92,28 @@ class QueueDepthHook(AwsBaseHook):
             raise
         return depth_of(url, response.get("Attributes", {}))
 
-    async def _client(self) -> Any:
-        """One aiobotocore client per hook (per poll group), not one per poll."""
-        if self._async_client is None:
-            self._async_client = await (await self.get_async_conn()).__aenter__()
-        return self._async_client
-
     async def aclose(self) -> None:
-        client, self._async_client = self._async_client, None
-        if client is not None:
-            await client.__aexit__(None, None, None)
+        if "sync_client" in self.__dict__:
+            client = self.__dict__.pop("sync_client")
+            await asyncio.to_thread(client.close)
+
+    def _depth_or_error(self, url: str) -> QueueDepth:
+        try:
+            return self.depth(url)
+        except Exception as err:
+            return QueueDepth(url, error=err)
 
     async def depths_async(self, urls: list[str]) -> dict[str, QueueDepth]:
-        """GetQueueAttributes once per distinct URL, concurrently, without blocking the event loop."""
-        client = await self._client()
+        """GetQueueAttributes once per distinct URL, up to ``MAX_CONCURRENT`` at once, each in a
+        worker thread: the event loop never builds the client, sends or parses."""
+        await asyncio.to_thread(lambda: self.sync_client)  # built once, off the loop
         gate = asyncio.Semaphore(MAX_CONCURRENT)
 
         async def one(url: str) -> QueueDepth:
-            try:
-                async with gate:
-                    response = await client.get_queue_attributes(
-                        QueueUrl=url, AttributeNames=DEPTH_ATTRIBUTES
-                    )
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                return (
-                    QueueDepth(queue=url, missing=True)
-                    if is_missing_queue(err)
-                    else QueueDepth(url, error=err)
-                )
-            return depth_of(url, response.get("Attributes", {}))
+            async with gate:
+                return await asyncio.to_thread(self._depth_or_error, url)
 
         depths = await asyncio.gather(*(one(u) for u in dict.fromkeys(urls)))
-        if any(d.error is not None and getattr(d.error, "response", None) is None for d in depths):
-            await self.aclose()  # not an answer from SQS (a dropped connection): a fresh client next poll
         return {d.queue: d for d in depths}
 
 
