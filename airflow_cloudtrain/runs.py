@@ -19,8 +19,11 @@ And one level up, shared by every run of a bucket (``live_index_uri(bucket)``), 
 lets one triggerer watch a thousand runs with one listing per poll (``triggers.run_index``)::
 
     _cloudtrain/live/<instance-id>.json      agent: Beacon (status, log seq, recent lines), rewritten on
-                                             each change and, unchanged, on each heartbeat: its
-                                             LastModified is the heartbeat, its ETag / md5 what changed
+                                             each change only: its ETag / md5 says what changed
+    _cloudtrain/live/<instance-id>.beat      agent: its unix time, every heartbeat: LastModified is
+                                             the heartbeat (a separate object, so beats never look
+                                             like changes, whatever the bucket's encryption, and
+                                             never rewrite the beacon on a versioned bucket)
     _cloudtrain/live/<instance-id>.end.json  agent: the final RunStatus, written once, last
     _cloudtrain/cursors/<triggerer>.json     triggerer: {instance id: next log seq} it has shown
 
@@ -187,6 +190,7 @@ LIVE_PREFIX = "_cloudtrain/live"
 CURSORS_PREFIX = "_cloudtrain/cursors"
 END_SUFFIX = ".end.json"
 BEACON_SUFFIX = ".json"
+BEAT_SUFFIX = ".beat"
 TAIL_MAX = 64 * 1024  # bytes of recent log text a beacon carries, so a reader seldom reads chunks
 
 
@@ -210,12 +214,21 @@ def end_name(instance_id: str) -> str:
     return f"{instance_id}{END_SUFFIX}"
 
 
-def live_entry(name: str) -> tuple[str, bool] | None:
-    """``"i-1.json"`` -> ("i-1", False), ``"i-1.end.json"`` -> ("i-1", True), anything else None."""
-    if name.endswith(END_SUFFIX):
-        return name[: -len(END_SUFFIX)], True
-    if name.endswith(BEACON_SUFFIX) and "/" not in name:
-        return name[: -len(BEACON_SUFFIX)], False
+def beat_name(instance_id: str) -> str:
+    return f"{instance_id}{BEAT_SUFFIX}"
+
+
+BEACON, BEAT, END = "beacon", "beat", "end"
+
+
+def live_entry(name: str) -> tuple[str, str] | None:
+    """``"i-1.json"`` -> ("i-1", BEACON), ``"i-1.beat"`` -> ("i-1", BEAT), ``"i-1.end.json"`` ->
+    ("i-1", END); anything else (a sub-folder's key) None."""
+    if "/" in name:
+        return None
+    for suffix, kind in ((END_SUFFIX, END), (BEAT_SUFFIX, BEAT), (BEACON_SUFFIX, BEACON)):
+        if name.endswith(suffix):
+            return name[: -len(suffix)], kind
     return None
 
 
@@ -223,8 +236,8 @@ def live_entry(name: str) -> tuple[str, bool] | None:
 class Beacon:
     """One instance's state in the live index: small, and byte-identical while nothing changes.
 
-    ``status`` is the agent's RunStatus without ``updated_at`` (so a heartbeat rewrite keeps the same
-    bytes and ETag); ``log_seq`` the number of log chunks uploaded; ``tail`` the text of chunks
+    ``status`` is the agent's RunStatus without ``updated_at`` (a rewrite without a change keeps the
+    same bytes); ``log_seq`` the number of log chunks uploaded; ``tail`` the text of chunks
     ``tail_from .. log_seq - 1`` (at most ``TAIL_MAX`` bytes), so a reader that is behind by no more
     than that reads only this object.
     """

@@ -1,20 +1,22 @@
 """The agent's entry in the bucket's live index (``runs.live_index_uri``): its ``runs.Beacon``.
 
 With ``RunSpec.live_uri`` set, the agent writes ``<live_uri>/<instance-id>.json`` (``runs.beacon_name``)
-on every status change, after every log flush that uploaded chunks and on every heartbeat; then,
-once, after the final ``status.json``: the final beacon and ``<instance-id>.end.json``
-(``runs.end_name``, the final ``RunStatus``), the run's very last write. One triggerer watches a
-thousand runs by listing that folder: a beacon's LastModified (S3) / ``updated`` (GCS) is the
-heartbeat, its ETag / md5 tells whether anything changed, because ``Beacon.to_bytes`` is canonical
-and holds nothing that moves with time (no ``updated_at``): a heartbeat with nothing new rewrites the
-very same bytes. The heartbeat file of the run folder is then not written.
+on every status change and after every log flush that uploaded chunks, ``<instance-id>.beat``
+(``runs.beat_name``, its unix time) on every heartbeat; then, once, after the final ``status.json``:
+the final beacon and ``<instance-id>.end.json`` (``runs.end_name``, the final ``RunStatus``), the
+run's very last write. One triggerer watches a thousand runs by listing that folder: the beat's
+LastModified (S3) / ``updated`` (GCS) is the heartbeat, the beacon's ETag / md5 tells whether
+anything changed. The heartbeat is its own object so that a beat is never taken for a change (an
+SSE-KMS bucket gives every PUT a new ETag), never rewrites the 64 KiB beacon (a versioned bucket
+keeps every overwrite) and never races a beacon write (GCS takes about one write per second per
+object). The heartbeat file of the run folder is then not written.
 
 Ordering: each beacon is built under one lock from the current status and log state, so the beacons
 written never go back (an older status read by one thread cannot land after a newer one). Only the
 final beacon carries a final status, and once it is being written no other beacon follows it (the
 heartbeat thread may still beat).
-A failed non-final write is only logged (or raised to the chore that logs it): the next change or
-beat carries it. The final beacon and the end marker are written by the runner through
+A failed non-final write is only logged (or raised to the chore that logs it): the next change, or
+the next beat, writes it again. The final beacon and the end marker are written by the runner through
 ``agent.retry.retry``.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict
 
@@ -58,6 +61,7 @@ class BeaconWriter:
         self.logs = logs
         self.final = False  # the final beacon is being (or was) written: nothing else after it
         self.written = 0  # beacons written (tests, logs)
+        self.stale = True  # the last publish failed (or none yet): the next beat publishes too
         self._lock = threading.Lock()
 
     @property
@@ -85,12 +89,25 @@ class BeaconWriter:
             try:
                 self.index.put_bytes(self.key, self.beacon(status).to_bytes())
             except Exception as err:
+                self.stale = True
                 if raise_errors:
                     raise
                 log.warning("beacon write failed (%s: %s); the next one carries it", type(err).__name__, err)
                 return False
             self.written += 1
+            self.stale = False
             return True
+
+    def beat(self) -> None:
+        """Heartbeat: ``<instance-id>.beat`` with the agent's time (its LastModified is what the
+        triggerer lists). A beacon whose last write failed is written again first. Raises when a
+        write fails (the heartbeat chore logs it). Nothing once the final beacon is under way."""
+        if self.stale:
+            self.publish(raise_errors=True)
+        with self._lock:
+            if self.final:
+                return
+            self.index.put_text(runs.beat_name(self.instance_id), f"{time.time():.3f}")
 
     def publish_final(self, status: runs.RunStatus) -> None:
         """Write the final beacon (``status`` final, the whole log); raises on failure, so the caller

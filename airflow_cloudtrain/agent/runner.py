@@ -5,8 +5,8 @@ flush the log, write a final status and run the power-off command. The final sta
 write of the run folder, so an observer that sees it also sees every log chunk and result.
 
 The live index (``spec.live_uri``, see ``agent.beacon``): the instance's beacon is rewritten on every
-status change, after every log flush that uploaded chunks and on every heartbeat (instead of the
-``heartbeat`` file). After the final status come the final beacon (final status, every chunk) and
+status change and after every log flush that uploaded chunks; each heartbeat writes its ``.beat``
+object there (instead of the ``heartbeat`` file). After the final status come the final beacon (final status, every chunk) and
 then the end marker, both retried like the final status: the end marker is the run's last write.
 
 Results go to ``runs.results_prefix(instance_id)`` (``results/<instance-id>/``): one folder per

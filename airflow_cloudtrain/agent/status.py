@@ -9,7 +9,7 @@ it); the runner writes the final status through ``agent.retry.retry``, which rep
 five tries that lived here.
 
 With a live index (``RunSpec.live_uri``; ``agent.beacon``) every non-final change also rewrites the
-instance's beacon, and the heartbeat is the beacon rewritten (its LastModified) instead of the
+instance's beacon, and the heartbeat is the live index's ``<instance-id>.beat`` instead of the
 ``heartbeat`` file; the runner writes the final beacon after the final status.
 """
 
@@ -60,9 +60,17 @@ class StatusWriter:
                 self.beacon.publish()
 
     def beat(self) -> None:
-        """Heartbeat: the operator tells a dead agent from a slow job by this timestamp (the beacon's
-        LastModified with a live index, else the ``heartbeat`` file). Raises when the write fails."""
+        """Heartbeat: the operator tells a dead agent from a slow job by this timestamp (the live
+        index's ``<instance-id>.beat`` with a live index, else the ``heartbeat`` file). Raises when
+        the write fails."""
         if self.beacon is not None:
-            self.beacon.publish(raise_errors=True)
+            try:
+                self.beacon.beat()
+                return
+            except Exception:
+                # the live index cannot be written (e.g. a role scoped to the run folder): the
+                # operator, before declaring the run lost, also reads the heartbeat file
+                self.folder.put_text(runs.heartbeat_key(self.status.instance_id), f"{time.time():.3f}")
+                raise
         else:
             self.folder.put_text(runs.heartbeat_key(self.status.instance_id), f"{time.time():.3f}")

@@ -134,6 +134,7 @@ class RunAttempt:
         self.killed = False
         self._folder: Any = None
         self._live: Any = None  # the live index, opened on first use
+        self.last_heartbeat: float | None = None  # read by ``finish``, before the entries go
         stored = store_get(ctx.store, LAUNCH_KEY)
         self.stored = (
             LaunchRecord.from_dict(stored) if stored and stored.get("run_uri") == ctx.run_uri else None
@@ -232,7 +233,7 @@ class RunAttempt:
         return LaunchRecord(
             run_id=self.ctx.key.short_id,
             run_uri=self.ctx.run_uri,
-            live_uri=self.ctx.live_uri,
+            live_uri=self._spec_live_uri(),
             cloud=self.ctx.config.cloud,
             region=self.ctx.backend.region,
             instance_id=instance_id,
@@ -381,29 +382,45 @@ class RunAttempt:
             time.sleep(settings.poll_interval)
 
     def heartbeat(self, launch: LaunchRecord) -> float | None:
-        """The agent's last heartbeat: its beacon's LastModified in the live index (the beacon is
-        rewritten, unchanged, on every beat), or the heartbeat file of a run without one."""
-        from airflow_cloudtrain.runs import beacon_name
+        """The agent's last heartbeat: the live index's ``<instance>.beat`` (its unix time), or the
+        run folder's heartbeat file (an agent without a live index, or one that could not write
+        to it: the agent falls back to the file then)."""
+        from airflow_cloudtrain.runs import beat_name
 
+        beats = [parse_heartbeat(self.folder.get_text(heartbeat_key(launch.instance_id)))]
         if launch.live_uri:
-            if self._live is None:
-                self._live = self.ctx.backend.run_folder(launch.live_uri)
-            return self._live.modified_at(beacon_name(launch.instance_id))
-        return parse_heartbeat(self.folder.get_text(heartbeat_key(launch.instance_id)))
+            beats.append(parse_heartbeat(self._live_folder(launch).get_text(beat_name(launch.instance_id))))
+        return max((b for b in beats if b is not None), default=None)
+
+    def _spec_live_uri(self) -> str | None:
+        """The live index an adopted instance's agent publishes to: the one its spec named (the
+        spec is rewritten only by a new launch, which adopting replaces)."""
+        from airflow_cloudtrain.runs import SPEC_KEY, RunSpec
+
+        try:
+            raw = call_with_retry(lambda: self.folder.get_text(SPEC_KEY))
+        except Exception as err:
+            self.log.warning("Could not read the run's spec (%s); assuming the bucket's live index", err)
+            return self.ctx.live_uri
+        return RunSpec.from_json(raw).live_uri if raw else self.ctx.live_uri
+
+    def _live_folder(self, launch: LaunchRecord) -> Any:
+        if self._live is None:
+            self._live = self.ctx.backend.run_folder(launch.live_uri)
+        return self._live
 
     def unpublish(self, launch: LaunchRecord) -> None:
         """The run's end was reported: take its entries out of the live index, so the index that
         triggers list each poll holds the runs in flight, not history. Best effort: the index also
         drops entries nobody watched for two days (``triggers.run_index``)."""
-        from airflow_cloudtrain.runs import beacon_name, end_name
+        from airflow_cloudtrain.runs import beacon_name, beat_name, end_name
 
         if not launch.live_uri:
             return
+        iid = launch.instance_id
         try:
-            if self._live is None:
-                self._live = self.ctx.backend.run_folder(launch.live_uri)
-            for name in (end_name(launch.instance_id), beacon_name(launch.instance_id)):
-                self._live.delete_key(name)
+            for name in (end_name(iid), beacon_name(iid), beat_name(iid)):
+                self._live_folder(launch).delete_key(name)
         except Exception as err:
             self.log.warning("Could not remove %s from the live index: %s", launch.instance_id, err)
 
@@ -417,6 +434,11 @@ class RunAttempt:
         self.ledger.add("instance", launch.instance_id, launch.location or backend.location(launch.zone))
         self.release()
         self._mark_delivered(launch.instance_id, result.state)
+        try:
+            self.last_heartbeat = call_with_retry(lambda: self.heartbeat(launch))
+        except Exception as err:  # only for the ledger's row
+            self.log.warning("Could not read the last heartbeat of %s: %s", launch.instance_id, err)
+        self.unpublish(launch)
         ended = time.time()
         if launch.adopted and result.ended_at:  # an earlier try's job: billed until its agent powered off
             ended = min(ended, result.ended_at)

@@ -210,8 +210,7 @@ class RecoveryLoop:
         done = attempt.finish(launch, outcome)
         folder, iid = attempt.folder, launch.instance_id
         raw = call_with_retry(lambda: folder.get_text(status_key(iid)))
-        beat = call_with_retry(lambda: attempt.heartbeat(launch))
-        attempt.unpublish(launch)
+        beat = attempt.last_heartbeat
         status = RunStatus.from_json(raw) if raw else None
         row = row_for(done, status, len(self.history.attempts) + 1, self.ctx.try_number, beat)
         if not self.history.has(launch.instance_id):

@@ -26,8 +26,8 @@ from airflow_cloudtrain.clouds.base import ENDED_STATES, STOPPED, Instance
 from airflow_cloudtrain.lifecycle.logstream import LogFollower, render_line
 from airflow_cloudtrain.lifecycle.records import ERROR, LaunchRecord, Outcome
 from airflow_cloudtrain.lifecycle.retry import TransientBudget
-from airflow_cloudtrain.lifecycle.waiting import RunWatch
-from airflow_cloudtrain.runs import SPEC_KEY, STARTING, RunSpec, RunStatus
+from airflow_cloudtrain.lifecycle.waiting import RunWatch, parse_heartbeat
+from airflow_cloudtrain.runs import SPEC_KEY, STARTING, RunSpec, RunStatus, heartbeat_key, status_key
 from airflow_cloudtrain.triggers import shared_poll
 from airflow_cloudtrain.triggers.instances import watch_instances
 from airflow_cloudtrain.triggers.run_index import LiveIndex, LiveView
@@ -75,6 +75,7 @@ class RunTrigger(BaseTrigger):
         self.startup_timeout = startup_timeout
         self.heartbeat_timeout = heartbeat_timeout
         self.next_log_seq = next_log_seq
+        self._warned = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -107,56 +108,156 @@ class RunTrigger(BaseTrigger):
             {"outcome": result.to_dict(), "launch": self.launch, "next_log_seq": follower.next_seq}
         )
 
-    async def _wait(self, launch: LaunchRecord, live_uri: str, follower: LogFollower) -> Outcome | None:
-        iid = launch.instance_id
+    def _views(self, launch: LaunchRecord, live_uri: str | None, follower: LogFollower) -> Any:
+        """What the run looks like after each poll: from the bucket's shared live index, or, for a
+        run whose agent publishes none (launched by an older operator), from its own run folder."""
+        if live_uri is None:
+            return self._folder_views(launch, follower)
         key = ("live", self.conn_id, self.project_id, live_uri)
 
         async def poll(ids: list[str]) -> dict[str, LiveView]:
             return await asyncio.to_thread(INDEXES.get(key).poll, ids)
 
+        return shared_poll.watch_with_retry(
+            key, [launch.instance_id], poll, self.poll_interval, self.log, close=INDEXES.closer(key)
+        )
+
+    async def _wait(
+        self, launch: LaunchRecord, live_uri: str | None, follower: LogFollower
+    ) -> Outcome | None:
+        iid = launch.instance_id
+        key = ("live", self.conn_id, self.project_id, live_uri)
         instances: dict[str, Instance | None] = {}
         failed: list[BaseException] = []
         watcher = asyncio.ensure_future(self._follow_instance(launch, instances, failed))
         watch = RunWatch(self.deadline, launch.launched_at, self.startup_timeout, self.heartbeat_timeout)
+        budget = TransientBudget()
         status: RunStatus | None = None
-        stream = shared_poll.watch_with_retry(
-            key, [iid], poll, self.poll_interval, self.log, close=INDEXES.closer(key)
-        )
+        stream = self._views(launch, live_uri, follower)
         try:
             async with aclosing(stream):
                 async for snapshot in stream:
                     if failed:
                         raise failed[0]
-                    index = INDEXES.peek(key)
+                    index = INDEXES.peek(key) if live_uri else None
                     view = snapshot.get(iid) or LiveView()
-                    follower.next_seq = max(follower.next_seq, view.cursor)
-                    if view.beacon is not None:
-                        status = view.beacon.run_status()
-                        await self._show(index, launch, follower, view.beacon)
-                    if view.final is not None:
-                        status = view.final
-                    elif view.listed and status is None:
-                        status = RunStatus(STARTING, iid)  # it reported; what exactly, its beacon says
                     instance = instances.get(iid)
-                    if _ended(instance) and view.final is None and view.listed and index is not None:
-                        beacon = await asyncio.to_thread(index.read_beacon, iid)  # interruption, lines
-                        if beacon is not None:
-                            status = beacon.run_status()
-                            await self._show(index, launch, follower, beacon)
-                    result = watch.decide(status, instance, view.beacon_at)
-                    if result is None:
+                    try:
+                        status = await self._read(index, launch, follower, view, instance, status)
+                        result = watch.decide(status, instance, view.beacon_at)
+                        if result is not None and index is not None:
+                            result = await self._confirm(index, launch, follower, watch, result, instance)
+                        budget.ok()
+                    except Exception as err:
+                        budget.failed(err)  # re-raises when not transient or lasting too long
+                        self.log.warning("Transient error reading the run's state (%s); retrying", err)
                         continue
-                    if index is not None and view.listed:  # what the agent wrote last
-                        beacon = await asyncio.to_thread(index.read_beacon, iid)
-                        if beacon is not None:
-                            await self._show(index, launch, follower, beacon)
-                    if index is not None:
-                        index.forget(iid)
-                    return result
+                    if result is not None:
+                        if index is not None:
+                            index.forget(iid)
+                        return result
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
         return None
+
+    async def _read(
+        self,
+        index: LiveIndex | None,
+        launch: LaunchRecord,
+        follower: LogFollower,
+        view: LiveView,
+        instance: Instance | None,
+        status: RunStatus | None,
+    ) -> RunStatus | None:
+        """The run's status after this poll, its new lines shown on the way."""
+        follower.next_seq = max(follower.next_seq, view.cursor)
+        if view.status is not None:  # read from the run folder (a run without a live index)
+            status = view.status
+        if view.beacon is not None and index is not None:
+            status = view.beacon.run_status()
+            await self._show(index, launch, follower, view.beacon, view.tag)
+        if view.final is not None:
+            return view.final
+        if view.listed and status is None:
+            status = RunStatus(STARTING, launch.instance_id)  # it reported; its beacon says what
+        if _ended(instance) and view.listed and index is not None:
+            # ended without a final status yet: the beacon tells an interruption, and has the lines
+            beacon = await asyncio.to_thread(index.read_beacon, launch.instance_id)
+            if beacon is not None:
+                status = beacon.run_status()
+                await self._show(index, launch, follower, beacon, None)
+        return status
+
+    async def _confirm(
+        self,
+        index: LiveIndex,
+        launch: LaunchRecord,
+        follower: LogFollower,
+        watch: RunWatch,
+        result: Outcome,
+        instance: Instance | None,
+    ) -> Outcome | None:
+        """Before the wait ends: show what the agent wrote last; and before a run whose instance is
+        alive is declared lost (no report, no heartbeat), ask its run folder too: an agent that
+        could not write to the live index (an instance role scoped to the run folder) or whose
+        final beacon failed still writes ``status.json`` and, then, its heartbeat file there."""
+        if result.state == "lost" and not _ended(instance):
+            status, beat = await asyncio.to_thread(self._folder_state, launch)
+            second = watch.decide(status, instance, beat)
+            if second is None or second.state != "lost":
+                if second is None and not self._warned:
+                    self._warned = True
+                    self.log.warning(
+                        "No heartbeat of %s in the live index %s, but its run folder has one: check "
+                        "that the instance can write there",
+                        launch.instance_id,
+                        index.live_uri,
+                    )
+                return second
+        beacon = await asyncio.to_thread(index.read_beacon, launch.instance_id)
+        if beacon is not None:
+            await self._show(index, launch, follower, beacon, None)
+        return result
+
+    def _folder(self, launch: LaunchRecord) -> Any:
+        from airflow_cloudtrain.clouds.registry import backend_for
+
+        backend = backend_for(
+            launch.cloud,
+            region=launch.region,
+            aws_conn_id=self.conn_id,
+            gcp_conn_id=self.conn_id or "google_cloud_default",
+            project_id=self.project_id,
+        )
+        return backend.run_folder(launch.run_uri)
+
+    def _folder_state(
+        self, launch: LaunchRecord, folder: Any = None
+    ) -> tuple[RunStatus | None, float | None]:
+        """Blocking: ``status.json`` and the heartbeat file of the run folder."""
+        folder = folder or self._folder(launch)
+        raw = folder.get_text(status_key(launch.instance_id))
+        beat = parse_heartbeat(folder.get_text(heartbeat_key(launch.instance_id)))
+        return (RunStatus.from_json(raw) if raw else None), beat
+
+    async def _folder_views(
+        self, launch: LaunchRecord, follower: LogFollower
+    ) -> AsyncIterator[dict[str, LiveView]]:
+        """A run without a live index: its own run folder each poll (chunks listed, status and
+        heartbeat read), in a worker thread; fine for the few runs an upgrade leaves behind."""
+        folder = await asyncio.to_thread(self._folder, launch)
+
+        def read() -> LiveView:
+            for line in follower.poll(folder.list, folder.get_bytes):
+                self.log.info("%s", render_line(line))
+            status, beat = self._folder_state(launch, folder)
+            final = status if status is not None and status.final else None
+            return LiveView(listed=status is not None, beacon_at=beat, final=final, status=status)
+
+        while True:
+            yield {launch.instance_id: await asyncio.to_thread(read)}
+            await asyncio.sleep(self.poll_interval)
 
     async def _follow_instance(
         self, launch: LaunchRecord, out: dict[str, Instance | None], failed: list[BaseException]
@@ -182,32 +283,23 @@ class RunTrigger(BaseTrigger):
             failed.append(err)
 
     async def _show(
-        self, index: LiveIndex | None, launch: LaunchRecord, follower: LogFollower, beacon: Any
+        self, index: LiveIndex, launch: LaunchRecord, follower: LogFollower, beacon: Any, tag: str | None
     ) -> None:
-        """Log the new lines, then move the saved cursor (no await between the two)."""
-        if index is None:
-            return
-        lines = await asyncio.to_thread(follower.from_beacon, beacon, launch.run_uri, index.read_uri)
-        for line in lines:
-            self.log.info("%s", render_line(line))
-        index.advance(launch.instance_id, follower.next_seq)
+        """Log the new lines (in a worker thread: a restart may bring 64 KiB of them per run), then
+        move the saved cursor; a beacon read for an ended instance passes no tag."""
 
-    def _live_uri_from_spec(self, launch: LaunchRecord) -> str:
-        """A launch recorded without its live index: the run's spec names it."""
-        from airflow_cloudtrain.clouds.registry import backend_for
+        def show() -> None:
+            for line in follower.from_beacon(beacon, launch.run_uri, index.read_uri):
+                self.log.info("%s", render_line(line))
 
-        backend = backend_for(
-            launch.cloud,
-            region=launch.region,
-            aws_conn_id=self.conn_id,
-            gcp_conn_id=self.conn_id or "google_cloud_default",
-            project_id=self.project_id,
-        )
-        raw = backend.run_folder(launch.run_uri).get_bytes(SPEC_KEY)
+        await asyncio.to_thread(show)
+        index.advance(launch.instance_id, follower.next_seq, tag)
+
+    def _live_uri_from_spec(self, launch: LaunchRecord) -> str | None:
+        """A launch recorded without its live index: the run's spec names it (None: it has none)."""
+        raw = self._folder(launch).get_bytes(SPEC_KEY)
         spec = RunSpec.from_json(raw.decode()) if raw else None
-        if spec is None or not spec.live_uri:
-            raise ValueError(f"the run at {launch.run_uri} publishes no live index (spec without live_uri)")
-        return spec.live_uri
+        return spec.live_uri if spec is not None else None
 
     async def on_kill(self) -> None:
         """The user killed the deferred task: release the run through its ledger (and tag sweep).

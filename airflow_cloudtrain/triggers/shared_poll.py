@@ -67,12 +67,17 @@ class _Group(Generic[V]):
         self.generation = 0
         self.changed = asyncio.Condition()
         self.task: asyncio.Task[None] | None = None
+        # the describe under way: cancelling the loop does not stop a worker thread, so the group's
+        # resources are closed only once it returned
+        self.inflight: asyncio.Future[Any] | None = None
 
     async def loop(self) -> None:
         while self.watchers:
             ids = sorted(set().union(*self.watchers.values()))
+            call = self.inflight = asyncio.ensure_future(self.describe(ids))
+            call.add_done_callback(_retrieve)
             try:
-                snapshot, error = await self.describe(ids), None
+                snapshot, error = await asyncio.shield(call), None
             except asyncio.CancelledError:
                 raise
             except Exception as err:  # reported to every watcher, which decides to retry or fail
@@ -82,6 +87,15 @@ class _Group(Generic[V]):
                 self.generation += 1
                 self.changed.notify_all()
             await asyncio.sleep(self.interval)
+
+
+INFLIGHT_WAIT_S = 60.0  # how long a closing group waits for its last describe (SDK timeouts are shorter)
+
+
+def _retrieve(call: asyncio.Future[Any]) -> None:
+    """A describe nobody awaits any more (its group was cancelled) must not warn about its error."""
+    if not call.cancelled():
+        call.exception()
 
 
 _groups: dict[Hashable, _Group[Any]] = {}
@@ -128,6 +142,8 @@ async def watch(
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await group.task
             if closing is not None:
+                if group.inflight is not None and not group.inflight.done():
+                    await asyncio.wait([group.inflight], timeout=INFLIGHT_WAIT_S)
                 await closing
 
 

@@ -3,8 +3,9 @@ records every write) against S3 (moto server) and GCS (the emulator's ``GcsServe
 the real boto3 / google-cloud-storage clients.
 
 What the triggerer relies on (``runs``: "the live index"): with ``live_uri`` set the beacon exists
-while the job runs; a heartbeat with nothing new rewrites identical bytes, so the ETag / md5 stays
-while LastModified / updated moves (that is the heartbeat), and no ``heartbeat`` file is written;
+while the job runs and is rewritten only on a change (its ETag / md5 stays while nothing happens);
+heartbeats rewrite the ``.beat`` object beside it (its LastModified / updated moves), and no
+``heartbeat`` file is written;
 every stored log line carries the time it was written; the beacon's tail reads back the chunks'
 lines; the final beacon (final status, every chunk) comes after the final status and the end marker
 after it, last. Without ``live_uri`` nothing of that: the heartbeat file, as before. Every wait is on
@@ -177,11 +178,12 @@ class Run:
         return [(self.folder.get_bytes(k) or b"").decode() for k in keys]
 
 
-def test_the_beacon_is_the_heartbeat_and_changes_only_with_the_run(
+def test_the_beat_object_is_the_heartbeat_and_the_beacon_changes_only_with_the_run(
     store: Store, metadata: MetadataServer, tmp_path: Path
 ) -> None:
-    """While the job waits (no output, no status change) heartbeats rewrite the very same beacon: its
-    ETag / md5 stays, its LastModified / updated moves; no heartbeat file is written."""
+    """While the job waits (no output, no status change) the beacon stays as it is (same bytes, same
+    ETag / md5, same LastModified) and heartbeats move the ``.beat`` object's LastModified / updated;
+    no heartbeat file is written."""
     release = tmp_path / "release"
     job = f"echo waiting; while [ ! -e '{release}' ]; do sleep 0.1; done; echo released"
     run = Run(store, metadata, tmp_path, command=job).start()
@@ -204,13 +206,17 @@ def test_the_beacon_is_the_heartbeat_and_changes_only_with_the_run(
         raw = run.live.get_bytes(runs.beacon_name(run.iid)) or b""
         assert hashlib.md5(raw).hexdigest() == digest  # the ETag / md5 is the MD5 of these bytes
         assert runs.Beacon.from_bytes(raw).to_bytes() == raw  # canonical
-        # heartbeats: later writes (S3 keeps whole seconds: wait for the next one), same bytes
+        # heartbeats: the beat object moves (S3 keeps whole seconds: wait for a later one) ...
+        beat_at = wait_for("a heartbeat", lambda: run.live.modified_at(runs.beat_name(run.iid)))
         seen = wait_for(
-            "the beacon's LastModified to move",
-            lambda: (at := run.live.modified_at(runs.beacon_name(run.iid))) and at > first_at and at,
+            "the beat's LastModified to move",
+            lambda: (at := run.live.modified_at(runs.beat_name(run.iid))) and at > beat_at and at,
         )
-        assert seen > first_at and store.digest(run.beacon_uri) == digest
+        assert seen > beat_at and float(run.live.get_text(runs.beat_name(run.iid)) or 0) > 0
+        # ... and the beacon did not: nothing changed
+        assert store.digest(run.beacon_uri) == digest
         assert run.live.get_bytes(runs.beacon_name(run.iid)) == raw
+        assert run.live.modified_at(runs.beacon_name(run.iid)) == first_at
         assert run.live.modified_at("no-such-beacon.json") is None
         assert run.folder.get_bytes(runs.heartbeat_key(run.iid)) is None  # the beacon is the heartbeat
         release.touch()
@@ -376,5 +382,7 @@ def test_the_order_of_writes(
     assert [b.run_status().final for _, b in beacons].count(True) == 1
     seqs = [b.log_seq for _, b in beacons]
     assert seqs == sorted(seqs)
-    assert len(beacons) > 5  # heartbeats among them
+    beat_uri = runs.join(run.live_uri, runs.beat_name(run.iid))
+    assert [uri for uri, _ in writes].count(beat_uri) > 5  # heartbeats, each its own small write
+    assert max(i for i, (uri, _) in enumerate(writes) if uri == beat_uri) < final_beacon_at
     assert not any(uri.endswith("/heartbeat") for uri, _ in writes)
