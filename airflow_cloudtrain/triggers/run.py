@@ -30,7 +30,7 @@ from airflow_cloudtrain.lifecycle.waiting import RunWatch, parse_heartbeat
 from airflow_cloudtrain.runs import SPEC_KEY, STARTING, RunSpec, RunStatus, heartbeat_key, status_key
 from airflow_cloudtrain.triggers import shared_poll
 from airflow_cloudtrain.triggers.instances import watch_instances
-from airflow_cloudtrain.triggers.run_index import LiveIndex, LiveView
+from airflow_cloudtrain.triggers.run_index import LOG_EVERY, LiveIndex, LiveView
 
 
 def _make_index(key: Any) -> LiveIndex:
@@ -41,6 +41,11 @@ def _make_index(key: Any) -> LiveIndex:
 async def _close_index(index: LiveIndex) -> None:
     await asyncio.to_thread(index.close)
 
+
+# The live index is listed this often (or each poll_interval, if shorter): one listing per bucket,
+# so cheap at any number of runs, and a run's end reaches its task within about this. Log lines and
+# the instance poll keep the run's poll_interval.
+END_POLL_S = 2.0
 
 # One LiveIndex (one storage client, the group's cursors) per (connection, live index) per triggerer.
 INDEXES: shared_poll.Pool[LiveIndex] = shared_poll.Pool(_make_index, _close_index)
@@ -118,8 +123,9 @@ class RunTrigger(BaseTrigger):
         async def poll(ids: list[str]) -> dict[str, LiveView]:
             return await asyncio.to_thread(INDEXES.get(key).poll, ids)
 
+        interval = min(self.poll_interval, END_POLL_S)
         return shared_poll.watch_with_retry(
-            key, [launch.instance_id], poll, self.poll_interval, self.log, close=INDEXES.closer(key)
+            key, [launch.instance_id], poll, interval, self.log, close=INDEXES.closer(key)
         )
 
     async def _wait(
@@ -134,6 +140,7 @@ class RunTrigger(BaseTrigger):
         budget = TransientBudget()
         status: RunStatus | None = None
         stream = self._views(launch, live_uri, follower)
+        LOG_EVERY[iid] = self.poll_interval
         try:
             async with aclosing(stream):
                 async for snapshot in stream:
@@ -157,6 +164,7 @@ class RunTrigger(BaseTrigger):
                             index.forget(iid)
                         return result
         finally:
+            LOG_EVERY.pop(iid, None)
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
         return None

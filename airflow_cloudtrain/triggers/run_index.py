@@ -7,8 +7,9 @@ page) tells, for every watched run at once: the heartbeat (the beat's LastModifi
 anything changed (the beacon's ETag on S3, md5Hash on GCS) and whether it ended (the marker). Objects are read only for what changed:
 an end marker once, and a changed beacon when that run's log lines are due.
 
-Log lines have their own cadence at scale: at most ``LOG_READS_PER_POLL`` changed beacons are read
-per poll, the runs shown longest ago first. With up to that many active runs every run's new lines
+The listing runs every couple of seconds (``triggers.run.END_POLL_S``) so an end reaches its task
+fast; a run's log lines keep its own ``poll_interval`` (``log_every``), and at scale at most
+``LOG_READS_PER_POLL`` changed beacons are read per poll, the runs shown longest ago first. With up to that many active runs every run's new lines
 reach its task log each poll; with more, each run's lines arrive every ``runs / LOG_READS_PER_POLL``
 polls, in order and complete (a beacon carries the last 64 KiB of lines; older chunks are read from
 the run folder by key). A run's end is never delayed by this: end markers are read on the poll that
@@ -55,6 +56,9 @@ LOG_READS_PER_POLL = 250  # beacon reads for log lines per poll and group: about
 STALE_CURSORS_S = 2 * 86400  # a cursor file nobody rewrote for this long is a dead triggerer's
 STALE_ENTRY_S = 2 * 86400  # a live entry unchanged this long belongs to a run nobody reported
 PRUNE_PER_POLL = 100
+# instance -> how often its trigger wants its lines (its poll_interval); set by the trigger while it
+# waits: every trigger of a group sees the same process-wide table
+LOG_EVERY: dict[str, float] = {}
 CURSOR_KEEP_S = 3600  # a cursor outlives its watcher this long (a restart re-creates the trigger)
 CURSORS_REFRESH_S = 6 * 3600  # the cursor file is rewritten at least this often, changed or not
 
@@ -279,10 +283,14 @@ class LiveIndex:
         with self._lock:
             shown = dict(self.shown)
             restored = dict(self.restored)
+            log_every = dict(LOG_EVERY)
         due = [
             iid
             for iid, view in views.items()
-            if view.tag is not None and view.final is None and view.tag != shown.get(iid, (None, 0.0))[0]
+            if view.tag is not None
+            and view.final is None
+            and view.tag != shown.get(iid, (None, 0.0))[0]
+            and now - shown.get(iid, (None, 0.0))[1] >= log_every.get(iid, 0.0) - 0.05
         ]
         due.sort(key=lambda iid: shown.get(iid, (None, 0.0))[1])
         for iid in due[:LOG_READS_PER_POLL]:
