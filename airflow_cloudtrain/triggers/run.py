@@ -228,17 +228,19 @@ class RunTrigger(BaseTrigger):
             await self._show(index, launch, follower, beacon, None)
         return result
 
-    def _folder(self, launch: LaunchRecord) -> Any:
+    def _backend(self, launch: LaunchRecord) -> Any:
         from airflow_cloudtrain.clouds.registry import backend_for
 
-        backend = backend_for(
+        return backend_for(
             launch.cloud,
             region=launch.region,
             aws_conn_id=self.conn_id,
             gcp_conn_id=self.conn_id or "google_cloud_default",
             project_id=self.project_id,
         )
-        return backend.run_folder(launch.run_uri)
+
+    def _folder(self, launch: LaunchRecord) -> Any:
+        return self._backend(launch).run_folder(launch.run_uri)
 
     def _folder_state(
         self, launch: LaunchRecord, folder: Any = None
@@ -329,19 +331,12 @@ class RunTrigger(BaseTrigger):
         """As ``RunAttempt.abandon``: the job's end will not be reported, so mark the instance (its
         agent writes ``interrupted`` when terminated) before releasing; retried within ~25 s, the
         time Airflow gives ``on_kill``."""
-        from airflow_cloudtrain.clouds.registry import backend_for
         from airflow_cloudtrain.lifecycle.attempt import has_final_status, mark_reported
         from airflow_cloudtrain.lifecycle.ledger import Resource, ResourceLedger
         from airflow_cloudtrain.lifecycle.retry import call_with_retry
 
         launch = LaunchRecord.from_dict(self.launch)
-        backend = backend_for(
-            launch.cloud,
-            region=launch.region,
-            aws_conn_id=self.conn_id,
-            gcp_conn_id=self.conn_id or "google_cloud_default",
-            project_id=self.project_id,
-        )
+        backend = self._backend(launch)
         try:
             folder = backend.run_folder(launch.run_uri)
             if not has_final_status(folder, launch.instance_id):
