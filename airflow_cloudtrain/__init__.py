@@ -71,5 +71,10 @@ def get_provider_info() -> dict[str, Any]:
                 ],
             }
         ],
-        "extra-links": ["airflow_cloudtrain.links.vertex.VertexJobLink"],
+        "extra-links": [
+            "airflow_cloudtrain.links.run.CloudInstanceLink",
+            "airflow_cloudtrain.links.run.RunFolderLink",
+            "airflow_cloudtrain.links.run.WorkerGroupLink",
+            "airflow_cloudtrain.links.vertex.VertexJobLink",
+        ],
     }
