@@ -40,6 +40,9 @@ class LaunchRequest:
     service_account: str | None = None
     provisioning: str | None = None  # GCE: "spot" or "preemptible"
     hard_stop_s: int | None = None  # the cloud ends the instance this long after start, agent or not
+    network: str | None = None  # GCE: a network path (None: the default network)
+    subnetwork: str | None = None  # GCE: a subnetwork name (in the launch's region) or path
+    external_ip: bool = True  # GCE: a public IP (an ONE_TO_ONE_NAT access config)
 
 
 @dataclass

@@ -93,6 +93,29 @@ def map_api_error(err: Exception) -> Exception:
     return err
 
 
+def network_interface(r: LaunchRequest, zone: str | None) -> dict[str, Any]:
+    """The VM's one NIC: ``network``/``subnetwork`` as asked (the ``default`` network otherwise; a
+    subnetwork alone implies its network), and an external IP unless ``external_ip=False``: then no
+    access config at all, and the VM reaches Google APIs only through Private Google Access or Cloud
+    NAT on its subnetwork."""
+    nic: dict[str, Any] = {}
+    if r.network or not r.subnetwork:
+        nic["network"] = r.network or "global/networks/default"
+    if r.subnetwork:
+        region = zone.rsplit("-", 1)[0] if zone else r.offer.region
+        named = "/" not in r.subnetwork
+        nic["subnetwork"] = f"regions/{region}/subnetworks/{r.subnetwork}" if named else r.subnetwork
+        if not named and f"/regions/{region}/" not in f"/{r.subnetwork}":
+            raise InvalidRequest(
+                f"subnetwork={r.subnetwork!r} is not in region {region!r}, where this VM launches: use a "
+                f"subnetwork of {region!r} or set region to the subnetwork's",
+                "INVALID_SUBNETWORK_REGION",
+            )
+    if r.external_ip:
+        nic["access_configs"] = [{"name": "External NAT", "type_": "ONE_TO_ONE_NAT"}]
+    return nic
+
+
 def instance_properties(r: LaunchRequest, zone: str | None) -> dict[str, Any]:
     """The launch shape of one of our VMs, shared by a single run's insert and a group's instance
     template (``zone=None``: machine and accelerator types by bare name, as templates take them).
@@ -135,12 +158,7 @@ def instance_properties(r: LaunchRequest, zone: str | None) -> dict[str, Any]:
                 },
             }
         ],
-        "network_interfaces": [
-            {
-                "network": "global/networks/default",
-                "access_configs": [{"name": "External NAT", "type_": "ONE_TO_ONE_NAT"}],
-            }
-        ],
+        "network_interfaces": [network_interface(r, zone)],
         "service_accounts": [{"email": r.service_account or "default", "scopes": SCOPES}],
         "scheduling": scheduling,
         "shielded_instance_config": {

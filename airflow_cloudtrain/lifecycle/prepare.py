@@ -49,6 +49,9 @@ class LaunchOptions:
     provisioning: str | None = None
     max_launch_attempts: int = 6
     live_prices: bool = True
+    network: str | None = None  # GCE: see operators.network_config
+    subnetwork: str | None = None
+    external_ip: bool = True
     # Which launch of the run this is (a checkpoint-resume loop relaunches within one try): part of
     # every client token, so a relaunch is a new launch and not the replay of a finished one.
     sequence: int = 0
@@ -225,6 +228,9 @@ def request_builder(
             service_account=options.service_account,
             provisioning=options.provisioning or ("spot" if offer.is_spot else None),
             hard_stop_s=stop_s,
+            network=options.network,
+            subnetwork=options.subnetwork,
+            external_ip=options.external_ip,
         )
 
     return build

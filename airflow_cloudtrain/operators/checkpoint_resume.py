@@ -196,6 +196,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
             except LaunchFailed as err:  # start() released whatever the failed launch made
                 loop.launch_failed(step.cloud or loop.settings.cloud, err)
                 continue
+            self._push_links(context, attempt, launch)  # the buttons follow the current attempt
             if done is None:
                 if self.deferrable:
                     self.defer(trigger=attempt.trigger(launch), method_name="attempt_complete")

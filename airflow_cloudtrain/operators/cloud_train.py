@@ -12,7 +12,9 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, conf
 
 from airflow_cloudtrain.lifecycle.prepare import LaunchOptions, WaitSettings
+from airflow_cloudtrain.links.run import CloudInstanceLink, RunFolderLink
 from airflow_cloudtrain.operators.config import is_templated, parse_config, parse_duration
+from airflow_cloudtrain.operators.network_config import apply_network_args
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -55,6 +57,7 @@ class CloudTrainOperator(BaseOperator):
     template_fields: Sequence[str] = TEMPLATED
     template_fields_renderers = {"env": "json", "setup_cmds": "py", "command": "bash"}
     ui_color = "#e8f4fd"
+    operator_extra_links = (CloudInstanceLink(), RunFolderLink())
 
     def __init__(
         self,
@@ -89,6 +92,9 @@ class CloudTrainOperator(BaseOperator):
         tags: dict[str, str] | None = None,
         volume_id: str | None = None,
         service_account: str | None = None,
+        network: str | None = None,
+        subnetwork: str | None = None,
+        external_ip: bool = True,
         provisioning: str | None = None,
         max_launch_attempts: int = 6,
         live_prices: bool = True,
@@ -117,6 +123,7 @@ class CloudTrainOperator(BaseOperator):
             max_launch_attempts=int(max_launch_attempts),
             live_prices=live_prices,
         )
+        apply_network_args(self, network, subnetwork, external_ip)  # GCE only; may pin the region
         # an agent that never reports or stops beating means nobody will power the instance off
         self.wait = WaitSettings(
             poll_interval=self.poll_interval,
@@ -149,6 +156,7 @@ class CloudTrainOperator(BaseOperator):
     def execute(self, context: Context) -> dict[str, Any]:
         attempt = self._new_attempt(context)
         launch, done = attempt.start()
+        self._push_links(context, attempt, launch)
         if done is not None:
             return self._deliver(attempt, launch, done)
         if self.deferrable:
@@ -159,6 +167,17 @@ class CloudTrainOperator(BaseOperator):
             attempt.abandon()
             raise
         return self._deliver(attempt, launch, result)
+
+    def _push_links(self, context: Context, attempt: RunAttempt, launch: LaunchRecord) -> None:
+        """The console links of the instance that now exists, while the run is still going
+        (``links.run``); never fails the run."""
+        from airflow_cloudtrain.links.run import project_of, push_console_links, run_target
+
+        try:
+            target = run_target(launch, project_of(attempt.ctx.backend))
+            push_console_links(context["ti"], self, target)
+        except Exception as err:
+            self.log.warning("Could not publish the console links of %s: %s", launch.instance_id, err)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Back from the trigger: release, account, and raise on anything but success."""

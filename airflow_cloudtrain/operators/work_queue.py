@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_cloudtrain.links.run import RunFolderLink, WorkerGroupLink
 from airflow_cloudtrain.operators.cloud_train import TEMPLATED, CloudTrainOperator
 from airflow_cloudtrain.operators.config import parse_config, parse_duration
 from airflow_cloudtrain.operators.fleet_config import (
@@ -38,6 +39,7 @@ class WorkQueueOperator(CloudTrainOperator):
     lease_limit = "12 h"
     template_fields_renderers = {"env": "json", "setup_cmds": "py", "command": "bash", "work_items": "json"}
     ui_color = "#fde8f4"
+    operator_extra_links = (WorkerGroupLink(), RunFolderLink())  # a fleet has no one instance to show
 
     def __init__(
         self,
@@ -104,6 +106,15 @@ class WorkQueueOperator(CloudTrainOperator):
         self._fleet = fleet_run(ctx)
         return self._fleet
 
+    def _push_group_links(self, context: Context, fleet: FleetRun, handle: FleetHandle) -> None:
+        """The group's and run folder's console links, as soon as the group exists (``links.run``)."""
+        from airflow_cloudtrain.links.run import fleet_target, project_of, push_console_links
+
+        try:
+            push_console_links(context["ti"], self, fleet_target(handle, project_of(fleet.ctx.backend)))
+        except Exception as err:
+            self.log.warning("Could not publish the console links of group %s: %s", handle.group, err)
+
     def _watch(self, fleet: FleetRun, handle: FleetHandle) -> FleetWatch:
         from airflow_cloudtrain.lifecycle.fleet_watch import FleetWatch
 
@@ -114,6 +125,7 @@ class WorkQueueOperator(CloudTrainOperator):
 
         fleet = self._new_fleet(context)
         handle = fleet.start()
+        self._push_group_links(context, fleet, handle)
         self.log.info(
             "Fleet %s: %d item(s), run folder %s", handle.run_id, len(handle.item_ids), handle.run_uri
         )
