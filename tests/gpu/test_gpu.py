@@ -219,9 +219,15 @@ def _write_spec(folder: Any, delay: float, restarts: int) -> None:
 
 
 def _start_agent(folder: Any, workdir: Path, iid: str) -> subprocess.Popen[bytes]:
+    """The agent as on an instance; its output goes to ``<workdir>.log`` (never a pipe that fills)."""
     argv = [sys.executable, "-m", "airflow_cloudtrain.agent", "--run-uri", folder.uri]
     argv += ["--instance-id", iid, "--workdir", str(workdir)]
-    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    with open(f"{workdir}.log", "wb") as out:
+        return subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _agent_output(workdir: Path) -> str:
+    return Path(f"{workdir}.log").read_text(errors="replace")[-3000:]
 
 
 def _manifest_steps(folder: Any) -> list[int]:
@@ -302,7 +308,13 @@ def test_pytorch_job_killed_mid_training_resumes_bitwise_from_latest_uploaded_ch
     first = _start_agent(folder, first_dir, first_iid)
     pid_file = first_dir / "output" / "pid"
     try:
-        wait_for("the job to start", pid_file.is_file, timeout=180)
+
+        def started() -> bool:
+            if first.poll() is not None:  # the agent died before the job started: say why
+                pytest.fail(f"agent exited with {first.returncode}: {_agent_output(first_dir)}")
+            return pid_file.is_file()
+
+        wait_for("the job to start", started, timeout=180)
         wait_for(
             "two checkpoints uploaded",
             lambda: (steps := _manifest_steps(folder)) and steps[-1] >= 2 * SAVE_EVERY,
@@ -311,7 +323,7 @@ def test_pytorch_job_killed_mid_training_resumes_bitwise_from_latest_uploaded_ch
         job_pid = int(pid_file.read_text())
     finally:
         first.kill()  # SIGKILL: the instance is gone, no final sync
-        first.communicate()
+        first.wait()
         if pid_file.is_file():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(int(pid_file.read_text()), signal.SIGKILL)
@@ -332,14 +344,15 @@ def test_pytorch_job_killed_mid_training_resumes_bitwise_from_latest_uploaded_ch
     # Attempt 2: a new instance on the same run folder restores the newest complete upload.
     _write_spec(folder, delay=0.0, restarts=1)
     second_iid = f"i-{uuid.uuid4().hex[:12]}"
-    second = _start_agent(folder, tmp_path / second_iid, second_iid)
+    second_dir = tmp_path / second_iid
+    second = _start_agent(folder, second_dir, second_iid)
     try:
-        out, err = second.communicate(timeout=240)
+        second.wait(timeout=240)
     except subprocess.TimeoutExpired:
         second.kill()
-        out, err = second.communicate()
-        pytest.fail(f"second agent did not finish: {err.decode()[-3000:]}")
-    assert second.returncode == 0, err.decode()[-3000:]
+        second.wait()
+        pytest.fail(f"second agent did not finish: {_agent_output(second_dir)}")
+    assert second.returncode == 0, _agent_output(second_dir)
     status = runs.RunStatus.from_json(folder.get_text(runs.status_key(second_iid)) or "")
     second_log = _job_log(folder, second_iid)
     assert status.state == runs.SUCCEEDED and status.exit_code == 0, (status, second_log[-3000:])
