@@ -80,6 +80,19 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _port(text: str) -> int:
+    """A base port the 7 servers fit above (0: free ports)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--port {text!r} is not a number; give e.g. 4750") from None
+    if port != 0 and not 1024 <= port <= 65535 - 6:
+        raise argparse.ArgumentTypeError(
+            f"--port {port} is out of range; give 1024..65529, or 0 for free ports"
+        )
+    return port
+
+
 def _usd(value: float | None) -> str:
     return "-" if value is None else f"${value:.4f}"
 
@@ -120,10 +133,10 @@ def _runs_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _emulator(args: argparse.Namespace) -> int:  # pragma: no cover - interactive
+def _emulator(args: argparse.Namespace) -> int:
     from airflow_cloudtrain.emulator import serve_forever
 
-    return serve_forever()
+    return serve_forever(base_port=args.port, workdir=args.state_dir, env_file=args.env_file)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -153,7 +166,36 @@ def build_parser() -> argparse.ArgumentParser:
     from airflow_cloudtrain.cli_jobs import add_jobs_parser
 
     add_jobs_parser(sub)
-    emu = sub.add_parser("emulator", help="run the emulated clouds in the foreground")
+    __import__("airflow_cloudtrain.cli_up").cli_up.add_up_parser(sub)  # cloudtrain up
+    emu = sub.add_parser(
+        "emulator",
+        help="run the emulated clouds in the foreground (Ctrl-C or SIGTERM stops them)",
+        description="Run the emulated clouds on loopback until Ctrl-C or SIGTERM. The servers listen on "
+        "fixed ports, PORT to PORT+6 (AWS, Compute Engine, GCS, Pub/Sub, Vertex AI, instance metadata, "
+        "Secret Manager), so a restart keeps the endpoints Airflow was started with.",
+    )
+    from airflow_cloudtrain.emulator import DEFAULT_BASE_PORT
+
+    emu.add_argument(
+        "--port",
+        type=_port,
+        default=DEFAULT_BASE_PORT,
+        help=f"first of the 7 consecutive ports the servers take (default {DEFAULT_BASE_PORT}; 0: free ports)",
+    )
+    emu.add_argument(
+        "--env-file",
+        default=None,
+        metavar="PATH",
+        help="write the `export ...` lines (endpoints, credentials, AIRFLOW_CONN_* connections) there; "
+        "`source PATH` in every shell that runs an Airflow process",
+    )
+    emu.add_argument(
+        "--state-dir",
+        default=None,
+        metavar="DIR",
+        help="work directory (instances' agent logs, Vertex AI files), kept on exit "
+        "(default: a temporary one, removed on exit)",
+    )
     emu.set_defaults(func=_emulator)
     return parser
 

@@ -96,6 +96,23 @@ from airflow_cloudtrain.emulator.runner import InstanceRunner, Seen
 DEFAULT_BUCKET = "cloudtrain-emulated"
 GCP_PROJECT = "cloudtrain-emulated"
 AWS_REGIONS = ("us-east-1", "us-west-2", "eu-west-1")
+# ``cloudtrain emulator`` listens on BASE + these offsets, so a restart keeps every endpoint (and the
+# exports Airflow's processes were started with); the Emulator class takes free ports unless told.
+DEFAULT_BASE_PORT = 4750
+PORT_OFFSETS = {
+    "aws": 0,  # moto: every AWS service, plus the Pricing API
+    "gce": 1,  # Compute Engine, plus the Cloud Billing Catalog
+    "gcs": 2,
+    "pubsub": 3,  # Pub/Sub, plus Cloud Monitoring
+    "vertex": 4,  # Vertex AI, plus Cloud Logging
+    "metadata": 5,  # the instances' metadata services
+    "secretmanager": 6,
+}
+
+
+def stable_ports(base: int) -> dict[str, int]:
+    """Each server's port for base port ``base`` (``PORT_OFFSETS``); base 0: free ports."""
+    return {name: base + offset if base else 0 for name, offset in PORT_OFFSETS.items()}
 
 
 class Emulator:
@@ -107,16 +124,23 @@ class Emulator:
         buckets: tuple[str, ...] = (DEFAULT_BUCKET,),
         workdir: str | Path | None = None,
         hard_stop_scale: float = 1.0,
+        ports: dict[str, int] | None = None,
     ) -> None:
+        """``ports``: server name (``PORT_OFFSETS``) -> port; a server not named takes a free port.
+        ``workdir`` (the instances' logs, the image's home, Vertex AI's files) is kept when given, and
+        a temporary one removed on ``stop``."""
         self.region = region
+        self.ports = dict(ports or {})
         self.buckets = buckets
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="cloudtrain-emulator-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.aws_endpoint = ""
         self.gce_endpoint = ""
         self.gcs_endpoint = ""
         self.pubsub_endpoint = ""
         self.vertex_endpoint = ""
+        self.secretmanager_endpoint = ""  # Secret Manager v1 REST subset (gcp/secretmanager)
         self._hard_stop_scale = hard_stop_scale
         self._throttle = Throttle()
         self._saved_env: dict[str, str | None] = {}
@@ -139,24 +163,31 @@ class Emulator:
         from airflow_cloudtrain.emulator.aws.instances import AwsInstances
         from airflow_cloudtrain.emulator.gcp import GceServer, GcsServer, PubSubServer
         from airflow_cloudtrain.emulator.gcp.instances import GcpInstances
+        from airflow_cloudtrain.emulator.gcp.secretmanager import SecretManagerServer
         from airflow_cloudtrain.emulator.gcp.vertex import VertexServer
         from airflow_cloudtrain.emulator.metadata import MetadataServer
 
-        self.moto = MotoServer(self._throttle)
-        self.aws_endpoint = self.moto.start()
-        self.gce = GceServer(project=GCP_PROJECT, throttle=self._throttle)
-        self.gce.hard_stop_scale = self._hard_stop_scale
-        self.gce_endpoint = self.gce.start()
-        self.gcs = GcsServer(throttle=self._throttle)
-        self.gcs_endpoint = self.gcs.start()
-        self.pubsub = PubSubServer(project=GCP_PROJECT, throttle=self._throttle)
-        self.pubsub_endpoint = self.pubsub.start()
-        # a replica's google.cloud.storage writes to the emulated GCS (its project is the job's)
-        replica_env = {"STORAGE_EMULATOR_HOST": self.gcs_endpoint}
-        self.vertex = VertexServer(self._throttle, self.workdir / "vertex", replica_env)
-        self.vertex_endpoint = self.vertex.start()
-        self.metadata = MetadataServer()
-        self.metadata.start()
+        try:
+            self.moto = MotoServer(self._throttle)
+            self.aws_endpoint = self._listen("aws", self.moto.start)
+            self.gce = GceServer(project=GCP_PROJECT, throttle=self._throttle)
+            self.gce.hard_stop_scale = self._hard_stop_scale
+            self.gce_endpoint = self._listen("gce", self.gce.start)
+            self.gcs = GcsServer(throttle=self._throttle)
+            self.gcs_endpoint = self._listen("gcs", self.gcs.start)
+            self.pubsub = PubSubServer(project=GCP_PROJECT, throttle=self._throttle)
+            self.pubsub_endpoint = self._listen("pubsub", self.pubsub.start)
+            # a replica's google.cloud.storage writes to the emulated GCS (its project is the job's)
+            replica_env = {"STORAGE_EMULATOR_HOST": self.gcs_endpoint}
+            self.vertex = VertexServer(self._throttle, self.workdir / "vertex", replica_env)
+            self.vertex_endpoint = self._listen("vertex", lambda port: self.vertex.start(port=port))
+            self.secretmanager = SecretManagerServer(GCP_PROJECT, self._throttle)
+            self.secretmanager_endpoint = self._listen("secretmanager", self.secretmanager.start)
+            self.metadata = MetadataServer()
+            self._listen("metadata", self.metadata.start)
+        except BaseException:
+            self.stop()
+            raise
         self._set_env(self.env())
         self._aws = AwsInstances(self.metadata, AWS_REGIONS, self.region)
         self._gcp = GcpInstances(
@@ -167,6 +198,7 @@ class Emulator:
             extra_env={
                 "CLOUDTRAIN_PUBSUB_ENDPOINT": self.pubsub_endpoint,
                 "CLOUDTRAIN_COMPUTE_ENDPOINT": self.gce_endpoint,
+                "CLOUDTRAIN_SECRETMANAGER_ENDPOINT": self.secretmanager_endpoint,
             },
         )
         config = Config(user_agent_extra=EMULATOR_USER_AGENT, retries={"max_attempts": 1})
@@ -182,10 +214,28 @@ class Emulator:
         self.vertex.runner = self.runner  # Vertex AI replicas run as the instances' agents do
         self.runner.start()
 
+    def _listen(self, name: str, start: Any) -> Any:
+        """``start(port)`` for server ``name``; a port taken by another process is a clear error."""
+        import socket
+
+        port = self.ports.get(name, 0)
+        try:
+            if port:  # checked first: werkzeug's servers print their own message and exit instead
+                with socket.socket() as probe:
+                    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                    probe.bind(("127.0.0.1", port))
+            return start(port)
+        except (OSError, SystemExit) as err:
+            why = err.strerror if isinstance(err, OSError) and err.strerror else "in use"
+            raise RuntimeError(
+                f"the emulated {name} server cannot listen on 127.0.0.1:{port} ({why}): is another "
+                "emulator running? Stop it or choose other ports (cloudtrain emulator --port)"
+            ) from err
+
     def stop(self) -> None:
         for timer in self._timers:
             timer.cancel()
-        for part in ("runner", "metadata", "moto", "gce", "gcs", "pubsub", "vertex"):
+        for part in ("runner", "metadata", "moto", "gce", "gcs", "pubsub", "vertex", "secretmanager"):
             if hasattr(self, part):
                 getattr(self, part).stop()
         self._restore_env()
@@ -212,6 +262,7 @@ class Emulator:
                 "monitoring_endpoint": self.pubsub_endpoint,  # one server serves both APIs
                 "vertex_endpoint": self.vertex_endpoint,
                 "logging_endpoint": self.vertex_endpoint,  # one server serves both APIs
+                "secretmanager_endpoint": self.secretmanager_endpoint,
                 "credentials": "anonymous",
             },
         }
@@ -367,21 +418,93 @@ class Emulator:
         return self.runner.wait_idle(timeout)
 
 
-def serve_forever() -> int:
-    """``cloudtrain emulator``: run until Ctrl-C and print how to point Airflow at it."""
-    with Emulator() as emu:
-        print("Emulated clouds are up. In the shell that runs Airflow, export:")
-        for key, value in emu.env().items():
-            print(f"export {key}='{value}'")
-        print(f"Bucket: s3://{DEFAULT_BUCKET}   (Ctrl-C to stop)")
+def serve_forever(
+    base_port: int = DEFAULT_BASE_PORT,
+    workdir: str | Path | None = None,
+    env_file: str | Path | None = None,
+    check_every_s: float = 2.0,
+) -> int:
+    """``cloudtrain emulator``: serve on ``base_port`` + ``PORT_OFFSETS`` (0: free ports) until Ctrl-C,
+    SIGTERM or SIGHUP; print (and write to ``env_file``) the exports that point Airflow at it, and a
+    timestamped line whenever the set of running instances changes.
+
+    Stopping ends every instance's agent and job, and every server; a temporary work directory is
+    removed (``workdir``, when given, is kept).
+    """
+    import signal
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()  # a second Ctrl-C while stopping changes nothing: the stop is already under way
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        if workdir is not None:
+            Path(workdir).mkdir(parents=True, exist_ok=True)
         try:
-            while True:
-                time.sleep(5)
-                for inst in emu.running_instances():
-                    print(f"running: {inst}")
-        except KeyboardInterrupt:
-            return 0
-    return 0
+            emu = Emulator(workdir=workdir, ports=stable_ports(base_port))
+            emu.start()
+        except RuntimeError as err:
+            print(f"cloudtrain emulator: {err}", file=sys.stderr, flush=True)
+            return 1
+        try:
+            exports = export_lines(emu.env())
+            if env_file is not None:
+                write_env_file(Path(env_file), exports)
+            print("Emulated clouds are up. In every shell that runs an Airflow process:", flush=True)
+            if env_file is not None:
+                print(f"  source {env_file}", flush=True)
+            else:
+                print("\n".join(exports), flush=True)
+            print(f"Bucket: s3://{DEFAULT_BUCKET} and gs://{DEFAULT_BUCKET}", flush=True)
+            print(f"Work directory: {emu.workdir}   (Ctrl-C or SIGTERM to stop)", flush=True)
+            shown: list[str] | None = None
+            while not stop.wait(check_every_s):
+                now = sorted(_describe(i) for i in emu.running_instances())
+                if now != shown:
+                    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+                    print(f"[{stamp}] running: {', '.join(now) if now else 'no instance'}", flush=True)
+                    shown = now
+        finally:
+            print("Stopping: ending every instance and server...", flush=True)
+            emu.stop()
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
-__all__ = ["Emulator", "DEFAULT_BUCKET", "serve_forever"]
+def _describe(inst: dict[str, Any]) -> str:
+    """``i-0abc (aws g4dn.xlarge us-east-1a spot)`` for the periodic running line."""
+    extra = " spot" if inst.get("spot") else ""
+    group = f" group {inst['group']}" if inst.get("group") else ""
+    return f"{inst['id']} ({inst['cloud']} {inst['instance_type']} {inst['zone']}{extra}{group})"
+
+
+def export_lines(env: dict[str, str]) -> list[str]:
+    """``export KEY=VALUE`` lines, quoted for any POSIX shell (the connections are JSON)."""
+    import shlex
+
+    return [f"export {key}={shlex.quote(value)}" for key, value in env.items()]
+
+
+def write_env_file(path: Path, exports: list[str]) -> None:
+    """Write the exports at once (a reader never sees half a file): ``source PATH`` in Airflow's shells."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    header = "# cloudtrain emulator: source this file in every shell that runs an Airflow process\n"
+    tmp.write_text(header + "\n".join(exports) + "\n")
+    tmp.replace(path)
+
+
+__all__ = [
+    "DEFAULT_BASE_PORT",
+    "DEFAULT_BUCKET",
+    "PORT_OFFSETS",
+    "Emulator",
+    "export_lines",
+    "serve_forever",
+    "stable_ports",
+    "write_env_file",
+]

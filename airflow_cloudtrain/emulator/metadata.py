@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import secrets
+import sys
 import threading
 import time
 import zlib
@@ -33,6 +34,21 @@ class _InstanceState:
         self.tokens: dict[str, float] = {}  # token -> expiry (unix time)
 
 
+_DISCONNECTS = (BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
+
+
+class _QuietServer(ThreadingHTTPServer):
+    """An instance ends mid-request all the time (its agent killed with it): the client is gone, nobody
+    is left to answer, and that is no error worth a traceback on the emulator's console."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        if isinstance(sys.exc_info()[1], _DISCONNECTS):
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
+
+
 class MetadataServer:
     """A threaded HTTP server on 127.0.0.1 (random port) serving every emulated instance's metadata."""
 
@@ -44,10 +60,10 @@ class MetadataServer:
         self._serving: InThread | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------
-    def start(self) -> MetadataServer:
+    def start(self, port: int = 0) -> MetadataServer:
+        """Serve on ``host``:``port`` (0: a free port)."""
         if self._serving is None:
-            httpd = ThreadingHTTPServer((self.host, 0), _make_handler(self))
-            httpd.daemon_threads = True
+            httpd = _QuietServer((self.host, port), _make_handler(self))
             self._serving = InThread(httpd, "cloudtrain-metadata")
         return self
 
@@ -189,7 +205,7 @@ def _make_handler(server: MetadataServer) -> type[BaseHTTPRequestHandler]:
 
         def handle(self) -> None:
             # the client went away mid-request (an agent killed, a timeout): nobody to answer, no traceback
-            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            with contextlib.suppress(*_DISCONNECTS):
                 super().handle()
 
         def log_message(self, format: str, *args: object) -> None:

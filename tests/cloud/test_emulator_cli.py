@@ -1,33 +1,241 @@
-"""``cloudtrain emulator`` runs the emulated clouds in the foreground and says how to use them."""
+"""``cloudtrain emulator`` as a user runs it: a process on fixed ports that writes the exports Airflow's
+processes source, serves the real clients there, and on SIGTERM (as on Ctrl-C) ends every instance's
+processes and every server, removes its temporary work directory, and prints no traceback."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import psutil
+import pytest
+
+from airflow_cloudtrain import runs
+from airflow_cloudtrain.emulator import DEFAULT_BUCKET, PORT_OFFSETS
+
+DEADLINE_S = 120.0  # generous: the machine may be busy; every wait ends as soon as its condition holds
 
 
-def test_cloudtrain_emulator_prints_its_endpoints_and_stops_on_ctrl_c() -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "airflow_cloudtrain.cli", "emulator"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ},
+def _wait_for(what: str, check: Callable[[], Any], timeout: float = DEADLINE_S) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result := check():
+            return result
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _free_base_port() -> int:
+    """A base port whose whole block of ports is free now (tests run in parallel)."""
+    import random
+
+    for _ in range(200):
+        base = random.randrange(20000, 60000)
+        socks = []
+        try:
+            for offset in range(len(PORT_OFFSETS)):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", base + offset))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no free block of ports")
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    env = {}
+    for line in path.read_text().splitlines():
+        if line.startswith("export "):
+            key, _, value = shlex.split(line)[1].partition("=")
+            env[key] = value
+    return env
+
+
+class EmulatorProcess:
+    """``cloudtrain emulator ...`` in its own session, its output in files (nothing to drain)."""
+
+    def __init__(self, tmp: Path, *args: str) -> None:
+        self.out, self.err = tmp / "stdout.txt", tmp / "stderr.txt"
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "AIRFLOW_CONN_"))}
+        env.pop("STORAGE_EMULATOR_HOST", None)
+        with self.out.open("w") as out, self.err.open("w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "airflow_cloudtrain.cli", "emulator", *args],
+                stdout=out,
+                stderr=err,
+                env=env,
+                start_new_session=True,
+            )
+
+    def stdout(self) -> str:
+        return self.out.read_text()
+
+    def stderr(self) -> str:
+        return self.err.read_text()
+
+    def descendants(self) -> list[psutil.Process]:
+        try:
+            return psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture()
+def start(tmp_path: Path) -> Iterator[Callable[..., EmulatorProcess]]:
+    started: list[EmulatorProcess] = []
+
+    def run(*args: str) -> EmulatorProcess:
+        proc = EmulatorProcess(tmp_path, *args)
+        started.append(proc)
+        return proc
+
+    yield run
+    for proc in started:  # a failed test must not leave an emulator behind
+        leftovers = proc.descendants()
+        proc.kill()
+        for child in leftovers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                child.kill()
+
+
+def test_emulator_serves_on_its_ports_writes_the_env_file_and_stops_cleanly_on_sigterm(
+    start: Callable[..., EmulatorProcess], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    base = _free_base_port()
+    env_file = tmp_path / "airflow" / "emulator.env"
+    emu = start("--port", str(base), "--env-file", str(env_file))
+    _wait_for("the env file", env_file.exists)
+    env = _read_env_file(env_file)
+
+    # Fixed ports: the endpoints a restart will have again; the connections point at them too.
+    assert env["AWS_ENDPOINT_URL"] == f"http://127.0.0.1:{base + PORT_OFFSETS['aws']}"
+    assert env["STORAGE_EMULATOR_HOST"] == f"http://127.0.0.1:{base + PORT_OFFSETS['gcs']}"
+    assert f'"endpoint_url": "http://127.0.0.1:{base}"' in env["AIRFLOW_CONN_AWS_DEFAULT"]
+    gce = f"http://127.0.0.1:{base + PORT_OFFSETS['gce']}"
+    assert f'"compute_endpoint": "{gce}"' in env["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"]
+    workdir = Path(
+        _wait_for("the work directory line", lambda: re.search(r"Work directory: (\S+)", emu.stdout()))[1]
     )
-    lines: list[str] = []
-    deadline = time.monotonic() + 60
-    try:
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            lines.append(line)
-            if line.startswith("Bucket:"):
-                break
-        exports = "".join(lines)
-        assert "export AWS_ENDPOINT_URL='http://127.0.0.1:" in exports
-        assert "export AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT=" in exports
-    finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=30) == 0
+    assert workdir.is_dir()
+
+    # The real clients work against it: S3 and EC2 (boto3), GCS and Compute Engine (Google's).
+    aws = {
+        "endpoint_url": env["AWS_ENDPOINT_URL"],
+        "region_name": env["AWS_DEFAULT_REGION"],
+        "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+    }
+    s3, ec2 = boto3.client("s3", **aws), boto3.client("ec2", **aws)
+    uri = f"s3://{DEFAULT_BUCKET}/runs/cli/{uuid.uuid4().hex[:8]}"
+    pid_file = tmp_path / "job.pid"
+    spec = runs.RunSpec(
+        run_id="ct-cli",
+        run_uri=uri,
+        cloud="ec2",
+        command=f"echo $$ > {pid_file}; exec sleep 600",
+        log_interval_s=0.2,
+        heartbeat_interval_s=0.2,
+        metadata_poll_s=0.2,
+    )
+    s3.put_object(Bucket=DEFAULT_BUCKET, Key=f"{uri.split('/', 3)[3]}/{runs.SPEC_KEY}", Body=spec.to_json())
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    user_data = f"#!/bin/bash\nCT_RUN_URI='{uri}'\nCT_CLOUD=ec2\n"
+    tags = [{"ResourceType": "instance", "Tags": [{"Key": runs.TAG_MANAGED, "Value": "true"}]}]
+    launched = ec2.run_instances(
+        ImageId=image,
+        InstanceType="t3.micro",
+        MinCount=1,
+        MaxCount=1,
+        UserData=user_data,
+        TagSpecifications=tags,
+    )
+    iid = launched["Instances"][0]["InstanceId"]
+
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import compute_v1, storage
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", env["STORAGE_EMULATOR_HOST"])
+    gcs = storage.Client(project="my-project", credentials=AnonymousCredentials())
+    gcs.bucket(DEFAULT_BUCKET).blob("cli/hello.txt").upload_from_string(b"hello")
+    assert gcs.bucket(DEFAULT_BUCKET).blob("cli/hello.txt").download_as_bytes() == b"hello"
+    zones = compute_v1.ZonesClient(credentials=AnonymousCredentials(), client_options={"api_endpoint": gce})
+    assert any(z.name == "us-central1-a" for z in zones.list(project="my-project"))
+
+    # The instance's agent and job run as the emulator's descendants; the status line is timestamped.
+    job_pid = int(_wait_for("the job to start", lambda: pid_file.exists() and pid_file.read_text().strip()))
+    assert psutil.pid_exists(job_pid)
+    line = _wait_for(
+        "a running line",
+        lambda: re.search(rf"^\[\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\dZ\] running: .*{iid}", emu.stdout(), re.M),
+    )
+    assert line
+    processes = emu.descendants()
+    assert job_pid in {p.pid for p in processes}
+
+    emu.proc.send_signal(signal.SIGTERM)
+    assert emu.proc.wait(timeout=DEADLINE_S) == 0
+    _wait_for(
+        "every process of the emulator to end",
+        lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in processes),
+    )
+    assert not psutil.pid_exists(job_pid) or psutil.Process(job_pid).status() == psutil.STATUS_ZOMBIE
+    assert not workdir.exists()  # the temporary work directory went with it
+    assert env_file.exists()  # the exports stay valid for the next start on the same ports
+    assert "Traceback" not in emu.stderr(), emu.stderr()
+    # the running line is printed when the set of instances changes, not every few seconds
+    assert emu.stdout().count(f"{iid} (aws t3.micro") == 1
+
+
+def test_emulator_keeps_a_given_state_dir_and_stops_on_ctrl_c(
+    start: Callable[..., EmulatorProcess], tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    env_file = tmp_path / "emulator.env"
+    emu = start("--port", "0", "--state-dir", str(state), "--env-file", str(env_file))
+    _wait_for("the env file", env_file.exists)
+    assert f"Work directory: {state}" in emu.stdout()
+    emu.proc.send_signal(signal.SIGINT)
+    assert emu.proc.wait(timeout=DEADLINE_S) == 0
+    assert state.is_dir() and (state / "image-home").is_dir()  # the user's directory stays
+    assert "Traceback" not in emu.stderr(), emu.stderr()
+
+
+def test_a_taken_port_is_a_clear_error(start: Callable[..., EmulatorProcess]) -> None:
+    base = _free_base_port()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", base + PORT_OFFSETS["gce"]))
+        taken.listen()
+        emu = start("--port", str(base))
+        assert emu.proc.wait(timeout=DEADLINE_S) == 1
+    err = emu.stderr()
+    assert f"cannot listen on 127.0.0.1:{base + PORT_OFFSETS['gce']}" in err and "--port" in err
+    assert "Traceback" not in err
+
+
+def test_bad_port_is_refused_by_the_parser() -> None:
+    from airflow_cloudtrain.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["emulator", "--port", "80"])
+    assert build_parser().parse_args(["emulator"]).port == 4750

@@ -391,8 +391,50 @@ def test_machine_type_must_exist_in_the_zone(gce: Gce, unique: Callable[[str], s
 def test_unknown_zone_and_project(gce: Gce) -> None:
     with pytest.raises(gexc.BadRequest, match="Unknown zone"):
         gce.insert(gce.body("vm-x", zone="mars-north1-a"), zone="mars-north1-a")
-    with pytest.raises(gexc.NotFound, match="projects/someone-else"):
-        gce.instances.get(project="someone-else", zone=ZONE, instance="vm-x")
+    with pytest.raises(gexc.NotFound, match="projects/someone-else/zones/us-central1-a/instances/vm-x"):
+        gce.instances.get(project="someone-else", zone=ZONE, instance="vm-x")  # any project, empty
+    with pytest.raises(gexc.NotFound, match="projects/Not_A_Project"):  # no project id at all
+        gce.instances.get(project="Not_A_Project", zone=ZONE, instance="vm-x")
+
+
+def test_any_project_a_dag_names_is_served_with_its_own_state(gce: Gce, unique: Callable[[str], str]) -> None:
+    """A user's DAG names its own project (as moto accepts any account): the VM lives there only."""
+    mine = Gce(gce.server)
+    mine.project = "my-project"
+    name = unique("vm")
+    op = mine.wait(mine.insert(mine.body(name)))
+    assert op.status == compute_v1.Operation.Status.DONE and not op.error.errors
+    inst = mine.until(name, "RUNNING")
+    assert inst.self_link.endswith(f"/projects/my-project/zones/{ZONE}/instances/{name}")
+    assert name in mine.names() and name not in gce.names()  # state per project
+    with pytest.raises(gexc.NotFound, match=f"projects/{gce.project}/zones/{ZONE}/instances/{name}"):
+        gce.get(name)
+    # the same name may exist in two projects, each its own VM
+    gce.wait(gce.insert(gce.body(name)))
+    assert gce.get(name).id != mine.get(name).id
+    gce.delete(name)
+    assert mine.get(name).status == "RUNNING"
+    # the emulator's own view: the VM's project, and the testing calls that name it
+    alive = [i for i in gce.server.alive() if i["name"] == name]
+    assert [i["project"] for i in alive] == ["my-project"]
+    assert gce.server.instance(ZONE, name, project="my-project")["status"] == "RUNNING"
+    assert gce.server.instance(ZONE, name) is None
+    gce.server.shutdown(ZONE, name)  # found in the project that holds it
+    assert mine.get(name).status == "TERMINATED"
+    mine.delete(name)
+    mine.gone(name)
+
+
+def test_capacity_faults_reach_every_project(gce: Gce, unique: Callable[[str], str]) -> None:
+    mine = Gce(gce.server)
+    mine.project = f"fault-{uuid.uuid4().hex[:6]}"  # a project first used after the fault was set
+    gce.server.fail_capacity("n1-standard-2", ZONE)
+    try:
+        op = mine.wait(mine.insert(mine.body(unique("vm"), "n1-standard-2")))
+        assert op.error.errors[0].code == "ZONE_RESOURCE_POOL_EXHAUSTED"
+        assert f"projects/{mine.project}/zones/{ZONE}" in op.error.errors[0].message
+    finally:
+        gce.server.clear_faults()
 
 
 @pytest.mark.parametrize("machine", ["custom-1-1024", "custom-2-13312", "custom-8-30720", "n2-custom-4-8192"])
@@ -620,6 +662,14 @@ def gcs() -> Iterator[GcsServer]:
     else:
         os.environ["STORAGE_EMULATOR_HOST"] = saved
     server.stop()
+
+
+def test_gcs_serves_a_users_own_project(gcs: GcsServer) -> None:
+    client = storage.Client(project="my-project", credentials=AnonymousCredentials())
+    bucket = client.create_bucket(f"my-bucket-{uuid.uuid4().hex[:6]}")
+    bucket.blob("data/x.txt").upload_from_string(b"mine")
+    assert client.bucket(bucket.name).blob("data/x.txt").download_as_bytes() == b"mine"
+    assert [b.name for b in client.list_blobs(bucket.name)] == ["data/x.txt"]
 
 
 def test_gcs_round_trip_with_the_real_client(gcs: GcsServer) -> None:

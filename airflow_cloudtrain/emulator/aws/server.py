@@ -112,7 +112,8 @@ class MotoServer:
         self.middleware = FaultsAndCounts(DomainDispatcherApplication(create_backend_app), throttle)
         self._serving: InThread | None = None
 
-    def start(self) -> str:
+    def start(self, port: int = 0) -> str:
+        """Serve on 127.0.0.1:``port`` (0: a free port)."""
         import logging
 
         from moto.moto_server.werkzeug_app import MotoRequestHandler
@@ -120,7 +121,7 @@ class MotoServer:
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request drowns the task log
         server = make_server(
-            "127.0.0.1", 0, self.middleware, threaded=True, request_handler=MotoRequestHandler
+            "127.0.0.1", port, self.middleware, threaded=True, request_handler=MotoRequestHandler
         )
         self._serving = InThread(server, "moto-server")
         return self._serving.endpoint

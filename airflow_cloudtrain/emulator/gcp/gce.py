@@ -15,7 +15,10 @@ What is mimicked, and why (the product's control plane must meet the answers it 
 * ``instances.insert`` is validated as the real API validates it (``gce_validate``): synchronous
   errors in Google's JSON shape (400 invalid/required/badRequest, 404 notFound, 409 alreadyExists).
   An unknown zone on a zonal call is 400 "Unknown zone." as on the real API; ``zones.get`` of an
-  unknown zone and any unknown project are 404.
+  unknown zone is 404.
+* Any project a request names is served, as moto serves any account: each project id has its own
+  instances, operations, templates and groups (``gce_project``), made empty on first use, so a DAG's
+  own ``project_id`` works; a name that is no project id at all is 404.
 * Mutating calls return a ``compute#operation``, RUNNING for ``op_delay`` seconds, then DONE (``get``,
   ``wait``, ``list``); a replayed ``requestId`` returns the same operation and does nothing twice.
   ``op_delay`` defaults to 0 (DONE in the first answer) because of a client-library limitation: the
@@ -76,7 +79,7 @@ from __future__ import annotations
 
 import json
 import logging
-import time
+import threading
 from collections import Counter
 from typing import Any
 
@@ -87,13 +90,14 @@ from werkzeug.wrappers import Request, Response
 from airflow_cloudtrain.emulator.faults import EMULATOR_USER_AGENT, Throttle, is_own
 from airflow_cloudtrain.emulator.gcp import gce_api as api
 from airflow_cloudtrain.emulator.gcp import gce_catalog as cat
-from airflow_cloudtrain.emulator.gcp.gce_api import API, ApiError
-from airflow_cloudtrain.emulator.gcp.gce_groups import GroupApi, group_rules
-from airflow_cloudtrain.emulator.gcp.gce_state import GLOBAL
+from airflow_cloudtrain.emulator.gcp.gce_api import ApiError
+from airflow_cloudtrain.emulator.gcp.gce_groups import group_rules
+from airflow_cloudtrain.emulator.gcp.gce_project import GceProject
 from airflow_cloudtrain.emulator.serving import InThread
 
-__all__ = ["EMULATOR_USER_AGENT", "GceServer", "compute_client_kwargs"]
+__all__ = ["EMULATOR_USER_AGENT", "GceProject", "GceServer", "compute_client_kwargs"]
 
+log = logging.getLogger(__name__)
 _THROTTLED = (
     "Quota exceeded for quota metric 'Queries' and limit 'Queries per minute' of service "
     "'compute.googleapis.com'. Rate Limit Exceeded"
@@ -107,8 +111,35 @@ def compute_client_kwargs(endpoint: str) -> dict[str, Any]:
     return {"credentials": AnonymousCredentials(), "client_options": {"api_endpoint": endpoint}}
 
 
-class GceServer(GroupApi):
-    """Compute Engine v1 REST subset on 127.0.0.1 (random port) in a daemon thread; see the module doc."""
+def _shared(name: str) -> property:
+    """A setting every project's state has, set on all of them at once."""
+
+    def get(self: GceServer) -> Any:
+        return self._settings[name]
+
+    def put(self: GceServer, value: Any) -> None:
+        with self._lock:
+            self._settings[name] = value
+            for state in self._projects.values():
+                setattr(state, name, value)
+
+    return property(get, put)
+
+
+class GceServer:
+    """Compute Engine v1 REST subset on 127.0.0.1 (random port) in a daemon thread; see the module doc.
+
+    Any project id a request names is served, each with its own instances, operations, templates and
+    groups (``GceProject``, made on first use), as moto serves any account. ``project`` is the default
+    one: the testing calls below act on it unless given ``project=``; faults, throttling, the clock
+    settings and the group manager apply to every project."""
+
+    op_delay = _shared("op_delay")
+    provision_s = _shared("provision_s")
+    boot_s = _shared("boot_s")
+    delete_after_s = _shared("delete_after_s")
+    recreate_s = _shared("recreate_s")
+    hard_stop_scale = _shared("hard_stop_scale")
 
     def __init__(
         self,
@@ -119,12 +150,28 @@ class GceServer(GroupApi):
         delete_after_s: float = 0.5,
         throttle: Throttle | None = None,
         recreate_s: float = 1.0,
+        reconcile_s: float = 0.2,
     ) -> None:
-        super().__init__(project, op_delay, provision_s, boot_s, delete_after_s, recreate_s)
+        self.project = project
         self.throttle = throttle or Throttle()
         self.endpoint = ""
+        self.reconcile_s = reconcile_s
+        self._settings: dict[str, Any] = {
+            "op_delay": op_delay,
+            "provision_s": provision_s,
+            "boot_s": boot_s,
+            "delete_after_s": delete_after_s,
+            "recreate_s": recreate_s,
+            "hard_stop_scale": 1.0,
+        }
+        self._lock = threading.RLock()  # the project map, the counts and the faults to replay
+        self._projects: dict[str, GceProject] = {}
+        self._faults: list[tuple[str, tuple[Any, ...]]] = []  # (method, args): given to new projects too
         self._counts: Counter[str] = Counter()
         self._serving: InThread | None = None
+        self._halt = threading.Event()
+        self._manager: threading.Thread | None = None
+        self.state(project)
         p = "/compute/v1/projects/<project>"
         z = f"{p}/zones/<zone>"
         self._routes = Map(
@@ -151,27 +198,70 @@ class GceServer(GroupApi):
             ]
         )
 
+    # --- projects --------------------------------------------------------------------------------
+
+    def state(self, project: str | None = None) -> GceProject:
+        """The state of ``project`` (default: ``self.project``), made empty on first use."""
+        project = project or self.project
+        with self._lock:
+            found = self._projects.get(project)
+            if found is None:
+                s = self._settings
+                found = GceProject(
+                    project,
+                    s["op_delay"],
+                    s["provision_s"],
+                    s["boot_s"],
+                    s["delete_after_s"],
+                    s["recreate_s"],
+                    self.reconcile_s,
+                )
+                found.hard_stop_scale = s["hard_stop_scale"]
+                for method, args in self._faults:
+                    getattr(found, method)(*args)
+                self._projects[project] = found
+            return found
+
+    def projects(self) -> list[str]:
+        with self._lock:
+            return sorted(self._projects)
+
+    def _states(self) -> list[GceProject]:
+        with self._lock:
+            return list(self._projects.values())
+
     # --- lifecycle and counts --------------------------------------------------------------------
 
-    def start(self) -> str:
+    def start(self, port: int = 0) -> str:
+        """Serve on 127.0.0.1:``port`` (0: a free port)."""
         from werkzeug.serving import make_server
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request drowns the task log
-        self._serving = InThread(make_server("127.0.0.1", 0, self._wsgi, threaded=True), "gce-emulator")
+        self._serving = InThread(make_server("127.0.0.1", port, self._wsgi, threaded=True), "gce-emulator")
         self.endpoint = self._serving.endpoint
-        self.start_manager()
+        if self._manager is None:
+            self._halt.clear()
+            self._manager = threading.Thread(target=self._manage, name="gce-group-manager", daemon=True)
+            self._manager.start()
         return self.endpoint
 
     def stop(self) -> None:
-        self.stop_manager()
+        self._halt.set()
+        if self._manager is not None:
+            self._manager.join(timeout=5)
+            self._manager = None
         if self._serving is not None:
             self._serving.stop()
             self._serving = None
 
-    def clear_faults(self) -> None:
-        """No capacity, quota or throttling faults any more."""
-        super().clear_faults()
-        self.throttle.clear()
+    def _manage(self) -> None:
+        """The group manager of every project (``gce_manager``): groups act with nobody asking."""
+        while not self._halt.wait(self.reconcile_s):
+            for state in self._states():
+                try:
+                    state.reconcile()
+                except Exception:  # the groups must go on being managed whatever one pass hits
+                    log.exception("emulated group manager: reconcile failed")
 
     def counts(self) -> dict[str, int]:
         """Requests per API method (``instances.list``, ...) since start or reset, the emulator's excluded;
@@ -182,6 +272,74 @@ class GceServer(GroupApi):
     def reset_counts(self) -> None:
         with self._lock:
             self._counts.clear()
+
+    # --- faults and the cloud's own acts (every project, or the one named) ------------------------
+
+    def _fault(self, method: str, *args: Any) -> None:
+        with self._lock:
+            self._faults.append((method, args))
+            for state in self._projects.values():
+                getattr(state, method)(*args)
+
+    def fail_capacity(self, machine_type: str, zone: str | None = None) -> None:
+        """From now on inserts of this type (in this zone, or anywhere) end in ZONE_RESOURCE_POOL_EXHAUSTED,
+        in every project."""
+        self._fault("fail_capacity", machine_type, zone)
+
+    def fail_quota(
+        self,
+        machine_type: str | None = None,
+        zone: str | None = None,
+        metric: str | None = None,
+        synchronous: bool = False,
+    ) -> None:
+        """Inserts exceed a quota, in every project (``ComputeState.fail_quota``)."""
+        self._fault("fail_quota", machine_type, zone, metric, synchronous)
+
+    def clear_faults(self) -> None:
+        """No capacity, quota or throttling faults any more."""
+        with self._lock:
+            self._faults.clear()
+            for state in self._projects.values():
+                state.clear_faults()
+        self.throttle.clear()
+
+    def alive(self) -> list[dict[str, Any]]:
+        """Every instance whose guest runs, in every project (``ComputeState.alive``, plus ``project``)."""
+        return [{**i, "project": s.project} for s in self._states() for i in s.alive()]
+
+    def instance(self, zone: str, name: str, project: str | None = None) -> dict[str, Any] | None:
+        """The instance as ``instances.get`` shows it, or None."""
+        return self.state(project).instance(zone, name)
+
+    def _holder(self, zone: str, name: str, project: str | None) -> GceProject:
+        """The project of a live VM (the default project first), for acts known by zone and name."""
+        if project is not None:
+            return self.state(project)
+        states = sorted(self._states(), key=lambda s: s.project != self.project)
+        for state in states:
+            if any(i["zone"] == zone and i["name"] == name for i in state.alive()):
+                return state
+        return self.state()
+
+    def preempt(self, zone: str, name: str, grace_s: float = 0.0, project: str | None = None) -> None:
+        """Compute Engine reclaims a Spot VM (``ComputeState.preempt``)."""
+        self._holder(zone, name, project).preempt(zone, name, grace_s)
+
+    def shutdown(self, zone: str, name: str, project: str | None = None) -> None:
+        """The guest powered off (``ComputeState.shutdown``)."""
+        self._holder(zone, name, project).shutdown(zone, name)
+
+    def templates(self, project: str | None = None) -> list[str]:
+        return self.state(project).templates()
+
+    def group(self, zone: str, name: str, project: str | None = None) -> dict[str, Any] | None:
+        return self.state(project).group(zone, name)
+
+    def reconcile(self) -> None:
+        """One pass of the group manager over every group of every project."""
+        for state in self._states():
+            state.reconcile()
 
     # --- HTTP ------------------------------------------------------------------------------------
 
@@ -197,13 +355,14 @@ class GceServer(GroupApi):
                         self._counts[f"throttled:{endpoint}"] += 1
                 if hit:
                     raise ApiError(429, "rateLimitExceeded", _THROTTLED, domain="usageLimits")
-            if (project := args.pop("project")) != self.project:
+            project = args.pop("project")
+            if not api.PROJECT_ID.fullmatch(project):
                 raise api.not_found(f"projects/{project}")
             if "zone" in args and args["zone"] not in cat.catalog().zones:
                 if endpoint == "zones.get":
-                    raise api.not_found(f"projects/{self.project}/zones/{args['zone']}")
+                    raise api.not_found(f"projects/{project}/zones/{args['zone']}")
                 raise api.invalid("zone", args["zone"], "Unknown zone.")
-            handler = getattr(self, "_h_" + endpoint.replace(".", "_"))
+            handler = getattr(self.state(project), "_h_" + endpoint.replace(".", "_"))
             status, body = 200, handler(request, **args)
         except ApiError as exc:
             status, body = exc.code, exc.body()
@@ -216,133 +375,3 @@ class GceServer(GroupApi):
         return Response(payload, status, content_type="application/json; charset=UTF-8")(
             environ, start_response
         )
-
-    def _list(self, kind: str, self_link: str, items: list[dict[str, Any]], req: Request) -> dict[str, Any]:
-        return api.listing(kind, self_link, items, req.args)
-
-    def _aggregated(
-        self, kind: str, key: str, per_zone: dict[str, list[dict[str, Any]]], req: Request
-    ) -> dict[str, Any]:
-        predicate = api.compile_filter(req.args.get("filter"))
-        flat = [
-            (z, r)
-            for z in sorted(per_zone)
-            for r in sorted(per_zone[z], key=lambda r: r["name"])
-            if predicate(r)
-        ]
-        chunk, token = api.page(flat, req.args.get("maxResults"), req.args.get("pageToken"))
-        items: dict[str, Any] = {}
-        for zone in ([GLOBAL] if GLOBAL in per_zone else []) + sorted(cat.catalog().zones):
-            found = [r for z, r in chunk if z == zone]
-            scope = GLOBAL if zone == GLOBAL else f"zones/{zone}"
-            items[scope] = (
-                {key: found}
-                if found
-                else {
-                    "warning": {
-                        "code": "NO_RESULTS_ON_PAGE",
-                        "message": f"There are no results for scope '{scope}' on this page.",
-                        "data": [{"key": "scope", "value": scope}],
-                    }
-                }
-            )
-        link = f"{API}/projects/{self.project}/aggregated/{key}"
-        out = {
-            "kind": kind,
-            "id": f"projects/{self.project}/aggregated/{key}",
-            "items": items,
-            "selfLink": link,
-        }
-        return {**out, "nextPageToken": token} if token else out
-
-    # --- handlers: one per API method (the route endpoint name) ------------------------------------
-
-    def _h_instances_insert(self, req: Request, zone: str) -> dict[str, Any]:
-        return self._insert(zone, req.get_json(force=True, silent=True) or {}, req.args.get("requestId"))
-
-    def _h_instances_get(self, req: Request, zone: str, name: str) -> dict[str, Any]:
-        with self._lock:
-            now = self._advance()
-            return self._show(self._get_instance(zone, name), now)
-
-    def _h_instances_delete(self, req: Request, zone: str, name: str) -> dict[str, Any]:
-        return self._stop_or_delete(zone, name, "delete", req.args.get("requestId"))
-
-    def _h_instances_stop(self, req: Request, zone: str, name: str) -> dict[str, Any]:
-        return self._stop_or_delete(zone, name, "stop", req.args.get("requestId"))
-
-    def _h_instances_list(self, req: Request, zone: str) -> dict[str, Any]:
-        with self._lock:
-            now = self._advance()
-            items = [self._show(i, now) for i in self._instances.values() if i.zone == zone]
-        link = f"{API}/projects/{self.project}/zones/{zone}/instances"
-        return self._list("compute#instanceList", link, items, req)
-
-    def _h_instances_aggregatedList(self, req: Request) -> dict[str, Any]:
-        with self._lock:
-            now = self._advance()
-            per_zone: dict[str, list[dict[str, Any]]] = {}
-            for inst in self._instances.values():
-                per_zone.setdefault(inst.zone, []).append(self._show(inst, now))
-        return self._aggregated("compute#instanceAggregatedList", "instances", per_zone, req)
-
-    def _h_zoneOperations_get(self, req: Request, zone: str, op: str) -> dict[str, Any]:
-        with self._lock:
-            return self._show_op(self._get_op(zone, op), time.time())
-
-    def _h_zoneOperations_wait(self, req: Request, zone: str, op: str) -> dict[str, Any]:
-        return self._wait_op(zone, op)
-
-    def _h_zoneOperations_list(self, req: Request, zone: str) -> dict[str, Any]:
-        with self._lock:
-            now = time.time()
-            items = [self._show_op(o, now) for (z, _), o in self._ops.items() if z == zone]
-        link = f"{API}/projects/{self.project}/zones/{zone}/operations"
-        return self._list("compute#operationList", link, items, req)
-
-    def _h_globalOperations_aggregatedList(self, req: Request) -> dict[str, Any]:
-        with self._lock:
-            now = time.time()
-            per_zone: dict[str, list[dict[str, Any]]] = {}
-            for (zone, _), op in self._ops.items():
-                per_zone.setdefault(zone, []).append(self._show_op(op, now))
-        return self._aggregated("compute#operationAggregatedList", "operations", per_zone, req)
-
-    # --- the catalog side ------------------------------------------------------------------------
-
-    def _h_zones_list(self, req: Request) -> dict[str, Any]:
-        items = [cat.zone_resource(self.project, z) for z in cat.catalog().zones]
-        return self._list("compute#zoneList", f"{API}/projects/{self.project}/zones", items, req)
-
-    def _h_zones_get(self, req: Request, zone: str) -> dict[str, Any]:
-        return cat.zone_resource(self.project, zone)
-
-    def _h_machineTypes_list(self, req: Request, zone: str) -> dict[str, Any]:
-        items = [
-            cat.machine_type_resource(self.project, zone, s)
-            for s in cat.catalog().machines.get(zone, {}).values()
-        ]
-        link = f"{API}/projects/{self.project}/zones/{zone}/machineTypes"
-        return self._list("compute#machineTypeList", link, items, req)
-
-    def _h_machineTypes_get(self, req: Request, zone: str, name: str) -> dict[str, Any]:
-        shape = cat.catalog().machines.get(zone, {}).get(name)
-        try:
-            shape = shape or cat.catalog().custom(zone, name, name)
-        except ApiError:
-            shape = None
-        if shape is None:
-            raise api.not_found(f"projects/{self.project}/zones/{zone}/machineTypes/{name}")
-        return cat.machine_type_resource(self.project, zone, shape)
-
-    def _h_acceleratorTypes_list(self, req: Request, zone: str) -> dict[str, Any]:
-        types = cat.catalog().accelerators.get(zone, {})
-        items = [cat.accelerator_type_resource(self.project, zone, n, c) for n, c in types.items()]
-        link = f"{API}/projects/{self.project}/zones/{zone}/acceleratorTypes"
-        return self._list("compute#acceleratorTypeList", link, items, req)
-
-    def _h_acceleratorTypes_get(self, req: Request, zone: str, name: str) -> dict[str, Any]:
-        cards = cat.catalog().accelerators.get(zone, {}).get(name)
-        if cards is None:
-            raise api.not_found(f"projects/{self.project}/zones/{zone}/acceleratorTypes/{name}")
-        return cat.accelerator_type_resource(self.project, zone, name, cards)

@@ -9,6 +9,9 @@ import secrets
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+# A project id as Google allows them (6-30 of a-z, 0-9 and -, a letter first, no - last), or a
+# domain-scoped one (``example.com:my-project``); the emulators serve any such project.
+PROJECT_ID = re.compile(r"(?:[a-z0-9.-]+:)?[a-z][-a-z0-9]{4,28}[a-z0-9]")
 API = "https://www.googleapis.com/compute/v1"  # what selfLinks carry, as in production
 _TZ = timezone(timedelta(hours=-7))  # the real API writes RFC 3339 in Pacific time, never "Z"
 _STATUS = {

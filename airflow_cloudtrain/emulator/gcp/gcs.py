@@ -141,7 +141,8 @@ class GcsServer:
             maxlen=1000
         )  # recent request lines, e.g. "POST /upload/...?uploadType=resumable"
 
-    def start(self) -> str:
+    def start(self, port: int = 0) -> str:
+        """Serve on 127.0.0.1:``port`` (0: a free port)."""
         from gcp_storage_emulator.server import RequestHandler
         from gcp_storage_emulator.storage import Storage
 
@@ -172,7 +173,7 @@ class GcsServer:
             def log_request(self, code: Any = "-", size: Any = "-") -> None:
                 seen.append(self.requestline.rsplit(" ", 1)[0])
 
-        httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, self._storage))
+        httpd = ThreadingHTTPServer(("127.0.0.1", port), partial(Handler, self._storage))
         httpd.daemon_threads = True
         self._serving = InThread(httpd, "gcs-emulator")
         self.endpoint = self._serving.endpoint

@@ -21,7 +21,9 @@ or any HTTP client reads.
 What is mimicked, and why (a work queue built on it must meet what it meets in production):
 
 * Topics and subscriptions: create (409 ALREADY_EXISTS), get, delete (404 NOT_FOUND), list; names are
-  checked as the API checks them (400), another project is 404. A deleted topic's subscriptions stay,
+  checked as the API checks them (400); any project is served, as moto serves any account (each lists
+  and measures its own; ``project`` is the one short names mean), a malformed project id is 404.
+  A deleted topic's subscriptions stay,
   their ``topic`` then reads ``_deleted-topic_``. A message goes to every subscription of its topic
   that exists when it is published.
 * ``ackDeadlineSeconds`` 10..600 (omitted: 10), ``deadLetterPolicy.maxDeliveryAttempts`` 5..100
@@ -76,6 +78,7 @@ from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
 from airflow_cloudtrain.emulator.faults import Throttle, is_own
+from airflow_cloudtrain.emulator.gcp.gce_api import PROJECT_ID
 from airflow_cloudtrain.emulator.gcp.pubsub_state import PubSubError, PubSubState, int_field, invalid, rfc3339
 from airflow_cloudtrain.emulator.serving import InThread
 
@@ -153,11 +156,12 @@ class PubSubServer(PubSubState):
 
     # --- lifecycle, counts, helpers ---------------------------------------------------------------
 
-    def start(self) -> str:
+    def start(self, port: int = 0) -> str:
+        """Serve on 127.0.0.1:``port`` (0: a free port)."""
         from werkzeug.serving import make_server
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request drowns the task log
-        self._serving = InThread(make_server("127.0.0.1", 0, self._wsgi, threaded=True), "pubsub-emulator")
+        self._serving = InThread(make_server("127.0.0.1", port, self._wsgi, threaded=True), "pubsub-emulator")
         self.endpoint = self._serving.endpoint
         return self.endpoint
 
@@ -204,8 +208,15 @@ class PubSubServer(PubSubState):
                         self._counts[f"throttled:{op}"] += 1
                 if hit:
                     raise _throttled(service)
-            if "project" in args and args.pop("project") != self.project:
-                raise PubSubError(404, "Requested project not found or user does not have access to it.")
+            if "project" in args:  # any project is served: names carry it (``projects/<p>/...``)
+                project = args.pop("project")
+                if not PROJECT_ID.fullmatch(project):
+                    raise PubSubError(404, "Requested project not found or user does not have access to it.")
+                if "name" in args:
+                    kind = "subscriptions" if op.startswith("subscriptions.") else "topics"
+                    args["name"] = f"projects/{project}/{kind}/{args['name']}"
+                else:  # a list: that project's
+                    args["project"] = project
             body = _json_body(request)
             status, out = 200, getattr(self, "_h_" + op.replace(".", "_"))(request, body, **args)
         except PubSubError as exc:
@@ -227,8 +238,9 @@ class PubSubServer(PubSubState):
         self.delete_topic(name)
         return {}
 
-    def _h_topics_list(self, req: Request, body: dict[str, Any]) -> dict[str, Any]:
-        return _page("topics", self.list_topics(), req)
+    def _h_topics_list(self, req: Request, body: dict[str, Any], project: str) -> dict[str, Any]:
+        mine = [t for t in self.list_topics() if t["name"].startswith(f"projects/{project}/")]
+        return _page("topics", mine, req)
 
     def _h_topics_subscriptions_list(self, req: Request, body: dict[str, Any], name: str) -> dict[str, Any]:
         return _page("subscriptions", self.topic_subscriptions(name), req)
@@ -246,8 +258,9 @@ class PubSubServer(PubSubState):
         self.delete_subscription(name)
         return {}
 
-    def _h_subscriptions_list(self, req: Request, body: dict[str, Any]) -> dict[str, Any]:
-        return _page("subscriptions", self.list_subscriptions(), req)
+    def _h_subscriptions_list(self, req: Request, body: dict[str, Any], project: str) -> dict[str, Any]:
+        mine = [t for t in self.list_subscriptions() if t["name"].startswith(f"projects/{project}/")]
+        return _page("subscriptions", mine, req)
 
     def _h_subscriptions_pull(self, req: Request, body: dict[str, Any], sub: str) -> dict[str, Any]:
         wait = 0.0 if body.get("returnImmediately") else self.pull_wait_s
@@ -266,7 +279,7 @@ class PubSubServer(PubSubState):
 
     # --- Monitoring ------------------------------------------------------------------------------
 
-    def _h_timeSeries_list(self, req: Request, body: dict[str, Any]) -> dict[str, Any]:
+    def _h_timeSeries_list(self, req: Request, body: dict[str, Any], project: str) -> dict[str, Any]:
         if not req.args.get("interval.endTime"):
             raise invalid("Field interval.end_time had an invalid value: a time interval is required.")
         text = req.args.get("filter") or ""
@@ -280,7 +293,9 @@ class PubSubServer(PubSubState):
             return {}  # a metric with no data here: no time series, as for any metric without data
         now, series = rfc3339(time.time()), []
         for full in self.subscription_names():
-            labels = {"project_id": self.project, "subscription_id": full.rsplit("/", 1)[-1]}
+            if not full.startswith(f"projects/{project}/"):
+                continue  # a project's metrics are its own subscriptions'
+            labels = {"project_id": project, "subscription_id": full.rsplit("/", 1)[-1]}
             has = {"resource.type": "pubsub_subscription"} | {
                 f"resource.labels.{k}": v for k, v in labels.items()
             }

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from airflow_cloudtrain.emulator.gcp.gce_api import PROJECT_ID
+
 DELETED_TOPIC = "_deleted-topic_"
 _NAME = re.compile(r"[A-Za-z][-A-Za-z0-9_.~+%]{2,254}")
 _STATUS = {
@@ -164,7 +166,7 @@ class PubSubState:
         parts = name.split("/")
         if len(parts) != 4 or parts[0] != "projects" or parts[2] != kind:
             raise invalid(f"Invalid [{kind}] name: (name={name})")
-        if parts[1] != self.project:
+        if not PROJECT_ID.fullmatch(parts[1]):  # any project id is served (``project``: short names')
             raise PubSubError(
                 404, f"Requested project not found or user does not have access to it (project={parts[1]})."
             )
@@ -311,7 +313,7 @@ class PubSubState:
                     attrs = {
                         **p.message.attributes,
                         "CloudPubSubDeadLetterSourceSubscription": sub.name.rsplit("/", 1)[-1],
-                        "CloudPubSubDeadLetterSourceSubscriptionProject": self.project,
+                        "CloudPubSubDeadLetterSourceSubscriptionProject": sub.name.split("/")[1],
                         "CloudPubSubDeadLetterSourceDeliveryCount": str(p.attempts),
                         "CloudPubSubDeadLetterSourceTopicPublishTime": rfc3339(p.message.publish_time),
                     }

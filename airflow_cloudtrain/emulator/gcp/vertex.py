@@ -127,13 +127,13 @@ class VertexServer(VertexState):
 
     # --- lifecycle, counts -----------------------------------------------------------------------
 
-    def start(self, own_runner: bool = False) -> str:
-        """Serve; ``own_runner``: run the replicas with a runner of this server's (standalone use)."""
+    def start(self, own_runner: bool = False, port: int = 0) -> str:
+        """Serve on 127.0.0.1:``port`` (0: a free port); ``own_runner``: run the replicas with a runner of this server's (standalone use)."""
         from werkzeug.serving import make_server
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._serving = InThread(make_server("127.0.0.1", 0, self._wsgi, threaded=True), "vertex-emulator")
+        self._serving = InThread(make_server("127.0.0.1", port, self._wsgi, threaded=True), "vertex-emulator")
         self.endpoint = self._serving.endpoint
         if own_runner:
             runner = InstanceRunner(self.seen, self.replica_exited, self.workdir, dict(os.environ))
