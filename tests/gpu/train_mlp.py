@@ -42,10 +42,11 @@ def main() -> None:
     torch.backends.cuda.matmul.allow_tf32 = False
     device = "cuda"
     torch.manual_seed(0)
+    # Only the random draws happen on the CPU (sequential, the same whatever the thread count); the
+    # arithmetic is on the GPU, where the same kernels give the same bits in every process.
     data = torch.Generator().manual_seed(1234)
-    x = torch.randn(BATCH * BATCHES, 64, generator=data)
-    y = torch.sin(x @ torch.randn(64, 8, generator=data))
-    x, y = x.to(device), y.to(device)
+    x = torch.randn(BATCH * BATCHES, 64, generator=data).to(device)
+    y = torch.sin(x @ torch.randn(64, 8, generator=data).to(device))
     model = torch.nn.Sequential(
         torch.nn.Linear(64, 256),
         torch.nn.GELU(),
@@ -78,6 +79,9 @@ def main() -> None:
         torch.cuda.set_rng_state(saved["cuda_rng"])
         step = int(saved["step"])
     env = {k: v for k, v in os.environ.items() if k.startswith("CLOUDTRAIN_RES")}
+    params = torch.cat([p.detach().flatten().double() for p in model.parameters()])
+    print(f"fingerprint x {x.double().sum().item()!r} y {y.double().sum().item()!r}", flush=True)
+    print(f"fingerprint weights {params.sum().item()!r} threads {torch.get_num_threads()}", flush=True)
     print(f"resumed from step {step} ({found.name if found else 'fresh'}) env {json.dumps(env)}", flush=True)
 
     model.train()
