@@ -170,13 +170,15 @@ _warned_gcspot_bid = False
 
 
 def _warn_bid_on_gcspot(bid: Bid) -> None:
-    """Spot VM prices on GCE are fixed; say once per process that the bid is ignored."""
+    """GCE Spot VMs have no bid (Google sets the price); say once per process that it is ignored."""
     global _warned_gcspot_bid
     if not _warned_gcspot_bid:
         _warned_gcspot_bid = True
         warnings.warn(
-            f"bid={bid.raw!r} has no effect on cloud='gcspot': Compute Engine Spot/preemptible prices "
-            "are fixed, there is no bidding (as the studio tool documented).",
+            f"bid={bid.raw!r} has no effect on cloud='gcspot': GCE Spot VMs have no bid. Google sets the "
+            "Spot price, and preempts a Spot VM when it needs the capacity back, never because of price. "
+            "To cap the cost, ask for a cheaper machine (fewer cpus/gpus, or an instance_type), or use "
+            "cloud='ec2spot', where the bid is the most you pay per hour.",
             UserWarning,
             stacklevel=3,
         )

@@ -13,8 +13,11 @@ from airflow.sdk import BaseOperator, conf
 
 from airflow_cloudtrain.lifecycle.prepare import LaunchOptions, WaitSettings
 from airflow_cloudtrain.links.run import CloudInstanceLink, RunFolderLink
-from airflow_cloudtrain.operators.config import is_templated, parse_config, parse_duration
+from airflow_cloudtrain.operators.checks import check_bool, check_seconds
+from airflow_cloudtrain.operators.config import check_run_args, is_templated, parse_config, parse_duration
+from airflow_cloudtrain.operators.launch_config import check_launch_for_cloud, parse_launch_args
 from airflow_cloudtrain.operators.network_config import apply_network_args
+from airflow_cloudtrain.spec import parse_cloud
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -105,23 +108,27 @@ class CloudTrainOperator(BaseOperator):
         super().__init__(**kwargs)
         for name in TEMPLATED:
             setattr(self, name, locals()[name])
-        self.deferrable = deferrable
-        self.poll_interval = float(poll_interval)
+        self.deferrable = check_bool(deferrable, "deferrable")
+        self.poll_interval = check_seconds(poll_interval, "poll_interval")
         self.aws_conn_id = aws_conn_id
         self.gcp_conn_id = gcp_conn_id
         self.project_id = project_id
         self.launch_options = LaunchOptions(
-            image_id=image_id,
-            key_name=key_name,
-            subnet_id=subnet_id,
-            security_group_ids=list(security_group_ids or []),
-            iam_instance_profile=iam_instance_profile,
-            tags=dict(tags or {}),
-            volume_id=volume_id,
-            service_account=service_account,
-            provisioning=provisioning,
-            max_launch_attempts=int(max_launch_attempts),
-            live_prices=live_prices,
+            **parse_launch_args(
+                {
+                    "image_id": image_id,
+                    "key_name": key_name,
+                    "subnet_id": subnet_id,
+                    "security_group_ids": security_group_ids,
+                    "iam_instance_profile": iam_instance_profile,
+                    "tags": tags,
+                    "volume_id": volume_id,
+                    "service_account": service_account,
+                    "provisioning": provisioning,
+                    "max_launch_attempts": max_launch_attempts,
+                    "live_prices": live_prices,
+                }
+            )
         )
         apply_network_args(self, network, subnetwork, external_ip)  # GCE only; may pin the region
         # an agent that never reports or stops beating means nobody will power the instance off
@@ -131,17 +138,24 @@ class CloudTrainOperator(BaseOperator):
             heartbeat_timeout=parse_duration(heartbeat_timeout, "heartbeat_timeout"),
         )
         self._attempt: RunAttempt | None = None
-        if provisioning not in (None, "spot", "preemptible"):
-            raise ValueError(
-                f"provisioning={provisioning!r} is not valid: use 'spot' or 'preemptible' (gcspot only)"
-            )
-        if self.poll_interval <= 0:
-            raise ValueError(f"poll_interval={poll_interval!r} is not valid: use a number of seconds > 0")
-        args = self._args()
-        if not any(is_templated(v) for v in args.values()):  # templated values are checked when rendered
+        self._check_parse_time()
+
+    def _check_parse_time(self) -> None:
+        """Each argument known now, and each combination of known ones; a templated argument is
+        checked (with its combinations) when the task runs, by ``_config``."""
+        config = check_run_args(self._args())
+        if not is_templated(self.cloud):
+            check_launch_for_cloud(parse_cloud(self.cloud), self.launch_options)
+        if config is not None:
             from airflow_cloudtrain.lifecycle.prepare import offers_for
 
-            offers_for(parse_config(args), None, self.log)  # a request nothing satisfies fails here
+            offers_for(config, None, self.log)  # a request nothing satisfies fails here
+
+    def _config(self) -> Any:
+        """The rendered arguments, all checked (the same checks as at parse time)."""
+        config = parse_config(self._args())
+        check_launch_for_cloud(config.cloud, self.launch_options)
+        return config
 
     def _args(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in TEMPLATED}
@@ -149,7 +163,7 @@ class CloudTrainOperator(BaseOperator):
     def _new_attempt(self, context: Context) -> RunAttempt:
         from airflow_cloudtrain.lifecycle.attempt import RunAttempt, RunContext
 
-        config = parse_config(self._args())
+        config = self._config()
         self._attempt = RunAttempt(RunContext.for_task(config, self, context, self.launch_options, self.wait))
         return self._attempt
 

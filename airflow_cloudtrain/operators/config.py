@@ -1,33 +1,44 @@
 """Operator arguments: validation at DAG parse time, re-validation once templates are rendered.
 
 Everything here is local and cheap (no cloud SDK, no network): DAG files construct operators.
-A value that still holds a Jinja template is checked after rendering, when the task runs.
+Each argument has one parser (``FIELDS``); ``check_run_args`` runs the parsers of the values that are
+known when the DAG file is parsed and the combinations whose values are all known, ``parse_config``
+runs all of them on the rendered values when the task runs.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
-from airflow_cloudtrain.spec import AWS_CLOUDS, Bid, Hardware, parse_cloud
+from airflow_cloudtrain.operators import checks
+from airflow_cloudtrain.operators.checks import is_templated
+from airflow_cloudtrain.spec import (
+    AWS_CLOUDS,
+    GCP_CLOUDS,
+    SPOT_CLOUDS,
+    Bid,
+    Hardware,
+    parse_cloud,
+    parse_count,
+    parse_size_mib,
+)
+
+__all__ = ["is_templated", "parse_config", "check_run_args", "RunConfig"]
 
 DEFAULT_MAX_RUNTIME_S = 7 * 86400.0  # Vertex AI custom jobs' default timeout: a forgotten run stops
 UNLIMITED = "unlimited"
+MIN_RAM_MIB = 512  # the smallest instances have 0.5 GiB; less is a unit mistake (ram=1 is 1 MiB)
+MAX_HDD_GIB = 65536  # 64 TiB: the largest EBS volume (io2 Block Express) and GCE persistent disk
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def is_templated(value: Any) -> bool:
-    """Still a Jinja template (checked again after rendering)?"""
-    if isinstance(value, str):
-        return "{{" in value or "{%" in value
-    if isinstance(value, dict):
-        return any(is_templated(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(is_templated(v) for v in value)
-    return False
 
 
 def parse_duration(value: Any, field_name: str) -> float | None:
@@ -42,24 +53,32 @@ def parse_duration(value: Any, field_name: str) -> float | None:
         seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
     else:
         seconds = -1
-    if seconds <= 0:
+    if not math.isfinite(seconds) or seconds <= 0:
         raise ValueError(
             f"{field_name}={value!r} is not a valid duration: use seconds (3600), a timedelta, "
-            "or a string like '90s', '30m', '2h', '1d'; it must be more than zero"
+            "or a string like '90s', '30m', '2h', '1d'; it must be finite and more than zero"
         )
     return seconds
 
 
-def parse_bucket(value: Any, cloud: str) -> str:
-    scheme = "s3" if cloud in AWS_CLOUDS else "gs"
-    if not isinstance(value, str) or not re.fullmatch(
-        rf"{scheme}://[a-z0-9][a-z0-9._-]{{1,61}}[a-z0-9](/.*)?", value
-    ):
+def parse_bucket(value: Any, cloud: str | None) -> str:
+    """An s3:// (EC2) or gs:// (GCE) URI; either while ``cloud`` is still a template."""
+    schemes = ["s3"] if cloud in AWS_CLOUDS else ["gs"] if cloud in GCP_CLOUDS else ["s3", "gs"]
+    for scheme in schemes:
+        if isinstance(value, str) and re.fullmatch(
+            rf"{scheme}://[a-z0-9][a-z0-9._-]{{1,61}}[a-z0-9](/.*)?", value
+        ):
+            return value.rstrip("/")
+    if cloud:
+        scheme = schemes[0]
         raise ValueError(
             f"bucket={value!r} is not valid for cloud={cloud!r}: use a {scheme}:// URI such as "
             f"'{scheme}://my-bucket/training' (the run folders go under it)"
         )
-    return value.rstrip("/")
+    raise ValueError(
+        f"bucket={value!r} is not valid: use an s3:// (EC2) or gs:// (GCE) URI such as "
+        "'s3://my-bucket/training' (the run folders go under it)"
+    )
 
 
 def parse_max_runtime(value: Any) -> float | None:
@@ -74,38 +93,155 @@ def parse_max_runtime(value: Any) -> float | None:
         raise ValueError(f"{err}; or 'unlimited' to lift the default 7-day cap") from None
 
 
-def parse_code(value: Any) -> str | None:
+def parse_code(value: Any, cloud: str | None = None) -> str | None:
+    """A tarball URI on the run's own cloud storage, or a local directory that exists (it is packed
+    and uploaded by the task; DAG files and the worker share the DAGs folder)."""
     if value is None or value == "":
         return None
+    forms = "a local directory (packed and uploaded) or an s3:// (EC2) / gs:// (GCE) tarball URI"
     if not isinstance(value, str):
-        raise ValueError(
-            f"code={value!r} is not valid: use a local directory or an s3:// / gs:// tarball URI"
-        )
+        raise ValueError(f"code={value!r} is not valid: use {forms}")
+    own = "s3://" if cloud in AWS_CLOUDS else "gs://" if cloud in GCP_CLOUDS else None
     if value.startswith(("s3://", "gs://")):
+        if own and not value.startswith(own):
+            raise ValueError(
+                f"code={value!r} is on the other cloud's storage: with cloud={cloud!r} use a {own} URI "
+                "(the instance reads it with its own role) or a local directory"
+            )
+        if len(value) <= 5 or value[5:].startswith("/"):
+            raise ValueError(f"code={value!r} is not valid: use {forms}")
         return value
-    return value  # a local directory, checked when the task runs (it lives on the worker)
+    if "://" in value:
+        raise ValueError(
+            f"code={value!r} is not valid: URLs other than s3:// / gs:// are not fetched; use {forms}"
+        )
+    path = Path(value).expanduser()
+    if not path.is_dir():
+        what = "is a file, not a directory" if path.exists() else "does not exist"
+        raise ValueError(
+            f"code={value!r} {what} (looked up from {Path.cwd()}): use {forms}; an absolute path "
+            "next to the DAG file, e.g. str(Path(__file__).parent / 'train_code'), is safest"
+        )
+    return value
 
 
-def parse_str_list(value: Any, field_name: str) -> list[str]:
+def parse_setup_cmds(value: Any) -> list[str]:
+    """A list of shell commands; a rendered template may also be a JSON list."""
     if value is None:
         return []
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        with contextlib.suppress(ValueError):
+            value = json.loads(value)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) and v.strip() for v in value):
         return list(value)
-    raise ValueError(f"{field_name}={value!r} is not valid: use a list of shell commands (strings)")
+    hint = " (one string is not a list: wrap it, setup_cmds=[...])" if isinstance(value, str) else ""
+    raise ValueError(
+        f"setup_cmds={value!r} is not valid{hint}: use a list of shell commands, "
+        "e.g. ['pip install -r requirements.txt']"
+    )
 
 
-def parse_env(value: Any) -> dict[str, str]:
+def parse_env(value: Any, field: str = "env") -> dict[str, str]:
+    """Variable names to string values (``str(10)`` is easy to write; None or a dict is a mistake)."""
     if value is None:
         return {}
-    if isinstance(value, dict) and all(
-        isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in value
-    ):
-        return {k: str(v) for k, v in value.items()}
-    raise ValueError(
-        "env is not valid: use a dict of environment variable names (letters, digits, _) to values"
-    )
+    forms = "a dict of variable names (letters, digits, _) to string values, e.g. {'EPOCHS': '20'}"
+    if not isinstance(value, dict):
+        raise ValueError(f"{field}={value!r} is not valid: use {forms}")
+    for key, item in value.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise ValueError(f"{field} is not valid: the name {key!r} is not a variable name; use {forms}")
+        if not isinstance(item, str):
+            raise ValueError(f"{field}[{key!r}]={item!r} is not a string: use {forms} (write {str(item)!r})")
+    return dict(value)
+
+
+def parse_command(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(
+            f"command={value!r} is not valid: give the shell command to run, e.g. 'python train.py'"
+        )
+    return value
+
+
+def parse_ram(value: Any) -> int | None:
+    """MiB, at least 512 as asked (then rounded up to 256 MiB by ``Hardware``)."""
+    if value is None or value == "":
+        return None
+    mib = parse_size_mib(value, "ram", 1)
+    if mib < MIN_RAM_MIB:
+        raise ValueError(
+            f"ram={value!r} is {mib:g} MiB, too small: ram is in MiB when a bare number ('16g' is 16 GiB); "
+            f"ask for at least {MIN_RAM_MIB} MiB, e.g. ram='16g'"
+        )
+    return Hardware(ram=value).ram_mib
+
+
+def parse_hdd(value: Any) -> int | None:
+    """Whole GiB, at most 64 TiB (a bare number is GiB)."""
+    if value is None or value == "":
+        return None
+    gib = Hardware(hdd=value).hdd_gib or 0
+    if gib > MAX_HDD_GIB:
+        raise ValueError(
+            f"hdd={value!r} is {gib} GiB: at most {MAX_HDD_GIB} GiB (64 TiB, the largest EBS volume / "
+            "persistent disk); a bare number is GiB, e.g. hdd='200g'"
+        )
+    return gib
+
+
+def parse_bid(value: Any) -> Bid | None:
+    return None if value in (None, "") else Bid(value)
+
+
+def parse_image(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", value):
+        raise ValueError(
+            f"image={value!r} is not valid: use a container image reference such as "
+            "'pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime' (the command runs inside it)"
+        )
+    return value
+
+
+def check_bid_use(cloud: str, bid: Bid | None) -> None:
+    """A bid is legal everywhere (forms send one) but does something on ec2spot only: warn."""
+    if bid is None:
+        return
+    if cloud == "gcspot":
+        from airflow_cloudtrain.catalog.select import _warn_bid_on_gcspot
+
+        _warn_bid_on_gcspot(bid)
+    elif cloud not in SPOT_CLOUDS:
+        checks.warn_user(
+            f"bid={bid.raw!r} has no effect on cloud={cloud!r}: on-demand instances have no bid "
+            "(use cloud='ec2spot' to run on spot capacity at most at that price)"
+        )
+
+
+def _fields(cloud: str | None) -> dict[str, Callable[[Any], Any]]:
+    """Each argument's parser; the cloud-dependent ones do only cloud-free checks while ``cloud``
+    is still a template."""
+    return {
+        "cloud": parse_cloud,
+        "command": parse_command,
+        "bucket": lambda v: parse_bucket(v, cloud),
+        "cpus": lambda v: parse_count(1 if v is None else v, "cpus", 1),
+        "gpus": lambda v: parse_count(0 if v is None else v, "gpus", 0),
+        "ram": parse_ram,
+        "hdd": parse_hdd,
+        "gpu_type": lambda v: checks.parse_gpu_type(v, cloud),
+        "bid": parse_bid,
+        "code": lambda v: parse_code(v, cloud),
+        "setup_cmds": parse_setup_cmds,
+        "env": parse_env,
+        "max_runtime": parse_max_runtime,
+        "instance_type": lambda v: checks.parse_instance_type(v, cloud),
+        "region": lambda v: checks.parse_region(v, cloud),
+        "zone": lambda v: checks.parse_zone(v, cloud),
+        "image": parse_image,
+    }
 
 
 @dataclass
@@ -136,30 +272,63 @@ class RunConfig:
         return zone_region(self.cloud, self.zone)
 
 
-def parse_config(args: dict[str, Any]) -> RunConfig:
-    """Parse everything; raises ValueError naming the field on the first bad value."""
-    cloud = parse_cloud(args["cloud"])
-    command = args.get("command")
-    if not isinstance(command, str) or not command.strip():
-        raise ValueError(
-            f"command={command!r} is not valid: give the shell command to run, e.g. 'python train.py'"
-        )
-    hardware = Hardware(
-        args.get("cpus", 1), args.get("gpus", 0), args.get("ram"), args.get("hdd"), args.get("gpu_type")
+HARDWARE_FIELDS = ("cpus", "gpus", "ram", "hdd", "gpu_type")
+
+
+def _hardware(args: dict[str, Any]) -> Hardware:
+    return Hardware(
+        1 if args.get("cpus") is None else args["cpus"],
+        0 if args.get("gpus") is None else args["gpus"],
+        args.get("ram") or None,
+        args.get("hdd") or None,
+        args.get("gpu_type"),
     )
-    bid = Bid(args["bid"]) if args.get("bid") not in (None, "") else None
+
+
+def check_run_args(args: dict[str, Any], rendered: bool = False) -> RunConfig | None:
+    """Check what is known now: each argument that is not a template, and each combination whose
+    arguments are all known (``rendered``: all are). Returns the config once everything is known."""
+    templated = (lambda v: False) if rendered else checks.is_deferred_value
+    cloud = None if templated(args.get("cloud")) else parse_cloud(args.get("cloud"))
+    parsed = checks.check_known(args, _fields(cloud), templated=templated)
+    if cloud is None:
+        return None
+    combos: list[tuple[tuple[str, ...], Callable[[], Any]]] = [
+        (("region", "zone"), lambda: checks.check_zone_in_region(cloud, parsed["region"], parsed["zone"])),
+        (("bid",), lambda: check_bid_use(cloud, parsed["bid"])),
+        (
+            (*HARDWARE_FIELDS, "instance_type", "region", "zone"),
+            lambda: checks.check_instance_type_fits(
+                cloud, parsed["instance_type"], _hardware(args), parsed["region"], parsed["zone"]
+            ),
+        ),
+    ]
+    checks.check_known(args, {}, combos, templated=templated)
+    if any(templated(args.get(name)) for name in _fields(cloud)):
+        return None
+    return _config(args, cloud, parsed)
+
+
+def _config(args: dict[str, Any], cloud: str, parsed: dict[str, Any]) -> RunConfig:
     return RunConfig(
         cloud=cloud,
-        command=command,
-        bucket=parse_bucket(args.get("bucket"), cloud),
-        hardware=hardware,
-        bid=bid,
-        code=parse_code(args.get("code")),
-        setup_cmds=parse_str_list(args.get("setup_cmds"), "setup_cmds"),
-        env=parse_env(args.get("env")),
-        max_runtime_s=parse_max_runtime(args.get("max_runtime")),
-        instance_type=args.get("instance_type") or None,
-        region=args.get("region") or None,
-        zone=args.get("zone") or None,
-        image=args.get("image") or None,
+        command=parsed["command"],
+        bucket=parsed["bucket"],
+        hardware=_hardware(args),
+        bid=parsed["bid"],
+        code=parsed["code"],
+        setup_cmds=parsed["setup_cmds"],
+        env=parsed["env"],
+        max_runtime_s=parsed["max_runtime"],
+        instance_type=parsed["instance_type"],
+        region=parsed["region"],
+        zone=parsed["zone"],
+        image=parsed["image"],
     )
+
+
+def parse_config(args: dict[str, Any]) -> RunConfig:
+    """Parse everything (the rendered values); raises ValueError naming the field on the first bad value."""
+    config = check_run_args(args, rendered=True)
+    assert config is not None
+    return config

@@ -11,16 +11,14 @@ from typing import Any
 
 from airflow_cloudtrain import workqueue
 from airflow_cloudtrain.lifecycle.fleet import FleetSettings
-from airflow_cloudtrain.operators.config import is_templated, parse_duration
+from airflow_cloudtrain.operators.checks import check_bool
+from airflow_cloudtrain.operators.checks import check_whole as _count
+from airflow_cloudtrain.operators.checks import is_deferred_value as is_deferred_value  # re-exported
+from airflow_cloudtrain.operators.config import parse_duration
 
 MAX_ITEMS = 100_000
 MAX_RECEIVES = 1000  # SQS's maxReceiveCount limit
 MAX_LEASE_S = 12 * 3600  # SQS's longest visibility timeout
-
-
-def is_deferred_value(value: Any) -> bool:
-    """An XComArg (an upstream task's output) or a template: known only when the task runs."""
-    return is_templated(value) or type(value).__name__.endswith("XComArg") or hasattr(value, "resolve")
 
 
 def parse_work_items(value: Any) -> list[str]:
@@ -64,13 +62,6 @@ def parse_work_items(value: Any) -> list[str]:
     return out
 
 
-def _count(value: Any, name: str, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high and value > high):
-        bound = f"between {low} and {high}" if high else f"at least {low}"
-        raise ValueError(f"{name}={value!r} is not valid: use a whole number {bound}")
-    return value
-
-
 def parse_fleet_args(
     args: dict[str, Any],
     items: list[str] | None,
@@ -104,5 +95,5 @@ def parse_fleet_args(
         item_timeout_s=item_timeout,
         max_item_attempts=attempts,
         lease_s=int(lease),
-        allow_failed_items=bool(args.get("allow_failed_items", False)),
+        allow_failed_items=check_bool(args.get("allow_failed_items", False), "allow_failed_items"),
     )

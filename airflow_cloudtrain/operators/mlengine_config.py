@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from airflow_cloudtrain.mlengine import ReplicaPool, resolve_pools
-from airflow_cloudtrain.operators.config import parse_bucket, parse_duration
+from airflow_cloudtrain.operators.config import parse_bucket, parse_duration, parse_env
 
 # ML Engine's job id rule (the detector's --job-id): letters, digits and underscores, starting with a
 # letter, at most 128 characters. It names the job folder, so it must be a safe path component too.
@@ -104,23 +106,19 @@ def _code(value: Any) -> tuple[str | None, list[str]]:
             )
         return None, list(uris)
     if len(uris) == 1 and "://" not in uris[0]:
+        if not Path(uris[0]).expanduser().is_dir():
+            raise ValueError(
+                f"code={value!r} is not valid: no such local folder (looked up from {Path.cwd()}); use a "
+                "local folder to package (an absolute path next to the DAG file is safest) or gs:// package URI(s)"
+            )
         return uris[0], []
     raise ValueError(
         f"code={value!r} is not valid: use one local folder (packaged and uploaded) or gs:// package URIs"
     )
 
 
-def _env(value: Any) -> dict[str, str]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in value
-    ):
-        raise ValueError(f"env={value!r} is not valid: use a dict of variable names to string values")
-    return {k: str(v) for k, v in value.items()}
-
-
 def _bool(value: Any, name: str) -> bool:
+    """True/False, or the text a rendered template gives ("True", "false")."""
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in ("true", "false"):
@@ -128,21 +126,82 @@ def _bool(value: Any, name: str) -> bool:
     raise ValueError(f"{name}={value!r} is not valid: use True or False")
 
 
-def parse_job_config(args: dict[str, Any]) -> JobConfig:
-    """Check every argument (``args``: the operator's argument names); ValueError names the field."""
-    region = args.get("region")
-    if not isinstance(region, str) or not REGION_RE.fullmatch(region):
-        raise ValueError(f"region={region!r} is not a valid Vertex AI region: use e.g. 'us-central1'")
+def _region(value: Any) -> str:
+    if not isinstance(value, str) or not REGION_RE.fullmatch(value):
+        raise ValueError(f"region={value!r} is not a valid Vertex AI region: use e.g. 'us-central1'")
+    return value
+
+
+def _bucket(value: Any) -> str:
     try:
-        bucket = parse_bucket(args.get("bucket"), "gcloud")
+        return parse_bucket(value, "gcloud")
     except ValueError:
         raise ValueError(
-            f"bucket={args.get('bucket')!r} is not valid: use a gs:// URI such as 'gs://my-bucket/jobs' "
+            f"bucket={value!r} is not valid: use a gs:// URI such as 'gs://my-bucket/jobs' "
             "(each job's folder goes under it: <bucket>/<job_id>/)"
         ) from None
-    pools = resolve_pools(**{k: args.get(k) for k in VOCABULARY_ARGS if args.get(k) is not None})
-    code_dir, packages = _code(args.get("code"))
-    python_module, image = args.get("python_module"), args.get("image")
+
+
+def _module(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z_][\w.]*", value):
+        raise ValueError(f"python_module={value!r} is not a module name such as 'trainer.task'")
+    return value
+
+
+def _image(value: Any, name: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", value):
+        raise ValueError(
+            f"{name}={value!r} is not a container image URI such as "
+            "'us-docker.pkg.dev/my-project/train/trainer:1'"
+        )
+    return value
+
+
+def _max_runtime(value: Any) -> float | None:
+    if value == "unlimited":
+        return None
+    return parse_duration(value if value is not None else MAX_RUNTIME_DEFAULT, "max_runtime")
+
+
+def _optional_str(value: Any, name: str, pattern: str, forms: str) -> str | None:
+    from airflow_cloudtrain.operators.checks import check_optional_str
+
+    return check_optional_str(value, name, pattern, forms)
+
+
+FIELDS: dict[str, Callable[[Any], Any]] = {
+    "region": _region,
+    "bucket": _bucket,
+    "code": _code,
+    "python_module": _module,
+    "image": lambda v: _image(v, "image"),
+    "training_args": lambda v: _str_list(v, "training_args"),
+    "command": lambda v: _str_list(v, "command"),
+    "env": parse_env,
+    "executor_image": lambda v: _image(v, "executor_image"),
+    "job_id": lambda v: check_job_id(v, "job_id"),
+    "resume_from": lambda v: check_job_id(v, "resume_from"),
+    "spot": lambda v: _bool(False if v is None else v, "spot"),
+    "max_runtime": _max_runtime,
+    "service_account": lambda v: _optional_str(
+        v,
+        "service_account",
+        r"[^@\s]+@[^@\s]+\.[a-z.]+",
+        "a service account e-mail such as 'trainer@my-project.iam.gserviceaccount.com'",
+    ),
+    "project_id": lambda v: _optional_str(
+        v, "project_id", r"[a-z][-a-z0-9.:]*[a-z0-9]", "a Google Cloud project id such as 'my-project'"
+    ),
+}
+
+
+def _check_program(parsed: dict[str, Any]) -> None:
+    """python_module + code, or image + command: never a mix."""
+    (code_dir, packages), python_module, image = parsed["code"], parsed["python_module"], parsed["image"]
     if python_module and image:
         raise ValueError(
             "python_module and image are exclusive: give python_module (+ code, a Python package) or "
@@ -154,24 +213,41 @@ def parse_job_config(args: dict[str, Any]) -> JobConfig:
             "image, with command=)"
         )
     if python_module:
-        if not isinstance(python_module, str) or not re.fullmatch(r"[A-Za-z_][\w.]*", python_module):
-            raise ValueError(f"python_module={python_module!r} is not a module name such as 'trainer.task'")
         if not code_dir and not packages:
             raise ValueError(
                 f"python_module={python_module!r} needs code=: the local folder or gs:// package holding it"
             )
-        if args.get("command"):
+        if parsed["command"]:
             raise ValueError(
                 "command= goes with image= (a custom container); with python_module use training_args="
             )
-    else:
-        if not isinstance(image, str) or not image.strip():
-            raise ValueError(f"image={image!r} is not a container image URI")
-        if code_dir or packages:
-            raise ValueError(
-                "code= goes with python_module= (a Python package); a custom container image carries its code"
-            )
-    spot = _bool(args.get("spot", False), "spot")
+    elif code_dir or packages:
+        raise ValueError(
+            "code= goes with python_module= (a Python package); a custom container image carries its code"
+        )
+
+
+def check_job_args(args: dict[str, Any], rendered: bool = False) -> JobConfig | None:
+    """Each argument known now, and each combination of known ones (``rendered``: all are known);
+    the config once everything is known. ValueError names the first bad field."""
+    from airflow_cloudtrain.operators.checks import check_known, is_deferred_value
+
+    templated = (lambda v: False) if rendered else is_deferred_value
+    parsed = check_known(args, FIELDS, templated=templated)
+    pools: list[ReplicaPool] = []
+    combos: list[tuple[tuple[str, ...], Callable[[], Any]]] = [
+        (
+            VOCABULARY_ARGS,
+            lambda: pools.extend(
+                resolve_pools(**{k: args.get(k) for k in VOCABULARY_ARGS if args.get(k) is not None})
+            ),
+        ),
+        (("code", "python_module", "image", "command"), lambda: _check_program(parsed)),
+    ]
+    check_known(args, {}, combos, templated=templated)
+    if any(templated(args.get(name)) for name in (*FIELDS, *VOCABULARY_ARGS)):
+        return None
+    spot = parsed["spot"]
     restart = args.get("restart_job_on_worker_restart")
     # A Spot replica that is preempted comes back alone; distributed TensorFlow (parameter servers) only
     # recovers when the whole cluster restarts together, so that is the default for Spot clusters.
@@ -180,28 +256,31 @@ def parse_job_config(args: dict[str, Any]) -> JobConfig:
         if restart is None
         else _bool(restart, "restart_job_on_worker_restart")
     )
-    job_id = check_job_id(args.get("job_id"), "job_id")
-    resume_from = check_job_id(args.get("resume_from"), "resume_from")
-    max_runtime = args.get("max_runtime")
+    code_dir, packages = parsed["code"]
     return JobConfig(
-        region=region,
-        bucket=bucket,
+        region=parsed["region"],
+        bucket=parsed["bucket"],
         pools=pools,
-        python_module=python_module or None,
+        python_module=parsed["python_module"],
         packages=packages,
         code_dir=code_dir,
-        training_args=_str_list(args.get("training_args"), "training_args"),
-        image=image or None,
-        command=_str_list(args.get("command"), "command"),
-        env=_env(args.get("env")),
-        executor_image=args.get("executor_image") or None,
-        job_id=job_id,
-        resume_from=resume_from,
+        training_args=parsed["training_args"],
+        image=parsed["image"],
+        command=parsed["command"],
+        env=parsed["env"],
+        executor_image=parsed["executor_image"],
+        job_id=parsed["job_id"],
+        resume_from=parsed["resume_from"],
         spot=spot,
         restart_job_on_worker_restart=restart_all,
-        max_runtime_s=None
-        if max_runtime == "unlimited"
-        else parse_duration(max_runtime if max_runtime is not None else MAX_RUNTIME_DEFAULT, "max_runtime"),
-        service_account=args.get("service_account") or None,
-        project_id=args.get("project_id") or None,
+        max_runtime_s=parsed["max_runtime"],
+        service_account=parsed["service_account"],
+        project_id=parsed["project_id"] or None,
     )
+
+
+def parse_job_config(args: dict[str, Any]) -> JobConfig:
+    """Check every argument (``args``: the operator's rendered argument names); ValueError names the field."""
+    config = check_job_args(args, rendered=True)
+    assert config is not None
+    return config

@@ -19,8 +19,14 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, conf
 
 from airflow_cloudtrain.links.vertex import LINK_XCOM_KEY, VertexJobLink
-from airflow_cloudtrain.operators.config import is_templated, parse_duration
-from airflow_cloudtrain.operators.mlengine_config import VOCABULARY_ARGS, JobConfig, parse_job_config
+from airflow_cloudtrain.operators.checks import check_bool
+from airflow_cloudtrain.operators.config import parse_duration
+from airflow_cloudtrain.operators.mlengine_config import (
+    VOCABULARY_ARGS,
+    JobConfig,
+    check_job_args,
+    parse_job_config,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -105,12 +111,11 @@ class MLEngineTrainOperator(BaseOperator):
             setattr(self, name, locals()[name])
         self.restart_job_on_worker_restart = restart_job_on_worker_restart
         self.gcp_conn_id = gcp_conn_id
-        self.deferrable = deferrable
+        self.deferrable = check_bool(deferrable, "deferrable")
         self.poll_interval = parse_duration(poll_interval, "poll_interval") or 30.0
         self.log_polling_interval = parse_duration(log_polling_interval, "log_polling_interval") or 30.0
         self._run: VertexJobRun | None = None
-        if not any(is_templated(v) for v in self._args().values()):  # templated: checked when rendered
-            parse_job_config(self._args())
+        check_job_args(self._args())  # each known argument now; templated ones once rendered
 
     def _args(self) -> dict[str, Any]:
         args = {name: getattr(self, name) for name in TEMPLATED}

@@ -12,11 +12,11 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow_cloudtrain.lifecycle.recovery import DEADLINE, POLICIES, SPOT_FIRST
+from airflow_cloudtrain.operators.checks import RUN_ID_RE, check_whole
 from airflow_cloudtrain.operators.config import is_templated, parse_duration
-from airflow_cloudtrain.spec import AWS_CLOUDS
+from airflow_cloudtrain.spec import AWS_CLOUDS, GCP_CLOUDS
 
 MAX_STOP_GRACE_S = 115.0  # AWS gives two minutes of notice, GCE about 30 s; the sync needs some
-RUN_ID_RE = re.compile(r"ct-[0-9a-f]{12}")
 
 
 @dataclass(frozen=True)
@@ -43,12 +43,6 @@ class ResumeArgs:
         return None
 
 
-def _count(value: Any, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}={value!r} is not valid: use a whole number >= {minimum}")
-    return value
-
-
 def _deadline(value: Any) -> timedelta | datetime:
     if isinstance(value, datetime):
         return value
@@ -65,19 +59,22 @@ def _deadline(value: Any) -> timedelta | datetime:
 
 
 def parse_resume_from(value: Any, cloud: str | None) -> str | None:
-    """A run id (``ct-`` and 12 hex digits, as in the XCom) or a run URI of the same cloud."""
+    """A run id (``ct-`` and 12 hex digits, as in the XCom) or a run URI of the same cloud (of
+    either cloud while ``cloud`` is still a template: checked again once it is rendered)."""
     if value in (None, ""):
         return None
     if is_templated(value):
         return value
-    scheme = "s3" if cloud in AWS_CLOUDS else "gs"
+    known = cloud in AWS_CLOUDS or cloud in GCP_CLOUDS
+    scheme = ("s3" if cloud in AWS_CLOUDS else "gs") if known else "(s3|gs)"
     if isinstance(value, str) and (
         RUN_ID_RE.fullmatch(value) or re.fullmatch(rf"{scheme}://[^/]+/.+", value) is not None
     ):
         return value
+    uri = f"{scheme}://bucket/.../runs/..." if known else "s3:// or gs://bucket/.../runs/..."
     raise ValueError(
         f"resume_from={value!r} is not valid: use an earlier run's id (its XCom 'run_id', e.g. "
-        f"'ct-0123456789ab') or its run URI ({scheme}://bucket/.../runs/...)"
+        f"'ct-0123456789ab') or its run URI ({uri})"
     )
 
 
@@ -107,7 +104,7 @@ def parse_resume_args(
                 "on_demand_after applies to policy='spot_first' only; with policy='deadline' the "
                 "deadline policy decides when to run on-demand"
             )
-        on_demand_after = _count(on_demand_after, "on_demand_after", 1)
+        on_demand_after = check_whole(on_demand_after, "on_demand_after", 1)
     when = expected_s = None
     if policy == SPOT_FIRST:
         for name, value in (("deadline", deadline), ("expected_duration", expected_duration)):
@@ -136,8 +133,8 @@ def parse_resume_args(
     return ResumeArgs(
         checkpoint_dir=checkpoint_dir,
         checkpoint_interval_s=float(interval or 300.0),
-        max_restarts=_count(max_restarts, "max_restarts", 0),
-        max_restarts_on_errors=_count(max_restarts_on_errors, "max_restarts_on_errors", 0),
+        max_restarts=check_whole(max_restarts, "max_restarts", 0),
+        max_restarts_on_errors=check_whole(max_restarts_on_errors, "max_restarts_on_errors", 0),
         resume_from=parse_resume_from(resume_from, cloud if isinstance(cloud, str) else None),
         policy=policy,
         on_demand_after=on_demand_after,

@@ -8,12 +8,41 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, conf
 
 from airflow_cloudtrain.clouds.registry import conn_id_for, location_for, provider_of
+from airflow_cloudtrain.operators.checks import (
+    RUN_ID_RE,
+    check_bool,
+    check_zone_in_region,
+    is_deferred_value,
+    is_templated,
+    parse_instance_ids,
+    parse_region,
+    parse_zone,
+)
 from airflow_cloudtrain.spec import parse_cloud
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 TARGET_STATES = ("pending", "running", "stopping", "stopped", "shutting-down", "terminated")
+
+
+def check_target_state(value: Any) -> None:
+    if value not in TARGET_STATES:
+        raise ValueError(f"target_state={value!r} is not valid: use one of {', '.join(TARGET_STATES)}")
+
+
+def check_location(cloud: str, region: Any, zone: Any) -> None:
+    parse_region(region, cloud)
+    check_zone_in_region(cloud, region, zone)
+
+
+def check_run_id(value: Any) -> str:
+    if not isinstance(value, str) or not RUN_ID_RE.fullmatch(value):
+        raise ValueError(
+            f"run_id={value!r} is not valid: use the run_id of a CloudTrain operator's XCom, e.g. "
+            "'ct-0123456789ab' (or a template such as \"{{ ti.xcom_pull('train')['run_id'] }}\")"
+        )
+    return value
 
 
 class InstanceStatusSensor(BaseSensorOperator):
@@ -48,19 +77,30 @@ class InstanceStatusSensor(BaseSensorOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.missing_as_terminated = missing_as_terminated
+        self.missing_as_terminated = check_bool(missing_as_terminated, "missing_as_terminated")
         self.cloud = parse_cloud(cloud)
-        if target_state not in TARGET_STATES and "{{" not in str(target_state):
-            raise ValueError(
-                f"target_state={target_state!r} is not valid: use one of {', '.join(TARGET_STATES)}"
-            )
-        if provider_of(self.cloud) == "gcp" and not zone and "{{" not in str(region):
+        if not is_templated(target_state):
+            check_target_state(target_state)
+        if provider_of(self.cloud) == "gcp" and not zone and not is_templated(region):
             raise ValueError(f"cloud={self.cloud!r} needs zone= (GCE instances are zonal)")
-        if not instance_ids and not run_id:
+        if instance_ids in (None, "", [], ()) and run_id in (None, ""):
             raise ValueError(
                 "give instance_ids=[...] or run_id=... (the run_id in a CloudTrain operator's XCom)"
             )
-        self.instance_ids = [instance_ids] if isinstance(instance_ids, str) else instance_ids
+        if instance_ids not in (None, "", [], ()) and run_id not in (None, ""):
+            raise ValueError(
+                f"instance_ids={instance_ids!r} and run_id={run_id!r} were both given: give one "
+                "(run_id waits on every instance of that run)"
+            )
+        # a template stays a string, an XComArg as it is, until rendered (a list would hide it from Jinja)
+        if not is_deferred_value(instance_ids) and instance_ids not in (None, "", [], ()):
+            instance_ids = parse_instance_ids(instance_ids, self.cloud)
+        if run_id not in (None, "") and not is_deferred_value(run_id):
+            check_run_id(run_id)
+        parse_zone(zone, self.cloud)
+        if not is_templated(region):
+            check_location(self.cloud, region, zone)
+        self.instance_ids = instance_ids
         self.run_id = run_id
         self.target_state = target_state
         self.region = region
@@ -68,7 +108,7 @@ class InstanceStatusSensor(BaseSensorOperator):
         self.aws_conn_id = aws_conn_id
         self.gcp_conn_id = gcp_conn_id
         self.project_id = project_id
-        self.deferrable = deferrable
+        self.deferrable = check_bool(deferrable, "deferrable")
 
     @property
     def conn_id(self) -> str | None:
@@ -80,8 +120,11 @@ class InstanceStatusSensor(BaseSensorOperator):
         return instance_cloud(self.cloud, self.conn_id, self.region, self.zone, self.project_id)
 
     def _ids(self) -> list[str]:
-        if self.instance_ids:
-            return list(self.instance_ids)
+        check_target_state(self.target_state)  # the templated fields, rendered by now
+        check_location(self.cloud, self.region, self.zone)
+        if self.instance_ids:  # a template became a list, or the list's text
+            return parse_instance_ids(self.instance_ids, self.cloud)
+        check_run_id(self.run_id)
         found = [i.id for i in self._cloud().find_run(self.run_id)]
         if not found:
             raise ValueError(f"no instance of run_id={self.run_id!r} found")

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 
+from airflow_cloudtrain.operators.checks import AWS_REGION_RE, check_bool, check_optional_str, check_seconds
+
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
@@ -96,12 +98,9 @@ class QueueDepthSensor(BaseSensorOperator):
         executor_queue: str | None = None,
         **kwargs: Any,
     ) -> None:
-        if (
-            isinstance(poll_interval, bool)
-            or not isinstance(poll_interval, (int, float))
-            or poll_interval <= 0
-        ):
-            raise ValueError(f"poll_interval={poll_interval!r} is not valid: give seconds, more than 0")
+        check_seconds(poll_interval, "poll_interval")
+        check_bool(deferrable, "deferrable")
+        check_optional_str(region, "region", AWS_REGION_RE.pattern, "an AWS region such as 'us-east-1'")
         kwargs.setdefault("poke_interval", poll_interval)  # poke_interval, if given, is the same knob
         if executor_queue is not None:
             kwargs["queue"] = executor_queue

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +19,7 @@ BASE = {
     "task_id": "train",
     "region": "us-central1",
     "bucket": "gs://my-bucket/jobs",
-    "code": "/opt/airflow/dags/detector",
+    "code": str(Path(__file__).resolve().parents[2] / "example_dags" / "mlengine_code"),  # a folder that exists
     "python_module": "trainer.task",
 }
 

@@ -1,0 +1,444 @@
+"""Parse-time checks shared by the operators and sensors: plain values, and what the catalog knows.
+
+Local and cheap like the rest of ``operators.*_config``: the catalog here is the shipped snapshot
+plus any fresh live cache on disk (``catalog.live.current_rows``), never the network. Each function
+raises a ``ValueError`` that names the field, the bad value and the accepted forms, or warns
+(``UserWarning``) where the value is legal but has no effect.
+
+``check_known`` is how a templated argument stops only its own checks: each field whose value is
+known is checked alone, each combination once all of its fields are known, and the task checks the
+rest through the same functions after rendering.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from airflow_cloudtrain.clouds.registry import CLOUDS, GCP_CLOUDS
+
+RUN_ID_RE = re.compile(r"ct-[0-9a-f]{12}")  # a run's short id, as in the XCom and the tags
+
+
+def is_templated(value: Any) -> bool:
+    """Still a Jinja template (checked again after rendering)?"""
+    if isinstance(value, str):
+        return "{{" in value or "{%" in value
+    if isinstance(value, dict):
+        return any(is_templated(k) or is_templated(v) for k, v in value.items())
+    if isinstance(value, (list, tuple)):
+        return any(is_templated(v) for v in value)
+    return False
+
+
+def is_deferred_value(value: Any) -> bool:
+    """A template or an XComArg (an upstream task's output): known only when the task runs."""
+    return is_templated(value) or type(value).__name__.endswith("XComArg") or hasattr(value, "resolve")
+
+
+def check_known(
+    args: dict[str, Any],
+    fields: dict[str, Callable[[Any], Any]],
+    combos: Iterable[tuple[tuple[str, ...], Callable[[], Any]]] = (),
+    templated: Callable[[Any], bool] = is_deferred_value,
+) -> dict[str, Any]:
+    """Check every field of ``fields`` whose value in ``args`` is not a template, then every combo
+    whose fields are all known; returns the parsed known fields. Templated ones wait for rendering
+    (``templated``: how a template is told; after rendering nothing is one)."""
+    parsed = {name: parse(args.get(name)) for name, parse in fields.items() if not templated(args.get(name))}
+    for names, check in combos:
+        if not any(templated(args.get(n)) for n in names):
+            check()
+    return parsed
+
+
+def warn_user(message: str) -> None:
+    """A ``UserWarning`` shown at the user's line (the DAG file), not at ours or Airflow's."""
+    import sys
+    import warnings
+    from pathlib import Path
+
+    ours = (
+        str(Path(__file__).resolve().parents[1]),
+        f"{Path('airflow', 'sdk')}",
+        f"{Path('airflow', 'models')}",
+    )
+    frame, level = sys._getframe(1), 2
+    while frame is not None and any(part in frame.f_code.co_filename for part in ours):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, UserWarning, stacklevel=level)
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """Only True or False: ``"false"`` would be truthy, so a string is a mistake, not a boolean."""
+    if isinstance(value, bool):
+        return value
+    raise ValueError(f"{name}={value!r} is not valid: use True or False")
+
+
+def check_seconds(value: Any, name: str, minimum: float = 0.0) -> float:
+    """A finite number of seconds, more than ``minimum`` (bools, NaN and infinity are refused)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= minimum
+    ):
+        raise ValueError(
+            f"{name}={value!r} is not valid: use a finite number of seconds more than {minimum:g}, e.g. {name}=10"
+        )
+    return float(value)
+
+
+def check_whole(value: Any, name: str, low: int, high: int | None = None) -> int:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        bound = f"between {low} and {high}" if high is not None else f"at least {low}"
+        raise ValueError(f"{name}={value!r} is not valid: use a whole number {bound}")
+    return value
+
+
+def check_optional_str(value: Any, name: str, pattern: str, forms: str) -> str | None:
+    """None/"" (not given) or a string matching ``pattern`` entirely."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not re.fullmatch(pattern, value):
+        raise ValueError(f"{name}={value!r} is not valid: use {forms}")
+    return value
+
+
+# --- what the catalog knows -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CatalogIndex:
+    """Regions, zones, machine types and GPU names of one provider, from the catalog rows."""
+
+    regions: tuple[str, ...]
+    zones: dict[str, tuple[str, ...]]  # region -> zone names (GCE) or zone ids (AWS)
+    types: dict[str, dict[str, Any]]  # instance type -> {"regions": set, "row": a Row}
+    gpus: tuple[str, ...]
+
+
+@lru_cache(maxsize=4)
+def _index(rows: tuple[Any, ...]) -> CatalogIndex:
+    zones: dict[str, set[str]] = {}
+    types: dict[str, dict[str, Any]] = {}
+    gpus: set[str] = set()
+    for r in rows:
+        zones.setdefault(r.region, set()).update(r.zones)
+        if r.accelerator:
+            gpus.add(r.accelerator.upper())
+        if r.instance_type:
+            types.setdefault(r.instance_type, {"regions": set(), "row": r})["regions"].add(r.region)
+    return CatalogIndex(
+        tuple(sorted(zones)), {k: tuple(sorted(v)) for k, v in zones.items()}, types, tuple(sorted(gpus))
+    )
+
+
+def catalog(cloud: str) -> CatalogIndex:
+    from airflow_cloudtrain.catalog.live import current_rows
+
+    return _index(current_rows(CLOUDS[cloud]))
+
+
+def _provider_word(cloud: str) -> str:
+    return "GCE" if cloud in GCP_CLOUDS else "EC2"
+
+
+def _a(cloud: str) -> str:
+    """'a GCE' / 'an EC2': the provider's word with its article."""
+    return "a GCE" if cloud in GCP_CLOUDS else "an EC2"
+
+
+def _other(cloud: str) -> str:
+    return "ec2" if cloud in GCP_CLOUDS else "gcloud"
+
+
+AWS_REGION_RE = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d")
+GCP_REGION_RE = re.compile(r"[a-z]+-[a-z]+\d+")
+
+
+def parse_region(value: Any, cloud: str | None, field: str = "region") -> str | None:
+    """A region the catalog prices for ``cloud`` (any known region when ``cloud`` is a template)."""
+    if value is None or value == "":
+        return None
+    clouds = [cloud] if cloud else ["ec2", "gcloud"]
+    for c in clouds:
+        if isinstance(value, str) and value in catalog(c).regions:
+            return value
+    if cloud and isinstance(value, str):
+        other = _other(cloud)
+        if value in catalog(other).regions:
+            raise ValueError(
+                f"{field}={value!r} is {_a(other)} region, not one of cloud={cloud!r}: use one "
+                f"of {', '.join(catalog(cloud).regions)}"
+            )
+    known = "; ".join(f"{_provider_word(c)}: {', '.join(catalog(c).regions)}" for c in clouds)
+    raise ValueError(
+        f"{field}={value!r} is not a region the catalog knows (no prices, no types there): use one of {known}"
+    )
+
+
+def _aws_zone_region(zone: str) -> str | None:
+    if m := re.fullmatch(r"([a-z]{2}(?:-gov)?-[a-z]+-\d)([a-z])", zone):
+        return m.group(1)
+    return None
+
+
+def _aws_zone_ok(zone: str, region: str, index: CatalogIndex) -> bool:
+    """A zone id the catalog lists (``use1-az1``), or a zone name whose letter is within the number of
+    zones the region has (``us-east-1a`` .. ``us-east-1f`` for six)."""
+    ids = index.zones.get(region, ())
+    if zone in ids:
+        return True
+    if _aws_zone_region(zone) == region:
+        return ord(zone[-1]) - ord("a") < max(len(ids), 1)
+    return False
+
+
+def zone_region(cloud: str, zone: str) -> str | None:
+    """The catalog region a zone (name or AWS zone id) belongs to, or None when it is unknown."""
+    index = catalog(cloud)
+    for region in index.regions:
+        if cloud in GCP_CLOUDS:
+            if zone in index.zones[region]:
+                return region
+        elif _aws_zone_ok(zone, region, index):
+            return region
+    return None
+
+
+def parse_zone(value: Any, cloud: str | None) -> str | None:
+    """A zone the catalog knows for ``cloud`` (a zone name, or an AWS zone id such as ``use1-az1``)."""
+    if value is None or value == "":
+        return None
+    forms = "a zone name such as 'us-east-1a' (EC2, or a zone id 'use1-az1') or 'us-central1-a' (GCE)"
+    if not isinstance(value, str) or not re.fullmatch(r"[a-z0-9-]+", value):
+        raise ValueError(f"zone={value!r} is not valid: use {forms}")
+    clouds = [cloud] if cloud else ["ec2", "gcloud"]
+    if any(zone_region(c, value) for c in clouds):
+        return value
+    if cloud and zone_region(_other(cloud), value):
+        raise ValueError(
+            f"zone={value!r} is {_a(_other(cloud))} zone, not one of cloud={cloud!r}: use {forms}"
+        )
+    known = "; ".join(
+        f"{_provider_word(c)} {r}: {', '.join(catalog(c).zones[r])}"
+        for c in clouds
+        for r in catalog(c).regions
+    )
+    raise ValueError(f"zone={value!r} does not exist in the catalog: use {forms}. Known zones: {known}")
+
+
+def check_zone_in_region(cloud: str, region: str | None, zone: str | None) -> None:
+    if not region or not zone:
+        return
+    actual = zone_region(cloud, zone)
+    if actual != region:
+        raise ValueError(
+            f"zone={zone!r} is not in region={region!r} (it is in {actual!r}): give a zone of "
+            f"{region} ({', '.join(catalog(cloud).zones.get(region, ()))}) or leave region out"
+        )
+
+
+def parse_gpu_type(value: Any, cloud: str | None) -> str | None:
+    """An accelerator name the catalog has for ``cloud`` (compared upper-case)."""
+    from airflow_cloudtrain.spec import normalise_gpu_type
+
+    name = normalise_gpu_type(value)
+    if name is None:
+        return None
+    clouds = [cloud] if cloud else ["ec2", "gcloud"]
+    if any(name in catalog(c).gpus for c in clouds):
+        return name
+    if cloud and name in catalog(_other(cloud)).gpus:
+        raise ValueError(
+            f"gpu_type={value!r} is {_a(_other(cloud))} GPU, not offered on cloud={cloud!r}: "
+            f"use one of {', '.join(catalog(cloud).gpus)}"
+        )
+    known = "; ".join(f"{_provider_word(c)}: {', '.join(catalog(c).gpus)}" for c in clouds)
+    raise ValueError(f"gpu_type={value!r} is not a GPU the catalog knows: use one of {known}")
+
+
+# --- instance types ---------------------------------------------------------------------------------
+
+_AWS_SIZE = r"(nano|micro|small|medium|large|xlarge|\d+xlarge|metal(-\d+xl)?)"
+AWS_TYPE_RE = re.compile(rf"([a-z][a-z0-9-]*\d[a-z0-9-]*)\.{_AWS_SIZE}")
+GCE_TYPE_RE = re.compile(r"[a-z][a-z0-9]*-[a-z]+(-\d+[a-z]*)?")
+GCE_CUSTOM_RE = re.compile(r"(?:(n2)-)?custom-(\d+)-(\d+)")
+
+
+def _gce_custom(value: str) -> tuple[Any, int, int] | None:
+    from airflow_cloudtrain.catalog.gce import CUSTOM_FAMILIES
+
+    m = GCE_CUSTOM_RE.fullmatch(value)
+    if not m:
+        return None
+    prefix = "n2-custom" if m.group(1) else "custom"
+    fam = next(f for f in CUSTOM_FAMILIES if f.prefix == prefix)
+    return fam, int(m.group(2)), int(m.group(3))
+
+
+def parse_instance_type(value: Any, cloud: str | None) -> str | None:
+    """A machine type of ``cloud``: one the catalog lists, a GCE custom shape within its family's
+    rules, or (warned) a well-formed name of a family the catalog does not cover."""
+    if value is None or value == "":
+        return None
+    forms = "an EC2 type such as 'g5.xlarge' or a GCE machine type such as 'n1-standard-8' / 'custom-4-16384'"
+    if not isinstance(value, str):
+        raise ValueError(f"instance_type={value!r} is not valid: use {forms}")
+    aws_form, gce_form = (
+        AWS_TYPE_RE.fullmatch(value),
+        GCE_TYPE_RE.fullmatch(value) or GCE_CUSTOM_RE.fullmatch(value),
+    )
+    if not aws_form and not gce_form:
+        raise ValueError(f"instance_type={value!r} is not valid: use {forms}")
+    if cloud is None:
+        return value
+    gce = cloud in GCP_CLOUDS
+    if gce and aws_form or not gce and gce_form:
+        raise ValueError(
+            f"instance_type={value!r} is {_a(_other(cloud))} type, not one of cloud={cloud!r}: "
+            + (
+                "use a GCE machine type such as 'n1-standard-8' or 'custom-4-16384'"
+                if gce
+                else "use an EC2 type such as 'm5.xlarge'"
+            )
+        )
+    if custom := (_gce_custom(value) if gce else None):
+        fam, vcpus, mib = custom
+        low, high = fam.min_gib_per_vcpu * vcpus * 1024, fam.max_gib_per_vcpu * vcpus * 1024
+        if not fam.valid_vcpus(vcpus) or mib % 256 or not low <= mib <= high:
+            n1 = (
+                "1 or an even number up to 96"
+                if fam.name == "N1"
+                else "even up to 32, then multiples of 4 up to 80"
+            )
+            raise ValueError(
+                f"instance_type={value!r} is not a valid {fam.name} custom shape: vCPUs {n1}; memory in MiB, "
+                f"a multiple of 256, {fam.min_gib_per_vcpu:g}-{fam.max_gib_per_vcpu:g} GiB per vCPU "
+                f"({low:.0f}-{high:.0f} MiB for {vcpus} vCPUs), e.g. '{fam.prefix}-4-16384'"
+            )
+        return value
+    index = catalog(cloud)
+    if value in index.types:
+        return value
+    family = value.split(".")[0] if not gce else value.rsplit("-", 1)[0]
+    siblings = sorted(
+        t for t in index.types if (t.split(".")[0] if not gce else t.rsplit("-", 1)[0]) == family
+    )
+    if siblings:
+        raise ValueError(f"instance_type={value!r} does not exist: {family} comes in {', '.join(siblings)}")
+    warn_user(
+        f"instance_type={value!r} is not in the catalog: it is launched as given, with no price known "
+        "(cost_usd is 0) and no check that it meets cpus/gpus/ram"
+    )
+    return value
+
+
+def check_instance_type_fits(
+    cloud: str, instance_type: str | None, hardware: Any, region: str | None, zone: str | None
+) -> None:
+    """An explicit type must be offered where asked and have the vCPUs, memory and GPUs asked for."""
+    if not instance_type:
+        return
+    if custom := (_gce_custom(instance_type) if cloud in GCP_CLOUDS else None):
+        fam, vcpus, mib = custom
+        have = {"vcpus": vcpus, "mib": mib, "gpus": 0, "gpu": None}
+        if hardware.gpus and fam.name != "N1":
+            raise ValueError(
+                f"instance_type={instance_type!r} cannot take GPUs (gpus={hardware.gpus}): GPUs attach to N1 "
+                "custom shapes ('custom-N-M') or come with G2/A2/A3 types"
+            )
+        have["gpus"] = hardware.gpus  # attached to N1 as guest accelerators
+        have["gpu"] = hardware.gpu_type
+    else:
+        entry = catalog(cloud).types.get(instance_type)
+        if entry is None:
+            return  # warned at parse: not in the catalog
+        row = entry["row"]
+        region = region or (zone_region(cloud, zone) if zone else None)
+        if region and region not in entry["regions"]:
+            raise ValueError(
+                f"instance_type={instance_type!r} is not offered in {region}: it is in "
+                f"{', '.join(sorted(entry['regions']))}"
+            )
+        have = {"vcpus": row.vcpus, "mib": row.memory_gib * 1024, "gpus": 0, "gpu": None}
+        if cloud in GCP_CLOUDS:
+            from airflow_cloudtrain.catalog.gce import N1_ATTACH_LIMITS, bundled_gpus
+
+            if bundled := bundled_gpus(instance_type):
+                have["gpu"], have["gpus"] = bundled
+            elif hardware.gpus and instance_type.startswith("n1-"):
+                fits = [
+                    g
+                    for g, limits in N1_ATTACH_LIMITS.items()
+                    if (not hardware.gpu_type or g == hardware.gpu_type)
+                    and any(
+                        c >= hardware.gpus and row.vcpus <= v and row.memory_gib <= m
+                        for c, (v, m) in limits.items()
+                    )
+                ]
+                if fits:
+                    have["gpus"], have["gpu"] = hardware.gpus, hardware.gpu_type or fits[0]
+        elif row.accelerator:
+            have["gpus"], have["gpu"] = row.accelerator_count, row.accelerator.upper()
+    wanted = [
+        ("cpus", hardware.cpus, have["vcpus"], "vCPUs"),
+        ("ram", (hardware.ram_mib or 0) / 1024, have["mib"] / 1024, "GiB of memory"),
+        ("gpus", hardware.gpus, have["gpus"], "GPUs"),
+    ]
+    for name, asked, got, what in wanted:
+        if asked > got + 1e-9:
+            raise ValueError(
+                f"instance_type={instance_type!r} has {got:g} {what}, less than {name} asks for ({asked:g}): "
+                f"pick a larger type, or leave instance_type out and the catalog picks one that fits"
+            )
+    if hardware.gpu_type and have["gpus"] and (have["gpu"] or "").upper() != hardware.gpu_type:
+        raise ValueError(
+            f"instance_type={instance_type!r} comes with {have['gpu']} GPUs, not gpu_type={hardware.gpu_type!r}: "
+            "pick a type with that GPU, or leave instance_type out"
+        )
+
+
+EC2_INSTANCE_ID_RE = re.compile(r"i-[0-9a-f]{8,17}")
+GCE_INSTANCE_RE = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def parse_instance_ids(value: Any, cloud: str) -> list[str]:
+    """A list of instance ids (EC2) or VM names (GCE); one id alone, or a rendered template's text
+    of a list (``"['i-0abc...', 'i-0def...']"``), is taken too."""
+    import ast
+
+    gce = cloud in GCP_CLOUDS
+    pattern = GCE_INSTANCE_RE if gce else EC2_INSTANCE_ID_RE
+    forms = (
+        "a list of VM names, e.g. ['trainer-1']"
+        if gce
+        else "a list of instance ids, e.g. ['i-0123456789abcdef0']"
+    ) + " (or a template that renders to one)"
+    ids = value
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                ids = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                ids = None
+        else:
+            ids = [text]
+    if not isinstance(ids, (list, tuple)) or not ids:
+        raise ValueError(f"instance_ids={value!r} is not valid: use {forms}")
+    for item in ids:
+        if not isinstance(item, str) or not pattern.fullmatch(item):
+            raise ValueError(f"instance_ids={value!r} is not valid: {item!r} is not an id; use {forms}")
+    return list(ids)

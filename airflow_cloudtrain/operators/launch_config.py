@@ -1,0 +1,147 @@
+"""The per-cloud launch arguments (``LaunchOptions``): checked at DAG parse time, against the cloud
+once it is known (at parse time, or after rendering when ``cloud`` is a template).
+
+EC2's arguments on a GCE run (and GCE's on an EC2 run) would be silently ignored: a key pair that
+never reaches the VM, a volume that is never attached, a role the instance never gets. Each fails
+naming the argument and what the other cloud uses instead.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from airflow_cloudtrain.operators.checks import check_bool, check_optional_str, check_whole
+from airflow_cloudtrain.spec import AWS_CLOUDS
+
+MAX_LAUNCH_ATTEMPTS = 100
+AMI_RE = r"ami-[0-9a-f]{8,17}|resolve:ssm:/\S+"
+GCE_IMAGE_RE = r"(https://www\.googleapis\.com/compute/v1/)?projects/[a-z][-a-z0-9.:]*/global/images/(family/)?[a-z][-a-z0-9]*"
+_RESERVED_TAG_PREFIXES = ("aws:", "cloudtrain-")
+
+# argument -> what it is for, and what the other cloud uses instead
+AWS_ONLY = {
+    "key_name": "an EC2 key pair; GCE VMs take SSH keys from project/instance metadata or OS Login",
+    "subnet_id": "an EC2 subnet; on GCE use subnetwork=",
+    "security_group_ids": "EC2 security groups; on GCE firewall rules apply by network and tags",
+    "iam_instance_profile": "an EC2 instance role; on GCE use service_account=",
+    "volume_id": "an EBS volume to attach; GCE persistent disks are not attached by this operator",
+}
+GCP_ONLY = {
+    "service_account": "the GCE VM's service account; on EC2 use iam_instance_profile=",
+}
+
+
+def parse_security_group_ids(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)) and all(
+        isinstance(v, str) and re.fullmatch(r"sg-[0-9a-f]{1,17}", v) for v in value
+    ):
+        return list(value)
+    hint = " (one string is not a list: wrap it, security_group_ids=[...])" if isinstance(value, str) else ""
+    raise ValueError(
+        f"security_group_ids={value!r} is not valid{hint}: use a list of security group ids, "
+        "e.g. ['sg-0123456789abcdef0']"
+    )
+
+
+def parse_tags(value: Any) -> dict[str, str]:
+    """EC2 tags / GCE labels the run's resources get besides the run's own."""
+    if value is None:
+        return {}
+    forms = "a dict of string keys (up to 128 characters) to string values (up to 256), e.g. {'team': 'ml'}"
+    if not isinstance(value, dict):
+        raise ValueError(f"tags={value!r} is not valid: use {forms}")
+    for key, item in value.items():
+        if not isinstance(key, str) or not 0 < len(key) <= 128:
+            raise ValueError(f"tags key {key!r} is not valid: use {forms}")
+        if key.lower().startswith(_RESERVED_TAG_PREFIXES):
+            raise ValueError(
+                f"tags key {key!r} is reserved: 'aws:' keys belong to AWS and 'cloudtrain-' keys to this "
+                "operator (it finds and releases the run's resources by them); use another key"
+            )
+        if not isinstance(item, str) or len(item) > 256:
+            raise ValueError(f"tags[{key!r}]={item!r} is not valid: use {forms} (write {str(item)[:256]!r})")
+    return dict(value)
+
+
+def parse_provisioning(value: Any) -> str | None:
+    if value in (None, "spot", "preemptible"):
+        return value
+    raise ValueError(f"provisioning={value!r} is not valid: use 'spot' or 'preemptible' (gcspot only)")
+
+
+def parse_launch_args(args: dict[str, Any]) -> dict[str, Any]:
+    """Each argument on its own (cloud-free forms); ``check_launch_for_cloud`` checks the rest."""
+    return {
+        "image_id": check_optional_str(
+            args.get("image_id"),
+            "image_id",
+            rf"{AMI_RE}|{GCE_IMAGE_RE}",
+            "an AMI id ('ami-0123456789abcdef0', or 'resolve:ssm:/parameter') on EC2, or a GCE image "
+            "('projects/debian-cloud/global/images/family/debian-12') on GCE",
+        ),
+        "key_name": check_optional_str(
+            args.get("key_name"), "key_name", r"[\x20-\x7e]{1,255}", "the name of an EC2 key pair"
+        ),
+        "subnet_id": check_optional_str(
+            args.get("subnet_id"),
+            "subnet_id",
+            r"subnet-[0-9a-f]{1,17}",
+            "a subnet id such as 'subnet-0123abcd'",
+        ),
+        "security_group_ids": parse_security_group_ids(args.get("security_group_ids")),
+        "iam_instance_profile": check_optional_str(
+            args.get("iam_instance_profile"),
+            "iam_instance_profile",
+            r"[\w+=,.@-]{1,128}|arn:aws[\w-]*:iam::\d{12}:instance-profile/[\w+=,.@/-]{1,128}",
+            "an instance profile name ('training-instance') or its ARN",
+        ),
+        "tags": parse_tags(args.get("tags")),
+        "volume_id": check_optional_str(
+            args.get("volume_id"),
+            "volume_id",
+            r"vol-[0-9a-f]{1,17}",
+            "an EBS volume id such as 'vol-0123abcd'",
+        ),
+        "service_account": check_optional_str(
+            args.get("service_account"),
+            "service_account",
+            r"default|[^@\s]+@[^@\s]+\.[a-z.]+",
+            "a service account e-mail such as 'trainer@my-project.iam.gserviceaccount.com'",
+        ),
+        "provisioning": parse_provisioning(args.get("provisioning")),
+        "max_launch_attempts": check_whole(
+            args.get("max_launch_attempts", 6), "max_launch_attempts", 1, MAX_LAUNCH_ATTEMPTS
+        ),
+        "live_prices": check_bool(args.get("live_prices", True), "live_prices"),
+    }
+
+
+def check_launch_for_cloud(cloud: str, options: Any) -> None:
+    """The arguments given must be ones ``cloud`` uses (``options``: a ``LaunchOptions``)."""
+    aws = cloud in AWS_CLOUDS
+    for name, what in (GCP_ONLY if aws else AWS_ONLY).items():
+        value = getattr(options, name)
+        if value:
+            raise ValueError(
+                f"{name}={value!r} is not valid with cloud={cloud!r}: {name} is "
+                f"{'GCE' if aws else 'EC2'}-only ({what})"
+            )
+    image_id = options.image_id
+    if image_id and aws != bool(re.fullmatch(AMI_RE, image_id)):
+        raise ValueError(
+            f"image_id={image_id!r} is not valid with cloud={cloud!r}: use "
+            + (
+                "an AMI id ('ami-0123456789abcdef0') on EC2"
+                if aws
+                else "a GCE image ('projects/debian-cloud/global/images/family/debian-12') on GCE"
+            )
+        )
+    if options.provisioning and cloud != "gcspot":
+        raise ValueError(
+            f"provisioning={options.provisioning!r} is not valid with cloud={cloud!r}: it chooses between "
+            "GCE Spot and preemptible VMs, so it applies to cloud='gcspot' only"
+            + (" (cloud='gcloud' is on-demand)" if cloud == "gcloud" else " (EC2 spot is cloud='ec2spot')")
+        )
