@@ -287,6 +287,9 @@ class RunSpec:
     command: str
     setup_cmds: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    # {VAR: secret reference} (``agent.secret_refs``): the agent reads each with the instance's own
+    # identity and gives the job the value; references only, never a value, are stored here.
+    secret_env: dict[str, str] = field(default_factory=dict)
     image: str | None = None
     gpus: int = 0
     code_uri: str | None = None  # tarball (s3:// or gs://) unpacked into the working directory

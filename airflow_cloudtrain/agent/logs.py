@@ -7,7 +7,8 @@ so the next flush retries them in place.
 
 Every stored line starts with ``runs.format_stamp`` of the time its first byte reached ``write`` (a
 line that comes in several pieces gets one stamp, at its first byte), so readers show when the job
-wrote it. The echo to the agent's own stdout is the job's output unchanged. Form feeds become spaces
+wrote it. The echo to the agent's own stdout is the job's output unchanged, except that the run's
+secret values (``redact``) show as ``***`` there and in every chunk. Form feeds become spaces
 in the stored text: the beacon's tail (``runs.Beacon``) separates chunks with them. A line cut by the
 4 MiB chunk limit (or uploaded before its newline came) continues unstamped in the next chunk.
 
@@ -94,6 +95,7 @@ class LogStreamer:
         self._pending = bytearray()
         self._at_line_start = True  # the next byte written starts a line (gets a stamp)
         self._tail = LogTail()
+        self._redactions: list[bytes] = []  # secret values cut out of every chunk (``redact``)
         self._lock = threading.Lock()  # guards _pending, _at_line_start, _tail and seq's changes
         self._flush_lock = threading.Lock()  # one upload at a time keeps seq order
 
@@ -101,6 +103,8 @@ class LogStreamer:
         if not data:
             return
         self._store(data, note=False)
+        for pattern in self._redactions:  # the instance's own log too (a value cut by a read may pass)
+            data = data.replace(pattern, b"***")
         self._echo(data)
 
     def note(self, message: str) -> None:
@@ -130,6 +134,11 @@ class LogStreamer:
             self._at_line_start = data.endswith(b"\n")
             return b""
 
+    def redact(self, patterns: list[bytes]) -> None:
+        """From now on every uploaded chunk (and so the beacon's tail) shows ``***`` for these."""
+        with self._lock:
+            self._redactions = sorted({*self._redactions, *patterns}, key=len, reverse=True)
+
     def snapshot(self) -> tuple[int, int, str]:
         """(chunks uploaded, seq of the first chunk in the tail, tail): what a beacon carries."""
         with self._lock:
@@ -141,6 +150,8 @@ class LogStreamer:
             if not final and len(data) < MAX_CHUNK and b"\n" in data:
                 data = data[: data.rindex(b"\n") + 1]  # keep a partial last line for the next chunk
             del self._pending[: len(data)]
+            for pattern in self._redactions:  # whole lines are taken, so a value is not cut in two
+                data = data.replace(pattern, b"***")
             return data
 
     def _give_back(self, data: bytes) -> None:

@@ -164,6 +164,7 @@ class Agent:
         self.resumed_step = self.checkpoints.restore()
 
         self._update(state=runs.SETUP, restored_step=self.resumed_step)
+        spec = self._with_secrets(spec)  # a copy for the job's environment only: never written
         setup_env = {**os.environ, **job_env(spec, str(workdir), self.resumed_step, agent_zip)}
         for number, cmd in enumerate(spec.setup_cmds, 1):
             if stop := self.should_stop():
@@ -404,6 +405,21 @@ class Agent:
         grace = self.spec.stop_grace_s if self.spec.stop_grace_s is not None else TIMEOUT_GRACE_S
         if self.request_stop(StopRequest(runs.IDLE, message, max(0.0, float(grace)))):
             self._note(f"{message} ({grace:g} s grace)")
+
+    def _with_secrets(self, spec: runs.RunSpec) -> runs.RunSpec:
+        """The spec with ``secret_env`` read (instance identity) into ``env``; the log redacts them."""
+        if not spec.secret_env:
+            return spec
+        from dataclasses import replace
+
+        from airflow_cloudtrain.agent.secret_refs import redactions
+        from airflow_cloudtrain.agent.secrets import resolve_secret_env
+
+        self._note(f"reading {len(spec.secret_env)} secret(s): {', '.join(sorted(spec.secret_env))}")
+        values = resolve_secret_env(spec.secret_env)
+        if self.streamer is not None:
+            self.streamer.redact(redactions(list(values.values())))
+        return replace(spec, env={**spec.env, **values}, secret_env={})
 
     # -- small helpers -----------------------------------------------------------------------------
     def _update(self, **changes: object) -> None:

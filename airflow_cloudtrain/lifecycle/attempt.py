@@ -79,6 +79,7 @@ class RunContext:
     project_id: str | None = None
     job: JobOptions | None = None  # checkpoint / watchdog settings for the spec (None: defaults)
     folder_uri: str | None = None  # another run folder to use (``resume_from``), else the key's own
+    secret_env: dict[str, str] | None = None  # {VAR: reference}, checked (``operators.secret_env``)
 
     @property
     def run_uri(self) -> str:
@@ -101,6 +102,8 @@ class RunContext:
         """The context of one task instance: ``task`` carries ``dag_id``, ``task_id``, ``log`` and the
         ``aws_conn_id`` / ``gcp_conn_id`` / ``project_id`` of the official providers."""
         from airflow_cloudtrain.clouds.registry import backend_for, conn_id_for
+        from airflow_cloudtrain.lifecycle.run_secrets import sweep_secrets
+        from airflow_cloudtrain.operators.secret_env import parse_secret_env
         from airflow_cloudtrain.runs import RunKey
 
         ti = context["ti"]
@@ -112,6 +115,8 @@ class RunContext:
             gcp_conn_id=task.gcp_conn_id,
             project_id=task.project_id,
         )
+        secret_env = parse_secret_env(getattr(task, "secret_env", None), config.cloud, config.env)
+        sweep_secrets(backend, secret_env)  # a teardown also finds the run's own secrets by name
         return cls(
             config=config,
             key=key,
@@ -123,6 +128,7 @@ class RunContext:
             wait=wait,
             conn_id=conn_id_for(config.cloud, task.aws_conn_id, task.gcp_conn_id),
             project_id=task.project_id,
+            secret_env=secret_env,
         )
 
 
@@ -273,6 +279,7 @@ class RunAttempt:
             self.log,
             ctx.job,
             live_uri=ctx.live_uri,
+            secret_env=self._secret_env(),
         )
         build = request_builder(ctx.config, ctx.key, ctx.run_uri, ctx.options, ctx.try_number)
         requested_at = time.time()
@@ -308,6 +315,19 @@ class RunAttempt:
             device = backend.cloud.attach_volume(instance.id, ctx.options.volume_id)
             self.log.info("Attached volume %s as %s", ctx.options.volume_id, device)
         return launch
+
+    def _secret_env(self) -> dict[str, str]:
+        """The spec's ``secret_env``: ``airflow_*`` references stored as the run's secrets first."""
+        from airflow_cloudtrain.lifecycle.run_secrets import spec_secret_env
+
+        ctx = self.ctx
+        if not ctx.secret_env:
+            return {}
+        if self.killed:
+            raise RunKilled("the task was killed before the launch")
+        return spec_secret_env(
+            ctx.secret_env, self.ledger, ctx.backend, ctx.key.digest, self.log, ctx.config.max_runtime_s
+        )
 
     def _create_instance(self, request: LaunchRequest) -> Instance:
         """The one create call for instances: ledger first, then the cloud, then the id."""

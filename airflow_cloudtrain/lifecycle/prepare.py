@@ -131,8 +131,11 @@ def write_run_folder(
     job: JobOptions | None = None,
     worker: dict[str, Any] | None = None,
     live_uri: str | None = None,
+    secret_env: dict[str, str] | None = None,
 ) -> None:
     """The spec, the agent and (for a local ``code`` folder) the code tarball, before any launch.
+
+    ``secret_env``: the spec's ``{VAR: cloud secret reference}`` (``lifecycle.run_secrets``).
 
     ``live_uri``: the bucket's live index, where the agent publishes its beacon for triggers.
 
@@ -168,6 +171,7 @@ def write_run_folder(
         spec.idle_timeout_s = job.idle_timeout_s
     spec.worker = worker
     spec.live_uri = live_uri
+    spec.secret_env = dict(secret_env or {})
     call_with_retry(lambda: folder.put_text(SPEC_KEY, spec.to_json()))
     agent = build_agent_zip()
     call_with_retry(lambda: folder.put_bytes(AGENT_KEY, agent))

@@ -17,6 +17,7 @@ from airflow_cloudtrain.operators.checks import check_bool, check_seconds
 from airflow_cloudtrain.operators.config import check_run_args, is_templated, parse_config, parse_duration
 from airflow_cloudtrain.operators.launch_config import check_launch_for_cloud, parse_launch_args
 from airflow_cloudtrain.operators.network_config import apply_network_args
+from airflow_cloudtrain.operators.secret_env import check_secret_env
 from airflow_cloudtrain.spec import parse_cloud
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ TEMPLATED = (
     "cloud",
     "command",
     "env",
+    "secret_env",
     "setup_cmds",
     "code",
     "bucket",
@@ -58,7 +60,7 @@ class CloudTrainOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = TEMPLATED
-    template_fields_renderers = {"env": "json", "setup_cmds": "py", "command": "bash"}
+    template_fields_renderers = {"env": "json", "secret_env": "json", "setup_cmds": "py", "command": "bash"}
     ui_color = "#e8f4fd"
     operator_extra_links = (CloudInstanceLink(), RunFolderLink())
 
@@ -72,6 +74,7 @@ class CloudTrainOperator(BaseOperator):
         image: str | None = None,
         setup_cmds: list[str] | None = None,
         env: dict[str, str] | None = None,
+        secret_env: dict[str, str] | None = None,
         cpus: int | str = 1,
         gpus: int | str = 0,
         gpu_type: str | None = None,
@@ -138,6 +141,7 @@ class CloudTrainOperator(BaseOperator):
             heartbeat_timeout=parse_duration(heartbeat_timeout, "heartbeat_timeout"),
         )
         self._attempt: RunAttempt | None = None
+        check_secret_env(secret_env, cloud, env)  # references only; the values are read at run time
         self._check_parse_time()
 
     def _check_parse_time(self) -> None:

@@ -1,0 +1,60 @@
+"""The run's own secrets on AWS: SSM SecureString parameters ``/cloudtrain/<run key digest>/<VAR>``.
+
+What the operator resolved from Airflow (``airflow_conn://`` / ``airflow_var://``) lives here for the
+run's lifetime: encrypted with the account's ``aws/ssm`` key, readable by the instance profile, found
+by name from the run key (``describe_parameters`` on the prefix) and deleted at teardown through the
+ledger kind registered below, "not found" counting as done.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_cloudtrain.agent.secret_refs import ssm_ref
+from airflow_cloudtrain.lifecycle.ledger import Resource, ResourceKind, register_kind
+
+KIND = "ssm_parameter"
+DELETE_BATCH = 10  # DeleteParameters takes up to 10 names
+
+
+def prefix(digest: str) -> str:
+    return f"/cloudtrain/{digest}/"
+
+
+def parameter_name(digest: str, var: str) -> str:
+    return f"{prefix(digest)}{var}"
+
+
+def _ssm(backend: Any, region: str | None = None) -> Any:
+    return backend.hook.client("ssm", region=region or backend.region)
+
+
+def put_secret(backend: Any, digest: str, var: str, value: str, description: str) -> tuple[str, str, str]:
+    """Store ``value``; returns (parameter name, region, the reference the agent reads)."""
+    name = parameter_name(digest, var)
+    _ssm(backend).put_parameter(
+        Name=name, Value=value, Type="SecureString", Overwrite=True, Description=description[:1024]
+    )
+    return name, backend.region, ssm_ref(backend.region, name)
+
+
+def _find(backend: Any, digest: str) -> list[Resource]:
+    pages = (
+        _ssm(backend)
+        .get_paginator("describe_parameters")
+        .paginate(ParameterFilters=[{"Key": "Name", "Option": "BeginsWith", "Values": [prefix(digest)]}])
+    )
+    return [Resource(KIND, p["Name"], backend.region) for page in pages for p in page.get("Parameters", [])]
+
+
+def _delete(backend: Any, resources: list[Resource]) -> None:
+    by_region: dict[str, list[str]] = {}
+    for resource in resources:
+        by_region.setdefault(resource.location or backend.region, []).append(resource.id or "")
+    for region, names in by_region.items():
+        ssm = _ssm(backend, region)
+        for start in range(0, len(names), DELETE_BATCH):  # missing names come back as InvalidParameters
+            ssm.delete_parameters(Names=names[start : start + DELETE_BATCH])
+
+
+SSM_PARAMETER = register_kind(ResourceKind(KIND, _find, _delete))

@@ -1,0 +1,130 @@
+"""The operator's side of ``secret_env``: what goes into the spec, and the run's own cloud secrets.
+
+Cloud references (SSM, Secrets Manager, Secret Manager) go into ``RunSpec.secret_env`` as they are: the
+agent reads them with the instance's identity and the operator never sees the value. An
+``airflow_conn://`` / ``airflow_var://`` reference is resolved here, at launch, registered with
+Airflow's secrets masker (so the task log shows ``***`` even where the job prints it), and stored as
+a short-lived secret of the run in the cloud's store (``clouds.aws_secrets`` / ``clouds.gcp_secrets``)
+through the resource ledger, write-ahead, under a name made from the run key; the spec holds that
+secret's reference. Teardown deletes it with every other resource of the run, and a retry whose store
+was lost finds it by name/label (``sweep_secrets`` adds its kind to the backend's tag sweep).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from airflow_cloudtrain.agent.secret_refs import AIRFLOW_CONN, SecretRef, parse_ref
+from airflow_cloudtrain.lifecycle.retry import call_with_retry
+
+TTL_MARGIN_S = 86400.0  # a GCP run secret outlives max_runtime by a day, then expires by itself
+
+
+def by_operator(refs: dict[str, str]) -> bool:
+    """Does any reference need the operator (and so a secret of the run in the cloud)?"""
+    return any((ref := parse_ref(text)) is not None and ref.by_operator for text in refs.values())
+
+
+def _kind_module(provider: str) -> Any:
+    """The provider's run-secret module (importing it registers its ledger kind)."""
+    if provider == "gcp":
+        from airflow_cloudtrain.clouds import gcp_secrets
+
+        return gcp_secrets
+    from airflow_cloudtrain.clouds import aws_secrets
+
+    return aws_secrets
+
+
+def sweep_secrets(backend: Any, refs: dict[str, str]) -> None:
+    """With operator-made secrets, every teardown's tag sweep also looks for them (a lost store)."""
+    if not refs or not by_operator(refs):
+        return
+    kind = _kind_module(backend.provider).KIND
+    kinds = tuple(getattr(backend, "sweep_kinds", ("instance",)))
+    if kind not in kinds:
+        backend.sweep_kinds = (*kinds, kind)
+
+
+def mask(value: str) -> None:
+    """Airflow's secrets masker: the task log and the UI show ``***`` for ``value`` from now on."""
+    try:
+        from airflow.sdk.log import mask_secret
+    except ImportError:  # pragma: no cover - older task SDK layouts
+        from airflow.sdk.execution_time.secrets_masker import mask_secret  # type: ignore[no-redef]
+    mask_secret(value)
+
+
+def resolve_airflow_ref(var: str, ref: SecretRef) -> str:
+    """The value behind ``airflow_conn://`` / ``airflow_var://``; ValueError naming what is missing."""
+    from airflow.sdk import Connection, Variable
+
+    if ref.scheme == AIRFLOW_CONN:
+        try:
+            conn = Connection.get(ref.name)
+        except Exception as err:
+            raise ValueError(
+                f"secret_env[{var!r}]: connection {ref.name!r} not found ({type(err).__name__})"
+            ) from None
+        if ref.field == "uri":
+            value: Any = conn.get_uri()
+        elif ref.field == "extra":
+            value = conn.extra
+        elif ref.field.startswith("extra."):
+            value = (conn.extra_dejson or {}).get(ref.field.split(".", 1)[1])
+        else:
+            value = getattr(conn, ref.field, None)
+        if value in (None, ""):
+            raise ValueError(f"secret_env[{var!r}]: connection {ref.name!r} has no {ref.field}")
+        return str(value)
+    try:
+        value = Variable.get(ref.name)
+    except Exception as err:
+        raise ValueError(
+            f"secret_env[{var!r}]: variable {ref.name!r} not found ({type(err).__name__})"
+        ) from None
+    if value in (None, ""):
+        raise ValueError(f"secret_env[{var!r}]: variable {ref.name!r} is empty")
+    return str(value)
+
+
+def spec_secret_env(
+    refs: dict[str, str],
+    ledger: Any,
+    backend: Any,
+    digest: str,
+    log: logging.Logger,
+    max_runtime_s: float | None = None,
+) -> dict[str, str]:
+    """The spec's ``secret_env``: cloud references kept, ``airflow_*`` ones resolved, masked and
+    stored as the run's secrets (ledger first), replaced by those secrets' references."""
+    out: dict[str, str] = {}
+    for var, text in refs.items():
+        ref = parse_ref(text)
+        if ref is None or not ref.by_operator:
+            out[var] = text
+            continue
+        value = resolve_airflow_ref(var, ref)
+        mask(value)
+        out[var] = _store(backend, ledger, digest, var, value, max_runtime_s)
+        log.info("secret_env[%s]: %s stored as %s for this run (deleted at teardown)", var, text, out[var])
+    return out
+
+
+def _store(backend: Any, ledger: Any, digest: str, var: str, value: str, max_runtime_s: float | None) -> str:
+    module = _kind_module(backend.provider)
+    if backend.provider == "gcp":
+        name = f"projects/{backend.hook.project}/secrets/{module.secret_id(digest, var)}"
+        location = None
+    else:
+        name, location = module.parameter_name(digest, var), backend.region
+    if not any(e.id == name for e in ledger.of_kind(module.KIND)):  # its name is known: a sweep-free entry
+        ledger.intend(module.KIND, location, id=name, token=name)
+    if backend.provider == "gcp":
+        ttl = (max_runtime_s or 7 * 86400.0) + TTL_MARGIN_S
+        _, reference = call_with_retry(lambda: module.put_secret(backend, digest, var, value, ttl))
+    else:
+        description = f"cloudtrain: {var} of run {digest}, deleted at teardown"
+        _, _, reference = call_with_retry(lambda: module.put_secret(backend, digest, var, value, description))
+    return str(reference)
