@@ -16,7 +16,7 @@ from airflow_cloudtrain.links.run import CloudInstanceLink, RunFolderLink
 from airflow_cloudtrain.operators.checks import check_bool, check_seconds
 from airflow_cloudtrain.operators.config import check_run_args, is_templated, parse_config, parse_duration
 from airflow_cloudtrain.operators.launch_config import check_launch_for_cloud, parse_launch_args
-from airflow_cloudtrain.operators.network_config import apply_network_args
+from airflow_cloudtrain.operators.network_config import apply_network_args, check_network_for_run
 from airflow_cloudtrain.operators.secret_env import check_secret_env
 from airflow_cloudtrain.spec import parse_cloud
 
@@ -159,6 +159,7 @@ class CloudTrainOperator(BaseOperator):
         """The rendered arguments, all checked (the same checks as at parse time)."""
         config = parse_config(self._args())
         check_launch_for_cloud(config.cloud, self.launch_options)
+        check_network_for_run(config, self.launch_options)
         return config
 
     def _args(self) -> dict[str, Any]:

@@ -119,6 +119,13 @@ def parse_network_args(
     return GceNetwork(net_path, sub_path, external_ip, sub_region)
 
 
+def check_network_for_run(config: Any, options: Any) -> None:
+    """Once the templates are rendered: the same checks against the run's cloud, region and zone."""
+    parse_network_args(
+        config.cloud, options.network, options.subnetwork, options.external_ip, config.region, config.zone
+    )
+
+
 def apply_network_args(operator: Any, network: Any, subnetwork: Any, external_ip: Any) -> None:
     """Check the arguments and put them on the operator's launch options; a subnetwork path with no
     ``region``/``zone`` given also chooses the region (the VM must be where its subnetwork is)."""

@@ -134,6 +134,15 @@ def test_a_templated_cloud_or_region_skips_only_the_checks_that_need_it() -> Non
         make(cloud="{{ params.cloud }}", network="Bad Net")
 
 
+def test_a_templated_cloud_is_checked_once_rendered() -> None:
+    op = make(cloud="{{ params.cloud }}", bucket="{{ params.bucket }}", network="vpc")
+    op.cloud, op.bucket = "gcspot", "gs://bkt/r"
+    assert op._config().cloud == "gcspot"
+    op.cloud, op.bucket = "ec2", "s3://bkt/r"
+    with pytest.raises(ValueError, match="network='global/networks/vpc' is not valid with cloud='ec2'"):
+        op._config()
+
+
 def test_every_gce_operator_takes_the_arguments() -> None:
     resume = CheckpointResumeOperator(
         task_id="r", command="true", cloud="gcspot", bucket="gs://bkt/r", network="vpc", external_ip=False
@@ -147,4 +156,6 @@ def test_every_gce_operator_takes_the_arguments() -> None:
     )
     assert (group.launch_options.subnetwork, group.launch_options.external_ip) == ("s", False)
     with pytest.raises(ValueError, match="external_ip=False is not valid with cloud='ec2spot'"):
-        SpotFleetOperator(task_id="f", command="true", bucket="s3://bkt/r", work_items=["a"], external_ip=False)
+        SpotFleetOperator(
+            task_id="f", command="true", bucket="s3://bkt/r", work_items=["a"], external_ip=False
+        )
