@@ -42,6 +42,18 @@ _SIZE_FORMS = (
 )
 
 
+def warn_user(message: str) -> None:
+    """A ``UserWarning`` shown at the user's line (the DAG file), not at ours or Airflow's."""
+    import sys
+    from pathlib import Path
+
+    ours = (str(Path(__file__).resolve().parent), str(Path("airflow", "sdk")), str(Path("airflow", "models")))
+    frame, level = sys._getframe(1), 2
+    while frame is not None and any(part in frame.f_code.co_filename for part in ours):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, UserWarning, stacklevel=level)
+
+
 def parse_cloud(cloud: Any) -> str:
     """Return ``cloud`` if it is one of the four names the studio tool used, else raise."""
     if isinstance(cloud, str) and cloud.strip().lower() in CLOUDS:
@@ -190,11 +202,9 @@ class Bid:
         if is_percent:
             self.percent = number
             if number > 100:
-                warnings.warn(
+                warn_user(
                     f"bid={value!r} is above 100% of on-demand: the spot price you pay is the lower of "
-                    "bid and market, so a bid above on-demand only lets you pay more than on-demand.",
-                    UserWarning,
-                    stacklevel=2,
+                    "bid and market, so a bid above on-demand only lets you pay more than on-demand."
                 )
         else:
             self.usd = number

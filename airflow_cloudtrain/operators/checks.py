@@ -20,6 +20,7 @@ from functools import lru_cache
 from typing import Any
 
 from airflow_cloudtrain.clouds.registry import CLOUDS, GCP_CLOUDS
+from airflow_cloudtrain.spec import warn_user
 
 RUN_ID_RE = re.compile(r"ct-[0-9a-f]{12}")  # a run's short id, as in the XCom and the tags
 
@@ -54,23 +55,6 @@ def check_known(
         if not any(templated(args.get(n)) for n in names):
             check()
     return parsed
-
-
-def warn_user(message: str) -> None:
-    """A ``UserWarning`` shown at the user's line (the DAG file), not at ours or Airflow's."""
-    import sys
-    import warnings
-    from pathlib import Path
-
-    ours = (
-        str(Path(__file__).resolve().parents[1]),
-        f"{Path('airflow', 'sdk')}",
-        f"{Path('airflow', 'models')}",
-    )
-    frame, level = sys._getframe(1), 2
-    while frame is not None and any(part in frame.f_code.co_filename for part in ours):
-        frame, level = frame.f_back, level + 1
-    warnings.warn(message, UserWarning, stacklevel=level)
 
 
 def check_bool(value: Any, name: str) -> bool:
@@ -195,18 +179,16 @@ def _aws_zone_region(zone: str) -> str | None:
 
 
 def _aws_zone_ok(zone: str, region: str, index: CatalogIndex) -> bool:
-    """A zone id the catalog lists (``use1-az1``), or a zone name whose letter is within the number of
-    zones the region has (``us-east-1a`` .. ``us-east-1f`` for six)."""
+    """A zone name whose letter is within the number of zones the region has (``us-east-1a`` ..
+    ``us-east-1f`` for six; the catalog lists zone ids, which map to names per account)."""
     ids = index.zones.get(region, ())
-    if zone in ids:
-        return True
     if _aws_zone_region(zone) == region:
         return ord(zone[-1]) - ord("a") < max(len(ids), 1)
     return False
 
 
 def zone_region(cloud: str, zone: str) -> str | None:
-    """The catalog region a zone (name or AWS zone id) belongs to, or None when it is unknown."""
+    """The catalog region a zone name belongs to, or None when it is unknown."""
     index = catalog(cloud)
     for region in index.regions:
         if cloud in GCP_CLOUDS:
@@ -218,10 +200,10 @@ def zone_region(cloud: str, zone: str) -> str | None:
 
 
 def parse_zone(value: Any, cloud: str | None) -> str | None:
-    """A zone the catalog knows for ``cloud`` (a zone name, or an AWS zone id such as ``use1-az1``)."""
+    """A zone name the catalog knows for ``cloud`` (``us-east-1a``, ``us-central1-a``)."""
     if value is None or value == "":
         return None
-    forms = "a zone name such as 'us-east-1a' (EC2, or a zone id 'use1-az1') or 'us-central1-a' (GCE)"
+    forms = "a zone name such as 'us-east-1a' (EC2) or 'us-central1-a' (GCE)"
     if not isinstance(value, str) or not re.fullmatch(r"[a-z0-9-]+", value):
         raise ValueError(f"zone={value!r} is not valid: use {forms}")
     clouds = [cloud] if cloud else ["ec2", "gcloud"]
@@ -232,11 +214,17 @@ def parse_zone(value: Any, cloud: str | None) -> str | None:
             f"zone={value!r} is {_a(_other(cloud))} zone, not one of cloud={cloud!r}: use {forms}"
         )
     known = "; ".join(
-        f"{_provider_word(c)} {r}: {', '.join(catalog(c).zones[r])}"
-        for c in clouds
-        for r in catalog(c).regions
+        f"{_provider_word(c)} {r}: {', '.join(zone_names(c, r))}" for c in clouds for r in catalog(c).regions
     )
     raise ValueError(f"zone={value!r} does not exist in the catalog: use {forms}. Known zones: {known}")
+
+
+def zone_names(cloud: str, region: str) -> list[str]:
+    """The zone names of a region (EC2: from the number of zone ids the catalog lists)."""
+    zones = catalog(cloud).zones.get(region, ())
+    if cloud in GCP_CLOUDS:
+        return list(zones)
+    return [f"{region}{chr(ord('a') + i)}" for i in range(len(zones))]
 
 
 def check_zone_in_region(cloud: str, region: str | None, zone: str | None) -> None:
@@ -246,7 +234,7 @@ def check_zone_in_region(cloud: str, region: str | None, zone: str | None) -> No
     if actual != region:
         raise ValueError(
             f"zone={zone!r} is not in region={region!r} (it is in {actual!r}): give a zone of "
-            f"{region} ({', '.join(catalog(cloud).zones.get(region, ()))}) or leave region out"
+            f"{region} ({', '.join(zone_names(cloud, region))}) or leave region out"
         )
 
 

@@ -285,12 +285,23 @@ def _hardware(args: dict[str, Any]) -> Hardware:
     )
 
 
+def _known_items(value: Any, templated: Callable[[Any], bool]) -> Any:
+    if isinstance(value, dict):
+        return {k: v for k, v in value.items() if not templated(k) and not templated(v)}
+    if isinstance(value, (list, tuple)):
+        return [v for v in value if not templated(v)]
+    return None
+
+
 def check_run_args(args: dict[str, Any], rendered: bool = False) -> RunConfig | None:
     """Check what is known now: each argument that is not a template, and each combination whose
     arguments are all known (``rendered``: all are). Returns the config once everything is known."""
     templated = (lambda v: False) if rendered else checks.is_deferred_value
     cloud = None if templated(args.get("cloud")) else parse_cloud(args.get("cloud"))
     parsed = checks.check_known(args, _fields(cloud), templated=templated)
+    for name, parse in (("env", parse_env), ("setup_cmds", parse_setup_cmds)):
+        if templated(args.get(name)):  # a dict/list with some templated items: check the others
+            parse(_known_items(args.get(name), templated))
     if cloud is None:
         return None
     combos: list[tuple[tuple[str, ...], Callable[[], Any]]] = [
