@@ -140,6 +140,7 @@ class Emulator:
         self.gcs_endpoint = ""
         self.pubsub_endpoint = ""
         self.vertex_endpoint = ""
+        self.secretmanager_endpoint = ""  # Secret Manager v1 REST subset (gcp/secretmanager)
         self._hard_stop_scale = hard_stop_scale
         self._throttle = Throttle()
         self._saved_env: dict[str, str | None] = {}
@@ -162,6 +163,7 @@ class Emulator:
         from airflow_cloudtrain.emulator.aws.instances import AwsInstances
         from airflow_cloudtrain.emulator.gcp import GceServer, GcsServer, PubSubServer
         from airflow_cloudtrain.emulator.gcp.instances import GcpInstances
+        from airflow_cloudtrain.emulator.gcp.secretmanager import SecretManagerServer
         from airflow_cloudtrain.emulator.gcp.vertex import VertexServer
         from airflow_cloudtrain.emulator.metadata import MetadataServer
 
@@ -179,6 +181,8 @@ class Emulator:
             replica_env = {"STORAGE_EMULATOR_HOST": self.gcs_endpoint}
             self.vertex = VertexServer(self._throttle, self.workdir / "vertex", replica_env)
             self.vertex_endpoint = self._listen("vertex", lambda port: self.vertex.start(port=port))
+            self.secretmanager = SecretManagerServer(GCP_PROJECT, self._throttle)
+            self.secretmanager_endpoint = self._listen("secretmanager", self.secretmanager.start)
             self.metadata = MetadataServer()
             self._listen("metadata", self.metadata.start)
         except BaseException:
@@ -194,6 +198,7 @@ class Emulator:
             extra_env={
                 "CLOUDTRAIN_PUBSUB_ENDPOINT": self.pubsub_endpoint,
                 "CLOUDTRAIN_COMPUTE_ENDPOINT": self.gce_endpoint,
+                "CLOUDTRAIN_SECRETMANAGER_ENDPOINT": self.secretmanager_endpoint,
             },
         )
         config = Config(user_agent_extra=EMULATOR_USER_AGENT, retries={"max_attempts": 1})
@@ -230,7 +235,7 @@ class Emulator:
     def stop(self) -> None:
         for timer in self._timers:
             timer.cancel()
-        for part in ("runner", "metadata", "moto", "gce", "gcs", "pubsub", "vertex"):
+        for part in ("runner", "metadata", "moto", "gce", "gcs", "pubsub", "vertex", "secretmanager"):
             if hasattr(self, part):
                 getattr(self, part).stop()
         self._restore_env()
@@ -257,6 +262,7 @@ class Emulator:
                 "monitoring_endpoint": self.pubsub_endpoint,  # one server serves both APIs
                 "vertex_endpoint": self.vertex_endpoint,
                 "logging_endpoint": self.vertex_endpoint,  # one server serves both APIs
+                "secretmanager_endpoint": self.secretmanager_endpoint,
                 "credentials": "anonymous",
             },
         }

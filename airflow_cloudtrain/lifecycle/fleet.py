@@ -106,6 +106,7 @@ class FleetContext:
     job: JobOptions
     log: logging.Logger
     conn_id: str | None = None
+    secret_env: dict[str, str] | None = None  # {VAR: reference}, checked (``operators.secret_env``)
 
     @property
     def run_uri(self) -> str:
@@ -193,8 +194,17 @@ class FleetRun:
             wait_s=max(1, min(20, round(ctx.fleet.poll_interval))),
             **self._worker_extra(topic, offers[0]),
         )
+        secret_env = self._secret_env()
         write_run_folder(
-            ctx.config, ctx.key, ctx.run_uri, self.folder, False, self.log, ctx.job, settings.to_dict()
+            ctx.config,
+            ctx.key,
+            ctx.run_uri,
+            self.folder,
+            False,
+            self.log,
+            ctx.job,
+            settings.to_dict(),
+            secret_env=secret_env,
         )
         started_at, pending = self._enqueue(queue, topic or queue)
         self._check()
@@ -220,6 +230,18 @@ class FleetRun:
             started_at=started_at,
             try_number=ctx.try_number,
             zone=getattr(self.cloud, "zone", None),
+        )
+
+    def _secret_env(self) -> dict[str, str]:
+        """The spec's ``secret_env``: ``airflow_*`` references stored as the run's secrets first."""
+        from airflow_cloudtrain.lifecycle.run_secrets import spec_secret_env
+
+        ctx = self.ctx
+        if not ctx.secret_env:
+            return {}
+        self._check()
+        return spec_secret_env(
+            ctx.secret_env, self.ledger, ctx.backend, ctx.key.digest, self.log, ctx.config.max_runtime_s
         )
 
     # --- the provider's parts (overridden by GceFleetRun) -----------------------------------------
@@ -387,7 +409,8 @@ def release_fleet(ledger: ResourceLedger, backend: Any, budget: TransientBudget)
     fleet_module(backend.provider)
 
     def release() -> None:
-        ledger.sweep(backend, SWEEP_ORDER[backend.provider])
+        kinds = SWEEP_ORDER[backend.provider]  # and the run's own secrets (``run_secrets.sweep_secrets``)
+        ledger.sweep(backend, [*kinds, *(k for k in getattr(backend, "sweep_kinds", ()) if k not in kinds)])
         groups = [e for e in ledger.entries if e.kind in GROUP_KINDS]
         if groups:
             ledger.release(backend, sweep=False, only=groups)

@@ -102,6 +102,7 @@ class WorkQueueOperator(CloudTrainOperator):
             job=job,
             log=self.log,
             conn_id=base.conn_id,
+            secret_env=base.secret_env,
         )
         self._fleet = fleet_run(ctx)
         return self._fleet
