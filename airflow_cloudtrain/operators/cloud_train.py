@@ -15,7 +15,11 @@ from airflow_cloudtrain.lifecycle.prepare import LaunchOptions, WaitSettings
 from airflow_cloudtrain.links.run import CloudInstanceLink, RunFolderLink
 from airflow_cloudtrain.operators.checks import check_bool, check_seconds
 from airflow_cloudtrain.operators.config import check_run_args, is_templated, parse_config, parse_duration
-from airflow_cloudtrain.operators.launch_config import check_launch_for_cloud, parse_launch_args
+from airflow_cloudtrain.operators.launch_config import (
+    check_connection_args,
+    check_launch_for_cloud,
+    parse_launch_args,
+)
 from airflow_cloudtrain.operators.network_config import apply_network_args, check_network_for_run
 from airflow_cloudtrain.operators.secret_env import check_secret_env
 from airflow_cloudtrain.spec import parse_cloud
@@ -116,6 +120,7 @@ class CloudTrainOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
         self.gcp_conn_id = gcp_conn_id
         self.project_id = project_id
+        check_connection_args(aws_conn_id, gcp_conn_id, project_id)
         self.launch_options = LaunchOptions(
             **parse_launch_args(
                 {

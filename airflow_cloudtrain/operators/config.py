@@ -36,6 +36,7 @@ __all__ = ["is_templated", "parse_config", "check_run_args", "RunConfig"]
 DEFAULT_MAX_RUNTIME_S = 7 * 86400.0  # Vertex AI custom jobs' default timeout: a forgotten run stops
 UNLIMITED = "unlimited"
 MIN_RAM_MIB = 512  # the smallest instances have 0.5 GiB; less is a unit mistake (ram=1 is 1 MiB)
+MIN_HDD_GIB = 10  # the root disk holds the OS image: 8 GiB (Amazon Linux), 10 GiB (Debian on GCE)
 MAX_HDD_GIB = 65536  # 64 TiB: the largest EBS volume (io2 Block Express) and GCE persistent disk
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 _UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -178,10 +179,16 @@ def parse_ram(value: Any) -> int | None:
 
 
 def parse_hdd(value: Any) -> int | None:
-    """Whole GiB, at most 64 TiB (a bare number is GiB)."""
+    """Whole GiB, 10 GiB to 64 TiB (a bare number is GiB)."""
     if value is None or value == "":
         return None
     gib = Hardware(hdd=value).hdd_gib or 0
+    if gib < MIN_HDD_GIB:
+        raise ValueError(
+            f"hdd={value!r} is {gib} GiB, too small: it is the root disk and holds the OS image "
+            f"(8-10 GiB, more for GPU images); ask for at least {MIN_HDD_GIB} GiB, e.g. hdd='100g' "
+            "(a bare number is GiB; left out, the disk is 50 GiB)"
+        )
     if gib > MAX_HDD_GIB:
         raise ValueError(
             f"hdd={value!r} is {gib} GiB: at most {MAX_HDD_GIB} GiB (64 TiB, the largest EBS volume / "

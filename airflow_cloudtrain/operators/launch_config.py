@@ -139,9 +139,33 @@ def check_launch_for_cloud(cloud: str, options: Any) -> None:
                 else "a GCE image ('projects/debian-cloud/global/images/family/debian-12') on GCE"
             )
         )
+    if not aws:
+        for key in options.tags:
+            if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", key):
+                raise ValueError(
+                    f"tags key {key!r} is not valid with cloud={cloud!r}: GCE labels keys are lowercase "
+                    "letters, digits, '_' and '-', starting with a letter, at most 63 characters "
+                    "(values are lower-cased for you), e.g. {'team': 'ml'}"
+                )
     if options.provisioning and cloud != "gcspot":
         raise ValueError(
             f"provisioning={options.provisioning!r} is not valid with cloud={cloud!r}: it chooses between "
             "GCE Spot and preemptible VMs, so it applies to cloud='gcspot' only"
             + (" (cloud='gcloud' is on-demand)" if cloud == "gcloud" else " (EC2 spot is cloud='ec2spot')")
         )
+
+
+def check_connection_args(aws_conn_id: Any, gcp_conn_id: Any, project_id: Any) -> None:
+    """Connection ids are names; ``project_id`` a Google Cloud project id (None: the connection's)."""
+    check_optional_str(aws_conn_id, "aws_conn_id", r"\S+", "an Airflow connection id such as 'aws_default'")
+    if not isinstance(gcp_conn_id, str) or not gcp_conn_id.strip():
+        raise ValueError(
+            f"gcp_conn_id={gcp_conn_id!r} is not valid: use an Airflow connection id such as "
+            "'google_cloud_default'"
+        )
+    check_optional_str(
+        project_id,
+        "project_id",
+        r"[a-z][-a-z0-9.:]*[a-z0-9]",
+        "a Google Cloud project id such as 'my-project'",
+    )
