@@ -10,6 +10,8 @@
         emu.gce                           # the GceServer: emu.gce.alive(), emu.gce.instance(zone, name)
         emu.vertex_endpoint               # Vertex AI v1 REST customJobs + Logging entries:list (one server)
         emu.vertex                        # the VertexServer: emu.vertex.job(name), .replica_processes(name)
+        emu.secretmanager_endpoint        # Secret Manager v1 REST subset (gcp/secretmanager)
+        emu.secretmanager                 # its server: emu.secretmanager.secrets() (those alive now)
         emu.running_instances()           # [{"cloud", "id", "instance_type", "zone", "spot", "group"}]
         emu.interrupt(instance_id, notice_s=5)      # EC2 spot notice / GCE preemption, then reclaimed
         emu.interrupt(instance_id, notice_s=0)      # reclaimed at once, without a notice
@@ -399,10 +401,12 @@ class Emulator:
             **self.gcs.counts(),
             **self.pubsub.counts(),
             **self.vertex.counts(),
+            **self.secretmanager.counts(),
         }
 
     def reset_counts(self) -> None:
         self.vertex.reset_counts()
+        self.secretmanager.reset_counts()
         self.gce.reset_counts()
         self.gcs.reset_counts()
         self.pubsub.reset_counts()
