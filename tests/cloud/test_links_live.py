@@ -56,6 +56,15 @@ def until(condition: Any, timeout: float = 120.0) -> Any:
     raise AssertionError("condition not met in time")
 
 
+def ui_links(dag: Any, run: Any) -> dict[str, str]:
+    """What the task's page shows: the stored (serialized) operator's links, each reading its XCom."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    restored = DagSerialization.from_dict(json.loads(json.dumps(DagSerialization.to_dict(dag))))
+    task, ti = restored.get_task("train"), run.get_task_instance("train")
+    return {link.name: link.get_link(task, ti_key=ti.key) for link in task.operator_extra_links}
+
+
 def read_vm(emu: Any, target: dict[str, Any]) -> Any:
     from google.cloud import compute_v1
 
@@ -73,8 +82,6 @@ def read_vm(emu: Any, target: dict[str, Any]) -> Any:
 def test_links_name_the_run_s_instance_and_folder_while_it_runs(
     emu, airflow_db, provider: str, deferrable: bool
 ) -> None:
-    from airflow.serialization.serialized_objects import DagSerialization
-
     dag_id = f"links_{provider}_{'deferred' if deferrable else 'blocking'}_{uuid.uuid4().hex[:6]}"
     flag = Path(tempfile.mkdtemp(prefix="ct-links-")) / "seen"
     command = (
@@ -113,13 +120,7 @@ def test_links_name_the_run_s_instance_and_folder_while_it_runs(
     result = xcom(run, "train")
     iid, run_uri, region, zone = result["instance_id"], result["run_uri"], result["region"], result["zone"]
 
-    # what the UI shows: the serialized operator's links, each reading its XCom
-    restored = DagSerialization.from_dict(json.loads(json.dumps(DagSerialization.to_dict(dag))))
-    ti = run.get_task_instance("train")
-    links = {
-        link.name: link.get_link(restored.get_task("train"), ti_key=ti.key)
-        for link in restored.get_task("train").operator_extra_links
-    }
+    links = ui_links(dag, run)
     if provider == "aws":
         expected = {
             "Cloud instance": ec2_instance_url(region, iid),
@@ -138,3 +139,61 @@ def test_links_name_the_run_s_instance_and_folder_while_it_runs(
         assert nic.network.endswith("global/networks/train-vpc")
         assert nic.subnetwork.endswith(f"regions/{REGION['gcp']}/subnetworks/train-sub")
         assert list(nic.access_configs) == []  # no external IP
+
+
+def test_a_gce_group_s_link_names_its_managed_instance_group_while_it_runs(emu, airflow_db) -> None:
+    """PreemptibleGroupOperator: the Worker group link while the item runs, and a private template."""
+    from google.cloud import compute_v1
+
+    from airflow_cloudtrain.emulator.gcp.gce import compute_client_kwargs
+    from airflow_cloudtrain.links.console import mig_url
+    from airflow_cloudtrain.runs import RunKey
+
+    dag_id = f"links_group_{uuid.uuid4().hex[:6]}"
+    flag = Path(tempfile.mkdtemp(prefix="ct-links-")) / "seen"
+    command = f"for i in $(seq 1 1200); do [ -e {flag} ] && break; sleep 0.1; done; [ -e {flag} ]"
+    source = textwrap.dedent(
+        f"""
+        from datetime import datetime
+        from airflow.sdk import DAG
+        from airflow_cloudtrain.operators import PreemptibleGroupOperator
+
+        with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+            PreemptibleGroupOperator(task_id="train", cpus=2, command={command!r}, work_items=["a"],
+                                     bucket={BUCKET["gcp"]!r}, region="us-central1", poll_interval=0.5,
+                                     live_prices=False{NETWORK})
+        """
+    )
+    dag = write_dag(source, dag_id)
+    kwargs = compute_client_kwargs(emu.gce_endpoint)
+    seen: dict[str, Any] = {}
+
+    def watch() -> None:
+        try:
+            seen["link"] = until(lambda: pushed(dag_id, "_link_WorkerGroupLink"))
+            target = seen["target"] = pushed(dag_id, "cloudtrain_console")
+            group = compute_v1.InstanceGroupManagersClient(**kwargs).get(
+                project=GCP_PROJECT, zone=target["zone"], instance_group_manager=target["group"]
+            )
+            template = compute_v1.InstanceTemplatesClient(**kwargs).get(
+                project=GCP_PROJECT, instance_template=group.instance_template.rsplit("/", 1)[-1]
+            )
+            seen["nic"] = template.properties.network_interfaces[0]
+        finally:
+            flag.touch()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    run = dag.test()
+    watcher.join(30)
+    assert task_states(run) == {"train": "success"}
+    digest = RunKey(dag_id, "train", run.run_id, -1, BUCKET["gcp"]).digest
+    target = seen["target"]
+    assert target["group"] == f"ct-{digest}"
+    assert seen["link"] == mig_url(GCP_PROJECT, target["zone"], f"ct-{digest}")
+    assert ui_links(dag, run) == {
+        "Worker group": seen["link"],
+        "Run folder": folder_url(xcom(run, "train")["run_uri"], "us-central1", GCP_PROJECT),
+    }
+    assert seen["nic"].subnetwork.endswith("regions/us-central1/subnetworks/train-sub")
+    assert list(seen["nic"].access_configs) == []
