@@ -1,11 +1,14 @@
 # Every target sets itself up from a fresh machine: scripts/bootstrap.sh installs the locked versions.
-.PHONY: setup demo test lint bench
+.PHONY: setup demo test lint bench airflow
 
 setup:
 	@bash scripts/bootstrap.sh
 
 demo: setup
 	.venv/bin/python scripts/demo.py
+
+airflow: setup
+	.venv/bin/cloudtrain up
 
 test: setup
 	.venv/bin/ruff check .

@@ -166,6 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     from airflow_cloudtrain.cli_jobs import add_jobs_parser
 
     add_jobs_parser(sub)
+    __import__("airflow_cloudtrain.cli_up").cli_up.add_up_parser(sub)  # cloudtrain up
     emu = sub.add_parser(
         "emulator",
         help="run the emulated clouds in the foreground (Ctrl-C or SIGTERM stops them)",

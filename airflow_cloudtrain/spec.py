@@ -2,7 +2,7 @@
 
 Everything here runs while a DAG file is parsed (operator construction), so it must be cheap and
 must raise a ``ValueError`` that names the field, the bad value and the accepted forms. The rules
-come from the studio tool in ``shared/reference``: sizes with the suffixes ``g``/``G``/``Gb``/``GiB``
+come from the studio tool (see ``docs/design.md``): sizes with the suffixes ``g``/``G``/``Gb``/``GiB``
 and ``m``/``M``/``MiB``, RAM rounded up to the next 256 MiB, bids in USD or in percent of on-demand.
 """
 

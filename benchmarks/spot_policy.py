@@ -38,7 +38,8 @@ if str(REPO_ROOT) not in sys.path:
 from airflow_cloudtrain.policy import POLICIES, Trace, load_trace, optimal_costs, simulate  # noqa: E402
 
 TRACE_SOURCE = "github.com/skypilot-org/spot-traces (NSDI 2024 'Can't Be Late'), aws-10-26-2022"
-DEFAULT_TRACES = REPO_ROOT.parent / "shared" / "traces" / "aws-10-26-2022"
+# shipped in the package, with their source and licence in SOURCE.md beside them
+DEFAULT_TRACES = REPO_ROOT / "airflow_cloudtrain" / "policy" / "data" / "traces" / "aws-10-26-2022"
 CATALOG = REPO_ROOT / "airflow_cloudtrain" / "catalog" / "data" / "aws.csv"
 REGION = "us-west-2"
 DEFAULT_DEADLINES = (52.0, 60.0, 72.0)
@@ -252,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     used = sorted({price_for(t.name, prices).instance for t in traces})
-    print(f"Traces: {TRACE_SOURCE} ({len(traces)} files from {args.traces})")
+    where = args.traces.resolve()
+    where = where.relative_to(REPO_ROOT) if where.is_relative_to(REPO_ROOT) else where
+    print(f"Traces: {TRACE_SOURCE} ({len(traces)} files from {where})")
     print(
         f"Job {args.job_hours:g} h, changeover {args.changeover_hours:g} h, deadlines "
         f"{', '.join(f'{d:g}' for d in deadlines)} h, a start every {args.start_every_hours:g} h: "

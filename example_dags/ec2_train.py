@@ -1,7 +1,8 @@
 """Prepare data, train on an EC2 spot instance, evaluate the model: the product's main job.
 
 Runs as is on the emulated clouds (``make demo``); on a real account set CLOUDTRAIN_BUCKET and an
-instance profile that can read and write it (``iam_instance_profile``).
+instance profile that can read and write it (``iam_instance_profile``). The training task defers
+(waits in the triggerer, not a worker slot); CLOUDTRAIN_DEFERRABLE=false makes it wait in its slot.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from airflow.sdk import DAG, task
 from airflow_cloudtrain.operators import CloudTrainOperator
 
 BUCKET = os.environ.get("CLOUDTRAIN_BUCKET", "s3://cloudtrain-emulated/ec2-train")
-DEFERRABLE = os.environ.get("CLOUDTRAIN_DEFERRABLE", "false").lower() == "true"
+DEFERRABLE = os.environ.get("CLOUDTRAIN_DEFERRABLE", "true").lower() == "true"
 
 with DAG(
     dag_id="ec2_train",

@@ -2,6 +2,7 @@
 
 Runs as is on the emulated clouds (``make demo``); on a real project set CLOUDTRAIN_GCS_BUCKET,
 the ``google_cloud_default`` connection and a ``service_account`` that can read and write the bucket.
+The training task defers (CLOUDTRAIN_DEFERRABLE=false: it waits in its worker slot instead).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from airflow.sdk import DAG, task
 from airflow_cloudtrain.operators import CloudTrainOperator
 
 BUCKET = os.environ.get("CLOUDTRAIN_GCS_BUCKET", "gs://cloudtrain-emulated/gce-train")
-DEFERRABLE = os.environ.get("CLOUDTRAIN_DEFERRABLE", "false").lower() == "true"
+DEFERRABLE = os.environ.get("CLOUDTRAIN_DEFERRABLE", "true").lower() == "true"
 
 with DAG(
     dag_id="gce_train",

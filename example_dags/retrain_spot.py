@@ -8,6 +8,7 @@ the per-attempt cost ledger (``attempts``, ``totals``), which the evaluation tas
 Runs as is on the emulated clouds (``make demo``, which injects two interruptions). On a real account
 set CLOUDTRAIN_BUCKET and an instance profile that can read and write it (``iam_instance_profile``).
 For GCP set CLOUDTRAIN_SPOT_CLOUD=gcspot and a gs:// CLOUDTRAIN_BUCKET (and CLOUDTRAIN_SPOT_REGION).
+The training task defers between attempts' launches (CLOUDTRAIN_DEFERRABLE=false: it waits in its slot).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ BUCKET = os.environ.get("CLOUDTRAIN_BUCKET") or (
     "gs://cloudtrain-emulated/retrain" if GCP else "s3://cloudtrain-emulated/retrain"
 )
 REGION = os.environ.get("CLOUDTRAIN_SPOT_REGION") or ("us-central1" if GCP else None)
-DEFERRABLE = os.environ.get("CLOUDTRAIN_DEFERRABLE", "false").lower() == "true"
+DEFERRABLE = os.environ.get("CLOUDTRAIN_DEFERRABLE", "true").lower() == "true"
 STEPS = 60  # one step: an SGD pass over the data, then 0.3 s of "GPU time"; a checkpoint every 5
 
 

@@ -1,4 +1,7 @@
-"""Train from the Airflow UI: the trigger form's params flow into CloudTrainOperator's templated fields."""
+"""Train from the Airflow UI: the trigger form's params flow into CloudTrainOperator's templated fields.
+
+The task defers while the job runs (CLOUDTRAIN_DEFERRABLE=false: it waits in its worker slot instead).
+"""
 
 from __future__ import annotations
 
@@ -42,5 +45,5 @@ with DAG(
         bucket="{{ '" + S3_BUCKET + "' if params.cloud.startswith('ec2') else '" + GS_BUCKET + "' }}",
         max_runtime="1h",
         poll_interval=1,
-        deferrable=os.environ.get("CLOUDTRAIN_DEFERRABLE", "false").lower() == "true",
+        deferrable=os.environ.get("CLOUDTRAIN_DEFERRABLE", "true").lower() == "true",
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# The studio tool's names (see ../shared/reference), mapped to the provider that serves them.
+# The studio tool's names (see docs/design.md), mapped to the provider that serves them.
 CLOUDS: dict[str, str] = {"ec2": "aws", "ec2spot": "aws", "gcloud": "gcp", "gcspot": "gcp"}
 AWS_CLOUDS: frozenset[str] = frozenset(c for c, p in CLOUDS.items() if p == "aws")
 GCP_CLOUDS: frozenset[str] = frozenset(c for c, p in CLOUDS.items() if p == "gcp")

@@ -83,6 +83,9 @@ class ResourceLedger:
         self.store = store
         self.entries: list[Resource] = list(entries or [])
         self.log = logger or log
+        # Without a logger (a trigger's on_kill) the caller says what went, in its task's log: the
+        # module logger's line would repeat it, and from a worker thread may reach another task's log.
+        self._say_released = self.log.info if logger is not None else self.log.debug
 
     # --- persistence ---------------------------------------------------------------------------
 
@@ -187,7 +190,7 @@ class ResourceLedger:
                 error = error or err
                 continue
             released.extend(batch)
-            self.log.info("Released %s %s", kind, ", ".join(e.id or "" for e in batch))
+            self._say_released("Released %s %s", kind, ", ".join(e.id or "" for e in batch))
         # an entry whose create call never returned is kept until a sweep has looked for it
         self.entries = [e for e in self.entries if e not in released and (e.id is not None or not swept)]
         self._save()

@@ -29,7 +29,7 @@ from airflow_cloudtrain.policy import (
 
 pytest.importorskip("numpy")  # the optimum needs numpy; the policies do not
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+TRACES = Path(__file__).resolve().parents[2] / "airflow_cloudtrain" / "policy" / "data" / "traces"
 TICK = 1.0 / 6.0
 SPOT, OD = 0.3, 1.0
 CHOICES: tuple[Decision, ...] = ("wait", "spot", "on_demand")
@@ -199,10 +199,11 @@ def test_never_beaten_by_a_policy_on_random_traces() -> None:
             assert best.cost <= res.cost + 1e-9, (case, name, best, res)
 
 
-@pytest.mark.skipif(not TRACES.is_dir(), reason=f"no shared traces at {TRACES}")
 def test_never_beaten_and_replayable_on_the_real_traces() -> None:
     rng = random.Random(3)
-    for path in sorted(TRACES.rglob("*.json")):
+    paths = sorted(TRACES.rglob("*.json"))
+    assert paths, f"no traces in {TRACES}"
+    for path in paths:
         trace = load_trace(path)
         for deadline in (48.5, 52.0, 72.0):
             kw = kwargs(48.0, deadline, 0.2, trace.gap_hours)
