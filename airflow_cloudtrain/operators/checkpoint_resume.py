@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.lifecycle.prepare import JobOptions
 from airflow_cloudtrain.operators.cloud_train import TEMPLATED, CloudTrainOperator
-from airflow_cloudtrain.operators.config import parse_config
 from airflow_cloudtrain.operators.resume_config import parse_resume_args
 
 if TYPE_CHECKING:
@@ -84,7 +83,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
         from airflow_cloudtrain.lifecycle.recovery import RecoverySettings
         from airflow_cloudtrain.operators.resume_config import parse_resume_from
 
-        config = parse_config(self._args())
+        config = self._config()  # rendered: every check again, the cloud-dependent ones too
         args = self.resume
         job = JobOptions(
             checkpoint_dir=self.checkpoint_dir or None,

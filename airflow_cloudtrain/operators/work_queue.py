@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.links.run import RunFolderLink, WorkerGroupLink
 from airflow_cloudtrain.operators.cloud_train import TEMPLATED, CloudTrainOperator
-from airflow_cloudtrain.operators.config import parse_config, parse_duration
+from airflow_cloudtrain.operators.config import parse_duration
 from airflow_cloudtrain.operators.fleet_config import (
     MAX_LEASE_S,
     is_deferred_value,
@@ -85,7 +85,7 @@ class WorkQueueOperator(CloudTrainOperator):
         from airflow_cloudtrain.lifecycle.prepare import JobOptions
 
         self._check_cloud(self.cloud, self.bid)
-        config = parse_config(self._args())
+        config = self._config()  # rendered: every check again, the cloud-dependent ones too
         items = parse_work_items(self.work_items)
         settings = parse_fleet_args(self.fleet_args, items, self.max_lease_s, self.lease_limit)
         settings.poll_interval = self.poll_interval
