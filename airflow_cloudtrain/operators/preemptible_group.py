@@ -52,7 +52,9 @@ class PreemptibleGroupOperator(WorkQueueOperator):
                     + (
                         "the group keeps num_workers constant (use SpotFleetOperator to scale with the queue)"
                         if name == "max_workers"
-                        else "--bid has no effect on GCE (Spot VMs have no bid; the price is Google's)"
+                        else "GCE Spot VMs have no bid: Google sets the Spot price and preempts a VM when it "
+                        "needs the capacity back, not by price (to cap cost, ask for a cheaper machine, "
+                        "or use SpotFleetOperator with cloud='ec2spot')"
                     )
                 )
         if provisioning is None and cloud == "gcspot":
