@@ -209,24 +209,25 @@ def refresh_gcp(
     zones: Sequence[str],
     project: str,
     billing_url: str = BILLING_URL,
+    budget_s: float | None = None,
 ) -> list[Row]:
     """Refresh ``region`` from machineTypes/acceleratorTypes ``list`` in ``zones`` of ``project`` and
-    the Billing Catalog at ``billing_url`` (through ``billing_session``, an AuthorizedSession).
+    the Billing Catalog at ``billing_url`` (through ``billing_session``, an AuthorizedSession), at the
+    bounded cost ``live.refreshed`` gives it (fresh cache or recent failure: no call; ``budget_s`` in
+    all).
 
-    Returns the rows written to the cache; on any error logs a warning, keeps the snapshot and
-    returns []: a refresh must never stop a run.
+    Returns the live rows; on any error logs a warning, keeps the snapshot and returns []: a refresh
+    must never stop a run.
     """
-    try:
+
+    def fetch(budget: float) -> list[Row]:
         shapes, cards = _list_shapes(machine_types_client, accelerator_types_client, project, zones)
         if not shapes:
             raise LookupError(f"no machine type of {sorted(FAMILIES)} listed in zones {list(zones)}")
-        rates = sku_rates(fetch_skus(billing_session, billing_url), region)
+        rates = sku_rates(fetch_skus(billing_session, billing_url, timeout=min(60.0, budget)), region)
         if not any(key[0] != "GPU" for key in rates):
             # the descriptions changed or the region is unknown to Billing: do not pass stale rows off as live
             raise LookupError(f"no Compute Engine Core/Ram SKU matched region {region}")
-        rows = build_rows(region, shapes, cards, rates)
-        live._store("gcp", region, rows)
-        return rows
-    except Exception as err:  # a refresh must never stop a run: the snapshot still answers
-        log.warning("Live catalog refresh for gcp/%s failed, using the snapshot: %s", region, err)
-        return []
+        return build_rows(region, shapes, cards, rates)
+
+    return live.refreshed("gcp", region, fetch, budget_s)

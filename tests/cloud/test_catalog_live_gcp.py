@@ -374,3 +374,112 @@ def test_failing_billing_endpoint_warns_and_keeps_the_snapshot(refresh, billing:
     assert "500" in caplog.text
     assert live.current_rows("gcp") == snapshot_rows("gcp")
     assert not (live.cache_dir() / "catalog" / f"gcp-{REGION}.csv").exists()
+
+
+# --- against the emulator, and what a refresh may cost ----------------------------------------------
+
+
+def _warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_the_emulators_billing_catalog_gives_the_snapshot_prices(refresh, gce: GceServer, caplog) -> None:
+    """The GCE emulator serves ``services.skus.list`` (its ``billing_endpoint``) from the snapshot: the
+    refresh succeeds without a warning and finds the snapshot's prices; a second run asks nothing."""
+    asked = gce.counts().get("services.skus.list", 0)
+    with caplog.at_level(logging.INFO):
+        rows = refresh(gce.endpoint)
+    assert _warnings(caplog) == []
+    assert gce.counts()["services.skus.list"] > asked
+    live_rows = {(r.instance_type, r.accelerator, r.accelerator_count): r for r in rows}
+    snap = {
+        (r.instance_type, r.accelerator, r.accelerator_count): r
+        for r in snapshot_rows("gcp")
+        if r.region == REGION
+    }
+    assert set(live_rows) == set(snap)  # no N2 SKU: the emulated catalog stays the snapshot's
+    for key, row in snap.items():
+        got = live_rows[key]
+        assert got.price == pytest.approx(row.price, abs=1e-4), key
+        assert got.spot_min == pytest.approx(row.spot_min, abs=1e-4), key
+
+    asked = gce.counts()["services.skus.list"]
+    assert refresh(gce.endpoint) == rows  # fresh in the cache
+    assert gce.counts()["services.skus.list"] == asked
+
+
+def test_a_run_against_the_emulator_in_a_users_project_refreshes_without_a_warning(
+    emu, tmp_path, monkeypatch, caplog
+) -> None:
+    from airflow_cloudtrain.clouds.gcp_backend import GcpRunBackend
+
+    monkeypatch.setenv("CLOUDTRAIN_CACHE_DIR", str(tmp_path))
+    live._memo.clear()
+    try:
+        with caplog.at_level(logging.INFO):
+            GcpRunBackend("google_cloud_default", "my-project", "us-east1").refresh_catalog()
+        assert _warnings(caplog) == []
+        assert (tmp_path / "catalog" / "gcp-us-east1.csv").is_file()
+    finally:
+        live._memo.clear()
+
+
+def test_a_failed_refresh_is_remembered_and_costs_one_run_only(
+    refresh, billing: str, caplog, monkeypatch
+) -> None:
+    with caplog.at_level(logging.INFO):
+        assert refresh(f"{billing}/broken") == []
+    assert len(_warnings(caplog)) == 1 and len(_Billing.requests) == 1
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert refresh(f"{billing}/broken") == []  # the next run: no call, no warning
+    assert _warnings(caplog) == [] and len(_Billing.requests) == 1
+    assert "next try in" in caplog.text
+    monkeypatch.setenv("CLOUDTRAIN_CATALOG_RETRY_S", "0")
+    assert refresh() and len(_Billing.requests) == 3  # tried again: both pages, cached
+
+
+def test_a_billing_catalog_that_does_not_answer_ends_at_the_budget(refresh, gce: GceServer, caplog) -> None:
+    import socket
+    import threading
+    import time
+
+    accepted: list[socket.socket] = []
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+
+    def accept() -> None:
+        while True:
+            try:
+                accepted.append(listener.accept()[0])  # read nothing, answer nothing
+            except OSError:
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    kwargs = compute_client_kwargs(gce.endpoint)
+    mt, at = compute_v1.MachineTypesClient(**kwargs), compute_v1.AcceleratorTypesClient(**kwargs)
+    session = AuthorizedSession(AnonymousCredentials())
+    hanging = f"http://127.0.0.1:{listener.getsockname()[1]}"
+
+    def run() -> list:
+        return live_gcp.refresh_gcp(
+            REGION, mt, at, session, zones_of(REGION), gce.project, billing_url=hanging, budget_s=1.0
+        )
+
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert run() == []
+        [warning] = _warnings(caplog)
+        assert "no answer within its 1 s budget" in warning
+        deadline = time.monotonic() + 60
+        while not accepted:  # the zones listed, the refresh reached the Billing Catalog and waits there
+            assert time.monotonic() < deadline, "the refresh never reached the billing endpoint"
+            time.sleep(0.05)
+        assert run() == []
+        assert len(accepted) == 1  # remembered: the second run did not contact the server
+    finally:
+        listener.close()
+        for conn in accepted:
+            conn.close()
+        session.close()

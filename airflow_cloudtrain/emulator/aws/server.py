@@ -1,7 +1,8 @@
 """moto's server on loopback, behind a WSGI layer that adds what moto cannot do by itself.
 
 The layer counts requests per operation (``DescribeInstances``, ``GetObject``, ...; the emulator's own
-excluded), refuses a share of them as throttled when asked (``RequestLimitExceeded`` for EC2,
+excluded), answers the Pricing API and DescribeSpotPriceHistory from the price snapshot (``pricing``),
+refuses a share of them as throttled when asked (``RequestLimitExceeded`` for EC2,
 ``SlowDown`` for S3, ``Throttling``/``ThrottlingException`` elsewhere), answers RunInstances of a type
 without capacity with ``InsufficientInstanceCapacity``, and sends one ``Server`` header, not moto's
 ``amazon.com`` on top of Werkzeug's (aiohttp rejects a repeated one in debug mode). Requests that
@@ -19,7 +20,7 @@ import urllib.parse
 from collections import Counter
 from typing import Any
 
-from airflow_cloudtrain.emulator.aws import groups, wire
+from airflow_cloudtrain.emulator.aws import groups, pricing, wire
 from airflow_cloudtrain.emulator.faults import Throttle, is_own
 from airflow_cloudtrain.emulator.serving import InThread
 
@@ -45,6 +46,7 @@ class FaultsAndCounts:
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
         form: dict[str, list[str]] = {}
+        body = b""
         if environ.get("REQUEST_METHOD") == "POST":  # read it once, hand moto a fresh copy
             body = _read_body(environ)
             environ["wsgi.input"] = io.BytesIO(body)
@@ -61,8 +63,16 @@ class FaultsAndCounts:
             if hit:
                 _read_body(environ)  # drain what the client sends before answering
                 return self._send(start_response, wire.throttled(call, environ.get("REQUEST_METHOD", "")))
-        if environ.get("HTTP_X_AMZ_TARGET", "").startswith("AWSPriceListService."):
-            return self._send(start_response, wire.pricing_unavailable())
+        if call.protocol == "json" and environ.get("HTTP_X_AMZ_TARGET", "").startswith(
+            "AWSPriceListService."
+        ):
+            return self._send(
+                start_response, pricing.pricing(call.operation, body)
+            )  # moto has no Pricing API
+        if call.operation == "DescribeSpotPriceHistory" and call.protocol == "ec2":
+            return self._send(start_response, pricing.spot_price_history(_region(environ), form))
+        if call.operation == "DescribeInstanceTypeOfferings" and pricing.wants_zone_offerings(form):
+            return self._send(start_response, pricing.zone_offerings(_region(environ), form))
         if call.operation == "RunInstances" and call.protocol == "ec2":
             itype = (form.get("InstanceType") or [""])[0]
             zone = (form.get("Placement.AvailabilityZone") or [None])[0]

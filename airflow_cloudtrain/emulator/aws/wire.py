@@ -129,11 +129,3 @@ def capacity_error(instance_type: str, zone: str | None) -> Reply:
         "additional capacity.</Message></Error></Errors><RequestID>cloudtrain-emulator</RequestID></Response>"
     )
     return _reply("500 Internal Server Error", "text/xml", body.encode())
-
-
-def pricing_unavailable() -> Reply:
-    """moto has no Pricing API: answer like a service that is not there, at once, not a 500 + retries."""
-    payload = json.dumps(
-        {"__type": "ServiceUnavailableException", "Message": "the emulator does not serve the Pricing API"}
-    ).encode()
-    return _reply("400 Bad Request", "application/x-amz-json-1.1", payload)

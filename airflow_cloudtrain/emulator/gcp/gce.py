@@ -88,6 +88,7 @@ from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
 from airflow_cloudtrain.emulator.faults import EMULATOR_USER_AGENT, Throttle, is_own
+from airflow_cloudtrain.emulator.gcp import billing
 from airflow_cloudtrain.emulator.gcp import gce_api as api
 from airflow_cloudtrain.emulator.gcp import gce_catalog as cat
 from airflow_cloudtrain.emulator.gcp.gce_api import ApiError
@@ -345,6 +346,11 @@ class GceServer:
 
     def _wsgi(self, environ: dict[str, Any], start_response: Any) -> Any:
         request = Request(environ)
+        if request.path.startswith(billing.PREFIX):  # the Cloud Billing Catalog shares this port
+            if not is_own(request.headers.get("User-Agent"), request.headers.get("x-goog-api-client")):
+                with self._lock:
+                    self._counts["services.skus.list"] += 1
+            return billing.wsgi(environ, start_response)
         try:
             endpoint, args = self._routes.bind_to_environ(environ).match()
             if not is_own(request.headers.get("User-Agent"), request.headers.get("x-goog-api-client")):
