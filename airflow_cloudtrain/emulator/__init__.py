@@ -7,7 +7,7 @@
         emu.gce_endpoint, emu.gcs_endpoint          # Compute Engine v1 REST subset, GCS JSON API
         emu.pubsub_endpoint               # Pub/Sub v1 REST + Monitoring timeSeries.list (one server)
         emu.pubsub                        # the PubSubServer: emu.pubsub.subscription_backlog(name)
-        emu.gce                           # the GceServer: emu.gce.alive(), emu.gce.instance(zone, name)
+        emu.gce                           # the GceServer: emu.gce.alive(), .instance(zone, name, project=None)
         emu.vertex_endpoint               # Vertex AI v1 REST customJobs + Logging entries:list (one server)
         emu.vertex                        # the VertexServer: emu.vertex.job(name), .replica_processes(name)
         emu.secretmanager_endpoint        # Secret Manager v1 REST subset (gcp/secretmanager)
@@ -72,10 +72,24 @@ from a ``random.Random(seed)``. The emulator's own requests are never throttled 
 S3 and other AWS operations, Compute methods, GCS methods, Pub/Sub, Monitoring, Vertex AI and Logging
 methods; throttled requests are counted there too, and also under ``"throttled:<operation>"``.
 
-Layout: ``aws/`` (moto server and middleware, backend helpers, wire formats, AWS instances' side,
-Auto Scaling groups),
-``gcp/`` (Compute Engine server, its state, rules and catalog; GCS; Pub/Sub; Vertex AI and its jobs'
-logs; GCP instances' side), and shared:
+Any account and any project: moto accepts any AWS account, and the GCP servers serve any project id a
+request names (Compute Engine and Pub/Sub with state per project, made on first use), so a DAG's own
+``project_id`` works. Prices: the AWS Pricing API's ``GetProducts``, EC2 spot price history and zone
+offerings (``aws/pricing``) and the Cloud Billing Catalog's SKUs (``gcp/billing``, on the Compute
+Engine port, the connection's ``billing_endpoint``) are served from the price snapshot, so a run's live
+catalog refresh succeeds and finds the snapshot's prices.
+
+Ports: ``Emulator(ports={"aws": 4750, ...})`` (names in ``PORT_OFFSETS``); unnamed servers take free
+ports (the default: tests run side by side). ``cloudtrain emulator`` (``serve_forever``) listens on
+``--port`` (4750) plus ``PORT_OFFSETS``, so a restart keeps the endpoints Airflow's processes were
+started with; ``--env-file PATH`` writes the exports for them, ``--state-dir`` keeps the work directory.
+It stops on Ctrl-C, SIGTERM or SIGHUP: every instance's agent and job ends, every server closes, and a
+temporary work directory is removed.
+
+Layout: ``aws/`` (moto server and middleware, backend helpers, wire formats, prices, AWS instances'
+side, Auto Scaling groups),
+``gcp/`` (Compute Engine server, its per-project state, rules and catalog; the Billing Catalog; GCS;
+Pub/Sub; Vertex AI and its jobs' logs; GCP instances' side), and shared:
 ``faults`` (throttling), ``userdata`` (reading the bootstrap), ``metadata``, ``runner``, ``serving``.
 """
 

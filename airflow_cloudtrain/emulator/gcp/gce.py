@@ -42,6 +42,8 @@ What is mimicked, and why (the product's control plane must meet the answers it 
   ``instanceTerminationAction``) is the cloud's hard stop: N seconds after creation the VM is
   TERMINATED (STOP) or deleted (DELETE), whatever its guest does. No system-event operation is
   recorded for it. ``hard_stop_scale`` (tests) shortens it: it runs out after N * scale seconds.
+* The Cloud Billing Catalog's ``GET /v1/services/<id>/skus`` is served on the same port, from the price
+  snapshot (``billing``), counted as ``services.skus.list``.
 * Throttling (``throttle.set(rate, api)``, see ``emulator.faults``): HTTP 429 ``rateLimitExceeded``
   (status RESOURCE_EXHAUSTED), before anything is done.
 * Requests are counted per API method (``instances.list``, ...; ``throttled:instances.list`` for
