@@ -24,7 +24,9 @@ lets one triggerer watch a thousand runs with one listing per poll (``triggers.r
                                              the heartbeat (a separate object, so beats never look
                                              like changes, whatever the bucket's encryption, and
                                              never rewrite the beacon on a versioned bucket)
-    _cloudtrain/live/<instance-id>.end.json  agent: the final RunStatus, written once, last
+    _cloudtrain/live/ended/<instance-id>.json  agent: the final RunStatus, written once, last (its
+                                             own folder: a triggerer lists it every couple of
+                                             seconds, at the cost of the runs that just ended)
     _cloudtrain/cursors/<triggerer>.json     triggerer: {instance id: next log seq} it has shown
 
 Everything in this module is stdlib only: the agent imports it on the instance (no Airflow there).
@@ -188,7 +190,8 @@ def strip_stamps(text: str) -> str:
 # -- the live index -------------------------------------------------------------------------------
 LIVE_PREFIX = "_cloudtrain/live"
 CURSORS_PREFIX = "_cloudtrain/cursors"
-END_SUFFIX = ".end.json"
+ENDED_FOLDER = "ended"  # end markers: ``ended/<instance-id>.json``
+OLD_END_SUFFIX = ".end.json"  # where agents of an earlier version put their end marker
 BEACON_SUFFIX = ".json"
 BEAT_SUFFIX = ".beat"
 TAIL_MAX = 64 * 1024  # bytes of recent log text a beacon carries, so a reader seldom reads chunks
@@ -211,7 +214,7 @@ def beacon_name(instance_id: str) -> str:
 
 
 def end_name(instance_id: str) -> str:
-    return f"{instance_id}{END_SUFFIX}"
+    return f"{ENDED_FOLDER}/{instance_id}{BEACON_SUFFIX}"
 
 
 def beat_name(instance_id: str) -> str:
@@ -222,11 +225,14 @@ BEACON, BEAT, END = "beacon", "beat", "end"
 
 
 def live_entry(name: str) -> tuple[str, str] | None:
-    """``"i-1.json"`` -> ("i-1", BEACON), ``"i-1.beat"`` -> ("i-1", BEAT), ``"i-1.end.json"`` ->
-    ("i-1", END); anything else (a sub-folder's key) None."""
-    if "/" in name:
+    """``"i-1.json"`` -> ("i-1", BEACON), ``"i-1.beat"`` -> ("i-1", BEAT), ``"ended/i-1.json"``
+    (or an earlier agent's ``"i-1.end.json"``) -> ("i-1", END); anything else None."""
+    folder, _, base = name.rpartition("/")
+    if folder == ENDED_FOLDER and base.endswith(BEACON_SUFFIX):
+        return base[: -len(BEACON_SUFFIX)], END
+    if folder:
         return None
-    for suffix, kind in ((END_SUFFIX, END), (BEAT_SUFFIX, BEAT), (BEACON_SUFFIX, BEACON)):
+    for suffix, kind in ((OLD_END_SUFFIX, END), (BEAT_SUFFIX, BEAT), (BEACON_SUFFIX, BEACON)):
         if name.endswith(suffix):
             return name[: -len(suffix)], kind
     return None

@@ -37,6 +37,8 @@ rounds are its requests (worker threads count for the task that started them) up
               waits (for the GIL), the busy threads (notes under the tables)
   memory      RSS growth from before the triggers to the end of the last window, per trigger
   job end     run trigger: its event's time minus the time the agent wrote the final status
+  gc          garbage collections that stopped the process for more than 50 ms: how many, the
+              longest, and the CPU time of that one (the rest: the process waited for a core)
 Job log lines go to a structlog processor that counts and drops them (a triggerer writes files).
 
     python benchmarks/triggerer_scale.py [--sizes 100 1000 3000] [--clouds aws gcp] [--cycles 4]
@@ -579,6 +581,16 @@ def measure(spec: dict[str, Any]) -> None:
     lags: list[float] = []
     events: dict[int, tuple[float, Any]] = {}
     stacks: Counter[str] = Counter()
+    pauses: list[tuple[float, float]] = []  # (wall, CPU) seconds of collections over 50 ms
+    gc_started = [0.0, 0.0]
+
+    def gc_timer(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            gc_started[:] = time.perf_counter(), time.thread_time()
+        elif (took := time.perf_counter() - gc_started[0]) > 0.05:
+            pauses.append((took, time.thread_time() - gc_started[1]))
+
+    gc.callbacks.append(gc_timer)
 
     def sample() -> None:
         counts, clients = emulator_counts(), sum(probe.clients.values())
@@ -644,6 +656,8 @@ def measure(spec: dict[str, Any]) -> None:
     def emit(closed: bool) -> None:
         with emitting:
             result = summarize(spec, probe, samples, lags, events, stacks, built[0], closed)
+            longest = max(pauses, default=(0.0, 0.0))
+            result["gc_pauses"] = [len(pauses), *longest]
             print(json.dumps(result), flush=True)
             os._exit(0)
 
@@ -837,6 +851,11 @@ def print_tables(side: str, results: list[dict[str, Any]], args: argparse.Namesp
         notes = [f"triggers built in {r['built_s']:.2f} s" if r["built_s"] == r["built_s"] else "not all triggers built by the end", f"clients {r['clients']}", f"open at end {r['open_clients']}",
                  f"log events {r['logged']}", f"poll rounds per poller in the steady windows {r['cycles']:.2f}",
                  f"agents meanwhile: {sim['writes']} writes (took p99 {sim['put_p99']:.2f} s, max {sim['put_max']:.1f} s; began p99 {sim['lag_p99']:.1f} s late), {sim['errors']} errors"]  # fmt: skip
+        if "gc_pauses" in r:
+            count, wall, cpu = (r["gc_pauses"] + [NAN])[:3]
+            notes.append(
+                f"gc pauses > 50 ms: {count} (longest {wall * 1000:.0f} ms, {cpu * 1000:.0f} ms of it CPU)"
+            )
         if "job_end" in r:
             notes.append(
                 f"ended runs: {r['outcomes']}, whole log shown for {r['log_complete']} of {r['job_end'][3]}"

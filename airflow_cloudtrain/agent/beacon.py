@@ -3,8 +3,9 @@
 With ``RunSpec.live_uri`` set, the agent writes ``<live_uri>/<instance-id>.json`` (``runs.beacon_name``)
 on every status change and after every log flush that uploaded chunks, ``<instance-id>.beat``
 (``runs.beat_name``, its unix time) on every heartbeat; then, once, after the final ``status.json``:
-the final beacon and ``<instance-id>.end.json`` (``runs.end_name``, the final ``RunStatus``), the
-run's very last write. One triggerer watches a thousand runs by listing that folder: the beat's
+the final beacon and ``ended/<instance-id>.json`` (``runs.end_name``, the final ``RunStatus``), the
+run's very last write, in a folder of its own that a triggerer lists every couple of seconds. One
+triggerer watches a thousand runs by listing the live index each poll interval: the beat's
 LastModified (S3) / ``updated`` (GCS) is the heartbeat, the beacon's ETag / md5 tells whether
 anything changed. The heartbeat is its own object so that a beat is never taken for a change (an
 SSE-KMS bucket gives every PUT a new ETag), never rewrites the 64 KiB beacon (a versioned bucket

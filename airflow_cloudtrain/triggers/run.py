@@ -1,16 +1,18 @@
 """The operator's deferred wait: until the agent's final status, or the instance ends without one.
 
-Built for a thousand runs in one triggerer. Every watched run of one bucket is seen through one
-listing of the bucket's live index per poll (``triggers.run_index``): heartbeats from LastModified,
-changes from ETags, ends from end markers, objects read only for what changed. Instances are watched
+Built for a thousand runs in one triggerer. Every watched run of one bucket is seen through the
+bucket's live index (``triggers.run_index``): its ``ended/`` folder listed every ``END_POLL_S``, the
+whole index every poll interval (heartbeats from LastModified, changes from ETags), objects read
+only for what changed, in the index's own threads. Instances are watched
 through one shared DescribeInstances per (connection, region) that asks only for stopped or ended
 instances (GCE: one list per zone). All SDK work runs in worker threads with one client per poll
 group, closed when the group ends. The decision is ``lifecycle.waiting.RunWatch``, the same one the
 blocking wait makes.
 
 What the task log shows: each job line once, in order, as ``[job 08:00:09.602] text`` with the time
-the job wrote it; new lines arrive each poll (with more than ``run_index.LOG_READS_PER_POLL``
-runs in one triggerer, every few polls); the job's last lines always before the task ends.
+the job wrote it; new lines arrive each poll interval (with more than about 150 chatty runs in one
+triggerer, every few poll intervals: ``run_index.log_read_budget``); the job's last lines always
+before the task ends, which comes within about ``END_POLL_S`` of the job's end.
 """
 
 from __future__ import annotations
@@ -42,9 +44,9 @@ async def _close_index(index: LiveIndex) -> None:
     await asyncio.to_thread(index.close)
 
 
-# The live index is listed this often (or each poll_interval, if shorter): one listing per bucket,
-# so cheap at any number of runs, and a run's end reaches its task within about this. Log lines and
-# the instance poll keep the run's poll_interval.
+# The live index's ``ended/`` folder is listed this often (or each poll_interval, if shorter): one
+# small listing per bucket, whatever the number of runs, and a run's end reaches its task within
+# about this. Log lines (the whole index) and the instance poll keep the run's poll_interval.
 END_POLL_S = 2.0
 
 # One LiveIndex (one storage client, the group's cursors) per (connection, live index) per triggerer.
@@ -121,11 +123,22 @@ class RunTrigger(BaseTrigger):
         key = ("live", self.conn_id, self.project_id, live_uri)
 
         async def poll(ids: list[str]) -> dict[str, LiveView]:
-            return await asyncio.to_thread(INDEXES.get(key).poll, ids)
+            # the index's own thread: the default executor is shared by every trigger's log work,
+            # and an end must not queue behind it
+            index = INDEXES.get(key)
+            return await asyncio.get_running_loop().run_in_executor(index.executor, index.poll, ids)
 
+        # polled every END_POLL_S, but this trigger wakes only when its run's view changed, or
+        # each poll_interval (its timeouts): a thousand quiet runs cost the loop nothing meanwhile
         interval = min(self.poll_interval, END_POLL_S)
         return shared_poll.watch_with_retry(
-            key, [launch.instance_id], poll, interval, self.log, close=INDEXES.closer(key)
+            key,
+            [launch.instance_id],
+            poll,
+            interval,
+            self.log,
+            close=INDEXES.closer(key),
+            quiet=self.poll_interval,
         )
 
     async def _wait(
@@ -153,7 +166,9 @@ class RunTrigger(BaseTrigger):
                         status = await self._read(index, launch, follower, view, instance, status)
                         result = watch.decide(status, instance, view.beacon_at)
                         if result is not None and index is not None:
-                            result = await self._confirm(index, launch, follower, watch, result, instance)
+                            result = await self._confirm(
+                                index, launch, follower, watch, result, instance, view
+                            )
                         budget.ok()
                     except Exception as err:
                         budget.failed(err)  # re-raises when not transient or lasting too long
@@ -205,8 +220,10 @@ class RunTrigger(BaseTrigger):
         watch: RunWatch,
         result: Outcome,
         instance: Instance | None,
+        view: LiveView,
     ) -> Outcome | None:
-        """Before the wait ends: show what the agent wrote last; and before a run whose instance is
+        """Before the wait ends: show what the agent wrote last (the final beacon the poll read with
+        the end marker, already shown; else read now); and before a run whose instance is
         alive is declared lost (no report, no heartbeat), ask its run folder too: an agent that
         could not write to the live index (an instance role scoped to the run folder) or whose
         final beacon failed still writes ``status.json`` and, then, its heartbeat file there."""
@@ -223,6 +240,8 @@ class RunTrigger(BaseTrigger):
                         index.live_uri,
                     )
                 return second
+        if view.final is not None and view.beacon is not None and view.beacon.run_status().final:
+            return result
         beacon = await asyncio.to_thread(index.read_beacon, launch.instance_id)
         if beacon is not None:
             await self._show(index, launch, follower, beacon, None)

@@ -1,27 +1,31 @@
-"""The bucket's live index, polled once per cycle for every run one triggerer waits on.
+"""The bucket's live index, polled for every run one triggerer waits on.
 
 Each agent keeps a small object per instance in ``<bucket>/_cloudtrain/live/`` (``runs.Beacon``),
 rewritten on each change, a ``.beat`` object rewritten on each heartbeat, and at the end an end
-marker with its final status (see ``runs``). So one listing of that prefix per poll (1,000 keys a
-page) tells, for every watched run at once: the heartbeat (the beat's LastModified), whether
-anything changed (the beacon's ETag on S3, md5Hash on GCS) and whether it ended (the marker). Objects are read only for what changed:
-an end marker once, and a changed beacon when that run's log lines are due.
+marker with its final status in ``ended/`` (see ``runs``). Two listings, two cadences:
 
-The listing runs every couple of seconds (``triggers.run.END_POLL_S``) so an end reaches its task
-fast; a run's log lines keep its own ``poll_interval`` (``log_every``), and at scale at most
-``LOG_READS_PER_POLL`` changed beacons are read per poll, the runs shown longest ago first. With up to that many active runs every run's new lines
-reach its task log each poll; with more, each run's lines arrive every ``runs / LOG_READS_PER_POLL``
-polls, in order and complete (a beacon carries the last 64 KiB of lines; older chunks are read from
-the run folder by key). A run's end is never delayed by this: end markers are read on the poll that
-lists them.
+- every couple of seconds (``triggers.run.END_POLL_S``), the ``ended/`` folder: it holds only the
+  runs that just ended, so it is one small request at any number of runs, and a run's end reaches
+  its task within about that. A new end marker is read at once, and the run's final beacon with it
+  (its last lines), in the same worker: an end never waits behind log reads.
+- every poll interval (the smallest ``poll_interval`` of the runs watched, ``LOG_EVERY``), the whole
+  folder, a page per 1,000 keys: the heartbeat of every run (the beat's LastModified), whether
+  anything changed (the beacon's ETag on S3, md5Hash on GCS). The changed beacons are then read by
+  the index's own reader thread, longest-unshown first, at most ``LOG_READS_PER_ROUND`` and about
+  ``LOG_READ_CPU_SHARE`` of one core per round (``log_read_budget``); what it read reaches the
+  triggers with the next poll. With up to a couple of hundred chatty runs in one triggerer each
+  run's new lines reach its task log every poll interval; with more, every few poll intervals, in
+  order and complete (a beacon carries the last 64 KiB of lines; older chunks are read from the
+  run folder by key). That budget never delays an end.
 
-The cursor (the next log chunk each run's task log lacks) is saved once per poll for the whole
-group, in ``_cloudtrain/cursors/<triggerer>.json``, and when the group ends; a trigger re-created
-by a triggerer restart (here or on another triggerer) continues from the highest saved cursor. A
-restart that stops triggers (as the triggerer does on SIGTERM) neither repeats nor loses a line; a
-triggerer killed outright repeats at most the lines shown since its last poll. Everything here
-blocks: the group calls it in a worker thread; the trigger moves its cursor from the loop, so the
-shared tables are guarded by a lock.
+The cursor (the next log chunk each run's task log lacks) is saved once per poll interval for the
+whole group, in ``_cloudtrain/cursors/<triggerer>.json``, and when the group ends; a trigger
+re-created by a triggerer restart (here or on another triggerer) continues from the highest saved
+cursor. A restart that stops triggers (as the triggerer does on SIGTERM) neither repeats nor loses
+a line; a triggerer killed outright repeats at most the lines shown since its last save.
+Everything here blocks: the group calls ``poll`` in the index's own worker thread (not the event
+loop's default executor, which a thousand triggers share); the trigger moves its cursor from the
+loop, so the shared tables are guarded by a lock.
 """
 
 from __future__ import annotations
@@ -34,17 +38,18 @@ import secrets
 import socket
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from airflow_cloudtrain.runs import (
     BEACON,
     END,
+    ENDED_FOLDER,
     Beacon,
     RunStatus,
     beacon_name,
     cursors_uri,
-    end_name,
     join,
     live_entry,
     split_uri,
@@ -52,7 +57,14 @@ from airflow_cloudtrain.runs import (
 
 log = logging.getLogger(__name__)
 
-LOG_READS_PER_POLL = 250  # beacon reads for log lines per poll and group: about 0.25 CPU-s
+LOG_READS_PER_ROUND = 250  # beacon reads for log lines per poll interval and group, at most
+# and the reader's CPU per round, as a share of the poll interval: 3.5 % of one core (0.35 CPU-s at
+# a 10 s interval, about 150 beacon reads), at least LOG_READ_MIN_CPU_S; and half the interval of
+# wall time, so a busy machine reads fewer instead of falling behind
+LOG_READ_CPU_SHARE = 0.035
+LOG_READ_MIN_CPU_S = 0.1
+LOG_READ_WALL_SHARE = 0.5
+END_READERS = 4  # threads reading the final beacons of runs that just ended
 STALE_CURSORS_S = 2 * 86400  # a cursor file nobody rewrote for this long is a dead triggerer's
 STALE_ENTRY_S = 2 * 86400  # a live entry unchanged this long belongs to a run nobody reported
 PRUNE_PER_POLL = 100
@@ -63,15 +75,29 @@ CURSOR_KEEP_S = 3600  # a cursor outlives its watcher this long (a restart re-cr
 CURSORS_REFRESH_S = 6 * 3600  # the cursor file is rewritten at least this often, changed or not
 
 
+def log_read_budget(interval: float) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) the reader may spend on one round of beacon reads."""
+    return max(LOG_READ_MIN_CPU_S, LOG_READ_CPU_SHARE * interval), LOG_READ_WALL_SHARE * interval
+
+
+@dataclass
+class Entry:
+    """One instance in the last listing of the whole live index."""
+
+    tag: str | None = None  # its beacon's ETag / md5
+    at: float | None = None  # the newest LastModified of its entries: its last beat or change
+    end: str | None = None  # its end marker's key under the index, when listed
+
+
 @dataclass
 class LiveView:
     """What one poll saw of one instance in the live index."""
 
     listed: bool = False  # the agent has published (it started and reached the bucket)
     beacon_at: float | None = None  # the newest LastModified of its entries: its last beat or change
-    tag: str | None = None  # the beacon's ETag / md5: equal tags, equal contents
+    tag: str | None = None  # the ETag / md5 of ``beacon`` if one was read, else of the listed one
     final: RunStatus | None = None  # from the end marker
-    beacon: Beacon | None = None  # read on this poll (it changed and its lines were due)
+    beacon: Beacon | None = None  # read for the trigger (changed, lines due; or the final one)
     cursor: int = 0  # the highest saved cursor for this instance (a restarted trigger starts there)
     status: RunStatus | None = None  # a run folder's status.json (runs without a live index only)
 
@@ -101,6 +127,21 @@ class LiveIndex:
         self.saved: dict[str, int] = {}
         self.saved_at = 0.0
         self.seen: dict[str, float] = {}  # instance -> when a poll last had a watcher for it
+        self.entries: dict[str, Entry] = {}  # the last listing of the whole index, every instance
+        self.listed_at: float | None = None  # when that was
+        self.ended: dict[str, str] = {}  # instance -> its end marker's key, from the ``ended/`` listing
+        self.ready: dict[str, tuple[Beacon, str | None]] = {}  # read for the trigger: (beacon, tag)
+        self.final_beacons: dict[str, Beacon] = {}  # read with the end marker
+        self.views: dict[str, LiveView] = {}  # the last view of each instance (only the poll's thread)
+        self.rounds = 0  # reader rounds finished (tests, the benchmark)
+        self.reads_left = 0  # beacons due but not read in the last round (over its budget)
+        # poll runs in ``executor``; the beacon reads of a round in ``_reader``, one round at a time,
+        # so that ends (listed by the next poll meanwhile) never wait behind them
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="cloudtrain-live-index")
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="cloudtrain-live-logs")
+        self._end_reader = ThreadPoolExecutor(END_READERS, thread_name_prefix="cloudtrain-live-ends")
+        self._reading: Future[None] | None = None
+        self._closing = False
 
     # -- storage ---------------------------------------------------------------------------------
     def _storage(self) -> Any:
@@ -200,16 +241,28 @@ class LiveIndex:
 
     def advance(self, instance_id: str, next_seq: int, tag: str | None) -> None:
         """The trigger showed the lines of the beacon with ``tag``, up to chunk ``next_seq``: that
-        beacon is not read again, and the cursor goes into this poll's cursor file."""
+        beacon is not read again, and the cursor goes into the next cursor file."""
         with self._lock:
             self.cursors[instance_id] = max(next_seq, self.cursors.get(instance_id, 0))
             self.shown[instance_id] = (tag, time.time())
+            ready = self.ready.get(instance_id)
+            if ready is not None and ready[1] == tag:
+                del self.ready[instance_id]
 
     def forget(self, instance_id: str) -> None:
         """The run's wait is over: its cursor is no longer needed."""
         with self._lock:
-            for table in (self.cursors, self.restored, self.finals, self.shown, self.seen):
+            for table in (
+                self.cursors,
+                self.restored,
+                self.finals,
+                self.shown,
+                self.seen,
+                self.ready,
+                self.views,
+            ):
                 table.pop(instance_id, None)
+            self.final_beacons.pop(instance_id, None)
             self.known.discard(instance_id)
 
     def _drop_unwatched(self, wanted: set[str], now: float) -> None:
@@ -219,7 +272,7 @@ class LiveIndex:
         with self._lock:
             for iid in wanted:
                 self.seen[iid] = now
-            for table in (self.restored, self.finals, self.shown):
+            for table in (self.restored, self.finals, self.shown, self.ready, self.final_beacons, self.views):
                 for iid in [i for i in table if i not in wanted]:
                     del table[iid]
             self.known &= wanted
@@ -249,7 +302,9 @@ class LiveIndex:
 
     # -- the poll ------------------------------------------------------------------------------------
     def poll(self, ids: list[str], now: float | None = None) -> dict[str, LiveView]:
-        """One listing; end markers read once; changed beacons read for the runs shown longest ago.
+        """What the triggers of ``ids`` need after this poll. One listing: the whole index when a
+        poll interval passed since the last (then the due beacons go to the reader), else only
+        ``ended/``. New end markers are read at once, with their final beacons.
 
         A listing error is the poll's (the shared poll retries transient ones); an unreadable end
         marker or beacon only affects its own run, and cursor saves and pruning are best effort."""
@@ -261,60 +316,151 @@ class LiveIndex:
             self._load_cursors(new)  # a trigger (re)started: where did its task log get to?
             with self._lock:
                 self.known |= new
-        views: dict[str, LiveView] = {}
-        stale: list[str] = []
-        for name, tag, modified in self._list(self.prefix + "/"):
-            entry = live_entry(name)
-            if entry is None:
-                continue
-            iid, kind = entry
-            if iid not in wanted:
-                if modified is not None and now - modified > STALE_ENTRY_S:
-                    stale.append(name)  # its operator never reported it (killed): keep listings small
-                continue
-            view = views.setdefault(iid, LiveView())
-            view.listed = True
-            if modified is not None:
-                view.beacon_at = max(view.beacon_at or 0.0, modified)
-            if kind == END:
-                view.final = self._final(iid)
-            elif kind == BEACON:
-                view.tag = tag or f"modified:{modified}"  # no ETag / md5: the time tells a change
         with self._lock:
-            shown = dict(self.shown)
-            restored = dict(self.restored)
-            log_every = dict(LOG_EVERY)
-        due = [
-            iid
-            for iid, view in views.items()
-            if view.tag is not None
-            and view.final is None
-            and view.tag != shown.get(iid, (None, 0.0))[0]
-            and now - shown.get(iid, (None, 0.0))[1] >= log_every.get(iid, 0.0) - 0.05
-        ]
-        due.sort(key=lambda iid: shown.get(iid, (None, 0.0))[1])
-        for iid in due[:LOG_READS_PER_POLL]:
-            views[iid].beacon = self.read_beacon(iid)
-        for iid, view in views.items():
-            view.cursor = restored.get(iid, 0)
-        self._best_effort("saving the log cursors", self.save_cursors)
-        for name in stale[:PRUNE_PER_POLL]:
-            self._best_effort(f"removing the stale entry {name}", self._delete, f"{self.prefix}/{name}")
+            interval = min((LOG_EVERY.get(i, 0.0) for i in wanted), default=0.0)
+        whole = self.listed_at is None or now - self.listed_at >= interval - 0.05
+        if whole:
+            self._list_whole(wanted, now)
+        else:
+            self._list_ended()
+        entries, ended = self.entries, dict(self.ended)
+        for iid, entry in entries.items():
+            if entry.end is not None:
+                ended.setdefault(iid, entry.end)
+        fresh = sorted(i for i in wanted & ended.keys() if i not in self.finals)
+        # the new ends' reads side by side: a burst of ends must not hold the next poll's listing
+        list(self._end_reader.map(lambda iid: self._final(iid, ended[iid]), fresh))
+        with self._lock:
+            ready, restored = dict(self.ready), dict(self.restored)
+            finals, final_beacons = dict(self.finals), dict(self.final_beacons)
+        views: dict[str, LiveView] = {}
+        for iid in wanted:
+            entry, final = entries.get(iid), finals.get(iid)
+            if entry is None and final is None:
+                continue
+            view = views[iid] = LiveView(listed=True, cursor=restored.get(iid, 0), final=final)
+            if entry is not None:
+                view.beacon_at, view.tag = entry.at, entry.tag
+            if final is not None:
+                view.beacon = final_beacons.get(iid)
+            elif iid in ready:
+                view.beacon, view.tag = ready[iid]
+            last = self.views.get(iid)
+            if last == view:
+                views[iid] = last  # the same object: its trigger is not woken for it (shared_poll)
+            else:
+                self.views[iid] = view
+        if whole:
+            self._start_round(wanted, interval, now)
+            self._best_effort("saving the log cursors", self.save_cursors)
         return views
 
-    def _final(self, instance_id: str) -> RunStatus | None:
+    def _list_whole(self, wanted: set[str], now: float) -> None:
+        """The whole index: every instance's entry (watched here or not), stale ones pruned."""
+        entries: dict[str, Entry] = {}
+        stale: list[str] = []
+        for name, tag, modified in self._list(self.prefix + "/"):
+            parsed = live_entry(name)
+            if parsed is None:
+                continue
+            iid, kind = parsed
+            if iid not in wanted and modified is not None and now - modified > STALE_ENTRY_S:
+                stale.append(name)  # its operator never reported it (killed): keep listings small
+                continue
+            entry = entries.setdefault(iid, Entry())
+            if modified is not None:
+                entry.at = max(entry.at or 0.0, modified)
+            if kind == END:
+                entry.end = name
+            elif kind == BEACON:
+                entry.tag = tag or f"modified:{modified}"  # no ETag / md5: the time tells a change
+        self.entries, self.listed_at = entries, now
+        self.ended = {iid: e.end for iid, e in entries.items() if e.end is not None}
+        for name in stale[:PRUNE_PER_POLL]:
+            self._best_effort(f"removing the stale entry {name}", self._delete, f"{self.prefix}/{name}")
+
+    def _list_ended(self) -> None:
+        """Only ``ended/``: the runs that just ended (their operators remove the markers)."""
+        ended: dict[str, str] = {}
+        for name, _tag, _modified in self._list(f"{self.prefix}/{ENDED_FOLDER}/"):
+            parsed = live_entry(f"{ENDED_FOLDER}/{name}")
+            if parsed is not None:
+                ended[parsed[0]] = f"{ENDED_FOLDER}/{name}"
+        self.ended = ended
+
+    def _start_round(self, wanted: set[str], interval: float, now: float) -> None:
+        """Hand the changed beacons whose lines are due to the reader, unless it is still busy
+        with the last round (then the next poll interval's listing brings them again)."""
+        if self._reading is not None and not self._reading.done():
+            return
+        with self._lock:
+            shown, log_every, ready = dict(self.shown), dict(LOG_EVERY), set(self.ready)
+        never = (None, 0.0)
+        due = [
+            (iid, entry.tag)
+            for iid, entry in self.entries.items()
+            if iid in wanted
+            and entry.tag is not None
+            and entry.end is None
+            and iid not in self.finals
+            and iid not in ready
+            and entry.tag != shown.get(iid, never)[0]
+            and now - shown.get(iid, never)[1] >= log_every.get(iid, 0.0) - 0.05
+        ]
+        if not due:
+            self.reads_left = 0
+            return
+        due.sort(key=lambda item: shown.get(item[0], never)[1])
+        self._reading = self._reader.submit(self._read_round, due, interval)
+
+    def _read_round(self, due: list[tuple[str, str | None]], interval: float) -> None:
+        """Read the beacons ``due`` (longest-unshown first) within the round's budget."""
+        cpu_budget, wall_budget = log_read_budget(interval)
+        cpu0, wall0 = time.thread_time(), time.monotonic()
+        done = 0
+        for iid, tag in due[:LOG_READS_PER_ROUND]:
+            if self._closing:
+                break
+            if time.thread_time() - cpu0 >= cpu_budget or time.monotonic() - wall0 >= wall_budget:
+                break
+            try:
+                beacon = self.read_beacon(iid)
+            except Exception as err:  # the round's (a transient storage error): the next round
+                log.warning("Live index %s: reading beacons failed: %s", self.live_uri, err)
+                break
+            done += 1
+            if beacon is None:
+                continue
+            with self._lock:
+                if iid in self.seen:  # still watched
+                    self.ready[iid] = (beacon, tag)
+        self.reads_left = len(due) - done
+        self.rounds += 1
+
+    def _final(self, instance_id: str, key: str) -> RunStatus | None:
+        """The run's final status, read once: from its final beacon, written just before the end
+        marker ``key`` (one read, and the last lines with it); from the marker only when that beacon
+        is not final (an unreadable one, or an earlier agent's)."""
         with self._lock:
             if instance_id in self.finals:
                 return self.finals[instance_id]
-        try:
-            raw = self.read_key(f"{self.prefix}/{end_name(instance_id)}")
-            final = RunStatus.from_json(raw.decode()) if raw else None
-        except (ValueError, TypeError) as err:
-            log.warning("Unreadable end marker of %s in %s: %s", instance_id, self.live_uri, err)
+        beacon = self.read_beacon(instance_id)
+        if beacon is not None and beacon.run_status().final:
+            final: RunStatus | None = beacon.run_status()
+        else:
+            beacon = None
+            try:
+                raw = self.read_key(f"{self.prefix}/{key}")
+                final = RunStatus.from_json(raw.decode()) if raw else None
+            except (ValueError, TypeError) as err:
+                log.warning("Unreadable end marker of %s in %s: %s", instance_id, self.live_uri, err)
+                return None
+        if final is None:
             return None
-        if final is not None:
-            with self._lock:
-                self.finals[instance_id] = final
+        with self._lock:
+            self.finals[instance_id] = final
+            if beacon is not None:
+                self.final_beacons[instance_id] = beacon
         return final
 
     def read_beacon(self, instance_id: str) -> Beacon | None:
@@ -328,9 +474,13 @@ class LiveIndex:
             return None
 
     def close(self) -> None:
-        """The group ended: save the cursors of runs still waited on (a triggerer restart continues
-        from them), then close the client."""
+        """The group ended: stop the reader, save the cursors of runs still waited on (a triggerer
+        restart continues from them), then close the client."""
+        self._closing = True
         try:
+            self._reader.shutdown(wait=True)
+            self.executor.shutdown(wait=True)
+            self._end_reader.shutdown(wait=True)
             self._best_effort("saving the log cursors", self.save_cursors)
         finally:
             client, self._client = self._client, None

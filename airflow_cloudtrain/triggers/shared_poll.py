@@ -57,22 +57,30 @@ class Pool(Generic[V]):
 
 
 class _Group(Generic[V]):
-    def __init__(self, describe: Describe[V], interval: float, close: Close | None = None) -> None:
+    def __init__(
+        self, describe: Describe[V], interval: float, close: Close | None = None, quiet: float | None = None
+    ) -> None:
         self.describe = describe
         self.close = close
         self.interval = interval
+        # None: every watcher is woken after every poll; else only a watcher one of whose values is
+        # a new object (or the error changed), and every watcher at least each ``quiet`` seconds
+        self.quiet = quiet
         self.watchers: dict[int, set[str]] = {}
         self.snapshot: dict[str, V] = {}
         self.error: BaseException | None = None
         self.generation = 0
-        self.changed = asyncio.Condition()
+        self.wakers: dict[int, asyncio.Future[None]] = {}  # token -> what its idle watcher awaits
+        self.woken: dict[int, float] = {}  # token -> when it last took a snapshot
         self.task: asyncio.Task[None] | None = None
         # the describe under way: cancelling the loop does not stop a worker thread, so the group's
         # resources are closed only once it returned
         self.inflight: asyncio.Future[Any] | None = None
 
     async def loop(self) -> None:
+        loop = asyncio.get_running_loop()
         while self.watchers:
+            started = loop.time()
             ids = sorted(set().union(*self.watchers.values()))
             call = self.inflight = asyncio.ensure_future(self.describe(ids))
             call.add_done_callback(_retrieve)
@@ -82,11 +90,26 @@ class _Group(Generic[V]):
                 raise
             except Exception as err:  # reported to every watcher, which decides to retry or fail
                 snapshot, error = {}, err
-            async with self.changed:
-                self.snapshot, self.error = snapshot, error
-                self.generation += 1
-                self.changed.notify_all()
-            await asyncio.sleep(self.interval)
+            self.publish(snapshot, error, loop.time())
+            # a poll every interval, however long it took (at least a quarter interval's rest)
+            await asyncio.sleep(max(self.interval - (loop.time() - started), self.interval / 4))
+
+    def publish(self, snapshot: dict[str, V], error: BaseException | None, now: float) -> None:
+        before, had_error = self.snapshot, self.error
+        self.snapshot, self.error = snapshot, error
+        self.generation += 1
+        for token, ids in self.watchers.items():
+            waker = self.wakers.get(token)
+            if waker is None or waker.done():
+                continue  # busy: it takes the newest snapshot when it comes back
+            if (
+                self.quiet is None
+                or error is not None
+                or had_error is not None
+                or now - self.woken.get(token, 0.0) >= self.quiet - 0.05
+                or any(snapshot.get(i) is not before.get(i) for i in ids)
+            ):
+                waker.set_result(None)
 
 
 INFLIGHT_WAIT_S = 60.0  # how long a closing group waits for its last describe (SDK timeouts are shorter)
@@ -103,34 +126,53 @@ _tokens = itertools.count()  # one per watcher; id() of a temporary would be reu
 
 
 async def watch(
-    key: Hashable, ids: list[str], describe: Describe[V], interval: float, close: Close | None = None
+    key: Hashable,
+    ids: list[str],
+    describe: Describe[V],
+    interval: float,
+    close: Close | None = None,
+    quiet: float | None = None,
 ) -> AsyncIterator[dict[str, V]]:
     """Yield ``{id: value}`` (an ``Instance``, a queue depth, ...) for ``ids`` after every shared
     poll of the group ``key``. ``describe`` and ``close`` of the watcher that starts a group serve
-    the whole group.
+    the whole group. With ``quiet``, a poll after which none of this watcher's values is a new
+    object is not yielded, unless ``quiet`` seconds passed since the last (a thousand watchers of a
+    fast poll then cost nothing while nothing changes for them).
 
     Raises the describe error to this watcher when a poll failed.
     """
     group: _Group[V] | None = _groups.get(key)
     if group is None or group.task is None or group.task.done():
-        group = _groups[key] = _Group(describe, interval, close)
+        group = _groups[key] = _Group(describe, interval, close, quiet)
     group.interval = min(group.interval, interval)
+    if quiet is None or group.quiet is None:
+        group.quiet = None
+    else:
+        group.quiet = min(group.quiet, quiet)
     token = next(_tokens)
     group.watchers[token] = set(ids)
     if group.task is None:
         group.task = asyncio.get_running_loop().create_task(group.loop())
     seen = group.generation
+    loop = asyncio.get_running_loop()
     try:
         while True:
-            async with group.changed:
-                await group.changed.wait_for(lambda last=seen: group.generation != last)
-                seen = group.generation
-                snapshot, error = group.snapshot, group.error
+            if group.generation == seen:
+                waker = group.wakers[token] = loop.create_future()
+                try:
+                    await waker
+                finally:
+                    group.wakers.pop(token, None)
+            seen = group.generation
+            group.woken[token] = loop.time()
+            snapshot, error = group.snapshot, group.error
             if error is not None:
                 raise error
             yield {i: snapshot[i] for i in ids if i in snapshot}
     finally:
         group.watchers.pop(token, None)
+        group.wakers.pop(token, None)
+        group.woken.pop(token, None)
         if not group.watchers and group.task is not None:
             # out of the registry first: a watcher arriving while the task winds down must start a
             # new group, not join one whose poll loop is being cancelled
@@ -154,6 +196,7 @@ async def watch_with_retry(
     interval: float,
     log: Any = None,
     close: Close | None = None,
+    quiet: float | None = None,
 ) -> AsyncIterator[dict[str, V]]:
     """``watch``, with transient describe errors (throttling, 5xx) waited out with backoff for minutes
     (``lifecycle.retry.TransientBudget``); any other error, or one that lasts, is raised."""
@@ -162,7 +205,7 @@ async def watch_with_retry(
     budget = TransientBudget(base_s=interval)
     while True:
         try:
-            async with aclosing(watch(key, ids, describe, interval, close)) as stream:
+            async with aclosing(watch(key, ids, describe, interval, close, quiet)) as stream:
                 async for snapshot in stream:
                     budget.ok()
                     yield snapshot
