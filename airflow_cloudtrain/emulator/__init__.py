@@ -268,7 +268,7 @@ class Emulator:
         }
         gcp = {
             "conn_type": "google_cloud_platform",
-            # no Cloud Billing emulation: the emulator answers 404 there and runs keep the snapshot prices
+            # the Billing Catalog shares the Compute Engine port (gcp/billing: SKUs from the price snapshot)
             "extra": {
                 "project": GCP_PROJECT,
                 "compute_endpoint": self.gce_endpoint,

@@ -239,3 +239,36 @@ def test_bad_port_is_refused_by_the_parser() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["emulator", "--port", "80"])
     assert build_parser().parse_args(["emulator"]).port == 4750
+
+
+def test_the_metadata_server_is_quiet_when_an_instance_ends_mid_request(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """An instance's agent killed while it asks the metadata service: the client is gone, which is no
+    error worth a traceback on the emulator's console; any other error still is one."""
+    import struct
+
+    from airflow_cloudtrain.emulator.metadata import MetadataServer
+
+    with MetadataServer() as md:
+        request = "PUT /i-gone/latest/api/token HTTP/1.1\r\nHost: x\r\nX-aws-ec2-metadata-token-ttl-seconds: 60\r\n"
+        for _ in range(50):  # ask, then vanish at once (RST): the answer meets a closed connection
+            with socket.create_connection(("127.0.0.1", md.port)) as conn:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.sendall((request + "\r\n").encode())
+        with socket.create_connection(("127.0.0.1", md.port)) as conn:  # still serving
+            conn.sendall(
+                b"GET /i-x/computeMetadata/v1/instance/name HTTP/1.1\r\nMetadata-Flavor: Google\r\n\r\n"
+            )
+            assert b"200 OK" in conn.recv(4096)
+        server = md._serving.server  # type: ignore[union-attr]
+        try:
+            raise BrokenPipeError(32, "Broken pipe")
+        except BrokenPipeError:
+            server.handle_error(None, ("127.0.0.1", 1))
+        assert "Traceback" not in capfd.readouterr().err
+        try:
+            raise ValueError("a real bug")
+        except ValueError:
+            server.handle_error(None, ("127.0.0.1", 1))
+        assert "ValueError: a real bug" in capfd.readouterr().err
