@@ -708,3 +708,32 @@ def test_gcs_round_trip_with_the_real_client(gcs: GcsServer) -> None:
         bucket.blob("runs/a/spec.json").download_as_bytes()
     with pytest.raises(gexc.NotFound):
         client.get_bucket("no-such-bucket")
+
+
+# --- Pub/Sub: any project too ----------------------------------------------------------------------
+
+
+def test_pubsub_serves_any_project_with_its_own_topics() -> None:
+    from google.cloud import pubsub_v1
+
+    from airflow_cloudtrain.emulator.gcp import PubSubServer, pubsub_client_kwargs
+
+    server = PubSubServer(project="cloudtrain-emulated")
+    server.start()
+    try:
+        pub = pubsub_v1.PublisherClient(**pubsub_client_kwargs(server.endpoint))
+        sub = pubsub_v1.SubscriberClient(**pubsub_client_kwargs(server.endpoint))
+        topic, subscription = "projects/my-project/topics/work", "projects/my-project/subscriptions/workers"
+        pub.create_topic(request={"name": topic})
+        sub.create_subscription(request={"name": subscription, "topic": topic})
+        pub.publish(topic, b"item-1").result(timeout=30)
+        deadline = time.monotonic() + 60
+        while not (got := sub.pull(subscription=subscription, max_messages=1).received_messages):
+            assert time.monotonic() < deadline, "nothing delivered"
+        assert got[0].message.data == b"item-1"
+        assert [t.name for t in pub.list_topics(project="projects/my-project")] == [topic]
+        assert list(pub.list_topics(project="projects/cloudtrain-emulated")) == []  # its own topics
+        with pytest.raises(gexc.NotFound):
+            pub.get_topic(topic="projects/cloudtrain-emulated/topics/work")
+    finally:
+        server.stop()
