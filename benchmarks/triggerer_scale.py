@@ -86,7 +86,7 @@ PROJECT, REGION, ZONES = (
 OWN_UA = "cloudtrain-emulator"  # emulator.faults.EMULATOR_USER_AGENT: neither counted nor throttled
 FRAMES = ("airflow_cloudtrain", "providers/amazon", "greenback")  # shown in the loop-blocked notes
 NAN = float("nan")
-GAP_S = 1.5  # a polling task idle this long has finished its poll round (the live index sleeps 2 s)
+GAP_S = 0.45  # a polling task idle this long has finished its round (the end poll rests >= 0.5 s)
 BUCKET = "cloudtrain-emulated"  # the emulator's DEFAULT_BUCKET, on S3 and on GCS
 
 

@@ -106,7 +106,8 @@ class _Group(Generic[V]):
                 self.quiet is None
                 or error is not None
                 or had_error is not None
-                or now - self.woken.get(token, 0.0) >= self.quiet - 0.05
+                or token not in self.woken  # its first snapshot
+                or now - self.woken[token] >= self.quiet - 0.05
                 or any(snapshot.get(i) is not before.get(i) for i in ids)
             ):
                 waker.set_result(None)

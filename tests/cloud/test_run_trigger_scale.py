@@ -29,7 +29,7 @@ from airflow_cloudtrain.agent.logs import LogStreamer
 from airflow_cloudtrain.agent.status import StatusWriter
 from airflow_cloudtrain.agent.storage import open_run_folder
 from airflow_cloudtrain.lifecycle.records import LaunchRecord
-from airflow_cloudtrain.triggers import instances, run
+from airflow_cloudtrain.triggers import instances, run, run_index
 from airflow_cloudtrain.triggers.run import RunTrigger
 
 BUCKET = "s3://cloudtrain-emulated/scale-tests"
@@ -242,6 +242,80 @@ def test_a_triggerer_restart_mid_run_shows_each_line_once_with_the_jobs_time(emu
         assert fourth - third >= 1.0 and third - first < 1.0  # the job's own times, not the poll's
     finally:
         boto3.client("ec2").terminate_instances(InstanceIds=[iid])
+
+
+def test_an_end_comes_through_the_ended_folder_with_its_last_lines(emu, capfd, monkeypatch) -> None:
+    """The end poll lists only ``ended/`` (the whole index waits for the poll interval, here ten
+    minutes), and reads the final beacon with the marker: the task ends with every line shown even
+    when no beacon read for lines was left in the budget."""
+    monkeypatch.setattr(run, "END_POLL_S", 0.2)
+    monkeypatch.setattr(run_index, "LOG_READS_PER_ROUND", 0)
+    wholes: list[float] = []
+    list_whole = run_index.LiveIndex._list_whole
+
+    def counting(self: run_index.LiveIndex, *args: Any) -> None:
+        wholes.append(time.time())
+        list_whole(self, *args)
+
+    monkeypatch.setattr(run_index.LiveIndex, "_list_whole", counting)
+    job_lines = TaskLog(capfd)
+    (iid,) = plain_instances(1)
+    agent = Agent(iid)
+    try:
+
+        async def main() -> dict[str, Any]:
+            task = asyncio.ensure_future(first_event(agent.launch(poll_interval=600)))
+            deadline = time.monotonic() + 60
+            while not wholes:  # the group's first poll: the whole index
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            for n in range(3):
+                agent.say(f"line {n}")
+                await asyncio.to_thread(agent.flush)
+            await asyncio.to_thread(agent.finish)
+            return await asyncio.wait_for(task, 120)
+
+        event = asyncio.run(main())
+        assert event["outcome"]["status"] == "success"
+        assert len(wholes) == 1, wholes  # the end came from the ended/ listing
+        assert [text for _, text in job_lines.lines] == ["line 0", "line 1", "line 2"]
+        assert event["next_log_seq"] == agent.logs.snapshot()[0]
+    finally:
+        boto3.client("ec2").terminate_instances(InstanceIds=[iid])
+
+
+def test_with_one_beacon_read_per_round_every_line_arrives_once_in_order(emu, capfd, monkeypatch) -> None:
+    """Over the read budget (a thousand chatty runs), runs take turns, longest-unshown first: each
+    run's lines arrive every few poll intervals, complete, in order, never twice."""
+    monkeypatch.setattr(run_index, "LOG_READS_PER_ROUND", 1)
+    job_lines = TaskLog(capfd)
+    ids = plain_instances(3)
+    agents = [Agent(i) for i in ids]
+    try:
+
+        async def main() -> list[dict[str, Any]]:
+            tasks = [asyncio.ensure_future(first_event(a.launch(poll_interval=0.3))) for a in agents]
+            for n in range(3):
+                for agent in agents:
+                    agent.say(f"{agent.iid} line {n}")
+                    await asyncio.to_thread(agent.flush)
+                await asyncio.sleep(0.2)
+            deadline = time.monotonic() + 120
+            while len(job_lines.lines) < 9:  # shown while the runs go on, not only at their ends
+                assert time.monotonic() < deadline, job_lines.lines
+                await asyncio.sleep(0.1)
+            for agent in agents:
+                await asyncio.to_thread(agent.finish)
+            return await asyncio.wait_for(asyncio.gather(*tasks), 120)
+
+        events = asyncio.run(main())
+        assert [e["outcome"]["status"] for e in events] == ["success"] * 3
+        shown = [text for _, text in job_lines.lines]
+        for agent in agents:
+            mine = [t for t in shown if t.startswith(agent.iid)]
+            assert mine == [f"{agent.iid} line {n}" for n in range(3)], shown
+    finally:
+        boto3.client("ec2").terminate_instances(InstanceIds=ids)
 
 
 def _seconds(clock: str) -> float:

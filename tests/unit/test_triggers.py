@@ -143,3 +143,52 @@ def test_run_keys_of_two_deployments_never_match() -> None:
         prod.digest != staging.digest
         and prod.tags()["cloudtrain-run-key"] != staging.tags()["cloudtrain-run-key"]
     )
+
+
+def test_end_markers_have_their_own_folder_and_old_ones_are_still_read() -> None:
+    from airflow_cloudtrain import runs
+
+    assert runs.end_name("i-1") == "ended/i-1.json"
+    assert runs.live_entry(runs.end_name("i-1")) == ("i-1", runs.END)
+    assert runs.live_entry("i-1.end.json") == ("i-1", runs.END)  # an earlier agent's marker
+    assert runs.live_entry("i-1.json") == ("i-1", runs.BEACON)
+    assert runs.live_entry("i-1.beat") == ("i-1", runs.BEAT)
+    assert runs.live_entry("other/i-1.json") is None
+
+
+def test_a_quiet_watcher_is_woken_only_when_one_of_its_values_changed() -> None:
+    """A thousand RunTriggers share a poll every 2 s; each is woken only when its own run's view
+    is a new object (or its quiet period passed): the rest of the loop's time stays free."""
+    import asyncio
+    from contextlib import aclosing
+
+    from airflow_cloudtrain.triggers import shared_poll
+
+    polls = 0
+    same = object()
+
+    async def describe(ids: list[str]) -> dict[str, object]:
+        nonlocal polls
+        polls += 1
+        return {"still": same, "moving": object()}
+
+    async def main() -> tuple[int, int]:
+        seen = {"still": 0, "moving": 0}
+
+        async def follow(name: str) -> None:
+            stream = shared_poll.watch(("quiet-test",), [name], describe, 0.01, quiet=3600.0)
+            async with aclosing(stream):
+                async for _ in stream:
+                    seen[name] += 1
+
+        tasks = [asyncio.ensure_future(follow(n)) for n in seen]
+        while seen["moving"] < 5:
+            await asyncio.sleep(0.01)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        return seen["still"], seen["moving"]
+
+    still, moving = asyncio.run(main())
+    assert polls >= 5 and moving >= 5
+    assert still == 1  # its first snapshot only: its value never changed, its quiet period is long
