@@ -31,6 +31,8 @@ class _InstanceState:
         self.spot_action: tuple[str, float] | None = None
         self.preempted = False
         self.maintenance_event = "NONE"
+        self.project: str | None = None  # a GCE VM's project and zone (``describe_vm``)
+        self.zone: str | None = None
         self.tokens: dict[str, float] = {}  # token -> expiry (unix time)
 
 
@@ -109,6 +111,11 @@ class MetadataServer:
     def set_maintenance_event(self, instance_id: str, event: str = "TERMINATE_ON_HOST_MAINTENANCE") -> None:
         self._state(instance_id).maintenance_event = event
 
+    def describe_vm(self, instance_id: str, project: str, zone: str) -> None:
+        """A GCE VM's ``project/project-id`` and ``instance/zone`` (any project: the VM's own)."""
+        state = self._state(instance_id)
+        state.project, state.zone = project, zone
+
     def clear(self, instance_id: str) -> None:
         """Forget notices (and tokens) of an instance, e.g. when its id is reused by a test."""
         with self._lock:
@@ -175,8 +182,12 @@ class MetadataServer:
             "name": instance_id,
             "id": str(zlib.crc32(instance_id.encode()) * 1000003 + 7),  # stable and numeric, like GCE's
         }
+        if state.zone:  # the real server writes the project number where we write the id
+            values["zone"] = f"projects/{state.project}/zones/{state.zone}"
         prefix = "/computeMetadata/v1/instance/"
         value = values.get(rest[len(prefix) :]) if rest.startswith(prefix) else None
+        if rest == "/computeMetadata/v1/project/project-id":
+            value = state.project
         if value is None:
             return 404, "text/plain", "not found"
         return 200, "application/text", value

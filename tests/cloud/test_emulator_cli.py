@@ -251,7 +251,9 @@ def test_the_metadata_server_is_quiet_when_an_instance_ends_mid_request(
     from airflow_cloudtrain.emulator.metadata import MetadataServer
 
     with MetadataServer() as md:
-        request = "PUT /i-gone/latest/api/token HTTP/1.1\r\nHost: x\r\nX-aws-ec2-metadata-token-ttl-seconds: 60\r\n"
+        request = (
+            "PUT /i-gone/latest/api/token HTTP/1.1\r\nHost: x\r\nX-aws-ec2-metadata-token-ttl-seconds: 60\r\n"
+        )
         for _ in range(50):  # ask, then vanish at once (RST): the answer meets a closed connection
             with socket.create_connection(("127.0.0.1", md.port)) as conn:
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -272,3 +274,22 @@ def test_the_metadata_server_is_quiet_when_an_instance_ends_mid_request(
         except ValueError:
             server.handle_error(None, ("127.0.0.1", 1))
         assert "ValueError: a real bug" in capfd.readouterr().err
+
+
+def test_a_vms_metadata_names_its_own_project_and_zone() -> None:
+    import urllib.request
+
+    from airflow_cloudtrain.emulator.metadata import MetadataServer
+
+    def get(md: MetadataServer, vm: str, path: str) -> str:
+        req = urllib.request.Request(
+            f"http://{md.gce_host_for(vm)}/computeMetadata/v1/{path}", headers={"Metadata-Flavor": "Google"}
+        )
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.read().decode()
+
+    with MetadataServer() as md:
+        md.describe_vm("vm-1", "my-project", "us-central1-a")
+        assert get(md, "vm-1", "project/project-id") == "my-project"
+        assert get(md, "vm-1", "instance/zone") == "projects/my-project/zones/us-central1-a"
+        assert get(md, "vm-1", "instance/name") == "vm-1"

@@ -83,6 +83,7 @@ class GcpInstances:
             if boot.hard_stop_s and time.time() >= inst["created_at"] + boot.hard_stop_s * hard_stop_scale:
                 self.power_off(name)  # the runner kills the agent: the guest is off
                 continue
+            self.metadata.describe_vm(name, inst.get("project") or self.gce.project, inst["zone"])
             env = {
                 "GCE_METADATA_HOST": self.metadata.gce_host_for(name),
                 "STORAGE_EMULATOR_HOST": self.gcs_endpoint,
