@@ -1,0 +1,114 @@
+"""The example DAGs in a real Airflow deployment (what ``cloudtrain up`` / ``make airflow`` starts):
+triggered through the REST API as a user would, the job's lines in the task log, a killed triggerer
+replaced mid-run, a deferred task marked failed from outside, and nothing left at the end.
+
+One test, in steps, on one deployment: starting the processes is most of the cost, and a test
+scheduler that spreads tests over workers (pytest-xdist) then cannot start a deployment per step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import boto3
+import pytest
+from deployment_helpers import Deployment, wait_for
+
+from airflow_cloudtrain.catalog import choose_offer
+from airflow_cloudtrain.spec import Hardware
+
+DAG = "ui_train"
+
+
+def _instance_state(instance_id: str) -> str:
+    reservations = boto3.client("ec2").describe_instances(InstanceIds=[instance_id])["Reservations"]
+    return str(reservations[0]["Instances"][0]["State"]["Name"])
+
+
+def _count(lines: list[str], text: str) -> int:
+    return sum(text in line for line in lines)
+
+
+def _deferred_on_one_instance(deployment: Deployment, emu: Any, run_id: str) -> str:
+    """Wait until the run's task is deferred with its job running; the instance's id."""
+    api = deployment.api
+    wait_for(f"{run_id}'s train task to defer", lambda: api.task(DAG, run_id, "train")["state"] == "deferred")
+    instances = wait_for("the run's instance", emu.running_instances, timeout=60)
+    assert len(instances) == 1, instances
+    return str(instances[0]["id"])
+
+
+def _ui_train_from_the_rest_api_with_params(deployment: Deployment, emu: Any) -> None:
+    api = deployment.api
+    # the job's lines are computed by the shell, so the command's own text never matches them
+    conf = {
+        "cloud": "ec2",
+        "cpus": 4,
+        "ram": "8g",
+        "bid": "",
+        "command": "echo job-a-$((40+2)); echo job-b-$((50+3))",
+    }
+    run_id = api.trigger(DAG, conf)
+    assert api.wait_run(DAG, run_id) == "success", api.log_lines(DAG, run_id, "train")[-40:]
+    result = api.xcom(DAG, run_id, "train")
+    # the form's values reached the operator: on-demand, and the cheapest type with >= 4 vCPUs and 8 GiB
+    assert result["cloud"] == "ec2" and result["spot"] is False and result["exit_code"] == 0
+    assert result["instance_type"] == choose_offer("ec2", Hardware(4, 0, "8g"), "us-east-1").instance_type
+    assert _instance_state(result["instance_id"]) == "terminated"
+    lines = api.log_lines(DAG, run_id, "train")
+    assert _count(lines, "job-a-42") == 1 and _count(lines, "job-b-53") == 1, lines
+    assert emu.running_instances() == []
+
+
+def _a_killed_triggerer_is_replaced_and_the_run_ends_on_the_same_instance(
+    deployment: Deployment, emu: Any
+) -> None:
+    api, airflow = deployment.api, deployment.airflow
+    # long enough to outlast the restart and the 15 s after which a silent triggerer's work moves
+    conf = {"command": "echo before-$((1+1)); sleep 45; echo after-$((2+2))"}
+    run_id = api.trigger(DAG, conf)
+    instance_id = _deferred_on_one_instance(deployment, emu, run_id)
+    airflow.kill("triggerer")  # SIGKILL, as a lost machine or the OOM killer would
+    airflow.start("triggerer")
+    assert api.wait_run(DAG, run_id) == "success", api.log_lines(DAG, run_id, "train")[-40:]
+    result = api.xcom(DAG, run_id, "train")
+    assert result["instance_id"] == instance_id and result["exit_code"] == 0
+    assert _instance_state(instance_id) == "terminated"
+    lines = api.log_lines(DAG, run_id, "train")
+    # a triggerer killed outright may repeat the lines shown since its last cursor save, never later ones
+    assert _count(lines, "before-2") >= 1 and _count(lines, "after-4") == 1, lines
+    assert emu.running_instances() == []
+
+
+def _marking_a_deferred_task_failed_terminates_its_instance(deployment: Deployment, emu: Any) -> None:
+    api = deployment.api
+    run_id = api.trigger(DAG, {"command": "echo started-$((3+3)); sleep 600"})
+    instance_id = _deferred_on_one_instance(deployment, emu, run_id)
+    api.call(
+        "PATCH",
+        f"/dags/{DAG}/dagRuns/{run_id}/taskInstances/train",
+        {"new_state": "failed", "note": "marked failed by the deployment test"},
+    )
+    wait_for(f"{instance_id} to be terminated", lambda: _instance_state(instance_id) == "terminated", 120)
+    assert api.wait_run(DAG, run_id) == "failed"
+
+    def said_so() -> list[str] | None:
+        lines = api.log_lines(DAG, run_id, "train")
+        return lines if _count(lines, f"terminating instance {instance_id}") else None
+
+    # said once, before the release (a line after it may be overtaken by the trigger's end)
+    lines = wait_for("the task log to say the instance is terminated", said_so, 120)
+    assert _count(lines, f"terminating instance {instance_id}") == 1, lines
+    assert sum("Released" in line and instance_id in line for line in lines) <= 1, lines
+    assert emu.running_instances() == []
+
+
+@pytest.mark.timeout(1200)  # starting the deployment included; each wait below has its own deadline
+def test_the_example_dags_in_a_real_deployment(deployment: Deployment, emu: Any) -> None:
+    _ui_train_from_the_rest_api_with_params(deployment, emu)
+    _a_killed_triggerer_is_replaced_and_the_run_ends_on_the_same_instance(deployment, emu)
+    _marking_a_deferred_task_failed_terminates_its_instance(deployment, emu)
+    # stopping leaves no process of the deployment, and no instance
+    deployment.airflow.stop()
+    assert deployment.airflow.left_running() == []
+    assert deployment.airflow.died() == list(deployment.airflow.procs)  # every process ended
+    assert emu.running_instances() == []
