@@ -38,7 +38,12 @@ def is_templated(value: Any) -> bool:
 
 def is_deferred_value(value: Any) -> bool:
     """A template or an XComArg (an upstream task's output): known only when the task runs."""
-    return is_templated(value) or type(value).__name__.endswith("XComArg") or hasattr(value, "resolve")
+    kind = type(value)
+    return (
+        is_templated(value)
+        or kind.__name__.endswith("XComArg")
+        or (hasattr(value, "resolve") and kind.__module__.startswith("airflow"))  # e.g. a MappedArgument
+    )
 
 
 def check_known(

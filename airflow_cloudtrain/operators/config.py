@@ -15,7 +15,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from airflow_cloudtrain.operators import checks
@@ -100,6 +100,8 @@ def parse_code(value: Any, cloud: str | None = None) -> str | None:
     if value is None or value == "":
         return None
     forms = "a local directory (packed and uploaded) or an s3:// (EC2) / gs:// (GCE) tarball URI"
+    if isinstance(value, PurePath):
+        value = str(value)
     if not isinstance(value, str):
         raise ValueError(f"code={value!r} is not valid: use {forms}")
     own = "s3://" if cloud in AWS_CLOUDS else "gs://" if cloud in GCP_CLOUDS else None
