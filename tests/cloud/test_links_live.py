@@ -197,3 +197,49 @@ def test_a_gce_group_s_link_names_its_managed_instance_group_while_it_runs(emu, 
     }
     assert seen["nic"].subnetwork.endswith("regions/us-central1/subnetworks/train-sub")
     assert list(seen["nic"].access_configs) == []
+
+
+def test_a_resumed_run_s_instance_link_follows_the_current_attempt(emu, airflow_db) -> None:
+    """CheckpointResumeOperator: after an interruption the button opens the relaunched VM."""
+    dag_id = f"links_resume_{uuid.uuid4().hex[:6]}"
+    flag = Path(tempfile.mkdtemp(prefix="ct-links-")) / "seen"
+    command = f"for i in $(seq 1 1200); do [ -e {flag} ] && break; sleep 0.1; done; [ -e {flag} ]"
+    source = textwrap.dedent(
+        f"""
+        from datetime import datetime
+        from airflow.sdk import DAG
+        from airflow_cloudtrain.operators import CheckpointResumeOperator
+
+        with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+            CheckpointResumeOperator(task_id="train", cloud="gcspot", cpus=2, command={command!r},
+                                     bucket={BUCKET["gcp"]!r}, region="us-central1", poll_interval=0.5,
+                                     live_prices=False)
+        """
+    )
+    dag = write_dag(source, dag_id)
+    links: list[str] = []
+
+    def watch() -> None:
+        try:
+            links.append(until(lambda: pushed(dag_id, "_link_CloudInstanceLink")))
+            first = pushed(dag_id, "cloudtrain_console")["instance_id"]
+            emu.interrupt(first, notice_s=0)  # gone without a word: the loop relaunches
+            link = lambda: pushed(dag_id, "_link_CloudInstanceLink")  # noqa: E731
+            links.append(until(lambda: link() != links[0] and link()))  # the relaunched VM's
+        finally:
+            flag.touch()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    run = dag.test()
+    watcher.join(30)
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    assert result["interruptions"] == 1 and len(result["attempts"]) == 2
+    first, second = (row["instance_id"] for row in result["attempts"])
+    assert first in links[0] and second in links[1]
+    assert (
+        ui_links(dag, run)["Cloud instance"]
+        == links[1]
+        == gce_instance_url(GCP_PROJECT, result["zone"], second)
+    )
