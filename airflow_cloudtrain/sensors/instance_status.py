@@ -18,7 +18,7 @@ from airflow_cloudtrain.operators.checks import (
     parse_region,
     parse_zone,
 )
-from airflow_cloudtrain.spec import parse_cloud
+from airflow_cloudtrain.spec import parse_cloud, warn_user
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -98,6 +98,11 @@ class InstanceStatusSensor(BaseSensorOperator):
         if run_id not in (None, "") and not is_deferred_value(run_id):
             check_run_id(run_id)
         parse_zone(zone, self.cloud)
+        if zone and provider_of(self.cloud) == "aws":
+            warn_user(
+                f"zone={zone!r} has no effect on cloud={self.cloud!r}: EC2 instances are described per "
+                "region (give region=, or leave both out for the connection's region)"
+            )
         if not is_templated(region):
             check_location(self.cloud, region, zone)
         self.instance_ids = instance_ids

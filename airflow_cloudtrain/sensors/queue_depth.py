@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 
 from airflow_cloudtrain.operators.checks import AWS_REGION_RE, check_bool, check_optional_str, check_seconds
+from airflow_cloudtrain.spec import warn_user
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -106,7 +107,12 @@ class QueueDepthSensor(BaseSensorOperator):
             kwargs["queue"] = executor_queue
         super().__init__(**kwargs)
         if queue is None or (isinstance(queue, str) and not _is_template(queue)):
-            queue_kind(queue)  # a template or an XComArg is checked once rendered (execute)
+            kind = queue_kind(queue)  # a template or an XComArg is checked once rendered (execute)
+            if kind == "pubsub" and region:
+                warn_user(
+                    f"region={region!r} has no effect on a Pub/Sub subscription: the path names its project "
+                    "and Pub/Sub is global"
+                )
         if max_depth is None and min_depth is None:
             raise ValueError(
                 "give max_depth=N (succeed when the depth is <= N; 0: the queue drained) "

@@ -399,6 +399,12 @@ def test_legal_edge_input_is_accepted(base: str, changes: dict[str, Any]) -> Non
         ("ec2", {"bid": "0.5"}, ["bid='0.5'", "no effect on cloud='ec2'"]),
         ("ec2", {"instance_type": "x9.large"}, ["instance_type='x9.large'", "not in the catalog"]),
         ("ec2", {"cloud": "ec2spot", "bid": "150%"}, ["bid='150%'", "above 100%"]),
+        ("iss", {"zone": "us-east-1a"}, ["zone='us-east-1a'", "no effect on cloud='ec2'"]),
+        (
+            "qds",
+            {"queue": "projects/p/subscriptions/s", "region": "us-east-1"},
+            ["region='us-east-1'", "Pub/Sub"],
+        ),
     ],
 )
 def test_legal_but_pointless_input_warns(base: str, changes: dict[str, Any], words: list[str]) -> None:
