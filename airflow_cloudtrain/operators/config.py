@@ -8,8 +8,8 @@ runs all of them on the rendered values when the task runs.
 
 from __future__ import annotations
 
+import ast
 import contextlib
-import json
 import math
 import re
 from collections.abc import Callable
@@ -129,12 +129,12 @@ def parse_code(value: Any, cloud: str | None = None) -> str | None:
 
 
 def parse_setup_cmds(value: Any) -> list[str]:
-    """A list of shell commands; a rendered template may also be a JSON list."""
+    """A list of shell commands; a rendered template may also be the text of a list."""
     if value is None:
         return []
     if isinstance(value, str) and value.lstrip().startswith("["):
-        with contextlib.suppress(ValueError):
-            value = json.loads(value)
+        with contextlib.suppress(ValueError, SyntaxError):
+            value = ast.literal_eval(value.strip())  # a list rendered as text: "['a', 'b']" or JSON
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) and v.strip() for v in value):
         return list(value)
     hint = " (one string is not a list: wrap it, setup_cmds=[...])" if isinstance(value, str) else ""

@@ -527,3 +527,13 @@ def test_mlengine_combinations_wait_for_their_fields() -> None:
 
     with pytest.raises(ValueError, match="exclusive"):
         parse_job_config(op._args())
+
+
+def test_a_templated_list_renders_to_its_text_and_is_read_back() -> None:
+    op = build("ec2", setup_cmds="{{ params.cmds }}")
+    op.render_template_fields({"params": {"cmds": ["pip install -r requirements.txt", "echo ready"]}})
+    assert op._config().setup_cmds == ["pip install -r requirements.txt", "echo ready"]
+    op = build("ec2", setup_cmds="{{ params.cmds }}")
+    op.render_template_fields({"params": {"cmds": "pip install x"}})
+    with pytest.raises(ValueError, match="setup_cmds='pip install x' is not valid"):
+        op._config()
