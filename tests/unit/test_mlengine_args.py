@@ -19,7 +19,7 @@ BASE = {
     "task_id": "train",
     "region": "us-central1",
     "bucket": "gs://my-bucket/jobs",
-    "code": str(Path(__file__).resolve().parents[2] / "example_dags" / "mlengine_code"),  # a folder that exists
+    "code": str(Path(__file__).resolve().parents[2] / "example_dags" / "mlengine_code"),  # must exist
     "python_module": "trainer.task",
 }
 
