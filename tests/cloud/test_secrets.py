@@ -96,20 +96,31 @@ def secret_manager(emu: Any) -> Any:
     )
 
 
-def dag_source(dag_id: str, provider: str, command: str, operator: str = "CloudTrainOperator") -> str:
+def dag_source(
+    dag_id: str,
+    provider: str,
+    command: str,
+    operator: str = "CloudTrainOperator",
+    deferrable: bool = False,
+    secrets: dict[str, str] | None = None,
+) -> str:
     ref = (
         "aws-ssm:///team/api-token"
         if provider == "aws"
         else f"gcp-secret://projects/{PROJECT}/secrets/api-token"
     )
+    secrets = secrets or {
+        "API_TOKEN": ref,
+        "HF_TOKEN": "airflow_var://hf_token",
+        "DB_PASSWORD": "airflow_conn://training_db/password",
+    }
     body = textwrap.dedent(
         f"""
         with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
             {operator}(task_id="train", cloud={CLOUD[provider]!r}, cpus=2, ram="4g", command={command!r},
                        bucket={BUCKET[provider]!r}, region={REGION[provider]!r}, poll_interval=0.5,
-                       live_prices=False, env={{"PLAIN": "1"}},
-                       secret_env={{"API_TOKEN": {ref!r}, "HF_TOKEN": "airflow_var://hf_token",
-                                   "DB_PASSWORD": "airflow_conn://training_db/password"}})
+                       live_prices=False, env={{"PLAIN": "1"}}, deferrable={deferrable},
+                       secret_env={secrets!r})
         """
     )
     header = "from datetime import datetime\nfrom airflow.sdk import DAG\n"
@@ -172,13 +183,18 @@ def user_data_watch(emu: Any, provider: str) -> tuple[threading.Thread, dict[str
     return thread, seen
 
 
-@pytest.mark.parametrize("provider", ["aws", "gcp"])
+@pytest.mark.parametrize(
+    ("provider", "deferrable"),
+    [("aws", False), ("gcp", False), ("aws", True)],
+    ids=["aws", "gcp", "aws-deferred"],
+)
 def test_the_job_gets_its_secrets_and_nothing_else_does(
-    emu, airflow_db, capfd, planted: dict[str, str], provider: str
+    emu, airflow_db, capfd, planted: dict[str, str], provider: str, deferrable: bool
 ) -> None:
-    dag_id = f"secrets_ok_{provider}"
+    """Deferred, the job's lines reach the task log through the trigger (the live index's tail)."""
+    dag_id = f"secrets_ok_{provider}_{int(deferrable)}"
     watcher, seen = user_data_watch(emu, provider)
-    run = write_dag(dag_source(dag_id, provider, JOB), dag_id).test()
+    run = write_dag(dag_source(dag_id, provider, JOB, deferrable=deferrable), dag_id).test()
     watcher.join(130)
     log = capfd.readouterr().out
     assert task_states(run) == {"train": "success"}, log[-3000:]
@@ -189,9 +205,21 @@ def test_the_job_gets_its_secrets_and_nothing_else_does(
     assert "token=*** var=*** conn=***" in log  # and printing them shows only the mask
     result = xcom(run, "train")
     spec = json.loads(open_run_folder(result["run_uri"]).get_text("spec.json"))
-    assert (
-        spec["secret_env"]["API_TOKEN"].endswith("/team/api-token")
-        or "api-token" in spec["secret_env"]["API_TOKEN"]
+    digest = digest_of(provider, dag_id, run.run_id)
+    own = (
+        f"aws-ssm://us-east-1/cloudtrain/{digest}/"
+        if provider == "aws"
+        else f"gcp-secret://projects/{PROJECT}/secrets/cloudtrain-{digest}-"
+    )
+    assert spec["secret_env"][
+        "API_TOKEN"
+    ] == (  # references only: the cloud's as given, ours in place of Airflow's
+        "aws-ssm:///team/api-token"
+        if provider == "aws"
+        else f"gcp-secret://projects/{PROJECT}/secrets/api-token"
+    )
+    assert spec["secret_env"]["HF_TOKEN"].startswith(own) and spec["secret_env"]["DB_PASSWORD"].startswith(
+        own
     )
     places = {
         "XCom": json.dumps(result).encode(),
@@ -203,7 +231,7 @@ def test_the_job_gets_its_secrets_and_nothing_else_does(
     for value in planted.values():
         leaked = [where for where, data in places.items() if value.encode() in data]
         assert leaked == [], f"{value} found in {leaked}"
-    assert run_secrets(emu, provider, digest_of(provider, dag_id, run.run_id)) == []
+    assert run_secrets(emu, provider, digest) == []
 
 
 @pytest.mark.parametrize("provider", ["aws", "gcp"])
@@ -279,3 +307,15 @@ def test_a_fleet_worker_gets_the_secrets_and_the_fleet_leaves_none(
     digest = digest_of("aws", dag_id, run.run_id)
     assert run_secrets(emu, "aws", digest) == []
     fleet_nothing_left(digest)
+
+
+def test_a_secret_the_instance_cannot_read_fails_the_run_naming_it(emu, airflow_db, capfd) -> None:
+    dag_id = "secrets_missing_aws"
+    source = dag_source(
+        dag_id, "aws", "echo ran-$((40+2))", secrets={"API_TOKEN": "aws-ssm:///team/no-such-token"}
+    )
+    run = write_dag(source, dag_id).test()
+    log = capfd.readouterr().out
+    assert task_states(run) == {"train": "failed"}
+    assert "secret_env['API_TOKEN']: could not read 'aws-ssm:///team/no-such-token'" in log
+    assert "ParameterNotFound" in log and "ran-42" not in log  # the job never started
