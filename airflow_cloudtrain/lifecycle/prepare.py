@@ -95,9 +95,12 @@ def offers_for(config: RunConfig, region: str | None, log: logging.Logger) -> li
 
     region = region or config.region
     if config.instance_type:
+        # GPUs asked with an explicit type are part of its offer: a GCE N1 type is listed once per
+        # accelerator it can take, and the bare (GPU-less) row must not win just for being cheapest.
+        asked = Hardware(cpus=1, gpus=config.hardware.gpus, gpu_type=config.hardware.gpu_type)
         known = [
             o
-            for o in rank_offers(config.cloud, Hardware(cpus=1), region=region, zone=config.zone)
+            for o in rank_offers(config.cloud, asked, region=region, zone=config.zone)
             if o.instance_type == config.instance_type
         ]
         if known:

@@ -257,3 +257,37 @@ def test_a_failed_sweep_keeps_unresolved_entries_and_is_raised() -> None:
         ledger.release(backend)
     assert backend.terminated == [[("i-1", None)]]  # the known one still went
     assert ledger.entries == [pending]  # the unknown one waits for a sweep that works
+
+
+@pytest.mark.parametrize(
+    ("cloud", "instance_type", "gpus", "gpu_type", "want"),
+    [
+        ("gcloud", "n1-standard-8", 1, None, (1, "T4")),
+        ("gcloud", "n1-standard-8", 2, "P4", (2, "P4")),
+        ("gcloud", "n1-standard-8", 0, None, (0, None)),
+    ],
+)
+def test_an_explicit_type_keeps_the_gpus_asked(
+    cloud: str, instance_type: str, gpus: int, gpu_type: str | None, want: tuple[int, str | None]
+) -> None:
+    """An N1 type is listed once per accelerator it takes: asking for GPUs must not launch it bare."""
+    import logging
+
+    from airflow_cloudtrain.lifecycle.prepare import offers_for
+    from airflow_cloudtrain.operators.config import check_run_args
+
+    config = check_run_args(
+        {
+            "cloud": cloud,
+            "command": "true",
+            "bucket": "gs://my-bucket/runs",
+            "instance_type": instance_type,
+            "gpus": gpus,
+            "gpu_type": gpu_type,
+            "region": "us-central1",
+        },
+        rendered=True,
+    )
+    assert config is not None
+    (offer,) = offers_for(config, None, logging.getLogger("test"))
+    assert (offer.instance_type, offer.gpus, offer.gpu_type) == (instance_type, *want)
