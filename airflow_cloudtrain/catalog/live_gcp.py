@@ -13,7 +13,6 @@ Sole Tenancy, DWS, A3 Mega/Plus, Virtual Workstation GPUs) never clobber a prede
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -21,8 +20,6 @@ from typing import Any
 from airflow_cloudtrain.catalog import live
 from airflow_cloudtrain.catalog.gce import ACCELERATOR_TYPES
 from airflow_cloudtrain.catalog.snapshot import Row, snapshot_rows
-
-log = logging.getLogger(__name__)
 
 BILLING_URL = "https://cloudbilling.googleapis.com"
 GCE_SERVICE_ID = "6F81-5844-456A"  # Compute Engine in the Billing Catalog (cloud.google.com/skus)
