@@ -14,7 +14,7 @@ Sole Tenancy, DWS, A3 Mega/Plus, Virtual Workstation GPUs) never clobber a prede
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from airflow_cloudtrain.catalog import live
@@ -207,21 +207,26 @@ def refresh_gcp(
     project: str,
     billing_url: str = BILLING_URL,
     budget_s: float | None = None,
+    clients: Callable[[], tuple[Any, Any, Any]] | None = None,
 ) -> list[Row]:
     """Refresh ``region`` from machineTypes/acceleratorTypes ``list`` in ``zones`` of ``project`` and
     the Billing Catalog at ``billing_url`` (through ``billing_session``, an AuthorizedSession), at the
     bounded cost ``live.refreshed`` gives it (fresh cache or recent failure: no call; ``budget_s`` in
-    all).
+    all). ``clients``, when given, builds the three clients inside the budget instead: importing
+    ``google.cloud.compute_v1`` alone can take seconds, and a fresh cache must not pay it.
 
     Returns the live rows; on any error logs a warning, keeps the snapshot and returns []: a refresh
     must never stop a run.
     """
 
     def fetch(budget: float) -> list[Row]:
-        shapes, cards = _list_shapes(machine_types_client, accelerator_types_client, project, zones)
+        machines, accelerators, session = (
+            clients() if clients else (machine_types_client, accelerator_types_client, billing_session)
+        )
+        shapes, cards = _list_shapes(machines, accelerators, project, zones)
         if not shapes:
             raise LookupError(f"no machine type of {sorted(FAMILIES)} listed in zones {list(zones)}")
-        rates = sku_rates(fetch_skus(billing_session, billing_url, timeout=min(60.0, budget)), region)
+        rates = sku_rates(fetch_skus(session, billing_url, timeout=min(60.0, budget)), region)
         if not any(key[0] != "GPU" for key in rates):
             # the descriptions changed or the region is unknown to Billing: do not pass stale rows off as live
             raise LookupError(f"no Compute Engine Core/Ram SKU matched region {region}")

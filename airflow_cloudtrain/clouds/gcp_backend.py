@@ -42,19 +42,28 @@ class GcpRunBackend:
         """Live shapes (machineTypes, acceleratorTypes) and prices (Cloud Billing Catalog) for the region."""
         if not self.region:
             return
-        from google.cloud import compute_v1
-
         from airflow_cloudtrain.catalog.live_gcp import BILLING_URL, billing_session, refresh_gcp
 
-        kwargs = self.hook._client_kwargs("compute_endpoint")
+        def clients() -> tuple[Any, Any, Any]:
+            # built inside the refresh's time budget: the compute_v1 import alone can take seconds
+            from google.cloud import compute_v1
+
+            kwargs = self.hook._client_kwargs("compute_endpoint")
+            return (
+                compute_v1.MachineTypesClient(**kwargs),
+                compute_v1.AcceleratorTypesClient(**kwargs),
+                billing_session(kwargs["credentials"]),
+            )
+
         refresh_gcp(
             self.region,
-            compute_v1.MachineTypesClient(**kwargs),
-            compute_v1.AcceleratorTypesClient(**kwargs),
-            billing_session(kwargs["credentials"]),
+            None,
+            None,
+            None,
             zones_of(self.region),
             self.hook.project,
             billing_url=self.hook._get_field("billing_endpoint") or BILLING_URL,
+            clients=clients,
         )
 
     def zones_for(self, zone: str | None, offer: Offer) -> list[str | None]:
