@@ -1,13 +1,16 @@
 """The run's own secrets on AWS: SSM SecureString parameters ``/cloudtrain/<run key digest>/<VAR>``.
 
 What the operator resolved from Airflow (``airflow_conn://`` / ``airflow_var://``) lives here for the
-run's lifetime: encrypted with the account's ``aws/ssm`` key, readable by the instance profile, found
+run's lifetime: encrypted with the account's ``aws/ssm`` key, expiring by itself (an Expiration
+policy: ``max_runtime`` plus a day) should no teardown reach it, readable by the instance profile, found
 by name from the run key (``describe_parameters`` on the prefix) and deleted at teardown through the
 ledger kind registered below, "not found" counting as done.
 """
 
 from __future__ import annotations
 
+import json
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow_cloudtrain.agent.secret_refs import ssm_ref
@@ -29,11 +32,25 @@ def _ssm(backend: Any, region: str | None = None) -> Any:
     return backend.hook.client("ssm", region=region or backend.region)
 
 
-def put_secret(backend: Any, digest: str, var: str, value: str, description: str) -> tuple[str, str, str]:
-    """Store ``value``; returns (parameter name, region, the reference the agent reads)."""
+def put_secret(
+    backend: Any, digest: str, var: str, value: str, description: str, ttl_s: float | None = None
+) -> tuple[str, str, str]:
+    """Store ``value``; returns (parameter name, region, the reference the agent reads).
+
+    With ``ttl_s`` the parameter is an advanced one with an Expiration policy, so SSM deletes it by
+    itself even if no teardown reaches it (advanced parameters cost $0.05 a month, prorated hourly)."""
     name = parameter_name(digest, var)
+    extra: dict[str, Any] = {}
+    if ttl_s:
+        at = datetime.now(timezone.utc) + timedelta(seconds=ttl_s)
+        expiry = {
+            "Type": "Expiration",
+            "Version": "1.0",
+            "Attributes": {"Timestamp": at.strftime("%Y-%m-%dT%H:%M:%S.000Z")},
+        }
+        extra = {"Tier": "Advanced", "Policies": json.dumps([expiry])}
     _ssm(backend).put_parameter(
-        Name=name, Value=value, Type="SecureString", Overwrite=True, Description=description[:1024]
+        Name=name, Value=value, Type="SecureString", Overwrite=True, Description=description[:1024], **extra
     )
     return name, backend.region, ssm_ref(backend.region, name)
 

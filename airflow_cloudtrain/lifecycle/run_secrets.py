@@ -18,7 +18,7 @@ from typing import Any
 from airflow_cloudtrain.agent.secret_refs import AIRFLOW_CONN, SecretRef, parse_ref
 from airflow_cloudtrain.lifecycle.retry import call_with_retry
 
-TTL_MARGIN_S = 86400.0  # a GCP run secret outlives max_runtime by a day, then expires by itself
+TTL_MARGIN_S = 86400.0  # a run secret outlives max_runtime by a day, then expires by itself
 
 
 def by_operator(refs: dict[str, str]) -> bool:
@@ -121,10 +121,12 @@ def _store(backend: Any, ledger: Any, digest: str, var: str, value: str, max_run
         name, location = module.parameter_name(digest, var), backend.region
     if not any(e.id == name for e in ledger.of_kind(module.KIND)):  # its name is known: a sweep-free entry
         ledger.intend(module.KIND, location, id=name, token=name)
+    ttl = (max_runtime_s or 7 * 86400.0) + TTL_MARGIN_S  # expires by itself should no teardown come
     if backend.provider == "gcp":
-        ttl = (max_runtime_s or 7 * 86400.0) + TTL_MARGIN_S
         _, reference = call_with_retry(lambda: module.put_secret(backend, digest, var, value, ttl))
     else:
         description = f"cloudtrain: {var} of run {digest}, deleted at teardown"
-        _, _, reference = call_with_retry(lambda: module.put_secret(backend, digest, var, value, description))
+        _, _, reference = call_with_retry(
+            lambda: module.put_secret(backend, digest, var, value, description, ttl)
+        )
     return str(reference)

@@ -147,6 +147,21 @@ def run_secrets(emu: Any, provider: str, digest: str) -> list[str]:
     return [s.name for s in pages]
 
 
+def expiring(emu: Any, provider: str, digest: str) -> int:
+    """How many of the run's own secrets carry an expiry (SSM Expiration policy / Secret Manager TTL)."""
+    if provider == "aws":
+        import boto3
+
+        found = boto3.client("ssm").describe_parameters(
+            ParameterFilters=[{"Key": "Name", "Option": "BeginsWith", "Values": [f"/cloudtrain/{digest}/"]}]
+        )["Parameters"]
+        return sum("Expiration" in str(p.get("Policies")) for p in found)
+    pages = secret_manager(emu).list_secrets(
+        request={"parent": f"projects/{PROJECT}", "filter": f"labels.cloudtrain-run-key={digest}"}
+    )
+    return sum("expire_time" in s for s in pages)
+
+
 def bucket_objects(provider: str) -> dict[str, bytes]:
     """Every object under the tests' bucket prefix: run folders, and the bucket's live index."""
     scheme = "s3" if provider == "aws" else "gs"
@@ -262,6 +277,7 @@ def test_a_worker_killed_after_making_the_secrets_leaves_none_after_the_retry(
     (first,) = DagRun.find(dag_id=dag_id)
     digest = digest_of(provider, dag_id, first.run_id)
     assert len(run_secrets(emu, provider, digest)) == 2  # killed halfway: the run's secrets exist
+    assert expiring(emu, provider, digest) == 2  # and each expires by itself should nothing come back
     assert emu.running_instances() == []  # and no instance yet
 
     run = load_example(dag_id).test(logical_date=when, run_after=when)
