@@ -234,14 +234,15 @@ class FleetRun:
 
     def _secret_env(self) -> dict[str, str]:
         """The spec's ``secret_env``: ``airflow_*`` references stored as the run's secrets first."""
-        from airflow_cloudtrain.lifecycle.run_secrets import spec_secret_env
+        from airflow_cloudtrain.lifecycle.run_secrets import FLEET_LIFETIME_S, spec_secret_env
 
         ctx = self.ctx
         if not ctx.secret_env:
             return {}
         self._check()
+        # workers keep joining and reading them as long as items are left: not max_runtime's lifetime
         return spec_secret_env(
-            ctx.secret_env, self.ledger, ctx.backend, ctx.key.digest, self.log, ctx.config.max_runtime_s
+            ctx.secret_env, self.ledger, ctx.backend, ctx.key.digest, self.log, FLEET_LIFETIME_S
         )
 
     # --- the provider's parts (overridden by GceFleetRun) -----------------------------------------

@@ -19,6 +19,7 @@ from airflow_cloudtrain.agent.secret_refs import AIRFLOW_CONN, SecretRef, parse_
 from airflow_cloudtrain.lifecycle.retry import call_with_retry
 
 TTL_MARGIN_S = 86400.0  # a run secret outlives max_runtime by a day, then expires by itself
+FLEET_LIFETIME_S = 29 * 86400.0  # a fleet's (its workers read them while items are left): 30 days
 
 
 def by_operator(refs: dict[str, str]) -> bool:
