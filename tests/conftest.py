@@ -63,7 +63,7 @@ def emu(_emulator: Any) -> Iterator[Any]:
     _emulator.clear_faults()
     yield _emulator
     _emulator.clear_faults()
-    deadline = time.monotonic() + 15
+    deadline = time.monotonic() + 60  # a deadline for a loaded machine: ends are usually at once
     left = _emulator.running_instances()
     while left and time.monotonic() < deadline:
         time.sleep(0.3)

@@ -50,7 +50,8 @@ UNCLOSED = "Unclosed client session"
 # --- helpers -------------------------------------------------------------------------------------
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
+    """A deadline for a loaded machine (a deferred run's first polls can take tens of seconds there)."""
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
@@ -68,9 +69,12 @@ class Background(threading.Thread):
     def run(self) -> None:
         try:
             wait_for(self.condition, self.what)
-            self.action()
         except BaseException as err:  # handed to the test by join()
             self.error = err
+        try:  # acted on even when the condition never held, so the run waiting on it ends (and fails)
+            self.action()
+        except BaseException as err:
+            self.error = self.error or err
 
     def join(self, timeout: float | None = 30.0) -> None:
         super().join(timeout)
@@ -346,7 +350,7 @@ def test_trigger_waits_while_monitoring_has_no_data(emu, lagging, subscription, 
             await asyncio.sleep(0.05)
         assert not task.done(), task.result()
         first_sample(lagging, topic, path)
-        return await asyncio.wait_for(task, 30)
+        return await asyncio.wait_for(task, 120)
 
     event = asyncio.run(main())
     assert event["status"] == "success" and (event["queue"], event["depth"]) == (path, 0)
@@ -394,7 +398,7 @@ def test_trigger_succeeds_once_every_message_is_acked(emu, ps, subscription, cap
             await asyncio.sleep(0.05)
         assert not any(t.done() for t in tasks)
         await asyncio.to_thread(ps.work_off, path, 2)
-        return list(await asyncio.wait_for(asyncio.gather(*tasks), 30))
+        return list(await asyncio.wait_for(asyncio.gather(*tasks), 120))
 
     for event in asyncio.run(main()):
         assert event["status"] == "success"
@@ -404,7 +408,7 @@ def test_trigger_succeeds_once_every_message_is_acked(emu, ps, subscription, cap
 
 def test_trigger_fails_when_the_subscription_is_missing_or_deleted(emu, ps, subscription, capfd) -> None:
     ghost = ghost_path()
-    event = asyncio.run(asyncio.wait_for(first_event(trigger(ghost, min_depth=1, max_depth=None)), 30))
+    event = asyncio.run(asyncio.wait_for(first_event(trigger(ghost, min_depth=1, max_depth=None)), 120))
     assert event["status"] == "error" and f"queue {ghost} does not exist" in event["message"]
 
     topic, path = subscription
@@ -419,7 +423,7 @@ def test_trigger_fails_when_the_subscription_is_missing_or_deleted(emu, ps, subs
             await asyncio.sleep(0.05)
         assert not task.done(), task.result()
         await asyncio.to_thread(ps.sub.delete_subscription, subscription=path)
-        return await asyncio.wait_for(task, 30)
+        return await asyncio.wait_for(task, 120)
 
     event = asyncio.run(main())
     assert event["status"] == "error" and f"queue {path} does not exist" in event["message"]
@@ -442,7 +446,7 @@ def test_trigger_waits_out_throttled_monitoring_reads(emu, subscription, capfd) 
             await asyncio.sleep(0.05)
         assert not task.done(), task.result()  # throttled: waited out, not failed
         emu.clear_faults()
-        return await asyncio.wait_for(task, 30)
+        return await asyncio.wait_for(task, 120)
 
     try:
         event = asyncio.run(main())

@@ -68,7 +68,7 @@ class DyingResume(CheckpointResumeOperator):
 with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
     DyingResume(task_id="train", cloud="{cloud}", cpus=2, ram="4g", code={jobs!r}, bucket="{bucket}",
                 region="{region}", poll_interval=0.5, live_prices=False, checkpoint_interval=1,
-                deferrable={deferrable}, command="python3 steps.py 24 2 0.25")
+                deferrable={deferrable}, command="{hold}python3 steps.py 24 2 0.25")
 """
 
 
@@ -79,8 +79,15 @@ def first_try(
     return start_first_try(dag_id, logical_date, env)
 
 
-def write_dying_dag(dag_id: str, provider: str, deferrable: bool) -> None:
+def write_dying_dag(
+    dag_id: str, provider: str, deferrable: bool, hold_at: int | None = None, until: Path | None = None
+) -> None:
+    """``hold_at``: the first instance's job waits at that step until it is stopped or ``until``
+    exists (jobs/steps.py)."""
+    hold = f"STEPS_HOLD_AT={hold_at} " if hold_at else ""
+    hold += f"STEPS_HOLD_UNTIL={until} " if until else ""
     source = DAG_SOURCE.format(
+        hold=hold,
         dag_id=dag_id,
         cloud=CLOUD[provider],
         bucket=BUCKET[provider],
@@ -116,7 +123,9 @@ def test_worker_killed_around_a_relaunch_continues_the_loop(
     emu, airflow_db, provider: str, die_at: str
 ) -> None:
     dag_id = f"resume_killed_{provider}_{die_at}"
-    write_dying_dag(dag_id, provider, deferrable=False)
+    # the first job holds at step 6 (after its checkpoint) until the interruption below: a job free to
+    # finish its 24 steps could end before a slow machine got the interruption in
+    write_dying_dag(dag_id, provider, deferrable=False, hold_at=6)
     when = datetime(2026, 2, 1, tzinfo=timezone.utc) + timedelta(
         hours=["finishing", "between_attempts"].index(die_at)
     )
@@ -147,7 +156,10 @@ def test_triggerer_and_worker_killed_mid_attempt_adopt_the_running_instance(
     """The deferred attempt's trigger dies with its process; the task runs again and re-attaches to
     the same instance (its job goes on undisturbed) instead of launching a second one."""
     dag_id = f"resume_trigger_killed_{provider}"
-    write_dying_dag(dag_id, provider, deferrable=True)
+    # the job holds at step 4 until the first try is dead: free to run its 24 steps, it could end
+    # before a slow machine got the try deferred, and nothing would be left running to adopt
+    release = tmp_path / "first-try-killed"
+    write_dying_dag(dag_id, provider, deferrable=True, hold_at=4, until=release)
     when = datetime(2026, 3, 1, tzinfo=timezone.utc)
     emu.reset_counts()
     mark = tmp_path / "deferred"
@@ -162,6 +174,7 @@ def test_triggerer_and_worker_killed_mid_attempt_adopt_the_running_instance(
     proc.kill()
     proc.wait(timeout=60)
     assert instance in [i["id"] for i in emu.running_instances()]  # the job runs on meanwhile
+    release.touch()
 
     run = load_example(dag_id).test(logical_date=when, run_after=when)
     assert task_states(run) == {"train": "success"}

@@ -87,8 +87,9 @@ def status_of(provider: str, dag_id: str, run: Any, instance_id: str) -> RunStat
     return RunStatus.from_json(text)
 
 
-def when_running(emu: Any, action: Any, timeout: float = 60) -> threading.Thread:
-    """In the background: once an instance of ours runs and its job has printed, act on it."""
+def when_running(emu: Any, action: Any, timeout: float = 240) -> threading.Thread:
+    """In the background: once an instance of ours runs and its job has printed, act on it (the
+    deadline is for a loaded machine: parsing, launch and agent start come first)."""
 
     def watch() -> None:
         deadline = time.monotonic() + timeout
@@ -120,8 +121,10 @@ def test_spot_interruption_fails_with_a_spot_error(
     emu, airflow_db, capfd, provider: str, deferrable: bool
 ) -> None:
     dag_id = f"spot_{provider}_{int(deferrable)}"
-    # the agent polls instance metadata every 5 s; AWS gives 2 minutes of notice, GCE about 30 s
-    watcher = when_running(emu, lambda iid: emu.interrupt(iid, notice_s=7))
+    # the agent polls instance metadata every 5 s; AWS gives 2 minutes of notice, GCE about 30 s. A
+    # 7 s notice left a loaded machine 2 s to get that poll in before the instance was taken (then
+    # ended as a plain SIGTERM, not a spot interruption); 15 s leaves it three polls
+    watcher = when_running(emu, lambda iid: emu.interrupt(iid, notice_s=15))
     run = scenario(dag_id, provider, LONG_JOB, deferrable=deferrable).test()
     watcher.join(5)
     assert task_states(run) == {"train": "failed"}
@@ -136,17 +139,22 @@ def test_spot_interruption_fails_with_a_spot_error(
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_a_retry_after_a_kill_runs_the_job_again(emu, airflow_db, capfd, provider: str) -> None:
+def test_a_retry_after_a_kill_runs_the_job_again(emu, airflow_db, capfd, tmp_path, provider: str) -> None:
     """Terminating the instance makes its agent write "interrupted"; the retry must not deliver that
     as the run's result but run the job again."""
     dag_id = f"killretry_{provider}"
+    # The first instance's job runs until the kill (a fixed sleep let a slow watcher miss it and
+    # the first try succeed); the retry's job sees the mark and finishes. Emulated instances share
+    # this machine's filesystem, which is what makes the mark visible to the second one.
+    mark = tmp_path / "first-job-started"
+    job = f"if [ -e '{mark}' ]; then echo trained; else touch '{mark}'; echo started; sleep 600; fi"
     before = signal.getsignal(signal.SIGTERM)
     try:
         watcher = when_running(emu, lambda iid: os.kill(os.getpid(), signal.SIGTERM))
         dag = scenario(
             dag_id,
             provider,
-            "echo started; sleep 4; echo trained",
+            job,
             spot=False,
             extra=", retries=1, retry_delay=timedelta(seconds=0)",
         )
@@ -217,15 +225,21 @@ def test_no_capacity_anywhere_lists_what_was_tried(emu, airflow_db, capfd, provi
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)
-def test_no_credentials_in_user_data_xcom_or_logs(emu, airflow_db, capfd, provider: str) -> None:
+def test_no_credentials_in_user_data_xcom_or_logs(emu, airflow_db, capfd, tmp_path, provider: str) -> None:
     dag_id = f"nosecrets_{provider}"
     seen_metadata: dict[
         str, str
     ] = {}  # GCE deletes the instance at teardown: read its metadata while it runs
-    watcher = when_running(
-        emu, lambda iid: seen_metadata.update(gce_metadata(emu, iid)) if provider == "gcp" else None
-    )
-    run = scenario(dag_id, provider, "echo started; sleep 1; echo job ran").test()
+    read = tmp_path / "metadata-read"
+
+    def read_metadata(iid: str) -> None:
+        if provider == "gcp":
+            seen_metadata.update(gce_metadata(emu, iid))
+        read.touch()  # the job waits for this (not a fixed sleep), so the VM is still there to read
+
+    watcher = when_running(emu, read_metadata)
+    job = f"echo started; for i in $(seq 1 2400); do [ -e '{read}' ] && break; sleep 0.1; done; echo job ran"
+    run = scenario(dag_id, provider, job).test()
     watcher.join(5)
     assert task_states(run) == {"train": "success"}
     result = xcom(run, "train")

@@ -2,6 +2,11 @@
 every EVERY steps and on SIGTERM, resuming from the newest complete checkpoint it finds.
 
 Usage: python3 steps.py STEPS EVERY STEP_S [FAIL_AT_STEP]
+
+With ``STEPS_HOLD_AT=N`` in its environment, the first run (``CLOUDTRAIN_RESTARTS`` 0) stops counting
+after step N until it is stopped (SIGTERM) or killed, or, with ``STEPS_HOLD_UNTIL=<path>``, until that
+file exists: a test that acts on it mid-run then cannot lose the race to the job finishing first on a
+slow machine; a relaunched job runs to the end.
 """
 
 import json
@@ -14,6 +19,7 @@ from airflow_cloudtrain import checkpoint
 
 steps, every, step_s = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3])
 fail_at = int(sys.argv[4]) if len(sys.argv) > 4 else None
+hold_at = int(os.environ.get("STEPS_HOLD_AT") or 0) if os.environ["CLOUDTRAIN_RESTARTS"] == "0" else 0
 ckpt_dir = os.environ["CLOUDTRAIN_CHECKPOINT_DIR"]
 found = checkpoint.latest(ckpt_dir)
 step = json.loads(found.read_text())["step"] if found else 0
@@ -43,6 +49,11 @@ while step < steps:
         sys.exit(3)
     if step % every == 0 or stopping:
         save(step)
+    if step == hold_at:
+        print(f"holding at step {step} until stopped", flush=True)
+        release = os.environ.get("STEPS_HOLD_UNTIL")
+        while not stopping and not (release and os.path.exists(release)):
+            time.sleep(0.1)
     if stopping:
         print(f"stopped at step {step} after SIGTERM", flush=True)
         sys.exit(143)
