@@ -10,10 +10,14 @@ demo: setup
 airflow: setup
 	.venv/bin/cloudtrain up
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist; each has its own Airflow home, DB and
+# emulator): most tests wait on emulated instances, so more workers than cores pays. PYTEST_ARGS
+# narrows it, e.g. `make test PYTEST_ARGS=tests/cloud/test_runs.py`.
+TEST_WORKERS ?= 4
 test: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check airflow_cloudtrain tests benchmarks example_dags
-	.venv/bin/python -m pytest -p no:cacheprovider -q
+	.venv/bin/python -m pytest -p no:cacheprovider -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 bench: setup
 	.venv/bin/python benchmarks/catalog.py
