@@ -26,9 +26,9 @@ task is a shared poll group's task, or, for ``EC2StateSensorTrigger``, each trig
 rounds are its requests (worker threads count for the task that started them) up to an idle second.
   first poll  from the first trigger built until every polling task finished its first round
   cycle wall  a round's time beyond its task's sleep (next round's start - this one's - the sleep)
-  per cycle   totals over the steady windows (all but the first) divided by the rounds begun in
-              them by the tasks that poll every poll_interval (their mean; for the Amazon trigger,
-              over all N): requests by API (from the emulator's counts), SDK clients created
+  per cycle   totals over the steady windows (all but the first) divided by their number (our
+              triggers' groups poll at a fixed rate: a window is a cycle; for the Amazon trigger,
+              whose triggers poll one after another, by the rounds they began): requests by API (from the emulator's counts), SDK clients created
               (botocore ``Session.create_client``, aiobotocore ``AioSession.create_client``, google
               storage/compute clients), process CPU seconds (all its threads)
   clients     also in all, and those not closed once the triggers were cancelled
@@ -792,10 +792,11 @@ def fmt_requests(counts: dict[str, float]) -> str:
 
 
 def steady(res: dict[str, Any], key: str) -> Any:
-    """Per poll cycle over the windows after the first (which holds the start): totals divided by
-    the poll rounds the polling tasks began in them (their mean); per window if there were none."""
+    """Per poll cycle over the windows after the first (which holds the start): per window (one
+    poll interval); for the Amazon trigger, totals divided by the poll rounds its triggers began in
+    them (their mean), as each polls again only after its round."""
     wins = res["windows"][1:] or res["windows"]
-    cycles = res["cycles"] or len(wins)
+    cycles = (res["cycles"] or len(wins)) if res["label"] == "EC2StateSensorTrigger" else len(wins)
     if key != "requests":
         return sum(w[key] for w in wins) / cycles
     total: Counter[str] = Counter()
