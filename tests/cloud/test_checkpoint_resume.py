@@ -117,7 +117,9 @@ def test_interruptions_resume_from_the_latest_complete_checkpoint(
     at = [rng.randint(3, 9), rng.randint(3, 9)]
     print(f"seed {seed}: interrupting after {at} steps")
     dag_id = f"resume_{provider}_{int(deferrable)}"
-    interrupter = Interrupter(emu, at, notice_s=[8, 0])  # first with a notice, then without
+    # first with a notice, then without; the agent polls the metadata every 5 s, so the notice leaves
+    # a loaded machine three polls to see it (8 s left one, and a missed notice reads as no notice)
+    interrupter = Interrupter(emu, at, notice_s=[15, 0])
     run = resume_dag(dag_id, provider, "python3 steps.py 40 2 0.25", deferrable).test()
     interrupter.join()
     assert task_states(run) == {"train": "success"}
