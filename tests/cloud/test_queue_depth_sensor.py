@@ -277,7 +277,7 @@ def test_trigger_succeeds_once_the_queue_drains(emu, sqs, queue, capfd, caplog) 
 
     async def main() -> list[dict[str, Any]]:
         tasks = [asyncio.ensure_future(first_event(trigger(url))) for _ in range(3)]
-        deadline = asyncio.get_running_loop().time() + 30
+        deadline = asyncio.get_running_loop().time() + 120
         while await asyncio.to_thread(polls, emu) < 2:
             assert asyncio.get_running_loop().time() < deadline, "the triggers never polled"
             await asyncio.sleep(0.05)
@@ -309,7 +309,7 @@ def test_trigger_waits_out_throttling(emu, sqs, queue, capfd, caplog) -> None:
 
     async def main() -> dict[str, Any]:
         task = asyncio.ensure_future(first_event(trigger(url)))
-        deadline = asyncio.get_running_loop().time() + 30
+        deadline = asyncio.get_running_loop().time() + 120
         while await asyncio.to_thread(throttled) < 3:
             assert asyncio.get_running_loop().time() < deadline, "the trigger never polled"
             await asyncio.sleep(0.05)
