@@ -210,9 +210,10 @@ def test_job_ignoring_sigterm_is_killed_when_the_notice_runs_out(
     metadata.set_spot_action(run.iid, "stop", at=time.time() + 1.5)
     status = run.wait()
     assert status.state == runs.INTERRUPTED and status.exit_code == 137  # SIGKILL after the grace
-    assert (
-        time.monotonic() - started < 20
-    )  # the 1.5 s notice, not NOTICE_GRACE_S (25 s); generous for a loaded machine
+    # the grace the 1.5 s notice leaves (at least 1 s), not NOTICE_GRACE_S (25 s): read from what the
+    # agent said, since the wall clock of a loaded machine cannot tell 1 s from 25 s reliably
+    assert "stopping the job, 1.0 s grace of " in run.log(notes=True)
+    assert time.monotonic() - started < 60  # and it was killed, not left running
 
 
 def test_stop_grace_caps_what_the_notice_leaves(s3: Any, metadata: MetadataServer, tmp_path: Path) -> None:
