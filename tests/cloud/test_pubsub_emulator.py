@@ -242,10 +242,11 @@ def test_modify_ack_deadline_extends_and_nacks(ps: PubSub) -> None:
     topic = ps.topic()
     sub = ps.subscription(topic, ack_deadline=10, dead_letter_policy={"dead_letter_topic": dead})
     ps.pub.publish(topic=topic, messages=[{"data": b"long item"}])
-    with lease_scale(ps, 0.1):  # a 1 s lease: time enough to extend it on a busy machine
+    with lease_scale(ps, 0.3):  # a 3 s lease: time enough to extend it on a busy machine (1 s was not)
         got = ps.pull_one(sub)
+    pulled = time.monotonic()
     ps.sub.modify_ack_deadline(subscription=sub, ack_ids=[got.ack_id], ack_deadline_seconds=600)
-    until = time.monotonic() + 2.5  # well past the 1 s lease: it would have run out
+    until = pulled + 4.5  # well past the 3 s lease: it would have run out
     while time.monotonic() < until:
         assert not ps.sub.pull(subscription=sub, max_messages=1).received_messages
     with pytest.raises(gexc.BadRequest):
