@@ -318,7 +318,7 @@ def local_airflow(
 
 
 class _Stop(Exception):
-    """SIGTERM, raised in the main thread like Ctrl-C's KeyboardInterrupt."""
+    """SIGTERM or SIGINT (Ctrl-C), raised in the main thread."""
 
 
 def _raise_stop(signum: int, frame: Any) -> None:
@@ -329,7 +329,9 @@ def run_up(args: argparse.Namespace) -> int:  # pragma: no cover - interactive; 
     from airflow_cloudtrain.emulator import DEFAULT_BUCKET, Emulator
 
     home = Path(args.home)
-    previous = signal.signal(signal.SIGTERM, _raise_stop)
+    # SIGINT too: a shell that starts us in the background leaves SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt handler
+    previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         print("Starting the emulated clouds ...", flush=True)
         with Emulator() as emu:
@@ -342,7 +344,7 @@ def run_up(args: argparse.Namespace) -> int:  # pragma: no cover - interactive; 
                     f"Processes: {', '.join(PROCESSES)} (output in {home.resolve() / 'logs'}/*.out)\n"
                     f"Emulated clouds: AWS {emu.aws_endpoint}, GCE {emu.gce_endpoint}, buckets "
                     f"s3://{DEFAULT_BUCKET} and gs://{DEFAULT_BUCKET}\n"
-                    "Ctrl-C stops everything.",
+                    "New DAGs start paused: switch one on, or trigger it. Ctrl-C stops everything.",
                     flush=True,
                 )
                 try:
@@ -365,8 +367,8 @@ def run_up(args: argparse.Namespace) -> int:  # pragma: no cover - interactive; 
         print(f"cloudtrain up: {err}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGTERM, previous)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def add_up_parser(sub: Any) -> None:
