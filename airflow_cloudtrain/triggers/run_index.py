@@ -281,7 +281,7 @@ class LiveIndex:
                 del self.seen[iid]
 
     def save_cursors(self) -> None:
-        """One write per poll for the whole group when a cursor moved (and at least every
+        """One write per poll interval for the whole group when a cursor moved (and at least every
         ``CURSORS_REFRESH_S``, so a live triggerer's file never looks stale); none left: delete."""
         with self._lock:
             current = dict(self.cursors)
