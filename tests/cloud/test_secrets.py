@@ -285,26 +285,37 @@ def test_a_worker_killed_after_making_the_secrets_leaves_none_after_the_retry(
     assert run_secrets(emu, provider, digest) == []
 
 
+@pytest.mark.parametrize("provider", ["aws", "gcp"])
 def test_a_fleet_worker_gets_the_secrets_and_the_fleet_leaves_none(
-    emu, airflow_db, capfd, planted: dict[str, str]
+    emu, airflow_db, capfd, planted: dict[str, str], provider: str
 ) -> None:
-    """SpotFleetOperator: every item's job reads the same secrets; the run's own are gone after it."""
-    from dag_helpers import fleet_nothing_left
+    """SpotFleetOperator / PreemptibleGroupOperator: every item's job reads the same secrets; the run's
+    own are gone after it, with the rest of the fleet."""
+    from dag_helpers import fleet_nothing_left, gce_fleet_nothing_left
 
-    dag_id = "secrets_fleet_aws"
-    bucket = "s3://cloudtrain-emulated/secrets"
+    dag_id = f"secrets_fleet_{provider}"
+    if provider == "aws":
+        operator, args = "SpotFleetOperator", 'cloud="ec2spot", region="us-east-1"'
+        ref = "aws-ssm:///team/api-token"
+    else:
+        operator, args = "PreemptibleGroupOperator", 'region="us-central1"'
+        ref = f"gcp-secret://projects/{PROJECT}/secrets/api-token"
+    secrets = {
+        "API_TOKEN": ref,
+        "HF_TOKEN": "airflow_var://hf_token",
+        "DB_PASSWORD": "airflow_conn://training_db/password",
+    }
     source = textwrap.dedent(
         f"""
         from datetime import datetime
         from airflow.sdk import DAG
-        from airflow_cloudtrain.operators import SpotFleetOperator
+        from airflow_cloudtrain.operators import {operator}
 
         with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
-            SpotFleetOperator(
-                task_id="train", cloud="ec2spot", cpus=2, ram="4g", command={JOB!r}, bucket={bucket!r},
-                region="us-east-1", work_items=["a", "b"], poll_interval=0.5, live_prices=False,
-                lease_timeout=10, secret_env={{"API_TOKEN": "aws-ssm:///team/api-token",
-                "HF_TOKEN": "airflow_var://hf_token", "DB_PASSWORD": "airflow_conn://training_db/password"}})
+            {operator}(
+                task_id="train", {args}, cpus=2, ram="4g", command={JOB!r}, bucket={BUCKET[provider]!r},
+                work_items=["a", "b"], poll_interval=0.5, live_prices=False, lease_timeout=10,
+                secret_env={secrets!r})
         """
     )
     run = write_dag(source, dag_id).test()
@@ -313,16 +324,19 @@ def test_a_fleet_worker_gets_the_secrets_and_the_fleet_leaves_none(
     expected = hashlib.sha256(
         "|".join([planted["cloud"], planted["var"], planted["conn"]]).encode()
     ).hexdigest()
-    objects = bucket_objects("aws")
+    objects = bucket_objects(provider)
     item_logs = b"".join(data for key, data in objects.items() if dag_id in key and key.endswith(".log"))
     assert item_logs.count(f"digest {expected}".encode()) == 2  # each item's job saw the right values
     assert b"token=*** var=*** conn=***" in item_logs
     for value in planted.values():
         assert value not in log and value not in json.dumps(xcom(run, "train"))
         assert [key for key, data in objects.items() if value.encode() in data] == []
-    digest = digest_of("aws", dag_id, run.run_id)
-    assert run_secrets(emu, "aws", digest) == []
-    fleet_nothing_left(digest)
+    digest = digest_of(provider, dag_id, run.run_id)
+    assert run_secrets(emu, provider, digest) == []
+    if provider == "aws":
+        fleet_nothing_left(digest)
+    else:
+        gce_fleet_nothing_left(emu, digest)
 
 
 def test_a_secret_the_instance_cannot_read_fails_the_run_naming_it(emu, airflow_db, capfd) -> None:
