@@ -170,12 +170,13 @@ def bucket_objects(provider: str) -> dict[str, bytes]:
     return {key: folder.get_bytes(key) or b"" for key in keys}
 
 
-def user_data_watch(emu: Any, provider: str) -> tuple[threading.Thread, dict[str, str]]:
-    """Reads the instance's user data / startup script while it runs (GCE deletes the VM at teardown)."""
+def user_data_watch(emu: Any, provider: str, mark: Any) -> tuple[threading.Thread, dict[str, str]]:
+    """Reads the instance's user data / startup script while it runs (GCE deletes the VM at teardown),
+    then creates ``mark``, which the job waits for (not a fixed sleep: the VM is still there to read)."""
     seen: dict[str, str] = {}
 
     def watch() -> None:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 240  # a loaded machine: parsing, launch and agent start first
         while time.monotonic() < deadline and not seen:
             for inst in emu.running_instances():
                 if provider == "gcp":
@@ -192,6 +193,7 @@ def user_data_watch(emu: Any, provider: str) -> tuple[threading.Thread, dict[str
                     )
                     seen["user_data"] = base64.b64decode(raw["UserData"]["Value"]).decode()
             time.sleep(0.2)
+        mark.touch()
 
     thread = threading.Thread(target=watch, daemon=True)
     thread.start()
@@ -204,13 +206,15 @@ def user_data_watch(emu: Any, provider: str) -> tuple[threading.Thread, dict[str
     ids=["aws", "gcp", "aws-deferred"],
 )
 def test_the_job_gets_its_secrets_and_nothing_else_does(
-    emu, airflow_db, capfd, planted: dict[str, str], provider: str, deferrable: bool
+    emu, airflow_db, capfd, tmp_path, planted: dict[str, str], provider: str, deferrable: bool
 ) -> None:
     """Deferred, the job's lines reach the task log through the trigger (the live index's tail)."""
     dag_id = f"secrets_ok_{provider}_{int(deferrable)}"
-    watcher, seen = user_data_watch(emu, provider)
-    run = write_dag(dag_source(dag_id, provider, JOB, deferrable=deferrable), dag_id).test()
-    watcher.join(130)
+    mark = tmp_path / "user-data-read"
+    watcher, seen = user_data_watch(emu, provider, mark)
+    held = f"for i in $(seq 1 2400); do [ -e '{mark}' ] && break; sleep 0.1; done; {JOB}"
+    run = write_dag(dag_source(dag_id, provider, held, deferrable=deferrable), dag_id).test()
+    watcher.join(250)
     log = capfd.readouterr().out
     assert task_states(run) == {"train": "success"}, log[-3000:]
     expected = hashlib.sha256(
