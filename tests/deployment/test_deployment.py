@@ -48,7 +48,7 @@ def _ui_train_from_the_rest_api_with_params(deployment: Deployment, emu: Any) ->
         "command": "echo job-a-$((40+2)); echo job-b-$((50+3))",
     }
     run_id = api.trigger(DAG, conf)
-    assert api.wait_run(DAG, run_id) == "success", api.log_lines(DAG, run_id, "train")[-40:]
+    assert api.wait_run(DAG, run_id) == "success", "\n".join(api.log_lines(DAG, run_id, "train")[-60:])
     result = api.xcom(DAG, run_id, "train")
     # the form's values reached the operator: on-demand, and the cheapest type with >= 4 vCPUs and 8 GiB
     assert result["cloud"] == "ec2" and result["spot"] is False and result["exit_code"] == 0
@@ -69,7 +69,7 @@ def _a_killed_triggerer_is_replaced_and_the_run_ends_on_the_same_instance(
     instance_id = _deferred_on_one_instance(deployment, emu, run_id)
     airflow.kill("triggerer")  # SIGKILL, as a lost machine or the OOM killer would
     airflow.start("triggerer")
-    assert api.wait_run(DAG, run_id) == "success", api.log_lines(DAG, run_id, "train")[-40:]
+    assert api.wait_run(DAG, run_id) == "success", "\n".join(api.log_lines(DAG, run_id, "train")[-60:])
     result = api.xcom(DAG, run_id, "train")
     assert result["instance_id"] == instance_id and result["exit_code"] == 0
     assert _instance_state(instance_id) == "terminated"
