@@ -67,8 +67,11 @@ def test_six_items_on_a_group_of_three_each_run_once(emu, airflow_db, capfd) -> 
     gce_fleet_nothing_left(emu, digest_of(dag_id, run))
 
 
-def test_a_preempted_member_is_recreated_and_its_item_resumes(emu, airflow_db) -> None:
-    items = [{"steps": 24, "step_s": 0.25, "n": 0}, {"steps": 24, "step_s": 0.25, "n": 1}]
+def test_a_preempted_member_is_recreated_and_its_item_resumes(emu, airflow_db, tmp_path) -> None:
+    # both items hold at step 6 (jobs/item.py) until the preempted member is gone: an item free to
+    # finish could end before a slow machine got the preemption to its worker
+    release = tmp_path / "preempted"
+    items = [{"steps": 24, "step_s": 0.25, "n": n, "hold_at": 6, "release": str(release)} for n in (0, 1)]
     dag_id = "gce_group_preempted"
     dag = group_dag(dag_id, items, deferrable=True, extra="num_workers=2")
     preempted: list[str] = []
@@ -88,9 +91,12 @@ def test_a_preempted_member_is_recreated_and_its_item_resumes(emu, airflow_db) -
         while preempted and not recreated and time.monotonic() < deadline:
             names = {i["id"] for i in emu.running_instances()}
             gone = gone or preempted[0] not in names
+            if gone:
+                release.touch()  # the preempted member is gone: the items may go on
             if gone and preempted[0] in names:  # the group made a VM of that name again
                 recreated.append(preempted[0])
             time.sleep(0.1)
+        release.touch()  # whatever happened, the items may go on (the asserts below tell)
 
     thread = threading.Thread(target=preempt_one, daemon=True)
     thread.start()

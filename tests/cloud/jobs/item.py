@@ -2,6 +2,9 @@
 
 Counts steps, checkpoints every other step and on SIGTERM, resumes from the newest complete
 checkpoint, and writes ``item.json`` (the item, its id, the step it resumed from) to its output.
+With ``"hold_at": N`` and ``"release": <path>``, a fresh start stops counting after step N until it is
+stopped (SIGTERM) or that file exists: a test that interrupts a worker mid-item then cannot lose the
+race to the item finishing first on a slow machine; a resumed item runs to the end.
 """
 
 import json
@@ -40,6 +43,10 @@ while step < item["steps"]:
     print(f"item {item_id} step {step}", flush=True)
     if step % 2 == 0 or stopping:
         save(step)
+    if not found and step == item.get("hold_at"):
+        print(f"item {item_id} holding at step {step}", flush=True)
+        while not stopping and not os.path.exists(item["release"]):
+            time.sleep(0.1)
     if stopping:
         sys.exit(143)
 with open(os.path.join(os.environ["CLOUDTRAIN_OUTPUT_DIR"], "item.json"), "w") as out:
