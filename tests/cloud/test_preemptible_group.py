@@ -84,7 +84,9 @@ def test_a_preempted_member_is_recreated_and_its_item_resumes(emu, airflow_db, t
                 log = emu.agent_log(inst["id"])
                 if inst["group"] and "uploaded to" in log and "step 6" in log:
                     preempted.append(inst["id"])
-                    emu.interrupt(inst["id"], notice_s=5)
+                    # the agent polls the metadata every 5 s: 15 s leave a loaded machine three polls to see
+                    # the notice and requeue the item (5 s could pass unseen, and the item moved uncounted)
+                    emu.interrupt(inst["id"], notice_s=15)
                     break
             time.sleep(0.1)
         gone = False

@@ -127,8 +127,13 @@ def test_idle_workers_leave_and_a_busy_one_is_never_scaled_in(emu, airflow_db) -
     nothing_left(digest_of(dag_id, run))
 
 
-def test_deferrable_fleet_with_a_reclaimed_worker_resumes_the_item_elsewhere(emu, airflow_db) -> None:
-    items = [{"steps": 24, "step_s": 0.25, "n": 0}, {"steps": 24, "step_s": 0.25, "n": 1}]
+def test_deferrable_fleet_with_a_reclaimed_worker_resumes_the_item_elsewhere(
+    emu, airflow_db, tmp_path
+) -> None:
+    # both items hold at step 6 (jobs/item.py) until a worker was reclaimed and is gone: an item free
+    # to finish could end before a slow machine got the notice to its worker
+    release = str(tmp_path / "reclaimed")
+    items = [{"steps": 24, "step_s": 0.25, "n": n, "hold_at": 6, "release": release} for n in (0, 1)]
     dag_id = "fleet_reclaimed"
     dag = fleet_dag(dag_id, items, deferrable=True, extra="num_workers=2, max_workers=2")
     reclaimed: list[str] = []
@@ -140,9 +145,16 @@ def test_deferrable_fleet_with_a_reclaimed_worker_resumes_the_item_elsewhere(emu
                 log = emu.agent_log(inst["id"])
                 if "uploaded to" in log and "step 6" in log:
                     reclaimed.append(inst["id"])
-                    emu.interrupt(inst["id"], notice_s=5)
+                    # the agent polls the metadata every 5 s: 15 s leave a loaded machine three polls to see
+                    # the notice and requeue the item (5 s could pass unseen, and the item moved uncounted)
+                    emu.interrupt(inst["id"], notice_s=15)
                     break
             time.sleep(0.1)
+        while reclaimed and reclaimed[0] in {i["id"] for i in emu.running_instances()}:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        open(release, "w").close()  # the reclaimed worker is gone: the items may go on
 
     thread = threading.Thread(target=reclaim_one, daemon=True)
     thread.start()
