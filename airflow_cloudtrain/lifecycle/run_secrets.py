@@ -38,9 +38,18 @@ def _kind_module(provider: str) -> Any:
     return aws_secrets
 
 
+def holds_run_secrets(refs: dict[str, str]) -> bool:
+    """Does a spec's ``secret_env`` name secrets this run made (``/cloudtrain/<digest>/`` in SSM,
+    ``secrets/cloudtrain-<digest>-`` in Secret Manager)? A trigger only has the spec to go by."""
+    return any("/cloudtrain/" in text or "/secrets/cloudtrain-" in text for text in refs.values())
+
+
 def sweep_secrets(backend: Any, refs: dict[str, str]) -> None:
-    """With operator-made secrets, every teardown's tag sweep also looks for them (a lost store)."""
-    if not refs or not by_operator(refs):
+    """With operator-made secrets, every teardown's tag sweep also looks for them (a lost store).
+
+    ``refs``: the task's ``secret_env`` (before launch) or the spec's (where they are already the
+    run's own secrets' references)."""
+    if not refs or not (by_operator(refs) or holds_run_secrets(refs)):
         return
     kind = _kind_module(backend.provider).KIND
     kinds = tuple(getattr(backend, "sweep_kinds", ("instance",)))

@@ -358,6 +358,7 @@ class RunTrigger(BaseTrigger):
         backend = self._backend(launch)
         try:
             folder = backend.run_folder(launch.run_uri)
+            self._sweep_run_secrets_too(backend, folder)
             if not has_final_status(folder, launch.instance_id):
                 mark_reported(folder, launch.instance_id, launch.try_number, "released", TransientBudget(5.0))
         except Exception as err:  # releasing matters more
@@ -368,6 +369,20 @@ class RunTrigger(BaseTrigger):
         budget = TransientBudget(budget_s=25.0, cap_s=5.0)
         released = call_with_retry(lambda: ledger.release(backend, sweep=bool(launch.run_key)), budget)
         return [r.id or "" for r in released]
+
+    def _sweep_run_secrets_too(self, backend: Any, folder: Any) -> None:
+        """Secrets the operator stored for the run (``secret_env``'s airflow_* references) go with it:
+        the spec names them, so the release's sweep looks for their kind too."""
+        from airflow_cloudtrain.lifecycle.run_secrets import sweep_secrets
+
+        try:
+            raw = folder.get_bytes(SPEC_KEY)
+            spec = RunSpec.from_json(raw.decode()) if raw else None
+        except Exception as err:  # releasing the instance matters more
+            self.log.warning("Could not read the run's spec for its secrets: %s", err)
+            return
+        if spec is not None:
+            sweep_secrets(backend, spec.secret_env)
 
 
 def _ended(instance: Instance | None) -> bool:

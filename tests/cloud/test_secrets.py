@@ -353,3 +353,43 @@ def test_a_secret_the_instance_cannot_read_fails_the_run_naming_it(emu, airflow_
     assert task_states(run) == {"train": "failed"}
     assert "secret_env['API_TOKEN']: could not read 'aws-ssm:///team/no-such-token'" in log
     assert "ParameterNotFound" in log and "ran-42" not in log  # the job never started
+
+
+def test_a_deferred_task_killed_releases_the_run_s_secrets_with_its_instance(emu, capfd) -> None:
+    """``RunTrigger.on_kill`` has only the launch record and the spec: the spec's references name the
+    run's own SSM parameter, so the release sweeps that kind too, not just the instance."""
+    import asyncio
+
+    import boto3
+
+    from airflow_cloudtrain.clouds import aws_secrets
+    from airflow_cloudtrain.clouds.registry import backend_for
+    from airflow_cloudtrain.lifecycle.records import LaunchRecord
+    from airflow_cloudtrain.runs import SPEC_KEY, RunSpec
+    from airflow_cloudtrain.triggers.run import RunTrigger
+
+    ec2 = boto3.client("ec2")
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    iid = ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=1, MaxCount=1)["Instances"][0][
+        "InstanceId"
+    ]
+    digest = uuid.uuid4().hex[:20]
+    backend = backend_for("ec2", region="us-east-1", aws_conn_id="aws_default")
+    _, _, ref = aws_secrets.put_secret(backend, digest, "HF_TOKEN", f"v-{uuid.uuid4().hex}", "test")
+    run_uri = f"{BUCKET['aws']}/killed-{digest}"
+    spec = RunSpec(run_id="ct-x", run_uri=run_uri, cloud="ec2", command="true", secret_env={"HF_TOKEN": ref})
+    open_run_folder(run_uri).put_text(SPEC_KEY, spec.to_json())
+    assert len(run_secrets(emu, "aws", digest)) == 1
+    launch = LaunchRecord(
+        run_id="ct-x",
+        run_uri=run_uri,
+        cloud="ec2",
+        region="us-east-1",
+        instance_id=iid,
+        run_key=digest,
+        location="us-east-1",
+    )
+    asyncio.run(RunTrigger(launch=launch.to_dict(), conn_id="aws_default").on_kill())
+    state = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]["Name"]
+    assert state == "terminated"
+    assert run_secrets(emu, "aws", digest) == []
