@@ -500,6 +500,13 @@ class RunAttempt:
         self.release(sweep=not swept)
 
     def kill(self) -> None:
-        """``on_kill``: stop launching and waiting, and release whatever exists (or is being made)."""
+        """``on_kill``: stop launching and waiting, and release whatever exists (or is being made).
+
+        Airflow calls this from its SIGTERM handler, on the main thread, wherever that thread was:
+        possibly inside a storage client call holding the client's own locks (google-cloud-storage's
+        bucket metadata cache holds a plain Lock while it starts a thread). Reading the run folder
+        through that same client here would wait on that lock forever, so the release reads through
+        a folder with a client of its own."""
         self.killed = True
+        self._folder = None
         self.abandon()
