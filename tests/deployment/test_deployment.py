@@ -28,11 +28,19 @@ def _count(lines: list[str], text: str) -> int:
     return sum(text in line for line in lines)
 
 
-def _deferred_on_one_instance(deployment: Deployment, emu: Any, run_id: str) -> str:
-    """Wait until the run's task is deferred with its job running; the instance's id."""
+def _deferred_on_one_instance(deployment: Deployment, emu: Any, run_id: str, first_line: str) -> str:
+    """Wait until the run's task is deferred and its trigger runs in the triggerer (the job's
+    ``first_line`` is in the task log); the instance's id. A task marked failed before any triggerer
+    picked its trigger up gets no ``on_kill`` from Airflow: not the case under test."""
     api = deployment.api
     wait_for(f"{run_id}'s train task to defer", lambda: api.task(DAG, run_id, "train")["state"] == "deferred")
-    instances = wait_for("the run's instance", emu.running_instances, timeout=60)
+    wait_for(
+        f"{first_line!r} in the task log (the trigger runs)",
+        lambda: _count(api.log_lines(DAG, run_id, "train"), first_line),
+        timeout=180,
+        every=2,
+    )
+    instances = emu.running_instances()
     assert len(instances) == 1, instances
     return str(instances[0]["id"])
 
@@ -45,7 +53,10 @@ def _ui_train_from_the_rest_api_with_params(deployment: Deployment, emu: Any) ->
         "cpus": 4,
         "ram": "8g",
         "bid": "",
-        "command": "echo job-a-$((40+2)); echo job-b-$((50+3))",
+        # 10 s first: a job ending within a second or two of the deferral can race Airflow's
+        # LocalExecutor (its late "success" for the deferring half fails the resumed task on a busy
+        # machine); that is Airflow's, not the case under test
+        "command": "sleep 10; echo job-a-$((40+2)); echo job-b-$((50+3))",
     }
     run_id = api.trigger(DAG, conf)
     assert api.wait_run(DAG, run_id) == "success", "\n".join(api.log_lines(DAG, run_id, "train")[-60:])
@@ -66,7 +77,7 @@ def _a_killed_triggerer_is_replaced_and_the_run_ends_on_the_same_instance(
     # long enough to outlast the restart and the 15 s after which a silent triggerer's work moves
     conf = {"command": "echo before-$((1+1)); sleep 45; echo after-$((2+2))"}
     run_id = api.trigger(DAG, conf)
-    instance_id = _deferred_on_one_instance(deployment, emu, run_id)
+    instance_id = _deferred_on_one_instance(deployment, emu, run_id, "before-2")
     airflow.kill("triggerer")  # SIGKILL, as a lost machine or the OOM killer would
     airflow.start("triggerer")
     assert api.wait_run(DAG, run_id) == "success", "\n".join(api.log_lines(DAG, run_id, "train")[-60:])
@@ -82,7 +93,7 @@ def _a_killed_triggerer_is_replaced_and_the_run_ends_on_the_same_instance(
 def _marking_a_deferred_task_failed_terminates_its_instance(deployment: Deployment, emu: Any) -> None:
     api = deployment.api
     run_id = api.trigger(DAG, {"command": "echo started-$((3+3)); sleep 600"})
-    instance_id = _deferred_on_one_instance(deployment, emu, run_id)
+    instance_id = _deferred_on_one_instance(deployment, emu, run_id, "started-6")
     api.call(
         "PATCH",
         f"/dags/{DAG}/dagRuns/{run_id}/taskInstances/train",
