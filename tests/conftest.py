@@ -8,6 +8,7 @@ emulated clouds hold no live instance of ours: teardown is a guarantee, so a lea
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -25,6 +26,14 @@ os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS_FOLDER)
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "True"
 os.environ["CLOUDTRAIN_CACHE_DIR"] = str(_HOME / "cache")
+# Jobs run in a login shell (``bash -lc``), as on a cloud image. The tests' agents must not read this
+# machine's own dotfiles: a ~/.bashrc running ``pyenv init`` rehashes in every job, and a job killed
+# mid-rehash leaves pyenv's lock behind, after which every job waits 60 s for it. The image's HOME
+# has only the profile the emulator gives its machines (this environment's Python first on PATH).
+_IMAGE_HOME = _HOME / "home"
+_IMAGE_HOME.mkdir()
+(_IMAGE_HOME / ".bash_profile").write_text(f'export PATH="{os.path.dirname(sys.executable)}:$PATH"\n')
+os.environ["HOME"] = str(_IMAGE_HOME)
 for _var in (
     "AWS_PROFILE",
     "AWS_ACCESS_KEY_ID",
