@@ -137,7 +137,7 @@ class MLEngineTrainOperator(BaseOperator):
         return self._run
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow.exceptions import TaskDeferred
+        from airflow.sdk.exceptions import TaskDeferred
 
         run = self._new_run(context)
         job = run.start()
