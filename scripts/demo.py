@@ -42,6 +42,10 @@ def prepare_airflow_home() -> None:
     os.environ["AIRFLOW_HOME"] = str(home)
     os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS)
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+    if not os.environ.get("AIRFLOW__CORE__FERNET_KEY"):  # connections and variables stored encrypted
+        from cryptography.fernet import Fernet
+
+        os.environ["AIRFLOW__CORE__FERNET_KEY"] = Fernet.generate_key().decode()
     os.environ.setdefault("CLOUDTRAIN_CACHE_DIR", str(home / "cache"))
     from airflow.utils import db
 
