@@ -203,10 +203,14 @@ def parse_bid(value: Any) -> Bid | None:
     return None if value in (None, "") else Bid(value)
 
 
+# A container image reference (registry/name:tag or @digest), for every operator that takes an image.
+IMAGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*")
+
+
 def parse_image(value: Any) -> str | None:
     if value is None or value == "":
         return None
-    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", value):
+    if not isinstance(value, str) or not IMAGE_RE.fullmatch(value):
         raise ValueError(
             f"image={value!r} is not valid: use a container image reference such as "
             "'pytorch/pytorch:2.4.0-cuda12.1-cudnn9-runtime' (the command runs inside it)"

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_cloudtrain.mlengine import ReplicaPool, resolve_pools
-from airflow_cloudtrain.operators.config import parse_bucket, parse_duration, parse_env
+from airflow_cloudtrain.operators.config import IMAGE_RE, parse_bucket, parse_duration, parse_env
 
 # ML Engine's job id rule (the detector's --job-id): letters, digits and underscores, starting with a
 # letter, at most 128 characters. It names the job folder, so it must be a safe path component too.
@@ -153,7 +153,7 @@ def _module(value: Any) -> str | None:
 def _image(value: Any, name: str) -> str | None:
     if value is None or value == "":
         return None
-    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*", value):
+    if not isinstance(value, str) or not IMAGE_RE.fullmatch(value):
         raise ValueError(
             f"{name}={value!r} is not a container image URI such as "
             "'us-docker.pkg.dev/my-project/train/trainer:1'"
