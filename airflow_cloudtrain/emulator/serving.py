@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Callable
 from typing import Any
 
 
@@ -26,3 +28,17 @@ class InThread:
         self.server.shutdown()
         self.server.server_close()
         self.thread.join(timeout=5)
+
+
+def json_body(request: Any, invalid: Callable[[str], Exception]) -> dict[str, Any]:
+    """A Google REST request's JSON object body ({} when empty); ``invalid(message)`` is the server's
+    own 400 error for a body that is not a JSON object."""
+    if not request.get_data():
+        return {}
+    try:
+        body = json.loads(request.get_data())
+    except ValueError as exc:
+        raise invalid("Invalid JSON payload received.") from exc
+    if not isinstance(body, dict):
+        raise invalid("Invalid JSON payload received.")
+    return body

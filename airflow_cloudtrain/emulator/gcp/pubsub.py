@@ -80,7 +80,7 @@ from werkzeug.wrappers import Request, Response
 from airflow_cloudtrain.emulator.faults import Throttle, is_own
 from airflow_cloudtrain.emulator.gcp.gce_api import PROJECT_ID
 from airflow_cloudtrain.emulator.gcp.pubsub_state import PubSubError, PubSubState, int_field, invalid, rfc3339
-from airflow_cloudtrain.emulator.serving import InThread
+from airflow_cloudtrain.emulator.serving import InThread, json_body
 
 __all__ = ["PubSubServer", "pubsub_client_kwargs"]
 
@@ -319,15 +319,7 @@ class PubSubServer(PubSubState):
 
 
 def _json_body(request: Request) -> dict[str, Any]:
-    if not request.get_data():
-        return {}
-    try:
-        body = json.loads(request.get_data())
-    except ValueError as exc:
-        raise invalid("Invalid JSON payload received.") from exc
-    if not isinstance(body, dict):
-        raise invalid("Invalid JSON payload received.")
-    return body
+    return json_body(request, invalid)
 
 
 def _page(key: str, items: list[Any], req: Request) -> dict[str, Any]:

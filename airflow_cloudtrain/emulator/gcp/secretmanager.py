@@ -35,7 +35,7 @@ from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
 from airflow_cloudtrain.emulator.faults import Throttle, is_own
-from airflow_cloudtrain.emulator.serving import InThread
+from airflow_cloudtrain.emulator.serving import InThread, json_body
 
 __all__ = ["SecretManagerServer"]
 
@@ -256,15 +256,7 @@ class SecretManagerServer:
 
 
 def _json_body(request: Request) -> dict[str, Any]:
-    if not request.get_data():
-        return {}
-    try:
-        body = json.loads(request.get_data())
-    except ValueError as exc:
-        raise SecretError(400, "Invalid JSON payload received.") from exc
-    if not isinstance(body, dict):
-        raise SecretError(400, "Invalid JSON payload received.")
-    return body
+    return json_body(request, lambda message: SecretError(400, message))
 
 
 def _parse_filter(text: str) -> list[tuple[str, str, str]]:

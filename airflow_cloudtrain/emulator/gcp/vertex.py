@@ -67,7 +67,7 @@ from airflow_cloudtrain.emulator.gcp.vertex_logs import LogsInvalid
 from airflow_cloudtrain.emulator.gcp.vertex_state import VertexError, VertexState
 from airflow_cloudtrain.emulator.gcp.vertex_validate import Invalid
 from airflow_cloudtrain.emulator.runner import InstanceRunner
-from airflow_cloudtrain.emulator.serving import InThread
+from airflow_cloudtrain.emulator.serving import InThread, json_body
 
 __all__ = ["VertexServer", "vertex_client_kwargs"]
 
@@ -231,15 +231,7 @@ class VertexServer(VertexState):
 
 
 def _json_body(request: Request) -> dict[str, Any]:
-    if not request.get_data():
-        return {}
-    try:
-        body = json.loads(request.get_data())
-    except ValueError as exc:
-        raise VertexError(400, "Invalid JSON payload received.") from exc
-    if not isinstance(body, dict):
-        raise VertexError(400, "Invalid JSON payload received.")
-    return body
+    return json_body(request, lambda message: VertexError(400, message))
 
 
 def _throttled(service: str) -> VertexError:
