@@ -13,14 +13,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import contextlib
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import time
 
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="cloudtrain-bench-"))
+if "AIRFLOW_HOME" not in os.environ:  # a home of its own, removed at the end
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="cloudtrain-bench-")
+    atexit.register(shutil.rmtree, os.environ["AIRFLOW_HOME"], ignore_errors=True)
 logging.disable(logging.WARNING)
 
 

@@ -47,6 +47,7 @@ Job log lines go to a structlog processor that counts and drops them (a triggere
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextvars
 import functools
 import gc
@@ -55,6 +56,7 @@ import itertools
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -68,7 +70,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="cloudtrain-bench-"))
+if "AIRFLOW_HOME" not in os.environ:  # a home of its own, removed at the end
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="cloudtrain-bench-")
+    atexit.register(shutil.rmtree, os.environ["AIRFLOW_HOME"], ignore_errors=True)
 AMAZON = "airflow.providers.amazon.aws.triggers.ec2.EC2StateSensorTrigger"
 OURS_INSTANCE = "airflow_cloudtrain.triggers.instances.InstanceStateTrigger"
 OURS_RUN = "airflow_cloudtrain.triggers.run.RunTrigger"
@@ -622,6 +626,7 @@ def measure(spec: dict[str, Any]) -> None:
     async def main() -> None:
         asyncio.get_running_loop().set_task_factory(actor_tasks)
         gc.collect()
+        tracked[0] = len(gc.get_objects())  # what a full collection walks before the triggers
         sample()  # the baseline, before the ticker runs: it blocks the loop a moment
         t0 = samples[0]["t"]
         sampling = threading.Thread(target=sampler, daemon=True)
@@ -635,6 +640,7 @@ def measure(spec: dict[str, Any]) -> None:
             await asyncio.sleep(0)
             tasks.append(asyncio.create_task(run_trigger(i, trigger), name=f"trigger {i}"))
         built[0] = time.monotonic() - t0
+        tracked[1] = len(gc.get_objects())
         while sampling.is_alive():  # (not to_thread: the executor's queue may be long)
             await asyncio.sleep(0.2)
         waited = set(spec["expect"])  # the runs that end: a little longer for their events
@@ -659,10 +665,11 @@ def measure(spec: dict[str, Any]) -> None:
             result = summarize(spec, probe, samples, lags, events, stacks, built[0], closed)
             longest = max(pauses, default=(0.0, 0.0))
             result["gc_pauses"] = [len(pauses), *longest]
+            result["gc_tracked"] = tracked
             print(json.dumps(result), flush=True)
             os._exit(0)
 
-    built, emitting, ending = [NAN], threading.Lock(), threading.Event()
+    built, emitting, ending, tracked = [NAN], threading.Lock(), threading.Event(), [0, 0]
     threading.Thread(
         target=blocked_stacks, args=(ticks, stacks, threading.get_ident(), ending), daemon=True
     ).start()
@@ -858,6 +865,10 @@ def print_tables(side: str, results: list[dict[str, Any]], args: argparse.Namesp
             notes.append(
                 f"gc pauses > 50 ms: {count} (longest {wall * 1000:.0f} ms, {cpu * 1000:.0f} ms of it CPU)"
             )
+        if "gc_tracked" in r:
+            base, built_ = r["gc_tracked"]
+            notes.append(f"objects a full collection walks: {base} before the triggers, "
+                         f"{built_} once built ({(built_ - base) / r['n']:.0f} per trigger)")  # fmt: skip
         if "job_end" in r:
             notes.append(
                 f"ended runs: {r['outcomes']}, whole log shown for {r['log_complete']} of {r['job_end'][3]}"

@@ -7,7 +7,9 @@ emulated clouds hold no live instance of ours: teardown is a guarantee, so a lea
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -19,6 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 _HOME = Path(tempfile.mkdtemp(prefix="cloudtrain-tests-"))
+atexit.register(shutil.rmtree, _HOME, ignore_errors=True)  # after the session fixtures' ends
 DAGS_FOLDER = _HOME / "dags"
 DAGS_FOLDER.mkdir()
 os.environ["AIRFLOW_HOME"] = str(_HOME / "airflow")

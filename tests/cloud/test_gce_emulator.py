@@ -672,6 +672,18 @@ def test_gcs_serves_a_users_own_project(gcs: GcsServer) -> None:
     assert [b.name for b in client.list_blobs(bucket.name)] == ["data/x.txt"]
 
 
+def test_a_gcs_write_does_not_rewrite_every_object_s_metadata(gcs: GcsServer) -> None:
+    """The package serialized the metadata of every object in memory on each write (O(objects) per
+    write: 5 s a write at 10,000 objects). In memory nothing reads it back, so nothing is written."""
+    client = storage.Client(project="cloudtrain-emulated", credentials=AnonymousCredentials())
+    bucket = client.create_bucket(f"meta-{uuid.uuid4().hex[:6]}")
+    for i in range(3):
+        bucket.blob(f"runs/{i}.txt").upload_from_string(b"x")
+    store = gcs._storage._store._files  # the package's in-memory files
+    assert f"{bucket.name}/runs/2.txt" in store and ".meta" not in store
+    assert [b.name for b in client.list_blobs(bucket.name)] == [f"runs/{i}.txt" for i in range(3)]
+
+
 def test_gcs_round_trip_with_the_real_client(gcs: GcsServer) -> None:
     gcs.create_bucket("cloudtrain-emulated")
     gcs.create_bucket("cloudtrain-emulated")  # idempotent

@@ -10,7 +10,6 @@ names is read back with the real compute client and has that network interface a
 from __future__ import annotations
 
 import json
-import tempfile
 import textwrap
 import threading
 import time
@@ -80,10 +79,10 @@ def read_vm(emu: Any, target: dict[str, Any]) -> Any:
     ids=["ec2", "gce", "gce-deferred"],
 )
 def test_links_name_the_run_s_instance_and_folder_while_it_runs(
-    emu, airflow_db, provider: str, deferrable: bool
+    emu, airflow_db, tmp_path: Path, provider: str, deferrable: bool
 ) -> None:
     dag_id = f"links_{provider}_{'deferred' if deferrable else 'blocking'}_{uuid.uuid4().hex[:6]}"
-    flag = Path(tempfile.mkdtemp(prefix="ct-links-")) / "seen"
+    flag = tmp_path / "seen"
     command = (
         f"for i in $(seq 1 1200); do [ -e {flag} ] && break; sleep 0.1; done; [ -e {flag} ] && echo seen"
     )
@@ -141,7 +140,9 @@ def test_links_name_the_run_s_instance_and_folder_while_it_runs(
         assert list(nic.access_configs) == []  # no external IP
 
 
-def test_a_gce_group_s_link_names_its_managed_instance_group_while_it_runs(emu, airflow_db) -> None:
+def test_a_gce_group_s_link_names_its_managed_instance_group_while_it_runs(
+    emu, airflow_db, tmp_path: Path
+) -> None:
     """PreemptibleGroupOperator: the Worker group link while the item runs, and a private template."""
     from google.cloud import compute_v1
 
@@ -150,7 +151,7 @@ def test_a_gce_group_s_link_names_its_managed_instance_group_while_it_runs(emu, 
     from airflow_cloudtrain.runs import RunKey
 
     dag_id = f"links_group_{uuid.uuid4().hex[:6]}"
-    flag = Path(tempfile.mkdtemp(prefix="ct-links-")) / "seen"
+    flag = tmp_path / "seen"
     command = f"for i in $(seq 1 1200); do [ -e {flag} ] && break; sleep 0.1; done; [ -e {flag} ]"
     source = textwrap.dedent(
         f"""
@@ -199,10 +200,10 @@ def test_a_gce_group_s_link_names_its_managed_instance_group_while_it_runs(emu, 
     assert list(seen["nic"].access_configs) == []
 
 
-def test_a_resumed_run_s_instance_link_follows_the_current_attempt(emu, airflow_db) -> None:
+def test_a_resumed_run_s_instance_link_follows_the_current_attempt(emu, airflow_db, tmp_path: Path) -> None:
     """CheckpointResumeOperator: after an interruption the button opens the relaunched VM."""
     dag_id = f"links_resume_{uuid.uuid4().hex[:6]}"
-    flag = Path(tempfile.mkdtemp(prefix="ct-links-")) / "seen"
+    flag = tmp_path / "seen"
     command = f"for i in $(seq 1 1200); do [ -e {flag} ] && break; sleep 0.1; done; [ -e {flag} ]"
     source = textwrap.dedent(
         f"""
