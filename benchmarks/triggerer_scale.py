@@ -640,7 +640,7 @@ def measure(spec: dict[str, Any]) -> None:
             await asyncio.sleep(0)
             tasks.append(asyncio.create_task(run_trigger(i, trigger), name=f"trigger {i}"))
         built[0] = time.monotonic() - t0
-        tracked[1] = len(gc.get_objects())
+        tracked[1:] = [len(gc.get_objects()), gc.get_freeze_count()]  # walked / frozen (triggers.heap)
         while sampling.is_alive():  # (not to_thread: the executor's queue may be long)
             await asyncio.sleep(0.2)
         waited = set(spec["expect"])  # the runs that end: a little longer for their events
@@ -669,7 +669,7 @@ def measure(spec: dict[str, Any]) -> None:
             print(json.dumps(result), flush=True)
             os._exit(0)
 
-    built, emitting, ending, tracked = [NAN], threading.Lock(), threading.Event(), [0, 0]
+    built, emitting, ending, tracked = [NAN], threading.Lock(), threading.Event(), [0, 0, 0]
     threading.Thread(
         target=blocked_stacks, args=(ticks, stacks, threading.get_ident(), ending), daemon=True
     ).start()
@@ -866,9 +866,9 @@ def print_tables(side: str, results: list[dict[str, Any]], args: argparse.Namesp
                 f"gc pauses > 50 ms: {count} (longest {wall * 1000:.0f} ms, {cpu * 1000:.0f} ms of it CPU)"
             )
         if "gc_tracked" in r:
-            base, built_ = r["gc_tracked"]
-            notes.append(f"objects a full collection walks: {base} before the triggers, "
-                         f"{built_} once built ({(built_ - base) / r['n']:.0f} per trigger)")  # fmt: skip
+            base, built_, frozen = (r["gc_tracked"] + [0])[:3]
+            notes.append(f"objects a full collection walks: {base} before the triggers, {built_} once "
+                         f"built ({(built_ + frozen - base) / r['n']:.0f} per trigger; {frozen} frozen)")  # fmt: skip
         if "job_end" in r:
             notes.append(
                 f"ended runs: {r['outcomes']}, whole log shown for {r['log_complete']} of {r['job_end'][3]}"

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
 from typing import Any
 
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
+from botocore.loaders import JSONFileLoader
 
 from airflow_cloudtrain.clouds.aws import AwsCloud
 from airflow_cloudtrain.clouds.base import Instance
@@ -24,9 +27,23 @@ def share_service_models(session: Any) -> Any:
     core = getattr(session, "_session", session)  # boto3 wraps a botocore session; aiobotocore's is one
     if _MODELS is None:
         _MODELS = core.get_component("data_loader")
+        _MODELS.file_loader = PlainJsonFileLoader()
     else:
         core.register_component("data_loader", _MODELS)
     return session
+
+
+class PlainJsonFileLoader(JSONFileLoader):  # type: ignore[misc]
+    """botocore parses its models into OrderedDicts, through a callback per JSON object: EC2's model
+    takes 144 ms instead of 51 ms, all of it holding the interpreter (a triggerer's event loop waits
+    that long for the thread that builds a client), and none of them can leave the garbage
+    collector's lists, as plain dicts of strings do. Plain dicts keep their order too."""
+
+    def _load_file(self, full_path: str, open_method: Any) -> Any:
+        if not os.path.isfile(full_path):
+            return None
+        with open_method(full_path, "rb") as fp:
+            return json.loads(fp.read().decode("utf-8"))
 
 
 class CloudTrainAwsHook(AwsBaseHook):

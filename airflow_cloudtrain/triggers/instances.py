@@ -13,6 +13,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_cloudtrain.clouds.base import Instance
 from airflow_cloudtrain.clouds.registry import provider_of
 from airflow_cloudtrain.triggers import shared_poll
+from airflow_cloudtrain.triggers.heap import freeze_long_lived
 
 # From which states can a target never be reached? (terminated is forever; stopped comes back only
 # through a start call, which nobody waiting here will make.)
@@ -121,6 +122,7 @@ class InstanceStateTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        freeze_long_lived()  # once per process: see triggers.heap
         stream = watch_instances(
             self.cloud, self.conn_id, self.region, self.instance_ids, self.poll_interval, self.project_id
         )

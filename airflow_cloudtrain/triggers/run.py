@@ -31,6 +31,7 @@ from airflow_cloudtrain.lifecycle.retry import TransientBudget
 from airflow_cloudtrain.lifecycle.waiting import RunWatch, parse_heartbeat
 from airflow_cloudtrain.runs import SPEC_KEY, STARTING, RunSpec, RunStatus, heartbeat_key, status_key
 from airflow_cloudtrain.triggers import shared_poll
+from airflow_cloudtrain.triggers.heap import freeze_long_lived
 from airflow_cloudtrain.triggers.instances import watch_instances
 from airflow_cloudtrain.triggers.run_index import LOG_EVERY, LiveIndex, LiveView
 
@@ -100,6 +101,7 @@ class RunTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        freeze_long_lived()  # once per process: see triggers.heap
         launch = LaunchRecord.from_dict(self.launch)
         follower = LogFollower(launch.instance_id, self.next_log_seq)
         result: Outcome | None = None

@@ -107,4 +107,6 @@ def test_hooks_share_parsed_service_models_and_still_reach_ec2(emu) -> None:
         id(first.get_session(deferrable=True).get_component("data_loader")),  # aiobotocore's
     }
     assert len(loaders) == 1
+    model = first.get_session()._session.get_component("data_loader").load_service_model("ec2", "service-2")
+    assert type(model) is dict and type(model["shapes"]["Instance"]) is dict  # not OrderedDict
     assert "Reservations" in second.client("ec2").describe_instances(MaxResults=5)
