@@ -24,7 +24,10 @@ from airflow_cloudtrain.runs import RunKey, RunStatus, join, status_key
 from airflow_cloudtrain.spec import Hardware
 
 SECRET = "s3cr3t-Value-9f2"
-LONG_JOB = "trap 'echo got SIGTERM; exit 143' TERM; echo started; for i in $(seq 1 600); do sleep 0.1; done"
+# runs until the test ends it: every test that uses it acts while it runs (kills, interrupts, stops).
+# 10 minutes bound it only if a test fails; 60 s was not enough beside another test run (the job
+# ended on its own before a loaded machine got to the SIGTERM)
+LONG_JOB = "trap 'echo got SIGTERM; exit 143' TERM; echo started; for i in $(seq 1 6000); do sleep 0.1; done"
 SPOT = {"aws": "ec2spot", "gcp": "gcspot"}
 ON_DEMAND = {"aws": "ec2", "gcp": "gcloud"}
 BUCKET = {"aws": "s3://cloudtrain-emulated/tests", "gcp": "gs://cloudtrain-emulated/tests"}
