@@ -77,11 +77,11 @@ def get_provider_info() -> dict[str, Any]:
                 "options": {
                     "freeze_triggerer_heap": {
                         "description": (
-                            "The first run wait or instance watch in a triggerer moves the objects alive "
-                            "then (what the triggerer imported) out of the garbage collector's full "
-                            "passes (gc.freeze), which otherwise stop the event loop for 0.2-0.3 s at "
-                            "1,000 deferred runs. Cyclic garbage among them is then never collected. "
-                            "See airflow_cloudtrain.triggers.heap."
+                            "The first run wait or instance watch in a triggerer process moves its heap "
+                            "as it is then (mostly what the triggerer imported) out of the garbage "
+                            "collector's full passes (gc.freeze), which otherwise stop the event loop "
+                            "for 0.2-0.3 s at 1,000 deferred runs. Reference cycles among those objects "
+                            "are then never collected. See airflow_cloudtrain.triggers.heap."
                         ),
                         "version_added": "0.1.0",
                         "type": "boolean",

@@ -29,6 +29,10 @@ os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS_FOLDER)
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ["AIRFLOW__CORE__UNIT_TEST_MODE"] = "True"
 os.environ["CLOUDTRAIN_CACHE_DIR"] = str(_HOME / "cache")
+# dag.test() runs triggers in the test process: the triggerer's heap freeze (triggers.heap) would
+# freeze each xdist worker at its first deferred test, whichever that was. Its own tests, the
+# deployment test's real triggerer and the benchmark run it as a triggerer does.
+os.environ["AIRFLOW__CLOUDTRAIN__FREEZE_TRIGGERER_HEAP"] = "False"
 # Jobs run in a login shell (``bash -lc``), as on a cloud image. The tests' agents must not read this
 # machine's own dotfiles: a ~/.bashrc running ``pyenv init`` rehashes in every job, and a job killed
 # mid-rehash leaves pyenv's lock behind, after which every job waits 60 s for it. The image's HOME

@@ -4,32 +4,37 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from typing import Any
 
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
-from botocore.loaders import JSONFileLoader
+from botocore.loaders import JSONFileLoader, create_loader
 
 from airflow_cloudtrain.clouds.aws import AwsCloud
 from airflow_cloudtrain.clouds.base import Instance
 
-_MODELS: Any = None  # this process's botocore loader, once a session made one
+_LOADERS: dict[str | None, Any] = {}  # botocore data path -> this process's loader for it
+_LOADERS_LOCK = threading.Lock()
 
 
 def share_service_models(session: Any) -> Any:
-    """Point a new boto3 or aiobotocore session at this process's one botocore loader.
+    """Point a new boto3 or aiobotocore session at this process's own botocore loader.
 
-    Every session has a loader of its own, so each client a new session makes parses its service's
-    model again (EC2's: 0.1-0.3 s of CPU in gzipped JSON, most of a task's CPU against a fast
-    endpoint), and the Amazon provider's hooks make a session per ``get_session``. The models are
-    read-only data and the loader keeps what it loaded, so one parsed copy serves every session
-    (two threads' first loads of one model may both parse it; either result is the same)."""
-    global _MODELS
+    A boto3 session makes a loader of its own (the Amazon provider shares one only between its async
+    sessions), so each client a new session makes parses its service's model again: EC2's is 4 MB
+    of JSON, 0.1-0.3 s of CPU, most of a task's CPU against a fast endpoint, and the provider's hooks
+    make a session per ``get_session``. The models are read-only data and the loader keeps what it
+    loaded, so one parsed copy serves every session with the same data path (``AWS_DATA_PATH`` /
+    ``data_path``); two threads' first loads of one model may both parse it, to the same result."""
     core = getattr(session, "_session", session)  # boto3 wraps a botocore session; aiobotocore's is one
-    if _MODELS is None:
-        _MODELS = core.get_component("data_loader")
-        _MODELS.file_loader = PlainJsonFileLoader()
-    else:
-        core.register_component("data_loader", _MODELS)
+    data_path = core.get_config_variable("data_path")
+    with _LOADERS_LOCK:
+        loader = _LOADERS.get(data_path)
+        if loader is None:
+            loader = create_loader(data_path)
+            loader.file_loader = PlainJsonFileLoader()
+            _LOADERS[data_path] = loader
+    core.register_component("data_loader", loader)
     return session
 
 

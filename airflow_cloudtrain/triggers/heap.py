@@ -7,13 +7,14 @@ triggerer's heap is what it imported (Airflow, the providers, the SDKs: about 16
 (``benchmarks/triggerer_scale.py``, docs/benchmarks.md) those passes were the loop's longest stalls:
 190-234 ms of CPU each, over 300 ms of wall time on a busy machine.
 
-So the first time a run wait or an instance watch starts in a process, what is alive then is moved
-into the collector's permanent generation (``gc.freeze()``, a constant-time splice of its lists),
-which full passes skip. Frozen objects are still freed as soon as their last reference goes; only a
-reference cycle among them that becomes garbage later is never collected. Once per process, that is
-bounded by the heap of that moment, most of which never becomes garbage (Airflow's DAG processor and
-LocalExecutor freeze their heaps the same way, before they fork). ``[cloudtrain] freeze_triggerer_heap = False``
-(``AIRFLOW__CLOUDTRAIN__FREEZE_TRIGGERER_HEAP``) turns it off.
+So the first time a run wait or an instance watch starts in a process, its heap as it is then is
+moved into the collector's permanent generation (``gc.freeze()``, a constant-time splice of its
+lists), which full passes skip. Frozen objects are still freed as soon as their last reference goes;
+only reference cycles among them are never collected: garbage cycles not yet collected at that moment,
+and cycles that become garbage later. Once per process, that is bounded by the heap of that moment,
+most of which lives as long as the process. (Airflow's DAG processor keeps its heap frozen the same
+way.) No collection runs first: that would be one full pause more. ``[cloudtrain]
+freeze_triggerer_heap = False`` (``AIRFLOW__CLOUDTRAIN__FREEZE_TRIGGERER_HEAP``) turns it off.
 """
 
 from __future__ import annotations

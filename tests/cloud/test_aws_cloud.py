@@ -99,7 +99,7 @@ def test_describe_many_and_unknown_ids(cloud) -> None:
 
 def test_hooks_share_parsed_service_models_and_still_reach_ec2(emu) -> None:
     """Each hook makes a session per call and each session a loader: without the shared loader every
-    client parsed EC2's 2 MB model again (0.8 s of CPU per ``cloud()`` here instead of 0.1 s)."""
+    client parsed EC2's 4 MB model again (0.8 s of CPU per ``cloud()`` here instead of 0.1 s)."""
     first, second = (CloudTrainAwsHook(aws_conn_id="aws_default") for _ in range(2))
     loaders = {
         id(first.get_session()._session.get_component("data_loader")),

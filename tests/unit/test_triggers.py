@@ -221,8 +221,9 @@ def test_the_first_run_wait_freezes_the_startup_heap_once_unless_configured_off(
     if setting is not None:
         env["AIRFLOW__CLOUDTRAIN__FREEZE_TRIGGERER_HEAP"] = setting
     out = subprocess.run(
-        [sys.executable, "-c", _FREEZE_PROBE], env=env, capture_output=True, text=True, check=True
+        [sys.executable, "-c", _FREEZE_PROBE], env=env, capture_output=True, text=True, timeout=300
     )
+    assert out.returncode == 0, out.stderr[-3000:]
     before, after_run, again, unchanged = json.loads(out.stdout.strip().splitlines()[-1])
     assert before == 0 and again is False and unchanged
     if setting is None:

@@ -149,16 +149,16 @@ class GcsServer:
         # it logs every request at INFO and every read of a missing object (a normal poll) at ERROR
         logging.getLogger("gcp_storage_emulator").setLevel(logging.CRITICAL)
 
-        class InMemory(Storage):  # type: ignore[misc,valid-type]
+        class NoMetadataFileInMemory(Storage):  # type: ignore[misc,valid-type]
             """The package rewrites one file holding every object's metadata, as indented JSON, on
-            each write: O(objects) per write, 5 s at a 10,000-object bucket. In memory nothing reads
-            that file back, so it is not written."""
+            each write: O(objects) per write, 5 s at a 10,000-object bucket. In memory (how the
+            emulator runs it) nothing reads that file back, so there it is not written."""
 
             def _write_config_to_file(self) -> None:
                 if not self._use_memory_fs:
                     super()._write_config_to_file()
 
-        self._storage = InMemory(
+        self._storage = NoMetadataFileInMemory(
             use_memory_fs=self.data_dir is None, data_dir=str(self.data_dir or Path.cwd())
         )
         lock, seen, gcs = self._lock, self.requests, self
