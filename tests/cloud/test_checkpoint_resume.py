@@ -59,9 +59,12 @@ class Interrupter:
     """Interrupts each new instance once its job has reached the next step in ``at`` (a notice of
     ``notice_s[i]`` seconds, 0 = none); remembers the highest step each job printed before."""
 
-    def __init__(self, emu: Any, at: list[int], notice_s: list[float], uploaded: bool = False) -> None:
+    def __init__(
+        self, emu: Any, at: list[int], notice_s: list[float], uploaded: bool = False, done_flag: Any = None
+    ) -> None:
         self.emu, self.at, self.notice_s = emu, at, notice_s
         self.uploaded = uploaded  # also wait until the agent uploaded a checkpoint
+        self.done_flag = done_flag  # created after the last interruption (the job's STEPS_FINISH_AFTER)
         self.done: list[tuple[str, int]] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -83,6 +86,8 @@ class Interrupter:
                     self.emu.interrupt(inst["id"], notice_s=self.notice_s[len(self.done) - 1])
                     break
             time.sleep(0.1)
+        if self.done_flag is not None:
+            self.done_flag.touch()
 
     def join(self) -> None:
         self.thread.join(10)
@@ -110,17 +115,20 @@ def check_ledger(result: dict[str, Any]) -> None:
 @pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])
 @pytest.mark.parametrize("provider", ["aws", "gcp"])
 def test_interruptions_resume_from_the_latest_complete_checkpoint(
-    emu, airflow_db, provider: str, deferrable: bool
+    emu, airflow_db, tmp_path: Path, provider: str, deferrable: bool
 ) -> None:
     seed = int(os.environ.get("CLOUDTRAIN_TEST_SEED") or random.randrange(10_000))  # to replay one
     rng = random.Random(seed)
     at = [rng.randint(3, 9), rng.randint(3, 9)]
     print(f"seed {seed}: interrupting after {at} steps")
     dag_id = f"resume_{provider}_{int(deferrable)}"
-    # first with a notice, then without; the agent polls the metadata every 5 s, so the notice leaves
-    # a loaded machine three polls to see it (8 s left one, and a missed notice reads as no notice)
-    interrupter = Interrupter(emu, at, notice_s=[15, 0])
-    run = resume_dag(dag_id, provider, "python3 steps.py 40 2 0.25", deferrable).test()
+    # first with a notice, then without; the agent polls the metadata every 5 s, so the notice (GCE's
+    # own 30 s) leaves a loaded machine six polls to see it (15 s were too few beside another test run,
+    # and a missed notice reads as no notice). No run takes its last step before both interruptions.
+    done = tmp_path / "interrupted"
+    interrupter = Interrupter(emu, at, notice_s=[30, 0], done_flag=done)
+    command = f"STEPS_FINISH_AFTER={done} python3 steps.py 40 2 0.25"
+    run = resume_dag(dag_id, provider, command, deferrable).test()
     interrupter.join()
     assert task_states(run) == {"train": "success"}
     result = xcom(run, "train")

@@ -126,8 +126,9 @@ def test_spot_interruption_fails_with_a_spot_error(
     dag_id = f"spot_{provider}_{int(deferrable)}"
     # the agent polls instance metadata every 5 s; AWS gives 2 minutes of notice, GCE about 30 s. A
     # 7 s notice left a loaded machine 2 s to get that poll in before the instance was taken (then
-    # ended as a plain SIGTERM, not a spot interruption); 15 s leaves it three polls
-    watcher = when_running(emu, lambda iid: emu.interrupt(iid, notice_s=15))
+    # ended as a plain SIGTERM, not a spot interruption); GCE's 30 s leave it six polls (15 s were
+    # too few beside another test run)
+    watcher = when_running(emu, lambda iid: emu.interrupt(iid, notice_s=30))
     run = scenario(dag_id, provider, LONG_JOB, deferrable=deferrable).test()
     watcher.join(5)
     assert task_states(run) == {"train": "failed"}

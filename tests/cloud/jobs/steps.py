@@ -6,7 +6,9 @@ Usage: python3 steps.py STEPS EVERY STEP_S [FAIL_AT_STEP]
 With ``STEPS_HOLD_AT=N`` in its environment, the first run (``CLOUDTRAIN_RESTARTS`` 0) stops counting
 after step N until it is stopped (SIGTERM) or killed, or, with ``STEPS_HOLD_UNTIL=<path>``, until that
 file exists: a test that acts on it mid-run then cannot lose the race to the job finishing first on a
-slow machine; a relaunched job runs to the end.
+slow machine; a relaunched job runs to the end. With ``STEPS_FINISH_AFTER=<path>``, every run holds
+before its last step until that file exists: a test interrupting relaunched runs too cannot lose the
+race to the job finishing first.
 """
 
 import json
@@ -53,6 +55,10 @@ while step < steps:
         print(f"holding at step {step} until stopped", flush=True)
         release = os.environ.get("STEPS_HOLD_UNTIL")
         while not stopping and not (release and os.path.exists(release)):
+            time.sleep(0.1)
+    finish_after = os.environ.get("STEPS_FINISH_AFTER")
+    if step == steps - 1 and finish_after:
+        while not stopping and not os.path.exists(finish_after):
             time.sleep(0.1)
     if stopping:
         print(f"stopped at step {step} after SIGTERM", flush=True)
