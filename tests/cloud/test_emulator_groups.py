@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import boto3
+import pytest
 from botocore.exceptions import ClientError
 
 from airflow_cloudtrain import runs
@@ -243,3 +244,15 @@ def test_a_member_with_our_bootstrap_runs_the_agent(emu) -> None:
         until(lambda: status(member).get("state") == runs.RUNNING, "the member's agent to run the job")
         assert members(emu, name)[member]["spot"]
     assert emu.wait_until_idle(30)
+
+
+def test_a_call_naming_a_deleted_group_gets_aws_s_validation_error(emu) -> None:
+    """moto raised KeyError (HTTP 500, retried, a traceback in the emulator's log) for a worker's
+    SetInstanceProtection after its group was deleted; AWS answers ValidationError."""
+    client = boto3.client("autoscaling")
+    with pytest.raises(ClientError) as err:
+        client.set_instance_protection(
+            InstanceIds=["i-123"], AutoScalingGroupName="ct-gone", ProtectedFromScaleIn=True
+        )
+    assert err.value.response["Error"]["Code"] == "ValidationError"
+    assert "ct-gone" in err.value.response["Error"]["Message"]

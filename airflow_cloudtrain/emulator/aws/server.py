@@ -85,7 +85,12 @@ class FaultsAndCounts:
         terminate = call.operation == "TerminateInstances" and call.protocol == "ec2"
         if call.service == "autoscaling" or terminate:
             with groups.request(_region(environ), call.operation, form):
-                return self.app(environ, _one_server_header(start_response))
+                try:
+                    return self.app(environ, _one_server_header(start_response))
+                except KeyError as err:  # moto, on some calls naming a group that is gone
+                    if call.service != "autoscaling":
+                        raise
+                    return self._send(start_response, wire.group_not_found(str(err.args[0])))
         return self.app(environ, _one_server_header(start_response))
 
     @staticmethod

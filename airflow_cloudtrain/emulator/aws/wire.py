@@ -129,3 +129,15 @@ def capacity_error(instance_type: str, zone: str | None) -> Reply:
         "additional capacity.</Message></Error></Errors><RequestID>cloudtrain-emulator</RequestID></Response>"
     )
     return _reply("500 Internal Server Error", "text/xml", body.encode())
+
+
+def group_not_found(name: str) -> Reply:
+    """Auto Scaling's answer for a group that does not exist (moto raises KeyError instead on some
+    calls, e.g. SetInstanceProtection from a worker whose group was just deleted: an HTTP 500)."""
+    rid = str(uuid.uuid4())
+    body = (
+        '<ErrorResponse xmlns="https://autoscaling.amazonaws.com/doc/2011-01-01/"><Error><Type>Sender</Type>'
+        f"<Code>ValidationError</Code><Message>AutoScalingGroup name not found - {name}</Message></Error>"
+        f"<RequestId>{rid}</RequestId></ErrorResponse>"
+    )
+    return _reply("400 Bad Request", "text/xml", body.encode(), ("x-amzn-RequestId", rid))
