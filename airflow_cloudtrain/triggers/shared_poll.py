@@ -8,6 +8,11 @@ watcher; cancellation of a watcher propagates normally. A group may own resource
 ``close`` is called once when the group ends; its synchronous part runs at once (so a watcher
 arriving next builds fresh ones) and the awaitable it returns, if any, after the poll task stopped.
 
+A watcher is only ever handed a snapshot whose describe asked for all of its ids: one joining
+while a describe for the older set of ids is in flight waits for the next poll, which starts early
+for it (``interval / 4`` after the last one, not a whole interval). A watcher that judged "absent"
+from a poll that never asked for its id would take a live resource for a deleted one.
+
 Nothing here is about instances: the values are whatever ``describe`` answers per id, so queue
 depths share the same way (one GetQueueAttributes per queue per poll, ``triggers.queue_depth``).
 """
@@ -69,6 +74,13 @@ class _Group(Generic[V]):
         self.watchers: dict[int, set[str]] = {}
         self.snapshot: dict[str, V] = {}
         self.error: BaseException | None = None
+        # the ids the describe under way (or the last one) asked for, and those the published
+        # snapshot's describe asked for: a watcher takes only a snapshot that asked for all its ids
+        self.asking: frozenset[str] = frozenset()
+        self.asked: frozenset[str] = frozenset()
+        # set when a watcher joined whose ids the describe under way does not ask for: the next poll
+        # then starts after the shortest rest, not a whole interval
+        self.newcomer = asyncio.Event()
         self.generation = 0
         self.wakers: dict[int, asyncio.Future[None]] = {}  # token -> what its idle watcher awaits
         self.woken: dict[int, float] = {}  # token -> when it last took a snapshot
@@ -81,7 +93,9 @@ class _Group(Generic[V]):
         loop = asyncio.get_running_loop()
         while self.watchers:
             started = loop.time()
+            self.newcomer.clear()  # this describe asks for every watcher's ids
             ids = sorted(set().union(*self.watchers.values()))
+            self.asking = frozenset(ids)
             call = self.inflight = asyncio.ensure_future(self.describe(ids))
             call.add_done_callback(_retrieve)
             try:
@@ -90,23 +104,40 @@ class _Group(Generic[V]):
                 raise
             except Exception as err:  # reported to every watcher, which decides to retry or fail
                 snapshot, error = {}, err
-            self.publish(snapshot, error, loop.time())
-            # a poll every interval, however long it took (at least a quarter interval's rest)
-            await asyncio.sleep(max(self.interval - (loop.time() - started), self.interval / 4))
+            self.publish(snapshot, error, frozenset(ids), loop.time())
+            await self.rest(started)
 
-    def publish(self, snapshot: dict[str, V], error: BaseException | None, now: float) -> None:
+    async def rest(self, started: float) -> None:
+        """A poll every interval, however long it took (at least a quarter interval's rest); a
+        watcher waiting for its first snapshot cuts it short after that quarter interval."""
+        loop = asyncio.get_running_loop()
+        await asyncio.sleep(self.interval / 4)
+        left = self.interval - (loop.time() - started)
+        if left > 0 and not self.newcomer.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.newcomer.wait(), left)
+
+    def covers(self, ids: set[str]) -> bool:
+        """Did the published snapshot's describe ask for all of ``ids``?"""
+        return ids <= self.asked
+
+    def publish(
+        self, snapshot: dict[str, V], error: BaseException | None, asked: frozenset[str], now: float
+    ) -> None:
         before, had_error = self.snapshot, self.error
-        self.snapshot, self.error = snapshot, error
+        self.snapshot, self.error, self.asked = snapshot, error, asked
         self.generation += 1
         for token, ids in self.watchers.items():
             waker = self.wakers.get(token)
             if waker is None or waker.done():
                 continue  # busy: it takes the newest snapshot when it comes back
+            if not ids <= asked:
+                continue  # joined while this describe was under way: the next one asks for it
             if (
                 self.quiet is None
                 or error is not None
                 or had_error is not None
-                or token not in self.woken  # its first snapshot
+                or token not in self.woken  # its first snapshot (the first that asked for it)
                 or now - self.woken[token] >= self.quiet - 0.05
                 or any(snapshot.get(i) is not before.get(i) for i in ids)
             ):
@@ -151,14 +182,19 @@ async def watch(
     else:
         group.quiet = min(group.quiet, quiet)
     token = next(_tokens)
-    group.watchers[token] = set(ids)
+    wanted = group.watchers[token] = set(ids)
+    if group.inflight is None or group.inflight.done() or not wanted <= group.asking:
+        group.newcomer.set()  # no describe under way asks for it: the next one should start soon
     if group.task is None:
         group.task = asyncio.get_running_loop().create_task(group.loop())
     seen = group.generation
     loop = asyncio.get_running_loop()
     try:
         while True:
-            if group.generation == seen:
+            # only a poll that started after this watcher joined (or asked for its ids anyway) is
+            # its answer: one that did not ask for an id says nothing about it
+            while group.generation == seen or not group.covers(wanted):
+                seen = group.generation
                 waker = group.wakers[token] = loop.create_future()
                 try:
                     await waker
