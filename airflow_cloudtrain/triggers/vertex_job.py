@@ -2,7 +2,9 @@
 
 Job states are shared: every deferred job of one (connection, project, region) in this triggerer is
 read from one ``customJobs.list`` per poll (our active jobs, by the ``cloudtrain-managed`` label), and a
-job missing from that list (it just ended) from one ``get``. Log lines are read per job on their own
+job missing from that list (it just ended) from one ``get``; a job that get does not find either is
+asked for once more, directly, before its wait fails. The group's client follows its connection
+(``hooks.follow``): an edited connection is seen within a minute, or at once after a failed call. Log lines are read per job on their own
 cadence (``log_polling_interval``) from Cloud Logging and written to the task log with the replica and
 the time the job wrote them; the cursor lives in the job folder, so a re-created trigger (triggerer
 restart) neither repeats nor loses lines (``lifecycle.vertex_logs``). Every client call is blocking
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Hashable
 from contextlib import aclosing
 from typing import Any
 
@@ -24,64 +26,84 @@ from airflow_cloudtrain.clouds.vertex import JobRecord
 from airflow_cloudtrain.lifecycle.retry import TransientBudget
 from airflow_cloudtrain.triggers import shared_poll
 
-_lock = threading.RLock()
-_hooks: dict[tuple[str, str | None], Any] = {}
-_jobs: dict[tuple[str, str | None, str], Any] = {}
-_ended: dict[str, JobRecord] = {}  # job name -> its final record: an ended job never changes again
 _ENDED_KEPT = 1000
 
 
-def _hook(conn_id: str, project_id: str | None) -> Any:
-    """One hook per (connection, project) per triggerer: fetching a connection is a blocking call."""
+class VertexPoller:
+    """The Vertex side of one poll group (connection, project, region): its ``VertexJobs`` client,
+    built in a worker thread on first use and following the connection (``hooks.follow``: an edited
+    connection, or another emulator's, is seen without a restart), and the final records of the jobs
+    that ended while the group lived. Closed when the group ends."""
+
+    def __init__(self, conn_id: str, project_id: str | None, region: str) -> None:
+        from airflow_cloudtrain.hooks.follow import Following
+
+        self.project_id = project_id
+        self.region = region
+        self.jobs: Any = Following(conn_id, self._make, lambda jobs: jobs.close())
+        self._lock = threading.Lock()
+        self._ended: dict[str, JobRecord] = {}  # job name -> its final record: it never changes again
+
+    def _make(self) -> Any:
+        return jobs_client(self.jobs.conn_id, self.project_id, self.region)
+
+    def call(self, what: Any) -> Any:
+        """``what(VertexJobs)``; a failed call makes the next one re-read the connection first."""
+        try:
+            return what(self.jobs.get())
+        except Exception:
+            self.jobs.failed()
+            raise
+
+    def describe(self, names: list[str]) -> dict[str, JobRecord]:
+        """Blocking: the watched jobs, from one list of our active jobs plus a get for each one missing.
+
+        A job that ended is read once: its final record is kept, so polls that come before its trigger
+        has left the group (it may still be draining log lines) cost no further reads."""
+        wanted = set(names)
+        found = {j.name: j for j in self.call(lambda jobs: jobs.active_managed()) if j.name in wanted}
+        for name in sorted(wanted - set(found)):
+            with self._lock:
+                job = self._ended.get(name)
+            if job is None:
+                job = self.call(lambda jobs, name=name: jobs.get(name))
+            if job is not None:
+                found[name] = job
+                if job.terminal:
+                    self._remember_ended(job)
+        return found
+
+    def _remember_ended(self, job: JobRecord) -> None:
+        with self._lock:
+            self._ended[job.name] = job
+            while len(self._ended) > _ENDED_KEPT:  # oldest first: dicts keep insertion order
+                del self._ended[next(iter(self._ended))]
+
+    def close(self) -> None:
+        self.jobs.close()
+
+
+def jobs_client(conn_id: str, project_id: str | None, region: str) -> Any:
+    """Blocking: a new ``VertexJobs`` (one JobServiceClient) from the connection as it is now."""
+    from airflow_cloudtrain.clouds.vertex import VertexJobs
     from airflow_cloudtrain.hooks.vertex import VertexHook
 
-    with _lock:
-        key = (conn_id, project_id)
-        if key not in _hooks:
-            _hooks[key] = VertexHook(gcp_conn_id=conn_id, project_id=project_id)
-        return _hooks[key]
+    hook = VertexHook(gcp_conn_id=conn_id, project_id=project_id)
+    return VertexJobs(hook.job_client(region), hook.project, region)
 
 
-def _jobs_client(conn_id: str, project_id: str | None, region: str) -> Any:
-    """One ``VertexJobs`` (one JobServiceClient) per (connection, project, region) per triggerer."""
-    from airflow_cloudtrain.clouds.vertex import VertexJobs
-
-    with _lock:
-        key = (conn_id, project_id, region)
-        if key not in _jobs:
-            hook = _hook(conn_id, project_id)
-            _jobs[key] = VertexJobs(hook.job_client(region), hook.project, region)
-        return _jobs[key]
+def _make_poller(key: Hashable) -> VertexPoller:
+    _kind, conn_id, project_id, region = key
+    return VertexPoller(conn_id, project_id, region)
 
 
-def describe_jobs(
-    conn_id: str, project_id: str | None, region: str, names: list[str]
-) -> dict[str, JobRecord]:
-    """Blocking: the watched jobs, from one list of our active jobs plus a get for each one missing.
-
-    A job that ended is read once: its final record is kept, so polls that come before its trigger
-    has left the group (it may still be draining log lines) cost no further reads.
-    """
-    jobs = _jobs_client(conn_id, project_id, region)
-    wanted = set(names)
-    found = {j.name: j for j in jobs.active_managed() if j.name in wanted}
-    for name in sorted(wanted - set(found)):
-        with _lock:
-            job = _ended.get(name)
-        if job is None:
-            job = jobs.get(name)
-        if job is not None:
-            found[name] = job
-            if job.terminal:
-                _remember_ended(job)
-    return found
+async def _close_poller(poller: VertexPoller) -> None:
+    await asyncio.to_thread(poller.close)
 
 
-def _remember_ended(job: JobRecord) -> None:
-    with _lock:
-        _ended[job.name] = job
-        while len(_ended) > _ENDED_KEPT:  # oldest first: dicts keep insertion order
-            del _ended[next(iter(_ended))]
+# One poller per poll group: it lives exactly as long as the group (a group that ended and started
+# again, e.g. the next ``dag.test()`` under another emulator, builds its client anew).
+POLLERS: shared_poll.Pool[VertexPoller] = shared_poll.Pool(_make_poller, _close_poller)
 
 
 class VertexJobTrigger(BaseTrigger):
@@ -122,9 +144,10 @@ class VertexJobTrigger(BaseTrigger):
         return self.job_name.split("/")[3]
 
     def _tail(self) -> Any:
+        from airflow_cloudtrain.hooks.vertex import VertexHook
         from airflow_cloudtrain.lifecycle.vertex_logs import JobLogTail
 
-        hook = _hook(self.conn_id, self.project_id)
+        hook = VertexHook(gcp_conn_id=self.conn_id, project_id=self.project_id)  # the connection now
         folder = hook.run_folder(self.job_dir) if self.job_dir else None
         return JobLogTail(hook, self.job_name.rsplit("/", 1)[-1], folder)
 
@@ -141,9 +164,33 @@ class VertexJobTrigger(BaseTrigger):
         deferred job's wait)."""
 
         async def describe(names: list[str]) -> dict[str, JobRecord]:
-            return await asyncio.to_thread(describe_jobs, self.conn_id, self.project_id, self.region, names)
+            return await asyncio.to_thread(POLLERS.get(key).describe, names)
 
-        return shared_poll.watch_with_retry(key, [self.job_name], describe, self.poll_interval, self.log)
+        return shared_poll.watch_with_retry(
+            key, [self.job_name], describe, self.poll_interval, self.log, close=POLLERS.closer(key)
+        )
+
+    def _key(self) -> tuple[str, str, str | None, str]:
+        return ("vertex", self.conn_id, self.project_id, self.region)
+
+    async def _confirm_gone(self, key: Any) -> JobRecord | None:
+        """A job the shared poll no longer finds: asked for directly before the run is declared
+        lost (a list that lags, or a describe of another moment, must not fail a live job). None:
+        Vertex says it does not exist."""
+        from airflow_cloudtrain.lifecycle.retry import call_with_retry
+
+        poller = POLLERS.peek(key) or VertexPoller(self.conn_id, self.project_id, self.region)
+
+        def get() -> JobRecord | None:
+            return call_with_retry(
+                lambda: poller.call(lambda jobs: jobs.get(self.job_name)), TransientBudget(budget_s=60.0)
+            )
+
+        try:
+            return await asyncio.to_thread(get)
+        finally:
+            if poller is not POLLERS.peek(key):
+                await asyncio.to_thread(poller.close)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_cloudtrain.lifecycle.vertex_logs import LogStream
@@ -151,11 +198,12 @@ class VertexJobTrigger(BaseTrigger):
         logs = LogStream(self.log, self.log_polling_interval)
         event: dict[str, Any] | None = None
         try:
-            async with aclosing(
-                self._watch(("vertex", self.conn_id, self.project_id, self.region))
-            ) as stream:
+            key = self._key()
+            async with aclosing(self._watch(key)) as stream:
                 async for snapshot in stream:
                     job = snapshot.get(self.job_name)
+                    if job is None:
+                        job = await self._confirm_gone(key)
                     if job is None:
                         event = {
                             "status": "error",
@@ -194,10 +242,13 @@ class VertexJobTrigger(BaseTrigger):
         from airflow_cloudtrain.lifecycle.retry import call_with_retry
         from airflow_cloudtrain.runs import TAG_RUN_KEY
 
-        jobs = _jobs_client(self.conn_id, self.project_id, self.region)
-        budget = TransientBudget(budget_s=25.0, cap_s=5.0)
-        job = call_with_retry(lambda: jobs.get(self.job_name), budget)
-        digest = (job.labels.get(TAG_RUN_KEY) if job else None) or ""
-        ledger = ResourceLedger(digest, entries=[Resource(KIND, self.job_name, self.region)])
-        released = call_with_retry(lambda: ledger.release(jobs, sweep=bool(digest)), budget)
-        return [r.id or "" for r in released if r.id]
+        jobs = jobs_client(self.conn_id, self.project_id, self.region)  # the connection as it is now
+        try:
+            budget = TransientBudget(budget_s=25.0, cap_s=5.0)
+            job = call_with_retry(lambda: jobs.get(self.job_name), budget)
+            digest = (job.labels.get(TAG_RUN_KEY) if job else None) or ""
+            ledger = ResourceLedger(digest, entries=[Resource(KIND, self.job_name, self.region)])
+            released = call_with_retry(lambda: ledger.release(jobs, sweep=bool(digest)), budget)
+            return [r.id or "" for r in released if r.id]
+        finally:
+            jobs.close()
