@@ -5,11 +5,15 @@ at once, and ``on_kill`` cancels the job."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import random
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from relay import relay
 
 from airflow_cloudtrain.clouds.vertex import JobRecord
 from airflow_cloudtrain.hooks.vertex import VertexHook
@@ -104,3 +108,58 @@ def test_throttled_polls_and_an_unreadable_log_do_not_end_the_wait(emu, capfd) -
     counts = emu.request_counts()
     assert counts.get("throttled:customJobs.list", 0) >= 1 and counts.get("throttled:entries.list", 0) >= 1
     assert "Reading the job's log failed" in "".join(capfd.readouterr())
+
+
+def conn_through(monkeypatch: pytest.MonkeyPatch, conn_id: str, vertex_endpoint: str) -> None:
+    """Connection ``conn_id``: the emulator's Google connection with its Vertex AI endpoint replaced."""
+    conn = json.loads(os.environ["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])
+    conn["extra"]["vertex_endpoint"] = vertex_endpoint
+    monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", json.dumps(conn))
+
+
+def test_triggers_joining_during_a_slow_list_never_take_a_live_job_for_a_deleted_one(
+    emu, monkeypatch
+) -> None:
+    """Issue 22: two jobs deferring 142 ms apart; the second joined the poll group while the list for
+    the first was under way, was handed that list's answer (without its job) and failed its SUCCEEDED
+    job as "no longer exists". Here the list takes 0.4 s and triggers join at random moments."""
+    jobs = [submit(f"join_{n}", steps=30) for n in range(4)]
+    rng = random.Random(22)
+    with relay(emu.vertex_endpoint, r"customJobs\?", 0.4) as r:
+        conn_through(monkeypatch, "vertex_slow_list", r.url)
+
+        async def joins(job: JobRecord, delay: float) -> dict[str, Any]:
+            await asyncio.sleep(delay)
+            t = VertexJobTrigger(
+                job.name, conn_id="vertex_slow_list", poll_interval=0.5, log_polling_interval=5
+            )
+            return await first_event(t)
+
+        async def main() -> list[dict[str, Any]]:
+            waits = [joins(j, rng.uniform(0.0, 2.0)) for j in jobs]
+            return await asyncio.wait_for(asyncio.gather(*waits), 240)
+
+        events = asyncio.run(main())
+        assert r.count(r"customJobs\?") >= 2  # the triggers really went through the slow list
+    assert [e.get("message") for e in events if e["status"] != "done"] == []
+    assert [e["job"]["state"] for e in events] == ["JOB_STATE_SUCCEEDED"] * len(jobs)
+
+
+def test_a_job_missing_from_the_poll_is_asked_for_directly_before_the_wait_fails(emu, monkeypatch) -> None:
+    """A deleted job is confirmed by a get of its own; one that exists is waited on as usual."""
+    job = submit("confirm", steps=5)
+    gone = job.name.rsplit("/", 1)[0] + "/987654321"  # never created
+    with relay(emu.vertex_endpoint) as r:
+        conn_through(monkeypatch, "vertex_counted", r.url)
+
+        async def main() -> list[dict[str, Any]]:
+            both = asyncio.gather(
+                first_event(trigger(job)), first_event(VertexJobTrigger(gone, conn_id="vertex_counted"))
+            )
+            return await asyncio.wait_for(both, 180)
+
+        events = asyncio.run(main())
+        gets = r.count(r"^GET /v1/projects/.*/customJobs/987654321")
+    assert events[0]["status"] == "done" and events[0]["job"]["state"] == "JOB_STATE_SUCCEEDED"
+    assert events[1] == {"status": "error", "message": f"Vertex AI job {gone} no longer exists"}
+    assert gets == 2  # the poll's get, then the trigger's own
