@@ -1,6 +1,7 @@
 """A small HTTP relay in front of an emulated API: what a slow network or another endpoint looks like
 to our clients. It forwards every request as is, holds the ones matching ``slow`` for ``delay_s``
-(a describe that takes a while: the window in which other triggers join its poll group), and
+(matched against "METHOD path X-Amz-Target body"; a describe that takes a while: the window in which other
+triggers join its poll group), and
 counts what it forwarded (which endpoint a connection really points at)."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class Relay:
         self.slow = re.compile(slow)
         self.delay_s = delay_s
         self.lock = threading.Lock()
-        self.paths: list[str] = []
+        self.paths: list[str] = []  # what was forwarded: "METHOD path X-Amz-Target body"
         relay = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -34,10 +35,12 @@ class Relay:
                 pass
 
             def _forward(self) -> None:
-                with relay.lock:
-                    relay.paths.append(f"{self.command} {self.path}")
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                if relay.slow.search(f"{self.command} {self.path}"):
+                target = self.headers.get("X-Amz-Target", "")
+                seen = f"{self.command} {self.path} {target} {body[:300].decode(errors='replace')}"
+                with relay.lock:
+                    relay.paths.append(seen)
+                if relay.slow.search(seen):
                     time.sleep(relay.delay_s)
                 upstream = http.client.HTTPConnection(relay.host, relay.port, timeout=60)
                 try:
