@@ -87,49 +87,35 @@ class PubSubDepthReader(DepthReader):
         project_id: str | None = None,
         region: str | None = None,
     ) -> None:
+        from airflow_cloudtrain.hooks.follow import Following
+
         self.key: Hashable = ("pubsub", conn_id, project_id, region)
         self.conn_id = conn_id or "google_cloud_default"
         self.project_id = project_id
-        self._lock = threading.RLock()
-        self._hook: CloudTrainGcpHook | None = None
-        self._subscriber: Any = None
-        self._session: Any = None
+        # the hook and its clients, made anew when the connection changed (``hooks.follow``): a
+        # reader lives as long as its poll group, which a steady stream of sensors keeps alive
+        self._clients: Following[_Clients] = Following(
+            self.conn_id, lambda: _Clients(self.conn_id, self.project_id), lambda clients: clients.close()
+        )
 
     # --- hook and clients: built on first use (in the triggerer: in a worker thread, as fetching
-    # the connection is blocking), once, by whichever thread gets there first ---------------------
+    # the connection is blocking) -------------------------------------------------------------------
 
     @property
     def hook(self) -> CloudTrainGcpHook:
-        with self._lock:
-            if self._hook is None:
-                self._hook = CloudTrainGcpHook(gcp_conn_id=self.conn_id, project_id=self.project_id)
-            return self._hook
+        return self._clients.get().hook
 
     def subscriber(self) -> Any:
-        with self._lock:
-            if self._subscriber is None:
-                self._subscriber = self.hook.subscriber_client()
-            return self._subscriber
+        return self._clients.get().subscriber()
 
     def session(self) -> Any:
-        with self._lock:
-            if self._session is None:
-                from google.auth.transport.requests import AuthorizedSession
-
-                self._session = AuthorizedSession(self.hook._creds())
-            return self._session
+        return self._clients.get().session()
 
     def monitoring_url(self) -> str:
         return str(self.hook._get_field("monitoring_endpoint") or MONITORING_URL).rstrip("/")
 
     def close(self) -> None:
-        with self._lock:
-            subscriber, self._subscriber = self._subscriber, None
-            session, self._session = self._session, None
-        for closing in (getattr(subscriber, "transport", None), session):
-            if closing is not None:
-                with contextlib.suppress(Exception):  # a client that will not close cleanly is gone anyway
-                    closing.close()
+        self._clients.close()
 
     # --- the DepthReader interface ---------------------------------------------------------------
 
@@ -215,7 +201,7 @@ class PubSubDepthReader(DepthReader):
 
     async def read_async(self, queues: list[str]) -> dict[str, QueueDepth]:
         """``read`` in worker threads, one per distinct subscription, a few at once; a failure is
-        that subscription's ``error``."""
+        that subscription's ``error`` (and makes the next read re-read the connection first)."""
         gate = asyncio.Semaphore(MAX_CONCURRENT)
 
         async def one(queue: str) -> QueueDepth:
@@ -225,6 +211,7 @@ class PubSubDepthReader(DepthReader):
             except asyncio.CancelledError:
                 raise
             except Exception as err:
+                self._clients.failed()
                 return QueueDepth(queue, error=err)
 
         depths = await asyncio.gather(*(one(q) for q in dict.fromkeys(queues)))
@@ -232,3 +219,37 @@ class PubSubDepthReader(DepthReader):
 
     async def aclose(self) -> None:
         await asyncio.to_thread(self.close)
+
+
+class _Clients:
+    """The hook of one reading of the connection, and its clients, each built on first use, once,
+    by whichever thread gets there first."""
+
+    def __init__(self, conn_id: str, project_id: str | None) -> None:
+        self.hook = CloudTrainGcpHook(gcp_conn_id=conn_id, project_id=project_id)
+        self._lock = threading.RLock()
+        self._subscriber: Any = None
+        self._session: Any = None
+
+    def subscriber(self) -> Any:
+        with self._lock:
+            if self._subscriber is None:
+                self._subscriber = self.hook.subscriber_client()
+            return self._subscriber
+
+    def session(self) -> Any:
+        with self._lock:
+            if self._session is None:
+                from google.auth.transport.requests import AuthorizedSession
+
+                self._session = AuthorizedSession(self.hook._creds())
+            return self._session
+
+    def close(self) -> None:
+        with self._lock:
+            subscriber, self._subscriber = self._subscriber, None
+            session, self._session = self._session, None
+        for closing in (getattr(subscriber, "transport", None), session):
+            if closing is not None:
+                with contextlib.suppress(Exception):  # a client that will not close cleanly is gone anyway
+                    closing.close()
