@@ -24,12 +24,15 @@ T = TypeVar("T")
 RECHECK_S = 60.0  # how often a client in use re-reads its connection for a change
 
 
-def connection_fingerprint(conn_id: str) -> str:
+def connection_fingerprint(conn_id: str | None) -> str:
     """A digest of the connection's fields: it only tells that one changed (never logged or kept as
     text; the fields include secrets). A connection that cannot be read has its error as digest, so a
-    connection that appears later counts as changed."""
+    connection that appears later counts as changed. No connection (``aws_conn_id=None``: the SDK's
+    own credential chain) never changes."""
     from airflow.providers.common.compat.sdk import BaseHook
 
+    if conn_id is None:
+        return "none"
     try:
         conn = BaseHook.get_connection(conn_id)
     except Exception as err:  # the client build that follows reports it properly
@@ -47,7 +50,7 @@ class Following(Generic[T]):
 
     def __init__(
         self,
-        conn_id: str,
+        conn_id: str | None,
         make: Callable[[], T],
         finish: Callable[[T], None],
         recheck_s: float | None = None,

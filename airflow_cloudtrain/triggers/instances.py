@@ -27,17 +27,38 @@ UNREACHABLE: dict[str, frozenset[str]] = {
 }
 
 
-def _make_poller(key: Hashable) -> Any:
-    """The poll group's resource: nothing is built here (this runs on the event loop); its client is
-    built by its first describe, in a worker thread."""
+class FollowedPoller:
+    """The poll group's poller (``Ec2Poller``, ``GcePoller``), made anew when its connection changed
+    (``hooks.follow``: checked once a minute and after a failed describe), so an edited connection
+    reaches a group that runs for days. Nothing is built on the event loop: the first describe, in a
+    worker thread, makes the first poller."""
+
+    def __init__(self, conn_id: str | None, make: Any) -> None:
+        from airflow_cloudtrain.hooks.follow import Following
+
+        self.pollers: Any = Following(conn_id, make, lambda poller: poller.close())
+
+    def describe(self, ids: list[str]) -> dict[str, Instance]:
+        try:
+            return self.pollers.get().describe(ids)
+        except Exception:
+            self.pollers.failed()
+            raise
+
+    def close(self) -> None:
+        self.pollers.close()
+
+
+def _make_poller(key: Hashable) -> FollowedPoller:
+    """The poll group's resource (this runs on the event loop: nothing is built yet)."""
     kind, conn_id, *where = key
     if kind in ("aws", "aws-ended"):
         from airflow_cloudtrain.hooks.aws import Ec2Poller
 
-        return Ec2Poller(conn_id, where[0], ended_only=kind == "aws-ended")
+        return FollowedPoller(conn_id, lambda: Ec2Poller(conn_id, where[0], ended_only=kind == "aws-ended"))
     from airflow_cloudtrain.hooks.gcp import GcePoller
 
-    return GcePoller(conn_id, where[0], where[1])
+    return FollowedPoller(conn_id or "google_cloud_default", lambda: GcePoller(conn_id, where[0], where[1]))
 
 
 async def _close_poller(poller: Any) -> None:

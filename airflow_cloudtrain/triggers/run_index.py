@@ -117,7 +117,12 @@ class LiveIndex:
         self.conn_id = conn_id
         self.project_id = project_id
         self.cursor_key = split_uri(join(cursors_uri(self.live_uri), f"{triggerer_name()}.json"))[2]
-        self._client: Any = None
+        from airflow_cloudtrain.hooks.follow import Following
+
+        # the storage client, made anew when the connection changed (``hooks.follow``: checked once
+        # a minute and after a failed poll): a group lives as long as runs keep deferring
+        conn = conn_id if self.scheme == "s3" else (conn_id or "google_cloud_default")
+        self._clients: Any = Following(conn, self._new_client, _close_client)
         self._lock = threading.Lock()
         self.cursors: dict[str, int] = {}  # instance -> next chunk its task log lacks (this group)
         self.restored: dict[str, int] = {}  # instance -> highest cursor found in saved files
@@ -145,19 +150,19 @@ class LiveIndex:
 
     # -- storage ---------------------------------------------------------------------------------
     def _storage(self) -> Any:
-        if self._client is None:
-            if self.scheme == "s3":
-                from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
+        return self._clients.get()
 
-                self._client = CloudTrainAwsHook(aws_conn_id=self.conn_id).client("s3")
-            else:
-                from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
+    def _new_client(self) -> Any:
+        if self.scheme == "s3":
+            from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
 
-                hook = CloudTrainGcpHook(
-                    gcp_conn_id=self.conn_id or "google_cloud_default", project_id=self.project_id
-                )
-                self._client = hook.storage_client()
-        return self._client
+            return CloudTrainAwsHook(aws_conn_id=self.conn_id).client("s3")
+        from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
+
+        hook = CloudTrainGcpHook(
+            gcp_conn_id=self.conn_id or "google_cloud_default", project_id=self.project_id
+        )
+        return hook.storage_client()
 
     def _list(self, prefix: str) -> list[tuple[str, str | None, float | None]]:
         """(name under ``prefix``, tag, modified) for every object, a page per 1,000."""
@@ -302,6 +307,14 @@ class LiveIndex:
 
     # -- the poll ------------------------------------------------------------------------------------
     def poll(self, ids: list[str], now: float | None = None) -> dict[str, LiveView]:
+        """``_poll``; a failed one makes the next re-read the connection first."""
+        try:
+            return self._poll(ids, now)
+        except Exception:
+            self._clients.failed()
+            raise
+
+    def _poll(self, ids: list[str], now: float | None = None) -> dict[str, LiveView]:
         """What the triggers of ``ids`` need after this poll. One listing: the whole index when a
         poll interval passed since the last (then the due beacons go to the reader), else only
         ``ended/``. New end markers are read at once, with their final beacons.
@@ -483,6 +496,9 @@ class LiveIndex:
             self._end_reader.shutdown(wait=True)
             self._best_effort("saving the log cursors", self.save_cursors)
         finally:
-            client, self._client = self._client, None
-            if client is not None and hasattr(client, "close"):
-                client.close()
+            self._clients.close()
+
+
+def _close_client(client: Any) -> None:
+    if hasattr(client, "close"):
+        client.close()
