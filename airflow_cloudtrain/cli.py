@@ -15,6 +15,7 @@ show Vertex AI training jobs (``cli_jobs``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import warnings
@@ -31,7 +32,8 @@ def _plan(args: argparse.Namespace) -> int:
     try:
         ram, hdd = args.ram, args.hdd
         if ram is not None or hdd is not None:  # the operator's rules (ram under 512 MiB is a unit mistake)
-            from airflow_cloudtrain.operators.config import parse_hdd, parse_ram
+            with contextlib.redirect_stdout(sys.stderr):  # Airflow's import may log: not into --json
+                from airflow_cloudtrain.operators.config import parse_hdd, parse_ram
 
             ram = None if ram is None else f"{parse_ram(ram)}m"
             hdd = None if hdd is None else f"{parse_hdd(hdd)}g"
