@@ -205,6 +205,10 @@ class Up:
         for pid in self.left_running():
             with contextlib.suppress(psutil.Error):
                 psutil.Process(pid).kill()
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=60)
+        wait_for("the killed processes to end", lambda: not self.left_running(), 120, every=0.5)
 
     def token(self, password: str, user: str = "admin") -> str:
         body = json.dumps({"username": user, "password": password}).encode()
