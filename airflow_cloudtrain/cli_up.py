@@ -139,6 +139,10 @@ def airflow_env(
             "AIRFLOW__API__SECRET_KEY": keys["api_secret_key"],
             "AIRFLOW__API_AUTH__JWT_SECRET": keys["jwt_secret"],
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+            # one machine runs everything: a busy one (the dag-processor's first parse, SQLite's one
+            # writer) can hold the api-server's answer for tens of seconds, and the default 5 s per
+            # try failed the task before it started
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
             # the task and trigger log servers: free ports, so a second deployment (or a test) can run
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
