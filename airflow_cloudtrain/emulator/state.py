@@ -46,6 +46,22 @@ class _Fresh:
         return copy.deepcopy(self.sample)
 
 
+def _pem(key: Any) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+    )
+
+
+def _load_key(pem: bytes) -> Any:
+    from cryptography.hazmat.primitives import serialization
+
+    return serialization.load_pem_private_key(pem, password=None)
+
+
 def _new_defaultdict(cls: type, factory: Any) -> Any:
     made = defaultdict.__new__(cls)
     defaultdict.__init__(made, factory)
@@ -57,6 +73,8 @@ class _Pickler(pickle.Pickler):
     a ``defaultdict`` made with a lambda (moto's SSM tags) gets a factory that pickles."""
 
     def reducer_override(self, obj: Any) -> Any:
+        if type(obj).__module__.startswith("cryptography.") and hasattr(obj, "private_bytes"):
+            return _load_key, (_pem(obj),)  # moto's KMS keys: the key itself, as PEM
         if isinstance(obj, defaultdict):  # a subclass's __init__ may take other arguments (moto's SSM)
             factory = obj.default_factory
             if getattr(factory, "__name__", "") == "<lambda>":

@@ -151,12 +151,16 @@ def _a_run_deferred_when_up_stops_finishes_after_the_next_start(deployment: Depl
 
 @pytest.mark.timeout(1800)  # two starts of the deployment included; each wait below has its own deadline
 def test_the_example_dags_in_a_real_deployment(deployment: Deployment) -> None:
+    up = deployment.up
+    # the CLI's environment is in the Airflow home, and the start says how to use it
+    assert f"source {up.home.resolve() / 'emulator.env'}" in up.stdout()
     _ui_train_from_the_rest_api_with_params(deployment)
     _a_killed_triggerer_is_restarted_and_the_run_ends_on_the_same_instance(deployment)
     _marking_a_deferred_task_failed_terminates_its_instance(deployment)
     _a_run_deferred_when_up_stops_finishes_after_the_next_start(deployment)
     # stopping leaves no process of the deployment
-    up = deployment.up
     assert up.stop() == 0, up.stderr()[-3000:]
     assert up.left_running() == []
     assert "Stopped." in up.stdout()
+    # the JWT key is long enough for HS512: Airflow does not warn about it
+    assert "HMAC key" not in (up.home / "logs" / "api-server.out").read_text(errors="replace")
