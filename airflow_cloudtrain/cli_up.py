@@ -143,6 +143,8 @@ def airflow_env(
             # writer) can hold the api-server's answer for tens of seconds, and the default 5 s per
             # try failed the task before it started
             "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
+            # and a restarted api-server (cloudtrain up restarts one that died) takes a while to answer
+            "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "10",
             # the task and trigger log servers: free ports, so a second deployment (or a test) can run
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
@@ -221,9 +223,20 @@ class LocalAirflow:
         self.sessions.add(proc.pid)
         return proc
 
-    def start_all(self) -> None:
+    def start_all(self, timeout: float = 300.0) -> None:
+        """The api-server first, and the others once it answers: after a restart the scheduler and
+        triggerer resume deferred tasks at once, and their workers must reach the execution API."""
+        self.start("api-server")
+        deadline = time.monotonic() + timeout
+        while self.health() is None:
+            if self.procs["api-server"].poll() is not None:
+                raise UpError(f"airflow api-server exited:\n{self.tail('api-server')}")
+            if time.monotonic() > deadline:
+                raise UpError(f"the api-server did not answer within {timeout:.0f} s")
+            time.sleep(0.5)
         for name in PROCESSES:
-            self.start(name)
+            if name != "api-server":
+                self.start(name)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to every process of ``name``'s session (SIGKILL: as if the machine lost it)."""

@@ -131,13 +131,18 @@ def _a_run_deferred_when_up_stops_finishes_after_the_next_start(deployment: Depl
     so after the next start the instance is still there, its agent runs the job again, and the
     task picks the run up and ends it on the same instance."""
     api, up = deployment.api, deployment.up
-    run_id = api.trigger(DAG, {"command": "echo first-$((4+4)); sleep 20; echo last-$((5+5))"})
+    go = up.home.parent / "go"  # the job ends once this file exists: only after the restart
+    command = f"echo first-$((4+4)); while [ ! -e {go} ]; do sleep 1; done; echo last-$((5+5))"
+    run_id = api.trigger(DAG, {"command": command})
     instance_id = _deferred_on_one_instance(deployment, run_id, "first-8")
     assert up.stop(signal.SIGINT) == 0, up.stderr()[-3000:]
     assert up.left_running() == [], "processes of the deployment left running after the stop"
     assert "Traceback" not in up.stderr(), up.stderr()[-3000:]
     up.start()
     assert "Restored the emulated clouds" in up.stdout()
+    # the instance outlived the stop (same id), and its agent runs the job again
+    assert instance_id in [i["id"] for i in up.running_instances()]
+    go.touch()
     assert api.wait_run(DAG, run_id) == "success", "\n".join(api.log_lines(DAG, run_id, "train")[-60:])
     result = api.xcom(DAG, run_id, "train")
     assert result["instance_id"] == instance_id and result["exit_code"] == 0
