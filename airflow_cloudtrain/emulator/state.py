@@ -12,11 +12,12 @@ secrets. A machine's processes cannot be frozen: at the stop every instance's ag
 on a power cut, and after the restore the runner starts the agent of each instance still running
 (its agent resumes the run from the run folder, or runs the job again), on the same instance id.
 Vertex AI jobs are not kept (their replicas are processes, and a job's state belongs to them): a job
-running at the stop is gone after it, as the README's known limits say.
+running at the stop is gone after it (the README says so).
 
 The objects are pickled with their locks replaced by new ones (a lock's state means nothing in
-another process). The files are the emulator's own, for the same package version: a file that does
-not load (another version) is skipped with a warning, and that cloud starts empty.
+another process). The file is the emulator's own, for the same package versions, in a directory of
+the user's (mode 600: it holds the emulated secrets too); one that does not load (other versions) is
+skipped with a warning, and the clouds start empty.
 """
 
 from __future__ import annotations
@@ -149,6 +150,8 @@ def save_and_stop(emu: Any, state_dir: Path) -> list[str]:
                 doc[name] = [getattr(obj, attr) for obj, attr in fields]
         data = _dumps(doc)  # under no lock: the servers are idle once Airflow has stopped
         tmp = state_dir / f".{STATE_FILE}.tmp"
+        tmp.unlink(missing_ok=True)
+        tmp.touch(mode=0o600)
         tmp.write_bytes(data)
         tmp.replace(state_dir / STATE_FILE)
         kept = ["aws", *_parts(emu)]
