@@ -81,13 +81,15 @@ def home_secrets(home: Path) -> dict[str, str]:
     path = home / SECRETS_FILE
     saved: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
     wanted = {
-        # 64 bytes at least: Airflow signs its JWTs with HS512 and warns of a shorter key on every token
+        # 64 bytes at least: Airflow signs its JWTs with HS512 (the API's with the JWT secret, the log
+        # servers' with the API secret key) and warns of a shorter key on every token
         "jwt_secret": lambda: secrets.token_urlsafe(JWT_SECRET_BYTES),
-        "api_secret_key": lambda: secrets.token_urlsafe(32),
+        "api_secret_key": lambda: secrets.token_urlsafe(JWT_SECRET_BYTES),
         "fernet_key": lambda: Fernet.generate_key().decode(),
     }
-    if len(saved.get("jwt_secret", "")) < JWT_SECRET_BYTES:  # made by an older version: a new one
-        saved.pop("jwt_secret", None)  # only logins in flight are lost (a token lives minutes)
+    for key in ("jwt_secret", "api_secret_key"):
+        if len(saved.get(key, "")) < JWT_SECRET_BYTES:  # made by an older version: a new one
+            saved.pop(key, None)  # only logins and log reads in flight are lost (a token lives minutes)
     if not all(k in saved for k in wanted):
         saved = {**{k: make() for k, make in wanted.items()}, **saved}
         path.touch(mode=0o600)

@@ -143,19 +143,23 @@ def test_help_is_plain_text_without_rst_markup() -> None:
     assert _cli("--help").stdout.splitlines()[2].startswith("cloudtrain: the command line. cloudtrain plan")
 
 
-def test_the_jwt_secret_is_64_bytes_and_a_shorter_one_is_replaced(tmp_path: pytest.TempPathFactory) -> None:
+def test_the_signing_keys_are_64_bytes_and_shorter_ones_are_replaced(
+    tmp_path: pytest.TempPathFactory,
+) -> None:
     from pathlib import Path
 
     from airflow_cloudtrain.cli_up import SECRETS_FILE, home_secrets
 
     home = Path(str(tmp_path))
     made = home_secrets(home)
-    assert len(made["jwt_secret"].encode()) >= 64  # HS512: Airflow warns below 64 bytes
+    signing = ("jwt_secret", "api_secret_key")  # the API's tokens and the log servers' tokens
+    assert all(len(made[k].encode()) >= 64 for k in signing)  # HS512: Airflow warns below 64 bytes
     assert home_secrets(home) == made  # kept: a restart keeps logins and the database's Fernet key
     saved = json.loads((home / SECRETS_FILE).read_text())
-    (home / SECRETS_FILE).write_text(json.dumps({**saved, "jwt_secret": "x" * 43}))  # an older home
+    old = {k: "x" * 43 for k in signing}  # what an older version made
+    (home / SECRETS_FILE).write_text(json.dumps({**saved, **old}))
     again = home_secrets(home)
-    assert len(again["jwt_secret"].encode()) >= 64 and again["jwt_secret"] != "x" * 43
-    assert {k: again[k] for k in ("fernet_key", "api_secret_key", "password")} == {
-        k: made[k] for k in ("fernet_key", "api_secret_key", "password")
+    assert all(len(again[k].encode()) >= 64 and again[k] != old[k] for k in signing)
+    assert {k: again[k] for k in ("fernet_key", "password")} == {
+        k: made[k] for k in ("fernet_key", "password")
     }
