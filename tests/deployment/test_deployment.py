@@ -159,6 +159,9 @@ def test_the_example_dags_in_a_real_deployment(deployment: Deployment) -> None:
     up = deployment.up
     # the CLI's environment is in the Airflow home, and the start says how to use it
     assert f"source {up.home.resolve() / 'emulator.env'}" in up.stdout()
+    for args in (("jobs", "list"), ("emulator", "status")):  # with it, the CLI reaches the emulated clouds
+        done = up.cli(*args)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     _ui_train_from_the_rest_api_with_params(deployment)
     _a_killed_triggerer_is_restarted_and_the_run_ends_on_the_same_instance(deployment)
     _marking_a_deferred_task_failed_terminates_its_instance(deployment)
