@@ -376,6 +376,7 @@ def run_up(args: argparse.Namespace) -> int:
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
     emu: Any = None
     restored: list[str] | None = None  # None until the saved state is loaded: a stop before saves nothing
+    stopped = ""
     try:
         print("Starting the emulated clouds ...", flush=True)
         emu = Emulator(workdir=state_dir)
@@ -410,7 +411,7 @@ def run_up(args: argparse.Namespace) -> int:
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
                 print("\nStopping Airflow, then the emulated clouds (their state is kept) ...", flush=True)
-        print("Stopped.", flush=True)
+        stopped = "Stopped."  # said once the clouds' state is saved too (finally)
         return 0
     except (KeyboardInterrupt, _Stop):  # while starting
         print("\nStopped while starting.", flush=True)
@@ -425,6 +426,8 @@ def run_up(args: argparse.Namespace) -> int:
             save_and_stop(emu, state_dir)
         elif emu is not None:
             emu.stop()
+        if stopped:
+            print(stopped, flush=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
