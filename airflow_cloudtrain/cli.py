@@ -15,6 +15,7 @@ show Vertex AI training jobs (``cli_jobs``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import warnings
@@ -29,7 +30,14 @@ def _plan(args: argparse.Namespace) -> int:
     from airflow_cloudtrain.spec import Bid, Hardware
 
     try:
-        hardware = Hardware(args.cpus, args.gpus, args.ram, args.hdd, args.gpu_type)
+        ram, hdd = args.ram, args.hdd
+        if ram is not None or hdd is not None:  # the operator's rules (ram under 512 MiB is a unit mistake)
+            with contextlib.redirect_stdout(sys.stderr):  # Airflow's import may log: not into --json
+                from airflow_cloudtrain.operators.config import parse_hdd, parse_ram
+
+            ram = None if ram is None else f"{parse_ram(ram)}m"
+            hdd = None if hdd is None else f"{parse_hdd(hdd)}g"
+        hardware = Hardware(args.cpus, args.gpus, ram, hdd, args.gpu_type)
         bid = Bid(args.bid) if args.bid is not None else None
         offers = rank_offers(args.cloud, hardware, region=args.region, zone=args.zone, bid=bid)
     except NoOfferError as err:
@@ -134,20 +142,31 @@ def _runs_show(args: argparse.Namespace) -> int:
 
 
 def _emulator(args: argparse.Namespace) -> int:
+    if args.action == "status":
+        from airflow_cloudtrain.cli_emulator import status
+
+        return status(args)
     from airflow_cloudtrain.emulator import serve_forever
 
     return serve_forever(base_port=args.port, workdir=args.state_dir, env_file=args.env_file)
 
 
+def _plain(text: str) -> str:
+    """Help text without the reStructuredText markup of the docstrings it comes from."""
+    return text.replace("``", "").replace("`", "")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cloudtrain", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="cloudtrain", description=_plain(__doc__.splitlines()[0]))
     sub = parser.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="show the offer a hardware spec gets, and the alternatives")
     plan.add_argument("--cloud", required=True, choices=CLOUDS)
     plan.add_argument("--cpus", default="1")
     plan.add_argument("--gpus", default="0")
-    plan.add_argument("--ram", default=None, help="e.g. 32g, 512m, 1.5GiB (rounded up to 256 MiB)")
-    plan.add_argument("--hdd", default=None, help="e.g. 200g")
+    plan.add_argument(
+        "--ram", default=None, help="e.g. 32g, 512m, 1.5GiB (at least 512 MiB; rounded up to 256 MiB)"
+    )
+    plan.add_argument("--hdd", default=None, help="e.g. 200g (10 GiB to 64 TiB)")
     plan.add_argument("--gpu-type", default=None, help="e.g. A10G, T4, V100")
     plan.add_argument("--bid", default=None, help="spot bid: 0.45 (USD/h) or 60%% (of on-demand)")
     plan.add_argument("--region", default=None)
@@ -169,11 +188,23 @@ def build_parser() -> argparse.ArgumentParser:
     __import__("airflow_cloudtrain.cli_up").cli_up.add_up_parser(sub)  # cloudtrain up
     emu = sub.add_parser(
         "emulator",
-        help="run the emulated clouds in the foreground (Ctrl-C or SIGTERM stops them)",
+        help="run the emulated clouds in the foreground (Ctrl-C or SIGTERM stops them); "
+        "'cloudtrain emulator status' lists what they run",
         description="Run the emulated clouds on loopback until Ctrl-C or SIGTERM. The servers listen on "
         "fixed ports, PORT to PORT+6 (AWS, Compute Engine, GCS, Pub/Sub, Vertex AI, instance metadata, "
-        "Secret Manager), so a restart keeps the endpoints Airflow was started with.",
+        "Secret Manager), so a restart keeps the endpoints Airflow was started with. With a --state-dir "
+        "the clouds' state (instances, buckets, ...) is kept there across a restart. "
+        "'cloudtrain emulator status' lists the instances a running emulator runs (its endpoints from "
+        "--env-file, the environment, or .airflow_home/emulator.env).",
     )
+    emu.add_argument(
+        "action",
+        nargs="?",
+        choices=("serve", "status"),
+        default="serve",
+        help="serve (the default): run the clouds; status: list the instances they run now",
+    )
+    emu.add_argument("--json", action="store_true", help="status: as JSON")
     from airflow_cloudtrain.emulator import DEFAULT_BASE_PORT
 
     emu.add_argument(
@@ -186,26 +217,30 @@ def build_parser() -> argparse.ArgumentParser:
         "--env-file",
         default=None,
         metavar="PATH",
-        help="write the `export ...` lines (endpoints, credentials, AIRFLOW_CONN_* connections) there; "
-        "`source PATH` in every shell that runs an Airflow process",
+        help="write the 'export ...' lines (endpoints, credentials, AIRFLOW_CONN_* connections) there; "
+        "'source PATH' in every shell that runs an Airflow process (status: read the endpoints there)",
     )
     emu.add_argument(
         "--state-dir",
         default=None,
         metavar="DIR",
-        help="work directory (instances' agent logs, Vertex AI files), kept on exit "
-        "(default: a temporary one, removed on exit)",
+        help="work directory (instances' agent logs, Vertex AI files) and the clouds' saved state, kept "
+        "on exit and restored on the next start (default: a temporary one, removed on exit)",
     )
     emu.set_defaults(func=_emulator)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from airflow_cloudtrain.cli_errors import run_command
+
     args = build_parser().parse_args(argv)
+    sub = getattr(args, f"{args.command}_command", None) or getattr(args, "action", None)
+    prog = f"cloudtrain {args.command}" + (f" {sub}" if sub and sub != "serve" else "")
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         warnings.showwarning = lambda msg, *a, **k: print(f"warning: {msg}", file=sys.stderr)
-        return int(args.func(args))
+        return run_command(args.func, args, prog)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,16 @@ example DAGs. The emulated clouds run inside this process; their endpoints and t
 ``google_cloud_default`` connections reach the Airflow processes as environment variables
 (``AIRFLOW_CONN_...``, ``AWS_ENDPOINT_URL``, ``STORAGE_EMULATOR_HOST``), so nothing is stored in the
 database. Login is Airflow 3's simple auth manager (user ``admin``; the password is generated once and
-kept in ``AIRFLOW_HOME``). Ctrl-C or SIGTERM stops every process (each runs in a session of its own,
-so the tasks they started go too) and then the emulator.
+kept in ``AIRFLOW_HOME``).
 
-The deployment test (``tests/deployment``) runs the same code (:class:`LocalAirflow`), so what it
-checks is what a user starts.
+It is a small supervisor (``cli_supervisor``): a process that dies is restarted, with a line saying
+so. Only Ctrl-C or SIGTERM stops every process (each runs in a session of its own, so the tasks they
+started go too) and then the emulator, whose clouds' state is saved in ``<home>/emulator``
+(``emulator.state``) and restored on the next start: a task still deferred at the stop picks its run
+up again. ``<home>/emulator.env`` has the exports the ``cloudtrain`` CLI needs next to it.
+
+The deployment test (``tests/deployment``) runs ``cloudtrain up`` itself, so what it checks is what a
+user starts.
 """
 
 from __future__ import annotations
@@ -41,6 +46,9 @@ PASSWORDS_FILE = "simple_auth_manager_passwords.json.generated"  # the simple au
 # Stopped first: they run and watch tasks, which report to the api-server's execution API while they
 # release their instances (on_kill); the api-server goes last.
 STOP_ORDER = ("scheduler", "triggerer", "dag-processor", "api-server")
+JWT_SECRET_BYTES = 64  # HS512's recommended minimum key length
+EMULATOR_DIR = "emulator"  # in AIRFLOW_HOME: the emulated clouds' work directory and saved state
+ENV_FILE = "emulator.env"  # in AIRFLOW_HOME: the exports the cloudtrain CLI needs next to it
 
 
 class UpError(RuntimeError):
@@ -73,10 +81,15 @@ def home_secrets(home: Path) -> dict[str, str]:
     path = home / SECRETS_FILE
     saved: dict[str, str] = json.loads(path.read_text()) if path.exists() else {}
     wanted = {
-        "jwt_secret": lambda: secrets.token_urlsafe(32),
-        "api_secret_key": lambda: secrets.token_urlsafe(32),
+        # 64 bytes at least: Airflow signs its JWTs with HS512 (the API's with the JWT secret, the log
+        # servers' with the API secret key) and warns of a shorter key on every token
+        "jwt_secret": lambda: secrets.token_urlsafe(JWT_SECRET_BYTES),
+        "api_secret_key": lambda: secrets.token_urlsafe(JWT_SECRET_BYTES),
         "fernet_key": lambda: Fernet.generate_key().decode(),
     }
+    for key in ("jwt_secret", "api_secret_key"):
+        if len(saved.get(key, "")) < JWT_SECRET_BYTES:  # made by an older version: a new one
+            saved.pop(key, None)  # only logins and log reads in flight are lost (a token lives minutes)
     if not all(k in saved for k in wanted):
         saved = {**{k: make() for k, make in wanted.items()}, **saved}
         path.touch(mode=0o600)
@@ -128,6 +141,12 @@ def airflow_env(
             "AIRFLOW__API__SECRET_KEY": keys["api_secret_key"],
             "AIRFLOW__API_AUTH__JWT_SECRET": keys["jwt_secret"],
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{port}/execution/",
+            # one machine runs everything: a busy one (the dag-processor's first parse, SQLite's one
+            # writer) can hold the api-server's answer for tens of seconds, and the default 5 s per
+            # try failed the task before it started
+            "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
+            # and a restarted api-server (cloudtrain up restarts one that died) takes a while to answer
+            "AIRFLOW__WORKERS__EXECUTION_API_RETRIES": "10",
             # the task and trigger log servers: free ports, so a second deployment (or a test) can run
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
@@ -206,9 +225,20 @@ class LocalAirflow:
         self.sessions.add(proc.pid)
         return proc
 
-    def start_all(self) -> None:
+    def start_all(self, timeout: float = 300.0) -> None:
+        """The api-server first, and the others once it answers: after a restart the scheduler and
+        triggerer resume deferred tasks at once, and their workers must reach the execution API."""
+        self.start("api-server")
+        deadline = time.monotonic() + timeout
+        while self.health() is None:
+            if self.procs["api-server"].poll() is not None:
+                raise UpError(f"airflow api-server exited:\n{self.tail('api-server')}")
+            if time.monotonic() > deadline:
+                raise UpError(f"the api-server did not answer within {timeout:.0f} s")
+            time.sleep(0.5)
         for name in PROCESSES:
-            self.start(name)
+            if name != "api-server":
+                self.start(name)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send ``sig`` to every process of ``name``'s session (SIGKILL: as if the machine lost it)."""
@@ -218,6 +248,12 @@ class LocalAirflow:
                 os.kill(pid, sig)
         if sig == signal.SIGKILL:
             proc.wait(timeout=30)
+
+    def reap(self, name: str) -> None:
+        """SIGKILL what is left of ``name``'s session (the processes a dead one started)."""
+        for pid in session_pids(self.procs[name].pid):
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
     def restart(self, name: str) -> subprocess.Popen[bytes]:
         self.kill(name, signal.SIGKILL)
@@ -325,59 +361,98 @@ def _raise_stop(signum: int, frame: Any) -> None:
     raise _Stop()
 
 
-def run_up(args: argparse.Namespace) -> int:  # pragma: no cover - interactive; the test drives LocalAirflow
-    from airflow_cloudtrain.emulator import DEFAULT_BUCKET, Emulator
+def run_up(args: argparse.Namespace) -> int:
+    """Start the emulated clouds (as the last stop left them), Airflow's processes, and supervise them
+    until Ctrl-C or SIGTERM; then stop Airflow and keep the clouds' state in ``<home>/emulator``."""
+    from airflow_cloudtrain.cli_supervisor import Supervisor
+    from airflow_cloudtrain.emulator import DEFAULT_BUCKET, Emulator, export_lines, write_env_file
+    from airflow_cloudtrain.emulator.state import restore, save_and_stop
 
     home = Path(args.home)
+    state_dir = home.resolve() / EMULATOR_DIR
+    extra = dict(args.set or [])
     # SIGINT too: a shell that starts us in the background leaves SIGINT ignored, and Python then
     # installs no KeyboardInterrupt handler
     previous = {sig: signal.signal(sig, _raise_stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    emu: Any = None
+    restored: list[str] | None = None  # None until the saved state is loaded: a stop before saves nothing
+    stopped = ""
     try:
         print("Starting the emulated clouds ...", flush=True)
-        with Emulator() as emu:
-            print(f"Migrating the metadata database in {home.resolve()} ...", flush=True)
-            with local_airflow(home, Path(args.dags_folder), args.port, emu.env()) as airflow:
-                password = home_secrets(home)["password"]
-                print(
-                    f"\nAirflow is up: {airflow.url}   login: {USER} / {password}\n"
-                    f"DAGs folder: {Path(args.dags_folder).resolve()}   AIRFLOW_HOME: {home.resolve()}\n"
-                    f"Processes: {', '.join(PROCESSES)} (output in {home.resolve() / 'logs'}/*.out)\n"
-                    f"Emulated clouds: AWS {emu.aws_endpoint}, GCE {emu.gce_endpoint}, buckets "
-                    f"s3://{DEFAULT_BUCKET} and gs://{DEFAULT_BUCKET}\n"
-                    "New DAGs start paused: switch one on, or trigger it. Ctrl-C stops everything.",
-                    flush=True,
-                )
-                try:
-                    while True:
-                        for name in airflow.died():
-                            print(f"airflow {name} exited:\n{airflow.tail(name)}", file=sys.stderr)
-                            return 1
-                        time.sleep(1)
-                except (KeyboardInterrupt, _Stop):
-                    # a second Ctrl-C must not cut the teardown short (it is bounded: see stop())
-                    signal.signal(signal.SIGINT, signal.SIG_IGN)
-                    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-                    print("\nStopping Airflow, then the emulated clouds ...", flush=True)
-        print("Stopped.", flush=True)
+        emu = Emulator(workdir=state_dir)
+        emu.start()
+        restored = restore(emu, state_dir)
+        env_file = home.resolve() / ENV_FILE
+        write_env_file(env_file, export_lines(emu.env()))
+        if restored:
+            print(f"Restored the emulated clouds from {state_dir}: {', '.join(restored)}", flush=True)
+        print(f"Migrating the metadata database in {home.resolve()} ...", flush=True)
+        with local_airflow(home, Path(args.dags_folder), args.port, emu.env(), extra) as airflow:
+            password = home_secrets(home)["password"]
+            print(
+                f"\nAirflow is up: {airflow.url}   login: {USER} / {password}\n"
+                f"DAGs folder: {Path(args.dags_folder).resolve()}   AIRFLOW_HOME: {home.resolve()}\n"
+                f"Processes: {', '.join(PROCESSES)} (output in {home.resolve() / 'logs'}/*.out); "
+                "one that dies is restarted\n"
+                f"Emulated clouds: AWS {emu.aws_endpoint}, GCE {emu.gce_endpoint}, buckets "
+                f"s3://{DEFAULT_BUCKET} and gs://{DEFAULT_BUCKET}; their state is kept in {state_dir}\n"
+                f"For the cloudtrain CLI (runs show, jobs list, emulator status) in another shell: "
+                f"source {env_file}\n"
+                "New DAGs start paused: switch one on, or trigger it. Ctrl-C stops everything.",
+                flush=True,
+            )
+            supervisor = Supervisor(airflow)
+            try:
+                while True:
+                    supervisor.check()
+                    time.sleep(1)
+            except (KeyboardInterrupt, _Stop):
+                # a second Ctrl-C must not cut the teardown short (it is bounded: see stop())
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                print("\nStopping Airflow, then the emulated clouds (their state is kept) ...", flush=True)
+        stopped = "Stopped."  # said once the clouds' state is saved too (finally)
         return 0
     except (KeyboardInterrupt, _Stop):  # while starting
         print("\nStopped while starting.", flush=True)
         return 130
-    except UpError as err:
+    except (UpError, RuntimeError) as err:
         print(f"cloudtrain up: {err}", file=sys.stderr)
         return 1
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the state is being written: let it finish
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if emu is not None and restored is not None:
+            save_and_stop(emu, state_dir)
+        elif emu is not None:
+            emu.stop()
+        if stopped:
+            print(stopped, flush=True)
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.startswith("AIRFLOW__"):
+        raise argparse.ArgumentTypeError(f"--set {text!r}: give AIRFLOW__SECTION__KEY=VALUE")
+    return key, value
 
 
 def add_up_parser(sub: Any) -> None:
     up = sub.add_parser(
         "up",
         help="a local Airflow (api-server, scheduler, dag-processor, triggerer) with the example DAGs "
-        "against the emulated clouds; Ctrl-C stops it",
+        "against the emulated clouds; a process that dies is restarted; Ctrl-C stops it",
     )
     up.add_argument("--home", default=str(DEFAULT_HOME), help="AIRFLOW_HOME (default: .airflow_home)")
     up.add_argument("--dags-folder", default=str(EXAMPLE_DAGS), help="default: the example DAGs")
     up.add_argument("--port", type=int, default=8080, help="the api-server's (UI's) port")
+    up.add_argument(
+        "--set",
+        action="append",
+        type=_setting,
+        metavar="AIRFLOW__SECTION__KEY=VALUE",
+        help="an Airflow setting for every process (repeatable)",
+    )
     up.set_defaults(func=run_up)

@@ -82,7 +82,8 @@ catalog refresh succeeds and finds the snapshot's prices.
 Ports: ``Emulator(ports={"aws": 4750, ...})`` (names in ``PORT_OFFSETS``); unnamed servers take free
 ports (the default: tests run side by side). ``cloudtrain emulator`` (``serve_forever``) listens on
 ``--port`` (4750) plus ``PORT_OFFSETS``, so a restart keeps the endpoints Airflow's processes were
-started with; ``--env-file PATH`` writes the exports for them, ``--state-dir`` keeps the work directory.
+started with; ``--env-file PATH`` writes the exports for them, ``--state-dir`` keeps the work directory and the
+clouds' state across a restart (``state``).
 It stops on Ctrl-C, SIGTERM or SIGHUP: every instance's agent and job ends, every server closes, and a
 temporary work directory is removed.
 
@@ -466,6 +467,7 @@ def serve_forever(
         except RuntimeError as err:
             print(f"cloudtrain emulator: {err}", file=sys.stderr, flush=True)
             return 1
+        kept = _restore_state(emu, workdir)
         try:
             exports = export_lines(emu.env())
             if env_file is not None:
@@ -477,6 +479,8 @@ def serve_forever(
                 print("\n".join(exports), flush=True)
             print(f"Bucket: s3://{DEFAULT_BUCKET} and gs://{DEFAULT_BUCKET}", flush=True)
             print(f"Work directory: {emu.workdir}   (Ctrl-C or SIGTERM to stop)", flush=True)
+            if kept:
+                print(f"Restored the clouds' state from {workdir}: {', '.join(kept)}", flush=True)
             shown: list[str] | None = None
             while not stop.wait(check_every_s):
                 now = sorted(_describe(i) for i in emu.running_instances())
@@ -486,11 +490,30 @@ def serve_forever(
                     shown = now
         finally:
             print("Stopping: ending every instance and server...", flush=True)
-            emu.stop()
+            _stop_keeping_state(emu, workdir)
         return 0
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _restore_state(emu: Emulator, workdir: str | Path | None) -> list[str]:
+    """With a state directory, the clouds as the last stop left them (``state``)."""
+    if workdir is None:
+        return []
+    from airflow_cloudtrain.emulator.state import restore
+
+    return restore(emu, Path(workdir))
+
+
+def _stop_keeping_state(emu: Emulator, workdir: str | Path | None) -> None:
+    """Stop; with a state directory, save the clouds' state there first (``state``)."""
+    if workdir is None:
+        emu.stop()
+        return
+    from airflow_cloudtrain.emulator.state import save_and_stop
+
+    save_and_stop(emu, Path(workdir))
 
 
 def _describe(inst: dict[str, Any]) -> str:

@@ -54,6 +54,15 @@ END_POLL_S = 2.0
 INDEXES: shared_poll.Pool[LiveIndex] = shared_poll.Pool(_make_index, _close_index)
 
 
+# Airflow cancels a trigger with this message when the user acted on the task (on_kill follows); any
+# other cancellation is the triggerer stopping or handing the trigger over: the cloud work goes on.
+USER_ACTION_CANCEL = "__airflow_user_action__"
+STOPPING_LINE = (
+    "Triggerer stopping: the run continues on the cloud (instance %s) and this task resumes waiting "
+    "when a triggerer picks it up again"
+)
+
+
 class RunTrigger(BaseTrigger):
     """Waits for one run on one instance; yields its ``Outcome`` and where the log got to.
 
@@ -108,7 +117,9 @@ class RunTrigger(BaseTrigger):
         try:
             live_uri = launch.live_uri or await asyncio.to_thread(self._live_uri_from_spec, launch)
             result = await self._wait(launch, live_uri, follower)
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as err:
+            if not (err.args and err.args[0] == USER_ACTION_CANCEL):  # on_kill speaks for that case
+                self.log.warning(STOPPING_LINE, launch.instance_id)
             raise
         except Exception as err:
             result = Outcome(ERROR, "wait_failed", message=f"waiting for the run failed: {err}")

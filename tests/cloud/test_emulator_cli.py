@@ -293,3 +293,100 @@ def test_a_vms_metadata_names_its_own_project_and_zone() -> None:
         assert get(md, "vm-1", "project/project-id") == "my-project"
         assert get(md, "vm-1", "instance/zone") == "projects/my-project/zones/us-central1-a"
         assert get(md, "vm-1", "instance/name") == "vm-1"
+
+
+def _clients(env: dict[str, str]) -> tuple[Any, Any]:
+    aws = {
+        "endpoint_url": env["AWS_ENDPOINT_URL"],
+        "region_name": env["AWS_DEFAULT_REGION"],
+        "aws_access_key_id": env["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"],
+    }
+    return boto3.client("s3", **aws), boto3.client("ec2", **aws)
+
+
+def _status(env_file: Path) -> str:
+    """``cloudtrain emulator status`` as a user runs it next to the emulator."""
+    done = subprocess.run(
+        [sys.executable, "-m", "airflow_cloudtrain.cli", "emulator", "status", "--env-file", str(env_file)],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    return done.stdout
+
+
+def test_a_state_dir_keeps_instances_and_buckets_across_a_restart_and_status_lists_them(
+    start: Callable[..., EmulatorProcess], tmp_path: Path
+) -> None:
+    """Stopped with an instance running, the emulator saves its clouds in the state directory; the
+    next start has the same instance running (its agent started again: the job runs anew), the
+    run folder's objects, the GCS objects; ``status`` lists what runs, asked over the wire."""
+    state, env_file = tmp_path / "state", tmp_path / "emulator.env"
+    first = start("--port", "0", "--state-dir", str(state), "--env-file", str(env_file))
+    _wait_for("the env file", env_file.exists)
+    assert "no instance running" in _status(env_file)
+    env = _read_env_file(env_file)
+    s3, ec2 = _clients(env)
+    uri = f"s3://{DEFAULT_BUCKET}/runs/kept/{uuid.uuid4().hex[:8]}"
+    pids = tmp_path / "job.pids"
+    spec = runs.RunSpec(
+        run_id="ct-kept",
+        run_uri=uri,
+        cloud="ec2",
+        command=f"echo $$ >> {pids}; exec sleep 600",
+        log_interval_s=0.2,
+        heartbeat_interval_s=0.2,
+        metadata_poll_s=0.2,
+    )
+    spec_key = f"{uri.split('/', 3)[3]}/{runs.SPEC_KEY}"
+    s3.put_object(Bucket=DEFAULT_BUCKET, Key=spec_key, Body=spec.to_json())
+    image = ec2.describe_images()["Images"][0]["ImageId"]
+    tags = [{"ResourceType": "instance", "Tags": [{"Key": runs.TAG_MANAGED, "Value": "true"}]}]
+    iid = ec2.run_instances(
+        ImageId=image,
+        InstanceType="t3.micro",
+        MinCount=1,
+        MaxCount=1,
+        UserData=f"#!/bin/bash\nCT_RUN_URI='{uri}'\nCT_CLOUD=ec2\n",
+        TagSpecifications=tags,
+    )["Instances"][0]["InstanceId"]
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    def gcs(endpoint: str) -> Any:
+        os.environ["STORAGE_EMULATOR_HOST"] = endpoint
+        try:
+            return storage.Client(project="p", credentials=AnonymousCredentials()).bucket(DEFAULT_BUCKET)
+        finally:
+            os.environ.pop("STORAGE_EMULATOR_HOST", None)
+
+    gcs(env["STORAGE_EMULATOR_HOST"]).blob("kept/hello.txt").upload_from_string(b"hello")
+    first_pid = int(_wait_for("the job to start", lambda: pids.exists() and pids.read_text().split()[0]))
+    listed = _status(env_file)
+    assert iid in listed and "t3.micro" in listed and "running" in listed, listed
+
+    first.proc.send_signal(signal.SIGTERM)
+    assert first.proc.wait(timeout=DEADLINE_S) == 0
+    assert "Traceback" not in first.stderr(), first.stderr()
+    _wait_for("the job to end with the stop", lambda: not psutil.pid_exists(first_pid))
+    env_file.unlink()
+
+    second = start("--port", "0", "--state-dir", str(state), "--env-file", str(env_file))
+    _wait_for("the env file", env_file.exists)
+    _wait_for("the restore line", lambda: "Restored the clouds' state" in second.stdout())
+    env = _read_env_file(env_file)
+    s3, ec2 = _clients(env)
+    described = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
+    assert described["State"]["Name"] == "running"
+    assert s3.get_object(Bucket=DEFAULT_BUCKET, Key=spec_key)["Body"].read() == spec.to_json().encode()
+    assert gcs(env["STORAGE_EMULATOR_HOST"]).blob("kept/hello.txt").download_as_bytes() == b"hello"
+    # the instance's agent started again on the same instance: the job runs anew
+    _wait_for("the job to start again", lambda: len(pids.read_text().split()) == 2)
+    assert iid in _status(env_file)
+    ec2.terminate_instances(InstanceIds=[iid])
+    _wait_for("no instance in the status", lambda: "no instance running" in _status(env_file))
+    second.proc.send_signal(signal.SIGTERM)
+    assert second.proc.wait(timeout=DEADLINE_S) == 0
+    assert "Traceback" not in second.stderr(), second.stderr()

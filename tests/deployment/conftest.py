@@ -1,28 +1,30 @@
-"""A real Airflow deployment: ``cloudtrain up``'s code (:mod:`airflow_cloudtrain.cli_up`)
-starts api-server, scheduler, dag-processor and triggerer (LocalExecutor, SQLite) in a temporary
-AIRFLOW_HOME against the session's emulator; the tests drive it through the public REST API (v2)."""
+"""A real Airflow deployment: ``cloudtrain up`` itself (what ``make airflow`` runs), a process of its
+own with its own emulated clouds, in a temporary AIRFLOW_HOME; the tests drive it through the public
+REST API (v2), the ``cloudtrain`` CLI next to it, and signals, as a user would."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from deployment_helpers import TEST_SETTINGS, Api, Deployment, wait_for
+from deployment_helpers import Api, Deployment, Up, wait_for
 
-from airflow_cloudtrain.cli_up import EXAMPLE_DAGS, free_port, home_secrets, local_airflow
+from airflow_cloudtrain.cli_up import free_port, home_secrets
 
 
 @pytest.fixture()
-def deployment(_emulator: Any, tmp_path: Path) -> Iterator[Deployment]:
-    home = tmp_path / "airflow_home"
-    with local_airflow(home, EXAMPLE_DAGS, free_port(), _emulator.env(), TEST_SETTINGS) as airflow:
-        api = Api(airflow, home_secrets(home)["password"])
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    up = Up(tmp_path / "airflow_home", free_port())
+    try:
+        up.start()
+        api = Api(up, home_secrets(up.home)["password"])
         wait_for("ui_train to be parsed", lambda: _has_dag(api, "ui_train"), timeout=300)
         api.call("PATCH", "/dags/ui_train", {"is_paused": False})  # new DAGs start paused, as in Airflow
-        yield Deployment(airflow, api, home)
-    assert airflow.left_running() == [], "processes of the deployment left running"
+        yield Deployment(up, api)
+    finally:
+        up.kill_everything()
+    assert up.left_running() == [], "processes of the deployment left running"
 
 
 def _has_dag(api: Api, dag_id: str) -> bool:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
 import time
 import urllib.error
 import urllib.parse
@@ -11,17 +17,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
-from airflow_cloudtrain.cli_up import LocalAirflow
-
-# Test-only settings: a triggerer that stopped heartbeating is replaced after 15 s, not 30 s, so the
-# killed-triggerer test needs a shorter job. Everything else is what ``cloudtrain up`` runs.
+# Test-only settings (``cloudtrain up --set``): a triggerer that stopped heartbeating is replaced
+# after 15 s, not 30 s, so the killed-triggerer test needs a shorter job. Everything else is what
+# ``cloudtrain up`` runs.
 TEST_SETTINGS = {
     "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "3",
     "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
     "AIRFLOW__CORE__PARALLELISM": "4",
 }
+UP_DEADLINE_S = 600.0  # migrating and starting four Airflow processes on a busy machine
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 300.0, every: float = 1.0) -> Any:
@@ -39,7 +46,7 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 300.0, every:
 class Api:
     """The public REST API (``/api/v2``) with a JWT from the simple auth manager's token endpoint."""
 
-    def __init__(self, airflow: LocalAirflow, password: str) -> None:
+    def __init__(self, airflow: Any, password: str) -> None:
         self.airflow = airflow
         self.password = password
         self._token = airflow.token(password)
@@ -101,6 +108,146 @@ class Api:
         )
 
 
+class Up:
+    """``cloudtrain up`` as ``make airflow`` runs it: a process in a session of its own, its output in
+    files; the test finds Airflow's processes among its children, as a user would with ``ps``."""
+
+    def __init__(self, home: Path, port: int) -> None:
+        self.home, self.port = home, port
+        self.url = f"http://localhost:{port}"
+        self.out, self.err = home.parent / "up.out", home.parent / "up.err"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.pids: set[int] = set()  # every process seen under it, for the check that none is left
+        self._ups = 0  # "Airflow is up" lines seen: one per start
+
+    def start(self) -> None:
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("AIRFLOW__", "AIRFLOW_CONN_", "AWS_")) and k != "STORAGE_EMULATOR_HOST"
+        }
+        args = [a for key, value in TEST_SETTINGS.items() for a in ("--set", f"{key}={value}")]
+        with self.out.open("ab") as out, self.err.open("ab") as err:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "airflow_cloudtrain.cli",
+                    "up",
+                    "--home",
+                    str(self.home),
+                    "--port",
+                    str(self.port),
+                    *args,
+                ],
+                stdout=out,
+                stderr=err,
+                env=env,
+                start_new_session=True,
+            )
+        wait_for(
+            "cloudtrain up to say Airflow is up",
+            lambda: self.stdout().count("Airflow is up") > self._ups or self._exited(),
+            UP_DEADLINE_S,
+            every=2,
+        )
+        assert self.proc.poll() is None, f"cloudtrain up exited:\n{self.stderr()[-3000:]}"
+        self._ups += 1
+
+    def _exited(self) -> bool:
+        return self.proc is not None and self.proc.poll() is not None
+
+    def stdout(self) -> str:
+        return self.out.read_text(errors="replace") if self.out.exists() else ""
+
+    def stderr(self) -> str:
+        return self.err.read_text(errors="replace") if self.err.exists() else ""
+
+    def children(self) -> list[psutil.Process]:
+        assert self.proc is not None
+        try:
+            found = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+        self.pids.update(p.pid for p in found)
+        return found
+
+    def airflow_process(self, name: str) -> psutil.Process:
+        """The ``airflow <name>`` process ``cloudtrain up`` started (the leader of its session)."""
+        for proc in self.children():
+            with contextlib.suppress(psutil.Error):
+                cmd = proc.cmdline()
+                if cmd[-3:] == ["-m", "airflow", name] and proc.pid == os.getsid(proc.pid):
+                    return proc
+        raise AssertionError(f"no airflow {name} under cloudtrain up")
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        """Ctrl-C's or SIGTERM's stop; the exit status."""
+        assert self.proc is not None
+        self.children()
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout=UP_DEADLINE_S)
+
+    def left_running(self) -> list[int]:
+        alive = []
+        for pid in self.pids:
+            with contextlib.suppress(psutil.Error):
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+        return alive
+
+    def kill_everything(self) -> None:
+        """After a failed test: nothing of it may outlive the test."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.children()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        for pid in self.left_running():
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+        if self.proc is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=60)
+        wait_for("the killed processes to end", lambda: not self.left_running(), 120, every=0.5)
+
+    def token(self, password: str, user: str = "admin") -> str:
+        body = json.dumps({"username": user, "password": password}).encode()
+        request = urllib.request.Request(
+            f"{self.url}/auth/token", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return str(json.loads(resp.read())["access_token"])
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """A ``cloudtrain`` command in a shell that sourced the env file ``cloudtrain up`` wrote."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW_CONN_", "AWS_"))}
+        command = (
+            f"source {shlex.quote(str(self.home / 'emulator.env'))} && {shlex.quote(sys.executable)} "
+            f"-m airflow_cloudtrain.cli {' '.join(shlex.quote(a) for a in args)}"
+        )
+        return subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=300)
+
+    def running_instances(self) -> list[dict[str, Any]]:
+        """What ``cloudtrain emulator status --json`` lists."""
+        done = self.cli("emulator", "status", "--json")
+        assert done.returncode == 0, done.stderr
+        return list(json.loads(done.stdout))
+
+    def ec2(self) -> Any:
+        import boto3
+
+        from airflow_cloudtrain.cli_emulator import read_env_file
+
+        env = read_env_file(self.home / "emulator.env")
+        return boto3.client(
+            "ec2",
+            endpoint_url=env["AWS_ENDPOINT_URL"],
+            region_name=env["AWS_DEFAULT_REGION"],
+            aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+        )
+
+
 class Deployment:
-    def __init__(self, airflow: LocalAirflow, api: Api, home: Path) -> None:
-        self.airflow, self.api, self.home = airflow, api, home
+    def __init__(self, up: Up, api: Api) -> None:
+        self.up, self.api = up, api

@@ -1,17 +1,19 @@
-"""The example DAGs in a real Airflow deployment (what ``cloudtrain up`` / ``make airflow`` starts):
-triggered through the REST API as a user would, the job's lines in the task log, a killed triggerer
-replaced mid-run, a deferred task marked failed from outside, and nothing left at the end.
+"""The example DAGs in a real Airflow deployment (``cloudtrain up``, what ``make airflow`` runs):
+triggered through the REST API as a user would, the job's lines in the task log, a triggerer
+SIGKILLed mid-run and restarted by ``cloudtrain up`` itself, a deferred task marked failed from
+outside, ``cloudtrain up`` stopped and started again with a run deferred (the run finishes), and
+nothing left at the end.
 
 One test, in steps, on one deployment: starting the processes is most of the cost, and a test
 scheduler that spreads tests over workers (pytest-xdist) then cannot start a deployment per step."""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+import signal
 
-import boto3
 import pytest
-from deployment_helpers import Deployment, wait_for
+from deployment_helpers import Deployment, Up, wait_for
 
 from airflow_cloudtrain.catalog import choose_offer
 from airflow_cloudtrain.spec import Hardware
@@ -19,8 +21,8 @@ from airflow_cloudtrain.spec import Hardware
 DAG = "ui_train"
 
 
-def _instance_state(instance_id: str) -> str:
-    reservations = boto3.client("ec2").describe_instances(InstanceIds=[instance_id])["Reservations"]
+def _instance_state(up: Up, instance_id: str) -> str:
+    reservations = up.ec2().describe_instances(InstanceIds=[instance_id])["Reservations"]
     return str(reservations[0]["Instances"][0]["State"]["Name"])
 
 
@@ -28,7 +30,7 @@ def _count(lines: list[str], text: str) -> int:
     return sum(text in line for line in lines)
 
 
-def _deferred_on_one_instance(deployment: Deployment, emu: Any, run_id: str, first_line: str) -> str:
+def _deferred_on_one_instance(deployment: Deployment, run_id: str, first_line: str) -> str:
     """Wait until the run's task is deferred and its trigger runs in the triggerer (the job's
     ``first_line`` is in the task log); the instance's id. A task marked failed before any triggerer
     picked its trigger up gets no ``on_kill`` from Airflow: not the case under test."""
@@ -40,12 +42,12 @@ def _deferred_on_one_instance(deployment: Deployment, emu: Any, run_id: str, fir
         timeout=180,
         every=2,
     )
-    instances = emu.running_instances()
+    instances = deployment.up.running_instances()
     assert len(instances) == 1, instances
     return str(instances[0]["id"])
 
 
-def _ui_train_from_the_rest_api_with_params(deployment: Deployment, emu: Any) -> None:
+def _ui_train_from_the_rest_api_with_params(deployment: Deployment) -> None:
     api = deployment.api
     # the job's lines are computed by the shell, so the command's own text never matches them
     conf = {
@@ -64,42 +66,53 @@ def _ui_train_from_the_rest_api_with_params(deployment: Deployment, emu: Any) ->
     # the form's values reached the operator: on-demand, and the cheapest type with >= 4 vCPUs and 8 GiB
     assert result["cloud"] == "ec2" and result["spot"] is False and result["exit_code"] == 0
     assert result["instance_type"] == choose_offer("ec2", Hardware(4, 0, "8g"), "us-east-1").instance_type
-    assert _instance_state(result["instance_id"]) == "terminated"
+    assert _instance_state(deployment.up, result["instance_id"]) == "terminated"
     lines = api.log_lines(DAG, run_id, "train")
     assert _count(lines, "job-a-42") == 1 and _count(lines, "job-b-53") == 1, lines
-    assert emu.running_instances() == []
+    assert deployment.up.running_instances() == []
 
 
-def _a_killed_triggerer_is_replaced_and_the_run_ends_on_the_same_instance(
-    deployment: Deployment, emu: Any
-) -> None:
-    api, airflow = deployment.api, deployment.airflow
+def _a_killed_triggerer_is_restarted_and_the_run_ends_on_the_same_instance(deployment: Deployment) -> None:
+    api, up = deployment.api, deployment.up
     # long enough to outlast the restart and the 15 s after which a silent triggerer's work moves
     conf = {"command": "echo before-$((1+1)); sleep 45; echo after-$((2+2))"}
     run_id = api.trigger(DAG, conf)
-    instance_id = _deferred_on_one_instance(deployment, emu, run_id, "before-2")
-    airflow.kill("triggerer")  # SIGKILL, as a lost machine or the OOM killer would
-    airflow.start("triggerer")
+    instance_id = _deferred_on_one_instance(deployment, run_id, "before-2")
+    triggerer = up.airflow_process("triggerer")
+    triggerer.kill()  # SIGKILL, as a lost machine or the OOM killer would; nobody restarts it but up
+    said = wait_for(
+        "cloudtrain up to say it restarts the triggerer",
+        lambda: re.search(r"airflow triggerer exited with signal SIGKILL.*restarting it", up.stderr()),
+        120,
+    )
+    assert said
+    wait_for("the triggerer restarted", lambda: "airflow triggerer restarted" in up.stderr(), 120)
+    assert up.airflow_process("triggerer").pid != triggerer.pid
     assert api.wait_run(DAG, run_id) == "success", "\n".join(api.log_lines(DAG, run_id, "train")[-60:])
     result = api.xcom(DAG, run_id, "train")
     assert result["instance_id"] == instance_id and result["exit_code"] == 0
-    assert _instance_state(instance_id) == "terminated"
+    assert _instance_state(up, instance_id) == "terminated"
     lines = api.log_lines(DAG, run_id, "train")
     # a triggerer killed outright may repeat the lines shown since its last cursor save, never later ones
     assert _count(lines, "before-2") >= 1 and _count(lines, "after-4") == 1, lines
-    assert emu.running_instances() == []
+    assert up.running_instances() == []
+    assert up.proc is not None and up.proc.poll() is None  # the deployment lives on
 
 
-def _marking_a_deferred_task_failed_terminates_its_instance(deployment: Deployment, emu: Any) -> None:
+def _marking_a_deferred_task_failed_terminates_its_instance(deployment: Deployment) -> None:
     api = deployment.api
     run_id = api.trigger(DAG, {"command": "echo started-$((3+3)); sleep 600"})
-    instance_id = _deferred_on_one_instance(deployment, emu, run_id, "started-6")
+    instance_id = _deferred_on_one_instance(deployment, run_id, "started-6")
     api.call(
         "PATCH",
         f"/dags/{DAG}/dagRuns/{run_id}/taskInstances/train",
         {"new_state": "failed", "note": "marked failed by the deployment test"},
     )
-    wait_for(f"{instance_id} to be terminated", lambda: _instance_state(instance_id) == "terminated", 120)
+    wait_for(
+        f"{instance_id} to be terminated",
+        lambda: _instance_state(deployment.up, instance_id) == "terminated",
+        120,
+    )
     assert api.wait_run(DAG, run_id) == "failed"
 
     def said_so() -> list[str] | None:
@@ -110,16 +123,52 @@ def _marking_a_deferred_task_failed_terminates_its_instance(deployment: Deployme
     lines = wait_for("the task log to say the instance is terminated", said_so, 120)
     assert _count(lines, f"terminating instance {instance_id}") == 1, lines
     assert sum("Released" in line and instance_id in line for line in lines) <= 1, lines
-    assert emu.running_instances() == []
+    assert deployment.up.running_instances() == []
 
 
-@pytest.mark.timeout(1200)  # starting the deployment included; each wait below has its own deadline
-def test_the_example_dags_in_a_real_deployment(deployment: Deployment, emu: Any) -> None:
-    _ui_train_from_the_rest_api_with_params(deployment, emu)
-    _a_killed_triggerer_is_replaced_and_the_run_ends_on_the_same_instance(deployment, emu)
-    _marking_a_deferred_task_failed_terminates_its_instance(deployment, emu)
-    # stopping leaves no process of the deployment, and no instance
-    deployment.airflow.stop()
-    assert deployment.airflow.left_running() == []
-    assert deployment.airflow.died() == list(deployment.airflow.procs)  # every process ended
-    assert emu.running_instances() == []
+def _a_run_deferred_when_up_stops_finishes_after_the_next_start(deployment: Deployment) -> None:
+    """Ctrl-C's stop with a task deferred: the emulated clouds keep their state in the Airflow home,
+    so after the next start the instance is still there, its agent runs the job again, and the
+    task picks the run up and ends it on the same instance."""
+    api, up = deployment.api, deployment.up
+    go = up.home.parent / "go"  # the job ends once this file exists: only after the restart
+    command = f"echo first-$((4+4)); while [ ! -e {go} ]; do sleep 1; done; echo last-$((5+5))"
+    run_id = api.trigger(DAG, {"command": command})
+    instance_id = _deferred_on_one_instance(deployment, run_id, "first-8")
+    assert up.stop(signal.SIGINT) == 0, up.stderr()[-3000:]
+    assert up.left_running() == [], "processes of the deployment left running after the stop"
+    assert "Traceback" not in up.stderr(), up.stderr()[-3000:]
+    up.start()
+    assert "Restored the emulated clouds" in up.stdout()
+    # the instance outlived the stop (same id), and its agent runs the job again
+    assert instance_id in [i["id"] for i in up.running_instances()]
+    go.touch()
+    assert api.wait_run(DAG, run_id) == "success", "\n".join(api.log_lines(DAG, run_id, "train")[-60:])
+    result = api.xcom(DAG, run_id, "train")
+    assert result["instance_id"] == instance_id and result["exit_code"] == 0
+    assert _instance_state(up, instance_id) == "terminated"
+    lines = api.log_lines(DAG, run_id, "train")
+    # the stopped triggerer said what became of the task, and the run's end is in the log
+    assert _count(lines, "Triggerer stopping: the run continues on the cloud") >= 1, lines
+    assert _count(lines, "last-10") >= 1, lines
+    assert up.running_instances() == []
+
+
+@pytest.mark.timeout(1800)  # two starts of the deployment included; each wait below has its own deadline
+def test_the_example_dags_in_a_real_deployment(deployment: Deployment) -> None:
+    up = deployment.up
+    # the CLI's environment is in the Airflow home, and the start says how to use it
+    assert f"source {up.home.resolve() / 'emulator.env'}" in up.stdout()
+    for args in (("jobs", "list"), ("emulator", "status")):  # with it, the CLI reaches the emulated clouds
+        done = up.cli(*args)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    _ui_train_from_the_rest_api_with_params(deployment)
+    _a_killed_triggerer_is_restarted_and_the_run_ends_on_the_same_instance(deployment)
+    _marking_a_deferred_task_failed_terminates_its_instance(deployment)
+    _a_run_deferred_when_up_stops_finishes_after_the_next_start(deployment)
+    # stopping leaves no process of the deployment
+    assert up.stop() == 0, up.stderr()[-3000:]
+    assert up.left_running() == []
+    assert "Stopped." in up.stdout()
+    # the JWT key is long enough for HS512: Airflow does not warn about it
+    assert "HMAC key" not in (up.home / "logs" / "api-server.out").read_text(errors="replace")

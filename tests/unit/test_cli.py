@@ -72,3 +72,94 @@ def test_plan_bad_input_exits_2_with_field_name(capsys: pytest.CaptureFixture[st
     assert "ram='12q'" in capsys.readouterr().err
     assert main(["plan", "--cloud", "ec2", "--cpus", "900"]) == 2
     assert "Largest offers" in capsys.readouterr().err
+
+
+def test_plan_refuses_ram_under_512_mib_with_the_operators_message(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from airflow_cloudtrain.operators.config import parse_ram
+
+    assert main(["plan", "--cloud", "ec2", "--ram", "1"]) == 2
+    err = capsys.readouterr().err
+    with pytest.raises(ValueError) as operator_says:
+        parse_ram("1")
+    assert err.strip() == f"cloudtrain plan: {operator_says.value}"
+    assert "ram='1' is 1 MiB, too small" in err
+    assert main(["plan", "--cloud", "ec2", "--ram", "512m", "--json"]) == 0  # the smallest accepted
+    assert json.loads(capsys.readouterr().out)["hardware"]["ram_mib"] == 512
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``cloudtrain ...`` as a user runs it, in an environment without credentials or connections."""
+    import os
+
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("AWS_", "AIRFLOW_CONN_", "GOOGLE_")) and k != "STORAGE_EMULATOR_HOST"
+    }
+    # no credential lookups on this machine's metadata services (they wait for timeouts)
+    clean.update({"AWS_EC2_METADATA_DISABLED": "true", "NO_GCE_CHECK": "True"}, **(env or {}))
+    return subprocess.run(
+        [sys.executable, "-m", "airflow_cloudtrain.cli", *args],
+        capture_output=True,
+        text=True,
+        env=clean,
+        timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (("runs", "show", "ct-1", "--bucket", "s3://cloudtrain-emulated"), "AWS_ACCESS_KEY_ID"),
+        (("runs", "show", "gs://cloudtrain-emulated/runs/x"), "GOOGLE_APPLICATION_CREDENTIALS"),
+        (("jobs", "list"), "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"),
+        (("jobs", "logs", "some-job", "--conn-id", "my_gcp"), "AIRFLOW_CONN_MY_GCP"),
+    ],
+)
+def test_a_missing_credential_or_connection_is_one_line_naming_what_to_set(
+    args: tuple[str, ...], names: str
+) -> None:
+    done = _cli(*args)
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert lines[0].startswith(f"cloudtrain {args[0]} {args[1]}: ") and names in lines[0], lines[0]
+    assert "source .airflow_home/emulator.env" in lines[0]
+
+
+def test_emulator_status_without_endpoints_is_one_line(tmp_path: pytest.TempPathFactory) -> None:
+    done = _cli("emulator", "status", "--env-file", f"{tmp_path}/missing.env")
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and "--env-file" in done.stderr, done.stderr
+
+
+def test_help_is_plain_text_without_rst_markup() -> None:
+    for args in ([], ["plan"], ["runs", "show"], ["jobs", "list"], ["up"], ["emulator"]):
+        done = _cli(*args, "--help")
+        assert done.returncode == 0, done.stderr
+        assert "``" not in done.stdout and "`" not in done.stdout, done.stdout
+    assert _cli("--help").stdout.splitlines()[2].startswith("cloudtrain: the command line. cloudtrain plan")
+
+
+def test_the_signing_keys_are_64_bytes_and_shorter_ones_are_replaced(
+    tmp_path: pytest.TempPathFactory,
+) -> None:
+    from pathlib import Path
+
+    from airflow_cloudtrain.cli_up import SECRETS_FILE, home_secrets
+
+    home = Path(str(tmp_path))
+    made = home_secrets(home)
+    signing = ("jwt_secret", "api_secret_key")  # the API's tokens and the log servers' tokens
+    assert all(len(made[k].encode()) >= 64 for k in signing)  # HS512: Airflow warns below 64 bytes
+    assert home_secrets(home) == made  # kept: a restart keeps logins and the database's Fernet key
+    saved = json.loads((home / SECRETS_FILE).read_text())
+    old = {k: "x" * 43 for k in signing}  # what an older version made
+    (home / SECRETS_FILE).write_text(json.dumps({**saved, **old}))
+    again = home_secrets(home)
+    assert all(len(again[k].encode()) >= 64 and again[k] != old[k] for k in signing)
+    assert {k: again[k] for k in ("fernet_key", "password")} == {
+        k: made[k] for k in ("fernet_key", "password")
+    }
