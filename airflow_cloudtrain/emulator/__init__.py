@@ -72,6 +72,11 @@ from a ``random.Random(seed)``. The emulator's own requests are never throttled 
 S3 and other AWS operations, Compute methods, GCS methods, Pub/Sub, Monitoring, Vertex AI and Logging
 methods; throttled requests are counted there too, and also under ``"throttled:<operation>"``.
 
+Sessions: each ``Emulator()`` starts from empty accounts on both clouds, also after an earlier one in
+the same process (moto's backends are process-wide: they are reset at start, once the previous
+session's instance poll has ended; the GCP servers are the Emulator's own). One Emulator runs at a
+time per process: starting a second while one runs is a RuntimeError (they would share one AWS).
+
 Any account and any project: moto accepts any AWS account, and the GCP servers serve any project id a
 request names (Compute Engine and Pub/Sub with state per project, made on first use), so a DAG's own
 ``project_id`` works. Prices: the AWS Pricing API's ``GetProducts``, EC2 spot price history and zone
@@ -126,6 +131,44 @@ PORT_OFFSETS = {
 }
 
 
+_SESSION_LOCK = threading.Lock()
+_session: Emulator | None = None  # the Emulator running in this process (moto's backends are process-wide)
+_previous: Emulator | None = None  # the last one stopped: its instance poll may still be ending
+
+
+def _claim_process(emu: Emulator) -> None:
+    """Make ``emu`` this process's one running Emulator, on an empty AWS account.
+
+    moto keeps every account in process-wide backends, so a second session would find the queues,
+    buckets and groups of the first (the GCP servers are objects of each Emulator and start empty).
+    The backends are reset here, as moto's ``/moto-api/reset`` does, after the previous session's
+    instance poll has ended (it reads the backends). Two Emulators running at once in one process
+    would share, and reset, one AWS: that is refused with a clear error instead."""
+    global _session
+    with _SESSION_LOCK:
+        if _session is not None and _session is not emu:
+            raise RuntimeError(
+                "another Emulator is running in this process: moto's AWS backends are process-wide, "
+                "so two at once would share one account. Stop it first (leave its `with` block), "
+                "or run the other in its own process"
+            )
+        _session = emu
+        previous = _previous
+    poll = getattr(getattr(previous, "runner", None), "_thread", None)
+    if poll is not None:
+        poll.join(timeout=60)  # stop() waited 10 s; a poll of many instances on a busy machine takes longer
+    from moto.moto_api._internal.models import moto_api_backend
+
+    moto_api_backend.reset()  # what moto's POST /moto-api/reset does: every service, every account
+
+
+def _release_process(emu: Emulator) -> None:
+    global _session, _previous
+    with _SESSION_LOCK:
+        if _session is emu:
+            _session, _previous = None, emu
+
+
 def stable_ports(base: int) -> dict[str, int]:
     """Each server's port for base port ``base`` (``PORT_OFFSETS``); base 0: free ports."""
     return {name: base + offset if base else 0 for name, offset in PORT_OFFSETS.items()}
@@ -161,6 +204,7 @@ class Emulator:
         self._throttle = Throttle()
         self._saved_env: dict[str, str | None] = {}
         self._timers: list[threading.Timer] = []
+        self._stopped = False
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -183,6 +227,8 @@ class Emulator:
         from airflow_cloudtrain.emulator.gcp.vertex import VertexServer
         from airflow_cloudtrain.emulator.metadata import MetadataServer
 
+        _claim_process(self)
+        self._stopped = False
         try:
             self.moto = MotoServer(self._throttle)
             self.aws_endpoint = self._listen("aws", self.moto.start)
@@ -249,14 +295,18 @@ class Emulator:
             ) from err
 
     def stop(self) -> None:
+        self._stopped = True  # a spot notice's timer that fires now reclaims nothing (``_reclaim``)
         for timer in self._timers:
             timer.cancel()
-        for part in ("runner", "metadata", "moto", "gce", "gcs", "pubsub", "vertex", "secretmanager"):
-            if hasattr(self, part):
-                getattr(self, part).stop()
-        self._restore_env()
-        if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        try:
+            for part in ("runner", "metadata", "moto", "gce", "gcs", "pubsub", "vertex", "secretmanager"):
+                if hasattr(self, part):
+                    getattr(self, part).stop()
+            self._restore_env()
+            if self._own_workdir:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+        finally:
+            _release_process(self)
 
     def env(self) -> dict[str, str]:
         """The environment that points AWS clients and Airflow's aws_default at the emulator."""
@@ -366,6 +416,8 @@ class Emulator:
         timer.start()
 
     def _reclaim(self, instance_id: str) -> None:
+        if self._stopped:  # the session is over: its instances are gone, the next one's are not its own
+            return
         self.runner.kill_agent(instance_id)
         self._side(instance_id).reclaim(instance_id)
 
