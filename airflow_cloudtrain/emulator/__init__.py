@@ -263,8 +263,11 @@ class Emulator:
                 "CLOUDTRAIN_SECRETMANAGER_ENDPOINT": self.secretmanager_endpoint,
             },
         )
+        from airflow_cloudtrain.hooks.botocore_logs import quiet_botocore
+
         config = Config(user_agent_extra=EMULATOR_USER_AGENT, retries={"max_attempts": 1})
-        s3 = boto3.session.Session(region_name=self.region).client("s3", config=config)
+        with quiet_botocore():  # the emulator's own client: no "Found endpoint ..." lines in the test's log
+            s3 = boto3.session.Session(region_name=self.region).client("s3", config=config)
         for bucket in self.buckets:
             s3.create_bucket(Bucket=bucket)
             self.gcs.create_bucket(bucket)
