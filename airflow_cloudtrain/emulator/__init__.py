@@ -74,8 +74,9 @@ methods; throttled requests are counted there too, and also under ``"throttled:<
 
 Sessions: each ``Emulator()`` starts from empty accounts on both clouds, also after an earlier one in
 the same process (moto's backends are process-wide: they are reset at start, once the previous
-session's instance poll has ended; the GCP servers are the Emulator's own). One Emulator runs at a
-time per process: starting a second while one runs is a RuntimeError (they would share one AWS).
+session's instance poll has ended; the GCP servers are the Emulator's own). An Emulator started while
+another runs in the same process shares that one's AWS account instead (a reset would wipe it under
+its feet), with a warning: run one at a time per process for an empty account.
 
 Any account and any project: moto accepts any AWS account, and the GCP servers serve any project id a
 request names (Compute Engine and Pub/Sub with state per project, made on first use), so a DAG's own
@@ -101,6 +102,7 @@ Pub/Sub; Vertex AI and its jobs' logs; GCP instances' side), and shared:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -113,6 +115,8 @@ from typing import Any
 
 from airflow_cloudtrain.emulator.faults import Throttle
 from airflow_cloudtrain.emulator.runner import InstanceRunner, Seen
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BUCKET = "cloudtrain-emulated"
 GCP_PROJECT = "cloudtrain-emulated"
@@ -132,28 +136,31 @@ PORT_OFFSETS = {
 
 
 _SESSION_LOCK = threading.Lock()
-_session: Emulator | None = None  # the Emulator running in this process (moto's backends are process-wide)
+_running: list[Emulator] = []  # the Emulators running in this process (moto's backends are process-wide)
 _previous: Emulator | None = None  # the last one stopped: its instance poll may still be ending
 
 
 def _claim_process(emu: Emulator) -> None:
-    """Make ``emu`` this process's one running Emulator, on an empty AWS account.
+    """Start ``emu`` on an empty AWS account, unless another Emulator runs in this process.
 
     moto keeps every account in process-wide backends, so a second session would find the queues,
     buckets and groups of the first (the GCP servers are objects of each Emulator and start empty).
     The backends are reset here, as moto's ``/moto-api/reset`` does, after the previous session's
-    instance poll has ended (it reads the backends). Two Emulators running at once in one process
-    would share, and reset, one AWS: that is refused with a clear error instead."""
-    global _session
+    instance poll has ended (it reads the backends). While another Emulator runs, a reset would wipe
+    its account under its feet (a suite's shared Emulator, and a test's own ``with Emulator()``): this
+    one then shares that account, and says so."""
     with _SESSION_LOCK:
-        if _session is not None and _session is not emu:
-            raise RuntimeError(
-                "another Emulator is running in this process: moto's AWS backends are process-wide, "
-                "so two at once would share one account. Stop it first (leave its `with` block), "
-                "or run the other in its own process"
-            )
-        _session = emu
+        others = [e for e in _running if e is not emu]
+        if emu not in _running:
+            _running.append(emu)
         previous = _previous
+    if others:
+        log.warning(
+            "Another Emulator is running in this process: moto's AWS backends are process-wide, so this "
+            "one shares its AWS account (not emptied; the GCP side is its own). For an empty account, "
+            "run one Emulator at a time per process."
+        )
+        return
     poll = getattr(getattr(previous, "runner", None), "_thread", None)
     if poll is not None:
         poll.join(timeout=60)  # stop() waited 10 s; a poll of many instances on a busy machine takes longer
@@ -163,10 +170,11 @@ def _claim_process(emu: Emulator) -> None:
 
 
 def _release_process(emu: Emulator) -> None:
-    global _session, _previous
+    global _previous
     with _SESSION_LOCK:
-        if _session is emu:
-            _session, _previous = None, emu
+        if emu in _running:
+            _running.remove(emu)
+            _previous = emu
 
 
 def stable_ports(base: int) -> dict[str, int]:
