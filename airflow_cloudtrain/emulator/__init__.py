@@ -235,9 +235,9 @@ class Emulator:
         from airflow_cloudtrain.emulator.gcp.vertex import VertexServer
         from airflow_cloudtrain.emulator.metadata import MetadataServer
 
-        _claim_process(self)
         self._stopped = False
         try:
+            _claim_process(self)
             self.moto = MotoServer(self._throttle)
             self.aws_endpoint = self._listen("aws", self.moto.start)
             self.gce = GceServer(project=GCP_PROJECT, throttle=self._throttle)
