@@ -29,6 +29,16 @@ def bare_connection(monkeypatch: pytest.MonkeyPatch) -> str:
     return "ct_bare"
 
 
+@pytest.fixture
+def caplog(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
+    """INFO from botocore reaches the capture whatever an earlier test in this process set (the agent's
+    own ``main`` puts "botocore" at WARNING): else a test here could pass without a line to drop."""
+    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.INFO, logger="botocore")
+    caplog.set_level(logging.INFO, logger="aiobotocore")
+    return caplog
+
+
 def found_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [
         r.getMessage() for r in caplog.records if r.getMessage().startswith(("Found endpoint", "Found cred"))
@@ -36,13 +46,12 @@ def found_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_our_hooks_build_clients_without_found_lines(bare_connection: str, caplog) -> None:
-    with caplog.at_level(logging.INFO):
-        hook = CloudTrainAwsHook(aws_conn_id=bare_connection, region_name="us-east-1")
-        hook.client("ec2")
-        hook.client("s3")
-        hook.cloud()  # SSM and EC2, as a run makes them
-        assert hook.conn is not None  # the Amazon provider's own client (``get_client_type``)
-        QueueDepthHook(aws_conn_id=bare_connection, region_name="us-east-1").sync_client  # noqa: B018
+    hook = CloudTrainAwsHook(aws_conn_id=bare_connection, region_name="us-east-1")
+    hook.client("ec2")
+    hook.client("s3")
+    hook.cloud()  # SSM and EC2, as a run makes them
+    assert hook.conn is not None  # the Amazon provider's own client (``get_client_type``)
+    QueueDepthHook(aws_conn_id=bare_connection, region_name="us-east-1").sync_client  # noqa: B018
     assert found_lines(caplog) == []
 
 
@@ -50,16 +59,15 @@ def test_the_user_s_own_clients_still_log_them(bare_connection: str, caplog) -> 
     """Nothing global changed: a plain boto3 client, after ours, logs both lines as before, and the
     loggers' levels are the user's."""
     CloudTrainAwsHook(aws_conn_id=bare_connection, region_name="us-east-1").client("ec2")
-    with caplog.at_level(logging.INFO):
-        boto3.session.Session().client("sqs")
+    boto3.session.Session().client("sqs")
     found = found_lines(caplog)
     assert "Found endpoint for sqs via: environment_global." in found
     assert "Found credentials in environment variables." in found
-    assert all(logging.getLogger(name).level == logging.NOTSET for name in CHATTY_LOGGERS)
+    assert all(logging.getLogger(name).level == logging.NOTSET for name in CHATTY_LOGGERS)  # not ours to set
 
 
 def test_a_logger_set_to_debug_keeps_them(bare_connection: str, caplog) -> None:
     """Someone debugging how botocore resolves endpoints sees every line, those of our clients too."""
-    with caplog.at_level(logging.DEBUG, logger="botocore.configprovider"), caplog.at_level(logging.INFO):
+    with caplog.at_level(logging.DEBUG, logger="botocore.configprovider"):
         CloudTrainAwsHook(aws_conn_id=bare_connection, region_name="us-east-1").client("ec2")
     assert any(line.startswith("Found endpoint for ec2") for line in found_lines(caplog))
