@@ -166,7 +166,9 @@ def _claim_process(emu: Emulator) -> None:
         poll.join(timeout=60)  # stop() waited 10 s; a poll of many instances on a busy machine takes longer
     from moto.moto_api._internal.models import moto_api_backend
 
-    moto_api_backend.reset()  # what moto's POST /moto-api/reset does: every service, every account
+    # what moto's POST /moto-api/reset does: every service, every account (a few seconds: each backend's
+    # own reset runs, S3's global bucket names and all; dropping the backends alone leaves those behind)
+    moto_api_backend.reset()
 
 
 def _release_process(emu: Emulator) -> None:
