@@ -25,7 +25,8 @@ status, checkpoints (restored before the job, synced during and after it) and re
   protection (set while it had work) and terminates itself through the group with the desired
   capacity decremented, so the group neither replaces it nor scales in a busy worker; it must not
   power off inside a group (the group would launch a replacement). Outside a group, or when leaving
-  fails, it runs the power-off command. ``workers/<instance-id>.json`` records what it did.
+  fails, it runs the power-off command (quietly when the fleet's teardown came first: no longer a
+  member, or the group gone, ``out_of_group``). ``workers/<instance-id>.json`` records what it did.
 
 The queue and group are small objects (``agent.queue_sqs``: SQS + Auto Scaling); another cloud is
 another pair of classes with the same methods. An item's exception never ends the loop: it is logged
@@ -73,6 +74,22 @@ def open_backend(settings: WorkerSettings, instance_id: str) -> tuple[Any, Any]:
         mig = ManagedInstanceGroup(settings, instance_id) if settings.group else None
         return PubSubQueue(settings), mig
     raise NotImplementedError(f"no worker queue for provider {settings.provider!r} in this agent")
+
+
+def out_of_group(err: BaseException) -> bool:
+    """Whether leaving failed because this instance is no longer in its group, or the group is gone:
+    Auto Scaling's ValidationError "Instance Id not found - No managed instance found ..." /
+    "AutoScalingGroup name not found - ...", or a 404 from Compute Engine for a deleted managed
+    instance group. That is the fleet's teardown having come first (the group scaled to 0 or
+    deleted): the worker powers off as outside a group, with no traceback, since nothing went wrong."""
+    response = getattr(err, "response", None)
+    if isinstance(response, dict):
+        error = response.get("Error") or {}
+        message = str(error.get("Message", ""))
+        return error.get("Code") == "ValidationError" and (
+            "Instance Id not found" in message or "AutoScalingGroup name not found" in message
+        )
+    return getattr(err, "code", None) == 404  # google.api_core NotFound
 
 
 class Worker:
@@ -130,8 +147,11 @@ class Worker:
                 self.group.unprotect_and_leave()
                 log.info("left group %s; it terminates this instance", self.settings.group)
                 return 0
-            except Exception:
-                log.exception("could not leave group %s; powering off", self.settings.group)
+            except Exception as err:
+                if out_of_group(err):  # the fleet's teardown came first: nothing left to leave
+                    log.info("already out of group %s (%s); powering off", self.settings.group, err)
+                else:
+                    log.exception("could not leave group %s; powering off", self.settings.group)
         power_off(self.poweroff)
         return 0
 

@@ -72,6 +72,12 @@ from a ``random.Random(seed)``. The emulator's own requests are never throttled 
 S3 and other AWS operations, Compute methods, GCS methods, Pub/Sub, Monitoring, Vertex AI and Logging
 methods; throttled requests are counted there too, and also under ``"throttled:<operation>"``.
 
+Sessions: each ``Emulator()`` starts from empty accounts on both clouds, also after an earlier one in
+the same process (moto's backends are process-wide: they are reset at start, once the previous
+session's instance poll has ended; the GCP servers are the Emulator's own). An Emulator started while
+another runs in the same process shares that one's AWS account instead (a reset would wipe it under
+its feet), with a warning: run one at a time per process for an empty account.
+
 Any account and any project: moto accepts any AWS account, and the GCP servers serve any project id a
 request names (Compute Engine and Pub/Sub with state per project, made on first use), so a DAG's own
 ``project_id`` works. Prices: the AWS Pricing API's ``GetProducts``, EC2 spot price history and zone
@@ -97,6 +103,7 @@ Pub/Sub; Vertex AI and its jobs' logs; GCP instances' side), and shared:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -109,6 +116,8 @@ from typing import Any
 
 from airflow_cloudtrain.emulator.faults import Throttle
 from airflow_cloudtrain.emulator.runner import InstanceRunner, Seen
+
+log = logging.getLogger(__name__)
 
 DEFAULT_BUCKET = "cloudtrain-emulated"
 GCP_PROJECT = "cloudtrain-emulated"
@@ -125,6 +134,50 @@ PORT_OFFSETS = {
     "metadata": 5,  # the instances' metadata services
     "secretmanager": 6,
 }
+
+
+_SESSION_LOCK = threading.Lock()
+_running: list[Emulator] = []  # the Emulators running in this process (moto's backends are process-wide)
+_previous: Emulator | None = None  # the last one stopped: its instance poll may still be ending
+
+
+def _claim_process(emu: Emulator) -> None:
+    """Start ``emu`` on an empty AWS account, unless another Emulator runs in this process.
+
+    moto keeps every account in process-wide backends, so a second session would find the queues,
+    buckets and groups of the first (the GCP servers are objects of each Emulator and start empty).
+    The backends are reset here, as moto's ``/moto-api/reset`` does, after the previous session's
+    instance poll has ended (it reads the backends). While another Emulator runs, a reset would wipe
+    its account under its feet (a suite's shared Emulator, and a test's own ``with Emulator()``): this
+    one then shares that account, and says so."""
+    with _SESSION_LOCK:
+        others = [e for e in _running if e is not emu]
+        if emu not in _running:
+            _running.append(emu)
+        previous = _previous
+    if others:
+        log.warning(
+            "Another Emulator is running in this process: moto's AWS backends are process-wide, so this "
+            "one shares its AWS account (not emptied; the GCP side is its own). For an empty account, "
+            "run one Emulator at a time per process."
+        )
+        return
+    poll = getattr(getattr(previous, "runner", None), "_thread", None)
+    if poll is not None:
+        poll.join(timeout=60)  # stop() waited 10 s; a poll of many instances on a busy machine takes longer
+    from moto.moto_api._internal.models import moto_api_backend
+
+    # what moto's POST /moto-api/reset does: every service, every account (a few seconds: each backend's
+    # own reset runs, S3's global bucket names and all; dropping the backends alone leaves those behind)
+    moto_api_backend.reset()
+
+
+def _release_process(emu: Emulator) -> None:
+    global _previous
+    with _SESSION_LOCK:
+        if emu in _running:
+            _running.remove(emu)
+            _previous = emu
 
 
 def stable_ports(base: int) -> dict[str, int]:
@@ -162,6 +215,7 @@ class Emulator:
         self._throttle = Throttle()
         self._saved_env: dict[str, str | None] = {}
         self._timers: list[threading.Timer] = []
+        self._stopped = False
 
     # --- lifecycle -----------------------------------------------------------------------------
 
@@ -184,7 +238,9 @@ class Emulator:
         from airflow_cloudtrain.emulator.gcp.vertex import VertexServer
         from airflow_cloudtrain.emulator.metadata import MetadataServer
 
+        self._stopped = False
         try:
+            _claim_process(self)
             self.moto = MotoServer(self._throttle)
             self.aws_endpoint = self._listen("aws", self.moto.start)
             self.gce = GceServer(project=GCP_PROJECT, throttle=self._throttle)
@@ -218,8 +274,11 @@ class Emulator:
                 "CLOUDTRAIN_SECRETMANAGER_ENDPOINT": self.secretmanager_endpoint,
             },
         )
+        from airflow_cloudtrain.hooks.botocore_logs import quiet_botocore
+
         config = Config(user_agent_extra=EMULATOR_USER_AGENT, retries={"max_attempts": 1})
-        s3 = boto3.session.Session(region_name=self.region).client("s3", config=config)
+        with quiet_botocore():  # the emulator's own client: no "Found endpoint ..." lines in the test's log
+            s3 = boto3.session.Session(region_name=self.region).client("s3", config=config)
         for bucket in self.buckets:
             s3.create_bucket(Bucket=bucket)
             self.gcs.create_bucket(bucket)
@@ -250,14 +309,18 @@ class Emulator:
             ) from err
 
     def stop(self) -> None:
+        self._stopped = True  # a spot notice's timer that fires now reclaims nothing (``_reclaim``)
         for timer in self._timers:
             timer.cancel()
-        for part in ("runner", "metadata", "moto", "gce", "gcs", "pubsub", "vertex", "secretmanager"):
-            if hasattr(self, part):
-                getattr(self, part).stop()
-        self._restore_env()
-        if self._own_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        try:
+            for part in ("runner", "metadata", "moto", "gce", "gcs", "pubsub", "vertex", "secretmanager"):
+                if hasattr(self, part):
+                    getattr(self, part).stop()
+            self._restore_env()
+            if self._own_workdir:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+        finally:
+            _release_process(self)
 
     def env(self) -> dict[str, str]:
         """The environment that points AWS clients and Airflow's aws_default at the emulator."""
@@ -367,6 +430,8 @@ class Emulator:
         timer.start()
 
     def _reclaim(self, instance_id: str) -> None:
+        if self._stopped:  # the session is over: its instances are gone, the next one's are not its own
+            return
         self.runner.kill_agent(instance_id)
         self._side(instance_id).reclaim(instance_id)
 

@@ -12,6 +12,7 @@ from botocore.loaders import JSONFileLoader, create_loader
 
 from airflow_cloudtrain.clouds.aws import AwsCloud
 from airflow_cloudtrain.clouds.base import Instance
+from airflow_cloudtrain.hooks.botocore_logs import quiet_botocore
 
 _LOADERS: dict[str | None, Any] = {}  # botocore data path -> this process's loader for it
 _LOADERS_LOCK = threading.Lock()
@@ -64,18 +65,26 @@ class CloudTrainAwsHook(AwsBaseHook):
         super().__init__(*args, **kwargs)
 
     def get_session(self, region_name: str | None = None, deferrable: bool = False) -> Any:
-        """The connection's session (as the Amazon provider makes it), sharing parsed service models."""
-        return share_service_models(super().get_session(region_name=region_name, deferrable=deferrable))
+        """The connection's session (as the Amazon provider makes it), sharing parsed service models;
+        botocore's "Found credentials/endpoint" INFO lines stay out of the task log (``botocore_logs``)."""
+        with quiet_botocore():
+            return share_service_models(super().get_session(region_name=region_name, deferrable=deferrable))
+
+    def get_client_type(self, *args: Any, **kwargs: Any) -> Any:
+        """The Amazon provider's client (``self.conn``), without botocore's "Found ..." INFO lines."""
+        with quiet_botocore():
+            return super().get_client_type(*args, **kwargs)
 
     def client(self, service: str, region: str | None = None, config: Any = None) -> Any:
         """A boto3 client for any service, from this connection (credentials, endpoint, config)."""
-        session = self.get_session(region_name=region or self.conn_region_name)
-        return session.client(
-            service,
-            endpoint_url=self.conn_config.get_service_endpoint_url(service_name=service),
-            config=config or self.config,
-            verify=self.verify,
-        )
+        with quiet_botocore():
+            session = self.get_session(region_name=region or self.conn_region_name)
+            return session.client(
+                service,
+                endpoint_url=self.conn_config.get_service_endpoint_url(service_name=service),
+                config=config or self.config,
+                verify=self.verify,
+            )
 
     def cloud(self) -> AwsCloud:
         from botocore.config import Config

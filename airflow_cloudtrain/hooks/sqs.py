@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
+from airflow_cloudtrain.hooks.botocore_logs import quiet_botocore
 from airflow_cloudtrain.triggers.queue_depth import DepthReader, QueueDepth, QueueNotFound
 
 DEPTH_ATTRIBUTES = [
@@ -69,7 +70,8 @@ class QueueDepthHook(AwsBaseHook):
         one_try = (self.config or Config()).merge(
             Config(retries={"mode": "standard", "total_max_attempts": 1})
         )
-        return self.get_client_type(region_name=self.region_name, config=one_try)
+        with quiet_botocore():  # no "Found credentials/endpoint" INFO lines in the task log
+            return self.get_client_type(region_name=self.region_name, config=one_try)
 
     def queue_url(self, name: str) -> str:
         """GetQueueUrl; ``QueueNotFound`` naming the queue when there is none."""

@@ -14,6 +14,9 @@ The end: every item has an outcome (``outcomes/<id>.json``), or the queue has be
 visible, in flight or delayed) on two polls in a row; an item without an outcome then went to the
 dead-letter queue after ``max_item_attempts`` deliveries whose workers vanished, and is failed.
 
+An item that failed for good is logged with the last lines of its output (``item_log_tail``: one
+listing and the newest chunks of that item's log, read once), as a single run's task log shows its job's.
+
 On GCP (``clouds.gcp_fleet``) Pub/Sub has no backlog call (``depth`` is None): the backlog is the
 items without an outcome, the run ends when each has one, and each poll also pulls the dead-letter
 subscription: an item that arrives there without an outcome (its deliveries ran out on workers that
@@ -32,9 +35,11 @@ from typing import Any
 from airflow_cloudtrain import workqueue
 from airflow_cloudtrain.clouds.base import ALIVE_STATES
 from airflow_cloudtrain.lifecycle.fleet import FleetHandle
+from airflow_cloudtrain.runs import log_prefix, log_seq, split_stamp
 from airflow_cloudtrain.workqueue import ItemOutcome, WorkerRecord
 
 EMPTY_POLLS_TO_END = 2
+ITEM_TAIL_LINES = 20  # a failed item's last lines shown in the task log (``item_log_tail``)
 
 
 class FleetFailed(RuntimeError):
@@ -52,6 +57,22 @@ def read_outcomes(folder: Any, known: set[str]) -> dict[str, ItemOutcome]:
         if raw:
             out[item] = ItemOutcome.from_json(raw)
     return out
+
+
+def item_log_tail(folder: Any, outcome: ItemOutcome, limit: int = ITEM_TAIL_LINES) -> list[str]:
+    """The last ``limit`` lines its attempt's job wrote (stamped), from the log chunks the item's
+    agent uploaded to ``items/<id>/instances/<attempt>/logs/``: secrets are already cut out there (the
+    agent redacts every chunk). Reads chunks from the newest back, only as many as the lines need."""
+    if not outcome.instance_id or outcome.attempt == "dead-letter":  # no attempt ran to an end
+        return []
+    prefix = f"{workqueue.item_prefix(outcome.id)}/{log_prefix(outcome.attempt)}"
+    keys = sorted((k for k in folder.list(prefix) if k.endswith(".log")), key=log_seq)
+    lines: list[str] = []
+    for key in reversed(keys):
+        lines = (folder.get_text(key) or "").splitlines() + lines
+        if len(lines) >= limit:
+            break
+    return lines[-limit:]
 
 
 class FleetWatch:
@@ -163,6 +184,20 @@ class FleetWatch:
             self.log.warning(
                 "Item %s failed for good %s: %s", outcome.id, where, outcome.message or outcome.exit_code
             )
+            self._log_tail(outcome)
+
+    def _log_tail(self, outcome: ItemOutcome) -> None:
+        """The failed item's last lines under its outcome, as a single run's log shows the job's."""
+        try:
+            lines = item_log_tail(self.folder, outcome)
+        except Exception as err:  # the outcome is what matters: a log that cannot be read is only noted
+            self.log.info("Item %s: its log could not be read (%s: %s)", outcome.id, type(err).__name__, err)
+            return
+        if lines:
+            self.log.info("Item %s: the last %d line(s) of its output:", outcome.id, len(lines))
+        for line in lines:
+            stamp, text = split_stamp(line)
+            self.log.info("[item %s%s] %s", outcome.id, f" {stamp[11:23]}" if stamp else "", text)
 
     # --- the result ------------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -19,11 +20,16 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from airflow_cloudtrain import runs
 from airflow_cloudtrain.agent.bootstrap import render_user_data
+from airflow_cloudtrain.agent.queue_sqs import AutoScalingGroup
+from airflow_cloudtrain.agent.storage import open_run_folder
+from airflow_cloudtrain.agent.worker import Worker
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET
+from airflow_cloudtrain.workqueue import WorkerSettings
 
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
 TYPES = ["m5.large", "m5a.large", "m6i.large"]
@@ -256,3 +262,76 @@ def test_a_call_naming_a_deleted_group_gets_aws_s_validation_error(emu) -> None:
         )
     assert err.value.response["Error"]["Code"] == "ValidationError"
     assert "ct-gone" in err.value.response["Error"]["Message"]
+
+
+def test_leaving_a_group_one_is_no_longer_in_gets_aws_s_validation_error(emu) -> None:
+    """moto raised StopIteration (HTTP 500, a traceback in the emulator's log) for a worker's
+    TerminateInstanceInAutoScalingGroup once its fleet's teardown had scaled the group in; AWS answers
+    ValidationError."""
+    asg = boto3.client("autoscaling", config=Config(retries={"total_max_attempts": 1}))
+    with fleet(emu, size=1) as name:
+        (member,) = until(lambda: settled(emu, name, 1), "1 member")
+        asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=0)  # the teardown's scale-in
+        until(lambda: not members(emu, name), "the member to end")
+        with pytest.raises(ClientError) as err:
+            asg.terminate_instance_in_auto_scaling_group(
+                InstanceId=member, ShouldDecrementDesiredCapacity=True
+            )
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 400
+    assert err.value.response["Error"] == {
+        "Type": "Sender",
+        "Code": "ValidationError",
+        "Message": f"Instance Id not found - No managed instance found for instance ID: {member}",
+    }
+
+
+class _EmptyQueue:
+    """A work queue with nothing left in it (the worker's receive, nothing else is called)."""
+
+    def receive(self) -> None:
+        return None
+
+
+def test_a_worker_left_behind_by_its_group_powers_off_without_an_error(
+    emu, tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The fleet's teardown scaled the group in before the worker, done with the queue, left it: the
+    worker's leave (real Auto Scaling client) finds itself out of the group, takes that as done and
+    powers off, logging no error."""
+    with fleet(emu, size=1) as name:
+        (member,) = until(lambda: settled(emu, name, 1), "1 member")
+        boto3.client("autoscaling").set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=0)
+        until(lambda: not members(emu, name), "the member to end")
+        settings = WorkerSettings(
+            provider="aws",
+            queue="unused",
+            dead_letter="unused",
+            region="us-east-1",
+            group=name,
+            empty_polls=1,
+        )
+        uri = f"s3://{DEFAULT_BUCKET}/groups/{uuid.uuid4().hex[:8]}"
+        worker_spec = settings.to_dict()
+        spec = runs.RunSpec(
+            run_id="ct-leave", run_uri=uri, cloud="ec2spot", command="true", worker=worker_spec
+        )
+        monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", emu.metadata.endpoint_for(member))
+        poweroff = tmp_path / "powered-off"
+        worker = Worker(
+            open_run_folder(uri),
+            spec,
+            member,
+            str(tmp_path / "work"),
+            f"touch '{poweroff}'",
+            _EmptyQueue(),
+            AutoScalingGroup(settings, member),
+        )
+        with caplog.at_level(logging.INFO, logger="cloudtrain.agent"):
+            assert worker.run() == 0
+    assert poweroff.exists()
+    assert [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "cloudtrain.agent" and r.levelno >= logging.WARNING
+    ] == []
+    assert f"already out of group {name}" in caplog.text

@@ -129,7 +129,7 @@ def test_an_item_failing_every_attempt_fails_the_task_naming_it(emu, airflow_db)
     gce_fleet_nothing_left(emu, digest_of(dag_id, run))
 
 
-def test_allow_failed_items_on_standard_vms_with_cloud_gcloud(emu, airflow_db) -> None:
+def test_allow_failed_items_on_standard_vms_with_cloud_gcloud(emu, airflow_db, capfd) -> None:
     dag_id = "gce_group_gcloud"
     dag = group_dag(
         dag_id,
@@ -141,4 +141,15 @@ def test_allow_failed_items_on_standard_vms_with_cloud_gcloud(emu, airflow_db) -
     result = xcom(run, "sweep")
     assert result["cloud"] == "gcloud" and result["items_failed"] == ["0001"]
     assert result["items_succeeded"] == 1
+    assert_item_tail(capfd.readouterr().out, "0001")  # its last lines in the task log
     gce_fleet_nothing_left(emu, digest_of(dag_id, run))
+
+
+def assert_item_tail(task_log: str, item_id: str) -> None:
+    """The failed item's last output lines follow its "failed for good" line in the task log."""
+    lines = task_log.splitlines()
+    failed = next(n for n, line in enumerate(lines) if f"Item {item_id} failed for good" in line)
+    assert "command exited with code 3" in lines[failed]
+    after = "\n".join(lines[failed:])
+    assert f"] item {item_id}: fresh start" in after
+    assert f"[item {item_id} " in after and f"] item {item_id} fails on purpose" in after

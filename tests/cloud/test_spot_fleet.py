@@ -185,7 +185,7 @@ def test_an_item_failing_every_attempt_fails_the_task_naming_it(emu, airflow_db)
     nothing_left(digest_of(dag_id, run))
 
 
-def test_allow_failed_items_succeeds_and_lists_them(emu, airflow_db) -> None:
+def test_allow_failed_items_succeeds_and_lists_them(emu, airflow_db, capfd) -> None:
     dag_id = "fleet_allow_failed"
     dag = fleet_dag(
         dag_id, [{"steps": 1}, {"fail": True}], extra="max_item_attempts=1, allow_failed_items=True"
@@ -194,7 +194,19 @@ def test_allow_failed_items_succeeds_and_lists_them(emu, airflow_db) -> None:
     assert task_states(run) == {"sweep": "success"}
     result = xcom(run, "sweep")
     assert result["items_failed"] == ["0001"] and result["items_succeeded"] == 1 and result["exit_code"] == 1
+    # the task log shows the failed item's own last lines under its failure, as a single run's log does
+    assert_item_tail(capfd.readouterr().out, "0001")
     nothing_left(digest_of(dag_id, run))
+
+
+def assert_item_tail(task_log: str, item_id: str) -> None:
+    """The failed item's last output lines follow its "failed for good" line in the task log."""
+    lines = task_log.splitlines()
+    failed = next(n for n, line in enumerate(lines) if f"Item {item_id} failed for good" in line)
+    assert "command exited with code 3" in lines[failed]
+    after = "\n".join(lines[failed:])
+    assert f"] item {item_id}: fresh start" in after
+    assert f"[item {item_id} " in after and f"] item {item_id} fails on purpose" in after
 
 
 def test_on_demand_workers_with_cloud_ec2(emu, airflow_db) -> None:

@@ -30,6 +30,7 @@ from airflow_cloudtrain.emulator.faults import EMULATOR_USER_AGENT
 from airflow_cloudtrain.emulator.metadata import MetadataServer
 from airflow_cloudtrain.emulator.runner import Seen
 from airflow_cloudtrain.emulator.userdata import Bootstrap, parse_bootstrap
+from airflow_cloudtrain.hooks.botocore_logs import quiet_botocore
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +41,9 @@ class AwsInstances:
         from botocore.config import Config
 
         config = Config(user_agent_extra=EMULATOR_USER_AGENT, retries={"max_attempts": 1})
-        session = boto3.session.Session(region_name=default_region)
-        self.ec2 = {r: session.client("ec2", region_name=r, config=config) for r in regions}
+        with quiet_botocore():  # the emulator's own clients: no "Found endpoint ..." lines in the test's log
+            session = boto3.session.Session(region_name=default_region)
+            self.ec2 = {r: session.client("ec2", region_name=r, config=config) for r in regions}
         self.metadata = metadata
         self.default_region = default_region
         self.regions: dict[str, str] = {}  # instance id -> region

@@ -8,7 +8,9 @@ without capacity with ``InsufficientInstanceCapacity``, and sends one ``Server``
 ``amazon.com`` on top of Werkzeug's (aiohttp rejects a repeated one in debug mode). Requests that
 may change Auto Scaling groups (every Auto Scaling request, and EC2 TerminateInstances, whose handler
 replaces members) go through ``groups.request``: one at a time with the emulator's group reconcile,
-new members placed on their market before the answer (``groups``).
+new members placed on their market before the answer (``groups``); where moto fails on a group or
+instance that is not there (KeyError, StopIteration: an HTTP 500 and a traceback) they get Auto
+Scaling's ValidationError.
 """
 
 from __future__ import annotations
@@ -91,6 +93,11 @@ class FaultsAndCounts:
                     if call.service != "autoscaling":
                         raise
                     return self._send(start_response, wire.group_not_found(str(err.args[0])))
+                except StopIteration:  # moto, on calls naming an instance that is in no group
+                    if call.service != "autoscaling":
+                        raise
+                    instance = (form.get("InstanceId") or ["?"])[0]
+                    return self._send(start_response, wire.instance_not_in_group(instance))
         return self.app(environ, _one_server_header(start_response))
 
     @staticmethod

@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote
+from xml.sax.saxutils import escape
 
 _SCOPE = re.compile(r"Credential=[^/,\s]+/\d{8}/[^/]+/([^/]+)/aws4_request")
 
@@ -134,10 +135,23 @@ def capacity_error(instance_type: str, zone: str | None) -> Reply:
 def group_not_found(name: str) -> Reply:
     """Auto Scaling's answer for a group that does not exist (moto raises KeyError instead on some
     calls, e.g. SetInstanceProtection from a worker whose group was just deleted: an HTTP 500)."""
+    return _autoscaling_validation_error(f"AutoScalingGroup name not found - {name}")
+
+
+def instance_not_in_group(instance_id: str) -> Reply:
+    """Auto Scaling's answer for an instance that is in no group (moto raises StopIteration instead on
+    TerminateInstanceInAutoScalingGroup and SetInstanceHealth: an HTTP 500, e.g. for a worker leaving
+    a group that its fleet's teardown has just scaled to 0)."""
+    return _autoscaling_validation_error(
+        f"Instance Id not found - No managed instance found for instance ID: {instance_id}"
+    )
+
+
+def _autoscaling_validation_error(message: str) -> Reply:
     rid = str(uuid.uuid4())
     body = (
         '<ErrorResponse xmlns="https://autoscaling.amazonaws.com/doc/2011-01-01/"><Error><Type>Sender</Type>'
-        f"<Code>ValidationError</Code><Message>AutoScalingGroup name not found - {name}</Message></Error>"
+        f"<Code>ValidationError</Code><Message>{escape(message)}</Message></Error>"
         f"<RequestId>{rid}</RequestId></ErrorResponse>"
     )
     return _reply("400 Bad Request", "text/xml", body.encode(), ("x-amzn-RequestId", rid))
