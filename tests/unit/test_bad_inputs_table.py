@@ -898,3 +898,51 @@ def test_the_ram_rule_is_one_function_the_cli_can_call() -> None:
             parse_ram_mib(value)
         with pytest.raises(ValueError, match=r"at least 512 MiB"):
             Hardware(ram=value)
+
+
+def _with_template(base: str, name: str) -> dict[str, Any]:
+    """The arguments that give ``name`` as a template (and leave out what would conflict with it)."""
+    changes: dict[str, Any] = {name: "{{ params.value }}"}
+    if base == "ml" and name in ("image", "command"):
+        changes.update(python_module=None, code=None)  # the container form
+    if base.startswith("iss") and name == "run_id":
+        changes["instance_ids"] = None  # one or the other
+    return changes
+
+
+def _templated_cases() -> list[Any]:
+    cases = []
+    for base, (cls, _, _) in BASES.items():
+        for name in own_arguments(cls):
+            if name in cls.template_fields and not (base == "group" and name in GROUP_ONLY):  # no bid at all
+                cases.append(pytest.param(base, name, id=f"{base}-{name}"))
+    return cases
+
+
+@pytest.mark.parametrize(("base", "name"), _templated_cases())
+def test_a_templated_argument_waits_for_rendering(base: str, name: str) -> None:
+    """Each templated argument, given as a template, passes parse time and is kept as given."""
+    template = "{{ params.value }}"
+    changes = _with_template(base, name)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        op = _build(base, changes)
+    attr = "watched_queue" if (base, name) == ("qds", "queue") else name
+    assert getattr(op, attr) == template
+
+
+@pytest.mark.parametrize(("base", "name"), _templated_cases())
+def test_a_templated_argument_does_not_hide_a_bad_neighbour(base: str, name: str) -> None:
+    """The other arguments are still checked while one is a template."""
+    neighbour = {
+        "aws": ("env", {"A": 1}),
+        "gcp": ("env", {"A": 1}),
+        "ml": ("job_id", "1bad"),
+        "iss": ("deferrable", "yes"),
+        "iss_gce": ("deferrable", "yes"),
+        "qds": ("poll_interval", "1h1h"),
+    }[BASES[base][2]]
+    if neighbour[0] == name:
+        neighbour = ("deferrable", "yes")
+    with pytest.raises(ValueError, match=neighbour[0]):
+        _build(base, {**_with_template(base, name), neighbour[0]: neighbour[1]})
