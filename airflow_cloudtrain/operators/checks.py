@@ -538,4 +538,7 @@ def parse_instance_ids(value: Any, cloud: str) -> list[str]:
     for item in ids:
         if not isinstance(item, str) or not pattern.fullmatch(item):
             raise ValueError(f"instance_ids={value!r} is not valid: {item!r} is not an id; use {forms}")
+    if len(set(ids)) != len(ids):
+        twice = next(i for i in ids if list(ids).count(i) > 1)
+        raise ValueError(f"instance_ids={value!r} is not valid: {twice!r} is listed twice; use {forms}")
     return list(ids)

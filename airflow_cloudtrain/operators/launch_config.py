@@ -22,6 +22,7 @@ from airflow_cloudtrain.operators.checks import (
 from airflow_cloudtrain.spec import AWS_CLOUDS
 
 MAX_LAUNCH_ATTEMPTS = 100
+MAX_USER_TAGS = 30  # EC2: 50 tags a resource; the run's own cloudtrain- tags take about 12
 AMI_RE = r"ami-[0-9a-f]{8,17}|resolve:ssm:/\S+"
 GCE_IMAGE_RE = r"(https://www\.googleapis\.com/compute/v1/)?projects/[a-z][-a-z0-9.:]*/global/images/(family/)?[a-z][-a-z0-9]*"
 _RESERVED_TAG_PREFIXES = ("aws:", "cloudtrain-")
@@ -60,6 +61,11 @@ def parse_tags(value: Any) -> dict[str, str]:
     forms = "a dict of string keys (up to 128 characters) to string values (up to 256), e.g. {'team': 'ml'}"
     if not isinstance(value, dict):
         raise ValueError(f"tags={value!r} is not valid: use {forms}")
+    if len(value) > MAX_USER_TAGS:
+        raise ValueError(
+            f"tags has {len(value)} entries: use at most {MAX_USER_TAGS} (EC2 takes 50 tags and GCE 64 labels "
+            "per resource, and the run adds its own cloudtrain- ones)"
+        )
     for key, item in value.items():
         if not isinstance(key, str) or not 0 < len(key) <= 128 or not key.strip():
             raise ValueError(f"tags key {key!r} is not valid: use {forms}")

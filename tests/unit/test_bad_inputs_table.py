@@ -429,6 +429,7 @@ TRAIN_ROWS: dict[str, Row] = {
         {"team": "v" * 257},
         {"team": "x\x00"},
         {"te\x00am": "x"},
+        {f"k{i}": "v" for i in range(31)},
     ],
     "volume_id": _other_cloud("volume_id", text_bad("vol-0123abcd")),
     "service_account": _other_cloud(
@@ -541,7 +542,7 @@ ISS_ROWS: dict[str, Row] = {
     "cloud": [None, "", "   ", 3, True, ["ec2"], "azure", f"{CYRILLIC_E}c2"],
     "target_state": [None, "", "   ", 5, True, ["running"], "up", "Running", " running", "running\x00"],
     "instance_ids": lambda family: (
-        [5, True, "i-1,i-2", [1, 2], {"a": I1}, ["vm-1"], [" " + I1], [I1 + "\x00"], "   ", [I1, 5]]
+        [5, True, "i-1,i-2", [1, 2], {"a": I1}, ["vm-1"], [" " + I1], [I1 + "\x00"], "   ", [I1, 5], [I1, I1]]
         if family == "iss"
         else [5, True, ["VM_1"], [" vm-1"], ["vm-1\x00"], "   ", ["vm" * 40]]
     ),
