@@ -72,17 +72,23 @@ def parse_bucket(value: Any, cloud: str | None) -> str:
 def bucket_name_problem(name: str, scheme: str) -> str | None:
     """What breaks S3's / Cloud Storage's bucket naming rule, in words; None when the name is fine."""
     store = "an S3" if scheme == "s3" else "a Cloud Storage"
-    chars = "lowercase letters, digits, '.' and '-'" + (" and '_'" if scheme == "gs" else "")
+    chars = (
+        "lowercase letters, digits, '.', '-' and '_'"
+        if scheme == "gs"
+        else "lowercase letters, digits, '.' and '-'"
+    )
     rule = (
         f"{store} bucket name has 3 to 63 characters ({chars}), starts and ends with a letter or digit, "
         "and is not an IP address"
     )
     if not name:
         return f"the bucket name is missing: {rule}"
-    if not 3 <= len(name) <= 63:
+    # Cloud Storage: a dotted (domain) name may have up to 222 characters, 63 per dot-separated part
+    longest = 222 if scheme == "gs" and "." in name and max(map(len, name.split("."))) <= 63 else 63
+    if not 3 <= len(name) <= longest:
         return f"the bucket name {name!r} has {len(name)} character{'s' if len(name) > 1 else ''}: {rule}"
-    allowed = r"[a-z0-9._-]+" if scheme == "gs" else r"[a-z0-9.-]+"
-    if not re.fullmatch(allowed, name, re.ASCII):
+    # '_' also on S3: buckets made in us-east-1 before March 2018 may have it (new ones cannot)
+    if not re.fullmatch(r"[a-z0-9._-]+", name, re.ASCII):
         return f"the bucket name {name!r} has characters a bucket name cannot have: {rule}"
     if not (name[0].isalnum() and name[-1].isalnum()):
         return f"the bucket name {name!r} does not start and end with a letter or digit: {rule}"

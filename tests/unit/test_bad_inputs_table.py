@@ -786,6 +786,8 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("ct_ec2", {"bucket": f"s3://{'b' * 63}/p"}),
     ("ct_ec2", {"bucket": "s3://bkt/données"}),  # object keys are UTF-8
     ("ct_gce", {"bucket": "gs://my_bucket/p"}),  # GCS takes '_'
+    ("ct_ec2", {"bucket": "s3://legacy_bucket/p"}),  # and S3 buckets made before 2018
+    ("ct_gce", {"bucket": f"gs://{'a' * 60}.{'b' * 60}.example.com/p"}),  # a domain-named bucket
     ("ct_gce", {"project_id": "my-project"}),
     ("ct_gce", {"project_id": "example.com:my-project"}),
     ("ct_gce", {"project_id": "a" * 30}),
