@@ -442,6 +442,36 @@ def parse_instance_type(value: Any, cloud: str | None) -> str | None:
     return value
 
 
+def check_request_in_catalog(cloud: str, hardware: Any, given: dict[str, Any]) -> None:
+    """A ``cpus``/``ram``/``gpus`` beyond every offer of ``cloud`` fails naming that field and the largest
+    offer (``given``: the arguments as written, for the message). Not with an explicit
+    ``instance_type``: a type the catalog does not list is launched as given."""
+    from airflow_cloudtrain.catalog.live import current_rows
+    from airflow_cloudtrain.catalog.select import base_offers
+
+    if given.get("instance_type"):
+        return
+    offers = base_offers(cloud, tuple(current_rows(CLOUDS[cloud])))
+    gpu_offers = [
+        o for o in offers if not hardware.gpu_type or (o.gpu_type or "").upper() == hardware.gpu_type
+    ]
+    wanted: list[tuple[str, float, Callable[[Any], float], str, list[Any]]] = [
+        ("cpus", hardware.cpus, lambda o: o.vcpus, "vCPUs", list(offers)),
+        ("ram", (hardware.ram_mib or 0) / 1024, lambda o: o.memory_gib, "GiB of memory", list(offers)),
+        ("gpus", hardware.gpus, lambda o: o.gpus, f"{hardware.gpu_type or ''} GPUs".strip(), gpu_offers),
+    ]
+    for name, asked, measure, what, pool in wanted:
+        if not pool or not asked:
+            continue
+        top = max(pool, key=measure)
+        if asked > measure(top) + 1e-9:
+            raise ValueError(
+                f"{name}={given.get(name)!r} is more than any {cloud} offer has: the largest, "
+                f"{top.instance_type}, has {measure(top):g} {what}; use at most {measure(top):g} "
+                "(or give an instance_type the catalog does not list)"
+            )
+
+
 def check_instance_type_fits(
     cloud: str, instance_type: str | None, hardware: Any, region: str | None, zone: str | None
 ) -> None:

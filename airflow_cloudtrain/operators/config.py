@@ -340,6 +340,10 @@ def check_run_args(args: dict[str, Any], rendered: bool = False) -> RunConfig | 
         return None
     combos: list[tuple[tuple[str, ...], Callable[[], Any]]] = [
         (("region", "zone"), lambda: checks.check_zone_in_region(cloud, parsed["region"], parsed["zone"])),
+        (
+            (*HARDWARE_FIELDS, "instance_type"),
+            lambda: checks.check_request_in_catalog(cloud, _hardware(args), args),
+        ),
         (("bid",), lambda: check_bid_use(cloud, parsed["bid"])),
         (
             (*HARDWARE_FIELDS, "instance_type", "region", "zone"),

@@ -708,6 +708,12 @@ COMBOS: list[tuple[str, dict[str, Any], str]] = [
     ("ct_ec2", {"instance_type": "g6e.xlarge", "region": "eu-west-1"}, "instance_type"),
     ("ct_ec2", {"gpus": 0, "gpu_type": "A10G", "instance_type": "m5.xlarge"}, "instance_type"),
     ("ct_ec2", {"cpus": 100_000}, "cpus"),
+    ("ct_ec2", {"cpus": 500}, "cpus"),  # more than any offer: named, not "no offer has 500 vCPUs"
+    ("ct_gce", {"cpus": "300"}, "cpus"),
+    ("ct_ec2", {"gpus": 9}, "gpus"),
+    ("ct_ec2", {"gpus": 9, "gpu_type": "A10G"}, "gpus"),
+    ("ct_ec2", {"ram": "3000g"}, "ram"),
+    ("ct_gce", {"ram": "4000g"}, "ram"),
     ("ct_ec2", {"gpus": 10**9}, "gpus"),
     ("ct_ec2", {"ram": "100000g"}, "ram"),
     ("ct_ec2", {"code": "gs://bkt/code.tgz"}, "code"),
