@@ -28,6 +28,7 @@ from airflow_cloudtrain.spec import (
     parse_count,
     parse_ram_mib,
 )
+from airflow_cloudtrain.spec import MIN_RAM_MIB as MIN_RAM_MIB  # re-exported: the rule lives in spec
 
 __all__ = ["is_templated", "parse_config", "parse_duration", "check_run_args", "RunConfig"]
 
