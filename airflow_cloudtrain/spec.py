@@ -36,7 +36,9 @@ _MIB_PER_UNIT = {
     "GiB": 1024,
     "gb": 1024,
 }
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([A-Za-z]*)\s*$")
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?|\.\d+)\s*([A-Za-z]*)\s*$", re.ASCII)
+MIN_RAM_MIB = 512  # the smallest instances have 0.5 GiB; less is a unit mistake (ram=1 is 1 MiB)
+MAX_RAM_MIB = 64 * 1024 * 1024  # 64 TiB: the largest VMs have 24 TiB (EC2 u-24tb1) and 32 TiB (GCE X4)
 _SIZE_FORMS = (
     "an int ({unit}) or a string like '16g', '512m', '1.5GiB' (suffixes m, M, MB, MiB, g, G, Gb, GB, GiB)"
 )
@@ -61,7 +63,7 @@ def parse_cloud(cloud: Any) -> str:
     raise ValueError(f"cloud={cloud!r} is not supported: use one of {', '.join(CLOUDS)}")
 
 
-def parse_count(value: Any, field: str, minimum: int) -> int:
+def parse_count(value: Any, field: str, minimum: int, maximum: int | None = None) -> int:
     """Parse a whole number of cpus/gpus (ints or digit strings, as UI params arrive as strings)."""
     number: int | None = None
     if isinstance(value, bool):
@@ -72,11 +74,12 @@ def parse_count(value: Any, field: str, minimum: int) -> int:
         isinstance(value, float)
         and value.is_integer()
         or isinstance(value, str)
-        and re.fullmatch(r"\s*-?\d+\s*", value)
+        and re.fullmatch(r"\s*-?\d+\s*", value, re.ASCII)
     ):
         number = int(value)
-    if number is None or number < minimum:
-        raise ValueError(f"{field}={value!r} is not valid: use a whole number >= {minimum}, e.g. {field}=8")
+    if number is None or number < minimum or (maximum is not None and number > maximum):
+        bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise ValueError(f"{field}={value!r} is not valid: use a whole number {bound}, e.g. {field}=8")
     return number
 
 
@@ -103,8 +106,19 @@ def parse_size_mib(value: Any, field: str, default_unit_mib: int) -> float:
 
 
 def parse_ram_mib(value: Any) -> int:
-    """RAM in MiB, rounded up to the next multiple of 256 MiB (the studio tool's rule)."""
+    """RAM in MiB, at least 512 MiB as asked, rounded up to the next multiple of 256 MiB (the studio
+    tool's rule). The one RAM rule: operators, ``Hardware`` and the CLI (``--ram``) all call this."""
     mib = parse_size_mib(value, "ram", 1)
+    if mib < MIN_RAM_MIB:
+        raise ValueError(
+            f"ram={value!r} is {mib:g} MiB, too small: ram is in MiB when a bare number ('16g' is 16 GiB); "
+            f"ask for at least {MIN_RAM_MIB} MiB, e.g. ram='16g'"
+        )
+    if mib > MAX_RAM_MIB:
+        raise ValueError(
+            f"ram={value!r} is {mib / 1024:g} GiB: no instance has that much; use at most "
+            f"{MAX_RAM_MIB // 1024**2} TiB, e.g. ram='64g' (a bare number is MiB)"
+        )
     return int(math.ceil(mib / RAM_STEP_MIB - 1e-9) * RAM_STEP_MIB)
 
 
@@ -118,7 +132,7 @@ def normalise_gpu_type(value: Any) -> str | None:
     """Accelerator names are compared upper-case: ``"a10g"`` and ``"A10G"`` are the same request."""
     if value is None or value == "":
         return None
-    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", value.strip()):
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", value.strip(), re.ASCII):
         raise ValueError(
             f"gpu_type={value!r} is not valid: use an accelerator name such as 'A10G', 'T4', 'V100'"
         )
@@ -169,6 +183,8 @@ class Hardware:
 
 
 _BID_FORMS = "a price in USD per instance-hour ('0.45', 0.45, '$0.45') or a percentage of on-demand ('60%')"
+MAX_BID_USD = 1000.0  # the dearest instances cost about $100 an hour: more is a unit mistake (cents?)
+MAX_BID_PERCENT = 1000.0
 
 
 class Bid:
@@ -195,10 +211,16 @@ class Bid:
                 is_percent, text = True, text[:-1].strip()
             elif text.startswith("$"):
                 text = text[1:].strip()
-            if re.fullmatch(r"\d+(\.\d+)?|\.\d+", text):
+            if re.fullmatch(r"\d+(\.\d+)?|\.\d+", text, re.ASCII):
                 number = float(text)
         if number is None or not math.isfinite(number) or number <= 0:
             raise ValueError(f"bid={value!r} is not valid: use {_BID_FORMS}; it must be more than zero")
+        most = MAX_BID_PERCENT if is_percent else MAX_BID_USD
+        if number > most:
+            raise ValueError(
+                f"bid={value!r} is not valid: use {_BID_FORMS}, at most "
+                + (f"{most:g}%" if is_percent else f"${most:g} an hour (no instance costs that much)")
+            )
         if is_percent:
             self.percent = number
             if number > 100:

@@ -16,6 +16,7 @@ import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import lru_cache
 from typing import Any
 
@@ -69,18 +70,121 @@ def check_bool(value: Any, name: str) -> bool:
     raise ValueError(f"{name}={value!r} is not valid: use True or False")
 
 
-def check_seconds(value: Any, name: str, minimum: float = 0.0) -> float:
-    """A finite number of seconds, more than ``minimum`` (bools, NaN and infinity are refused)."""
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= minimum
-    ):
+# --- durations --------------------------------------------------------------------------------------
+
+MAX_DURATION_S = 366 * 86400.0  # longer is a unit mistake (and overflows the clocks it is added to)
+DURATION_FORMS = "seconds (90 or '90'), a timedelta, or a string like '90s', '15m', '1h30m', '2d12h'"
+_NUMBER = r"(?:\d+(?:\.\d*)?|\.\d+)"
+# one optional part per unit, largest first: '2d12h', '1h30m', '1h 30m', '90s'; '1h1h' and '30m1h' are not
+_COMPOUND_RE = re.compile(
+    rf"(?:(?P<d>{_NUMBER})\s*d)?\s*(?:(?P<h>{_NUMBER})\s*h)?\s*(?:(?P<m>{_NUMBER})\s*m)?\s*(?:(?P<s>{_NUMBER})\s*s)?",
+    re.ASCII | re.IGNORECASE,
+)
+_UNIT_S = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def duration_text_seconds(text: str) -> float | None:
+    """Seconds of ``'90'``, ``'90s'``, ``'1h30m'``, ``'2d 12h'``; None when the text is not one."""
+    text = text.strip()
+    if re.fullmatch(_NUMBER, text, re.ASCII):
+        return float(text)
+    match = _COMPOUND_RE.fullmatch(text)
+    if not text or not match or not any(match.groupdict().values()):
+        return None
+    return sum(float(number) * _UNIT_S[unit] for unit, number in match.groupdict().items() if number)
+
+
+def parse_duration(
+    value: Any, field_name: str, extra_forms: str = "", maximum: float = MAX_DURATION_S
+) -> float | None:
+    """Seconds from an int/float, a timedelta, or a string (``DURATION_FORMS``); None for None/"".
+
+    Every duration argument of every operator and sensor goes through here, so they all take the
+    same forms (``1h30m`` included) and refuse the same mistakes (``1h1h``, ``1x``, NaN, <= 0)."""
+    if value is None or value == "":
+        return None
+    seconds: float | None = None
+    if isinstance(value, timedelta):
+        seconds = value.total_seconds()
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    elif isinstance(value, str):
+        seconds = duration_text_seconds(value)
+    if seconds is None or not math.isfinite(seconds) or not 0 < seconds <= maximum:
+        limit = f"{maximum / 86400:g} days" if maximum >= 86400 else f"{maximum:g} s"
         raise ValueError(
-            f"{name}={value!r} is not valid: use a finite number of seconds more than {minimum:g}, e.g. {name}=10"
+            f"{field_name}={value!r} is not a valid duration: use {DURATION_FORMS}{extra_forms}; "
+            f"more than zero and at most {limit}"
         )
-    return float(value)
+    return seconds
+
+
+def check_seconds(value: Any, name: str, minimum: float = 0.0) -> float:
+    """A required duration more than ``minimum`` seconds (any form ``parse_duration`` takes)."""
+    seconds = parse_duration(value, name) if value not in (None, "") else None
+    if seconds is None or seconds <= minimum:
+        raise ValueError(
+            f"{name}={value!r} is not valid: use {DURATION_FORMS}, more than {minimum:g} s, e.g. {name}=10"
+        )
+    return seconds
+
+
+# --- names, ids, paths ------------------------------------------------------------------------------
+
+
+def check_clean_text(value: str, name: str, forms: str) -> str:
+    """No control characters, no invisible (zero-width) ones, no whitespace at either end: a value
+    that reaches a cloud API, a shell or a path as it is must be what the DAG file shows."""
+    bad = next((c for c in value if not c.isprintable() or c in "\u200b\u200c\u200d\u2060\ufeff"), None)
+    if bad is not None:
+        raise ValueError(
+            f"{name}={value!r} is not valid: it contains the invisible or control character {bad!r}; use {forms}"
+        )
+    if value != value.strip():
+        raise ValueError(
+            f"{name}={value!r} is not valid: it has whitespace at the start or the end; use {forms}"
+        )
+    return value
+
+
+CONN_ID_RE = re.compile(r"[A-Za-z0-9_.-]{1,250}")
+CONN_ID_FORMS = "an Airflow connection id (letters, digits, '_', '.', '-'), e.g. '{default}'"
+
+
+def check_conn_id(value: Any, name: str, default: str, optional: bool) -> str | None:
+    """An Airflow connection id; ``optional``: None/"" mean "no connection" (boto3's own chain)."""
+    forms = CONN_ID_FORMS.format(default=default)
+    if optional and value in (None, ""):
+        return None
+    if not isinstance(value, str) or not CONN_ID_RE.fullmatch(value):
+        raise ValueError(f"{name}={value!r} is not valid: use {forms}")
+    return value
+
+
+PROJECT_ID_RE = re.compile(r"(?:[a-z][-a-z0-9.]*[a-z0-9]:)?[a-z][-a-z0-9]{4,28}[a-z0-9]")
+PROJECT_ID_RULE = (
+    "a Google Cloud project id has 6 to 30 characters: lowercase letters, digits and hyphens, "
+    "starting with a letter and not ending with a hyphen (a domain-scoped one is 'example.com:my-project')"
+)
+
+
+def parse_project_id(value: Any, name: str = "project_id") -> str | None:
+    """A Google Cloud project id, or None/"" for the connection's project."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not PROJECT_ID_RE.fullmatch(value):
+        raise ValueError(f"{name}={value!r} is not valid: {PROJECT_ID_RULE}; use e.g. 'my-project'")
+    return value
+
+
+def check_path(value: Any, name: str, example: str) -> str | None:
+    """A path on the instance: None (not given) or a non-empty string that shows what it is."""
+    forms = f"a path on the instance, e.g. {example!r}"
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"{name}={value!r} is not valid: use {forms}")
+    return check_clean_text(value, name, forms)
 
 
 def check_whole(value: Any, name: str, low: int, high: int | None = None) -> int:
@@ -101,7 +205,7 @@ def check_optional_str(value: Any, name: str, pattern: str, forms: str) -> str |
         return None
     if not isinstance(value, str) or not re.fullmatch(pattern, value):
         raise ValueError(f"{name}={value!r} is not valid: use {forms}")
-    return value
+    return check_clean_text(value, name, forms)
 
 
 # --- what the catalog knows -------------------------------------------------------------------------
@@ -338,6 +442,36 @@ def parse_instance_type(value: Any, cloud: str | None) -> str | None:
     return value
 
 
+def check_request_in_catalog(cloud: str, hardware: Any, given: dict[str, Any]) -> None:
+    """A ``cpus``/``ram``/``gpus`` beyond every offer of ``cloud`` fails naming that field and the largest
+    offer (``given``: the arguments as written, for the message). Not with an explicit
+    ``instance_type``: a type the catalog does not list is launched as given."""
+    from airflow_cloudtrain.catalog.live import current_rows
+    from airflow_cloudtrain.catalog.select import base_offers
+
+    if given.get("instance_type"):
+        return
+    offers = base_offers(cloud, tuple(current_rows(CLOUDS[cloud])))
+    gpu_offers = [
+        o for o in offers if not hardware.gpu_type or (o.gpu_type or "").upper() == hardware.gpu_type
+    ]
+    wanted: list[tuple[str, float, Callable[[Any], float], str, list[Any]]] = [
+        ("cpus", hardware.cpus, lambda o: o.vcpus, "vCPUs", list(offers)),
+        ("ram", (hardware.ram_mib or 0) / 1024, lambda o: o.memory_gib, "GiB of memory", list(offers)),
+        ("gpus", hardware.gpus, lambda o: o.gpus, f"{hardware.gpu_type or ''} GPUs".strip(), gpu_offers),
+    ]
+    for name, asked, measure, what, pool in wanted:
+        if not pool or not asked:
+            continue
+        top = max(pool, key=measure)
+        if asked > measure(top) + 1e-9:
+            raise ValueError(
+                f"{name}={given.get(name)!r} is more than any {cloud} offer has: the largest, "
+                f"{top.instance_type}, has {measure(top):g} {what}; use at most {measure(top):g} "
+                "(or give an instance_type the catalog does not list)"
+            )
+
+
 def check_instance_type_fits(
     cloud: str, instance_type: str | None, hardware: Any, region: str | None, zone: str | None
 ) -> None:
@@ -363,7 +497,7 @@ def check_instance_type_fits(
         if region and region not in entry["regions"]:
             raise ValueError(
                 f"instance_type={instance_type!r} is not offered in {region}: it is in "
-                f"{', '.join(sorted(entry['regions']))}"
+                f"{', '.join(sorted(entry['regions']))}; use one of those regions or another type"
             )
         have = {"vcpus": row.vcpus, "mib": row.memory_gib * 1024, "gpus": 0, "gpu": None}
         if cloud in GCP_CLOUDS:
@@ -434,4 +568,7 @@ def parse_instance_ids(value: Any, cloud: str) -> list[str]:
     for item in ids:
         if not isinstance(item, str) or not pattern.fullmatch(item):
             raise ValueError(f"instance_ids={value!r} is not valid: {item!r} is not an id; use {forms}")
+    if len(set(ids)) != len(ids):
+        twice = next(i for i in ids if list(ids).count(i) > 1)
+        raise ValueError(f"instance_ids={value!r} is not valid: {twice!r} is listed twice; use {forms}")
     return list(ids)

@@ -120,7 +120,7 @@ class CloudTrainOperator(BaseOperator):
         self.aws_conn_id = aws_conn_id
         self.gcp_conn_id = gcp_conn_id
         self.project_id = project_id
-        check_connection_args(aws_conn_id, gcp_conn_id, project_id)
+        check_connection_args(aws_conn_id, gcp_conn_id, project_id, cloud)
         self.launch_options = LaunchOptions(
             **parse_launch_args(
                 {

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
 from pathlib import Path, PurePath
 from typing import Any
 
 from airflow_cloudtrain.operators import checks
-from airflow_cloudtrain.operators.checks import is_templated
+from airflow_cloudtrain.operators.checks import is_templated, parse_duration
 from airflow_cloudtrain.spec import (
     AWS_CLOUDS,
     GCP_CLOUDS,
@@ -28,58 +26,79 @@ from airflow_cloudtrain.spec import (
     Hardware,
     parse_cloud,
     parse_count,
-    parse_size_mib,
+    parse_ram_mib,
 )
+from airflow_cloudtrain.spec import MIN_RAM_MIB as MIN_RAM_MIB  # re-exported: the rule lives in spec
 
-__all__ = ["is_templated", "parse_config", "check_run_args", "RunConfig"]
+__all__ = ["is_templated", "parse_config", "parse_duration", "check_run_args", "RunConfig"]
 
 DEFAULT_MAX_RUNTIME_S = 7 * 86400.0  # Vertex AI custom jobs' default timeout: a forgotten run stops
 UNLIMITED = "unlimited"
-MIN_RAM_MIB = 512  # the smallest instances have 0.5 GiB; less is a unit mistake (ram=1 is 1 MiB)
 MIN_HDD_GIB = 10  # the root disk holds the OS image: 8 GiB (Amazon Linux), 10 GiB (Debian on GCE)
 MAX_HDD_GIB = 65536  # 64 TiB: the largest EBS volume (io2 Block Express) and GCE persistent disk
-_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
-_UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(value: Any, field_name: str) -> float | None:
-    """Seconds from an int/float, a timedelta, or '90s' / '30m' / '2h' / '1d'."""
-    if value is None or value == "":
-        return None
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        seconds = float(value)
-    elif isinstance(value, str) and (m := _DURATION_RE.match(value)):
-        seconds = float(m.group(1)) * _UNIT_S[m.group(2)]
-    else:
-        seconds = -1
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(
-            f"{field_name}={value!r} is not a valid duration: use seconds (3600), a timedelta, "
-            "or a string like '90s', '30m', '2h', '1d'; it must be finite and more than zero"
-        )
-    return seconds
+MAX_CPUS = 4096  # the largest VMs have 896 (EC2 u-*) to 1920 (GCE X4) vCPUs
+MAX_GPUS = 64  # the largest VMs have 16 GPUs (a2-megagpu-16g, p4de has 8)
 
 
 def parse_bucket(value: Any, cloud: str | None) -> str:
-    """An s3:// (EC2) or gs:// (GCE) URI; either while ``cloud`` is still a template."""
+    """An s3:// (EC2) or gs:// (GCE) URI; either while ``cloud`` is still a template. The bucket
+    name follows its store's rule, so a typo fails here, not at the first upload of a run."""
     schemes = ["s3"] if cloud in AWS_CLOUDS else ["gs"] if cloud in GCP_CLOUDS else ["s3", "gs"]
-    for scheme in schemes:
-        if isinstance(value, str) and re.fullmatch(
-            rf"{scheme}://[a-z0-9][a-z0-9._-]{{1,61}}[a-z0-9](/.*)?", value
-        ):
-            return value.rstrip("/")
-    if cloud:
-        scheme = schemes[0]
+    example = f"'{schemes[0]}://my-bucket/training'"
+    where = f" for cloud={cloud!r}" if cloud else ""
+    if not isinstance(value, str) or "://" not in value:
+        uri = f"a {schemes[0]}:// URI" if cloud else "an s3:// (EC2) or gs:// (GCE) URI"
         raise ValueError(
-            f"bucket={value!r} is not valid for cloud={cloud!r}: use a {scheme}:// URI such as "
-            f"'{scheme}://my-bucket/training' (the run folders go under it)"
+            f"bucket={value!r} is not valid{where}: use {uri} such as {example} (the run folders go under it)"
         )
-    raise ValueError(
-        f"bucket={value!r} is not valid: use an s3:// (EC2) or gs:// (GCE) URI such as "
-        "'s3://my-bucket/training' (the run folders go under it)"
+    checks.check_clean_text(value, "bucket", f"a URI such as {example}")
+    scheme, _, rest = value.partition("://")
+    if scheme not in schemes:
+        raise ValueError(
+            f"bucket={value!r} is not valid{where}: use a {' or '.join(f'{x}://' for x in schemes)} URI such as "
+            f"{example}"
+            + (" (gs:// is Google Cloud Storage, for cloud='gcloud'/'gcspot')" if scheme == "gs" else "")
+            + (" (s3:// is Amazon S3, for cloud='ec2'/'ec2spot')" if scheme == "s3" else "")
+        )
+    name, _, path = rest.partition("/")
+    if problem := bucket_name_problem(name, scheme):
+        raise ValueError(f"bucket={value!r} is not valid: {problem}; e.g. {example}")
+    if "//" in f"/{path}".rstrip("/") or any(part in (".", "..") for part in path.split("/")):
+        raise ValueError(
+            f"bucket={value!r} is not valid: the folder part has an empty, '.' or '..' segment; use e.g. {example}"
+        )
+    return value.rstrip("/")
+
+
+def bucket_name_problem(name: str, scheme: str) -> str | None:
+    """What breaks S3's / Cloud Storage's bucket naming rule, in words; None when the name is fine."""
+    store = "an S3" if scheme == "s3" else "a Cloud Storage"
+    chars = (
+        "lowercase letters, digits, '.', '-' and '_'"
+        if scheme == "gs"
+        else "lowercase letters, digits, '.' and '-'"
     )
+    rule = (
+        f"{store} bucket name has 3 to 63 characters ({chars}), starts and ends with a letter or digit, "
+        "and is not an IP address"
+    )
+    if not name:
+        return f"the bucket name is missing: {rule}"
+    # Cloud Storage: a dotted (domain) name may have up to 222 characters, 63 per dot-separated part
+    longest = 222 if scheme == "gs" and "." in name and max(map(len, name.split("."))) <= 63 else 63
+    if not 3 <= len(name) <= longest:
+        return f"the bucket name {name!r} has {len(name)} character{'s' if len(name) > 1 else ''}: {rule}"
+    # '_' also on S3: buckets made in us-east-1 before March 2018 may have it (new ones cannot)
+    if not re.fullmatch(r"[a-z0-9._-]+", name, re.ASCII):
+        return f"the bucket name {name!r} has characters a bucket name cannot have: {rule}"
+    if not (name[0].isalnum() and name[-1].isalnum()):
+        return f"the bucket name {name!r} does not start and end with a letter or digit: {rule}"
+    if ".." in name or re.fullmatch(r"\d+\.\d+\.\d+\.\d+", name):
+        return f"the bucket name {name!r} has '..' or is an IP address: {rule}"
+    return None
+
+
+MAX_RUNTIME_FORMS = ", or 'unlimited' (no cap; left out, a run stops after 7 days)"
 
 
 def parse_max_runtime(value: Any) -> float | None:
@@ -88,10 +107,7 @@ def parse_max_runtime(value: Any) -> float | None:
         return None
     if value is None or value == "":
         return DEFAULT_MAX_RUNTIME_S
-    try:
-        return parse_duration(value, "max_runtime")
-    except ValueError as err:
-        raise ValueError(f"{err}; or 'unlimited' to lift the default 7-day cap") from None
+    return parse_duration(value, "max_runtime", MAX_RUNTIME_FORMS)
 
 
 def parse_code(value: Any, cloud: str | None = None) -> str | None:
@@ -135,7 +151,9 @@ def parse_setup_cmds(value: Any) -> list[str]:
     if isinstance(value, str) and value.lstrip().startswith("["):
         with contextlib.suppress(ValueError, SyntaxError):
             value = ast.literal_eval(value.strip())  # a list rendered as text: "['a', 'b']" or JSON
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) and v.strip() for v in value):
+    if isinstance(value, (list, tuple)) and all(
+        isinstance(v, str) and v.strip() and "\x00" not in v for v in value
+    ):
         return list(value)
     hint = " (one string is not a list: wrap it, setup_cmds=[...])" if isinstance(value, str) else ""
     raise ValueError(
@@ -152,15 +170,25 @@ def parse_env(value: Any, field: str = "env") -> dict[str, str]:
     if not isinstance(value, dict):
         raise ValueError(f"{field}={value!r} is not valid: use {forms}")
     for key, item in value.items():
-        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key, re.ASCII):
             raise ValueError(f"{field} is not valid: the name {key!r} is not a variable name; use {forms}")
+        if key.startswith("CLOUDTRAIN_"):
+            raise ValueError(
+                f"{field}[{key!r}] is not valid: names starting with CLOUDTRAIN_ are set by the agent "
+                "(the run id, the work item, ...); use another name"
+            )
         if not isinstance(item, str):
             raise ValueError(f"{field}[{key!r}]={item!r} is not a string: use {forms} (write {str(item)!r})")
+        if "\x00" in item:
+            raise ValueError(
+                f"{field}[{key!r}]={item!r} is not valid: an environment variable cannot hold a NUL "
+                f"character; use {forms}"
+            )
     return dict(value)
 
 
 def parse_command(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip():
+    if not isinstance(value, str) or not value.strip() or "\x00" in value:
         raise ValueError(
             f"command={value!r} is not valid: give the shell command to run, e.g. 'python train.py'"
         )
@@ -168,16 +196,10 @@ def parse_command(value: Any) -> str:
 
 
 def parse_ram(value: Any) -> int | None:
-    """MiB, at least 512 as asked (then rounded up to 256 MiB by ``Hardware``)."""
+    """MiB, at least 512 as asked, rounded up to 256 MiB (``spec.parse_ram_mib``, the CLI's rule too)."""
     if value is None or value == "":
         return None
-    mib = parse_size_mib(value, "ram", 1)
-    if mib < MIN_RAM_MIB:
-        raise ValueError(
-            f"ram={value!r} is {mib:g} MiB, too small: ram is in MiB when a bare number ('16g' is 16 GiB); "
-            f"ask for at least {MIN_RAM_MIB} MiB, e.g. ram='16g'"
-        )
-    return Hardware(ram=value).ram_mib
+    return parse_ram_mib(value)
 
 
 def parse_hdd(value: Any) -> int | None:
@@ -240,8 +262,8 @@ def _fields(cloud: str | None) -> dict[str, Callable[[Any], Any]]:
         "cloud": parse_cloud,
         "command": parse_command,
         "bucket": lambda v: parse_bucket(v, cloud),
-        "cpus": lambda v: parse_count(1 if v is None else v, "cpus", 1),
-        "gpus": lambda v: parse_count(0 if v is None else v, "gpus", 0),
+        "cpus": lambda v: parse_count(1 if v is None else v, "cpus", 1, MAX_CPUS),
+        "gpus": lambda v: parse_count(0 if v is None else v, "gpus", 0, MAX_GPUS),
         "ram": parse_ram,
         "hdd": parse_hdd,
         "gpu_type": lambda v: checks.parse_gpu_type(v, cloud),
@@ -319,6 +341,10 @@ def check_run_args(args: dict[str, Any], rendered: bool = False) -> RunConfig | 
         return None
     combos: list[tuple[tuple[str, ...], Callable[[], Any]]] = [
         (("region", "zone"), lambda: checks.check_zone_in_region(cloud, parsed["region"], parsed["zone"])),
+        (
+            (*HARDWARE_FIELDS, "instance_type"),
+            lambda: checks.check_request_in_catalog(cloud, _hardware(args), args),
+        ),
         (("bid",), lambda: check_bid_use(cloud, parsed["bid"])),
         (
             (*HARDWARE_FIELDS, "instance_type", "region", "zone"),

@@ -24,6 +24,7 @@ MAX_LEASE_S = 12 * 3600  # SQS's longest visibility timeout
 def parse_work_items(value: Any) -> list[str]:
     """The items as the job will see them (``CLOUDTRAIN_WORK_ITEM``): strings as they are, dicts
     (and other JSON values) as JSON; a rendered template that is a JSON list is accepted too."""
+    given = value
     if isinstance(value, str):
         try:
             value = json.loads(value)
@@ -34,7 +35,7 @@ def parse_work_items(value: Any) -> list[str]:
             ) from None
     if not isinstance(value, (list, tuple)):
         raise ValueError(
-            f"work_items={value!r} is not valid: give a list of strings or JSON-serialisable dicts"
+            f"work_items={str(repr(given))[:80]} is not valid: give a list of strings or JSON-serialisable dicts"
         )
     if not value:
         raise ValueError("work_items=[] is empty: give at least one item to run (nothing would run)")
@@ -44,13 +45,18 @@ def parse_work_items(value: Any) -> list[str]:
     for index, item in enumerate(value):
         if isinstance(item, str):
             text = item
+        elif item is None:
+            raise ValueError(
+                f"work_items[{index}]=None is not valid: give each item as a string or a JSON-serialisable "
+                "dict (an upstream task that returned None?)"
+            )
         else:
             try:
                 text = json.dumps(item, sort_keys=True, allow_nan=False)
             except (TypeError, ValueError) as err:
                 raise ValueError(
-                    f"work_items[{index}]={item!r} is not valid: each item must be a string or a "
-                    f"JSON-serialisable dict ({err})"
+                    f"work_items[{index}]={item!r} is not valid ({err}): give each item as a string or a "
+                    "JSON-serialisable dict (no NaN or infinity)"
                 ) from None
         if len(text.encode()) > workqueue.MAX_MESSAGE_BYTES - 1000:
             raise ValueError(
@@ -78,7 +84,7 @@ def parse_fleet_args(
     if max_workers < num_workers:
         raise ValueError(
             f"max_workers={max_workers} is less than num_workers={num_workers}: the group starts with "
-            "num_workers and scales up to max_workers"
+            "num_workers and scales up to max_workers; give max_workers >= num_workers, or leave it out"
         )
     attempts = _count(args.get("max_item_attempts", 3), "max_item_attempts", 1, MAX_RECEIVES)
     lease = parse_duration(args.get("lease_timeout", 120), "lease_timeout") or 120.0

@@ -11,10 +11,18 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from airflow_cloudtrain.operators.checks import check_bool, check_optional_str, check_whole
+from airflow_cloudtrain.operators.checks import (
+    check_bool,
+    check_clean_text,
+    check_conn_id,
+    check_optional_str,
+    check_whole,
+    parse_project_id,
+)
 from airflow_cloudtrain.spec import AWS_CLOUDS
 
 MAX_LAUNCH_ATTEMPTS = 100
+MAX_USER_TAGS = 30  # EC2: 50 tags a resource; the run's own cloudtrain- tags take about 12
 AMI_RE = r"ami-[0-9a-f]{8,17}|resolve:ssm:/\S+"
 GCE_IMAGE_RE = r"(https://www\.googleapis\.com/compute/v1/)?projects/[a-z][-a-z0-9.:]*/global/images/(family/)?[a-z][-a-z0-9]*"
 _RESERVED_TAG_PREFIXES = ("aws:", "cloudtrain-")
@@ -53,9 +61,15 @@ def parse_tags(value: Any) -> dict[str, str]:
     forms = "a dict of string keys (up to 128 characters) to string values (up to 256), e.g. {'team': 'ml'}"
     if not isinstance(value, dict):
         raise ValueError(f"tags={value!r} is not valid: use {forms}")
+    if len(value) > MAX_USER_TAGS:
+        raise ValueError(
+            f"tags has {len(value)} entries: use at most {MAX_USER_TAGS} (EC2 takes 50 tags and GCE 64 labels "
+            "per resource, and the run adds its own cloudtrain- ones)"
+        )
     for key, item in value.items():
-        if not isinstance(key, str) or not 0 < len(key) <= 128:
+        if not isinstance(key, str) or not 0 < len(key) <= 128 or not key.strip():
             raise ValueError(f"tags key {key!r} is not valid: use {forms}")
+        check_clean_text(key, "tags key", forms)
         if key.lower().startswith(_RESERVED_TAG_PREFIXES):
             raise ValueError(
                 f"tags key {key!r} is reserved: 'aws:' keys belong to AWS and 'cloudtrain-' keys to this "
@@ -63,6 +77,7 @@ def parse_tags(value: Any) -> dict[str, str]:
             )
         if not isinstance(item, str) or len(item) > 256:
             raise ValueError(f"tags[{key!r}]={item!r} is not valid: use {forms} (write {str(item)[:256]!r})")
+        check_clean_text(item, f"tags[{key!r}]", forms)
     return dict(value)
 
 
@@ -83,7 +98,10 @@ def parse_launch_args(args: dict[str, Any]) -> dict[str, Any]:
             "('projects/debian-cloud/global/images/family/debian-12') on GCE",
         ),
         "key_name": check_optional_str(
-            args.get("key_name"), "key_name", r"[\x20-\x7e]{1,255}", "the name of an EC2 key pair"
+            args.get("key_name"),
+            "key_name",
+            r"[\x21-\x7e](?:[\x20-\x7e]{0,253}[\x21-\x7e])?",
+            "the name of an EC2 key pair",
         ),
         "subnet_id": check_optional_str(
             args.get("subnet_id"),
@@ -127,7 +145,8 @@ def check_launch_for_cloud(cloud: str, options: Any) -> None:
         if value:
             raise ValueError(
                 f"{name}={value!r} is not valid with cloud={cloud!r}: {name} is "
-                f"{'GCE' if aws else 'EC2'}-only ({what})"
+                f"{'GCE' if aws else 'EC2'}-only ({what}); leave it out, or use "
+                + ("cloud='gcloud' or 'gcspot'" if aws else "cloud='ec2' or 'ec2spot'")
             )
     image_id = options.image_id
     if image_id and aws != bool(re.fullmatch(AMI_RE, image_id)):
@@ -155,17 +174,14 @@ def check_launch_for_cloud(cloud: str, options: Any) -> None:
         )
 
 
-def check_connection_args(aws_conn_id: Any, gcp_conn_id: Any, project_id: Any) -> None:
-    """Connection ids are names; ``project_id`` a Google Cloud project id (None: the connection's)."""
-    check_optional_str(aws_conn_id, "aws_conn_id", r"\S+", "an Airflow connection id such as 'aws_default'")
-    if not isinstance(gcp_conn_id, str) or not gcp_conn_id.strip():
+def check_connection_args(aws_conn_id: Any, gcp_conn_id: Any, project_id: Any, cloud: Any = None) -> None:
+    """Connection ids are names; ``project_id`` a Google Cloud project id (None: the connection's),
+    given only where the run is on Google Cloud (``cloud``: None while it is a template)."""
+    check_conn_id(aws_conn_id, "aws_conn_id", "aws_default", optional=True)
+    check_conn_id(gcp_conn_id, "gcp_conn_id", "google_cloud_default", optional=False)
+    parse_project_id(project_id)
+    if project_id not in (None, "") and isinstance(cloud, str) and cloud.strip().lower() in AWS_CLOUDS:
         raise ValueError(
-            f"gcp_conn_id={gcp_conn_id!r} is not valid: use an Airflow connection id such as "
-            "'google_cloud_default'"
+            f"project_id={project_id!r} is not valid with cloud={cloud!r}: project_id is GCE-only (the "
+            "Google Cloud project to run in); leave it out, or use cloud='gcloud' or 'gcspot'"
         )
-    check_optional_str(
-        project_id,
-        "project_id",
-        r"[a-z][-a-z0-9.:]*[a-z0-9]",
-        "a Google Cloud project id such as 'my-project'",
-    )

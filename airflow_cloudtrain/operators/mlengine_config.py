@@ -6,6 +6,7 @@ argument is templated, and again at execute on the rendered values.
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from airflow_cloudtrain.operators.config import IMAGE_RE, parse_bucket, parse_du
 # ML Engine's job id rule (the detector's --job-id): letters, digits and underscores, starting with a
 # letter, at most 128 characters. It names the job folder, so it must be a safe path component too.
 JOB_ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
-REGION_RE = re.compile(r"[a-z]+-[a-z]+\d+")
+REGION_RE = re.compile(r"[a-z]+-[a-z]+\d+", re.ASCII)
 MAX_RUNTIME_DEFAULT = "7d"  # Vertex's own default timeout is 7 days
 # Vertex's prebuilt training containers for python packages (ML Engine's runtime versions are gone).
 EXECUTOR_CPU = "us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-17.py310:latest"
@@ -81,13 +82,25 @@ def check_job_id(value: Any, name: str) -> str | None:
 
 
 def _str_list(value: Any, name: str) -> list[str]:
+    forms = "a list of strings, e.g. ['--epochs', '10'] (or one shell-quoted string, '--epochs 10')"
     if value is None:
         return []
     if isinstance(value, str):
-        return shlex.split(value)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float)) for v in value):
-        return [str(v) for v in value]
-    raise ValueError(f"{name}={value!r} is not valid: use a list of strings (or one shell-quoted string)")
+        try:
+            items: list[Any] = shlex.split(value)
+        except ValueError as err:  # "No closing quotation"
+            raise ValueError(f"{name}={value!r} is not valid: {err}; use {forms}") from None
+    elif isinstance(value, (list, tuple)):
+        items = list(value)
+    else:
+        raise ValueError(f"{name}={value!r} is not valid: use {forms}")
+    for item in items:
+        ok = isinstance(item, str) or (
+            isinstance(item, (int, float)) and not isinstance(item, bool) and math.isfinite(item)
+        )
+        if not ok or "\x00" in str(item):
+            raise ValueError(f"{name}={value!r} is not valid: {item!r} is not an argument; use {forms}")
+    return [str(v) for v in items]
 
 
 def _code(value: Any) -> tuple[str | None, list[str]]:
@@ -128,14 +141,18 @@ def _bool(value: Any, name: str) -> bool:
 
 def _region(value: Any) -> str:
     if not isinstance(value, str) or not REGION_RE.fullmatch(value):
-        raise ValueError(f"region={value!r} is not a valid Vertex AI region: use e.g. 'us-central1'")
+        raise ValueError(
+            f"region={value!r} is not a valid Vertex AI region: use a region name such as 'us-central1'"
+        )
     return value
 
 
 def _bucket(value: Any) -> str:
     try:
         return parse_bucket(value, "gcloud")
-    except ValueError:
+    except ValueError as err:
+        if isinstance(value, str) and value.startswith("gs://"):
+            raise ValueError(f"{err} (each job's folder goes under it: <bucket>/<job_id>/)") from None
         raise ValueError(
             f"bucket={value!r} is not valid: use a gs:// URI such as 'gs://my-bucket/jobs' "
             "(each job's folder goes under it: <bucket>/<job_id>/)"
@@ -145,8 +162,10 @@ def _bucket(value: Any) -> str:
 def _module(value: Any) -> str | None:
     if value is None or value == "":
         return None
-    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z_][\w.]*", value):
-        raise ValueError(f"python_module={value!r} is not a module name such as 'trainer.task'")
+    if not isinstance(value, str) or not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*", value, re.ASCII):
+        raise ValueError(
+            f"python_module={value!r} is not valid: use a dotted module name such as 'trainer.task'"
+        )
     return value
 
 
@@ -162,15 +181,25 @@ def _image(value: Any, name: str) -> str | None:
 
 
 def _max_runtime(value: Any) -> float | None:
-    if value == "unlimited":
+    if isinstance(value, str) and value.strip().lower() == "unlimited":
         return None
-    return parse_duration(value if value is not None else MAX_RUNTIME_DEFAULT, "max_runtime")
+    return parse_duration(
+        value if value not in (None, "") else MAX_RUNTIME_DEFAULT,
+        "max_runtime",
+        ", or 'unlimited' (no cap; left out, Vertex stops a job after 7 days)",
+    )
 
 
 def _optional_str(value: Any, name: str, pattern: str, forms: str) -> str | None:
     from airflow_cloudtrain.operators.checks import check_optional_str
 
     return check_optional_str(value, name, pattern, forms)
+
+
+def _project_id(value: Any) -> str | None:
+    from airflow_cloudtrain.operators.checks import parse_project_id
+
+    return parse_project_id(value)
 
 
 FIELDS: dict[str, Callable[[Any], Any]] = {
@@ -193,9 +222,7 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
         r"[^@\s]+@[^@\s]+\.[a-z.]+",
         "a service account e-mail such as 'trainer@my-project.iam.gserviceaccount.com'",
     ),
-    "project_id": lambda v: _optional_str(
-        v, "project_id", r"[a-z][-a-z0-9.:]*[a-z0-9]", "a Google Cloud project id such as 'my-project'"
-    ),
+    "project_id": lambda v: _project_id(v),
 }
 
 

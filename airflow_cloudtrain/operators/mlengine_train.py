@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, conf
 
 from airflow_cloudtrain.links.vertex import LINK_XCOM_KEY, VertexJobLink
-from airflow_cloudtrain.operators.checks import check_bool
+from airflow_cloudtrain.operators.checks import check_bool, check_conn_id
 from airflow_cloudtrain.operators.config import parse_duration
 from airflow_cloudtrain.operators.mlengine_config import (
     VOCABULARY_ARGS,
@@ -110,7 +110,7 @@ class MLEngineTrainOperator(BaseOperator):
         for name in TEMPLATED:
             setattr(self, name, locals()[name])
         self.restart_job_on_worker_restart = restart_job_on_worker_restart
-        self.gcp_conn_id = gcp_conn_id
+        self.gcp_conn_id = check_conn_id(gcp_conn_id, "gcp_conn_id", "google_cloud_default", optional=False)
         self.deferrable = check_bool(deferrable, "deferrable")
         self.poll_interval = parse_duration(poll_interval, "poll_interval") or 30.0
         self.log_polling_interval = parse_duration(log_polling_interval, "log_polling_interval") or 30.0

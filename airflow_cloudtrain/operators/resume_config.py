@@ -12,10 +12,11 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from airflow_cloudtrain.lifecycle.recovery import DEADLINE, POLICIES, SPOT_FIRST
-from airflow_cloudtrain.operators.checks import RUN_ID_RE, check_whole
+from airflow_cloudtrain.operators.checks import RUN_ID_RE, check_path, check_whole
 from airflow_cloudtrain.operators.config import is_templated, parse_duration
 from airflow_cloudtrain.spec import AWS_CLOUDS, GCP_CLOUDS
 
+MAX_RESTARTS = 1000  # more is a typo: each restart is a launch, and the history keeps every one
 MAX_STOP_GRACE_S = 115.0  # AWS gives two minutes of notice, GCE about 30 s; the sync needs some
 
 
@@ -93,48 +94,52 @@ def parse_resume_args(
     idle_timeout: Any,
 ) -> ResumeArgs:
     """Parse and cross-check; raises ValueError naming the first bad field."""
-    if checkpoint_dir is not None and (not isinstance(checkpoint_dir, str) or not checkpoint_dir.strip()):
-        raise ValueError(f"checkpoint_dir={checkpoint_dir!r} is not valid: use a path on the instance")
+    check_path(checkpoint_dir, "checkpoint_dir", "/tmp/checkpoints")
     interval = parse_duration(checkpoint_interval, "checkpoint_interval")
-    if policy not in POLICIES:
+    if not isinstance(policy, str) or policy not in POLICIES:
         raise ValueError(f"policy={policy!r} is not valid: use one of {', '.join(map(repr, POLICIES))}")
     if on_demand_after is not None:
         if policy == DEADLINE:
             raise ValueError(
-                "on_demand_after applies to policy='spot_first' only; with policy='deadline' the "
-                "deadline policy decides when to run on-demand"
+                f"on_demand_after={on_demand_after!r} applies to policy='spot_first' only; with "
+                "policy='deadline' the deadline policy decides when to run on-demand: leave it out"
             )
-        on_demand_after = check_whole(on_demand_after, "on_demand_after", 1)
+        on_demand_after = check_whole(on_demand_after, "on_demand_after", 1, MAX_RESTARTS)
     when = expected_s = None
     if policy == SPOT_FIRST:
         for name, value in (("deadline", deadline), ("expected_duration", expected_duration)):
             if value is not None:
-                raise ValueError(f"{name} applies to policy='deadline' only; set policy='deadline' too")
+                raise ValueError(
+                    f"{name}={value!r} applies to policy='deadline' only; set policy='deadline' too, or leave "
+                    f"{name} out"
+                )
     else:
         if deadline is None or expected_duration is None:
             missing = "deadline" if deadline is None else "expected_duration"
             raise ValueError(
                 f"{missing} is required with policy='deadline': the policy needs when to finish "
-                "(deadline) and roughly how much pure compute the job needs (expected_duration)"
+                "(deadline) and roughly how much pure compute the job needs (expected_duration); give "
+                "both, e.g. deadline='2d', expected_duration='10h'"
             )
         when = _deadline(deadline)
         expected_s = parse_duration(expected_duration, "expected_duration")
         if isinstance(when, timedelta) and expected_s and expected_s >= when.total_seconds():
             raise ValueError(
                 f"expected_duration={expected_duration!r} does not fit in deadline={deadline!r}: "
-                "the job could not finish in time even on on-demand capacity"
+                "the job could not finish in time even on on-demand capacity; give a later deadline or "
+                "a shorter expected_duration"
             )
     grace = parse_duration(stop_grace, "stop_grace")
     if grace is not None and grace > MAX_STOP_GRACE_S:
         raise ValueError(
             f"stop_grace={stop_grace!r} is longer than an interruption notice leaves: AWS gives "
-            f"120 s and GCE about 30 s, so at most {MAX_STOP_GRACE_S:.0f} s"
+            f"120 s and GCE about 30 s, so use at most {MAX_STOP_GRACE_S:.0f} s, e.g. '30s'"
         )
     return ResumeArgs(
         checkpoint_dir=checkpoint_dir,
         checkpoint_interval_s=float(interval or 300.0),
-        max_restarts=check_whole(max_restarts, "max_restarts", 0),
-        max_restarts_on_errors=check_whole(max_restarts_on_errors, "max_restarts_on_errors", 0),
+        max_restarts=check_whole(max_restarts, "max_restarts", 0, MAX_RESTARTS),
+        max_restarts_on_errors=check_whole(max_restarts_on_errors, "max_restarts_on_errors", 0, MAX_RESTARTS),
         resume_from=parse_resume_from(resume_from, cloud if isinstance(cloud, str) else None),
         policy=policy,
         on_demand_after=on_demand_after,

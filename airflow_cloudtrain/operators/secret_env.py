@@ -53,7 +53,10 @@ def parse_secret_env(secret_env: Any, cloud: Any, env: Any) -> dict[str, str]:
                 "digits and _, not starting with a digit)"
             )
         if var.startswith("CLOUDTRAIN_"):
-            raise ValueError(f"secret_env[{var!r}]: names starting with CLOUDTRAIN_ are the agent's own")
+            raise ValueError(
+                f"secret_env[{var!r}] is not valid: names starting with CLOUDTRAIN_ are the agent's own; "
+                "use another name"
+            )
         if isinstance(env, dict) and not is_templated(env) and var in env:
             raise ValueError(
                 f"secret_env[{var!r}] is also in env: give each variable once (a secret in secret_env, "
@@ -69,7 +72,7 @@ def parse_secret_env(secret_env: Any, cloud: Any, env: Any) -> dict[str, str]:
             what = f"its scheme {scheme!r} is unknown" if scheme else "it is not a secret reference"
             raise ValueError(
                 f"secret_env[{var!r}]={_shown(text)} is not valid: {what}. Put plain values in env and "
-                f"secrets in secret_env as a reference: {FORMS}"
+                f"secrets in secret_env: use a reference, {FORMS}"
             )
         if provider and ref.cloud and ref.cloud != provider:
             raise ValueError(

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.links.run import RunFolderLink, WorkerGroupLink
+from airflow_cloudtrain.operators.checks import check_path
 from airflow_cloudtrain.operators.cloud_train import TEMPLATED, CloudTrainOperator
 from airflow_cloudtrain.operators.config import parse_duration
 from airflow_cloudtrain.operators.fleet_config import (
@@ -56,6 +57,7 @@ class WorkQueueOperator(CloudTrainOperator):
         allow_failed_items: bool = False,
         **kwargs: Any,
     ) -> None:
+        self._check_cloud(cloud, kwargs.get("bid"))  # first: its error, not a warning about the bid
         super().__init__(cloud=cloud, **kwargs)
         self.work_items = work_items
         self.fleet_args = {
@@ -66,10 +68,9 @@ class WorkQueueOperator(CloudTrainOperator):
             "lease_timeout": lease_timeout,
             "allow_failed_items": allow_failed_items,
         }
-        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_dir = check_path(checkpoint_dir, "checkpoint_dir", "/tmp/checkpoints")
         self.checkpoint_interval_s = parse_duration(checkpoint_interval, "checkpoint_interval") or 0.0
         self._fleet: FleetRun | None = None
-        self._check_cloud(cloud, kwargs.get("bid"))
         parse_fleet_args(self.fleet_args, None, self.max_lease_s, self.lease_limit)
         if not is_deferred_value(work_items):
             parse_work_items(work_items)

@@ -18,6 +18,7 @@ from airflow_cloudtrain.operators.checks import (
     parse_region,
     parse_zone,
 )
+from airflow_cloudtrain.operators.launch_config import check_connection_args
 from airflow_cloudtrain.spec import parse_cloud, warn_user
 
 if TYPE_CHECKING:
@@ -79,10 +80,14 @@ class InstanceStatusSensor(BaseSensorOperator):
         super().__init__(**kwargs)
         self.missing_as_terminated = check_bool(missing_as_terminated, "missing_as_terminated")
         self.cloud = parse_cloud(cloud)
+        check_connection_args(aws_conn_id, gcp_conn_id, project_id, self.cloud)
         if not is_templated(target_state):
             check_target_state(target_state)
         if provider_of(self.cloud) == "gcp" and not zone and not is_templated(region):
-            raise ValueError(f"cloud={self.cloud!r} needs zone= (GCE instances are zonal)")
+            raise ValueError(
+                f"zone={zone!r} is not valid: cloud={self.cloud!r} needs zone= (GCE instances are zonal); "
+                "give the instances' zone, e.g. zone='us-central1-a'"
+            )
         if instance_ids in (None, "", [], ()) and run_id in (None, ""):
             raise ValueError(
                 "give instance_ids=[...] or run_id=... (the run_id in a CloudTrain operator's XCom)"

@@ -9,7 +9,16 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 
-from airflow_cloudtrain.operators.checks import AWS_REGION_RE, check_bool, check_optional_str, check_seconds
+from airflow_cloudtrain.operators.checks import (
+    AWS_REGION_RE,
+    check_bool,
+    check_clean_text,
+    check_conn_id,
+    check_optional_str,
+    check_seconds,
+    is_deferred_value,
+    parse_project_id,
+)
 from airflow_cloudtrain.spec import warn_user
 
 if TYPE_CHECKING:
@@ -22,13 +31,19 @@ QUEUE_FORMS = (
 _SUBSCRIPTION = re.compile(r"^projects/[^/\s]+/subscriptions/[^/\s]+$")
 _TOPIC = re.compile(r"^projects/[^/\s]+/topics/[^/\s]+$")
 _SQS_NAME = re.compile(r"^(?:[A-Za-z0-9_-]{1,80}|[A-Za-z0-9_-]{1,75}\.fifo)$")
+# the region an AWS queue URL names (as hooks.sqs.region_in_url, without importing the AWS hook)
+_URL_REGION = re.compile(
+    r"^https?://(?:sqs\.([a-z0-9-]+)\.amazonaws\.com|([a-z0-9-]+)\.queue\.amazonaws\.com)"
+)
 
 
 def queue_kind(queue: Any) -> str:
     """``"sqs-url"``, ``"sqs-name"`` or ``"pubsub"`` for a queue argument; a ValueError naming the
     field and the accepted forms otherwise."""
     if not isinstance(queue, str) or not queue.strip():
-        raise ValueError(f"queue={queue!r} is empty: give {QUEUE_FORMS}")
+        what = "is empty" if queue in (None, "") or isinstance(queue, str) else "is not valid"
+        raise ValueError(f"queue={queue!r} {what}: give {QUEUE_FORMS}")
+    check_clean_text(queue, "queue", QUEUE_FORMS)
     if queue.startswith(("https://", "http://")):
         if queue.rstrip("/").count("/") < 3:
             raise ValueError(f"queue={queue!r} is not a queue URL: give {QUEUE_FORMS}")
@@ -43,10 +58,6 @@ def queue_kind(queue: Any) -> str:
     if _SQS_NAME.match(queue):
         return "sqs-name"
     raise ValueError(f"queue={queue!r} is not valid: give {QUEUE_FORMS}")
-
-
-def _is_template(value: str) -> bool:
-    return "{{" in value or "{%" in value
 
 
 def _check_depth(name: str, value: Any) -> None:
@@ -99,19 +110,33 @@ class QueueDepthSensor(BaseSensorOperator):
         executor_queue: str | None = None,
         **kwargs: Any,
     ) -> None:
-        check_seconds(poll_interval, "poll_interval")
+        poll_interval = check_seconds(poll_interval, "poll_interval")  # '30s', '1m' too
         check_bool(deferrable, "deferrable")
         check_optional_str(region, "region", AWS_REGION_RE.pattern, "an AWS region such as 'us-east-1'")
+        check_conn_id(aws_conn_id, "aws_conn_id", "aws_default", optional=True)
+        check_conn_id(gcp_conn_id, "gcp_conn_id", "google_cloud_default", optional=False)
+        parse_project_id(project_id)
         kwargs.setdefault("poke_interval", poll_interval)  # poke_interval, if given, is the same knob
         if executor_queue is not None:
+            check_optional_str(
+                executor_queue, "executor_queue", r"\S+", "the name of an executor queue, e.g. 'gpu'"
+            )
             kwargs["queue"] = executor_queue
         super().__init__(**kwargs)
-        if queue is None or (isinstance(queue, str) and not _is_template(queue)):
+        if not is_deferred_value(queue):
             kind = queue_kind(queue)  # a template or an XComArg is checked once rendered (execute)
             if kind == "pubsub" and region:
                 warn_user(
                     f"region={region!r} has no effect on a Pub/Sub subscription: the path names its project "
                     "and Pub/Sub is global"
+                )
+            url_region = (
+                (m.group(1) or m.group(2)) if kind == "sqs-url" and (m := _URL_REGION.match(queue)) else None
+            )
+            if region and url_region and region != url_region:
+                raise ValueError(
+                    f"region={region!r} is not the region of queue={queue!r} ({url_region!r}): use "
+                    f"region={url_region!r}, or leave region out (the URL says where the queue is)"
                 )
         if max_depth is None and min_depth is None:
             raise ValueError(

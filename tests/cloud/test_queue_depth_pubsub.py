@@ -214,9 +214,9 @@ def test_a_topic_is_refused_at_parse_time() -> None:
     with pytest.raises(ValueError, match=re.escape("queue='projects/p/topics/t' is a Pub/Sub topic")):
         QueueDepthSensor(task_id="s", queue="projects/p/topics/t", max_depth=0)
     s = QueueDepthSensor(
-        task_id="s", queue="projects/p/subscriptions/s", max_depth=0, gcp_conn_id="g", project_id="p"
+        task_id="s", queue="projects/p/subscriptions/s", max_depth=0, gcp_conn_id="g", project_id="proj-1"
     )
-    assert (s.watched_queue, s.gcp_conn_id, s.project_id) == ("projects/p/subscriptions/s", "g", "p")
+    assert (s.watched_queue, s.gcp_conn_id, s.project_id) == ("projects/p/subscriptions/s", "g", "proj-1")
 
 
 # --- poking (non-deferrable) ---------------------------------------------------------------------

@@ -149,7 +149,7 @@ BAD: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("ec2", {"poll_interval": NAN}, "poll_interval", "nan"),
     ("ec2", {"poll_interval": INF}, "poll_interval", "inf"),
     ("ec2", {"poll_interval": 0}, "poll_interval", "0"),
-    ("ec2", {"poll_interval": "10"}, "poll_interval", "'10'"),
+    ("ec2", {"poll_interval": "10x"}, "poll_interval", "'10x'"),
     ("ec2", {"startup_timeout": NAN}, "startup_timeout", "nan"),
     ("ec2", {"heartbeat_timeout": "never"}, "heartbeat_timeout", "'never'"),
     ("ec2", {"instance_type": "m5.huge"}, "instance_type", "'m5.huge'"),

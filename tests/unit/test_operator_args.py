@@ -42,7 +42,9 @@ def make(**kw):
         ({"max_runtime": "soon"}, "max_runtime='soon' is not a valid duration"),
         ({"env": {"1BAD": "x"}}, "env is not valid"),
         ({"provisioning": "cheap"}, "provisioning='cheap' is not valid"),
-        ({"cpus": 500}, "Largest offers"),
+        ({"cpus": 500}, "cpus=500 is more than any ec2 offer has: the largest, c7i.48xlarge, has 192 vCPUs"),
+        ({"gpus": 9}, "gpus=9 is more than any ec2 offer has"),
+        ({"ram": "3000g"}, "ram='3000g' is more than any ec2 offer has"),
     ],
 )
 def test_bad_input_fails_at_construction(kwargs: dict, message: str) -> None:
@@ -51,11 +53,16 @@ def test_bad_input_fails_at_construction(kwargs: dict, message: str) -> None:
 
 
 def test_gce_request_no_machine_can_serve_names_the_largest_offers() -> None:
-    with pytest.raises(NoOfferError) as err:
+    # each value alone is beyond every offer: the field is named
+    with pytest.raises(ValueError, match=r"gpus=16 is more than any gcloud offer has.*use at most 8"):
         make(cloud="gcloud", bucket="gs://bkt/p", cpus=8, gpus=16)
-    assert "Largest offers" in str(err.value) and "a3-highgpu-8g" in str(err.value)
-    with pytest.raises(NoOfferError, match="No GCE family can serve it"):
+    with pytest.raises(ValueError, match=r"ram='3000g' is more than any gcspot offer has"):
         make(cloud="gcspot", bucket="gs://bkt/p", cpus=4, ram="3000g")
+    # each within some offer, no offer has them together: the largest offers, and why no family can
+    with pytest.raises(NoOfferError) as err:
+        make(cloud="gcloud", bucket="gs://bkt/p", cpus=200, gpus=1, gpu_type="L4")
+    assert "Largest offers" in str(err.value) and "a3-highgpu-8g" in str(err.value)
+    assert "No GCE family can serve it" in str(err.value)
 
 
 def test_templated_values_are_checked_when_the_task_runs() -> None:
