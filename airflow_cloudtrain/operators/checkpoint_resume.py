@@ -197,7 +197,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
                 continue
             self._push_links(context, attempt, launch)  # the buttons follow the current attempt
             if done is None:
-                if self.deferrable:
+                if self.deferrable and not attempt.over(launch):  # an ended attempt finishes here
                     self.defer(trigger=attempt.trigger(launch), method_name="attempt_complete")
                 try:
                     done = attempt.wait(launch)

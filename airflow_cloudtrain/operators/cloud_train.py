@@ -183,7 +183,7 @@ class CloudTrainOperator(BaseOperator):
         self._push_links(context, attempt, launch)
         if done is not None:
             return self._deliver(attempt, launch, done)
-        if self.deferrable:
+        if self.deferrable and not attempt.over(launch):  # an ended run finishes here (``over``)
             self.defer(trigger=attempt.trigger(launch), method_name="execute_complete")
         try:
             result = attempt.wait(launch)
