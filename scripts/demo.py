@@ -315,7 +315,8 @@ def summarize_mlengine(run) -> None:
             f"    job folder : {result['job_dir']}"
             + (f"  (resumed {result['resumed_from']})" if result["resumed_from"] else "")
         )
-        say(f"    cost       : ${result['cost_usd']} in {result['duration_s']} s ({result['cost_basis']})")
+        basis = result["cost_basis"].split(" (")[0]  # the whole basis is in the XCom and the task log
+        say(f"    cost       : ${result['cost_usd']} in {result['duration_s']} s ({basis})")
         say(f"    console    : {result['console_url']}")
     train = run.get_task_instance("train").xcom_pull(task_ids="train") or {}
     evaluate = run.get_task_instance("evaluate").xcom_pull(task_ids="evaluate") or {}
@@ -331,8 +332,13 @@ def summarize_mlengine(run) -> None:
 
 def main() -> int:
     say(f"Airflow's own log lines, the task logs and the emulator's output: {LOG}")
-    with quiet_to(LOG):
-        code = run_demo()
+    try:
+        with quiet_to(LOG):
+            code = run_demo()
+    except BaseException:  # the traceback follows on the terminal; the log's last lines first
+        show_log_tail(LOG)
+        say(f"The full log (Airflow, the tasks, the emulator): {LOG}")
+        raise
     say(f"\nThe full log (Airflow, the tasks, the emulator): {LOG}")
     return code
 
