@@ -10,6 +10,12 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+# The project's own documentation (the README). Airflow's Providers page links a provider's name to its
+# ``documentation-url``, else to airflow.apache.org/docs/<package>/, where no page exists for us.
+# Airflow 3.3 takes that URL from the package metadata's ``Documentation`` Project-URL (pyproject.toml's
+# [project.urls], which must say the same); the key below serves Airflow versions that read it here.
+DOCS_URL = "https://github.com/airflow-cloudtrain/airflow-cloudtrain#readme"
+
 
 def get_provider_info() -> dict[str, Any]:
     """What Airflow's ProvidersManager reads through the ``apache_airflow_provider`` entry point."""
@@ -18,10 +24,11 @@ def get_provider_info() -> dict[str, Any]:
         "name": "Cloud Train",
         "description": "Run ML training on rented cloud hardware (EC2, EC2 spot, GCE, GCE spot) and give it back.",
         "versions": [__version__],
+        "documentation-url": DOCS_URL,
         "integrations": [
             {
                 "integration-name": "Cloud Train",
-                "external-doc-url": "https://github.com/airflow-cloudtrain/airflow-cloudtrain",
+                "external-doc-url": DOCS_URL,
                 "tags": ["software"],
             }
         ],

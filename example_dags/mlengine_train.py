@@ -29,6 +29,11 @@ PROJECT = os.environ.get("CLOUDTRAIN_GCP_PROJECT") or None  # None: the connecti
 DEFERRABLE = os.environ.get("CLOUDTRAIN_DEFERRABLE", "true").lower() == "true"
 POLL_S = float(os.environ.get("CLOUDTRAIN_VERTEX_POLL_S", "2"))  # 30 s is plenty for hour-long jobs
 STEP_S = os.environ.get("CLOUDTRAIN_TRAIN_STEP_S", "0.1")
+# The evaluation takes 10 batches of this many seconds. A job that ends within seconds of its task
+# deferring can meet Airflow's race in which the scheduler applies the stale "success" of the defer
+# exit to the resumed try and fails the task (apache/airflow#66374): the operator finishes a job that
+# already ended without deferring, and a job that outlives the deferral by ~15 s is out of its reach.
+EVAL_BATCH_S = os.environ.get("CLOUDTRAIN_EVAL_BATCH_S", "1.5")
 CODE = str(Path(__file__).parent / "mlengine_code")
 
 common = {
@@ -59,7 +64,16 @@ with DAG(
     evaluate = MLEngineTrainOperator(
         task_id="evaluate",
         python_module="trainer.evaluate",
-        training_args=["--train-folder", "{{ ti.xcom_pull(task_ids='train')['job_dir'] }}", "--split", "val"],
+        training_args=[
+            "--train-folder",
+            "{{ ti.xcom_pull(task_ids='train')['job_dir'] }}",
+            "--split",
+            "val",
+            "--batches",
+            "10",
+            "--batch-s",
+            EVAL_BATCH_S,
+        ],
         scale_tier="BASIC",
         **common,
     )

@@ -1,4 +1,4 @@
-"""Weekly retraining on spot capacity that survives interruptions: prepare data, train, evaluate.
+"""Retraining on spot capacity that survives interruptions: prepare data, train, evaluate.
 
 The training task is a ``CheckpointResumeOperator``: the job (``train_code_spot/train.py``) saves a
 checkpoint every few steps and on SIGTERM; when the spot instance is taken the operator launches a
@@ -9,6 +9,10 @@ Runs as is on the emulated clouds (``make demo``, which injects two interruption
 set CLOUDTRAIN_BUCKET and an instance profile that can read and write it (``iam_instance_profile``).
 For GCP set CLOUDTRAIN_SPOT_CLOUD=gcspot and a gs:// CLOUDTRAIN_BUCKET (and CLOUDTRAIN_SPOT_REGION).
 The training task defers between attempts' launches (CLOUDTRAIN_DEFERRABLE=false: it waits in its slot).
+
+Unscheduled, so a click on Trigger (which also unpauses the DAG) starts one run and nothing else. To
+retrain every week, set ``schedule="@weekly"``: Airflow 3 then also creates the latest week's run as
+soon as the DAG is unpaused, even with ``catchup=False`` (the latest Sunday 00:00 UTC, "@weekly"'s time).
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ def get_text(uri: str) -> str:
 
 with DAG(
     dag_id="retrain_spot",
-    schedule="@weekly",
+    schedule=None,  # "@weekly" retrains every week (and runs the latest week at once on unpause)
     start_date=datetime(2026, 1, 1),
     catchup=False,
     tags=["cloudtrain", "example", "spot"],

@@ -21,20 +21,76 @@ the evaluation's metrics.
 
 Exits 1 if a DAG run failed, an injected interruption did not happen (or moved no trial), or an
 instance is left running.
+
+The terminal gets the story only: what each run did, in a screen or less per DAG. Everything else
+(Airflow's own logging, the task logs, the emulator's and the agents' output, warnings) goes to the
+log file ``.demo/demo.log`` (``CLOUDTRAIN_DEMO_LOG``), whose path is printed at the start and the end;
+when a run fails, its last lines are printed too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import logging
 import os
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, TextIO
 
 ROOT = Path(__file__).resolve().parents[1]
 DAGS = ROOT / "example_dags"
+LOG = Path(os.environ.get("CLOUDTRAIN_DEMO_LOG") or ROOT / ".demo" / "demo.log")
+TAIL_LINES = 40  # of the log file, printed after a failed run
+JOB_LOG_LINES = 12  # of a job's log, in the story
+
+STORY: TextIO = sys.stdout  # the terminal, once ``quiet_to`` took stdout and stderr to the log file
+
+
+def say(*args: Any) -> None:
+    """One line of the story, on the terminal (stdout itself goes to the log file)."""
+    print(*args, file=STORY, flush=True)
+
+
+@contextlib.contextmanager
+def quiet_to(path: Path) -> Iterator[TextIO]:
+    """File descriptors 1 and 2 (and so everything this process and its children write, Airflow's
+    logging included, however it holds its stream) go to ``path``; ``STORY`` is the terminal."""
+    global STORY
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    story = os.fdopen(os.dup(1), "w", buffering=1)
+    with open(path, "w", buffering=1) as log:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        STORY = story
+        try:
+            yield story
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+            STORY = sys.stdout
+            story.close()
+
+
+def show_log_tail(path: Path, lines: int = TAIL_LINES) -> None:
+    """The last ``lines`` of the log file, on the terminal: what went wrong, without opening it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    tail = path.read_text(errors="replace").splitlines()[-lines:]
+    say(f"  --- the last {len(tail)} lines of {path} ---")
+    for line in tail:
+        say(f"  {line}")
+    say("  ---")
 
 
 def prepare_airflow_home() -> None:
@@ -73,28 +129,35 @@ def summarize(name: str, run) -> None:
     from airflow_cloudtrain.agent.storage import open_run_folder
     from airflow_cloudtrain.runs import log_prefix
 
-    print(f"\n=== {name}: dag run {run.state} ===")
+    say(f"\n=== {name}: dag run {run.state} ===")
     for ti in sorted(run.get_task_instances(), key=lambda t: t.start_date or t.end_date):
-        print(f"  task {ti.task_id:<14} {ti.state}")
+        say(f"  task {ti.task_id:<14} {ti.state}")
     result = run.get_task_instance("train").xcom_pull(task_ids="train")
     if not result:
         return
-    print(
+    say(
         f"  offer chosen : {result['instance_type']} in {result['region']}/{result['zone']} "
         f"({'spot' if result['spot'] else 'on-demand'})"
     )
-    print(f"  instance     : {result['instance_id']} (terminated)")
+    say(f"  instance     : {result['instance_id']} (terminated)")
     folder = open_run_folder(result["run_uri"])
-    print("  job log      :")
-    for key in folder.list(log_prefix(result["instance_id"])):
-        for line in (folder.get_text(key) or "").splitlines():
-            print(f"    | {line}")
-    print(
-        f"  result       : {result['state']}, exit code {result['exit_code']}, {result['duration_s']:.1f} s"
+    lines = [
+        line
+        for key in folder.list(log_prefix(result["instance_id"]))
+        for line in (folder.get_text(key) or "").splitlines()
+    ]
+    earlier = (
+        f" ({len(lines) - JOB_LOG_LINES} earlier lines in the run folder)"
+        if len(lines) > JOB_LOG_LINES
+        else ""
     )
-    print(f"  results      : {result['results_uri']}/  {folder.list('results')}")
-    print(f"  cost         : ${result['cost_usd']} ({result['cost_basis']})")
-    print("  XCom         :", json.dumps(result, default=str))
+    say(f"  job log      :{earlier}")
+    for line in lines[-JOB_LOG_LINES:]:
+        say(f"    | {line}")
+    say(f"  result       : {result['state']}, exit code {result['exit_code']}, {result['duration_s']:.1f} s")
+    say(f"  results      : {result['results_uri']}/  {folder.list('results')}")
+    say(f"  cost         : ${result['cost_usd']} ({result['cost_basis']})")
+    say(f"  XCom         : {len(result)} keys ({', '.join(sorted(result)[:6])}, ...)")
 
 
 def summarize_spot(run, injected: list[dict]) -> None:
@@ -106,20 +169,20 @@ def summarize_spot(run, injected: list[dict]) -> None:
     def show(value, pattern="{}"):
         return "-" if value is None else pattern.format(value)
 
-    print(f"\n=== retrain_spot: dag run {run.state} ===")
+    say(f"\n=== retrain_spot: dag run {run.state} ===")
     for ti in sorted(run.get_task_instances(), key=lambda t: t.start_date or t.end_date):
-        print(f"  task {ti.task_id:<14} {ti.state}")
-    print("  interruptions injected:")
+        say(f"  task {ti.task_id:<14} {ti.state}")
+    say("  interruptions injected:")
     for item in injected:
         how = f"{item['notice_s']:g} s notice" if item["notice_s"] > 0 else "no notice"
-        print(f"    {item['instance_id']} when its job was at step {item['step']} ({how})")
+        say(f"    {item['instance_id']} when its job was at step {item['step']} ({how})")
     result = run.get_task_instance("train").xcom_pull(task_ids="train")
     if not result:
         return
     folder = open_run_folder(result["run_uri"])
-    print("  attempts (ended, instance, restored step, checkpoint step, work lost, cost; the job's log):")
+    say("  attempts (ended, instance, restored step, checkpoint step, work lost, cost; the job's log):")
     for row in result["attempts"]:
-        print(
+        say(
             f"    #{row['attempt']} {row['ended']:<22} {show(row['instance_id']):<20} "
             f"restored {show(row['restored_step']):>3}  checkpoint {show(row['checkpoint_step']):>3}  "
             f"work lost {show(row['work_lost_s'], '{:.1f}'):>4} s  ${row['cost_usd']:.6f}"
@@ -128,14 +191,14 @@ def summarize_spot(run, injected: list[dict]) -> None:
             log = "".join(folder.get_text(k) or "" for k in folder.list(log_prefix(row["instance_id"])))
             for line in strip_stamps(log).splitlines():
                 if line.startswith(("resumed from step", "fresh start", "SIGTERM", "done:")):
-                    print(f"       | {line}")
+                    say(f"       | {line}")
     raw = folder.get_text(ledger_key(result["run_id"]))
     ledger = json.loads(raw) if raw else {**result, "state": "?"}
-    print(f"  ledger       : {result['ledger_uri']}")
+    say(f"  ledger       : {result['ledger_uri']}")
     for line in format_ledger(ledger).splitlines():
-        print(f"    {line}")
+        say(f"    {line}")
     t = result["totals"]
-    print(
+    say(
         f"  totals       : {t['attempts']} attempts, {t['interruptions']} interruptions, "
         f"{result['restarts']} restarts, last resumed from step {result['resumed_step']}, "
         f"{t['work_lost_s']:.1f} s of work lost, ${t['cost_usd']:.6f}"
@@ -143,7 +206,7 @@ def summarize_spot(run, injected: list[dict]) -> None:
     evaluation = run.get_task_instance("evaluate").xcom_pull(task_ids="evaluate")
     if evaluation:
         m = evaluation["model"]
-        print(f"  model        : w={m['w']:.3f} b={m['b']:.3f} loss={m['loss']:.5f} after {m['steps']} steps")
+        say(f"  model        : w={m['w']:.3f} b={m['b']:.3f} loss={m['loss']:.5f} after {m['steps']} steps")
 
 
 def run_spot(emu, name: str):
@@ -157,7 +220,7 @@ def run_spot(emu, name: str):
         injected = interrupter.stop()
     summarize_spot(run, injected)
     if len(injected) < len(SPOT_PLAN):
-        print(f"  only {len(injected)} of {len(SPOT_PLAN)} interruptions were injected")
+        say(f"  only {len(injected)} of {len(SPOT_PLAN)} interruptions were injected")
     return run, len(injected) == len(SPOT_PLAN)
 
 
@@ -167,11 +230,11 @@ def summarize_sweep(run, injected: list[dict]) -> bool:
     from airflow_cloudtrain.agent.storage import open_run_folder
     from airflow_cloudtrain.runs import log_prefix, strip_stamps
 
-    print(f"\n=== spot_sweep: dag run {run.state} ===")
+    say(f"\n=== spot_sweep: dag run {run.state} ===")
     for ti in sorted(run.get_task_instances(), key=lambda t: t.start_date or t.end_date):
-        print(f"  task {ti.task_id:<14} {ti.state}")
+        say(f"  task {ti.task_id:<14} {ti.state}")
     for item in injected:
-        print(
+        say(
             f"  reclaimed    : worker {item['instance_id']} while it ran trial {item['item_id']} "
             f"(at step {item['step']}, checkpoint step {item['checkpoint_step']} uploaded; "
             f"{item['notice_s']:g} s notice)"
@@ -181,7 +244,7 @@ def summarize_sweep(run, injected: list[dict]) -> bool:
         return False
     failed = ", ".join(result["items_failed"]) or "none"
     twice = ", ".join(result["items_duplicated"]) or "none"
-    print(
+    say(
         f"  trials       : {result['items_succeeded']}/{result['items_total']} succeeded "
         f"(failed: {failed}; ran to the end twice: {twice})"
     )
@@ -194,7 +257,7 @@ def summarize_sweep(run, injected: list[dict]) -> bool:
         attempts = sorted({k.split("/")[1] for k in folder.list("instances/")})
         froms = [a.rsplit(".", 1)[0] for a in attempts if not a.startswith(item["instance_id"] + ".")]
         resumed = metric.get("resumed_from")
-        print(
+        say(
             f"  moved        : trial {item['id']} {json.dumps(metric.get('config'), sort_keys=True)} from "
             f"{', '.join(froms) or '?'} to {item['instance_id']}, resumed from step {resumed}"
         )
@@ -202,20 +265,20 @@ def summarize_sweep(run, injected: list[dict]) -> bool:
             log = "".join(folder.get_text(k) or "" for k in folder.list(log_prefix(attempt)))
             for line in strip_stamps(log).splitlines():
                 if line.startswith(("item ", "SIGTERM", "done:")) and "lr=" not in line:
-                    print(f"       {attempt:<22} | {line}")
+                    say(f"       {attempt:<22} | {line}")
         moved_ok = moved_ok or bool(resumed)
-    print(
+    say(
         f"  fleet        : {result['workers_launched']} worker(s) launched ({result['instance_type']} spot), "
         f"{result['interruptions']} interruption(s), {result['duration_s']:.1f} s, ${result['cost_usd']:.6f}"
     )
     best = run.get_task_instance("pick_best").xcom_pull(task_ids="pick_best")
     if best:
-        print(
+        say(
             f"  best config  : {json.dumps(best['config'], sort_keys=True)} val_loss {best['loss']:.5f}, "
             f"accuracy {best['accuracy']:.3f} (trial {best['item_id']} of {best['trials']})"
         )
     if not moved_ok:
-        print("  no trial moved to another worker and resumed from a checkpoint")
+        say("  no trial moved to another worker and resumed from a checkpoint")
     return moved_ok
 
 
@@ -230,43 +293,57 @@ def run_sweep(emu, name: str):
         injected = interrupter.stop()
     moved = summarize_sweep(run, injected)
     if not injected:
-        print("  no worker was reclaimed")
+        say("  no worker was reclaimed")
     return run, bool(injected) and moved
 
 
 def summarize_mlengine(run) -> None:
     from airflow_cloudtrain.agent.storage import open_run_folder
 
-    print(f"\n=== mlengine_train: dag run {run.state} ===")
+    say(f"\n=== mlengine_train: dag run {run.state} ===")
     for ti in sorted(run.get_task_instances(), key=lambda t: t.start_date or 0):
         result = ti.xcom_pull(task_ids=ti.task_id) or {}
-        print(f"  task {ti.task_id:<9} {ti.state}: job {result.get('job_id')} {result.get('state')}")
+        say(f"  task {ti.task_id:<9} {ti.state}: job {result.get('job_id')} {result.get('state')}")
         if not result:
             continue
         pools = ", ".join(
             f"{r['role']} {r['count']} x {r['requested'] or r['machine_type']} ({r['machine_type']})"
             for r in result["replicas"]
         )
-        print(f"    replicas   : {pools}")
-        print(
+        say(f"    replicas   : {pools}")
+        say(
             f"    job folder : {result['job_dir']}"
             + (f"  (resumed {result['resumed_from']})" if result["resumed_from"] else "")
         )
-        print(f"    cost       : ${result['cost_usd']} in {result['duration_s']} s ({result['cost_basis']})")
-        print(f"    console    : {result['console_url']}")
+        basis = result["cost_basis"].split(" (")[0]  # the whole basis is in the XCom and the task log
+        say(f"    cost       : ${result['cost_usd']} in {result['duration_s']} s ({basis})")
+        say(f"    console    : {result['console_url']}")
     train = run.get_task_instance("train").xcom_pull(task_ids="train") or {}
     evaluate = run.get_task_instance("evaluate").xcom_pull(task_ids="evaluate") or {}
     if train and evaluate:
         folder = open_run_folder(train["job_dir"])
         model = json.loads(folder.get_text("model/model.json") or "{}")
         metrics = json.loads(open_run_folder(evaluate["job_dir"]).get_text("model/metrics.json") or "{}")
-        print(
+        say(
             f"  model        : step {model.get('step')} (the resume went on from the training job's checkpoint)"
         )
-        print(f"  evaluation   : {metrics}")
+        say(f"  evaluation   : {metrics}")
 
 
 def main() -> int:
+    say(f"Airflow's own log lines, the task logs and the emulator's output: {LOG}")
+    try:
+        with quiet_to(LOG):
+            code = run_demo()
+    except BaseException:  # the traceback follows on the terminal; the log's last lines first
+        show_log_tail(LOG)
+        say(f"The full log (Airflow, the tasks, the emulator): {LOG}")
+        raise
+    say(f"\nThe full log (Airflow, the tasks, the emulator): {LOG}")
+    return code
+
+
+def run_demo() -> int:
     logging.basicConfig(level=logging.WARNING)
     prepare_airflow_home()
     from airflow_cloudtrain.emulator import Emulator
@@ -275,25 +352,36 @@ def main() -> int:
     failed = 0
     with Emulator() as emu:
         for name in dags:
-            print(f"\n=== {name} on the emulated cloud ===", flush=True)
-            if name == "retrain_spot":
-                run, injected = run_spot(emu, name)
-                failed += run.state != "success" or not injected
-                continue
-            if name == "spot_sweep":
-                run, moved = run_sweep(emu, name)
-                failed += run.state != "success" or not moved
-                continue
-            dag = load_dag(name)
-            run = dag.test()
-            failed += run.state != "success"
-            if name == "mlengine_train":
-                summarize_mlengine(run)
-                continue
-            summarize(name, run)
+            say(f"\n--- {name}: running on the emulated clouds ...")
+            try:
+                ok = run_one(emu, name)
+            except Exception as err:
+                print(f"The demo of {name} failed:", file=sys.stderr)
+                logging.exception("%s", err)
+                say(f"  the demo of {name} failed: {type(err).__name__}: {err}")
+                ok = False
+            if not ok:
+                failed += 1
+                show_log_tail(LOG)
         left = emu.running_instances()
-        print(f"\ninstances still running on the emulated cloud: {left or 'none'}")
+        say(f"\ninstances still running on the emulated cloud: {left or 'none'}")
     return 1 if failed or left else 0
+
+
+def run_one(emu: Any, name: str) -> bool:
+    """Run one example DAG and tell its story; whether everything the story promises happened."""
+    if name == "retrain_spot":
+        run, injected = run_spot(emu, name)
+        return run.state == "success" and injected
+    if name == "spot_sweep":
+        run, moved = run_sweep(emu, name)
+        return run.state == "success" and moved
+    run = load_dag(name).test()
+    if name == "mlengine_train":
+        summarize_mlengine(run)
+    else:
+        summarize(name, run)
+    return run.state == "success"
 
 
 if __name__ == "__main__":

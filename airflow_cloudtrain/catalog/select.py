@@ -169,19 +169,22 @@ def choose_offer(
 _warned_gcspot_bid = False
 
 
+def gcspot_bid_message(raw: object) -> str:
+    """Why a bid on ``gcspot`` is ignored (the warning's text; operators also log it in the task log)."""
+    return (
+        f"bid={raw!r} has no effect on cloud='gcspot': GCE Spot VMs have no bid. Google sets the "
+        "Spot price, and preempts a Spot VM when it needs the capacity back, never because of price. "
+        "To cap the cost, ask for a cheaper machine (fewer cpus/gpus, or an instance_type), or use "
+        "cloud='ec2spot', where the bid is the most you pay per hour."
+    )
+
+
 def _warn_bid_on_gcspot(bid: Bid) -> None:
     """GCE Spot VMs have no bid (Google sets the price); say once per process that it is ignored."""
     global _warned_gcspot_bid
     if not _warned_gcspot_bid:
         _warned_gcspot_bid = True
-        warnings.warn(
-            f"bid={bid.raw!r} has no effect on cloud='gcspot': GCE Spot VMs have no bid. Google sets the "
-            "Spot price, and preempts a Spot VM when it needs the capacity back, never because of price. "
-            "To cap the cost, ask for a cheaper machine (fewer cpus/gpus, or an instance_type), or use "
-            "cloud='ec2spot', where the bid is the most you pay per hour.",
-            UserWarning,
-            stacklevel=3,
-        )
+        warnings.warn(gcspot_bid_message(bid.raw), UserWarning, stacklevel=3)
 
 
 def _largest(offers: list[Offer]) -> str:

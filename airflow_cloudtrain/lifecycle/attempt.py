@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from airflow_cloudtrain.clouds.base import ALIVE_STATES
+from airflow_cloudtrain.clouds.base import ALIVE_STATES, ENDED_STATES, STOPPED
 from airflow_cloudtrain.clouds.errors import CloudError
 from airflow_cloudtrain.lifecycle.costs import billed_cost
 from airflow_cloudtrain.lifecycle.ledger import ResourceLedger, store_get, store_set
@@ -366,6 +366,29 @@ class RunAttempt:
             startup_timeout=self.ctx.wait.startup_timeout,
             heartbeat_timeout=self.ctx.wait.heartbeat_timeout,
         )
+
+    def over(self, launch: LaunchRecord) -> bool:
+        """Is the run already over (a final status, or its instance ended)? Checked once just before
+        deferring: a trigger that fires within seconds of the deferral hits Airflow's race in which
+        the scheduler applies the stale "success" of the defer exit to the resumed try and fails the
+        task (apache/airflow#66374), so a run that is already over is finished in the worker, by
+        ``wait``, as the Amazon provider's operators do. Never raises: when in doubt, defer."""
+        iid = launch.instance_id
+        try:
+            raw = call_with_retry(lambda: self.folder.get_text(status_key(iid)))
+            if raw and RunStatus.from_json(raw).final:
+                self.log.info("The job on %s already ended: finishing in the worker, not deferring", iid)
+                return True
+            instance = call_with_retry(lambda: self.ctx.backend.cloud.describe([iid]).get(iid))
+        except Exception as err:
+            self.log.warning("Could not check %s before deferring (%s); deferring", iid, err)
+            return False
+        if instance is not None and (instance.state in ENDED_STATES or instance.state == STOPPED):
+            self.log.info(
+                "Instance %s already %s: finishing in the worker, not deferring", iid, instance.state
+            )
+            return True
+        return False
 
     def wait(self, launch: LaunchRecord) -> Outcome:
         """Block until the run ends, streaming the job's log; transient errors are waited out."""

@@ -267,6 +267,23 @@ class VertexJobRun:
                 logs.guard(show_lines, self.log, logs.tail)
             self.killed.wait(min(poll_interval, max(0.5, logs.next_at - time.monotonic())))
 
+    def over(self, job: JobRecord) -> bool:
+        """Has the job already ended? Checked once just before deferring: a trigger that fires within
+        seconds of the deferral hits Airflow's race in which the scheduler applies the stale "success"
+        of the defer exit to the resumed try and fails the task (apache/airflow#66374); an ended job is
+        finished in the worker instead (``wait`` returns at once). Never raises: when in doubt, defer."""
+        try:
+            fresh = call_with_retry(lambda: self.jobs.get(job.name))
+        except Exception as err:
+            self.log.warning("Could not check %s before deferring (%s); deferring", job.name, err)
+            return False
+        if fresh is not None and fresh.terminal:
+            self.log.info(
+                "Vertex AI job %s already %s: finishing in the worker, not deferring", job.name, fresh.state
+            )
+            return True
+        return False
+
     def show_rest(self, job: JobRecord) -> None:
         """The lines of a finished job that no try showed yet (it ended while no one watched)."""
         logs = LogStream(self.log, 0.0)

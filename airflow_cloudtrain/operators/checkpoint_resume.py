@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.lifecycle.prepare import JobOptions
-from airflow_cloudtrain.operators.cloud_train import TEMPLATED, CloudTrainOperator
+from airflow_cloudtrain.operators.cloud_train import TEMPLATED, CloudTrainOperator, quiet_bid
 from airflow_cloudtrain.operators.resume_config import parse_resume_args
 
 if TYPE_CHECKING:
@@ -132,6 +132,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
         self._attempt = loop.attempt()
         return self._attempt
 
+    @quiet_bid
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
         """A failed deferral (``__fail__``): the ledger gets a row for the attempt it waited on, then
         ``CloudTrainOperator`` releases the run."""
@@ -152,9 +153,13 @@ class CheckpointResumeOperator(CloudTrainOperator):
             self._loop_obj.killed = True
         super().on_kill()
 
+    @quiet_bid
     def execute(self, context: Context) -> dict[str, Any]:
-        return self._run(context, self._loop(context))
+        loop = self._loop(context)
+        self._say_bid_ignored(loop.ctx.config)
+        return self._run(context, loop)
 
+    @quiet_bid
     def attempt_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Back from a ``RunTrigger``: finish that attempt, then go on with the loop."""
         from airflow_cloudtrain.lifecycle.records import LaunchRecord, Outcome
@@ -164,6 +169,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
         loop.finish(loop.attempt(launch.cloud), launch, Outcome.from_dict(event["outcome"]))
         return self._run(context, loop)
 
+    @quiet_bid
     def wait_complete(self, context: Context, event: Any = None) -> dict[str, Any]:
         """Back from a timer the loop deferred on (the deadline policy's ``wait``, no capacity)."""
         loop = self._loop(context)
@@ -197,7 +203,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
                 continue
             self._push_links(context, attempt, launch)  # the buttons follow the current attempt
             if done is None:
-                if self.deferrable:
+                if self.deferrable and not attempt.over(launch):  # an ended attempt finishes here
                     self.defer(trigger=attempt.trigger(launch), method_name="attempt_complete")
                 try:
                     done = attempt.wait(launch)

@@ -6,8 +6,11 @@ wait, outcome, release through the resource ledger, cost), which later operators
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+import contextlib
+import functools
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk import BaseOperator, conf
 
@@ -50,6 +53,39 @@ TEMPLATED = (
     "zone",
     "max_runtime",
 )
+
+
+GCSPOT_BID_WARNING = r"bid=.* has no effect on cloud='gcspot'"
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@contextlib.contextmanager
+def no_gcspot_bid_warning() -> Iterator[None]:
+    """Inside a task the "bid has no effect on gcspot" warning is the operator's own log line, once per
+    run (``CloudTrainOperator._say_bid_ignored``): Python's once-per-process warning would come again
+    from every process of the run (its start, and each resumption after a deferral)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=GCSPOT_BID_WARNING, category=UserWarning)
+        yield
+
+
+def quiet_bid(method: F) -> F:
+    """``method`` runs under ``no_gcspot_bid_warning``."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with no_gcspot_bid_warning():
+            return method(*args, **kwargs)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def parsing_for_a_task() -> bool:
+    """Is this parse the one a task process makes before it runs (or resumes) a task? Its warnings
+    land in the task log, where the DAG processor's parse already showed them to the DAG's author."""
+    from airflow.sdk import get_parsing_context
+
+    return get_parsing_context().task_id is not None
 
 
 class CloudTrainOperator(BaseOperator):
@@ -147,7 +183,8 @@ class CloudTrainOperator(BaseOperator):
         )
         self._attempt: RunAttempt | None = None
         check_secret_env(secret_env, cloud, env)  # references only; the values are read at run time
-        self._check_parse_time()
+        with no_gcspot_bid_warning() if parsing_for_a_task() else contextlib.nullcontext():
+            self._check_parse_time()
 
     def _check_parse_time(self) -> None:
         """Each argument known now, and each combination of known ones; a templated argument is
@@ -177,13 +214,22 @@ class CloudTrainOperator(BaseOperator):
         self._attempt = RunAttempt(RunContext.for_task(config, self, context, self.launch_options, self.wait))
         return self._attempt
 
+    def _say_bid_ignored(self, config: Any) -> None:
+        """The run's one "bid has no effect" line in the task log, at its start (not on resuming)."""
+        if config.cloud == "gcspot" and config.bid is not None:
+            from airflow_cloudtrain.catalog.select import gcspot_bid_message
+
+            self.log.warning("%s", gcspot_bid_message(config.bid.raw))
+
+    @quiet_bid
     def execute(self, context: Context) -> dict[str, Any]:
         attempt = self._new_attempt(context)
+        self._say_bid_ignored(attempt.ctx.config)
         launch, done = attempt.start()
         self._push_links(context, attempt, launch)
         if done is not None:
             return self._deliver(attempt, launch, done)
-        if self.deferrable:
+        if self.deferrable and not attempt.over(launch):  # an ended run finishes here (``over``)
             self.defer(trigger=attempt.trigger(launch), method_name="execute_complete")
         try:
             result = attempt.wait(launch)
@@ -203,6 +249,7 @@ class CloudTrainOperator(BaseOperator):
         except Exception as err:
             self.log.warning("Could not publish the console links of %s: %s", launch.instance_id, err)
 
+    @quiet_bid
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Back from the trigger: release, account, and raise on anything but success."""
         from airflow_cloudtrain.lifecycle.records import LaunchRecord, Outcome
@@ -221,6 +268,7 @@ class CloudTrainOperator(BaseOperator):
             raise AirflowException(f"{prefix}{result.message or result.state} (run {launch.run_id})")
         return record.result()
 
+    @quiet_bid
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
         """A trigger that crashed or timed out resumes with ``__fail__`` and never reaches
         ``execute_complete``: release the run through its ledger first."""

@@ -146,7 +146,7 @@ class MLEngineTrainOperator(BaseOperator):
             return self._deliver(run, job)
         try:
             self._push_link(context, run, job)
-            if self.deferrable:
+            if self.deferrable and not run.over(job):  # an ended job finishes here (``over``)
                 from airflow_cloudtrain.triggers.vertex_job import VertexJobTrigger
 
                 self.defer(

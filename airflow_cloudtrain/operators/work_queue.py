@@ -131,7 +131,8 @@ class WorkQueueOperator(CloudTrainOperator):
         self.log.info(
             "Fleet %s: %d item(s), run folder %s", handle.run_id, len(handle.item_ids), handle.run_uri
         )
-        if self.deferrable:
+        watch = self._watch(fleet, handle)
+        if self.deferrable and not self._over(watch):  # a fleet already done finishes here
             from airflow_cloudtrain.triggers.fleet import FleetTrigger
 
             self.defer(
@@ -144,7 +145,6 @@ class WorkQueueOperator(CloudTrainOperator):
                 ),
                 method_name="execute_complete",
             )
-        watch = self._watch(fleet, handle)
         budget = TransientBudget()
         try:
             while True:
@@ -165,6 +165,21 @@ class WorkQueueOperator(CloudTrainOperator):
             fleet.release()
             raise
         return self._deliver_fleet(fleet, watch)
+
+    def _over(self, watch: FleetWatch) -> bool:
+        """Is the fleet already done (every item has an outcome)? One poll, just before deferring: a
+        trigger that fires within seconds of the deferral hits Airflow's race in which the scheduler
+        applies the stale "success" of the defer exit to the resumed try and fails the task
+        (apache/airflow#66374). A fleet already done is finished in the worker (the wait below sees it
+        on its first poll). Never raises: when in doubt (or when the poll fails), defer."""
+        try:
+            over = watch.poll()
+        except Exception as err:
+            self.log.warning("Could not check the fleet before deferring (%s); deferring", err)
+            return False
+        if over:
+            self.log.info("Every item already has an outcome: finishing in the worker, not deferring")
+        return over
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Back from the trigger: result, teardown, and a failure for anything but a finished run."""

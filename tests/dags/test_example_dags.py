@@ -86,3 +86,23 @@ def test_ui_train_params_flow_into_the_operator(emu, airflow_db, monkeypatch, de
     assert result["instance_type"] == choose_offer("ec2", Hardware(8, 0, "30g"), "us-east-1").instance_type
     assert result["instance_type"] != choose_offer("ec2", Hardware(2, 0, "4g"), "us-east-1").instance_type
     assert result["exit_code"] == 0
+
+
+def test_unpausing_an_example_starts_no_run_by_itself(airflow_db) -> None:
+    """Triggering an example from the UI unpauses it: no scheduled (catch-up) run may come with the
+    one the user asked for. What the scheduler would create first: the next run info of the DAG as
+    the scheduler sees it (serialized), from no earlier run; None, or a time still to come."""
+    from datetime import datetime, timezone
+    from pathlib import Path
+
+    from airflow.dag_processing.dagbag import DagBag
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    bag = DagBag(str(Path(__file__).resolve().parents[2] / "example_dags"))
+    assert bag.import_errors == {}
+    assert {"ec2_train", "gce_train", "retrain_spot", "spot_sweep", "mlengine_train"} <= set(bag.dags)
+    for dag_id, dag in bag.dags.items():
+        seen = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
+        first = seen.next_dagrun_info(last_automated_run_info=None)
+        now = datetime.now(timezone.utc)
+        assert first is None or first.run_after > now, f"{dag_id} would run at once on unpause: {first}"

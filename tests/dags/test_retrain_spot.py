@@ -92,7 +92,10 @@ def _check(emu: Any, run: Any, done: list[dict[str, Any]], tmp_path: Path, schem
     assert len({r["instance_id"] for r in rows}) == 3 and all(r["spot"] for r in rows)
     assert result["results_uri"].startswith(f"{scheme}://") and result["exit_code"] == 0
 
-    # Each attempt resumed from the checkpoint the previous one left; the restored steps increase.
+    # Each attempt resumed from the newest complete checkpoint the previous one left; the restored
+    # steps never go back. They need not grow: an interruption without notice that comes before the
+    # attempt's next checkpoint leaves the same newest checkpoint (on a loaded machine the first
+    # notice's checkpoint can be step 30, and the second attempt can vanish before step 35).
     assert rows[0]["restored_step"] is None
     restored = [r["restored_step"] for r in rows[1:]]
     for prev, row in zip(rows[:-1], rows[1:], strict=True):
@@ -101,15 +104,17 @@ def _check(emu: Any, run: Any, done: list[dict[str, Any]], tmp_path: Path, schem
         else:  # gone at once: a manifest may land just before the status that would record it (or
             # before any status recorded an upload at all: then the ledger knows no step, None)
             assert prev["checkpoint_step"] is None or row["restored_step"] >= prev["checkpoint_step"], rows
-    assert 0 < restored[0] < restored[1] < STEPS, restored
+    assert 0 < restored[0] <= restored[1] < STEPS, restored
     # with the notice the job saved a checkpoint after it was interrupted (at or past where it was)
     assert rows[0]["checkpoint_step"] >= done[0]["step"]
     # without one the newest checkpoint uploaded before the instance vanished (every 5 steps), as far as
     # its last status recorded it; the next attempt restored at least that
     if rows[1]["checkpoint_step"] is not None:
-        assert restored[0] < rows[1]["checkpoint_step"] <= done[1]["step"]
+        assert restored[0] <= rows[1]["checkpoint_step"] <= done[1]["step"]
         assert rows[1]["checkpoint_step"] % 5 == 0
-    assert restored[1] % 5 == 0 and restored[1] <= done[1]["step"]
+    # the second resume is from a checkpoint of the second attempt (every 5 steps), or, when it vanished
+    # before its first one, from the same checkpoint it had itself resumed from
+    assert (restored[1] % 5 == 0 or restored[1] == restored[0]) and restored[1] <= done[1]["step"]
     assert rows[2]["checkpoint_step"] == STEPS
     assert result["resumed_step"] == restored[-1]
     assert result["restarts"] == 2 and result["interruptions"] == 2

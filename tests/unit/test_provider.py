@@ -55,3 +55,16 @@ def test_importing_public_modules_loads_no_cloud_sdk() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert json.loads(out.strip().splitlines()[-1]) == []
+
+
+def test_providers_page_links_to_our_own_documentation() -> None:
+    """The Providers page links the package name to ``documentation_url``, falling back to
+    airflow.apache.org/docs/<package>/ (no page exists there for us) when it is empty."""
+    from airflow.api_fastapi.core_api.services.public.providers import _provider_mapper
+    from airflow.providers_manager import ProvidersManager
+
+    provider = ProvidersManager().providers["airflow-cloudtrain"]
+    shown = _provider_mapper(provider)
+    assert shown.documentation_url == airflow_cloudtrain.DOCS_URL
+    assert shown.documentation_url.startswith("https://github.com/airflow-cloudtrain/")
+    assert airflow_cloudtrain.get_provider_info()["documentation-url"] == airflow_cloudtrain.DOCS_URL
