@@ -91,8 +91,8 @@ def fleet_nothing_left(digest: str) -> None:
 
 
 def gce_fleet_nothing_left(emu: Any, digest: str) -> None:
-    """A GCE fleet run's topics, subscriptions, template, group, VMs and firewall rules (by run key) are all gone,
-    asked through the real Google clients."""
+    """A GCE fleet run's topics, subscriptions, template, group, VMs and firewall rules (by run key)
+    are all gone, asked through the real Google clients."""
     from google.api_core import exceptions as gexc
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import compute_v1

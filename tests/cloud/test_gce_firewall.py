@@ -363,3 +363,52 @@ def test_group_workers_carry_the_tag_and_the_rule_goes_with_the_group(emu, airfl
     assert seen["rules"] == [f"ct-{digest}-deny"]
     gce_fleet_nothing_left(emu, digest)
     assert rules_of(emu, digest) == {}
+
+
+def test_each_resume_attempt_has_the_rule_and_none_is_left(emu, airflow_db, tmp_path) -> None:
+    """CheckpointResumeOperator: the ledger releases everything at each attempt's end, so the rule is
+    made per attempt (same name) and deleted with its VM; a preempted attempt's VM too."""
+    dag_id = "firewall_resume"
+    release = tmp_path / "release"
+    seen: list[dict[str, Any]] = []
+
+    def watch() -> None:
+        done: set[str] = set()
+        deadline = time.monotonic() + 300
+        while len(seen) < 2 and time.monotonic() < deadline:
+            for inst in emu.running_instances():
+                if inst["id"] not in done and "started" in emu.agent_log(inst["id"]):
+                    done.add(inst["id"])
+                    seen.append(look(emu)(inst))
+                    if len(seen) == 1:
+                        emu.interrupt(inst["id"], notice_s=0)  # preempted: the loop relaunches
+                    else:
+                        release.touch()
+            time.sleep(0.2)
+        release.touch()
+
+    source = textwrap.dedent(
+        f"""
+        from datetime import datetime
+        from airflow.sdk import DAG
+        from airflow_cloudtrain.operators import CheckpointResumeOperator
+
+        with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+            CheckpointResumeOperator(
+                task_id="train", cloud="gcspot", cpus=2, ram="4g", bucket={BUCKET!r}, region="us-central1",
+                command={HOLD.format(release=release, code=0)!r}, poll_interval=0.5, live_prices=False)
+        """
+    )
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    emu.reset_counts()
+    run = write_dag(source, dag_id).test()
+    watcher.join(5)
+    assert task_states(run) == {"train": "success"}
+    digest = digest_of(dag_id, run)
+    assert [s["digest"] for s in seen] == [digest, digest], seen
+    assert [sorted(s["rules"]) for s in seen] == [[f"ct-{digest}-deny"]] * 2
+    assert [s["tags"] for s in seen] == [[f"ct-{digest}"]] * 2
+    counts = emu.gce.counts()
+    assert counts.get("firewalls.insert") == counts.get("firewalls.delete") == 2, counts
+    assert rules_of(emu, digest) == {}
