@@ -45,7 +45,7 @@ class GcpRunBackend:
             self._cloud = None
 
     def protect_network(
-        self, ledger: Any, digest: str, options: Any, check: Callable[[], None], logger: logging.Logger
+        self, ledger: Any, digest: str, options: Any, check: Callable[[], None], logger: logging.Logger | None
     ) -> None:
         """Before the run's first VM: the rule that keeps its VMs unreachable from outside (and the
         SSH rule ``ssh_source_ranges`` asks for), made through the ledger."""
