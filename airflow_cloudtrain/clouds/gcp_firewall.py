@@ -17,7 +17,8 @@ priority 900, which beats the deny rule (the one IPv6 ranges get a rule of their
 The rules are resources of the run like any other: written to the ledger before the create call
 (write-ahead), named from the run key (``ct-<digest>-deny``, ``-ssh``, ``-ssh6``; firewall rules have no
 labels, so the sweep finds them by that name, and the description carries the run key for a human),
-created idempotently (a deterministic ``requestId``; 409 alreadyExists is ours), and deleted at
+created idempotently (found by name first; a ``requestId`` per create, resent by its retries; 409
+alreadyExists is ours), and deleted at
 teardown, after the run's VMs are gone: the kind is released after every other (``release_last``),
 and its deleter deletes any VM of the run still there and waits (within ``VM_GONE_WAIT_S``) for them
 to go, so no VM of a run outlives its deny rule, whatever a rebuilt ledger holds. The create waits for its operation: a rule is in force once DONE,
@@ -147,14 +148,17 @@ class GcpFirewalls:
         )
         return [str(r.name) for r in self._client("FirewallsClient").list(request=request)]
 
-    def insert(self, project: str, body: dict[str, Any]) -> None:
-        """Create the rule and wait until it is in force; an identical earlier create is ours."""
+    def insert(self, project: str, body: dict[str, Any], request_id: str) -> None:
+        """Create the rule and wait until it is in force; an identical earlier create is ours.
+
+        ``request_id``: one per create (its retries resend it). Not one per rule name: GCE replays
+        the first operation of a requestId for an hour without doing anything, and a resume loop
+        makes the same rule again after each attempt's teardown."""
         from google.api_core import exceptions as gexc
         from google.cloud import compute_v1
 
         from airflow_cloudtrain.clouds.gcp import map_api_error
 
-        request_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"cloudtrain:firewall:{project}:{body['name']}"))
         try:
             request = compute_v1.InsertFirewallRequest(
                 project=project, firewall_resource=compute_v1.Firewall(body), request_id=request_id
@@ -215,9 +219,10 @@ def protect_run(
             ledger.add(KIND, name, project)
             continue
         check()
-        entry = ledger.intend(KIND, project, id=name, token=name)
+        request_id = str(uuid.uuid4())
+        entry = ledger.intend(KIND, project, id=name, token=request_id)
         try:
-            call_with_retry(lambda: rules.insert(project, body))  # noqa: B023 - called in this iteration
+            call_with_retry(lambda: rules.insert(project, body, request_id))  # noqa: B023 - called here
         except CloudError:  # refused: nothing was made
             ledger.discard(entry)
             raise

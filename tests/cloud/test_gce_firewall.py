@@ -334,9 +334,14 @@ def test_group_workers_carry_the_tag_and_the_rule_goes_with_the_group(emu, airfl
     seen: dict[str, Any] = {}
 
     def watch() -> None:
+        try:
+            look_at_group(time.monotonic() + 240)
+        finally:
+            release.touch()  # never leave the items held
+
+    def look_at_group(deadline: float) -> None:
         from airflow_cloudtrain.runs import TAG_RUN_KEY
 
-        deadline = time.monotonic() + 240
         while time.monotonic() < deadline and not release.exists():
             members = [i for i in emu.running_instances() if i.get("group")]
             if len(members) == 2 and any("holding" in emu.agent_log(i["id"]) for i in members):
@@ -350,7 +355,6 @@ def test_group_workers_carry_the_tag_and_the_rule_goes_with_the_group(emu, airfl
                 )
                 release.touch()
             time.sleep(0.2)
-        release.touch()  # never leave the items held
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -375,17 +379,17 @@ def test_each_resume_attempt_has_the_rule_and_none_is_left(emu, airflow_db, tmp_
     def watch() -> None:
         done: set[str] = set()
         deadline = time.monotonic() + 300
-        while len(seen) < 2 and time.monotonic() < deadline:
-            for inst in emu.running_instances():
-                if inst["id"] not in done and "started" in emu.agent_log(inst["id"]):
-                    done.add(inst["id"])
-                    seen.append(look(emu)(inst))
-                    if len(seen) == 1:
-                        emu.interrupt(inst["id"], notice_s=0)  # preempted: the loop relaunches
-                    else:
-                        release.touch()
-            time.sleep(0.2)
-        release.touch()
+        try:
+            while len(seen) < 2 and time.monotonic() < deadline:
+                for inst in emu.running_instances():
+                    if inst["id"] not in done and "started" in emu.agent_log(inst["id"]):
+                        done.add(inst["id"])
+                        seen.append({**look(emu)(inst), "id": inst["id"]})
+                        if len(seen) == 1:
+                            emu.interrupt(inst["id"], notice_s=0)  # preempted: the loop relaunches
+                time.sleep(0.2)
+        finally:
+            release.touch()  # the second attempt's job ends (never left holding)
 
     source = textwrap.dedent(
         f"""
@@ -407,7 +411,9 @@ def test_each_resume_attempt_has_the_rule_and_none_is_left(emu, airflow_db, tmp_
     assert task_states(run) == {"train": "success"}
     digest = digest_of(dag_id, run)
     assert [s["digest"] for s in seen] == [digest, digest], seen
-    assert [sorted(s["rules"]) for s in seen] == [[f"ct-{digest}-deny"]] * 2
+    # a resumed attempt makes the rule again: not a replay of the first create's requestId (the
+    # real API would answer with the old operation and make nothing)
+    assert [sorted(s["rules"]) for s in seen] == [[f"ct-{digest}-deny"]] * 2, seen
     assert [s["tags"] for s in seen] == [[f"ct-{digest}"]] * 2
     counts = emu.gce.counts()
     assert counts.get("firewalls.insert") == counts.get("firewalls.delete") == 2, counts
