@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from airflow_cloudtrain.clouds.errors import CloudError
+from airflow_cloudtrain.clouds.errors import CloudError, InvalidRequest
 from airflow_cloudtrain.lifecycle.ledger import Resource, ResourceKind, register_kind
 
 log = logging.getLogger(__name__)
@@ -124,9 +124,18 @@ class GcpFirewalls:
             sub_project = project if named else _network_project(subnetwork) or project
             sub_region = region if named else subnetwork.split("/regions/", 1)[-1].split("/", 1)[0]
             name = subnetwork.rsplit("/", 1)[-1]
-            found = self._client("SubnetworksClient").get(
-                project=sub_project, region=sub_region, subnetwork=name
-            )
+            from google.api_core import exceptions as gexc
+
+            try:
+                found = self._client("SubnetworksClient").get(
+                    project=sub_project, region=sub_region, subnetwork=name
+                )
+            except gexc.NotFound as err:
+                raise InvalidRequest(
+                    f"subnetwork={subnetwork!r} was not found in project {sub_project!r}, region "
+                    f"{sub_region!r}: the run's firewall rule needs its network ({err.message})",
+                    "notFound",
+                ) from err
             link = str(found.network)
             return _network_project(link) or sub_project, link
         return project, "global/networks/default"
@@ -260,7 +269,11 @@ def _vms_gone(backend: Any, digest: str) -> None:
         if not left:
             return
         if time.monotonic() > deadline:
-            log.warning("VMs of run %s still shutting down (%s); deleting its firewall rules", digest, left)
+            log.warning(
+                "VMs of run %s still shutting down (%s); deleting its firewall rules",
+                digest,
+                ", ".join(i.id for i in left),
+            )
             return
         time.sleep(1.0)
 

@@ -418,3 +418,45 @@ def test_each_resume_attempt_has_the_rule_and_none_is_left(emu, airflow_db, tmp_
     counts = emu.gce.counts()
     assert counts.get("firewalls.insert") == counts.get("firewalls.delete") == 2, counts
     assert rules_of(emu, digest) == {}
+
+
+@pytest.mark.parametrize(
+    ("kw", "network"),
+    [
+        ({}, "global/networks/default"),
+        ({"network": f"projects/{GCP_PROJECT}/global/networks/train-vpc"}, "global/networks/train-vpc"),
+        ({"network": "global/networks/train-vpc", "subnetwork": "s1"}, "global/networks/train-vpc"),
+        ({"subnetwork": "train-sub"}, "global/networks/default"),  # asked of subnetworks.get
+        ({"subnetwork": f"projects/{GCP_PROJECT}/regions/us-central1/subnetworks/s"}, "networks/default"),
+    ],
+    ids=["default", "network", "both", "subnetwork-name", "subnetwork-path"],
+)
+def test_the_rule_is_on_the_vm_s_network(emu, kw: dict[str, Any], network: str) -> None:
+    from airflow_cloudtrain.clouds.gcp_backend import GcpRunBackend
+    from airflow_cloudtrain.lifecycle.ledger import ResourceLedger
+    from airflow_cloudtrain.lifecycle.prepare import LaunchOptions
+
+    digest = uuid.uuid4().hex[:20]
+    backend = GcpRunBackend("google_cloud_default", None, "us-central1")
+    ledger = ResourceLedger(digest)
+    backend.protect_network(ledger, digest, LaunchOptions(**kw), lambda: None, None)
+    try:
+        (rule,) = rules_of(emu, digest).values()
+        assert rule.network.endswith(network)
+    finally:
+        ledger.release(backend)
+    assert rules_of(emu, digest) == {}
+
+
+def test_an_unknown_subnetwork_fails_before_anything_is_made(emu) -> None:
+    from airflow_cloudtrain.clouds.errors import InvalidRequest
+    from airflow_cloudtrain.clouds.gcp_backend import GcpRunBackend
+    from airflow_cloudtrain.lifecycle.ledger import ResourceLedger
+    from airflow_cloudtrain.lifecycle.prepare import LaunchOptions
+
+    digest = uuid.uuid4().hex[:20]
+    backend = GcpRunBackend("google_cloud_default", None, "us-central1")
+    options = LaunchOptions(subnetwork=f"projects/{GCP_PROJECT}/regions/mars-north1/subnetworks/s")
+    with pytest.raises(InvalidRequest, match="subnetwork=.*mars-north1"):
+        backend.protect_network(ResourceLedger(digest), digest, options, lambda: None, None)
+    assert rules_of(emu, digest) == {}
