@@ -460,3 +460,46 @@ def test_an_unknown_subnetwork_fails_before_anything_is_made(emu) -> None:
     with pytest.raises(InvalidRequest, match="subnetwork=.*mars-north1"):
         backend.protect_network(ResourceLedger(digest), digest, options, lambda: None, None)
     assert rules_of(emu, digest) == {}
+
+
+def test_a_deferred_run_killed_in_the_triggerer_releases_the_rule_after_its_vm(emu) -> None:
+    """``RunTrigger.on_kill`` knows only the launch record (no store): the VM first, then the rule,
+    found by name from the run key."""
+    import asyncio
+
+    from airflow_cloudtrain.catalog import choose_offer
+    from airflow_cloudtrain.clouds.base import LaunchRequest
+    from airflow_cloudtrain.clouds.gcp_backend import GcpRunBackend
+    from airflow_cloudtrain.lifecycle.ledger import ResourceLedger
+    from airflow_cloudtrain.lifecycle.prepare import LaunchOptions
+    from airflow_cloudtrain.lifecycle.records import LaunchRecord
+    from airflow_cloudtrain.spec import Hardware
+    from airflow_cloudtrain.triggers.run import RunTrigger
+
+    key = RunKey("firewall_trigger", "train", f"manual__{uuid.uuid4().hex}", -1, BUCKET)
+    backend = GcpRunBackend("google_cloud_default", None, "us-central1")
+    backend.protect_network(ResourceLedger(key.digest), key.digest, LaunchOptions(), lambda: None, None)
+    request = LaunchRequest(
+        offer=choose_offer("gcspot", Hardware(cpus=2), zone="us-central1-b"),
+        zone="us-central1-b",
+        user_data="#!/bin/bash\ntrue\n",
+        tags=key.tags(),
+        client_token=f"{key.digest}-1-0",
+        disk_gib=20,
+        provisioning="spot",
+    )
+    vm = backend.cloud.launch(request)
+    assert vm_tags(emu, "us-central1-b", vm.id) == [f"ct-{key.digest}"]
+    launch = LaunchRecord(
+        run_id=key.short_id,
+        run_uri=f"{BUCKET}/{key.path()}",
+        cloud="gcspot",
+        region="us-central1",
+        instance_id=vm.id,
+        zone="us-central1-b",
+        run_key=key.digest,
+        location="us-central1-b",
+    )
+    asyncio.run(RunTrigger(launch=launch.to_dict(), conn_id="google_cloud_default").on_kill())
+    assert rules_of(emu, key.digest) == {}
+    assert [i for i in emu.gce.alive() if i["labels"].get("cloudtrain-run-key") == key.digest] == []
