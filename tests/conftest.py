@@ -2,7 +2,8 @@
 
 AIRFLOW_HOME, the DAGs folder and the catalog cache are isolated before Airflow is imported. The
 ``emu`` fixture hands out one Emulator per session and, after every test that uses it, checks the
-emulated clouds hold no live instance of ours: teardown is a guarantee, so a leak fails the test.
+emulated clouds hold no live instance (and no GCE firewall rule) of ours: teardown is a guarantee, so a
+leak fails the test.
 """
 
 from __future__ import annotations
@@ -74,8 +75,8 @@ def _emulator() -> Iterator[Any]:
 
 @pytest.fixture()
 def emu(_emulator: Any) -> Iterator[Any]:
-    """The emulated clouds; fails the test if an instance or a Vertex AI job of ours is still alive
-    afterwards."""
+    """The emulated clouds; fails the test if an instance, a GCE firewall rule of a run or a Vertex AI
+    job of ours is still there afterwards."""
     _emulator.clear_faults()
     yield _emulator
     _emulator.clear_faults()
@@ -88,6 +89,14 @@ def emu(_emulator: Any) -> Iterator[Any]:
         for inst in left:  # clean up so one leak does not fail every later test
             _emulator._reclaim(inst["id"])
         pytest.fail(f"leaked instances: {left}")
+    rules = _run_firewall_rules(_emulator)  # a run's rules go after its VMs (``clouds.gcp_firewall``)
+    while rules and time.monotonic() < deadline:
+        time.sleep(0.3)
+        rules = _run_firewall_rules(_emulator)
+    if rules:
+        for project, name in rules:
+            _emulator.gce.state(project)._firewalls.pop(name, None)
+        pytest.fail(f"leaked firewall rules: {rules}")
     jobs = _running_jobs(_emulator)
     while jobs and time.monotonic() < deadline:
         time.sleep(0.3)
@@ -96,6 +105,18 @@ def emu(_emulator: Any) -> Iterator[Any]:
         for job in jobs:
             _emulator.fail_job(job["name"], "left running by a test")
         pytest.fail(f"Vertex AI jobs left running: {[j['name'] for j in jobs]}")
+
+
+def _run_firewall_rules(emulator: Any) -> list[tuple[str, str]]:
+    """(project, name) of the firewall rules runs make (``ct-<digest>-deny``/``-ssh``/``-ssh6``)."""
+    from airflow_cloudtrain.clouds.gcp_firewall import digest_of
+
+    return [
+        (project, rule["name"])
+        for project in emulator.gce.projects()
+        for rule in emulator.gce.firewalls(project)
+        if digest_of(rule["name"])
+    ]
 
 
 def _running_jobs(emulator: Any) -> list[dict[str, Any]]:

@@ -91,8 +91,8 @@ def fleet_nothing_left(digest: str) -> None:
 
 
 def gce_fleet_nothing_left(emu: Any, digest: str) -> None:
-    """A GCE fleet run's topics, subscriptions, template, group and VMs (by run key) are all gone,
-    asked through the real Google clients."""
+    """A GCE fleet run's topics, subscriptions, template, group, VMs and firewall rules (by run key)
+    are all gone, asked through the real Google clients."""
     from google.api_core import exceptions as gexc
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import compute_v1
@@ -124,3 +124,5 @@ def gce_fleet_nothing_left(emu: Any, digest: str) -> None:
             groups.get(project=GCP_PROJECT, zone=zone, instance_group_manager=f"ct-{digest}")
     alive = [i for i in emu.gce.alive() if i["labels"].get("cloudtrain-run-key") == digest]
     assert alive == [], alive
+    rules = [r.name for r in compute_v1.FirewallsClient(**compute).list(project=GCP_PROJECT)]
+    assert [r for r in rules if r.startswith(f"ct-{digest}-")] == []  # the workers' firewall rules

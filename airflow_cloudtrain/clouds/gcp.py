@@ -25,6 +25,7 @@ from airflow_cloudtrain.clouds.base import (
     LaunchRequest,
 )
 from airflow_cloudtrain.clouds.errors import CapacityUnavailable, CloudError, InvalidRequest, QuotaExceeded
+from airflow_cloudtrain.clouds.gcp_firewall import network_tag
 from airflow_cloudtrain.runs import TAG_RUN, TAG_RUN_KEY, TAG_RUN_URI
 
 CAPACITY_CODES = frozenset(
@@ -122,7 +123,8 @@ def instance_properties(r: LaunchRequest, zone: str | None) -> dict[str, Any]:
 
     Shielded VM (vTPM, integrity monitoring; secure boot on CPU images, whose kernels are signed, not
     on GPU images, whose NVIDIA modules may not be), the run's labels, the agent bootstrap as the
-    startup script, and no SSH key or firewall rule of ours."""
+    startup script, no SSH key, and the run's network tag, which the run's firewall rule denies all
+    ingress to (``clouds.gcp_firewall``): the default network's allow rules do not reach our VMs."""
     offer = r.offer
     labels = {k: label_value(v) for k, v in r.tags.items() if k != TAG_RUN_URI}
     gpu = offer.gpus > 0
@@ -142,6 +144,7 @@ def instance_properties(r: LaunchRequest, zone: str | None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "machine_type": f"zones/{zone}/machineTypes/{offer.instance_type}" if zone else offer.instance_type,
         "labels": labels,
+        "tags": {"items": [network_tag(r.tags[TAG_RUN_KEY])] if r.tags.get(TAG_RUN_KEY) else []},
         "metadata": {
             "items": [
                 {"key": "startup-script", "value": r.user_data},

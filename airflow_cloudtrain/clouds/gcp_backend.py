@@ -4,18 +4,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from airflow_cloudtrain.clouds import gcp_firewall  # registers the ledger's "firewall" kind
 from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook, zones_of
 
 if TYPE_CHECKING:
+    import logging
+    from collections.abc import Callable
+
     from airflow_cloudtrain.agent.storage import RunFolder
     from airflow_cloudtrain.catalog.offers import Offer
     from airflow_cloudtrain.clouds.gcp import GcpCloud
 
 
 class GcpRunBackend:
-    """An instance's id is its name; the zone travels beside it (the ledger's location)."""
+    """An instance's id is its name; the zone travels beside it (the ledger's location).
+
+    Every teardown's tag sweep also looks for the run's firewall rules (``clouds.gcp_firewall``), in the
+    connection's project and in any network project a launch named (``firewall_projects``)."""
 
     provider = "gcp"
+    sweep_kinds: tuple[str, ...] = ("instance", gcp_firewall.KIND)
+    firewall_projects: tuple[str, ...] = ()
 
     def __init__(self, conn_id: str, project_id: str | None, region: str | None) -> None:
         self.hook = CloudTrainGcpHook(gcp_conn_id=conn_id, project_id=project_id)
@@ -34,6 +43,13 @@ class GcpRunBackend:
         if region and self.region != region:
             self.region = region
             self._cloud = None
+
+    def protect_network(
+        self, ledger: Any, digest: str, options: Any, check: Callable[[], None], logger: logging.Logger | None
+    ) -> None:
+        """Before the run's first VM: the rule that keeps its VMs unreachable from outside (and the
+        SSH rule ``ssh_source_ranges`` asks for), made through the ledger."""
+        gcp_firewall.protect_run(self, ledger, digest, options, self.region, check, logger)
 
     def run_folder(self, run_uri: str) -> RunFolder:
         return self.hook.run_folder(run_uri)

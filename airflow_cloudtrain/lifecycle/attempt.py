@@ -282,6 +282,7 @@ class RunAttempt:
             secret_env=self._secret_env(),
         )
         build = request_builder(ctx.config, ctx.key, ctx.run_uri, ctx.options, ctx.try_number)
+        self._protect_network()
         requested_at = time.time()
         instance, offer, tried = launch_with_failover(
             self._create_instance,
@@ -328,6 +329,17 @@ class RunAttempt:
         return spec_secret_env(
             ctx.secret_env, self.ledger, ctx.backend, ctx.key.digest, self.log, ctx.config.max_runtime_s
         )
+
+    def _protect_network(self) -> None:
+        """GCE: the run's firewall rule (no ingress to its VMs from outside), through the ledger,
+        before any VM exists (``clouds.gcp_firewall``); released with everything else."""
+        protect = getattr(self.ctx.backend, "protect_network", None)
+        if protect is not None:
+            protect(self.ledger, self.ctx.key.digest, self.ctx.options, self._check_killed, self.log)
+
+    def _check_killed(self) -> None:
+        if self.killed:
+            raise RunKilled("the task was killed before the launch")
 
     def _create_instance(self, request: LaunchRequest) -> Instance:
         """The one create call for instances: ledger first, then the cloud, then the id."""

@@ -6,9 +6,11 @@ GCP parts, each under the ledger and named from the run key so a retry re-attach
 
 1. the dead-letter topic and its subscription (the watch pulls it to fail items whose workers
    vanished too often), 2. the items' topic and pull subscription (ack deadline = the lease,
-   dead-letter policy), ... 4. the instance template (a single GCE run's secure shape, Spot or
-   preemptible), 5. a zonal managed instance group of ``num_workers`` in the cheapest offer's zone
-   (or ``zone=``), which keeps that size and recreates preempted VMs until workers leave.
+   dead-letter policy), ... 4. the workers' firewall rule (deny all ingress to the run's network
+   tag, ``clouds.gcp_firewall``) and the instance template (a single GCE run's secure shape, carrying
+   that tag, Spot or preemptible), 5. a zonal managed instance group of ``num_workers`` in the
+   cheapest offer's zone (or ``zone=``), which keeps that size and recreates preempted VMs until
+   workers leave.
 """
 
 from __future__ import annotations
@@ -80,7 +82,9 @@ class GceFleetRun(FleetRun):
         return str(cloud.zone)
 
     def _ensure_template(self, request: Any) -> str:
-        cloud, name = self.cloud, self.names.group_name(self.ctx.key.digest)
+        cloud, name, ctx = self.cloud, self.names.group_name(self.ctx.key.digest), self.ctx
+        # the workers' firewall rule first (found on a retry): no member starts reachable from outside
+        ctx.backend.protect_network(self.ledger, ctx.key.digest, ctx.options, self._check, self.log)
         found = call_with_retry(lambda: cloud.template(name))
         if found:
             self.ledger.add("instance_template", name, None)

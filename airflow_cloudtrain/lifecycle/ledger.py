@@ -45,6 +45,9 @@ class ResourceKind:
     name: str
     find: Callable[[Any, str], list[Resource]]  # (backend, run key digest) -> resources
     delete: Callable[[Any, list[Resource]], None]  # (backend, resources with ids); NotFound is done
+    # released after every other kind, whatever the order of creation (a GCE firewall rule that keeps
+    # the run's VMs unreachable goes once they are gone, even when a sweep found it after them)
+    release_last: bool = False
 
 
 KINDS: dict[str, ResourceKind] = {}
@@ -206,12 +209,14 @@ def _sweep_kinds(backend: Any) -> tuple[str, ...]:
 
 
 def _reverse_kinds(entries: list[Resource]) -> list[str]:
-    """Kinds in reverse order of their first creation (a group goes before its template)."""
+    """Kinds in reverse order of their first creation (a group goes before its template); the kinds
+    marked ``release_last`` after all others."""
     order: list[str] = []
     for entry in entries:
         if entry.kind not in order:
             order.append(entry.kind)
-    return list(reversed(order))
+    order.reverse()
+    return sorted(order, key=lambda kind: KINDS[kind].release_last if kind in KINDS else False)
 
 
 def store_get(store: Any, key: str) -> dict[str, Any] | None:

@@ -52,6 +52,7 @@ class LaunchOptions:
     network: str | None = None  # GCE: see operators.network_config
     subnetwork: str | None = None
     external_ip: bool = True
+    ssh_source_ranges: list[str] = field(default_factory=list)  # GCE: the run's SSH allow rule
     # Which launch of the run this is (a checkpoint-resume loop relaunches within one try): part of
     # every client token, so a relaunch is a new launch and not the replay of a finished one.
     sequence: int = 0

@@ -141,6 +141,7 @@ class CloudTrainOperator(BaseOperator):
         network: str | None = None,
         subnetwork: str | None = None,
         external_ip: bool = True,
+        ssh_source_ranges: list[str] | None = None,
         provisioning: str | None = None,
         max_launch_attempts: int = 6,
         live_prices: bool = True,
@@ -174,7 +175,8 @@ class CloudTrainOperator(BaseOperator):
                 }
             )
         )
-        apply_network_args(self, network, subnetwork, external_ip)  # GCE only; may pin the region
+        # GCE only; may pin the region
+        apply_network_args(self, network, subnetwork, external_ip, ssh_source_ranges)
         # an agent that never reports or stops beating means nobody will power the instance off
         self.wait = WaitSettings(
             poll_interval=self.poll_interval,

@@ -1,13 +1,19 @@
-"""GCE networking arguments (``network``, ``subnetwork``, ``external_ip``), checked at DAG parse time.
+"""GCE networking arguments (``network``, ``subnetwork``, ``external_ip``, ``ssh_source_ranges``),
+checked at DAG parse time.
 
 Every GCE VM used to get an external IP on the ``default`` network. These arguments put it on the
 user's VPC and, with ``external_ip=False``, give it no public address at all: the agent then reaches
 Cloud Storage (and anything else) only through Cloud NAT or Private Google Access on the subnetwork,
 which the user sets up (see the README). Local and cheap, like ``operators.config``.
+
+Whatever the network, a run's VMs are unreachable from outside: a firewall rule of the run denies all
+ingress to them (``clouds.gcp_firewall``). ``ssh_source_ranges`` is how a user who wants SSH says from
+where (a list of CIDRs), as ``key_name``/``security_group_ids`` say it on EC2.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -119,20 +125,56 @@ def parse_network_args(
     return GceNetwork(net_path, sub_path, external_ip, sub_region)
 
 
+SSH_FORMS = (
+    "a list of IPv4 or IPv6 CIDR ranges, e.g. ['203.0.113.0/24', '2001:db8::/32'] (for IAP TCP forwarding: "
+    "['35.235.240.0/20'])"
+)
+
+
+def parse_ssh_source_ranges(cloud: Any, value: Any) -> list[str]:
+    """The ranges SSH (tcp:22) is allowed from on a GCE run's VMs: [] (the default: none) or CIDRs,
+    normalised (``203.0.113.7/24`` -> ``203.0.113.0/24``, a bare address -> ``/32`` or ``/128``)."""
+    if value is None or (isinstance(value, (list, tuple)) and not value):
+        return []
+    if isinstance(cloud, str) and not is_templated(cloud) and cloud not in GCE_CLOUDS:
+        raise ValueError(
+            f"ssh_source_ranges={value!r} is not valid with cloud={cloud!r}: it opens SSH on GCE VMs "
+            "(cloud='gcloud' or 'gcspot'); on EC2 use key_name and security_group_ids (a security group "
+            "that allows tcp:22 from your ranges)"
+        )
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"ssh_source_ranges={value!r} is not valid: use {SSH_FORMS}")
+    out: list[str] = []
+    for item in value:
+        try:
+            if not isinstance(item, str) or not item.strip():
+                raise ValueError(item)
+            out.append(str(ipaddress.ip_network(item.strip(), strict=False)))
+        except ValueError:
+            raise ValueError(
+                f"ssh_source_ranges={list(value)!r} is not valid: {item!r} is not an IP range; use {SSH_FORMS}"
+            ) from None
+    return list(dict.fromkeys(out))
+
+
 def check_network_for_run(config: Any, options: Any) -> None:
     """Once the templates are rendered: the same checks against the run's cloud, region and zone."""
     parse_network_args(
         config.cloud, options.network, options.subnetwork, options.external_ip, config.region, config.zone
     )
+    parse_ssh_source_ranges(config.cloud, getattr(options, "ssh_source_ranges", None))
 
 
-def apply_network_args(operator: Any, network: Any, subnetwork: Any, external_ip: Any) -> None:
+def apply_network_args(
+    operator: Any, network: Any, subnetwork: Any, external_ip: Any, ssh_source_ranges: Any = None
+) -> None:
     """Check the arguments and put them on the operator's launch options; a subnetwork path with no
     ``region``/``zone`` given also chooses the region (the VM must be where its subnetwork is)."""
     parsed = parse_network_args(
         operator.cloud, network, subnetwork, external_ip, operator.region, operator.zone
     )
     options = operator.launch_options
+    options.ssh_source_ranges = parse_ssh_source_ranges(operator.cloud, ssh_source_ranges)
     options.network, options.subnetwork, options.external_ip = (
         parsed.network,
         parsed.subnetwork,

@@ -71,7 +71,8 @@ manager; ``gce_templates``: the template rules), for worker groups that the clou
   not running, then the newest; deleting a group deletes its members. A VM the group cannot create
   (``fail_capacity``, ``fail_quota``) leaves its member CREATING without a VM, the error in
   ``lastAttempt``, retried on every pass.
-* For tests: ``server.templates()`` (names), ``server.group(zone, name)`` (the GET resource plus its
+* For tests: ``server.firewalls()`` (the VPC firewall rules, ``gce_firewalls``: insert, get, list,
+  delete, global operations, validated as the real API), ``server.templates()`` (names), ``server.group(zone, name)`` (the GET resource plus its
   ``managedInstances``; None if there is none), ``server.reconcile()`` (one pass now).
 
 Timestamps are RFC 3339 with a -07:00 offset, as the real API writes them (Pacific time, never "Z").
@@ -94,6 +95,7 @@ from airflow_cloudtrain.emulator.gcp import billing
 from airflow_cloudtrain.emulator.gcp import gce_api as api
 from airflow_cloudtrain.emulator.gcp import gce_catalog as cat
 from airflow_cloudtrain.emulator.gcp.gce_api import ApiError
+from airflow_cloudtrain.emulator.gcp.gce_firewalls import firewall_rules
 from airflow_cloudtrain.emulator.gcp.gce_groups import group_rules
 from airflow_cloudtrain.emulator.gcp.gce_project import GceProject
 from airflow_cloudtrain.emulator.serving import InThread
@@ -143,6 +145,7 @@ class GceServer:
     delete_after_s = _shared("delete_after_s")
     recreate_s = _shared("recreate_s")
     hard_stop_scale = _shared("hard_stop_scale")
+    firewall_op_delay = _shared("firewall_op_delay")
 
     def __init__(
         self,
@@ -166,6 +169,7 @@ class GceServer:
             "delete_after_s": delete_after_s,
             "recreate_s": recreate_s,
             "hard_stop_scale": 1.0,
+            "firewall_op_delay": 0.0,
         }
         self._lock = threading.RLock()  # the project map, the counts and the faults to replay
         self._projects: dict[str, GceProject] = {}
@@ -198,6 +202,7 @@ class GceServer:
                 Rule(f"{z}/acceleratorTypes", endpoint="acceleratorTypes.list", methods=["GET"]),
                 Rule(f"{z}/acceleratorTypes/<name>", endpoint="acceleratorTypes.get", methods=["GET"]),
                 *group_rules(p, z),
+                *firewall_rules(p),
             ]
         )
 
@@ -220,6 +225,7 @@ class GceServer:
                     self.reconcile_s,
                 )
                 found.hard_stop_scale = s["hard_stop_scale"]
+                found.firewall_op_delay = s["firewall_op_delay"]
                 for method, args in self._faults:
                     getattr(found, method)(*args)
                 self._projects[project] = found
@@ -335,6 +341,10 @@ class GceServer:
 
     def templates(self, project: str | None = None) -> list[str]:
         return self.state(project).templates()
+
+    def firewalls(self, project: str | None = None) -> list[dict[str, Any]]:
+        """The project's firewall rules as ``firewalls.get`` shows them (``gce_firewalls``)."""
+        return self.state(project).firewalls()
 
     def group(self, zone: str, name: str, project: str | None = None) -> dict[str, Any] | None:
         return self.state(project).group(zone, name)

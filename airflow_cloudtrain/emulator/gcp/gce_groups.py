@@ -236,11 +236,18 @@ class GroupApi(GroupManager):
         return name
 
     def _started(
-        self, scope: str, kind: str, res: dict[str, Any], method: str, request_id: str | None
+        self,
+        scope: str,
+        kind: str,
+        res: dict[str, Any],
+        method: str,
+        request_id: str | None,
+        delay: float | None = None,
     ) -> dict[str, Any]:
-        """The operation of a mutation just made, remembered under its requestId for replays."""
+        """The operation of a mutation just made (DONE after ``delay``, default ``op_delay``),
+        remembered under its requestId for replays."""
         now = time.time()
-        op = self._new_op(scope, kind, res, now, done_at=now + self.op_delay)
+        op = self._new_op(scope, kind, res, now, done_at=now + (self.op_delay if delay is None else delay))
         if request_id:
             self._requests[(scope, method, request_id)] = op.res["name"]
         return self._show_op(op, now)

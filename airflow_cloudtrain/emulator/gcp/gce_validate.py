@@ -98,6 +98,19 @@ def check_labels(labels: dict[str, str]) -> None:
             )
 
 
+def check_network_tags(tags: dict[str, Any]) -> dict[str, Any]:
+    """``tags.items``: at most 64 network tags, each a name (firewall rules target VMs by them)."""
+    items = tags.get("items")
+    if items is None:
+        return {}
+    if not isinstance(items, list) or len(items) > 64:
+        raise invalid("resource.tags.items", items, "Must be a list of at most 64 network tags.")
+    for i, tag in enumerate(items):
+        if not isinstance(tag, str) or not NAME_RE.fullmatch(tag):
+            raise invalid(f"resource.tags.items[{i}]", tag, f"Must be a match of regex '{NAME_RE.pattern}'")
+    return {"items": list(dict.fromkeys(items))}
+
+
 def check_request_id(request_id: str | None) -> None:
     try:
         ok = request_id is None or uuid.UUID(request_id).int != 0
@@ -336,6 +349,7 @@ def build_instance(
     metadata = check_metadata(body.get("metadata") or {})
     check_service_accounts(body.get("serviceAccounts") or [])
     shielded = check_shielded(body.get("shieldedInstanceConfig") or {})
+    tags = check_network_tags(body.get("tags") or {})
     base = f"{API}/projects/{project}/zones/{zone}"
     nics = []
     for i, nic in enumerate(body.get("networkInterfaces") or [{}]):
@@ -383,7 +397,7 @@ def build_instance(
         "creationTimestamp": rfc3339(time.time()),
         "name": name,
         "description": body.get("description", ""),
-        "tags": {**(body.get("tags") or {}), "fingerprint": fingerprint()},
+        "tags": {**tags, "fingerprint": fingerprint()},
         "machineType": f"{base}/machineTypes/{shape.name}",
         "zone": base,
         "canIpForward": bool(body.get("canIpForward")),
