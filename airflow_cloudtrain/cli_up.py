@@ -51,6 +51,9 @@ EMULATOR_DIR = "emulator"  # in AIRFLOW_HOME: the emulated clouds' work director
 ENV_FILE = "emulator.env"  # in AIRFLOW_HOME: the exports the cloudtrain CLI needs next to it
 
 
+PORT_WAIT_S = 30.0  # a restart right after a stop: the old api-server may still be letting go of its port
+
+
 class UpError(RuntimeError):
     """A process of the deployment could not start or died; the message says which and why."""
 
@@ -62,13 +65,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def port_is_free(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
+def port_is_free(port: int, wait_s: float = 0.0) -> bool:
+    """Whether the api-server can listen on ``port``, probed as it binds (``SO_REUSEADDR``, so the
+    connections of a deployment stopped a moment ago, still in TIME_WAIT, do not count). ``wait_s``:
+    how long to wait for a listener that is going away (a restart right after a stop)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", port))
+                return True
+            except OSError:
+                pass
+        if time.monotonic() >= deadline:
             return False
-    return True
+        time.sleep(0.5)
 
 
 def home_secrets(home: Path) -> dict[str, str]:
@@ -210,7 +222,7 @@ class LocalAirflow:
 
     def start(self, name: str) -> subprocess.Popen[bytes]:
         """Start ``airflow <name>`` in a new session; its output is appended to its ``.out`` file."""
-        if name == "api-server" and not port_is_free(self.port):
+        if name == "api-server" and not port_is_free(self.port, wait_s=PORT_WAIT_S):
             raise UpError(f"port {self.port} is in use: pick another with --port")
         with self.output(name).open("ab") as out:
             proc = subprocess.Popen(

@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import boto3
 import psutil
@@ -356,11 +357,9 @@ def test_a_state_dir_keeps_instances_and_buckets_across_a_restart_and_status_lis
     from google.cloud import storage
 
     def gcs(endpoint: str) -> Any:
-        os.environ["STORAGE_EMULATOR_HOST"] = endpoint
-        try:
+        # the suite's own emulator may have set it in this process: put back what was there
+        with mock.patch.dict(os.environ, {"STORAGE_EMULATOR_HOST": endpoint}):
             return storage.Client(project="p", credentials=AnonymousCredentials()).bucket(DEFAULT_BUCKET)
-        finally:
-            os.environ.pop("STORAGE_EMULATOR_HOST", None)
 
     gcs(env["STORAGE_EMULATOR_HOST"]).blob("kept/hello.txt").upload_from_string(b"hello")
     first_pid = int(_wait_for("the job to start", lambda: pids.exists() and pids.read_text().split()[0]))
