@@ -243,6 +243,7 @@ GCE_ONLY_ON_AWS = {
     "network": "my-vpc",
     "subnetwork": "my-subnet",
     "external_ip": False,
+    "ssh_source_ranges": ["203.0.113.0/24"],
     "project_id": "my-project",
     "provisioning": "spot",
     "image_id": "projects/debian-cloud/global/images/family/debian-12",
@@ -441,6 +442,10 @@ TRAIN_ROWS: dict[str, Row] = {
     ),
     "subnetwork": _other_cloud("subnetwork", [5, True, ["s"], "   ", "My Subnet", " my-subnet", "sub\x00"]),
     "external_ip": _other_cloud("external_ip", ["yes", "false", 1, 0, None, NAN]),
+    "ssh_source_ranges": _other_cloud(
+        "ssh_source_ranges",
+        [5, True, "203.0.113.0/24", ["not-a-cidr"], ["10.0.0.0/33"], [5], ["   "], [None]],
+    ),
     "provisioning": _other_cloud("provisioning", [5, True, "cheap", "   ", " spot", "SPOT\x00", ["spot"]]),
     "max_launch_attempts": count_bad(1, 100, optional=False),
     "live_prices": BOOL_BAD,
