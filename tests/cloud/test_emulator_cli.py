@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shlex
 import signal
 import socket
 import subprocess
@@ -24,6 +23,7 @@ import psutil
 import pytest
 
 from airflow_cloudtrain import runs
+from airflow_cloudtrain.cli_emulator import read_env_file
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET, PORT_OFFSETS
 
 DEADLINE_S = 120.0  # generous: the machine may be busy; every wait ends as soon as its condition holds
@@ -57,15 +57,6 @@ def _free_base_port() -> int:
             for s in socks:
                 s.close()
     raise AssertionError("no free block of ports")
-
-
-def _read_env_file(path: Path) -> dict[str, str]:
-    env = {}
-    for line in path.read_text().splitlines():
-        if line.startswith("export "):
-            key, _, value = shlex.split(line)[1].partition("=")
-            env[key] = value
-    return env
 
 
 class EmulatorProcess:
@@ -127,7 +118,7 @@ def test_emulator_serves_on_its_ports_writes_the_env_file_and_stops_cleanly_on_s
     env_file = tmp_path / "airflow" / "emulator.env"
     emu = start("--port", str(base), "--env-file", str(env_file))
     _wait_for("the env file", env_file.exists)
-    env = _read_env_file(env_file)
+    env = read_env_file(env_file)
 
     # Fixed ports: the endpoints a restart will have again; the connections point at them too.
     assert env["AWS_ENDPOINT_URL"] == f"http://127.0.0.1:{base + PORT_OFFSETS['aws']}"
@@ -328,7 +319,7 @@ def test_a_state_dir_keeps_instances_and_buckets_across_a_restart_and_status_lis
     first = start("--port", "0", "--state-dir", str(state), "--env-file", str(env_file))
     _wait_for("the env file", env_file.exists)
     assert "no instance running" in _status(env_file)
-    env = _read_env_file(env_file)
+    env = read_env_file(env_file)
     s3, ec2 = _clients(env)
     uri = f"s3://{DEFAULT_BUCKET}/runs/kept/{uuid.uuid4().hex[:8]}"
     pids = tmp_path / "job.pids"
@@ -375,7 +366,7 @@ def test_a_state_dir_keeps_instances_and_buckets_across_a_restart_and_status_lis
     second = start("--port", "0", "--state-dir", str(state), "--env-file", str(env_file))
     _wait_for("the env file", env_file.exists)
     _wait_for("the restore line", lambda: "Restored the clouds' state" in second.stdout())
-    env = _read_env_file(env_file)
+    env = read_env_file(env_file)
     s3, ec2 = _clients(env)
     described = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
     assert described["State"]["Name"] == "running"
