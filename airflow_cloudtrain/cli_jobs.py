@@ -16,6 +16,19 @@ from datetime import datetime, timezone
 from typing import Any
 
 
+def _duration(text: str) -> float:
+    """A duration in any form the operators take (``operators.checks.parse_duration``), for argparse."""
+    from airflow_cloudtrain.operators.checks import parse_duration
+
+    try:
+        seconds = parse_duration(text, "--polling-interval")
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if seconds is None:
+        raise argparse.ArgumentTypeError("--polling-interval needs a duration, e.g. 30 or 1m")
+    return seconds
+
+
 def add_jobs_parser(sub: Any) -> None:
     jobs = sub.add_parser("jobs", help="Vertex AI training jobs: list them, print their logs").add_subparsers(
         dest="jobs_command", required=True
@@ -36,7 +49,12 @@ def add_jobs_parser(sub: Any) -> None:
         else:
             p.add_argument("job_id")
             p.add_argument("--follow", action="store_true", help="keep printing until the job ends")
-            p.add_argument("--polling-interval", type=float, default=30.0, help="seconds between log reads")
+            p.add_argument(
+                "--polling-interval",
+                type=_duration,
+                default=30.0,
+                help="time between log reads: seconds, or 90s, 15m, 1h30m (the operators' forms)",
+            )
             p.set_defaults(func=_logs)
 
 

@@ -163,3 +163,15 @@ def test_the_signing_keys_are_64_bytes_and_shorter_ones_are_replaced(
     assert {k: again[k] for k in ("fernet_key", "password")} == {
         k: made[k] for k in ("fernet_key", "password")
     }
+
+
+def test_jobs_polling_interval_takes_the_operators_durations(capsys: pytest.CaptureFixture[str]) -> None:
+    """``cloudtrain jobs logs --polling-interval`` reads durations as every operator does."""
+    from airflow_cloudtrain.cli_jobs import _duration
+
+    assert _duration("1m30s") == 90.0 and _duration("45") == 45.0
+    with pytest.raises(SystemExit) as exited:
+        main(["jobs", "logs", "some-job", "--polling-interval", "1h1h"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--polling-interval='1h1h' is not a valid duration" in err and "1h30m" in err
