@@ -109,8 +109,8 @@ def _runs_show(args: argparse.Namespace) -> int:
     """Print the ledger(s) of a run: by run URI, or by run id through ``<bucket>/index/<id>.json``."""
     import os
 
-    from airflow_cloudtrain.agent.storage import open_run_folder
-    from airflow_cloudtrain.lifecycle.history import LEDGER_PREFIX, format_ledger, index_key
+    from airflow_cloudtrain.lifecycle.resume.history import LEDGER_PREFIX, format_ledger, index_key
+    from airflow_cloudtrain.storage import open_run_folder
 
     target, run_id = args.run, None
     if not target.startswith(("s3://", "gs://")):

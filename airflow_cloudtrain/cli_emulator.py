@@ -45,8 +45,8 @@ def _endpoints(args: argparse.Namespace) -> dict[str, str] | None:
 def _aws(env: dict[str, str]) -> list[dict[str, Any]]:
     import boto3
 
+    from airflow_cloudtrain.contract.runs import TAG_MANAGED
     from airflow_cloudtrain.emulator import AWS_REGIONS
-    from airflow_cloudtrain.runs import TAG_MANAGED
 
     filters = [
         {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},
@@ -79,7 +79,7 @@ def _aws(env: dict[str, str]) -> list[dict[str, Any]]:
 
 
 def _gce(env: dict[str, str]) -> list[dict[str, Any]]:
-    from airflow_cloudtrain.runs import TAG_MANAGED
+    from airflow_cloudtrain.contract.runs import TAG_MANAGED
 
     conn = json.loads(env.get("AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT") or "{}")
     extra = conn.get("extra") or {}

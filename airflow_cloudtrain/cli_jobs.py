@@ -59,7 +59,7 @@ def add_jobs_parser(sub: Any) -> None:
 
 
 def _jobs(args: argparse.Namespace) -> Any:
-    from airflow_cloudtrain.clouds.vertex import VertexJobs
+    from airflow_cloudtrain.clouds.gcp.vertex import VertexJobs
     from airflow_cloudtrain.hooks.vertex import VertexHook
 
     hook = VertexHook(gcp_conn_id=args.conn_id, project_id=args.project)
@@ -71,8 +71,8 @@ def _when(stamp: float | None) -> str:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from airflow_cloudtrain.clouds.vertex import ACTIVE_FILTER
-    from airflow_cloudtrain.runs import TAG_MANAGED
+    from airflow_cloudtrain.clouds.gcp.vertex import ACTIVE_FILTER
+    from airflow_cloudtrain.contract.runs import TAG_MANAGED
 
     _, jobs = _jobs(args)
     clauses = [] if args.all else [f'labels.{TAG_MANAGED}="true"']
@@ -102,7 +102,7 @@ def resolve_job(jobs: Any, job_id: str) -> Any:
 
 
 def _logs(args: argparse.Namespace) -> int:
-    from airflow_cloudtrain.lifecycle.vertex_logs import JobLogTail
+    from airflow_cloudtrain.lifecycle.vertex.logs import JobLogTail
 
     hook, jobs = _jobs(args)
     job = resolve_job(jobs, args.job_id)

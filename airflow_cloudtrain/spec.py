@@ -13,7 +13,7 @@ import re
 import warnings
 from typing import Any
 
-from airflow_cloudtrain.clouds import registry as _registry
+from airflow_cloudtrain.contract import clouds as _registry
 
 # The names live in clouds.registry (the agent imports them from there); re-exported for callers.
 CLOUDS: tuple[str, ...] = tuple(_registry.CLOUDS)

@@ -281,9 +281,9 @@ def read_json_folder(folder: Any, prefix: str) -> list[dict[str, Any]]:
 
 
 def run_mode(emu: Any, tap: ClientTap | None, dags: Path, mode: str, args: argparse.Namespace) -> RunResult:
-    from airflow_cloudtrain import workqueue
-    from airflow_cloudtrain.agent.storage import open_run_folder
-    from airflow_cloudtrain.lifecycle.fleet import ENQUEUED_KEY
+    from airflow_cloudtrain.contract import workqueue
+    from airflow_cloudtrain.lifecycle.fleet.run import ENQUEUED_KEY
+    from airflow_cloudtrain.storage import open_run_folder
 
     dag_id = f"fleet_bench_{mode}_{int(time.time())}"
     path = dags / f"{dag_id}.py"

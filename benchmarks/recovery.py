@@ -222,14 +222,14 @@ def load_dag(path: Path) -> Any:
 def run_folder_log(folder: Any, instance_id: str) -> str:
     """The instance's job log in the run folder, as the job printed it (without the agent's per-line
     stamps, so ``STEP_RE`` / ``RESUMED_RE`` match at line starts)."""
-    from airflow_cloudtrain.runs import log_prefix, strip_stamps
+    from airflow_cloudtrain.contract.runs import log_prefix, strip_stamps
 
     keys = sorted(folder.list(log_prefix(instance_id)))
     return strip_stamps("".join(folder.get_text(key) or "" for key in keys))
 
 
 def read_status(folder: Any, instance_id: str) -> dict[str, Any]:
-    from airflow_cloudtrain.runs import status_key
+    from airflow_cloudtrain.contract.runs import status_key
 
     text = folder.get_text(status_key(instance_id))
     try:
@@ -243,7 +243,7 @@ def read_ledger(result: dict[str, Any] | None, folder_uri: str, dag_id: str) -> 
     """The ledger: from the XCom, else (the task failed) from the ledger/ file in the DAG's run folder."""
     if result and result.get("attempts"):
         return {"run_uri": result["run_uri"], "attempts": result["attempts"]}
-    from airflow_cloudtrain.agent.storage import open_run_folder
+    from airflow_cloudtrain.storage import open_run_folder
 
     root = open_run_folder(folder_uri)
     for key in root.list(""):
@@ -255,7 +255,7 @@ def read_ledger(result: dict[str, Any] | None, folder_uri: str, dag_id: str) -> 
 
 def measure(emu: Any, hit: Interruption, ledger: dict[str, Any], notice: bool, step_s: float) -> None:
     """Fill ``hit.measures`` from the run folder, the emulator's logs and the ledger."""
-    from airflow_cloudtrain.agent.storage import open_run_folder
+    from airflow_cloudtrain.storage import open_run_folder
 
     rows = ledger["attempts"]
     folder = open_run_folder(ledger["run_uri"]) if ledger.get("run_uri") else None

@@ -176,7 +176,7 @@ class AgentSim:
     def __init__(self, spec: dict[str, Any]) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
-        from airflow_cloudtrain import runs
+        from airflow_cloudtrain.contract import runs
 
         self.spec, self.side, self.n, self.r = spec, spec["side"], spec["n"], runs
         self.pool = ThreadPoolExecutor(spec["threads"])
@@ -730,8 +730,8 @@ def agent_rates(args: argparse.Namespace, n: int) -> dict[str, float]:
 
 def trigger_kwargs(classpath: str, runs_: list[list[str]], spec: dict[str, Any], seqs: dict[str, int]) -> Any:
     """The kwargs the triggerer would deserialize for each of the N deferred tasks."""
-    from airflow_cloudtrain import runs
-    from airflow_cloudtrain.lifecycle.records import LaunchRecord
+    from airflow_cloudtrain.contract import runs
+    from airflow_cloudtrain.core.records import LaunchRecord
 
     aws, rng = spec["side"] == "aws", random.Random(7)
     conn = "aws_default" if aws else "google_cloud_default"

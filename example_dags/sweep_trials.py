@@ -22,7 +22,7 @@ def trials() -> list[dict[str, Any]]:
 
 def best_trial(result: dict[str, Any]) -> dict[str, Any]:
     """Open each trial's metric.json (its results_uri) and return the config with the lowest loss."""
-    from airflow_cloudtrain.agent.storage import open_run_folder
+    from airflow_cloudtrain.storage import open_run_folder
 
     found = []
     for item in result["items"]:

@@ -126,8 +126,8 @@ SPOT_PLAN = [(SPOT_STEPS // 4, 10.0), (SPOT_STEPS // 2, 0.0)]
 
 def summarize(name: str, run) -> None:
     """What a user wants to know after a run, without Airflow's log around it."""
-    from airflow_cloudtrain.agent.storage import open_run_folder
-    from airflow_cloudtrain.runs import log_prefix
+    from airflow_cloudtrain.contract.runs import log_prefix
+    from airflow_cloudtrain.storage import open_run_folder
 
     say(f"\n=== {name}: dag run {run.state} ===")
     for ti in sorted(run.get_task_instances(), key=lambda t: t.start_date or t.end_date):
@@ -162,9 +162,9 @@ def summarize(name: str, run) -> None:
 
 def summarize_spot(run, injected: list[dict]) -> None:
     """retrain_spot: the interruptions, where each attempt resumed, the ledger and its totals."""
-    from airflow_cloudtrain.agent.storage import open_run_folder
-    from airflow_cloudtrain.lifecycle.history import format_ledger, ledger_key
-    from airflow_cloudtrain.runs import log_prefix, strip_stamps
+    from airflow_cloudtrain.contract.runs import log_prefix, strip_stamps
+    from airflow_cloudtrain.lifecycle.resume.history import format_ledger, ledger_key
+    from airflow_cloudtrain.storage import open_run_folder
 
     def show(value, pattern="{}"):
         return "-" if value is None else pattern.format(value)
@@ -227,8 +227,8 @@ def run_spot(emu, name: str):
 def summarize_sweep(run, injected: list[dict]) -> bool:
     """spot_sweep: the trials, the one that moved off the reclaimed worker, the fleet, the winner.
     Whether a trial moved and resumed from a checkpoint."""
-    from airflow_cloudtrain.agent.storage import open_run_folder
-    from airflow_cloudtrain.runs import log_prefix, strip_stamps
+    from airflow_cloudtrain.contract.runs import log_prefix, strip_stamps
+    from airflow_cloudtrain.storage import open_run_folder
 
     say(f"\n=== spot_sweep: dag run {run.state} ===")
     for ti in sorted(run.get_task_instances(), key=lambda t: t.start_date or t.end_date):
@@ -298,7 +298,7 @@ def run_sweep(emu, name: str):
 
 
 def summarize_mlengine(run) -> None:
-    from airflow_cloudtrain.agent.storage import open_run_folder
+    from airflow_cloudtrain.storage import open_run_folder
 
     say(f"\n=== mlengine_train: dag run {run.state} ===")
     for ti in sorted(run.get_task_instances(), key=lambda t: t.start_date or 0):

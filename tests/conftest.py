@@ -109,7 +109,7 @@ def emu(_emulator: Any) -> Iterator[Any]:
 
 def _run_firewall_rules(emulator: Any) -> list[tuple[str, str]]:
     """(project, name) of the firewall rules runs make (``ct-<digest>-deny``/``-ssh``/``-ssh6``)."""
-    from airflow_cloudtrain.clouds.gcp_firewall import digest_of
+    from airflow_cloudtrain.clouds.gcp.firewall import digest_of
 
     return [
         (project, rule["name"])

@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict
 
-from airflow_cloudtrain import runs
-from airflow_cloudtrain.agent.storage import RunFolder
+from airflow_cloudtrain.contract import runs
+from airflow_cloudtrain.storage import RunFolder
 
 log = logging.getLogger("cloudtrain.agent")
 

@@ -2,7 +2,7 @@
 
 Upload (``CheckpointSync.sync``; a chore every ``spec.checkpoint_interval_s``, then once more when the
 job has ended, also after an interruption notice or the agent's SIGTERM stopped it): the newest
-complete checkpoint of the job's checkpoint directory (``airflow_cloudtrain.checkpoint.candidates``:
+complete checkpoint of the job's checkpoint directory (``airflow_cloudtrain.contract.checkpoint.candidates``:
 never ``.tmp`` / dot names, never an incomplete step directory) goes to ``checkpoints/<step>/...``,
 and that step's ``MANIFEST.json`` (``runs.Manifest``: each file's path, size and sha256) is written
 LAST, so a step without a manifest is an upload that never finished. Only the newest step is sent
@@ -38,9 +38,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from airflow_cloudtrain import checkpoint, runs
-from airflow_cloudtrain.agent.retry import retry
-from airflow_cloudtrain.agent.storage import RunFolder
+from airflow_cloudtrain.contract import checkpoint, runs
+from airflow_cloudtrain.contract.retry import retry
+from airflow_cloudtrain.storage import RunFolder
 
 log = logging.getLogger("cloudtrain.agent")
 

@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable, Sequence
 from types import FrameType
 
-from airflow_cloudtrain import runs
 from airflow_cloudtrain.agent.runner import Agent, power_off, read_spec
-from airflow_cloudtrain.agent.storage import RunFolder, open_run_folder
+from airflow_cloudtrain.contract import runs
+from airflow_cloudtrain.storage import RunFolder, open_run_folder
 
 log = logging.getLogger("cloudtrain.agent")
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from airflow_cloudtrain.runs import RunSpec
+from airflow_cloudtrain.contract.runs import RunSpec
 
 CONTAINER_WORKDIR = "/workspace"
 
@@ -77,7 +77,7 @@ def job_env(
     ``resumed_step``: the checkpoint step restored from the run folder (``CLOUDTRAIN_RESUMED=1`` and
     ``CLOUDTRAIN_RESUMED_STEP``), None for a fresh start (``CLOUDTRAIN_RESUMED=0``). ``agent_zip``:
     appended to ``PYTHONPATH`` (after the spec's, else the agent's, value), so the job can import
-    ``airflow_cloudtrain.checkpoint``.
+    ``airflow_cloudtrain.contract.checkpoint``.
     """
     env = {str(k): str(v) for k, v in spec.env.items()}
     env.update(

@@ -26,8 +26,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import BinaryIO
 
-from airflow_cloudtrain import runs
-from airflow_cloudtrain.agent.storage import RunFolder
+from airflow_cloudtrain.contract import runs
+from airflow_cloudtrain.storage import RunFolder
 
 log = logging.getLogger("cloudtrain.agent")
 

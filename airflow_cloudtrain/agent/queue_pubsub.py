@@ -57,8 +57,8 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_cloudtrain.agent.queue_sqs import Lease, QueueGone
-from airflow_cloudtrain.agent.retry import is_transient
-from airflow_cloudtrain.workqueue import WorkerSettings
+from airflow_cloudtrain.contract.retry import is_transient
+from airflow_cloudtrain.contract.workqueue import WorkerSettings
 
 log = logging.getLogger("cloudtrain.agent")
 

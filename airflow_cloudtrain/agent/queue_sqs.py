@@ -23,7 +23,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_cloudtrain.workqueue import WorkerSettings
+from airflow_cloudtrain.contract.workqueue import WorkerSettings
 
 log = logging.getLogger("cloudtrain.agent")
 

@@ -23,7 +23,7 @@ run folder is restored into the job's checkpoint directory (``CLOUDTRAIN_RESUMED
 ``CLOUDTRAIN_RESUMED_STEP`` tell the job); while the job runs the newest complete one is uploaded
 every ``checkpoint_interval_s``, and once more after the job ended (also when a notice or SIGTERM
 stopped it), before the results. The agent zip is copied to ``<workdir>/.cloudtrain/agent.zip`` and
-appended to the job's ``PYTHONPATH``, so the job can ``import airflow_cloudtrain.checkpoint``. The
+appended to the job's ``PYTHONPATH``, so the job can ``import airflow_cloudtrain.contract.checkpoint``. The
 status says what the operator needs to tell how much work a resume keeps: ``restored_step`` (written
 with the ``setup`` state) and ``checkpoint`` (``{"step", "saved_at", "uploaded_at"}`` of the newest
 checkpoint this agent uploaded, rewritten after every upload).
@@ -57,7 +57,6 @@ import time
 import zipfile
 from pathlib import Path
 
-from airflow_cloudtrain import runs
 from airflow_cloudtrain.agent.beacon import BeaconWriter
 from airflow_cloudtrain.agent.checkpoints import CheckpointSync
 from airflow_cloudtrain.agent.idle import IdleWatch, proc_available, sample_interval
@@ -73,11 +72,12 @@ from airflow_cloudtrain.agent.jobs import (
     run_process,
 )
 from airflow_cloudtrain.agent.logs import LogStreamer, Periodic
-from airflow_cloudtrain.agent.retry import retry
 from airflow_cloudtrain.agent.status import StatusWriter
-from airflow_cloudtrain.agent.storage import RunFolder, open_run_folder
 from airflow_cloudtrain.agent.watcher import AwsMetadata, GceMetadata, Notice, metadata_for
 from airflow_cloudtrain.agent.workspace import default_workdir, fetch_code, mount_volume
+from airflow_cloudtrain.contract import runs
+from airflow_cloudtrain.contract.retry import retry
+from airflow_cloudtrain.storage import RunFolder, open_run_folder
 
 log = logging.getLogger("cloudtrain.agent")
 
@@ -412,8 +412,8 @@ class Agent:
             return spec
         from dataclasses import replace
 
-        from airflow_cloudtrain.agent.secret_refs import redactions
         from airflow_cloudtrain.agent.secrets import resolve_secret_env
+        from airflow_cloudtrain.contract.secret_refs import redactions
 
         self._note(f"reading {len(spec.secret_env)} secret(s): {', '.join(sorted(spec.secret_env))}")
         values = resolve_secret_env(spec.secret_env)
@@ -466,7 +466,7 @@ class Agent:
             if source is not None:
                 shutil.copyfile(source, tmp)
             else:
-                from airflow_cloudtrain.agent.bootstrap import build_agent_zip
+                from airflow_cloudtrain.contract.bootstrap import build_agent_zip
 
                 tmp.write_bytes(build_agent_zip())
             os.replace(tmp, dest)

@@ -17,8 +17,14 @@ import json
 import os
 from typing import Any
 
-from airflow_cloudtrain.agent.retry import retry
-from airflow_cloudtrain.agent.secret_refs import AWS_SECRETSMANAGER, AWS_SSM, GCP_SECRET, SecretRef, parse_ref
+from airflow_cloudtrain.contract.retry import retry
+from airflow_cloudtrain.contract.secret_refs import (
+    AWS_SECRETSMANAGER,
+    AWS_SSM,
+    GCP_SECRET,
+    SecretRef,
+    parse_ref,
+)
 
 SECRETMANAGER_ENDPOINT_ENV = "CLOUDTRAIN_SECRETMANAGER_ENDPOINT"
 SECRETMANAGER_URL = "https://secretmanager.googleapis.com"

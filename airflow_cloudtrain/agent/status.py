@@ -21,9 +21,9 @@ import time
 from dataclasses import replace
 from typing import Any
 
-from airflow_cloudtrain import runs
 from airflow_cloudtrain.agent.beacon import BeaconWriter
-from airflow_cloudtrain.agent.storage import RunFolder
+from airflow_cloudtrain.contract import runs
+from airflow_cloudtrain.storage import RunFolder
 
 log = logging.getLogger("cloudtrain.agent")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_cloudtrain.clouds.registry import AWS_CLOUDS, GCP_CLOUDS
+from airflow_cloudtrain.contract.clouds import AWS_CLOUDS, GCP_CLOUDS
 
 # Proxies must never see metadata requests (real IMDS is link-local; a proxy would answer for itself).
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))

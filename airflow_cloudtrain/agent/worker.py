@@ -45,16 +45,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from airflow_cloudtrain import runs, workqueue
 from airflow_cloudtrain.agent.jobs import checkpoint_dir
 from airflow_cloudtrain.agent.logs import Periodic
 from airflow_cloudtrain.agent.queue_sqs import AutoScalingGroup, Lease, QueueGone, SqsQueue
-from airflow_cloudtrain.agent.retry import backoff, retry
 from airflow_cloudtrain.agent.runner import Agent, power_off
-from airflow_cloudtrain.agent.storage import RunFolder, open_run_folder
 from airflow_cloudtrain.agent.watcher import Notice, metadata_for
 from airflow_cloudtrain.agent.workspace import default_workdir
-from airflow_cloudtrain.workqueue import ItemOutcome, WorkerRecord, WorkerSettings
+from airflow_cloudtrain.contract import runs, workqueue
+from airflow_cloudtrain.contract.retry import backoff, retry
+from airflow_cloudtrain.contract.workqueue import ItemOutcome, WorkerRecord, WorkerSettings
+from airflow_cloudtrain.storage import RunFolder, open_run_folder
 
 log = logging.getLogger("cloudtrain.agent")
 

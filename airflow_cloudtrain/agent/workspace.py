@@ -18,8 +18,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from airflow_cloudtrain.agent.retry import retry
-from airflow_cloudtrain.agent.storage import RunFolder
+from airflow_cloudtrain.contract.retry import retry
+from airflow_cloudtrain.storage import RunFolder
 
 ROOT_WORKDIR = "/var/lib/cloudtrain/work"
 

@@ -10,8 +10,8 @@ from typing import Any
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 from botocore.loaders import JSONFileLoader, create_loader
 
-from airflow_cloudtrain.clouds.aws import AwsCloud
-from airflow_cloudtrain.clouds.base import Instance
+from airflow_cloudtrain.clouds.aws.ec2 import AwsCloud
+from airflow_cloudtrain.core.cloud import Instance
 from airflow_cloudtrain.hooks.botocore_logs import quiet_botocore
 
 _LOADERS: dict[str | None, Any] = {}  # botocore data path -> this process's loader for it
@@ -123,7 +123,7 @@ class Ec2Poller:
 
     def describe(self, ids: list[str]) -> dict[str, Instance]:
         """Blocking; up to 1,000 ids per call, the bad-id fallback of ``clouds.aws``."""
-        from airflow_cloudtrain.clouds.aws import describe_ended, describe_instances
+        from airflow_cloudtrain.clouds.aws.ec2 import describe_ended, describe_instances
 
         return (describe_ended if self.ended_only else describe_instances)(self._ec2(), ids)
 

@@ -15,8 +15,8 @@ from typing import Any
 
 from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
 
-from airflow_cloudtrain.clouds.base import Instance
-from airflow_cloudtrain.clouds.gcp import GcpCloud
+from airflow_cloudtrain.clouds.gcp.gce import GcpCloud
+from airflow_cloudtrain.core.cloud import Instance
 
 
 class CloudTrainGcpHook(GoogleBaseHook):
@@ -101,7 +101,7 @@ class CloudTrainGcpHook(GoogleBaseHook):
         )
 
     def run_folder(self, run_uri: str) -> Any:
-        from airflow_cloudtrain.agent.storage import open_run_folder
+        from airflow_cloudtrain.storage import open_run_folder
 
         return open_run_folder(run_uri, gcs_client=self.storage_client())
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_cloudtrain.runs import (
+from airflow_cloudtrain.contract.runs import (
     AGENT_KEY,
     CODE_KEY,
     SPEC_KEY,
@@ -26,9 +26,9 @@ from airflow_cloudtrain.runs import (
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.catalog.offers import Offer
-    from airflow_cloudtrain.clouds.base import LaunchRequest
+    from airflow_cloudtrain.contract.runs import RunKey
+    from airflow_cloudtrain.core.cloud import LaunchRequest
     from airflow_cloudtrain.operators.config import RunConfig
-    from airflow_cloudtrain.runs import RunKey
 
 HARD_STOP_MARGIN_MIN_S = 30.0
 HARD_STOP_MARGIN_MAX_S = 600.0
@@ -145,8 +145,8 @@ def write_run_folder(
 
     ``worker`` (``workqueue.WorkerSettings`` as a dict) makes it a fleet's spec: every instance
     launched with it runs items from the queue instead of one job."""
-    from airflow_cloudtrain.agent.bootstrap import build_agent_zip
-    from airflow_cloudtrain.lifecycle.retry import call_with_retry
+    from airflow_cloudtrain.contract.bootstrap import build_agent_zip
+    from airflow_cloudtrain.core.retry import call_with_retry
 
     code_uri = config.code
     if code_uri and not code_uri.startswith(("s3://", "gs://")):
@@ -207,8 +207,8 @@ def request_builder(
     """``build(offer, zone, attempt) -> LaunchRequest`` for the launcher: same user data and tags,
     a client token per (try, attempt), the bid and the price tag per offer. ``worker``: a fleet's
     worker, whose bootstrap also installs the queue and group SDKs it needs."""
-    from airflow_cloudtrain.agent.bootstrap import render_user_data
-    from airflow_cloudtrain.clouds.base import LaunchRequest
+    from airflow_cloudtrain.contract.bootstrap import render_user_data
+    from airflow_cloudtrain.core.cloud import LaunchRequest
 
     stop_s = hard_stop_s(config.max_runtime_s)
     # both clouds get both: EC2 honours the bootstrap's shutdown timer, GCE scheduling.maxRunDuration

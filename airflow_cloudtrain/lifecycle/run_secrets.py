@@ -15,8 +15,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from airflow_cloudtrain.agent.secret_refs import AIRFLOW_CONN, SecretRef, parse_ref
-from airflow_cloudtrain.lifecycle.retry import call_with_retry
+from airflow_cloudtrain.contract.secret_refs import AIRFLOW_CONN, SecretRef, parse_ref
+from airflow_cloudtrain.core.retry import call_with_retry
 
 TTL_MARGIN_S = 86400.0  # a run secret outlives max_runtime by a day, then expires by itself
 FLEET_LIFETIME_S = 29 * 86400.0  # a fleet's (its workers read them while items are left): 30 days
@@ -30,10 +30,10 @@ def by_operator(refs: dict[str, str]) -> bool:
 def _kind_module(provider: str) -> Any:
     """The provider's run-secret module (importing it registers its ledger kind)."""
     if provider == "gcp":
-        from airflow_cloudtrain.clouds import gcp_secrets
+        from airflow_cloudtrain.clouds.gcp import secrets as gcp_secrets
 
         return gcp_secrets
-    from airflow_cloudtrain.clouds import aws_secrets
+    from airflow_cloudtrain.clouds.aws import secrets as aws_secrets
 
     return aws_secrets
 

@@ -21,8 +21,8 @@ from airflow_cloudtrain.operators.resume_config import parse_resume_args
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_cloudtrain.lifecycle.attempt import RunAttempt
-    from airflow_cloudtrain.lifecycle.loop import RecoveryLoop
+    from airflow_cloudtrain.lifecycle.resume.loop import RecoveryLoop
+    from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt
 
 
 class CheckpointResumeOperator(CloudTrainOperator):
@@ -78,9 +78,9 @@ class CheckpointResumeOperator(CloudTrainOperator):
 
     # -- the loop ------------------------------------------------------------------------------------
     def _loop(self, context: Context) -> RecoveryLoop:
-        from airflow_cloudtrain.lifecycle.attempt import RunContext
-        from airflow_cloudtrain.lifecycle.loop import RecoveryLoop
-        from airflow_cloudtrain.lifecycle.recovery import RecoverySettings
+        from airflow_cloudtrain.lifecycle.resume.loop import RecoveryLoop
+        from airflow_cloudtrain.lifecycle.resume.recovery import RecoverySettings
+        from airflow_cloudtrain.lifecycle.run.attempt import RunContext
         from airflow_cloudtrain.operators.resume_config import parse_resume_from
 
         config = self._config()  # rendered: every check again, the cloud-dependent ones too
@@ -113,7 +113,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
     def _price_ratio(self, config: Any) -> float:
         """Spot / on-demand price of the offer a spot launch would get, for the deadline policy."""
         from airflow_cloudtrain.lifecycle.prepare import offers_for
-        from airflow_cloudtrain.lifecycle.recovery import SPOT_OF
+        from airflow_cloudtrain.lifecycle.resume.recovery import SPOT_OF
 
         offer = offers_for(replace(config, cloud=SPOT_OF[config.cloud]), None, self.log)[0]
         if offer.spot_price and offer.price:
@@ -162,7 +162,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
     @quiet_bid
     def attempt_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Back from a ``RunTrigger``: finish that attempt, then go on with the loop."""
-        from airflow_cloudtrain.lifecycle.records import LaunchRecord, Outcome
+        from airflow_cloudtrain.core.records import LaunchRecord, Outcome
 
         loop = self._loop(context)
         launch = LaunchRecord.from_dict(event["launch"])
@@ -179,7 +179,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
     def _run(self, context: Context, loop: RecoveryLoop) -> dict[str, Any]:
         from airflow.exceptions import AirflowException
 
-        from airflow_cloudtrain.lifecycle.launcher import LaunchFailed
+        from airflow_cloudtrain.core.launcher import LaunchFailed
 
         while True:
             if self._killed:

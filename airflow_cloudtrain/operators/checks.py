@@ -20,7 +20,7 @@ from datetime import timedelta
 from functools import lru_cache
 from typing import Any
 
-from airflow_cloudtrain.clouds.registry import CLOUDS, GCP_CLOUDS
+from airflow_cloudtrain.contract.clouds import CLOUDS, GCP_CLOUDS
 from airflow_cloudtrain.spec import warn_user
 
 RUN_ID_RE = re.compile(r"ct-[0-9a-f]{12}")  # a run's short id, as in the XCom and the tags

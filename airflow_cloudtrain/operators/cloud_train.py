@@ -30,8 +30,8 @@ from airflow_cloudtrain.spec import parse_cloud
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_cloudtrain.lifecycle.attempt import RunAttempt
-    from airflow_cloudtrain.lifecycle.records import LaunchRecord, Outcome
+    from airflow_cloudtrain.core.records import LaunchRecord, Outcome
+    from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt
 
 TEMPLATED = (
     "cloud",
@@ -210,7 +210,7 @@ class CloudTrainOperator(BaseOperator):
         return {name: getattr(self, name) for name in TEMPLATED}
 
     def _new_attempt(self, context: Context) -> RunAttempt:
-        from airflow_cloudtrain.lifecycle.attempt import RunAttempt, RunContext
+        from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt, RunContext
 
         config = self._config()
         self._attempt = RunAttempt(RunContext.for_task(config, self, context, self.launch_options, self.wait))
@@ -254,7 +254,7 @@ class CloudTrainOperator(BaseOperator):
     @quiet_bid
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Back from the trigger: release, account, and raise on anything but success."""
-        from airflow_cloudtrain.lifecycle.records import LaunchRecord, Outcome
+        from airflow_cloudtrain.core.records import LaunchRecord, Outcome
 
         attempt = self._new_attempt(context)
         return self._deliver(

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from airflow_cloudtrain import workqueue
-from airflow_cloudtrain.lifecycle.fleet import FleetSettings
+from airflow_cloudtrain.contract import workqueue
+from airflow_cloudtrain.lifecycle.fleet.run import FleetSettings
 from airflow_cloudtrain.operators.checks import check_bool
 from airflow_cloudtrain.operators.checks import check_whole as _count
 from airflow_cloudtrain.operators.checks import is_deferred_value as is_deferred_value  # re-exported

@@ -31,7 +31,7 @@ from airflow_cloudtrain.operators.mlengine_config import (
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_cloudtrain.lifecycle.vertex_job import VertexJobRun
+    from airflow_cloudtrain.lifecycle.vertex.job import VertexJobRun
 
 TEMPLATED = (
     "project_id",
@@ -123,9 +123,9 @@ class MLEngineTrainOperator(BaseOperator):
         return args
 
     def _new_run(self, context: Context) -> VertexJobRun:
+        from airflow_cloudtrain.contract.runs import RunKey
         from airflow_cloudtrain.hooks.vertex import VertexHook
-        from airflow_cloudtrain.lifecycle.vertex_job import VertexJobRun
-        from airflow_cloudtrain.runs import RunKey
+        from airflow_cloudtrain.lifecycle.vertex.job import VertexJobRun
 
         config: JobConfig = parse_job_config(self._args())
         ti = context["ti"]
@@ -171,7 +171,7 @@ class MLEngineTrainOperator(BaseOperator):
     def _push_link(self, context: Context, run: VertexJobRun, job: Any) -> None:
         """The console link, now: Airflow pushes an extra link's value only when ``execute`` returns or
         defers, so a blocking task's button would stay empty while its job runs."""
-        from airflow_cloudtrain.clouds.vertex import console_url
+        from airflow_cloudtrain.clouds.gcp.vertex import console_url
 
         url = console_url(run.project, job.region, job.numeric_id)
         context["ti"].xcom_push(key=LINK_XCOM_KEY, value=url)
@@ -181,7 +181,7 @@ class MLEngineTrainOperator(BaseOperator):
         """Back from the trigger: report, and raise on anything but success."""
         from airflow.exceptions import AirflowException
 
-        from airflow_cloudtrain.clouds.vertex import JobRecord
+        from airflow_cloudtrain.clouds.gcp.vertex import JobRecord
 
         run = self._new_run(context)
         if event.get("status") != "done":

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from airflow_cloudtrain.lifecycle.recovery import DEADLINE, POLICIES, SPOT_FIRST
+from airflow_cloudtrain.lifecycle.resume.recovery import DEADLINE, POLICIES, SPOT_FIRST
 from airflow_cloudtrain.operators.checks import RUN_ID_RE, check_path, check_whole
 from airflow_cloudtrain.operators.config import is_templated, parse_duration
 from airflow_cloudtrain.spec import AWS_CLOUDS, GCP_CLOUDS

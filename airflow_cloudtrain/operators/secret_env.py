@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from airflow_cloudtrain.agent.secret_refs import FORMS, parse_ref
+from airflow_cloudtrain.contract.secret_refs import FORMS, parse_ref
 from airflow_cloudtrain.operators.config import is_templated
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

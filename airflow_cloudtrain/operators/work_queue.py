@@ -28,8 +28,8 @@ from airflow_cloudtrain.operators.fleet_config import (
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_cloudtrain.lifecycle.fleet import FleetHandle, FleetRun
-    from airflow_cloudtrain.lifecycle.fleet_watch import FleetWatch
+    from airflow_cloudtrain.lifecycle.fleet.run import FleetHandle, FleetRun
+    from airflow_cloudtrain.lifecycle.fleet.watch import FleetWatch
 
 
 class WorkQueueOperator(CloudTrainOperator):
@@ -81,9 +81,9 @@ class WorkQueueOperator(CloudTrainOperator):
     # --- the run ---------------------------------------------------------------------------------
 
     def _new_fleet(self, context: Context) -> FleetRun:
-        from airflow_cloudtrain.lifecycle.attempt import RunContext
-        from airflow_cloudtrain.lifecycle.fleet import FleetContext, fleet_run
+        from airflow_cloudtrain.lifecycle.fleet.run import FleetContext, fleet_run
         from airflow_cloudtrain.lifecycle.prepare import JobOptions
+        from airflow_cloudtrain.lifecycle.run.attempt import RunContext
 
         self._check_cloud(self.cloud, self.bid)
         config = self._config()  # rendered: every check again, the cloud-dependent ones too
@@ -118,12 +118,12 @@ class WorkQueueOperator(CloudTrainOperator):
             self.log.warning("Could not publish the console links of group %s: %s", handle.group, err)
 
     def _watch(self, fleet: FleetRun, handle: FleetHandle) -> FleetWatch:
-        from airflow_cloudtrain.lifecycle.fleet_watch import FleetWatch
+        from airflow_cloudtrain.lifecycle.fleet.watch import FleetWatch
 
         return FleetWatch(handle, fleet.cloud, fleet.folder, self.log, self.wait.startup_timeout)
 
     def execute(self, context: Context) -> dict[str, Any]:
-        from airflow_cloudtrain.lifecycle.retry import TransientBudget
+        from airflow_cloudtrain.core.retry import TransientBudget
 
         fleet = self._new_fleet(context)
         handle = fleet.start()
@@ -185,7 +185,7 @@ class WorkQueueOperator(CloudTrainOperator):
         """Back from the trigger: result, teardown, and a failure for anything but a finished run."""
         from airflow.exceptions import AirflowException
 
-        from airflow_cloudtrain.lifecycle.fleet import FleetHandle
+        from airflow_cloudtrain.lifecycle.fleet.run import FleetHandle
 
         fleet = self._new_fleet(context)
         handle = FleetHandle.from_dict(event["handle"])

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, conf
 
-from airflow_cloudtrain.clouds.registry import conn_id_for, location_for, provider_of
+from airflow_cloudtrain.contract.clouds import conn_id_for, location_for, provider_of
 from airflow_cloudtrain.operators.checks import (
     RUN_ID_RE,
     check_bool,

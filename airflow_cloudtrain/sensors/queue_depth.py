@@ -239,7 +239,7 @@ class QueueDepthSensor(BaseSensorOperator):
     def poke(self, context: Context) -> PokeReturnValue:
         from airflow.exceptions import AirflowException
 
-        from airflow_cloudtrain.lifecycle.retry import TransientBudget
+        from airflow_cloudtrain.core.retry import TransientBudget
         from airflow_cloudtrain.triggers.queue_depth import DepthNotKnownYet, QueueNotFound, evaluate_depth
 
         budget = getattr(self, "_budget", None) or TransientBudget()

@@ -16,7 +16,7 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_cloudtrain.lifecycle.retry import TransientBudget
+from airflow_cloudtrain.core.retry import TransientBudget
 
 
 class FleetTrigger(BaseTrigger):
@@ -50,7 +50,8 @@ class FleetTrigger(BaseTrigger):
         )
 
     def _backend(self) -> Any:
-        from airflow_cloudtrain.clouds.registry import backend_for, provider_of
+        from airflow_cloudtrain.clouds.registry import backend_for
+        from airflow_cloudtrain.contract.clouds import provider_of
 
         conn = {"aws_conn_id": self.conn_id}
         if provider_of(self.handle["cloud"]) == "gcp":
@@ -58,8 +59,8 @@ class FleetTrigger(BaseTrigger):
         return backend_for(self.handle["cloud"], region=self.handle["region"], **conn)
 
     def _watch(self) -> Any:
-        from airflow_cloudtrain.lifecycle.fleet import FleetHandle, fleet_module
-        from airflow_cloudtrain.lifecycle.fleet_watch import FleetWatch
+        from airflow_cloudtrain.lifecycle.fleet.run import FleetHandle, fleet_module
+        from airflow_cloudtrain.lifecycle.fleet.watch import FleetWatch
 
         backend = self._backend()
         handle = FleetHandle.from_dict(self.handle)
@@ -98,8 +99,8 @@ class FleetTrigger(BaseTrigger):
         self.log.info("Released fleet %s because the task was killed", self.handle.get("run_id"))
 
     def _release(self) -> None:
-        from airflow_cloudtrain.lifecycle.fleet import release_fleet
-        from airflow_cloudtrain.lifecycle.ledger import ResourceLedger
+        from airflow_cloudtrain.core.ledger import ResourceLedger
+        from airflow_cloudtrain.lifecycle.fleet.run import release_fleet
 
         ledger = ResourceLedger(self.handle["run_key"], logger=logging.getLogger(__name__))
         release_fleet(ledger, self._backend(), TransientBudget(budget_s=25.0, cap_s=5.0))

@@ -10,8 +10,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_cloudtrain.clouds.base import Instance
-from airflow_cloudtrain.clouds.registry import provider_of
+from airflow_cloudtrain.contract.clouds import provider_of
+from airflow_cloudtrain.core.cloud import Instance
 from airflow_cloudtrain.triggers import shared_poll
 from airflow_cloudtrain.triggers.heap import freeze_long_lived
 

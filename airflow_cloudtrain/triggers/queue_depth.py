@@ -177,7 +177,7 @@ async def watch_depth(
     yielded as is (its ``error`` set) for the caller to log and wait on. Transient errors
     (throttling, 5xx, dropped connections) are waited out with backoff within a budget; others end
     the watch."""
-    from airflow_cloudtrain.lifecycle.retry import TransientBudget
+    from airflow_cloudtrain.core.retry import TransientBudget
 
     budget = TransientBudget(base_s=interval)
     while True:

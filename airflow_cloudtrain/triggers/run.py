@@ -24,12 +24,12 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_cloudtrain.clouds.base import ENDED_STATES, STOPPED, Instance
-from airflow_cloudtrain.lifecycle.logstream import LogFollower, render_line
-from airflow_cloudtrain.lifecycle.records import ERROR, LaunchRecord, Outcome
-from airflow_cloudtrain.lifecycle.retry import TransientBudget
-from airflow_cloudtrain.lifecycle.waiting import RunWatch, parse_heartbeat
-from airflow_cloudtrain.runs import SPEC_KEY, STARTING, RunSpec, RunStatus, heartbeat_key, status_key
+from airflow_cloudtrain.contract.runs import SPEC_KEY, STARTING, RunSpec, RunStatus, heartbeat_key, status_key
+from airflow_cloudtrain.core.cloud import ENDED_STATES, STOPPED, Instance
+from airflow_cloudtrain.core.logstream import LogFollower, render_line
+from airflow_cloudtrain.core.records import ERROR, LaunchRecord, Outcome
+from airflow_cloudtrain.core.retry import TransientBudget
+from airflow_cloudtrain.core.waiting import RunWatch, parse_heartbeat
 from airflow_cloudtrain.triggers import shared_poll
 from airflow_cloudtrain.triggers.heap import freeze_long_lived
 from airflow_cloudtrain.triggers.instances import watch_instances
@@ -363,9 +363,9 @@ class RunTrigger(BaseTrigger):
         """As ``RunAttempt.abandon``: the job's end will not be reported, so mark the instance (its
         agent writes ``interrupted`` when terminated) before releasing; retried within ~25 s, the
         time Airflow gives ``on_kill``."""
-        from airflow_cloudtrain.lifecycle.attempt import has_final_status, mark_reported
-        from airflow_cloudtrain.lifecycle.ledger import Resource, ResourceLedger
-        from airflow_cloudtrain.lifecycle.retry import call_with_retry
+        from airflow_cloudtrain.core.ledger import Resource, ResourceLedger
+        from airflow_cloudtrain.core.retry import call_with_retry
+        from airflow_cloudtrain.lifecycle.run.attempt import has_final_status, mark_reported
 
         launch = LaunchRecord.from_dict(self.launch)
         backend = self._backend(launch)

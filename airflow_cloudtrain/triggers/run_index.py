@@ -42,7 +42,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_cloudtrain.runs import (
+from airflow_cloudtrain.contract.runs import (
     BEACON,
     END,
     ENDED_FOLDER,

@@ -237,7 +237,7 @@ async def watch_with_retry(
 ) -> AsyncIterator[dict[str, V]]:
     """``watch``, with transient describe errors (throttling, 5xx) waited out with backoff for minutes
     (``lifecycle.retry.TransientBudget``); any other error, or one that lasts, is raised."""
-    from airflow_cloudtrain.lifecycle.retry import TransientBudget
+    from airflow_cloudtrain.core.retry import TransientBudget
 
     budget = TransientBudget(base_s=interval)
     while True:

@@ -22,8 +22,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_cloudtrain.clouds.vertex import JobRecord
-from airflow_cloudtrain.lifecycle.retry import TransientBudget
+from airflow_cloudtrain.clouds.gcp.vertex import JobRecord
+from airflow_cloudtrain.core.retry import TransientBudget
 from airflow_cloudtrain.triggers import shared_poll
 
 _ENDED_KEPT = 1000
@@ -85,7 +85,7 @@ class VertexPoller:
 
 def jobs_client(conn_id: str, project_id: str | None, region: str) -> Any:
     """Blocking: a new ``VertexJobs`` (one JobServiceClient) from the connection as it is now."""
-    from airflow_cloudtrain.clouds.vertex import VertexJobs
+    from airflow_cloudtrain.clouds.gcp.vertex import VertexJobs
     from airflow_cloudtrain.hooks.vertex import VertexHook
 
     hook = VertexHook(gcp_conn_id=conn_id, project_id=project_id)
@@ -145,7 +145,7 @@ class VertexJobTrigger(BaseTrigger):
 
     def _tail(self) -> Any:
         from airflow_cloudtrain.hooks.vertex import VertexHook
-        from airflow_cloudtrain.lifecycle.vertex_logs import JobLogTail
+        from airflow_cloudtrain.lifecycle.vertex.logs import JobLogTail
 
         hook = VertexHook(gcp_conn_id=self.conn_id, project_id=self.project_id)  # the connection now
         folder = hook.run_folder(self.job_dir) if self.job_dir else None
@@ -177,7 +177,7 @@ class VertexJobTrigger(BaseTrigger):
         """A job the shared poll no longer finds: asked for directly before the run is declared
         lost (a list that lags, or a describe of another moment, must not fail a live job). None:
         Vertex says it does not exist."""
-        from airflow_cloudtrain.lifecycle.retry import call_with_retry
+        from airflow_cloudtrain.core.retry import call_with_retry
 
         poller = POLLERS.peek(key) or VertexPoller(self.conn_id, self.project_id, self.region)
 
@@ -193,7 +193,7 @@ class VertexJobTrigger(BaseTrigger):
                 await asyncio.to_thread(poller.close)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_cloudtrain.lifecycle.vertex_logs import LogStream
+        from airflow_cloudtrain.lifecycle.vertex.logs import LogStream
 
         logs = LogStream(self.log, self.log_polling_interval)
         event: dict[str, Any] | None = None
@@ -237,10 +237,10 @@ class VertexJobTrigger(BaseTrigger):
         )
 
     def _cancel(self) -> list[str]:
-        from airflow_cloudtrain.clouds.vertex import KIND
-        from airflow_cloudtrain.lifecycle.ledger import Resource, ResourceLedger
-        from airflow_cloudtrain.lifecycle.retry import call_with_retry
-        from airflow_cloudtrain.runs import TAG_RUN_KEY
+        from airflow_cloudtrain.clouds.gcp.vertex import KIND
+        from airflow_cloudtrain.contract.runs import TAG_RUN_KEY
+        from airflow_cloudtrain.core.ledger import Resource, ResourceLedger
+        from airflow_cloudtrain.core.retry import call_with_retry
 
         jobs = jobs_client(self.conn_id, self.project_id, self.region)  # the connection as it is now
         try:

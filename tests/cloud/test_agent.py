@@ -28,14 +28,14 @@ from typing import Any
 import boto3
 import pytest
 
-from airflow_cloudtrain import runs
-from airflow_cloudtrain.agent.bootstrap import AWS_DOWNLOAD_PY, build_agent_zip
 from airflow_cloudtrain.agent.jobs import build_job_command, notice_grace
 from airflow_cloudtrain.agent.logs import NOTE_PREFIX, LogStreamer
 from airflow_cloudtrain.agent.runner import NOTICE_GRACE_S, Agent
-from airflow_cloudtrain.agent.storage import S3_RETRIES, RunFolder, open_run_folder, s3_client
+from airflow_cloudtrain.contract import runs
+from airflow_cloudtrain.contract.bootstrap import AWS_DOWNLOAD_PY, build_agent_zip
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET, Emulator
 from airflow_cloudtrain.emulator.metadata import MetadataServer
+from airflow_cloudtrain.storage import S3_RETRIES, RunFolder, open_run_folder, s3_client
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = {"log_interval_s": 0.2, "heartbeat_interval_s": 0.2, "metadata_poll_s": 0.2}

@@ -27,10 +27,11 @@ from typing import Any
 
 import pytest
 
-from airflow_cloudtrain import checkpoint, runs
+from airflow_cloudtrain import checkpoint
 from airflow_cloudtrain.agent.logs import NOTE_PREFIX
-from airflow_cloudtrain.agent.storage import RunFolder, open_run_folder
+from airflow_cloudtrain.contract import runs
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET
+from airflow_cloudtrain.storage import RunFolder, open_run_folder
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = {"log_interval_s": 0.2, "heartbeat_interval_s": 0.5, "metadata_poll_s": 0.5}
@@ -207,7 +208,7 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(
     assert status.checkpoint["saved_at"] <= status.checkpoint["uploaded_at"] <= status.ended_at
     assert '"CLOUDTRAIN_RESUMED": "0"' in first.job_log() and "CLOUDTRAIN_RESUMED_STEP" not in first.job_log()
     # the job imported the checkpoint module from the agent zip in its workdir (python -S, PYTHONPATH)
-    assert f"module {first.workdir}/.cloudtrain/agent.zip/airflow_cloudtrain/checkpoint.py" in first.job_log()
+    assert f"module {first.workdir}/.cloudtrain/agent.zip/airflow_cloudtrain/contract/checkpoint.py" in first.job_log()
 
     # run 2: a fresh agent on a new instance, same run folder, relaunched once
     total = last + 5
@@ -317,7 +318,7 @@ import sys, time
 from pathlib import Path
 from airflow_cloudtrain import checkpoint
 from airflow_cloudtrain.agent.checkpoints import CheckpointSync
-from airflow_cloudtrain.agent.storage import open_run_folder
+from airflow_cloudtrain.storage import open_run_folder
 
 uri, local, marker = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 uploads = []

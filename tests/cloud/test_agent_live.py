@@ -28,12 +28,12 @@ from typing import Any
 
 import pytest
 
-from airflow_cloudtrain import runs
 from airflow_cloudtrain.agent.logs import NOTE_PREFIX
 from airflow_cloudtrain.agent.runner import Agent
-from airflow_cloudtrain.agent.storage import RunFolder, open_run_folder
+from airflow_cloudtrain.contract import runs
 from airflow_cloudtrain.emulator.gcp.gcs import GcsServer
 from airflow_cloudtrain.emulator.metadata import MetadataServer
+from airflow_cloudtrain.storage import RunFolder, open_run_folder
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = {"log_interval_s": 0.2, "heartbeat_interval_s": 0.2, "metadata_poll_s": 0.3}

@@ -27,12 +27,12 @@ from typing import Any
 import boto3
 import pytest
 
-from airflow_cloudtrain import runs, workqueue
 from airflow_cloudtrain.agent.queue_sqs import Lease
-from airflow_cloudtrain.agent.storage import RunFolder, open_run_folder
 from airflow_cloudtrain.agent.worker import Worker as InProcessWorker
+from airflow_cloudtrain.contract import runs, workqueue
+from airflow_cloudtrain.contract.workqueue import ItemOutcome, WorkerRecord, WorkerSettings
 from airflow_cloudtrain.emulator.metadata import MetadataServer
-from airflow_cloudtrain.workqueue import ItemOutcome, WorkerRecord, WorkerSettings
+from airflow_cloudtrain.storage import RunFolder, open_run_folder
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS_JOB = Path(__file__).resolve().parent / "jobs" / "steps.py"

@@ -27,7 +27,6 @@ from typing import Any
 
 import pytest
 
-from airflow_cloudtrain import runs, workqueue
 from airflow_cloudtrain.agent.queue_pubsub import (
     COMPUTE_ENDPOINT_ENV,
     PUBSUB_ENDPOINT_ENV,
@@ -35,11 +34,12 @@ from airflow_cloudtrain.agent.queue_pubsub import (
     PubSubQueue,
 )
 from airflow_cloudtrain.agent.queue_sqs import Lease, QueueGone
-from airflow_cloudtrain.agent.storage import RunFolder, open_run_folder
+from airflow_cloudtrain.contract import runs, workqueue
+from airflow_cloudtrain.contract.workqueue import ItemOutcome, WorkerRecord, WorkerSettings
 from airflow_cloudtrain.emulator.gcp.gcs import GcsServer
 from airflow_cloudtrain.emulator.gcp.pubsub import PubSubServer
 from airflow_cloudtrain.emulator.metadata import MetadataServer
-from airflow_cloudtrain.workqueue import ItemOutcome, WorkerRecord, WorkerSettings
+from airflow_cloudtrain.storage import RunFolder, open_run_folder
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS_JOB = Path(__file__).resolve().parent / "jobs" / "steps.py"
@@ -600,7 +600,7 @@ def test_backends_import_only_their_own_cloud_sdk() -> None:
     code = r"""
 import sys
 from airflow_cloudtrain.agent.worker import open_backend
-from airflow_cloudtrain.workqueue import WorkerSettings
+from airflow_cloudtrain.contract.workqueue import WorkerSettings
 provider = sys.argv[1]
 queue, group = open_backend(WorkerSettings(provider, "q", "dlq", region="us-east-1", group="g", zone="z",
                                            project="p"), "vm-1")

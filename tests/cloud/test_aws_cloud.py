@@ -6,10 +6,10 @@ import boto3
 import pytest
 
 from airflow_cloudtrain.catalog import choose_offer
-from airflow_cloudtrain.clouds.base import LaunchRequest
-from airflow_cloudtrain.clouds.errors import CapacityUnavailable
+from airflow_cloudtrain.contract.errors import CapacityUnavailable
+from airflow_cloudtrain.contract.runs import RunKey
+from airflow_cloudtrain.core.cloud import LaunchRequest
 from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
-from airflow_cloudtrain.runs import RunKey
 from airflow_cloudtrain.spec import Bid, Hardware
 
 KEY = RunKey("dag", "task", "manual__1", -1)

@@ -130,7 +130,7 @@ def test_a_run_against_the_emulator_refreshes_to_the_snapshot_prices_without_a_w
     """The emulator serves Pricing GetProducts, spot price history and zone offerings from the snapshot:
     the refresh a run makes (its backend's) succeeds, warns about nothing, and finds the snapshot's
     prices; a second run finds the cache fresh and asks nothing."""
-    from airflow_cloudtrain.clouds.aws_backend import AwsRunBackend
+    from airflow_cloudtrain.clouds.aws.backend import AwsRunBackend
 
     before = emu.request_counts()
     with caplog.at_level(logging.INFO):

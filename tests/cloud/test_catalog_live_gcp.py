@@ -411,7 +411,7 @@ def test_the_emulators_billing_catalog_gives_the_snapshot_prices(refresh, gce: G
 def test_a_run_against_the_emulator_in_a_users_project_refreshes_without_a_warning(
     emu, tmp_path, monkeypatch, caplog
 ) -> None:
-    from airflow_cloudtrain.clouds.gcp_backend import GcpRunBackend
+    from airflow_cloudtrain.clouds.gcp.backend import GcpRunBackend
 
     monkeypatch.setenv("CLOUDTRAIN_CACHE_DIR", str(tmp_path))
     live._memo.clear()

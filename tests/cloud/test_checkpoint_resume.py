@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from dag_helpers import task_states, write_dag, xcom
 
-from airflow_cloudtrain.agent.storage import open_run_folder
-from airflow_cloudtrain.runs import RunKey, join, log_prefix
+from airflow_cloudtrain.contract.runs import RunKey, join, log_prefix
+from airflow_cloudtrain.storage import open_run_folder
 
 JOBS = str(Path(__file__).parent / "jobs")
 SPOT = {"aws": "ec2spot", "gcp": "gcspot"}

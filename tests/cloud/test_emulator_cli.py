@@ -22,8 +22,8 @@ import boto3
 import psutil
 import pytest
 
-from airflow_cloudtrain import runs
 from airflow_cloudtrain.cli_emulator import read_env_file
+from airflow_cloudtrain.contract import runs
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET, PORT_OFFSETS
 
 DEADLINE_S = 120.0  # generous: the machine may be busy; every wait ends as soon as its condition holds

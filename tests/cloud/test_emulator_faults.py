@@ -21,8 +21,8 @@ from botocore.exceptions import ClientError
 from google.api_core import exceptions as gexc
 from google.cloud import compute_v1, storage
 
-from airflow_cloudtrain import runs
-from airflow_cloudtrain.agent.bootstrap import render_user_data
+from airflow_cloudtrain.contract import runs
+from airflow_cloudtrain.contract.bootstrap import render_user_data
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET
 from airflow_cloudtrain.emulator.gcp.gce import EMULATOR_USER_AGENT, compute_client_kwargs
 from airflow_cloudtrain.emulator.runner import MACHINE_MARKER

@@ -23,13 +23,13 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from airflow_cloudtrain import runs
-from airflow_cloudtrain.agent.bootstrap import render_user_data
 from airflow_cloudtrain.agent.queue_sqs import AutoScalingGroup
-from airflow_cloudtrain.agent.storage import open_run_folder
 from airflow_cloudtrain.agent.worker import Worker
+from airflow_cloudtrain.contract import runs
+from airflow_cloudtrain.contract.bootstrap import render_user_data
+from airflow_cloudtrain.contract.workqueue import WorkerSettings
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET
-from airflow_cloudtrain.workqueue import WorkerSettings
+from airflow_cloudtrain.storage import open_run_folder
 
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
 TYPES = ["m5.large", "m5a.large", "m6i.large"]

@@ -17,8 +17,8 @@ from dag_helpers import fleet_nothing_left as nothing_left
 from dag_helpers import gce_fleet_nothing_left, load_example, start_first_try, task_states, write_dag, xcom
 from test_spot_fleet import BUCKET
 
-from airflow_cloudtrain.agent.storage import open_run_folder
-from airflow_cloudtrain.runs import RunKey, join
+from airflow_cloudtrain.contract.runs import RunKey, join
+from airflow_cloudtrain.storage import open_run_folder
 
 JOBS = str(Path(__file__).parent / "jobs")
 STEPS = ["queue_created", "group_created", "mid_sweep"]
@@ -30,7 +30,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-from airflow_cloudtrain.lifecycle.fleet import FleetRun
+from airflow_cloudtrain.lifecycle.fleet.run import FleetRun
 from airflow_cloudtrain.operators import SpotFleetOperator
 
 DIE_AT = os.environ.get("CLOUDTRAIN_TEST_DIE_AT")  # set only in the process that plays the dying worker
@@ -117,7 +117,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-from airflow_cloudtrain.lifecycle.gce_fleet import GceFleetRun
+from airflow_cloudtrain.lifecycle.fleet.gce import GceFleetRun
 from airflow_cloudtrain.operators import PreemptibleGroupOperator
 
 DIE_AT = os.environ.get("CLOUDTRAIN_TEST_DIE_AT")

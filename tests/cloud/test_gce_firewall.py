@@ -20,9 +20,9 @@ from dag_helpers import gce_fleet_nothing_left, task_states, write_dag, xcom
 from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 
+from airflow_cloudtrain.contract.runs import RunKey
 from airflow_cloudtrain.emulator import GCP_PROJECT
 from airflow_cloudtrain.emulator.gcp.gce import compute_client_kwargs
-from airflow_cloudtrain.runs import RunKey
 
 BUCKET = "gs://cloudtrain-emulated/firewall"
 JOBS = str(Path(__file__).parent / "jobs")
@@ -184,7 +184,7 @@ def while_running(emu: Any, act: Any, timeout: float = 240) -> tuple[threading.T
 
 def look(emu: Any, release: Path | None = None) -> Any:
     def act(inst: dict[str, Any]) -> dict[str, Any]:
-        from airflow_cloudtrain.runs import TAG_RUN_KEY
+        from airflow_cloudtrain.contract.runs import TAG_RUN_KEY
 
         digest = emu.gce.instance(inst["zone"], inst["id"])["labels"][TAG_RUN_KEY]
         out = {
@@ -255,7 +255,7 @@ def test_a_killed_run_leaves_no_rule(emu, airflow_db) -> None:
 
 
 KILLED_AFTER_RULE = """
-from airflow_cloudtrain.lifecycle.attempt import RunAttempt, RunContext
+from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt, RunContext
 
 
 class KilledAfterRule(RunAttempt):
@@ -292,8 +292,8 @@ def test_a_kill_between_the_rule_and_the_launch_leaves_nothing(emu, airflow_db, 
 
 
 def test_a_retry_adopts_the_rule_and_a_ledger_without_its_store_finds_it(emu) -> None:
-    from airflow_cloudtrain.clouds.gcp_backend import GcpRunBackend
-    from airflow_cloudtrain.lifecycle.ledger import ResourceLedger
+    from airflow_cloudtrain.clouds.gcp.backend import GcpRunBackend
+    from airflow_cloudtrain.core.ledger import ResourceLedger
     from airflow_cloudtrain.lifecycle.prepare import LaunchOptions
 
     digest = uuid.uuid4().hex[:20]
@@ -340,7 +340,7 @@ def test_group_workers_carry_the_tag_and_the_rule_goes_with_the_group(emu, airfl
             release.touch()  # never leave the items held
 
     def look_at_group(deadline: float) -> None:
-        from airflow_cloudtrain.runs import TAG_RUN_KEY
+        from airflow_cloudtrain.contract.runs import TAG_RUN_KEY
 
         while time.monotonic() < deadline and not release.exists():
             members = [i for i in emu.running_instances() if i.get("group")]
@@ -432,8 +432,8 @@ def test_each_resume_attempt_has_the_rule_and_none_is_left(emu, airflow_db, tmp_
     ids=["default", "network", "both", "subnetwork-name", "subnetwork-path"],
 )
 def test_the_rule_is_on_the_vm_s_network(emu, kw: dict[str, Any], network: str) -> None:
-    from airflow_cloudtrain.clouds.gcp_backend import GcpRunBackend
-    from airflow_cloudtrain.lifecycle.ledger import ResourceLedger
+    from airflow_cloudtrain.clouds.gcp.backend import GcpRunBackend
+    from airflow_cloudtrain.core.ledger import ResourceLedger
     from airflow_cloudtrain.lifecycle.prepare import LaunchOptions
 
     digest = uuid.uuid4().hex[:20]
@@ -449,9 +449,9 @@ def test_the_rule_is_on_the_vm_s_network(emu, kw: dict[str, Any], network: str) 
 
 
 def test_an_unknown_subnetwork_fails_before_anything_is_made(emu) -> None:
-    from airflow_cloudtrain.clouds.errors import InvalidRequest
-    from airflow_cloudtrain.clouds.gcp_backend import GcpRunBackend
-    from airflow_cloudtrain.lifecycle.ledger import ResourceLedger
+    from airflow_cloudtrain.clouds.gcp.backend import GcpRunBackend
+    from airflow_cloudtrain.contract.errors import InvalidRequest
+    from airflow_cloudtrain.core.ledger import ResourceLedger
     from airflow_cloudtrain.lifecycle.prepare import LaunchOptions
 
     digest = uuid.uuid4().hex[:20]
@@ -468,11 +468,11 @@ def test_a_deferred_run_killed_in_the_triggerer_releases_the_rule_after_its_vm(e
     import asyncio
 
     from airflow_cloudtrain.catalog import choose_offer
-    from airflow_cloudtrain.clouds.base import LaunchRequest
-    from airflow_cloudtrain.clouds.gcp_backend import GcpRunBackend
-    from airflow_cloudtrain.lifecycle.ledger import ResourceLedger
+    from airflow_cloudtrain.clouds.gcp.backend import GcpRunBackend
+    from airflow_cloudtrain.core.cloud import LaunchRequest
+    from airflow_cloudtrain.core.ledger import ResourceLedger
+    from airflow_cloudtrain.core.records import LaunchRecord
     from airflow_cloudtrain.lifecycle.prepare import LaunchOptions
-    from airflow_cloudtrain.lifecycle.records import LaunchRecord
     from airflow_cloudtrain.spec import Hardware
     from airflow_cloudtrain.triggers.run import RunTrigger
 

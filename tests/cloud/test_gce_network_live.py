@@ -10,12 +10,12 @@ import pytest
 from google.cloud import compute_v1
 
 from airflow_cloudtrain.catalog import choose_offer
-from airflow_cloudtrain.clouds.base import LaunchRequest
-from airflow_cloudtrain.clouds.gcp_fleet import GcpFleet
+from airflow_cloudtrain.clouds.gcp.fleet import GcpFleet
+from airflow_cloudtrain.contract.runs import RunKey
+from airflow_cloudtrain.core.cloud import LaunchRequest
 from airflow_cloudtrain.emulator import GCP_PROJECT
 from airflow_cloudtrain.emulator.gcp.gce import compute_client_kwargs
 from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook, zones_of
-from airflow_cloudtrain.runs import RunKey
 from airflow_cloudtrain.spec import Hardware
 
 REGION, ZONE = "us-central1", "us-central1-b"

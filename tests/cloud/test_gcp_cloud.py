@@ -8,10 +8,10 @@ from contextlib import aclosing
 import pytest
 
 from airflow_cloudtrain.catalog import choose_offer
-from airflow_cloudtrain.clouds.base import LaunchRequest
-from airflow_cloudtrain.clouds.errors import CapacityUnavailable
+from airflow_cloudtrain.contract.errors import CapacityUnavailable
+from airflow_cloudtrain.contract.runs import RunKey
+from airflow_cloudtrain.core.cloud import LaunchRequest
 from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
-from airflow_cloudtrain.runs import RunKey
 from airflow_cloudtrain.spec import Hardware
 from airflow_cloudtrain.triggers.instances import InstanceStateTrigger
 

@@ -146,9 +146,9 @@ def test_a_gce_group_s_link_names_its_managed_instance_group_while_it_runs(
     """PreemptibleGroupOperator: the Worker group link while the item runs, and a private template."""
     from google.cloud import compute_v1
 
+    from airflow_cloudtrain.contract.runs import RunKey
     from airflow_cloudtrain.emulator.gcp.gce import compute_client_kwargs
     from airflow_cloudtrain.links.console import mig_url
-    from airflow_cloudtrain.runs import RunKey
 
     dag_id = f"links_group_{uuid.uuid4().hex[:6]}"
     flag = tmp_path / "seen"

@@ -27,8 +27,8 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-import airflow_cloudtrain.clouds.vertex as vertex
-import airflow_cloudtrain.lifecycle.vertex_job as vertex_job
+import airflow_cloudtrain.clouds.gcp.vertex as vertex
+import airflow_cloudtrain.lifecycle.vertex.job as vertex_job
 import airflow_cloudtrain.triggers.vertex_job as vertex_trigger
 from airflow_cloudtrain.operators import MLEngineTrainOperator
 

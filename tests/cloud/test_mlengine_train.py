@@ -19,7 +19,7 @@ from typing import Any
 
 from dag_helpers import task_states, write_dag, xcom
 
-from airflow_cloudtrain.agent.storage import open_run_folder
+from airflow_cloudtrain.storage import open_run_folder
 
 CODE = str(Path(__file__).resolve().parents[2] / "example_dags" / "mlengine_code")
 BUCKET = "gs://cloudtrain-emulated/mlengine-tests"

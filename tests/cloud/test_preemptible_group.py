@@ -15,8 +15,8 @@ from typing import Any
 
 from dag_helpers import gce_fleet_nothing_left, task_states, write_dag, xcom
 
-from airflow_cloudtrain.agent.storage import open_run_folder
-from airflow_cloudtrain.runs import RunKey
+from airflow_cloudtrain.contract.runs import RunKey
+from airflow_cloudtrain.storage import open_run_folder
 
 JOBS = str(Path(__file__).parent / "jobs")
 BUCKET = "gs://cloudtrain-emulated/fleet"

@@ -32,7 +32,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-from airflow_cloudtrain.lifecycle.loop import RecoveryLoop
+from airflow_cloudtrain.lifecycle.resume.loop import RecoveryLoop
 from airflow_cloudtrain.operators import CheckpointResumeOperator
 
 DIE_AT = os.environ.get("CLOUDTRAIN_TEST_DIE_AT")  # set only in the process that plays the dying worker

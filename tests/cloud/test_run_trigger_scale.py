@@ -23,12 +23,12 @@ import boto3
 import botocore.session
 import pytest
 
-from airflow_cloudtrain import runs
 from airflow_cloudtrain.agent.beacon import BeaconWriter
 from airflow_cloudtrain.agent.logs import LogStreamer
 from airflow_cloudtrain.agent.status import StatusWriter
-from airflow_cloudtrain.agent.storage import open_run_folder
-from airflow_cloudtrain.lifecycle.records import LaunchRecord
+from airflow_cloudtrain.contract import runs
+from airflow_cloudtrain.core.records import LaunchRecord
+from airflow_cloudtrain.storage import open_run_folder
 from airflow_cloudtrain.triggers import instances, run, run_index
 from airflow_cloudtrain.triggers.run import RunTrigger
 

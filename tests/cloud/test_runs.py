@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 from dag_helpers import task_states, write_dag, xcom
 
-from airflow_cloudtrain.agent.storage import open_run_folder
 from airflow_cloudtrain.catalog import rank_offers
-from airflow_cloudtrain.runs import RunKey, RunStatus, join, status_key
+from airflow_cloudtrain.contract.runs import RunKey, RunStatus, join, status_key
 from airflow_cloudtrain.spec import Hardware
+from airflow_cloudtrain.storage import open_run_folder
 
 SECRET = "s3cr3t-Value-9f2"
 # runs until the test ends it: every test that uses it acts while it runs (kills, interrupts, stops).

@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 from dag_helpers import start_first_try, task_states, write_dag, xcom
 
-from airflow_cloudtrain.agent.storage import open_run_folder
-from airflow_cloudtrain.runs import RunKey
+from airflow_cloudtrain.contract.runs import RunKey
+from airflow_cloudtrain.storage import open_run_folder
 
 CLOUD = {"aws": "ec2", "gcp": "gcloud"}
 REGION = {"aws": "us-east-1", "gcp": "us-central1"}
@@ -40,7 +40,7 @@ DYING = """
 import os
 import signal
 
-from airflow_cloudtrain.lifecycle.ledger import ResourceLedger
+from airflow_cloudtrain.core.ledger import ResourceLedger
 
 
 class DyingLedger(ResourceLedger):
@@ -362,10 +362,10 @@ def test_a_deferred_task_killed_releases_the_run_s_secrets_with_its_instance(emu
 
     import boto3
 
-    from airflow_cloudtrain.clouds import aws_secrets
+    from airflow_cloudtrain.clouds.aws import secrets as aws_secrets
     from airflow_cloudtrain.clouds.registry import backend_for
-    from airflow_cloudtrain.lifecycle.records import LaunchRecord
-    from airflow_cloudtrain.runs import SPEC_KEY, RunSpec
+    from airflow_cloudtrain.contract.runs import SPEC_KEY, RunSpec
+    from airflow_cloudtrain.core.records import LaunchRecord
     from airflow_cloudtrain.triggers.run import RunTrigger
 
     ec2 = boto3.client("ec2")

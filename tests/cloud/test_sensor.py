@@ -81,7 +81,7 @@ def test_bad_sensor_arguments_fail_at_parse_time() -> None:
 def gce_instance(attempt: int) -> str:
     """A GCE VM with no run folder: the emulator starts no agent on it."""
     from airflow_cloudtrain.catalog import choose_offer
-    from airflow_cloudtrain.clouds.base import LaunchRequest
+    from airflow_cloudtrain.core.cloud import LaunchRequest
     from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
     from airflow_cloudtrain.spec import Hardware
 

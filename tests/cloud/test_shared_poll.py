@@ -7,7 +7,7 @@ from contextlib import aclosing
 
 import boto3
 
-from airflow_cloudtrain.lifecycle.records import LaunchRecord
+from airflow_cloudtrain.core.records import LaunchRecord
 from airflow_cloudtrain.triggers.instances import InstanceStateTrigger
 from airflow_cloudtrain.triggers.run import RunTrigger
 

@@ -17,8 +17,8 @@ import boto3
 from dag_helpers import fleet_nothing_left as nothing_left
 from dag_helpers import task_states, write_dag, xcom
 
-from airflow_cloudtrain.agent.storage import open_run_folder
-from airflow_cloudtrain.runs import RunKey
+from airflow_cloudtrain.contract.runs import RunKey
+from airflow_cloudtrain.storage import open_run_folder
 
 JOBS = str(Path(__file__).parent / "jobs")
 BUCKET = "s3://cloudtrain-emulated/fleet"

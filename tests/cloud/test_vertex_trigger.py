@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from relay import relay
 
-from airflow_cloudtrain.clouds.vertex import JobRecord
+from airflow_cloudtrain.clouds.gcp.vertex import JobRecord
+from airflow_cloudtrain.contract.runs import RunKey
 from airflow_cloudtrain.hooks.vertex import VertexHook
-from airflow_cloudtrain.lifecycle.vertex_job import VertexJobRun
+from airflow_cloudtrain.lifecycle.vertex.job import VertexJobRun
 from airflow_cloudtrain.operators.mlengine_config import parse_job_config
-from airflow_cloudtrain.runs import RunKey
 from airflow_cloudtrain.triggers.vertex_job import VertexJobTrigger
 
 CODE = str(Path(__file__).resolve().parents[2] / "example_dags" / "mlengine_code")

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from dag_helpers import start_first_try, task_states, write_dag, xcom
 
-from airflow_cloudtrain.agent.storage import open_run_folder
-from airflow_cloudtrain.runs import RunKey, join
+from airflow_cloudtrain.contract.runs import RunKey, join
+from airflow_cloudtrain.storage import open_run_folder
 
 BUCKET = {"aws": "s3://cloudtrain-emulated/killed", "gcp": "gs://cloudtrain-emulated/killed"}
 CLOUD = {"aws": "ec2spot", "gcp": "gcspot"}
@@ -30,8 +30,8 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-from airflow_cloudtrain.lifecycle.attempt import RunAttempt
-from airflow_cloudtrain.lifecycle.ledger import ResourceLedger
+from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt
+from airflow_cloudtrain.core.ledger import ResourceLedger
 from airflow_cloudtrain.operators import CloudTrainOperator
 
 DIE_AT = os.environ.get("CLOUDTRAIN_TEST_DIE_AT")  # set only in the process that plays the dying worker

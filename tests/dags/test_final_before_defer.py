@@ -48,7 +48,7 @@ def wait_for(condition: Any, what: str) -> None:
 
 def ended_before_defer(monkeypatch: pytest.MonkeyPatch) -> None:
     """``RunAttempt.start`` returns once the launched job's final status is in the run folder."""
-    from airflow_cloudtrain.lifecycle.attempt import RunAttempt, has_final_status
+    from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt, has_final_status
 
     real = RunAttempt.start
 
@@ -117,7 +117,7 @@ def test_checkpoint_resume_over_before_defer_finishes_in_the_worker(
 def test_mlengine_over_before_defer_finishes_in_the_worker(
     emu, airflow_db, monkeypatch, triggers_run
 ) -> None:
-    from airflow_cloudtrain.lifecycle.vertex_job import VertexJobRun
+    from airflow_cloudtrain.lifecycle.vertex.job import VertexJobRun
 
     real = VertexJobRun.start
 
@@ -150,8 +150,8 @@ def test_mlengine_over_before_defer_finishes_in_the_worker(
 def test_fleet_over_before_defer_finishes_in_the_worker(
     emu, airflow_db, monkeypatch, triggers_run, operator: str
 ) -> None:
-    from airflow_cloudtrain.lifecycle.fleet import FleetRun
-    from airflow_cloudtrain.lifecycle.fleet_watch import read_outcomes
+    from airflow_cloudtrain.lifecycle.fleet.run import FleetRun
+    from airflow_cloudtrain.lifecycle.fleet.watch import read_outcomes
 
     real = FleetRun.start
 

@@ -9,8 +9,8 @@ import json
 
 from dag_helpers import gce_fleet_nothing_left, load_example, task_states, xcom
 
-from airflow_cloudtrain.agent.storage import open_run_folder
-from airflow_cloudtrain.runs import RunKey
+from airflow_cloudtrain.contract.runs import RunKey
+from airflow_cloudtrain.storage import open_run_folder
 
 BUCKET = "gs://cloudtrain-emulated/examples"
 

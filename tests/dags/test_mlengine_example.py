@@ -8,7 +8,7 @@ import json
 
 from dag_helpers import load_example, task_states, xcom
 
-from airflow_cloudtrain.agent.storage import open_run_folder
+from airflow_cloudtrain.storage import open_run_folder
 
 
 def test_train_evaluate_resume(emu, airflow_db, capfd) -> None:

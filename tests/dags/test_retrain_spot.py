@@ -125,8 +125,8 @@ def _check(emu: Any, run: Any, done: list[dict[str, Any]], tmp_path: Path, schem
         log = emu.agent_log(row["instance_id"])
         assert f"resumed from step {row['restored_step']} " in log, log[-2000:]
     # ... also in the run folder's copy of the finished attempt's log (what a user reads)
-    from airflow_cloudtrain.agent.storage import open_run_folder
-    from airflow_cloudtrain.runs import log_prefix
+    from airflow_cloudtrain.contract.runs import log_prefix
+    from airflow_cloudtrain.storage import open_run_folder
 
     folder = open_run_folder(result["run_uri"])
     job_log = "".join(folder.get_text(k) or "" for k in folder.list(log_prefix(rows[2]["instance_id"])))

@@ -16,8 +16,8 @@ from typing import Any
 
 from dag_helpers import dags_folder, fleet_nothing_left, load_example, task_states, xcom
 
-from airflow_cloudtrain.agent.storage import open_run_folder
-from airflow_cloudtrain.runs import RunKey
+from airflow_cloudtrain.contract.runs import RunKey
+from airflow_cloudtrain.storage import open_run_folder
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "example_dags"
 BUCKET = "s3://cloudtrain-emulated/examples"

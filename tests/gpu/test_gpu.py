@@ -36,7 +36,6 @@ from typing import Any
 
 import pytest
 
-from airflow_cloudtrain import runs
 from airflow_cloudtrain.agent.idle import (
     CPU_BUSY_FRACTION,
     GPU_BUSY_PERCENT,
@@ -46,6 +45,7 @@ from airflow_cloudtrain.agent.idle import (
     read_gpu_utilization,
 )
 from airflow_cloudtrain.agent.logs import NOTE_PREFIX
+from airflow_cloudtrain.contract import runs
 
 pytestmark = pytest.mark.skipif(
     shutil.which("nvidia-smi") is None, reason="no nvidia-smi: no NVIDIA GPU here"
@@ -194,7 +194,7 @@ def run_folder(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     # no instance metadata here: a closed loopback port answers at once (the agent notes and goes on)
     monkeypatch.setenv("AWS_EC2_METADATA_SERVICE_ENDPOINT", "http://127.0.0.1:9")
     monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    from airflow_cloudtrain.agent.storage import open_run_folder, s3_client
+    from airflow_cloudtrain.storage import open_run_folder, s3_client
 
     s3_client().create_bucket(Bucket="cloudtrain-gpu")
     try:

@@ -23,8 +23,8 @@ from botocore.exceptions import (
 )
 from google.api_core import exceptions as gexc
 
-from airflow_cloudtrain.agent import retry as retry_module
-from airflow_cloudtrain.agent.retry import backoff, is_transient, retry
+from airflow_cloudtrain.contract import retry as retry_module
+from airflow_cloudtrain.contract.retry import backoff, is_transient, retry
 
 
 def client_error(code: str, status: int, op: str = "PutObject") -> ClientError:

@@ -12,11 +12,11 @@ from datetime import datetime, timezone
 
 import pytest
 
-from airflow_cloudtrain import runs
 from airflow_cloudtrain.agent import logs
 from airflow_cloudtrain.agent.beacon import BeaconWriter
 from airflow_cloudtrain.agent.logs import NOTE_PREFIX, LogStreamer, LogTail, stamp_lines
 from airflow_cloudtrain.agent.status import StatusWriter
+from airflow_cloudtrain.contract import runs
 
 T0 = 1_795_000_000.25  # 2026-11-18T...: any time with a fraction
 

@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from airflow_cloudtrain.agent.bootstrap import build_agent_zip
-from airflow_cloudtrain.clouds import registry
+from airflow_cloudtrain.contract import clouds as registry
+from airflow_cloudtrain.contract.bootstrap import build_agent_zip
 
 AGENT_MODULES = [
     "airflow_cloudtrain.agent.cli",
     "airflow_cloudtrain.agent.runner",
     "airflow_cloudtrain.agent.watcher",
-    "airflow_cloudtrain.agent.storage",
-    "airflow_cloudtrain.agent.retry",
-    "airflow_cloudtrain.agent.bootstrap",
+    "airflow_cloudtrain.storage",
+    "airflow_cloudtrain.contract.retry",
+    "airflow_cloudtrain.contract.bootstrap",
     "airflow_cloudtrain.agent.checkpoints",
     "airflow_cloudtrain.checkpoint",
 ]
@@ -44,7 +44,7 @@ for name in MODULES:
     importlib.import_module(name)
 from airflow_cloudtrain.agent import watcher
 if WITH_SDK:
-    from airflow_cloudtrain.agent.storage import s3_client
+    from airflow_cloudtrain.storage import s3_client
     s3_client()  # boto3 imported and a client built, still without Airflow
 loaded = {n: getattr(m, "__file__", None) for n, m in sys.modules.items()
           if n.split(".")[0] in ("airflow", "airflow_cloudtrain")}
@@ -82,8 +82,8 @@ def _assert_only_the_zip(result: dict, extracted: Path) -> None:
     assert not [n for n in loaded if n == "airflow" or n.startswith("airflow.")]
     for name, path in loaded.items():
         assert path is None or Path(path).is_relative_to(extracted), (name, path)
-    assert "airflow_cloudtrain.clouds.registry" in loaded and "airflow_cloudtrain.checkpoint" in loaded
-    assert not {"airflow_cloudtrain.clouds.aws", "airflow_cloudtrain.clouds.base"} & set(loaded)
+    assert "airflow_cloudtrain.contract.clouds" in loaded and "airflow_cloudtrain.checkpoint" in loaded
+    assert not {"airflow_cloudtrain.clouds.aws.ec2", "airflow_cloudtrain.core.cloud"} & set(loaded)
     assert result["aws"] == sorted(registry.AWS_CLOUDS) and result["gcp"] == sorted(registry.GCP_CLOUDS)
 
 
@@ -101,20 +101,17 @@ def test_agent_zip_imports_with_boto3_and_no_airflow(extracted: Path) -> None:
     assert result["sdk"]
 
 
-def test_agent_zip_ships_the_registry_and_stub_packages() -> None:
+def test_agent_zip_ships_the_contract_floor_whole() -> None:
+    """The contract floor, storage and the agent, byte for byte; no other part of the provider."""
+    package = Path(registry.__file__).resolve().parent.parent
     with zipfile.ZipFile(io.BytesIO(build_agent_zip())) as archive:
         names = set(archive.namelist())
-        clouds_init = archive.read("airflow_cloudtrain/clouds/__init__.py").decode()
-        shipped = archive.read("airflow_cloudtrain/clouds/registry.py")
-    assert {"airflow_cloudtrain/clouds/__init__.py", "airflow_cloudtrain/clouds/registry.py"} <= names
-    assert "airflow_cloudtrain/agent/retry.py" in names
+        shipped = {n: archive.read(n) for n in names if n.startswith("airflow_cloudtrain/")}
+    contract = {f"airflow_cloudtrain/contract/{p.name}" for p in (package / "contract").glob("*.py")}
+    assert contract <= names and "airflow_cloudtrain/contract/__init__.py" in contract
     assert {"airflow_cloudtrain/checkpoint.py", "airflow_cloudtrain/agent/checkpoints.py"} <= names
-    assert not [
-        n
-        for n in names
-        if n.startswith("airflow_cloudtrain/clouds/")
-        and "registry" not in n
-        and not n.endswith("__init__.py")
-    ]
-    assert "import" not in clouds_init  # a stub: the real package docstring's modules stay behind
-    assert shipped == Path(registry.__file__).read_bytes()
+    assert "airflow_cloudtrain/storage.py" in names
+    tops = {n.split("/")[1] for n in names if n.startswith("airflow_cloudtrain/")}
+    assert tops == {"__init__.py", "checkpoint.py", "storage.py", "contract", "agent"}
+    for name, data in shipped.items():
+        assert data == (package.parent / name).read_bytes(), name

@@ -8,11 +8,11 @@ from __future__ import annotations
 import json
 import logging
 
-from airflow_cloudtrain.clouds.base import Instance
-from airflow_cloudtrain.lifecycle.attempt import RunAttempt, RunContext
+from airflow_cloudtrain.contract.runs import RunKey, RunStatus, delivered_key, status_key
+from airflow_cloudtrain.core.cloud import Instance
 from airflow_cloudtrain.lifecycle.prepare import LaunchOptions, WaitSettings
+from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt, RunContext
 from airflow_cloudtrain.operators.config import parse_config
-from airflow_cloudtrain.runs import RunKey, RunStatus, delivered_key, status_key
 
 BUCKET = "s3://bucket/runs"
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from airflow_cloudtrain import checkpoint, runs
+from airflow_cloudtrain import checkpoint
 from airflow_cloudtrain.agent.checkpoints import CheckpointSync
-from airflow_cloudtrain.agent.storage import RunFolder
+from airflow_cloudtrain.contract import runs
+from airflow_cloudtrain.storage import RunFolder
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,23 +10,23 @@ from typing import Any
 import pytest
 
 from airflow_cloudtrain.catalog import choose_offer
-from airflow_cloudtrain.clouds.base import LaunchRequest
-from airflow_cloudtrain.clouds.gcp import instance_properties
-from airflow_cloudtrain.clouds.gcp_firewall import (
+from airflow_cloudtrain.clouds.gcp.firewall import (
     DENY_PRIORITY,
     SSH_PRIORITY,
     digest_of,
     network_tag,
     rule_bodies,
 )
-from airflow_cloudtrain.lifecycle.ledger import Resource, _reverse_kinds
+from airflow_cloudtrain.clouds.gcp.gce import instance_properties
+from airflow_cloudtrain.contract.runs import RunKey
+from airflow_cloudtrain.core.cloud import LaunchRequest
+from airflow_cloudtrain.core.ledger import Resource, _reverse_kinds
 from airflow_cloudtrain.operators import (
     CheckpointResumeOperator,
     CloudTrainOperator,
     PreemptibleGroupOperator,
     SpotFleetOperator,
 )
-from airflow_cloudtrain.runs import RunKey
 from airflow_cloudtrain.spec import Hardware
 
 KEY = RunKey("dag", "train", "manual__2026-11-26T00:00:00+00:00", 1)
@@ -129,7 +129,7 @@ def test_the_rules_of_a_run() -> None:
 
 def test_firewall_rules_are_released_after_every_other_kind() -> None:
     """Even when a sweep found the rule after the instance (a lost store, a trigger's on_kill)."""
-    import airflow_cloudtrain.clouds.gcp_backend  # noqa: F401 - registers the kind
+    import airflow_cloudtrain.clouds.gcp.backend  # noqa: F401 - registers the kind
 
     entries = [Resource("instance", "vm", "z"), Resource("firewall", "ct-x-deny", "p")]
     assert _reverse_kinds(entries) == ["instance", "firewall"]

@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from airflow_cloudtrain.catalog import choose_offer
-from airflow_cloudtrain.clouds.base import LaunchRequest
-from airflow_cloudtrain.clouds.errors import InvalidRequest
-from airflow_cloudtrain.clouds.gcp import instance_properties
+from airflow_cloudtrain.clouds.gcp.gce import instance_properties
+from airflow_cloudtrain.contract.errors import InvalidRequest
+from airflow_cloudtrain.core.cloud import LaunchRequest
 from airflow_cloudtrain.operators import (
     CheckpointResumeOperator,
     CloudTrainOperator,

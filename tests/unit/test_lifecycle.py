@@ -8,17 +8,17 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
-from airflow_cloudtrain.clouds.base import Instance
-from airflow_cloudtrain.lifecycle.ledger import (
+from airflow_cloudtrain.core.cloud import Instance
+from airflow_cloudtrain.core.ledger import (
     KINDS,
     STORE_KEY,
     ResourceKind,
     ResourceLedger,
     register_kind,
 )
+from airflow_cloudtrain.core.records import Attempt, LaunchRecord, Outcome
+from airflow_cloudtrain.core.retry import TransientBudget, call_with_retry, is_transient
 from airflow_cloudtrain.lifecycle.prepare import hard_stop_s
-from airflow_cloudtrain.lifecycle.records import Attempt, LaunchRecord, Outcome
-from airflow_cloudtrain.lifecycle.retry import TransientBudget, call_with_retry, is_transient
 from airflow_cloudtrain.operators.config import DEFAULT_MAX_RUNTIME_S, parse_max_runtime
 
 
@@ -167,7 +167,7 @@ def client_error(code: str, status: int) -> ClientError:
 
 
 def test_what_counts_as_transient() -> None:
-    from airflow_cloudtrain.clouds.aws import map_client_error
+    from airflow_cloudtrain.clouds.aws.ec2 import map_client_error
 
     def mapped(err: ClientError) -> Exception:
         """As the cloud module raises it: our vocabulary, from the SDK's error."""

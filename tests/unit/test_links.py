@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import airflow_cloudtrain
-from airflow_cloudtrain.lifecycle.records import LaunchRecord
+from airflow_cloudtrain.core.records import LaunchRecord
 from airflow_cloudtrain.links.console import (
     asg_url,
     ec2_instance_url,

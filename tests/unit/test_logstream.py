@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_cloudtrain.lifecycle.logstream import LogFollower
-from airflow_cloudtrain.runs import log_key
+from airflow_cloudtrain.contract.runs import log_key
+from airflow_cloudtrain.core.logstream import LogFollower
 
 
 def test_chunks_in_order_without_duplicates_and_stops_at_a_gap() -> None:

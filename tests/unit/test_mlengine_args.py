@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from airflow_cloudtrain.lifecycle.vertex_job import VertexJobRun
+from airflow_cloudtrain.contract.runs import RunKey
+from airflow_cloudtrain.lifecycle.vertex.job import VertexJobRun
 from airflow_cloudtrain.operators import MLEngineTrainOperator
 from airflow_cloudtrain.operators.mlengine_config import parse_job_config
-from airflow_cloudtrain.runs import RunKey
 
 BASE = {
     "task_id": "train",

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from airflow_cloudtrain.lifecycle.history import AttemptRow, RunHistory, format_ledger
-from airflow_cloudtrain.lifecycle.recovery import (
+from airflow_cloudtrain.lifecycle.resume.history import AttemptRow, RunHistory, format_ledger
+from airflow_cloudtrain.lifecycle.resume.recovery import (
     RecoverySettings,
     ending_of,
     next_step,

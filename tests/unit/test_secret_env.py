@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from airflow_cloudtrain.agent.secret_refs import (
+from airflow_cloudtrain.contract.secret_refs import (
     AIRFLOW_CONN,
     AWS_SECRETSMANAGER,
     AWS_SSM,
@@ -148,7 +148,7 @@ def test_references_parse_into_what_the_agent_reads() -> None:
 
 def test_the_log_streamer_redacts_secret_values() -> None:
     from airflow_cloudtrain.agent.logs import LogStreamer
-    from airflow_cloudtrain.agent.secret_refs import redactions
+    from airflow_cloudtrain.contract.secret_refs import redactions
 
     class Folder:
         def __init__(self) -> None:

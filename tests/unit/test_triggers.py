@@ -10,10 +10,10 @@ import sys
 
 import pytest
 
-from airflow_cloudtrain.clouds.base import Instance
-from airflow_cloudtrain.lifecycle.records import LaunchRecord
-from airflow_cloudtrain.lifecycle.waiting import outcome
-from airflow_cloudtrain.runs import RunStatus
+from airflow_cloudtrain.contract.runs import RunStatus
+from airflow_cloudtrain.core.cloud import Instance
+from airflow_cloudtrain.core.records import LaunchRecord
+from airflow_cloudtrain.core.waiting import outcome
 from airflow_cloudtrain.triggers.instances import InstanceStateTrigger, evaluate_states
 from airflow_cloudtrain.triggers.run import RunTrigger
 
@@ -109,7 +109,7 @@ def test_outcome_instance_gone_without_status() -> None:
 
 
 def test_run_watch_gives_the_agent_a_grace_then_gives_up_at_the_deadline() -> None:
-    from airflow_cloudtrain.lifecycle.waiting import ENDED_GRACE_S, RunWatch
+    from airflow_cloudtrain.core.waiting import ENDED_GRACE_S, RunWatch
 
     now = [100.0]
     watch = RunWatch(deadline=None, clock=lambda: now[0])
@@ -122,7 +122,7 @@ def test_run_watch_gives_the_agent_a_grace_then_gives_up_at_the_deadline() -> No
 
 
 def test_run_watch_notices_a_silent_agent() -> None:
-    from airflow_cloudtrain.lifecycle.waiting import RunWatch
+    from airflow_cloudtrain.core.waiting import RunWatch
 
     now = [1000.0]
     watch = RunWatch(None, launched_at=900.0, startup_timeout=60, heartbeat_timeout=30, wall=lambda: now[0])
@@ -138,7 +138,7 @@ def test_run_watch_notices_a_silent_agent() -> None:
 
 def test_run_keys_of_two_deployments_never_match() -> None:
     """Same DAG, same scheduled run id, different buckets: adoption must never cross between them."""
-    from airflow_cloudtrain.runs import RunKey
+    from airflow_cloudtrain.contract.runs import RunKey
 
     prod = RunKey("train", "fit", "scheduled__2026-11-22T00:00:00+00:00", -1, "s3://prod-bucket/runs")
     staging = RunKey("train", "fit", "scheduled__2026-11-22T00:00:00+00:00", -1, "s3://staging-bucket/runs")
@@ -149,7 +149,7 @@ def test_run_keys_of_two_deployments_never_match() -> None:
 
 
 def test_end_markers_have_their_own_folder_and_old_ones_are_still_read() -> None:
-    from airflow_cloudtrain import runs
+    from airflow_cloudtrain.contract import runs
 
     assert runs.end_name("i-1") == "ended/i-1.json"
     assert runs.live_entry(runs.end_name("i-1")) == ("i-1", runs.END)

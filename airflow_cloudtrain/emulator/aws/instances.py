@@ -63,7 +63,7 @@ class AwsInstances:
 
     def managed(self) -> list[dict[str, Any]]:
         """Live instances of ours (``cloudtrain-managed=true``), as ``Emulator.running_instances`` lists them."""
-        from airflow_cloudtrain.runs import TAG_MANAGED
+        from airflow_cloudtrain.contract.runs import TAG_MANAGED
 
         filters = [
             {"Name": f"tag:{TAG_MANAGED}", "Values": ["true"]},

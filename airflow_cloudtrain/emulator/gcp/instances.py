@@ -54,7 +54,7 @@ class GcpInstances:
     def managed(self) -> list[dict[str, Any]]:
         """Live VMs of ours (``cloudtrain-managed=true``), as ``Emulator.running_instances`` lists them;
         ``group``: the managed instance group of a member, None otherwise."""
-        from airflow_cloudtrain.runs import TAG_MANAGED
+        from airflow_cloudtrain.contract.runs import TAG_MANAGED
 
         return [
             {

@@ -1,0 +1,77 @@
+"""The run's own secrets on AWS: SSM SecureString parameters ``/cloudtrain/<run key digest>/<VAR>``.
+
+What the operator resolved from Airflow (``airflow_conn://`` / ``airflow_var://``) lives here for the
+run's lifetime: encrypted with the account's ``aws/ssm`` key, expiring by itself (an Expiration
+policy: ``max_runtime`` plus a day) should no teardown reach it, readable by the instance profile, found
+by name from the run key (``describe_parameters`` on the prefix) and deleted at teardown through the
+ledger kind registered below, "not found" counting as done.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from airflow_cloudtrain.contract.secret_refs import ssm_ref
+from airflow_cloudtrain.core.ledger import Resource, ResourceKind, register_kind
+
+KIND = "ssm_parameter"
+DELETE_BATCH = 10  # DeleteParameters takes up to 10 names
+
+
+def prefix(digest: str) -> str:
+    return f"/cloudtrain/{digest}/"
+
+
+def parameter_name(digest: str, var: str) -> str:
+    return f"{prefix(digest)}{var}"
+
+
+def _ssm(backend: Any, region: str | None = None) -> Any:
+    return backend.hook.client("ssm", region=region or backend.region)
+
+
+def put_secret(
+    backend: Any, digest: str, var: str, value: str, description: str, ttl_s: float | None = None
+) -> tuple[str, str, str]:
+    """Store ``value``; returns (parameter name, region, the reference the agent reads).
+
+    With ``ttl_s`` the parameter is an advanced one with an Expiration policy, so SSM deletes it by
+    itself even if no teardown reaches it (advanced parameters cost $0.05 a month, prorated hourly)."""
+    name = parameter_name(digest, var)
+    extra: dict[str, Any] = {}
+    if ttl_s:
+        at = datetime.now(timezone.utc) + timedelta(seconds=ttl_s)
+        expiry = {
+            "Type": "Expiration",
+            "Version": "1.0",
+            "Attributes": {"Timestamp": at.strftime("%Y-%m-%dT%H:%M:%S.000Z")},
+        }
+        extra = {"Tier": "Advanced", "Policies": json.dumps([expiry])}
+    _ssm(backend).put_parameter(
+        Name=name, Value=value, Type="SecureString", Overwrite=True, Description=description[:1024], **extra
+    )
+    return name, backend.region, ssm_ref(backend.region, name)
+
+
+def _find(backend: Any, digest: str) -> list[Resource]:
+    pages = (
+        _ssm(backend)
+        .get_paginator("describe_parameters")
+        .paginate(ParameterFilters=[{"Key": "Name", "Option": "BeginsWith", "Values": [prefix(digest)]}])
+    )
+    return [Resource(KIND, p["Name"], backend.region) for page in pages for p in page.get("Parameters", [])]
+
+
+def _delete(backend: Any, resources: list[Resource]) -> None:
+    by_region: dict[str, list[str]] = {}
+    for resource in resources:
+        by_region.setdefault(resource.location or backend.region, []).append(resource.id or "")
+    for region, names in by_region.items():
+        ssm = _ssm(backend, region)
+        for start in range(0, len(names), DELETE_BATCH):  # missing names come back as InvalidParameters
+            ssm.delete_parameters(Names=names[start : start + DELETE_BATCH])
+
+
+SSM_PARAMETER = register_kind(ResourceKind(KIND, _find, _delete))

@@ -1,0 +1,1 @@
+"""GCP behind the cloud interface: Compute Engine, the GCS run folder, Pub/Sub + MIG fleets, Secret Manager, Vertex AI."""

@@ -1,0 +1,100 @@
+"""The GCP ``RunBackend``: Compute Engine in the zones of one region and the GCS run folder."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from airflow_cloudtrain.clouds.gcp import firewall as gcp_firewall  # registers the ledger's "firewall" kind
+from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook, zones_of
+
+if TYPE_CHECKING:
+    import logging
+    from collections.abc import Callable
+
+    from airflow_cloudtrain.catalog.offers import Offer
+    from airflow_cloudtrain.clouds.gcp.gce import GcpCloud
+    from airflow_cloudtrain.storage import RunFolder
+
+
+class GcpRunBackend:
+    """An instance's id is its name; the zone travels beside it (the ledger's location).
+
+    Every teardown's tag sweep also looks for the run's firewall rules (``clouds.gcp_firewall``), in the
+    connection's project and in any network project a launch named (``firewall_projects``)."""
+
+    provider = "gcp"
+    sweep_kinds: tuple[str, ...] = ("instance", gcp_firewall.KIND)
+    firewall_projects: tuple[str, ...] = ()
+
+    def __init__(self, conn_id: str, project_id: str | None, region: str | None) -> None:
+        self.hook = CloudTrainGcpHook(gcp_conn_id=conn_id, project_id=project_id)
+        self.conn_id = conn_id
+        self.region: str | None = region or self.hook._get_field("region") or None
+        self._cloud: GcpCloud | None = None
+
+    @property
+    def cloud(self) -> GcpCloud:
+        if self._cloud is None:
+            self._cloud = self.hook.cloud(self.region)
+        return self._cloud
+
+    def bind_region(self, region: str) -> None:
+        """The catalog picked the region (none was asked for): work in its zones."""
+        if region and self.region != region:
+            self.region = region
+            self._cloud = None
+
+    def protect_network(
+        self, ledger: Any, digest: str, options: Any, check: Callable[[], None], logger: logging.Logger | None
+    ) -> None:
+        """Before the run's first VM: the rule that keeps its VMs unreachable from outside (and the
+        SSH rule ``ssh_source_ranges`` asks for), made through the ledger."""
+        gcp_firewall.protect_run(self, ledger, digest, options, self.region, check, logger)
+
+    def run_folder(self, run_uri: str) -> RunFolder:
+        return self.hook.run_folder(run_uri)
+
+    def refresh_catalog(self) -> None:
+        """Live shapes (machineTypes, acceleratorTypes) and prices (Cloud Billing Catalog) for the region."""
+        if not self.region:
+            return
+        from airflow_cloudtrain.catalog.live_gcp import BILLING_URL, billing_session, refresh_gcp
+
+        def clients() -> tuple[Any, Any, Any]:
+            # built inside the refresh's time budget: the compute_v1 import alone can take seconds
+            from google.cloud import compute_v1
+
+            kwargs = self.hook._client_kwargs("compute_endpoint")
+            return (
+                compute_v1.MachineTypesClient(**kwargs),
+                compute_v1.AcceleratorTypesClient(**kwargs),
+                billing_session(kwargs["credentials"]),
+            )
+
+        refresh_gcp(
+            self.region,
+            None,
+            None,
+            None,
+            zones_of(self.region),
+            self.hook.project,
+            billing_url=self.hook._get_field("billing_endpoint") or BILLING_URL,
+            clients=clients,
+        )
+
+    def zones_for(self, zone: str | None, offer: Offer) -> list[str | None]:
+        """A capacity error in one zone tries the offer's other zones before the next offer."""
+        return [zone] if zone else list(offer.zones) or [None]
+
+    def location(self, zone: str | None) -> str | None:
+        return zone
+
+    def terminate_instances(self, instances: list[tuple[str, str | None]]) -> None:
+        by_zone: dict[str | None, list[str]] = {}
+        for name, zone in instances:
+            by_zone.setdefault(zone, []).append(name)
+        for zone, names in by_zone.items():
+            cloud: Any = (
+                self.cloud if zone is None else self.hook.cloud(self.region or zone.rsplit("-", 1)[0], zone)
+            )
+            cloud.terminate(names)

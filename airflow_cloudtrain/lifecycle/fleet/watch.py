@@ -1,0 +1,297 @@
+"""The wait of a fleet run: scale from the backlog, notice outcomes and workers, decide when it is over.
+
+One ``poll`` makes a fixed handful of calls whatever the number of items: GetQueueAttributes,
+DescribeAutoScalingGroups, DescribeInstances of the group's members (one filtered call), a listing of
+``outcomes/`` and a read of each outcome that is new. The blocking wait and the trigger run the same
+``FleetWatch``, so scaling and the end are decided the same way in both modes.
+
+Scaling: the group's desired capacity is raised to ``min(max_workers, visible + in-flight)`` whenever
+that is more than it is; it is never lowered from here. Workers lower it themselves: one that finds
+the queue empty drops its scale-in protection and leaves with "decrement desired capacity", so a
+busy worker is never scaled in, and the group shrinks to 0 as the queue empties.
+
+The end: every item has an outcome (``outcomes/<id>.json``), or the queue has been empty (nothing
+visible, in flight or delayed) on two polls in a row; an item without an outcome then went to the
+dead-letter queue after ``max_item_attempts`` deliveries whose workers vanished, and is failed.
+
+An item that failed for good is logged with the last lines of its output (``item_log_tail``: one
+listing and the newest chunks of that item's log, read once), as a single run's task log shows its job's.
+
+On GCP (``clouds.gcp_fleet``) Pub/Sub has no backlog call (``depth`` is None): the backlog is the
+items without an outcome, the run ends when each has one, and each poll also pulls the dead-letter
+subscription: an item that arrives there without an outcome (its deliveries ran out on workers that
+vanished) is given a failed one, so the end still comes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import Counter
+from math import fsum
+from typing import Any
+
+from airflow_cloudtrain.contract import workqueue
+from airflow_cloudtrain.contract.runs import log_prefix, log_seq, split_stamp
+from airflow_cloudtrain.contract.workqueue import ItemOutcome, WorkerRecord
+from airflow_cloudtrain.core.cloud import ALIVE_STATES
+from airflow_cloudtrain.lifecycle.fleet.run import FleetHandle
+
+EMPTY_POLLS_TO_END = 2
+ITEM_TAIL_LINES = 20  # a failed item's last lines shown in the task log (``item_log_tail``)
+
+
+class FleetFailed(RuntimeError):
+    """The fleet cannot finish: no worker starts, or its group is gone."""
+
+
+def read_outcomes(folder: Any, known: set[str]) -> dict[str, ItemOutcome]:
+    """The outcomes in the run folder whose item id is not in ``known``."""
+    out: dict[str, ItemOutcome] = {}
+    for key in folder.list(workqueue.OUTCOMES_PREFIX + "/"):
+        item = key.rsplit("/", 1)[-1].removesuffix(".json")
+        if item in known or not key.endswith(".json"):
+            continue
+        raw = folder.get_text(key)
+        if raw:
+            out[item] = ItemOutcome.from_json(raw)
+    return out
+
+
+def item_log_tail(folder: Any, outcome: ItemOutcome, limit: int = ITEM_TAIL_LINES) -> list[str]:
+    """The last ``limit`` lines its attempt's job wrote (stamped), from the log chunks the item's
+    agent uploaded to ``items/<id>/instances/<attempt>/logs/``: secrets are already cut out there (the
+    agent redacts every chunk). Reads chunks from the newest back, only as many as the lines need."""
+    if not outcome.instance_id or outcome.attempt == "dead-letter":  # no attempt ran to an end
+        return []
+    prefix = f"{workqueue.item_prefix(outcome.id)}/{log_prefix(outcome.attempt)}"
+    keys = sorted((k for k in folder.list(prefix) if k.endswith(".log")), key=log_seq)
+    lines: list[str] = []
+    for key in reversed(keys):
+        lines = (folder.get_text(key) or "").splitlines() + lines
+        if len(lines) >= limit:
+            break
+    return lines[-limit:]
+
+
+class FleetWatch:
+    def __init__(
+        self,
+        handle: FleetHandle,
+        cloud: Any,
+        folder: Any,
+        log: logging.Logger,
+        startup_timeout: float | None = 1800.0,
+        clock: Any = time.time,
+    ) -> None:
+        self.handle = handle
+        self.cloud = cloud
+        self.folder = folder
+        self.log = log
+        self.startup_timeout = startup_timeout
+        self.clock = clock
+        self.outcomes: dict[str, ItemOutcome] = {}
+        self.members: dict[str, Any] = {}  # instance id -> Instance (any state)
+        self.ended_seen: dict[str, float] = {}
+        self.empty_polls = 0
+        self.last_progress = clock()
+
+    # --- one poll --------------------------------------------------------------------------------
+
+    def poll(self) -> bool:
+        """One round; True when the run is over. Raises ``FleetFailed`` when it cannot finish."""
+        handle, cloud = self.handle, self.cloud
+        now = self.clock()
+        depth = cloud.depth(handle.queue)
+        group = cloud.group(handle.group)
+        if group is None:
+            raise FleetFailed(f"the worker group {handle.group} no longer exists")
+        self._members(cloud.members(handle.run_key), now)
+        self._fail_dead_letters(cloud.take_dead_letters(handle.dead_letter))
+        new = read_outcomes(self.folder, set(self.outcomes))
+        for item_id in sorted(new):
+            self._log_outcome(new[item_id])
+        self.outcomes.update(new)
+        if new or any(m.state in ALIVE_STATES for m in self.members.values()):
+            self.last_progress = now
+        if len(self.outcomes) >= len(handle.item_ids):
+            return True
+        if depth is None:  # no backlog API (Pub/Sub): what has no outcome yet is the backlog
+            backlog = len(handle.item_ids) - len(self.outcomes)
+            waiting = f"{backlog} item(s) without an outcome"
+        else:
+            self.empty_polls = self.empty_polls + 1 if depth.total == 0 else 0
+            if self.empty_polls >= EMPTY_POLLS_TO_END:
+                return True
+            backlog = depth.backlog
+            waiting = f"{depth.visible} item(s) waiting, {depth.in_flight} running"
+        target = min(handle.max_workers, backlog)
+        if target > group.desired:
+            cloud.set_desired(handle.group, target)
+            self.log.info("Scaling %s to %d worker(s): %s", handle.group, target, waiting)
+        if self.startup_timeout and now - self.last_progress > self.startup_timeout:
+            raise FleetFailed(
+                f"no worker of {handle.group} ran for {self.startup_timeout:.0f} s while "
+                f"{backlog} item(s) waited (capacity, quota or a bid below the spot price?)"
+            )
+        return False
+
+    def _fail_dead_letters(self, letters: list[tuple[str, int]]) -> None:
+        """Items that reached the dead-letter subscription without an outcome fail for good (first
+        writer wins, as for the workers' outcomes)."""
+        for body, deliveries in letters:
+            try:
+                item_id, _, interruptions = workqueue.decode_message(body)
+            except (ValueError, KeyError, TypeError):
+                self.log.warning("A malformed message reached the dead-letter queue: %.80r", body)
+                continue
+            key = workqueue.outcome_key(item_id)
+            if self.folder.get_text(key) is not None:
+                continue
+            outcome = ItemOutcome(
+                id=item_id,
+                state=workqueue.FAILED,
+                attempt="dead-letter",
+                instance_id="",
+                exit_code=None,
+                message=f"no result after {deliveries or 'several'} deliveries: its workers vanished "
+                "(it is in the dead-letter queue)",
+                attempts=deliveries or 1,
+                interruptions=interruptions,
+            )
+            self.folder.put_text(key, outcome.to_json())
+
+    def _members(self, found: list[Any], now: float) -> None:
+        for inst in found:
+            before = self.members.get(inst.id)
+            self.members[inst.id] = inst
+            if before is None and inst.state in ALIVE_STATES:
+                market = "spot" if inst.spot else "on-demand"
+                self.log.info(
+                    "Worker %s started (%s, %s, %s)", inst.id, inst.instance_type, market, inst.zone
+                )
+            if inst.state not in ALIVE_STATES and inst.id not in self.ended_seen:
+                self.ended_seen[inst.id] = now
+                why = "reclaimed (spot interruption)" if inst.preempted else "ended"
+                self.log.info("Worker %s %s", inst.id, why)
+
+    def _log_outcome(self, outcome: ItemOutcome) -> None:
+        where = f"on {outcome.instance_id}, delivery {outcome.attempts}"
+        if outcome.state == workqueue.SUCCEEDED:
+            self.log.info("Item %s succeeded %s", outcome.id, where)
+        else:
+            self.log.warning(
+                "Item %s failed for good %s: %s", outcome.id, where, outcome.message or outcome.exit_code
+            )
+            self._log_tail(outcome)
+
+    def _log_tail(self, outcome: ItemOutcome) -> None:
+        """The failed item's last lines under its outcome, as a single run's log shows the job's."""
+        try:
+            lines = item_log_tail(self.folder, outcome)
+        except Exception as err:  # the outcome is what matters: a log that cannot be read is only noted
+            self.log.info("Item %s: its log could not be read (%s: %s)", outcome.id, type(err).__name__, err)
+            return
+        if lines:
+            self.log.info("Item %s: the last %d line(s) of its output:", outcome.id, len(lines))
+        for line in lines:
+            stamp, text = split_stamp(line)
+            self.log.info("[item %s%s] %s", outcome.id, f" {stamp[11:23]}" if stamp else "", text)
+
+    # --- the result ------------------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Read what a result needs (after a deferral the watch starts empty)."""
+        now = self.clock()
+        with contextlib.suppress(Exception):
+            self._members(self.cloud.members(self.handle.run_key), now)
+        self.outcomes.update(read_outcomes(self.folder, set(self.outcomes)))
+
+    def result(self) -> dict[str, Any]:
+        """The XCom: per item outcome, worker count, interruptions and cost (price x billed time)."""
+        handle, now = self.handle, self.clock()
+        duplicates = Counter(
+            key.split("/")[1]
+            for key in self.folder.list(workqueue.DUPLICATES_PREFIX + "/")
+            if key.count("/") >= 2
+        )
+        items, failed = [], []
+        for item_id in handle.item_ids:
+            outcome = self.outcomes.get(item_id)
+            if outcome is None:
+                failed.append(item_id)
+                items.append(
+                    {
+                        "id": item_id,
+                        "state": workqueue.FAILED,
+                        "exit_code": None,
+                        "attempts": None,
+                        "instance_id": None,
+                        "results_uri": None,
+                        "message": "no result: its deliveries ran out on workers that vanished "
+                        "(it is in the dead-letter queue)",
+                        "duplicate_runs": duplicates.get(item_id, 0),
+                    }
+                )
+                continue
+            if outcome.state != workqueue.SUCCEEDED:
+                failed.append(item_id)
+            items.append(
+                {
+                    "id": item_id,
+                    "state": outcome.state,
+                    "exit_code": outcome.exit_code,
+                    "attempts": outcome.attempts,
+                    "interruptions": outcome.interruptions,
+                    "instance_id": outcome.instance_id,
+                    "results_uri": outcome.results_uri,
+                    "message": outcome.message,
+                    "duplicate_runs": duplicates.get(item_id, 0),
+                }
+            )
+        records = self._worker_records()
+        costs = []
+        for inst in self.members.values():
+            start = inst.launch_time or handle.started_at
+            record = records.get(inst.id)
+            end = (record.ended_at if record else None) or self.ended_seen.get(inst.id) or now
+            price = handle.prices.get(inst.instance_type)
+            if price is not None:
+                costs.append(price * max(0.0, end - start) / 3600.0)
+        types = Counter(m.instance_type for m in self.members.values())
+        return {
+            "run_id": handle.run_id,
+            "run_uri": handle.run_uri,
+            "cloud": handle.cloud,
+            "region": handle.region,
+            "zone": None,
+            "instance_type": types.most_common(1)[0][0] if types else None,
+            "exit_code": 1 if failed else 0,
+            "items_total": len(handle.item_ids),
+            "items_succeeded": len(handle.item_ids) - len(failed),
+            "items_failed": failed,
+            "items_duplicated": sorted(i for i, n in duplicates.items() if n),
+            "items": items,
+            "workers_launched": len(set(self.members) | set(records)),
+            # reclaimed workers, or (when EC2 no longer lists them) the item runs they stopped
+            "interruptions": max(
+                sum(1 for m in self.members.values() if m.preempted),
+                sum(o.interruptions for o in self.outcomes.values()),
+            ),
+            "cost_usd": round(fsum(costs), 6),
+            "duration_s": round(now - handle.started_at, 3),
+            "queue": handle.queue,
+            "dead_letter_queue": handle.dead_letter,
+            "group": handle.group,
+        }
+
+    def _worker_records(self) -> dict[str, WorkerRecord]:
+        out = {}
+        with contextlib.suppress(Exception):
+            for key in self.folder.list(workqueue.WORKERS_PREFIX + "/"):
+                raw = self.folder.get_text(key)
+                if raw:
+                    record = WorkerRecord.from_json(raw)
+                    out[record.instance_id] = record
+        return out

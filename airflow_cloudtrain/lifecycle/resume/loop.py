@@ -1,0 +1,275 @@
+"""The checkpoint-resume loop's memory and its attempts: what ``CheckpointResumeOperator`` drives.
+
+Each (re)launch is a ``RunAttempt`` of the same run key (so the same ledger, tag sweep and teardown
+guarantee) in the same run folder (so the agent restores the newest complete checkpoint there).
+The loop's history (``lifecycle.history.RunHistory``) is saved to ``task_state_store`` and to the
+run folder after every change, and an attempt's end is saved as ``pending`` *before* it is released
+and accounted: a worker killed anywhere in between finds it on reload and finishes it, so no
+interruption is lost from the budgets and no attempt is billed twice.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from airflow_cloudtrain.contract.runs import SPEC_KEY, RunStatus, join, results_prefix, status_key
+from airflow_cloudtrain.core.ledger import store_get, store_set
+from airflow_cloudtrain.core.retry import call_with_retry
+from airflow_cloudtrain.lifecycle.prepare import JobOptions
+from airflow_cloudtrain.lifecycle.resume.history import (
+    ABANDONED,
+    LOOP_KEY,
+    AttemptRow,
+    RunHistory,
+    index_key,
+    ledger_key,
+)
+from airflow_cloudtrain.lifecycle.resume.recovery import (
+    SPOT_OF,
+    RecoverySettings,
+    Step,
+    capacity_row,
+    launch_fields,
+    next_step,
+    row_for,
+)
+from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt, RunContext
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.core.records import LaunchRecord, Outcome
+
+
+class ResumeSourceNotFound(ValueError):
+    """``resume_from`` names no run this bucket knows."""
+
+
+def resolve_resume_from(backend: Any, bucket: str, value: str) -> str:
+    """The run folder ``resume_from`` names: a run URI as is (it must hold a spec), a run id
+    through the bucket's ``index/<run_id>.json``."""
+    if value.startswith(("s3://", "gs://")):
+        uri = value.rstrip("/")
+        if not call_with_retry(lambda: backend.run_folder(uri).get_text(SPEC_KEY)):
+            raise ResumeSourceNotFound(f"resume_from={value!r}: no run folder there (no {SPEC_KEY})")
+        return uri
+    raw = call_with_retry(lambda: backend.run_folder(bucket).get_text(index_key(value)))
+    if not raw:
+        raise ResumeSourceNotFound(
+            f"resume_from={value!r}: no run with that id under {bucket} (no {index_key(value)})"
+        )
+    return str(json.loads(raw)["run_uri"])
+
+
+class RecoveryLoop:
+    """One task's loop over attempts; rebuilt from its saved history after every deferral."""
+
+    def __init__(
+        self, ctx: RunContext, settings: RecoverySettings, job: JobOptions, resume_from: str | None = None
+    ) -> None:
+        self.ctx = ctx
+        self.settings = settings
+        self.job = job
+        self.log = ctx.log
+        self.killed = False
+        self.history = self._load(resume_from)
+        self.ctx.folder_uri = self.history.run_uri
+
+    # -- history ---------------------------------------------------------------------------------
+    def _load(self, resume_from: str | None) -> RunHistory:
+        """The saved history (the newer of the store's and the run folder's copies), else a new one,
+        saved at once: its start time is what a timedelta ``deadline`` counts from."""
+        ctx = self.ctx
+        run_id = ctx.key.short_id
+        saved = store_get(ctx.store, LOOP_KEY)
+        stored = RunHistory.from_dict(saved) if saved and saved.get("run_id") == run_id else None
+        run_uri = stored.run_uri if stored else ctx.run_uri
+        if stored is None and resume_from:
+            run_uri = resolve_resume_from(ctx.backend, ctx.config.bucket, resume_from)
+            self.log.info("Resuming %s: its checkpoints, and its run folder %s", resume_from, run_uri)
+        raw = call_with_retry(lambda: ctx.backend.run_folder(run_uri).get_text(ledger_key(run_id)))
+        in_folder = RunHistory.from_dict(json.loads(raw)) if raw else None
+        if in_folder and (stored is None or (in_folder.updated_at or 0) > (stored.updated_at or 0)):
+            if stored is None:  # the store is gone (a cleared task): the run folder has the history
+                self.log.info("Continuing the loop from the ledger in %s", run_uri)
+            return in_folder
+        if stored is not None:
+            return stored
+        history = RunHistory(
+            run_id=run_id,
+            run_uri=run_uri,
+            policy=self.settings.policy,
+            started_at=time.time(),
+            resumed_from=run_uri if resume_from else None,
+        )
+        index = json.dumps({"run_uri": run_uri, "dag_id": ctx.key.dag_id, "task_id": ctx.key.task_id})
+        call_with_retry(lambda: ctx.backend.run_folder(ctx.config.bucket).put_text(index_key(run_id), index))
+        self.history = history
+        self.save()
+        return history
+
+    def save(self, strict: bool = True) -> None:
+        """To the store (best effort) and the run folder (retried; with ``strict=False`` a failure
+        is only logged, for the write-ahead before a release, which must not wait on the bucket)."""
+        history = self.history
+        history.updated_at = time.time()
+        store_set(self.ctx.store, LOOP_KEY, history.to_dict())
+        folder = self.ctx.backend.run_folder(history.run_uri)
+        try:
+            call_with_retry(lambda: folder.put_text(ledger_key(history.run_id), history.to_json()))
+        except Exception as err:
+            if strict:
+                raise
+            self.log.warning("Could not save the run's ledger to %s (%s); going on", history.run_uri, err)
+
+    # -- steps -----------------------------------------------------------------------------------
+    def next_step(self) -> Step:
+        if self.history.pending:
+            self._finish_pending()
+        step = next_step(self.history, self.settings, self.ctx.try_number, time.time())
+        self.log.info("Next: %s%s (%s)", step.kind, f" on {step.cloud}" if step.cloud else "", step.reason)
+        return step
+
+    def attempt(self, cloud: str | None = None) -> RunAttempt:
+        """An attempt of this run on ``cloud`` (spot or on-demand of the same provider); launching
+        goes through ``launch_attempt``, which numbers it."""
+        ctx, cloud = self.ctx, cloud or self.settings.cloud
+        spot = cloud == SPOT_OF[cloud]
+        config = replace(ctx.config, cloud=cloud, bid=ctx.config.bid if spot else None)
+        options = replace(
+            ctx.options,
+            provisioning=ctx.options.provisioning if spot else None,
+            sequence=self.history.launch_seq,
+        )
+        job = replace(self.job, restarts=self.history.restarts)
+        attempt = RunAttempt(replace(ctx, config=config, options=options, job=job))
+        attempt.killed = self.killed
+        return attempt
+
+    def launch_attempt(self, cloud: str | None) -> RunAttempt:
+        """The next launch: numbered (and saved) first, so its client tokens are never reused."""
+        self.history.launch_seq += 1
+        self.save()
+        return self.attempt(cloud)
+
+    def launch_failed(self, cloud: str, err: Exception) -> None:
+        """No offer had capacity: a ledger row (it spends the interruption budget) and no cost."""
+        row = capacity_row(len(self.history.attempts) + 1, self.ctx.try_number, cloud, str(err), time.time())
+        self.history.attempts.append(row)
+        self.save()
+        self.log.warning("Attempt %d found no capacity: %s", row.attempt, err)
+
+    def begin_wait(self, reason: str) -> None:
+        """A wait before the next launch starts (saved: a deferral or a dead worker may end it)."""
+        now = time.time()
+        self.history.waits.append({"from": now, "to": now, "reason": reason, "open": True})
+        self.save()
+
+    def end_wait(self) -> None:
+        for wait in reversed(self.history.waits):
+            if wait.pop("open", False):
+                wait["to"] = time.time()
+                break
+        self.save()
+
+    def finish(self, attempt: RunAttempt, launch: LaunchRecord, outcome: Outcome) -> AttemptRow:
+        """Release the attempt's instance, account for it and add its row (crash-safe, see module)."""
+        if self.history.pending and self.history.pending["launch"].get("instance_id") != launch.instance_id:
+            self._finish_pending()  # an older end a failed save left behind: account for it first
+        self.history.pending = {"launch": launch.to_dict(), "outcome": outcome.to_dict()}
+        self.save(strict=False)
+        return self._finish(attempt, launch, outcome)
+
+    def abandoned(self, launch: LaunchRecord, reason: str) -> None:
+        """A row for an attempt released without a reported end (killed task, failed wait), so the
+        ledger still shows what it cost. Best effort: the task is failing anyway."""
+        from airflow_cloudtrain.core.billing import billed_cost
+
+        if self.history.has(launch.instance_id):
+            return
+        now = time.time()
+        cost, _ = billed_cost(launch.hourly_usd, now - float(launch.launched_at or now))
+        row = AttemptRow(
+            attempt=len(self.history.attempts) + 1,
+            try_number=self.ctx.try_number,
+            ended=ABANDONED,
+            **launch_fields(launch),
+            ended_at=now,
+            cost_usd=float(cost or 0.0),
+            message=reason,
+        )
+        self.history.attempts.append(row)
+        self.history.pending = None
+        try:
+            self.save(strict=False)
+        except Exception as err:
+            self.log.warning("Could not record the abandoned attempt in the ledger: %s", err)
+
+    def _finish(self, attempt: RunAttempt, launch: LaunchRecord, outcome: Outcome) -> AttemptRow:
+        done = attempt.finish(launch, outcome)
+        folder, iid = attempt.folder, launch.instance_id
+        raw = call_with_retry(lambda: folder.get_text(status_key(iid)))
+        beat = attempt.last_heartbeat
+        status = RunStatus.from_json(raw) if raw else None
+        row = row_for(done, status, len(self.history.attempts) + 1, self.ctx.try_number, beat)
+        if not self.history.has(launch.instance_id):
+            self.history.attempts.append(row)
+        self.history.pending = None
+        self.save()
+        self.log.info("Ledger so far:\n%s", self.history.table())
+        return row
+
+    def _finish_pending(self) -> None:
+        from airflow_cloudtrain.core.records import LaunchRecord, Outcome
+
+        pending = self.history.pending or {}
+        launch = LaunchRecord.from_dict(pending["launch"])
+        outcome = Outcome.from_dict(pending["outcome"])
+        if self.history.has(launch.instance_id):
+            self.history.pending = None
+            return
+        self.log.info("Finishing attempt on %s that an earlier worker left half done", launch.instance_id)
+        self._finish(self.attempt(launch.cloud), launch, outcome)
+
+    def close(self, ok: bool, message: str = "") -> None:
+        self.history.state = "succeeded" if ok else "failed"
+        self.history.message = message
+        self.save()
+        self.log.info("Ledger of run %s:\n%s", self.history.run_id, self.history.table())
+
+    # -- result ----------------------------------------------------------------------------------
+    def result(self) -> dict[str, Any]:
+        """The XCom: the contract's keys from the last attempt that ran an instance, with the whole
+        run's totals and the ledger."""
+        history = self.history
+        totals = history.totals()
+        last = next((r for r in reversed(history.attempts) if r.instance_id), None)
+        per_attempt: dict[str, Any] = {}
+        if last is not None:
+            per_attempt = {
+                "run_id": history.run_id,
+                "results_uri": join(history.run_uri, results_prefix(last.instance_id or "")),
+                "cloud": last.cloud,
+                "instance_id": last.instance_id,
+                "instance_type": last.instance_type,
+                "region": last.region,
+                "zone": last.zone,
+                "spot": last.spot,
+                "exit_code": last.exit_code,
+                "state": "succeeded" if last.ended == "finished" else last.ended,
+            }
+        return {
+            **per_attempt,
+            "run_uri": history.run_uri,
+            "cost_usd": totals["cost_usd"],
+            "duration_s": totals["duration_s"],
+            "interruptions": totals["interruptions"],
+            "restarts": history.restarts,
+            "resumed_step": last.restored_step if last is not None else None,
+            "resumed_from": history.resumed_from,
+            "policy": history.policy,
+            "ledger_uri": join(history.run_uri, ledger_key(history.run_id)),
+            "totals": totals,
+            "attempts": [r.to_dict() for r in history.attempts],
+        }

@@ -1,0 +1,261 @@
+"""What the checkpoint-resume loop does next, and how an attempt's end goes into its ledger.
+
+Pure decisions over a ``RunHistory`` (no cloud calls), so the operator's blocking and deferrable
+paths, and the tests, share them:
+
+- ``next_step``: done, fail (a budget is spent), wait (the deadline policy, or no capacity), or
+  launch on spot / on-demand. ``spot_first`` relaunches on spot until ``on_demand_after``
+  interruptions; ``deadline`` asks the policy engine's registered default policy with a
+  ``PolicyState`` built from the history (``policy_state``), the very function the simulator runs.
+- ``row_for``: one ledger row from the launch, the outcome, the agent's last status and the cost.
+
+Budgets are per try: an Airflow retry of the task continues the loop (same run folder, checkpoints,
+ledger and deadline) with fresh ``max_restarts`` / ``max_restarts_on_errors``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_cloudtrain.lifecycle.resume.history import (
+    CAPACITY_ERROR,
+    FINISHED,
+    IDLE,
+    INTERRUPTED,
+    INTERRUPTED_NO_NOTICE,
+    JOB_ERROR,
+    LOST,
+    TIMED_OUT,
+    AttemptRow,
+    RunHistory,
+)
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.contract.runs import RunStatus
+    from airflow_cloudtrain.core.records import Attempt, LaunchRecord
+    from airflow_cloudtrain.policy import PolicyState
+
+SPOT_FIRST, DEADLINE = "spot_first", "deadline"
+POLICIES = (SPOT_FIRST, DEADLINE)
+SPOT_OF = {"ec2": "ec2spot", "ec2spot": "ec2spot", "gcloud": "gcspot", "gcspot": "gcspot"}
+ON_DEMAND_OF = {"ec2": "ec2", "ec2spot": "ec2", "gcloud": "gcloud", "gcspot": "gcloud"}
+DEFAULT_CHANGEOVER_S = 300.0  # before this run has measured its own: boot, setup, restore
+HEARTBEAT_S = 5.0  # the agent's heartbeat interval (RunSpec.heartbeat_interval_s)
+
+
+@dataclass(frozen=True)
+class RecoverySettings:
+    """The operator's recovery arguments, parsed (see ``CheckpointResumeOperator``)."""
+
+    cloud: str  # the cloud the user named: its provider, and spot or not for ``spot_first``
+    max_restarts: int = 10
+    max_restarts_on_errors: int = 0
+    policy: str = SPOT_FIRST
+    on_demand_after: int | None = None
+    deadline_at: float | None = None  # unix time, once the first start is known
+    expected_duration_s: float | None = None
+    relaunch_wait_s: float = 60.0  # after no offer had capacity; the deadline policy's tick
+    spot_price_ratio: float = 0.32  # spot / on-demand of the chosen offer, for the policy
+
+
+@dataclass(frozen=True)
+class Step:
+    """``launch`` (on ``cloud``), ``wait`` (``seconds``), ``done`` or ``fail`` (``reason``)."""
+
+    kind: str
+    cloud: str | None = None
+    seconds: float = 0.0
+    reason: str = ""
+
+
+def next_step(history: RunHistory, settings: RecoverySettings, try_number: int, now: float) -> Step:
+    """What the loop does now; the reasons end up in the task log."""
+    last = history.attempts[-1] if history.attempts else None
+    if last is not None and last.ended == FINISHED:
+        return Step("done", reason="the job finished")
+    if last is not None and last.ended == TIMED_OUT and last.try_number == try_number:
+        return Step("fail", reason=f"attempt {last.attempt} ran past max_runtime: {last.message}")
+    losses = history.capacity_losses(try_number)
+    if losses > settings.max_restarts:
+        return Step(
+            "fail",
+            reason=f"{losses} interruptions, more than max_restarts={settings.max_restarts}"
+            + (f"; last: {last.message}" if last and last.message else ""),
+        )
+    errors = history.error_restarts(try_number)
+    if errors > settings.max_restarts_on_errors:
+        return Step(
+            "fail",
+            reason=f"the job failed {errors} time(s), more than max_restarts_on_errors="
+            f"{settings.max_restarts_on_errors}"
+            + (f"; last: {last.message}" if last and last.message else ""),
+        )
+    # no capacity at the last try, and no wait since: wait (spot_first) or tell the policy
+    capacity_just_failed = (
+        last is not None
+        and last.ended == CAPACITY_ERROR
+        and not (history.waits and history.waits[-1]["from"] >= (last.ended_at or 0.0))
+    )
+    if settings.policy == DEADLINE:
+        return _deadline_step(history, settings, now, capacity_just_failed)
+    cloud = settings.cloud
+    if capacity_just_failed:
+        return Step("wait", seconds=settings.relaunch_wait_s, reason="no offer had capacity")
+    total = history.interruptions()
+    if settings.on_demand_after is not None and total >= settings.on_demand_after:
+        return Step("launch", ON_DEMAND_OF[cloud], reason=f"on-demand after {total} interruption(s)")
+    return Step("launch", cloud, reason="relaunch" if history.launches else "first launch")
+
+
+def _deadline_step(history: RunHistory, settings: RecoverySettings, now: float, spot_failed: bool) -> Step:
+    from airflow_cloudtrain.policy import get_policy
+
+    state = policy_state(history, settings, now, spot_available=not spot_failed)
+    decision = get_policy(DEADLINE)(state)
+    why = (
+        f"deadline policy: {decision} (slack {state.slack * 3600:.0f} s, work left "
+        f"{state.work_remaining * 3600:.0f} s, changeover {state.changeover * 3600:.0f} s)"
+    )
+    if decision == "wait":
+        return Step("wait", seconds=settings.relaunch_wait_s, reason=why)
+    cloud = SPOT_OF[settings.cloud] if decision == "spot" else ON_DEMAND_OF[settings.cloud]
+    return Step("launch", cloud, reason=why)
+
+
+def policy_state(
+    history: RunHistory, settings: RecoverySettings, now: float, spot_available: bool = True
+) -> PolicyState:
+    """The policy engine's state (hours) from what this run has seen.
+
+    Work done is the compute behind the latest complete checkpoint; the changeover is this run's
+    measured relaunch + restore (+ work lost), a default until it has one. Spot counts as seen
+    available while spot attempts ran, unavailable while a spot launch found no capacity and the
+    loop waited; each spot attempt is one spell. Nothing runs at a (re)launch.
+    """
+    from airflow_cloudtrain.policy import PolicyState
+
+    hour = 3600.0
+    expected = settings.expected_duration_s or 0.0
+    deadline = (settings.deadline_at or now) - history.started_at
+    done = history.work_done_s
+    spot_rows = [r for r in history.attempts if r.spot and r.instance_id]
+    tick = settings.relaunch_wait_s
+    return PolicyState(
+        elapsed=(now - history.started_at) / hour,
+        deadline=deadline / hour,
+        work_done=done / hour,
+        work_remaining=max(expected - done, tick) / hour,
+        changeover=history.changeover_s(DEFAULT_CHANGEOVER_S) / hour,
+        spot_available=spot_available,
+        running=None,
+        tick=tick / hour,
+        price_ratio=settings.spot_price_ratio,
+        interruptions=history.interruptions(),
+        launches=history.launches,
+        spot_hours=sum(r.duration_s for r in spot_rows) / hour,
+        on_demand_hours=sum(r.duration_s for r in history.attempts if not r.spot) / hour,
+        seen_available_hours=sum(r.duration_s for r in spot_rows) / hour,
+        seen_unavailable_hours=sum(max(0.0, w["to"] - w["from"]) for w in history.waits) / hour,
+        spot_spells=len(spot_rows),
+        spell_hours=0.0,
+        running_hours=0.0,
+    )
+
+
+def ending_of(state: str, interrupted: bool, notice: bool) -> str:
+    """The ledger's ``ended`` for an outcome state (the agent's or the operator's)."""
+    if state == "succeeded":
+        return FINISHED
+    if interrupted or state == "interrupted":
+        return INTERRUPTED if notice else INTERRUPTED_NO_NOTICE
+    return {"failed": JOB_ERROR, "idle": IDLE, "timed_out": TIMED_OUT}.get(state, LOST)
+
+
+def row_for(
+    attempt: Attempt,
+    status: RunStatus | None,
+    number: int,
+    try_number: int,
+    last_beat: float | None = None,
+) -> AttemptRow:
+    """One ledger row: the attempt's launch, outcome and cost, plus the agent's checkpoint facts.
+    ``last_beat``: the agent's last heartbeat, when the job may have stopped without a word."""
+    launch, outcome = attempt.launch, attempt.outcome
+    notice = bool(status and status.interruption and status.interruption.get("notice_at"))
+    ended = ending_of(outcome.state, outcome.interrupted, notice)
+    checkpoint = (status.checkpoint if status else None) or {}
+    saved_at = checkpoint.get("saved_at")
+    job_started = status.job_started_at if status else None
+    stopped = _stopped_at(status, attempt, last_beat)
+    lost = None
+    progress = 0.0
+    if job_started is not None:
+        if ended == FINISHED:
+            progress = max(0.0, stopped - job_started)
+            lost = 0.0
+        else:
+            base = saved_at if saved_at is not None else job_started
+            lost = max(0.0, stopped - base)
+            progress = max(0.0, saved_at - job_started) if saved_at is not None else 0.0
+    return AttemptRow(
+        attempt=number,
+        try_number=try_number,
+        ended=ended,
+        **launch_fields(launch),
+        job_started_at=job_started,
+        ended_at=attempt.released_at,
+        cost_usd=float(attempt.cost_usd or 0.0),
+        exit_code=outcome.exit_code,
+        restored_step=status.restored_step if status else None,
+        checkpoint_step=checkpoint.get("step"),
+        checkpoint_saved_at=saved_at,
+        work_lost_s=None if lost is None else round(lost, 3),
+        progress_s=round(progress, 3),
+        message=outcome.message,
+    )
+
+
+def launch_fields(launch: LaunchRecord) -> dict[str, Any]:
+    """The ledger row's columns that come from the launch: which offer, where, when."""
+    return {
+        "cloud": launch.cloud,
+        "instance_id": launch.instance_id,
+        "instance_type": launch.instance_type,
+        "spot": bool(launch.spot),
+        "zone": launch.zone,
+        "region": launch.region,
+        "requested_at": launch.requested_at,
+        "launched_at": launch.launched_at,
+        "hourly_usd": launch.hourly_usd,
+    }
+
+
+def _stopped_at(status: RunStatus | None, attempt: Attempt, last_beat: float | None) -> float:
+    """When the job stopped making progress: it exited after a notice, or the agent reported the
+    end. Without a word from the agent (gone without notice) the end lies between its last sign of
+    life and the next heartbeat it would have written, and before the wait saw the instance ended:
+    the ledger takes that upper bound, so it never under-reports the work lost."""
+    interruption: dict[str, Any] = (status.interruption if status else None) or {}
+    for value in (interruption.get("job_stopped_at"), status.ended_at if status else None):
+        if value:
+            return float(value)
+    bounds = [attempt.released_at, attempt.outcome.seen_ended_at or attempt.released_at]
+    signs = [v for v in (status.updated_at if status else None, last_beat) if v]
+    if signs:
+        bounds.append(max(signs) + HEARTBEAT_S)
+    return float(min(bounds))
+
+
+def capacity_row(number: int, try_number: int, cloud: str, message: str, now: float) -> AttemptRow:
+    """A relaunch that found no capacity anywhere: nothing ran, nothing was paid."""
+    return AttemptRow(
+        attempt=number,
+        try_number=try_number,
+        ended=CAPACITY_ERROR,
+        cloud=cloud,
+        spot=cloud in ("ec2spot", "gcspot"),
+        launched_at=now,
+        ended_at=now,
+        message=message,
+    )

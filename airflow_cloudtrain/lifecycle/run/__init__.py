@@ -1,0 +1,1 @@
+"""The single run: one attempt on one instance (``CloudTrainOperator``)."""

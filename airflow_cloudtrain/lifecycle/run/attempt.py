@@ -1,0 +1,548 @@
+"""One attempt of a run: launch or adopt, wait, read the outcome, release, account.
+
+``RunAttempt`` is what ``CloudTrainOperator`` is made of, and what the operators of later issues
+loop over. Every resource it creates is written to the ``ResourceLedger`` before the create call, and
+every way an attempt ends (success, failure, ``on_kill``, a failed deferral, a retry) releases
+through that ledger. A retried task first looks at what an earlier try left: a final status nobody
+reported yet is delivered as the result, a live instance is adopted, and an ended one is deleted;
+only a run with nothing alive and nothing final launches again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_cloudtrain.contract.errors import CloudError
+from airflow_cloudtrain.contract.runs import RunStatus, delivered_key, heartbeat_key, join, status_key
+from airflow_cloudtrain.core.billing import billed_cost
+from airflow_cloudtrain.core.cloud import ALIVE_STATES, ENDED_STATES, STOPPED
+from airflow_cloudtrain.core.ledger import ResourceLedger, store_get, store_set
+from airflow_cloudtrain.core.records import Attempt, LaunchRecord, Outcome
+from airflow_cloudtrain.core.retry import TransientBudget, call_with_retry
+from airflow_cloudtrain.core.waiting import RunWatch, outcome, parse_heartbeat
+from airflow_cloudtrain.lifecycle.prepare import (
+    JobOptions,
+    LaunchOptions,
+    WaitSettings,
+    offers_for,
+    price_from_tags,
+    request_builder,
+)
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.contract.runs import RunKey
+    from airflow_cloudtrain.core.backend import RunBackend
+    from airflow_cloudtrain.core.cloud import Instance, LaunchRequest
+    from airflow_cloudtrain.operators.config import RunConfig
+
+LAUNCH_KEY = "cloudtrain_launch"  # task_state_store: the LaunchRecord of the current attempt
+DELIVERED_KEY = "cloudtrain_delivered"  # task_state_store: instances whose end was already reported
+DEADLINE_MARGIN_S = 600.0  # past max_runtime, the wait gives up on an agent that did not stop the job
+
+
+def has_final_status(folder: Any, instance_id: str) -> bool:
+    """Has the agent on ``instance_id`` written a final status to the run folder?"""
+    raw = folder.get_text(status_key(instance_id))
+    return bool(raw) and RunStatus.from_json(raw).final
+
+
+def mark_reported(
+    folder: Any, instance_id: str, try_number: int, state: str, budget: TransientBudget | None = None
+) -> None:
+    """The ``delivered`` marker: this instance's end was reported to Airflow (or given up on by a
+    teardown, ``state="released"``), so no retry reports it again."""
+    note = json.dumps({"try_number": try_number, "state": state, "at": time.time()})
+    call_with_retry(lambda: folder.put_text(delivered_key(instance_id), note), budget)
+
+
+class RunKilled(RuntimeError):
+    """The task was killed while this attempt was launching or waiting."""
+
+
+@dataclass
+class RunContext:
+    """Everything an attempt needs, rebuilt identically by every try and after every deferral."""
+
+    config: RunConfig
+    key: RunKey
+    backend: RunBackend
+    store: Any  # task_state_store, or None
+    try_number: int
+    options: LaunchOptions
+    log: logging.Logger
+    wait: WaitSettings
+    conn_id: str | None = None  # the provider's connection, for the trigger
+    project_id: str | None = None
+    job: JobOptions | None = None  # checkpoint / watchdog settings for the spec (None: defaults)
+    folder_uri: str | None = None  # another run folder to use (``resume_from``), else the key's own
+    secret_env: dict[str, str] | None = None  # {VAR: reference}, checked (``operators.secret_env``)
+
+    @property
+    def run_uri(self) -> str:
+        return self.folder_uri or join(self.config.bucket, self.key.path())
+
+    @property
+    def live_uri(self) -> str:
+        """The live index the agent publishes to: the bucket's, in the run folder's bucket (a
+        trigger reads the run's older log chunks through the same client)."""
+        from airflow_cloudtrain.contract.runs import live_index_uri, split_uri
+
+        scheme, bucket, _ = split_uri(self.run_uri)
+        same = split_uri(self.config.bucket)[:2] == (scheme, bucket)
+        return live_index_uri(self.config.bucket if same else f"{scheme}://{bucket}")
+
+    @classmethod
+    def for_task(
+        cls, config: RunConfig, task: Any, context: Any, options: LaunchOptions, wait: WaitSettings
+    ) -> RunContext:
+        """The context of one task instance: ``task`` carries ``dag_id``, ``task_id``, ``log`` and the
+        ``aws_conn_id`` / ``gcp_conn_id`` / ``project_id`` of the official providers."""
+        from airflow_cloudtrain.clouds.registry import backend_for
+        from airflow_cloudtrain.contract.clouds import conn_id_for
+        from airflow_cloudtrain.contract.runs import RunKey
+        from airflow_cloudtrain.lifecycle.run_secrets import sweep_secrets
+        from airflow_cloudtrain.operators.secret_env import parse_secret_env
+
+        ti = context["ti"]
+        key = RunKey.of_task(task, context, config.bucket)
+        backend = backend_for(
+            config.cloud,
+            region=config.region or config.zone_region,
+            aws_conn_id=task.aws_conn_id,
+            gcp_conn_id=task.gcp_conn_id,
+            project_id=task.project_id,
+        )
+        secret_env = parse_secret_env(getattr(task, "secret_env", None), config.cloud, config.env)
+        sweep_secrets(backend, secret_env)  # a teardown also finds the run's own secrets by name
+        return cls(
+            config=config,
+            key=key,
+            backend=backend,
+            store=context.get("task_state_store"),
+            try_number=getattr(ti, "try_number", 1) or 1,
+            options=options,
+            log=task.log,
+            wait=wait,
+            conn_id=conn_id_for(config.cloud, task.aws_conn_id, task.gcp_conn_id),
+            project_id=task.project_id,
+            secret_env=secret_env,
+        )
+
+
+class RunAttempt:
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.log = ctx.log
+        self.ledger = ResourceLedger.load(ctx.key.digest, ctx.store, ctx.log)
+        self.killed = False
+        self._folder: Any = None
+        self._live: Any = None  # the live index, opened on first use
+        self.last_heartbeat: float | None = None  # read by ``finish``, before the entries go
+        stored = store_get(ctx.store, LAUNCH_KEY)
+        self.stored = (
+            LaunchRecord.from_dict(stored) if stored and stored.get("run_uri") == ctx.run_uri else None
+        )
+        if self.stored and self.stored.region:  # an earlier try launched there: adopt and tear down there
+            ctx.backend.bind_region(self.stored.region)
+
+    @property
+    def folder(self) -> Any:
+        if self._folder is None:
+            self._folder = self.ctx.backend.run_folder(self.ctx.run_uri)
+        return self._folder
+
+    # --- start: deliver, adopt, or launch ------------------------------------------------------
+
+    def start(self) -> tuple[LaunchRecord, Outcome | None]:
+        """The attempt's instance, and its outcome when an earlier try's job already finished."""
+        backend = self.ctx.backend
+        if backend.region is None:  # nothing asked, nothing configured: the cheapest region it is
+            backend.bind_region(offers_for(self.ctx.config, None, self.log)[0].region)
+        # Reads are retried; an error here releases nothing: an adoptable instance must survive it.
+        found = call_with_retry(self._earlier)
+        if found is not None:
+            return found
+        try:
+            return self._launch(), None
+        except BaseException:  # a failed or timed-out launch: whatever it created goes (tag sweep too)
+            self.abandon()
+            raise
+
+    def _earlier(self) -> tuple[LaunchRecord, Outcome | None] | None:
+        """What earlier tries left: an unreported final status, else a live instance to adopt."""
+        backend = self.ctx.backend
+        if not self.ledger.of_kind("instance"):
+            self.ledger.sweep(backend, ["instance"])
+        known = {r.id: r for r in self.ledger.of_kind("instance") if r.id}
+        in_folder = {k.split("/")[1] for k in self.folder.list("instances/") if k.count("/") >= 2}
+        ids = sorted(set(known) | in_folder)
+        if not ids:
+            return None
+        states = backend.cloud.describe(ids)
+        for iid in ids:
+            status = self._status(iid)
+            if status is not None and status.final and not self._delivered(iid):
+                self.log.info(
+                    "The job already finished on %s (%s) in an earlier try: delivering that result",
+                    iid,
+                    status.state,
+                )
+                if iid not in known and not states[iid].missing:
+                    self.ledger.add("instance", iid, backend.location(states[iid].zone))
+                return self._adopted(states.get(iid), iid), outcome(status, None, True)
+        alive = [iid for iid in ids if iid in known and states[iid].state in ALIVE_STATES]
+        given_up = [iid for iid in alive if self._delivered(iid)]  # a teardown marked it, then failed
+        if given_up:
+            self.log.warning("Releasing instance(s) an earlier teardown gave up on: %s", given_up)
+            self.ledger.release(backend, sweep=False, only=[known[i] for i in given_up])
+            alive = [iid for iid in alive if iid not in given_up]
+        if not alive:
+            if known:  # ended without a final status (e.g. a powered-off GCE VM): delete, then launch again
+                self.ledger.release(backend)
+            return None
+        chosen, extra = alive[0], alive[1:]
+        if extra:
+            self.log.warning("Terminating %d duplicate instance(s) of this run: %s", len(extra), extra)
+            self.ledger.release(backend, sweep=False, only=[known[i] for i in extra])
+        self.log.info("Adopting instance %s launched by an earlier try of this task", chosen)
+        return self._adopted(states[chosen], chosen), None
+
+    def _status(self, instance_id: str) -> RunStatus | None:
+        raw = self.folder.get_text(status_key(instance_id))
+        return RunStatus.from_json(raw) if raw else None
+
+    def _delivered(self, instance_id: str) -> bool:
+        """Was this instance's end already reported to Airflow (or given up on by a teardown)?"""
+        stored = store_get(self.ctx.store, DELIVERED_KEY) or {}
+        return instance_id in stored.get("ids", []) or bool(self.folder.get_text(delivered_key(instance_id)))
+
+    def _mark_delivered(self, instance_id: str, state: str) -> None:
+        """Both in the run folder and in the store, so a retry never reports this end again."""
+        stored = store_get(self.ctx.store, DELIVERED_KEY) or {}
+        store_set(self.ctx.store, DELIVERED_KEY, {"ids": [*stored.get("ids", []), instance_id][-50:]})
+        try:
+            mark_reported(self.folder, instance_id, self.ctx.try_number, state)
+        except Exception as err:  # the store still has it, when there is one
+            self.log.warning(
+                "Could not mark the end of %s as reported in the run folder: %s", instance_id, err
+            )
+
+    def _adopted(self, instance: Instance | None, instance_id: str) -> LaunchRecord:
+        if self.stored and self.stored.instance_id == instance_id:
+            return LaunchRecord.from_dict(
+                {**self.stored.to_dict(), "adopted": True, "try_number": self.ctx.try_number}
+            )
+        tags = instance.tags if instance else {}
+        return LaunchRecord(
+            run_id=self.ctx.key.short_id,
+            run_uri=self.ctx.run_uri,
+            live_uri=self._spec_live_uri(),
+            cloud=self.ctx.config.cloud,
+            region=self.ctx.backend.region,
+            instance_id=instance_id,
+            instance_type=instance.instance_type if instance else None,
+            zone=instance.zone if instance else None,
+            spot=bool(instance and instance.spot),
+            hourly_usd=price_from_tags(tags),
+            location=self.ctx.backend.location(instance.zone if instance else None),
+            launched_at=(instance.launch_time if instance else None) or time.time(),
+            adopted=True,
+            run_key=self.ctx.key.digest,
+            try_number=self.ctx.try_number,
+        )
+
+    def _launch(self) -> LaunchRecord:
+        from airflow_cloudtrain.core.launcher import launch_with_failover
+        from airflow_cloudtrain.lifecycle.prepare import write_run_folder
+
+        ctx, backend = self.ctx, self.ctx.backend
+        if ctx.options.live_prices:
+            backend.refresh_catalog()
+        offers = offers_for(ctx.config, backend.region, self.log)
+        chosen = offers[0]
+        self.log.info(
+            "Chosen offer: %s at $%s/h (%s); %d alternatives for failover",
+            chosen.describe(),
+            chosen.hourly,
+            "spot" if chosen.is_spot else "on-demand",
+            len(offers) - 1,
+        )
+        write_run_folder(
+            ctx.config,
+            ctx.key,
+            ctx.run_uri,
+            self.folder,
+            bool(ctx.options.volume_id),
+            self.log,
+            ctx.job,
+            live_uri=ctx.live_uri,
+            secret_env=self._secret_env(),
+        )
+        build = request_builder(ctx.config, ctx.key, ctx.run_uri, ctx.options, ctx.try_number)
+        self._protect_network()
+        requested_at = time.time()
+        instance, offer, tried = launch_with_failover(
+            self._create_instance,
+            offers,
+            build,
+            lambda o: backend.zones_for(ctx.config.zone, o),
+            ctx.options.max_launch_attempts,
+            self.log,
+        )
+        launch = LaunchRecord(
+            run_id=ctx.key.short_id,
+            run_uri=ctx.run_uri,
+            live_uri=ctx.live_uri,
+            cloud=ctx.config.cloud,
+            region=backend.region,
+            instance_id=instance.id,
+            instance_type=offer.instance_type,
+            zone=instance.zone,
+            spot=offer.is_spot,
+            hourly_usd=offer.hourly,
+            launched_at=time.time(),
+            failover=[list(t) for t in tried],
+            run_key=ctx.key.digest,
+            location=backend.location(instance.zone),
+            try_number=ctx.try_number,
+            requested_at=requested_at,
+        )
+        store_set(ctx.store, LAUNCH_KEY, launch.to_dict())
+        self.log.info("Launched instance %s (%s in %s)", instance.id, offer.instance_type, instance.zone)
+        if ctx.options.volume_id:  # a failure here is released by start(), as any launch error
+            device = backend.cloud.attach_volume(instance.id, ctx.options.volume_id)
+            self.log.info("Attached volume %s as %s", ctx.options.volume_id, device)
+        return launch
+
+    def _secret_env(self) -> dict[str, str]:
+        """The spec's ``secret_env``: ``airflow_*`` references stored as the run's secrets first."""
+        from airflow_cloudtrain.lifecycle.run_secrets import spec_secret_env
+
+        ctx = self.ctx
+        if not ctx.secret_env:
+            return {}
+        if self.killed:
+            raise RunKilled("the task was killed before the launch")
+        return spec_secret_env(
+            ctx.secret_env, self.ledger, ctx.backend, ctx.key.digest, self.log, ctx.config.max_runtime_s
+        )
+
+    def _protect_network(self) -> None:
+        """GCE: the run's firewall rule (no ingress to its VMs from outside), through the ledger,
+        before any VM exists (``clouds.gcp_firewall``); released with everything else."""
+        protect = getattr(self.ctx.backend, "protect_network", None)
+        if protect is not None:
+            protect(self.ledger, self.ctx.key.digest, self.ctx.options, self._check_killed, self.log)
+
+    def _check_killed(self) -> None:
+        if self.killed:
+            raise RunKilled("the task was killed before the launch")
+
+    def _create_instance(self, request: LaunchRequest) -> Instance:
+        """The one create call for instances: ledger first, then the cloud, then the id."""
+        backend = self.ctx.backend
+        entry = self.ledger.intend("instance", backend.location(request.zone), token=request.client_token)
+        if self.killed:
+            self.ledger.discard(entry)
+            raise RunKilled("the task was killed before the launch")
+        try:
+            instance = backend.cloud.launch(request)
+        except CloudError:  # the cloud refused: nothing was created
+            self.ledger.discard(entry)
+            raise
+        self.ledger.created(entry, instance.id, backend.location(instance.zone))
+        if self.killed:  # on_kill ran while the create call was in flight; start() releases it
+            raise RunKilled(f"the task was killed while launching {instance.id}")
+        return instance
+
+    # --- wait ----------------------------------------------------------------------------------
+
+    def deadline(self) -> float | None:
+        """When a wait gives up on a job the agent should have stopped at ``max_runtime``."""
+        max_runtime_s = self.ctx.config.max_runtime_s
+        return time.time() + max_runtime_s + DEADLINE_MARGIN_S if max_runtime_s else None
+
+    def trigger(self, launch: LaunchRecord) -> Any:
+        """The deferred form of ``wait``: a ``RunTrigger`` (same decision, in the triggerer)."""
+        from airflow_cloudtrain.triggers.run import RunTrigger
+
+        return RunTrigger(
+            launch=launch.to_dict(),
+            conn_id=self.ctx.conn_id,
+            project_id=self.ctx.project_id,
+            poll_interval=self.ctx.wait.poll_interval,
+            deadline=self.deadline(),
+            startup_timeout=self.ctx.wait.startup_timeout,
+            heartbeat_timeout=self.ctx.wait.heartbeat_timeout,
+        )
+
+    def over(self, launch: LaunchRecord) -> bool:
+        """Is the run already over (a final status, or its instance ended)? Checked once just before
+        deferring: a trigger that fires within seconds of the deferral hits Airflow's race in which
+        the scheduler applies the stale "success" of the defer exit to the resumed try and fails the
+        task (apache/airflow#66374), so a run that is already over is finished in the worker, by
+        ``wait``, as the Amazon provider's operators do. Never raises: when in doubt, defer."""
+        iid = launch.instance_id
+        try:
+            raw = call_with_retry(lambda: self.folder.get_text(status_key(iid)))
+            if raw and RunStatus.from_json(raw).final:
+                self.log.info("The job on %s already ended: finishing in the worker, not deferring", iid)
+                return True
+            instance = call_with_retry(lambda: self.ctx.backend.cloud.describe([iid]).get(iid))
+        except Exception as err:
+            self.log.warning("Could not check %s before deferring (%s); deferring", iid, err)
+            return False
+        if instance is not None and (instance.state in ENDED_STATES or instance.state == STOPPED):
+            self.log.info(
+                "Instance %s already %s: finishing in the worker, not deferring", iid, instance.state
+            )
+            return True
+        return False
+
+    def wait(self, launch: LaunchRecord) -> Outcome:
+        """Block until the run ends, streaming the job's log; transient errors are waited out."""
+        from airflow_cloudtrain.core.logstream import LogFollower, render_line
+
+        iid, folder, cloud = launch.instance_id, self.folder, self.ctx.backend.cloud
+        settings = self.ctx.wait
+        follower = LogFollower(iid)
+        watch = RunWatch(
+            self.deadline(), launch.launched_at, settings.startup_timeout, settings.heartbeat_timeout
+        )
+        budget = TransientBudget()
+        while True:
+            if self.killed:
+                raise RunKilled(f"task killed: instance {iid} was terminated")
+            try:
+                for line in follower.poll(folder.list, folder.get_bytes):
+                    self.log.info("%s", render_line(line))
+                raw = folder.get_text(status_key(iid))
+                beat = self.heartbeat(launch)
+                instance = cloud.describe([iid]).get(iid)
+                budget.ok()
+            except Exception as err:
+                delay = budget.failed(err)  # raises once the errors are not transient or last too long
+                self.log.warning("Transient error while waiting (%s); polling again in %.0f s", err, delay)
+                time.sleep(delay)
+                continue
+            event = watch.decide(RunStatus.from_json(raw) if raw else None, instance, beat)
+            if event is not None:
+                last_words = call_with_retry(lambda: follower.poll(folder.list, folder.get_bytes))
+                for line in last_words:
+                    self.log.info("%s", render_line(line))
+                return event
+            time.sleep(settings.poll_interval)
+
+    def heartbeat(self, launch: LaunchRecord) -> float | None:
+        """The agent's last heartbeat: the live index's ``<instance>.beat`` (its unix time), or the
+        run folder's heartbeat file (an agent without a live index, or one that could not write
+        to it: the agent falls back to the file then)."""
+        from airflow_cloudtrain.contract.runs import beat_name
+
+        beats = [parse_heartbeat(self.folder.get_text(heartbeat_key(launch.instance_id)))]
+        if launch.live_uri:
+            beats.append(parse_heartbeat(self._live_folder(launch).get_text(beat_name(launch.instance_id))))
+        return max((b for b in beats if b is not None), default=None)
+
+    def _spec_live_uri(self) -> str | None:
+        """The live index an adopted instance's agent publishes to: the one its spec named (the
+        spec is rewritten only by a new launch, which adopting replaces)."""
+        from airflow_cloudtrain.contract.runs import SPEC_KEY, RunSpec
+
+        try:
+            raw = call_with_retry(lambda: self.folder.get_text(SPEC_KEY))
+        except Exception as err:
+            self.log.warning("Could not read the run's spec (%s); assuming the bucket's live index", err)
+            return self.ctx.live_uri
+        return RunSpec.from_json(raw).live_uri if raw else self.ctx.live_uri
+
+    def _live_folder(self, launch: LaunchRecord) -> Any:
+        if self._live is None:
+            self._live = self.ctx.backend.run_folder(launch.live_uri)
+        return self._live
+
+    def unpublish(self, launch: LaunchRecord) -> None:
+        """The run's end was reported: take its entries out of the live index, so the index that
+        triggers list each poll holds the runs in flight, not history. Best effort: the index also
+        drops entries nobody watched for two days (``triggers.run_index``)."""
+        from airflow_cloudtrain.contract.runs import beacon_name, beat_name, end_name
+
+        if not launch.live_uri:
+            return
+        iid = launch.instance_id
+        try:
+            for name in (end_name(iid), beacon_name(iid), beat_name(iid)):
+                self._live_folder(launch).delete_key(name)
+        except Exception as err:
+            self.log.warning("Could not remove %s from the live index: %s", launch.instance_id, err)
+
+    # --- end -----------------------------------------------------------------------------------
+
+    def finish(self, launch: LaunchRecord, result: Outcome) -> Attempt:
+        """Release everything, mark the outcome delivered, and account for the attempt."""
+        backend = self.ctx.backend
+        if launch.region:  # resumed in a fresh worker: work where the instance was launched
+            backend.bind_region(launch.region)
+        self.ledger.add("instance", launch.instance_id, launch.location or backend.location(launch.zone))
+        self.release()
+        self._mark_delivered(launch.instance_id, result.state)
+        try:
+            self.last_heartbeat = call_with_retry(lambda: self.heartbeat(launch))
+        except Exception as err:  # only for the ledger's row
+            self.log.warning("Could not read the last heartbeat of %s: %s", launch.instance_id, err)
+        self.unpublish(launch)
+        ended = time.time()
+        if launch.adopted and result.ended_at:  # an earlier try's job: billed until its agent powered off
+            ended = min(ended, result.ended_at)
+        duration = ended - float(launch.launched_at or ended)
+        cost, basis = billed_cost(launch.hourly_usd, duration)
+        attempt = Attempt(launch, result, ended, duration, cost, basis)
+        self.log.info(
+            "Run %s ended: %s, exit code %s, %.0f s, cost $%s (%s)",
+            launch.run_id,
+            result.state,
+            result.exit_code,
+            duration,
+            cost,
+            basis,
+        )
+        return attempt
+
+    def release(self, sweep: bool = True) -> None:
+        """Every resource of the run, through the ledger (and the tag sweep, unless just done)."""
+        backend = self.ctx.backend
+        call_with_retry(lambda: self.ledger.release(backend, sweep=sweep), TransientBudget(budget_s=120.0))
+
+    def abandon(self) -> None:
+        """Release after a kill, a timeout or a failed wait, when the job's end is not reported.
+
+        Terminating an instance makes its agent write a final ``interrupted`` status; a retry must
+        run the job again rather than report that, so every instance of the run whose status is not
+        final yet is marked as reported first. A job that did finish before this is still
+        delivered by the retry."""
+        swept = False
+        try:
+            self.ledger.sweep(self.ctx.backend, ["instance"])
+            swept = True
+            for entry in self.ledger.of_kind("instance"):
+                if not has_final_status(self.folder, entry.id or ""):
+                    self._mark_delivered(entry.id or "", "released")
+        except Exception as err:  # the release below matters more
+            self.log.warning("Could not mark the run's instances before releasing them: %s", err)
+        self.release(sweep=not swept)
+
+    def kill(self) -> None:
+        """``on_kill``: stop launching and waiting, and release whatever exists (or is being made).
+
+        Airflow calls this from its SIGTERM handler, on the main thread, wherever that thread was:
+        possibly inside a storage client call holding the client's own locks (google-cloud-storage's
+        bucket metadata cache holds a plain Lock while it starts a thread). Reading the run folder
+        through that same client here would wait on that lock forever, so the release reads through
+        a folder with a client of its own."""
+        self.killed = True
+        self._folder = None
+        self.abandon()

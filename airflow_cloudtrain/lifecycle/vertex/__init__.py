@@ -1,0 +1,1 @@
+"""The Vertex AI custom job of ``MLEngineTrainOperator``: submit, wait, logs, cancel."""

@@ -1,0 +1,272 @@
+"""Run-folder storage on S3 or GCS, shared by the agent (on the instance) and the operator (in Airflow).
+
+Both sides talk only through the run folder, so both use this one small class. It stays
+dependency-light on purpose: boto3 is imported only when an ``s3://`` folder is opened and
+``google-cloud-storage`` only for ``gs://``, and there is no Airflow import, because the agent is
+shipped to instances as a zipapp with nothing but boto3 / google-cloud-storage installed.
+
+Endpoints are never configured here: boto3 honours ``AWS_ENDPOINT_URL`` and the GCS client honours
+``STORAGE_EMULATOR_HOST`` by themselves, which is how the emulator redirects the same code to local
+servers. The operator may pass clients built from its Airflow connection instead.
+
+Transient errors: an S3 client built here (the agent's) retries throttling (``503 SlowDown``), 5xx
+and dropped connections itself: up to 10 retries after the first try, in botocore's standard mode
+(``S3_RETRIES``; clients passed in, e.g. the operator's, keep their own settings). On top
+of that the agent wraps the calls it cannot afford to lose in ``agent.retry.retry`` (see there);
+``upload_dir`` takes such a wrapper for each file, so one throttled file does not re-upload the rest.
+
+``RunFolder.at(uri)`` opens another folder through the same clients (the agent's live index,
+``RunSpec.live_uri``); ``modified_at(key)`` is an object's LastModified / ``updated``, which is how a
+beacon's heartbeat is read without reading the beacon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from airflow_cloudtrain.contract import runs
+
+# botocore's retry settings for the S3 client built here: standard mode retries throttling codes
+# (SlowDown, Throttling, RequestLimitExceeded, ...), HTTP 500/502/503/504 and connection errors with
+# exponential backoff; 10 retries (11 tries in all) ride out a bucket that throttles a good share.
+S3_RETRIES = {"mode": "standard", "max_attempts": 10}
+
+
+def s3_client() -> Any:
+    """The agent's S3 client: default credentials and endpoint, ``S3_RETRIES``."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client("s3", config=Config(retries=dict(S3_RETRIES)))
+
+
+class _S3:
+    """The few S3 calls we need, over a boto3 client."""
+
+    def __init__(self, client: Any = None) -> None:
+        if client is None:
+            client = s3_client()
+        elif hasattr(client, "client") and not hasattr(client, "put_object"):
+            client = client.client("s3")  # a boto3 Session
+        self.client = client
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=bucket, Key=key, Body=data)
+
+    def get(self, bucket: str, key: str) -> bytes | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            return self.client.get_object(Bucket=bucket, Key=key)["Body"].read()
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+
+    def modified_at(self, bucket: str, key: str) -> float | None:
+        from botocore.exceptions import ClientError
+
+        try:
+            head = self.client.head_object(Bucket=bucket, Key=key)
+        except ClientError as err:
+            if err.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
+                return None
+            raise
+        return float(head["LastModified"].timestamp())
+
+    def list(self, bucket: str, prefix: str) -> list[str]:
+        keys: list[str] = []
+        for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+            keys.extend(obj["Key"] for obj in page.get("Contents", []))
+        return keys
+
+    def upload_file(self, bucket: str, key: str, path: str) -> None:
+        self.client.upload_file(path, bucket, key)
+
+    def download_file(self, bucket: str, key: str, path: str) -> None:
+        self.client.download_file(bucket, key, path)
+
+    def delete(self, bucket: str, keys: list[str]) -> None:
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[start : start + 1000]]
+            self.client.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
+
+
+class _GCS:
+    """The same calls over ``google.cloud.storage``; anonymous when ``STORAGE_EMULATOR_HOST`` is set."""
+
+    def __init__(self, client: Any = None) -> None:
+        if client is None:
+            from google.cloud import storage
+
+            if os.environ.get("STORAGE_EMULATOR_HOST"):
+                from google.auth.credentials import AnonymousCredentials
+
+                project = os.environ.get("GOOGLE_CLOUD_PROJECT", "cloudtrain-emulated")
+                client = storage.Client(project=project, credentials=AnonymousCredentials())
+            else:
+                client = storage.Client()
+        self.client = client
+
+    def _blob(self, bucket: str, key: str) -> Any:
+        return self.client.bucket(bucket).blob(key)
+
+    def put(self, bucket: str, key: str, data: bytes) -> None:
+        self._blob(bucket, key).upload_from_string(data)
+
+    def get(self, bucket: str, key: str) -> bytes | None:
+        from google.api_core.exceptions import NotFound
+
+        try:
+            return self._blob(bucket, key).download_as_bytes()
+        except NotFound:
+            return None
+
+    def modified_at(self, bucket: str, key: str) -> float | None:
+        blob = self.client.bucket(bucket).get_blob(key)  # None when it does not exist
+        updated = getattr(blob, "updated", None)
+        return None if updated is None else float(updated.timestamp())
+
+    def list(self, bucket: str, prefix: str) -> list[str]:
+        return [blob.name for blob in self.client.list_blobs(bucket, prefix=prefix)]
+
+    def upload_file(self, bucket: str, key: str, path: str) -> None:
+        self._blob(bucket, key).upload_from_filename(path)
+
+    def download_file(self, bucket: str, key: str, path: str) -> None:
+        self._blob(bucket, key).download_to_filename(path)
+
+    def delete(self, bucket: str, keys: list[str]) -> None:
+        for key in keys:
+            self._blob(bucket, key).delete()
+
+
+class RunFolder:
+    """One run folder (``s3://bucket/prefix`` or ``gs://bucket/prefix``); keys are relative to it.
+
+    ``list`` and ``delete_prefix`` work on key prefixes like S3 does, except that
+    ``delete_prefix`` treats a non-empty prefix as a folder (``"results"`` never deletes
+    ``"results-old/..."``), because deleting is the one call where a loose match costs data.
+    """
+
+    def __init__(self, uri: str, s3_client: Any = None, gcs_client: Any = None) -> None:
+        self.scheme, self.bucket, self.base = runs.split_uri(uri)
+        self.uri = f"{self.scheme}://{self.bucket}" + (f"/{self.base}" if self.base else "")
+        self._clients = {"s3": s3_client, "gs": gcs_client}
+        self._backends: dict[str, _S3 | _GCS] = {}
+
+    def __repr__(self) -> str:
+        return f"RunFolder({self.uri!r})"
+
+    def at(self, uri: str) -> RunFolder:
+        """The folder at ``uri`` (e.g. the bucket's live index, ``RunSpec.live_uri``) through this
+        folder's clients: same credentials, endpoint and retry settings, one connection pool."""
+        other = copy.copy(self)  # shares the client and backend dicts (a subclass stays one)
+        other.scheme, other.bucket, other.base = runs.split_uri(uri)
+        other.uri = f"{other.scheme}://{other.bucket}" + (f"/{other.base}" if other.base else "")
+        return other
+
+    def _backend(self, scheme: str | None = None) -> _S3 | _GCS:
+        scheme = scheme or self.scheme
+        if scheme not in self._backends:
+            factory = _S3 if scheme == "s3" else _GCS
+            self._backends[scheme] = factory(self._clients[scheme])
+        return self._backends[scheme]
+
+    def _full(self, key: str) -> str:
+        key = key.lstrip("/")
+        return f"{self.base}/{key}" if self.base else key
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        self._backend().put(self.bucket, self._full(key), data)
+
+    def put_text(self, key: str, text: str) -> None:
+        self.put_bytes(key, text.encode("utf-8"))
+
+    def get_bytes(self, key: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist (a normal case for status / spec polls)."""
+        return self._backend().get(self.bucket, self._full(key))
+
+    def get_text(self, key: str) -> str | None:
+        data = self.get_bytes(key)
+        return None if data is None else data.decode("utf-8")
+
+    def modified_at(self, key: str) -> float | None:
+        """When the object was last written (S3 ``LastModified``, GCS ``updated``) as unix time, or None
+        when it does not exist. S3 gives whole seconds; GCS microseconds."""
+        return self._backend().modified_at(self.bucket, self._full(key))
+
+    def list(self, prefix: str = "") -> list[str]:
+        """Keys under ``prefix`` (a raw key prefix), relative to the run folder, sorted."""
+        root = f"{self.base}/" if self.base else ""
+        keys = self._backend().list(self.bucket, root + prefix.lstrip("/"))
+        return sorted(k[len(root) :] for k in keys if k.startswith(root))
+
+    def upload_file(self, local_path: str | os.PathLike[str], key: str) -> None:
+        self._backend().upload_file(self.bucket, self._full(key), os.fspath(local_path))
+
+    def upload_dir(
+        self,
+        local_dir: str | os.PathLike[str],
+        prefix: str,
+        call: Callable[[Callable[[], None]], object] | None = None,
+    ) -> list[str]:
+        """Upload every file below ``local_dir`` to ``prefix/<relative path>``; returns the keys written.
+
+        ``call`` wraps each file's upload (the agent passes a retry), so a failure re-does one file.
+        """
+        root = Path(local_dir)
+        written: list[str] = []
+        if not root.is_dir():
+            return written
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            key = runs.join(prefix, path.relative_to(root).as_posix())
+            upload = functools.partial(self.upload_file, path, key)
+            if call is None:
+                upload()
+            else:
+                call(upload)
+            written.append(key)
+        return written
+
+    def download(self, key_or_uri: str, local_path: str | os.PathLike[str]) -> None:
+        """Download a key of this folder, or any ``s3://`` / ``gs://`` object (e.g. a code tarball)."""
+        if key_or_uri.startswith(("s3://", "gs://")):
+            scheme, bucket, key = runs.split_uri(key_or_uri)
+        else:
+            scheme, bucket, key = self.scheme, self.bucket, self._full(key_or_uri)
+        Path(local_path).parent.mkdir(parents=True, exist_ok=True)
+        self._backend(scheme).download_file(bucket, key, os.fspath(local_path))
+
+    def delete_key(self, key: str) -> None:
+        """Delete one object of this folder (no error when it is not there)."""
+        backend = self._backend()
+        full = self._full(key)
+        if isinstance(backend, _GCS):
+            from google.api_core.exceptions import NotFound
+
+            with contextlib.suppress(NotFound):
+                backend.delete(self.bucket, [full])
+        else:
+            backend.delete(self.bucket, [full])
+
+    def delete_prefix(self, prefix: str = "") -> int:
+        """Delete the folder ``prefix`` (the whole run folder when empty); returns how many keys went."""
+        prefix = prefix.strip("/")
+        if not prefix and not self.base:
+            raise ValueError(f"refusing to delete a whole bucket ({self.uri}); name a prefix")
+        keys = [self._full(k) for k in self.list(f"{prefix}/" if prefix else "")]
+        if keys:
+            self._backend().delete(self.bucket, keys)
+        return len(keys)
+
+
+def open_run_folder(run_uri: str, s3_client: Any = None, gcs_client: Any = None) -> RunFolder:
+    """Open the run folder at ``run_uri``; ``s3_client`` may be a boto3 S3 client or Session."""
+    return RunFolder(run_uri, s3_client=s3_client, gcs_client=gcs_client)
