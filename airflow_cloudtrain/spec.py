@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 from airflow_cloudtrain.contract import clouds as _registry
@@ -246,3 +247,31 @@ class Bid:
 
     def __str__(self) -> str:
         return f"{self.percent:g}%" if self.percent is not None else f"${self.usd:g}"
+
+
+@dataclass
+class RunConfig:
+    """The operator's arguments, parsed and normalised."""
+
+    cloud: str
+    command: str
+    bucket: str
+    hardware: Hardware
+    bid: Bid | None
+    code: str | None
+    setup_cmds: list[str]
+    env: dict[str, str]
+    max_runtime_s: float | None
+    instance_type: str | None
+    region: str | None
+    zone: str | None
+    image: str | None
+
+    @property
+    def zone_region(self) -> str | None:
+        """The region of ``zone``, when only a zone was given."""
+        if not self.zone:
+            return None
+        from airflow_cloudtrain.catalog.select import zone_region
+
+        return zone_region(self.cloud, self.zone)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.catalog.offers import Offer
     from airflow_cloudtrain.contract.runs import RunKey
     from airflow_cloudtrain.core.cloud import LaunchRequest
-    from airflow_cloudtrain.operators.config import RunConfig
+    from airflow_cloudtrain.spec import RunConfig
 
 HARD_STOP_MARGIN_MIN_S = 30.0
 HARD_STOP_MARGIN_MAX_S = 600.0

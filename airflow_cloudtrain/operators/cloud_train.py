@@ -12,10 +12,11 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from airflow.sdk import BaseOperator, conf
+from airflow.sdk import conf
 
 from airflow_cloudtrain.lifecycle.prepare import LaunchOptions, WaitSettings
 from airflow_cloudtrain.links.run import CloudInstanceLink, RunFolderLink
+from airflow_cloudtrain.operators.base import EngineOperator
 from airflow_cloudtrain.operators.checks import check_bool, check_seconds
 from airflow_cloudtrain.operators.config import check_run_args, is_templated, parse_config, parse_duration
 from airflow_cloudtrain.operators.launch_config import (
@@ -30,7 +31,8 @@ from airflow_cloudtrain.spec import parse_cloud
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-    from airflow_cloudtrain.core.records import LaunchRecord, Outcome
+    from airflow_cloudtrain.core.engine import Engine
+    from airflow_cloudtrain.core.records import LaunchRecord
     from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt
 
 TEMPLATED = (
@@ -88,7 +90,7 @@ def parsing_for_a_task() -> bool:
     return get_parsing_context().task_id is not None
 
 
-class CloudTrainOperator(BaseOperator):
+class CloudTrainOperator(EngineOperator):
     """Run ``command`` on the cheapest instance that meets ``cpus``/``gpus``/``ram``/``hdd``.
 
     ``cloud`` is ``ec2``, ``ec2spot``, ``gcloud`` or ``gcspot``. The operator writes the run spec to
@@ -216,6 +218,11 @@ class CloudTrainOperator(BaseOperator):
         self._attempt = RunAttempt(RunContext.for_task(config, self, context, self.launch_options, self.wait))
         return self._attempt
 
+    def new_engine(self, context: Context) -> Engine[Any]:
+        from airflow_cloudtrain.lifecycle.run.engine import SingleRun
+
+        return SingleRun(self._new_attempt(context))
+
     def _say_bid_ignored(self, config: Any) -> None:
         """The run's one "bid has no effect" line in the task log, at its start (not on resuming)."""
         if config.cloud == "gcspot" and config.bid is not None:
@@ -224,21 +231,15 @@ class CloudTrainOperator(BaseOperator):
             self.log.warning("%s", gcspot_bid_message(config.bid.raw))
 
     @quiet_bid
-    def execute(self, context: Context) -> dict[str, Any]:
-        attempt = self._new_attempt(context)
-        self._say_bid_ignored(attempt.ctx.config)
-        launch, done = attempt.start()
-        self._push_links(context, attempt, launch)
-        if done is not None:
-            return self._deliver(attempt, launch, done)
-        if self.deferrable and not attempt.over(launch):  # an ended run finishes here (``over``)
-            self.defer(trigger=attempt.trigger(launch), method_name="execute_complete")
-        try:
-            result = attempt.wait(launch)
-        except BaseException:  # killed, timed out, or the wait itself failed: nothing may outlive the task
-            attempt.abandon()
-            raise
-        return self._deliver(attempt, launch, result)
+    def execute(self, context: Context) -> Any:
+        engine = self._new(context)
+        if self._attempt is not None:
+            self._say_bid_ignored(self._attempt.ctx.config)
+        return self._drive(context, engine, engine.start())
+
+    def on_handle(self, context: Context, engine: Engine[Any], handle: Any) -> None:
+        if self._attempt is not None:
+            self._push_links(context, self._attempt, handle)
 
     def _push_links(self, context: Context, attempt: RunAttempt, launch: LaunchRecord) -> None:
         """The console links of the instance that now exists, while the run is still going
@@ -252,37 +253,17 @@ class CloudTrainOperator(BaseOperator):
             self.log.warning("Could not publish the console links of %s: %s", launch.instance_id, err)
 
     @quiet_bid
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+    def execute_complete(self, context: Context, event: Any = None) -> Any:
         """Back from the trigger: release, account, and raise on anything but success."""
-        from airflow_cloudtrain.core.records import LaunchRecord, Outcome
-
-        attempt = self._new_attempt(context)
-        return self._deliver(
-            attempt, LaunchRecord.from_dict(event["launch"]), Outcome.from_dict(event["outcome"])
-        )
-
-    def _deliver(self, attempt: RunAttempt, launch: LaunchRecord, result: Outcome) -> dict[str, Any]:
-        record = attempt.finish(launch, result)
-        if not result.ok:
-            from airflow.exceptions import AirflowException
-
-            prefix = "spot interruption: " if result.interrupted else ""
-            raise AirflowException(f"{prefix}{result.message or result.state} (run {launch.run_id})")
-        return record.result()
+        return super().execute_complete(context, event)
 
     @quiet_bid
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
-        """A trigger that crashed or timed out resumes with ``__fail__`` and never reaches
-        ``execute_complete``: release the run through its ledger first."""
-        if next_method == "__fail__":
-            try:
-                self._new_attempt(context).abandon()
-                self.log.info("Released the run's resources after the deferred wait failed")
-            except Exception:
-                self.log.exception("Teardown after the failed deferral did not complete")
         return super().resume_execution(next_method, next_kwargs, context)
 
     def on_kill(self) -> None:
         """The task was killed on the worker (while launching or waiting): release with it."""
-        if self._attempt is not None:
+        if self._attempt is not None:  # the current attempt (the resume loop's too)
             self._attempt.kill()
+        else:
+            super().on_kill()

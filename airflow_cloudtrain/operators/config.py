@@ -12,7 +12,6 @@ import ast
 import contextlib
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Any
 
@@ -24,6 +23,7 @@ from airflow_cloudtrain.spec import (
     SPOT_CLOUDS,
     Bid,
     Hardware,
+    RunConfig,
     parse_cloud,
     parse_count,
     parse_ram_mib,
@@ -277,34 +277,6 @@ def _fields(cloud: str | None) -> dict[str, Callable[[Any], Any]]:
         "zone": lambda v: checks.parse_zone(v, cloud),
         "image": parse_image,
     }
-
-
-@dataclass
-class RunConfig:
-    """The operator's arguments, parsed and normalised."""
-
-    cloud: str
-    command: str
-    bucket: str
-    hardware: Hardware
-    bid: Bid | None
-    code: str | None
-    setup_cmds: list[str]
-    env: dict[str, str]
-    max_runtime_s: float | None
-    instance_type: str | None
-    region: str | None
-    zone: str | None
-    image: str | None
-
-    @property
-    def zone_region(self) -> str | None:
-        """The region of ``zone``, when only a zone was given."""
-        if not self.zone:
-            return None
-        from airflow_cloudtrain.catalog.select import zone_region
-
-        return zone_region(self.cloud, self.zone)
 
 
 HARDWARE_FIELDS = ("cpus", "gpus", "ram", "hdd", "gpu_type")

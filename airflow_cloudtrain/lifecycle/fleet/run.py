@@ -39,7 +39,7 @@ from airflow_cloudtrain.lifecycle.prepare import (
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.contract.runs import RunKey
-    from airflow_cloudtrain.operators.config import RunConfig
+    from airflow_cloudtrain.spec import RunConfig
 
 ENQUEUED_KEY = "fleet/enqueued.json"
 MAX_OVERRIDES = 20  # instance types in the group's MixedInstancesPolicy (AWS allows up to 40)

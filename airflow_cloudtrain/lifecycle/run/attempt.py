@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.contract.runs import RunKey
     from airflow_cloudtrain.core.backend import RunBackend
     from airflow_cloudtrain.core.cloud import Instance, LaunchRequest
-    from airflow_cloudtrain.operators.config import RunConfig
+    from airflow_cloudtrain.core.engine import TriggerSpec
+    from airflow_cloudtrain.spec import RunConfig
 
 LAUNCH_KEY = "cloudtrain_launch"  # task_state_store: the LaunchRecord of the current attempt
 DELIVERED_KEY = "cloudtrain_delivered"  # task_state_store: instances whose end was already reported
@@ -366,18 +367,21 @@ class RunAttempt:
         max_runtime_s = self.ctx.config.max_runtime_s
         return time.time() + max_runtime_s + DEADLINE_MARGIN_S if max_runtime_s else None
 
-    def trigger(self, launch: LaunchRecord) -> Any:
+    def trigger(self, launch: LaunchRecord) -> TriggerSpec:
         """The deferred form of ``wait``: a ``RunTrigger`` (same decision, in the triggerer)."""
-        from airflow_cloudtrain.triggers.run import RunTrigger
+        from airflow_cloudtrain.core.engine import TriggerSpec
 
-        return RunTrigger(
-            launch=launch.to_dict(),
-            conn_id=self.ctx.conn_id,
-            project_id=self.ctx.project_id,
-            poll_interval=self.ctx.wait.poll_interval,
-            deadline=self.deadline(),
-            startup_timeout=self.ctx.wait.startup_timeout,
-            heartbeat_timeout=self.ctx.wait.heartbeat_timeout,
+        return TriggerSpec(
+            "airflow_cloudtrain.triggers.run.RunTrigger",
+            {
+                "launch": launch.to_dict(),
+                "conn_id": self.ctx.conn_id,
+                "project_id": self.ctx.project_id,
+                "poll_interval": self.ctx.wait.poll_interval,
+                "deadline": self.deadline(),
+                "startup_timeout": self.ctx.wait.startup_timeout,
+                "heartbeat_timeout": self.ctx.wait.heartbeat_timeout,
+            },
         )
 
     def over(self, launch: LaunchRecord) -> bool:
