@@ -64,7 +64,7 @@ def _load_key(pem: bytes) -> Any:
 
 
 def _new_defaultdict(cls: type, factory: Any) -> Any:
-    made = defaultdict.__new__(cls)
+    made: Any = defaultdict.__new__(cls)
     defaultdict.__init__(made, factory)
     return made
 
@@ -78,7 +78,7 @@ class _Pickler(pickle.Pickler):
             return _load_key, (_pem(obj),)  # moto's KMS keys: the key itself, as PEM
         if isinstance(obj, defaultdict):  # a subclass's __init__ may take other arguments (moto's SSM)
             factory = obj.default_factory
-            if getattr(factory, "__name__", "") == "<lambda>":
+            if factory is not None and getattr(factory, "__name__", "") == "<lambda>":
                 factory = _Fresh(factory())
             state = vars(obj) if type(obj) is not defaultdict else None
             return _new_defaultdict, (type(obj), factory), state, None, iter(obj.items())

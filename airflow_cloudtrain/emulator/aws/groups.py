@@ -85,7 +85,7 @@ def request(region: str | None, operation: str, form: dict[str, list[str]]) -> I
         try:
             yield
         finally:
-            if policy and not group.mixed_instances_policy:
+            if policy and group is not None and not group.mixed_instances_policy:
                 group.mixed_instances_policy = policy
             for each in list(groups.values()):
                 _place(each)

@@ -77,7 +77,7 @@ class FaultsAndCounts:
             return self._send(start_response, pricing.zone_offerings(_region(environ), form))
         if call.operation == "RunInstances" and call.protocol == "ec2":
             itype = (form.get("InstanceType") or [""])[0]
-            zone = (form.get("Placement.AvailabilityZone") or [None])[0]
+            zone = next(iter(form.get("Placement.AvailabilityZone") or []), None)
             with self.lock:
                 hit = (itype, None) in self.capacity_faults or (
                     zone is not None and (itype, zone) in self.capacity_faults

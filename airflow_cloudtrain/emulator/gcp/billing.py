@@ -3,7 +3,8 @@ the shipped snapshot (``catalog/data/gcp.csv``), so a run's live catalog refresh
 succeeds against the emulator and finds the prices the snapshot has.
 
 Served on the Compute Engine emulator's port (the ``google_cloud_default`` connection's
-``billing_endpoint``). SKUs are the ones the refresh reads, shaped as the real API returns them:
+``billing_endpoint``), through its request pipeline (``rest``: counted as ``services.skus.list``,
+throttled as service ``cloudbilling``). SKUs are the ones the refresh reads, shaped as the real API returns them:
 per region and family a "Core" (per vCPU-hour, ``h``) and a "Ram" (per GiB-hour, ``GiBy.h``) SKU,
 on demand and Spot (``usageType`` ``OnDemand`` / ``Preemptible``), and one per GPU card and hour. Their
 rates are fitted to the snapshot's machine prices (least squares over a family's machines in the region;
@@ -15,11 +16,12 @@ the emulated catalog stays the snapshot's. Paging: ``pageSize`` (default and max
 
 from __future__ import annotations
 
-import json
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from functools import lru_cache
 from typing import Any
+
+from airflow_cloudtrain.emulator.gcp.rest import GoogleError
 
 GCE_SERVICE = "6F81-5844-456A"
 PREFIX = "/v1/services/"
@@ -141,38 +143,17 @@ def _page(skus: Iterable[dict[str, Any]], size: int, token: str) -> dict[str, An
     return {"skus": chunk, "nextPageToken": str(following) if following < len(items) else ""}
 
 
-def answer(method: str, path: str, args: dict[str, str]) -> tuple[int, dict[str, Any]]:
-    """(status, JSON body) for a request under ``/v1/services/``."""
+def answer(method: str, path: str, args: Mapping[str, str]) -> dict[str, Any]:
+    """The JSON body for a request under ``/v1/services/`` (``GoogleError`` for a 400 or 404)."""
     service, _, rest = path[len(PREFIX) :].partition("/")
     if method != "GET" or rest != "skus":
-        return 404, _error(404, "NOT_FOUND", f"Method not found: {method} {path}")
+        raise GoogleError(404, f"Method not found: {method} {path}")
     if service != GCE_SERVICE:
-        return 404, _error(
-            404, "NOT_FOUND", f"Service services/{service} not found (the emulator serves {GCE_SERVICE})."
-        )
+        raise GoogleError(404, f"Service services/{service} not found (the emulator serves {GCE_SERVICE}).")
     if args.get("currencyCode", "USD") != "USD":
-        return 400, _error(400, "INVALID_ARGUMENT", "The emulator prices in USD only.")
+        raise GoogleError(400, "The emulator prices in USD only.")
     try:
         size = int(args.get("pageSize") or 5000)
     except ValueError:
-        return 400, _error(400, "INVALID_ARGUMENT", f"Invalid value for pageSize: {args.get('pageSize')!r}")
-    return 200, _page(compute_skus(), max(1, min(size, 5000)), args.get("pageToken") or "")
-
-
-def _error(code: int, status: str, message: str) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "status": status}}
-
-
-def wsgi(environ: dict[str, Any], start_response: Any) -> list[bytes]:
-    """The Billing Catalog as a WSGI app (mounted by ``GceServer`` on its port)."""
-    from urllib.parse import parse_qsl
-
-    args = dict(parse_qsl(environ.get("QUERY_STRING", "")))
-    status, body = answer(environ.get("REQUEST_METHOD", "GET"), environ.get("PATH_INFO", ""), args)
-    payload = json.dumps(body).encode()
-    reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}[status]
-    start_response(
-        f"{status} {reason}",
-        [("Content-Type", "application/json; charset=UTF-8"), ("Content-Length", str(len(payload)))],
-    )
-    return [payload]
+        raise GoogleError(400, f"Invalid value for pageSize: {args.get('pageSize')!r}") from None
+    return _page(compute_skus(), max(1, min(size, 5000)), args.get("pageToken") or "")

@@ -43,9 +43,10 @@ What is mimicked, and why (the product's control plane must meet the answers it 
   TERMINATED (STOP) or deleted (DELETE), whatever its guest does. No system-event operation is
   recorded for it. ``hard_stop_scale`` (tests) shortens it: it runs out after N * scale seconds.
 * The Cloud Billing Catalog's ``GET /v1/services/<id>/skus`` is served on the same port, from the price
-  snapshot (``billing``), counted as ``services.skus.list``.
-* Throttling (``throttle.set(rate, api)``, see ``emulator.faults``): HTTP 429 ``rateLimitExceeded``
-  (status RESOURCE_EXHAUSTED), before anything is done.
+  snapshot (``billing``), counted as ``services.skus.list`` and throttled as service ``cloudbilling``.
+* Requests take the pipeline every emulated Google API shares (``rest``). Throttling
+  (``throttle.set(rate, api)``, see ``emulator.faults``): HTTP 429 ``rateLimitExceeded`` (status
+  RESOURCE_EXHAUSTED), before anything is done.
 * Requests are counted per API method (``instances.list``, ...; ``throttled:instances.list`` for
   those refused as throttled), except those whose user agent carries ``cloudtrain-emulator``: the
   emulator's own polling. The REST transport sends ``gapic_v1.client_info.ClientInfo(user_agent=...)``
@@ -80,17 +81,15 @@ Timestamps are RFC 3339 with a -07:00 offset, as the real API writes them (Pacif
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from collections import Counter
 from typing import Any
 
 from werkzeug.exceptions import HTTPException
-from werkzeug.routing import Map, Rule
-from werkzeug.wrappers import Request, Response
+from werkzeug.routing import Rule
+from werkzeug.wrappers import Request
 
-from airflow_cloudtrain.emulator.faults import EMULATOR_USER_AGENT, Throttle, is_own
+from airflow_cloudtrain.emulator.faults import EMULATOR_USER_AGENT, Throttle
 from airflow_cloudtrain.emulator.gcp import billing
 from airflow_cloudtrain.emulator.gcp import gce_api as api
 from airflow_cloudtrain.emulator.gcp import gce_catalog as cat
@@ -98,14 +97,14 @@ from airflow_cloudtrain.emulator.gcp.gce_api import ApiError
 from airflow_cloudtrain.emulator.gcp.gce_firewalls import firewall_rules
 from airflow_cloudtrain.emulator.gcp.gce_groups import group_rules
 from airflow_cloudtrain.emulator.gcp.gce_project import GceProject
-from airflow_cloudtrain.emulator.serving import InThread
+from airflow_cloudtrain.emulator.gcp.rest import GoogleRestServer
 
 __all__ = ["EMULATOR_USER_AGENT", "GceProject", "GceServer", "compute_client_kwargs"]
 
 log = logging.getLogger(__name__)
 _THROTTLED = (
     "Quota exceeded for quota metric 'Queries' and limit 'Queries per minute' of service "
-    "'compute.googleapis.com'. Rate Limit Exceeded"
+    "'{service}.googleapis.com'. Rate Limit Exceeded"
 )
 
 
@@ -131,13 +130,17 @@ def _shared(name: str) -> property:
     return property(get, put)
 
 
-class GceServer:
+class GceServer(GoogleRestServer):
     """Compute Engine v1 REST subset on 127.0.0.1 (random port) in a daemon thread; see the module doc.
 
     Any project id a request names is served, each with its own instances, operations, templates and
     groups (``GceProject``, made on first use), as moto serves any account. ``project`` is the default
     one: the testing calls below act on it unless given ``project=``; faults, throttling, the clock
     settings and the group manager apply to every project."""
+
+    service = "compute"
+    services = {"services.skus.list": "cloudbilling"}  # the Billing Catalog shares the port
+    thread_name = "gce-emulator"
 
     op_delay = _shared("op_delay")
     provision_s = _shared("provision_s")
@@ -158,9 +161,9 @@ class GceServer:
         recreate_s: float = 1.0,
         reconcile_s: float = 0.2,
     ) -> None:
+        p = "/compute/v1/projects/<project>"
+        super().__init__(_rules(p, f"{p}/zones/<zone>"), throttle)
         self.project = project
-        self.throttle = throttle or Throttle()
-        self.endpoint = ""
         self.reconcile_s = reconcile_s
         self._settings: dict[str, Any] = {
             "op_delay": op_delay,
@@ -171,40 +174,12 @@ class GceServer:
             "hard_stop_scale": 1.0,
             "firewall_op_delay": 0.0,
         }
-        self._lock = threading.RLock()  # the project map, the counts and the faults to replay
+        self._lock = threading.RLock()  # the project map and the faults to replay
         self._projects: dict[str, GceProject] = {}
         self._faults: list[tuple[str, tuple[Any, ...]]] = []  # (method, args): given to new projects too
-        self._counts: Counter[str] = Counter()
-        self._serving: InThread | None = None
         self._halt = threading.Event()
         self._manager: threading.Thread | None = None
         self.state(project)
-        p = "/compute/v1/projects/<project>"
-        z = f"{p}/zones/<zone>"
-        self._routes = Map(
-            [
-                Rule(f"{p}/zones", endpoint="zones.list", methods=["GET"]),
-                Rule(z, endpoint="zones.get", methods=["GET"]),
-                Rule(f"{z}/instances", endpoint="instances.list", methods=["GET"]),
-                Rule(f"{z}/instances", endpoint="instances.insert", methods=["POST"]),
-                Rule(f"{z}/instances/<name>", endpoint="instances.get", methods=["GET"]),
-                Rule(f"{z}/instances/<name>", endpoint="instances.delete", methods=["DELETE"]),
-                Rule(f"{z}/instances/<name>/stop", endpoint="instances.stop", methods=["POST"]),
-                Rule(f"{p}/aggregated/instances", endpoint="instances.aggregatedList", methods=["GET"]),
-                Rule(f"{z}/operations", endpoint="zoneOperations.list", methods=["GET"]),
-                Rule(f"{z}/operations/<op>", endpoint="zoneOperations.get", methods=["GET"]),
-                Rule(f"{z}/operations/<op>/wait", endpoint="zoneOperations.wait", methods=["POST"]),
-                Rule(
-                    f"{p}/aggregated/operations", endpoint="globalOperations.aggregatedList", methods=["GET"]
-                ),
-                Rule(f"{z}/machineTypes", endpoint="machineTypes.list", methods=["GET"]),
-                Rule(f"{z}/machineTypes/<name>", endpoint="machineTypes.get", methods=["GET"]),
-                Rule(f"{z}/acceleratorTypes", endpoint="acceleratorTypes.list", methods=["GET"]),
-                Rule(f"{z}/acceleratorTypes/<name>", endpoint="acceleratorTypes.get", methods=["GET"]),
-                *group_rules(p, z),
-                *firewall_rules(p),
-            ]
-        )
 
     # --- projects --------------------------------------------------------------------------------
 
@@ -242,26 +217,20 @@ class GceServer:
     # --- lifecycle and counts --------------------------------------------------------------------
 
     def start(self, port: int = 0) -> str:
-        """Serve on 127.0.0.1:``port`` (0: a free port)."""
-        from werkzeug.serving import make_server
-
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request drowns the task log
-        self._serving = InThread(make_server("127.0.0.1", port, self._wsgi, threaded=True), "gce-emulator")
-        self.endpoint = self._serving.endpoint
+        """Serve on 127.0.0.1:``port`` (0: a free port), and run the group manager."""
+        endpoint = super().start(port)
         if self._manager is None:
             self._halt.clear()
             self._manager = threading.Thread(target=self._manage, name="gce-group-manager", daemon=True)
             self._manager.start()
-        return self.endpoint
+        return endpoint
 
     def stop(self) -> None:
         self._halt.set()
         if self._manager is not None:
             self._manager.join(timeout=5)
             self._manager = None
-        if self._serving is not None:
-            self._serving.stop()
-            self._serving = None
+        super().stop()
 
     def _manage(self) -> None:
         """The group manager of every project (``gce_manager``): groups act with nobody asking."""
@@ -271,16 +240,6 @@ class GceServer:
                     state.reconcile()
                 except Exception:  # the groups must go on being managed whatever one pass hits
                     log.exception("emulated group manager: reconcile failed")
-
-    def counts(self) -> dict[str, int]:
-        """Requests per API method (``instances.list``, ...) since start or reset, the emulator's excluded;
-        ``throttled:<method>`` counts those of them refused as throttled."""
-        with self._lock:
-            return dict(self._counts)
-
-    def reset_counts(self) -> None:
-        with self._lock:
-            self._counts.clear()
 
     # --- faults and the cloud's own acts (every project, or the one named) ------------------------
 
@@ -356,40 +315,48 @@ class GceServer:
 
     # --- HTTP ------------------------------------------------------------------------------------
 
-    def _wsgi(self, environ: dict[str, Any], start_response: Any) -> Any:
-        request = Request(environ)
-        if request.path.startswith(billing.PREFIX):  # the Cloud Billing Catalog shares this port
-            if not is_own(request.headers.get("User-Agent"), request.headers.get("x-goog-api-client")):
-                with self._lock:
-                    self._counts["services.skus.list"] += 1
-            return billing.wsgi(environ, start_response)
-        try:
-            endpoint, args = self._routes.bind_to_environ(environ).match()
-            if not is_own(request.headers.get("User-Agent"), request.headers.get("x-goog-api-client")):
-                hit = self.throttle.hit("compute", endpoint)
-                with self._lock:
-                    self._counts[endpoint] += 1
-                    if hit:
-                        self._counts[f"throttled:{endpoint}"] += 1
-                if hit:
-                    raise ApiError(429, "rateLimitExceeded", _THROTTLED, domain="usageLimits")
-            project = args.pop("project")
-            if not api.PROJECT_ID.fullmatch(project):
-                raise api.not_found(f"projects/{project}")
-            if "zone" in args and args["zone"] not in cat.catalog().zones:
-                if endpoint == "zones.get":
-                    raise api.not_found(f"projects/{project}/zones/{args['zone']}")
-                raise api.invalid("zone", args["zone"], "Unknown zone.")
-            handler = getattr(self.state(project), "_h_" + endpoint.replace(".", "_"))
-            status, body = 200, handler(request, **args)
-        except ApiError as exc:
-            status, body = exc.code, exc.body()
-        except HTTPException as exc:
-            status, body = (
-                exc.code or 404,
-                ApiError(exc.code or 404, "notFound", exc.description or "").body(),
-            )
-        payload = json.dumps(body).encode()
-        return Response(payload, status, content_type="application/json; charset=UTF-8")(
-            environ, start_response
-        )
+    def throttled(self, service: str) -> ApiError:
+        return ApiError(429, "rateLimitExceeded", _THROTTLED.format(service=service), domain="usageLimits")
+
+    def unknown_route(self, request: Request, exc: HTTPException) -> ApiError:
+        return ApiError(exc.code or 404, "notFound", exc.description or "")
+
+    def handle(self, op: str, request: Request, args: dict[str, Any]) -> Any:
+        """The project's state answers (``_h_<op>(request, **args)``), once the project and zone are
+        known good; the Billing Catalog answers its own."""
+        if op == "services.skus.list":
+            return billing.answer(request.method, request.path, request.args)
+        project = args.pop("project")
+        if not api.PROJECT_ID.fullmatch(project):
+            raise api.not_found(f"projects/{project}")
+        if "zone" in args and args["zone"] not in cat.catalog().zones:
+            if op == "zones.get":
+                raise api.not_found(f"projects/{project}/zones/{args['zone']}")
+            raise api.invalid("zone", args["zone"], "Unknown zone.")
+        return getattr(self.state(project), "_h_" + op.replace(".", "_"))(request, **args)
+
+
+def _rules(p: str, z: str) -> list[Rule]:
+    """The Compute v1 methods served (``p``: a project's path, ``z``: a zone's), and the Billing
+    Catalog's SKU listing (any method, any path under it: it answers its own 404s)."""
+    return [
+        Rule(f"{p}/zones", endpoint="zones.list", methods=["GET"]),
+        Rule(z, endpoint="zones.get", methods=["GET"]),
+        Rule(f"{z}/instances", endpoint="instances.list", methods=["GET"]),
+        Rule(f"{z}/instances", endpoint="instances.insert", methods=["POST"]),
+        Rule(f"{z}/instances/<name>", endpoint="instances.get", methods=["GET"]),
+        Rule(f"{z}/instances/<name>", endpoint="instances.delete", methods=["DELETE"]),
+        Rule(f"{z}/instances/<name>/stop", endpoint="instances.stop", methods=["POST"]),
+        Rule(f"{p}/aggregated/instances", endpoint="instances.aggregatedList", methods=["GET"]),
+        Rule(f"{z}/operations", endpoint="zoneOperations.list", methods=["GET"]),
+        Rule(f"{z}/operations/<op>", endpoint="zoneOperations.get", methods=["GET"]),
+        Rule(f"{z}/operations/<op>/wait", endpoint="zoneOperations.wait", methods=["POST"]),
+        Rule(f"{p}/aggregated/operations", endpoint="globalOperations.aggregatedList", methods=["GET"]),
+        Rule(f"{z}/machineTypes", endpoint="machineTypes.list", methods=["GET"]),
+        Rule(f"{z}/machineTypes/<name>", endpoint="machineTypes.get", methods=["GET"]),
+        Rule(f"{z}/acceleratorTypes", endpoint="acceleratorTypes.list", methods=["GET"]),
+        Rule(f"{z}/acceleratorTypes/<name>", endpoint="acceleratorTypes.get", methods=["GET"]),
+        *group_rules(p, z),
+        *firewall_rules(p),
+        Rule(f"{billing.PREFIX}<path:rest>", endpoint="services.skus.list"),
+    ]

@@ -9,18 +9,13 @@ import secrets
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from airflow_cloudtrain.emulator.gcp.rest import GoogleError
+
 # A project id as Google allows them (6-30 of a-z, 0-9 and -, a letter first, no - last), or a
 # domain-scoped one (``example.com:my-project``); the emulators serve any such project.
 PROJECT_ID = re.compile(r"(?:[a-z0-9.-]+:)?[a-z][-a-z0-9]{4,28}[a-z0-9]")
 API = "https://www.googleapis.com/compute/v1"  # what selfLinks carry, as in production
 _TZ = timezone(timedelta(hours=-7))  # the real API writes RFC 3339 in Pacific time, never "Z"
-_STATUS = {
-    400: "INVALID_ARGUMENT",
-    403: "PERMISSION_DENIED",
-    404: "NOT_FOUND",
-    409: "ALREADY_EXISTS",
-    429: "RESOURCE_EXHAUSTED",
-}
 
 
 def rfc3339(t: float) -> str:
@@ -35,23 +30,13 @@ def fingerprint() -> str:
     return base64.b64encode(secrets.token_bytes(8)).decode()
 
 
-class ApiError(Exception):
-    """An HTTP error in the Compute API's JSON shape; ``reason`` is the ``errors[0].reason``."""
+class ApiError(GoogleError):
+    """An HTTP error in the Compute API's JSON shape (with ``errors``); ``reason`` is ``errors[0].reason``."""
 
     def __init__(self, code: int, reason: str, message: str, domain: str = "global") -> None:
-        super().__init__(message)
-        self.code, self.reason, self.message, self.domain = code, reason, message, domain
-
-    def body(self) -> dict[str, Any]:
-        error = {"message": self.message, "domain": self.domain, "reason": self.reason}
-        return {
-            "error": {
-                "code": self.code,
-                "message": self.message,
-                "errors": [error],
-                "status": _STATUS.get(self.code, "UNKNOWN"),
-            }
-        }
+        error = {"message": message, "domain": domain, "reason": reason}
+        super().__init__(code, message, errors=[error])
+        self.reason, self.domain = reason, domain
 
 
 def invalid(field: str, value: object, why: str) -> ApiError:

@@ -120,7 +120,7 @@ class GroupApi(GroupManager):
                 path = f"projects/{self.project}/zones/{zone}/instanceGroupManagers/{name}"
                 raise ApiError(409, "alreadyExists", f"The resource '{path}' already exists")
             link = f"{API}/projects/{self.project}/zones/{zone}"
-            res = {
+            res: dict[str, Any] = {
                 "kind": "compute#instanceGroupManager",
                 "id": numeric_id(),
                 "creationTimestamp": rfc3339(now),

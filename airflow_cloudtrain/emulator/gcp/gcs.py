@@ -32,14 +32,15 @@ import json
 import logging
 import re
 import threading
-from collections import Counter, deque
+from collections import deque
 from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from airflow_cloudtrain.emulator.faults import Throttle, is_own
+from airflow_cloudtrain.emulator.faults import Throttle
+from airflow_cloudtrain.emulator.gcp.rest import Tally
 from airflow_cloudtrain.emulator.serving import InThread
 
 _OBJECTS = re.compile(r"(?:/storage/v1)?/b/([-.\w]+)/o")
@@ -132,7 +133,7 @@ class GcsServer:
     def __init__(self, data_dir: str | Path | None = None, throttle: Throttle | None = None) -> None:
         self.data_dir = Path(data_dir).resolve() if data_dir else None
         self.throttle = throttle or Throttle()
-        self._counts: Counter[str] = Counter()
+        self.tally = Tally(self.throttle)  # own client -> throttle -> count, as every emulated Google API
         self.endpoint = ""
         self._serving: InThread | None = None
         self._storage: Any = None
@@ -149,7 +150,7 @@ class GcsServer:
         # it logs every request at INFO and every read of a missing object (a normal poll) at ERROR
         logging.getLogger("gcp_storage_emulator").setLevel(logging.CRITICAL)
 
-        class NoMetadataFileInMemory(Storage):  # type: ignore[misc,valid-type]
+        class NoMetadataFileInMemory(Storage):
             """The package rewrites one file holding every object's metadata, as indented JSON, on
             each write: O(objects) per write, 5 s at a 10,000-object bucket. In memory (how the
             emulator runs it) nothing reads that file back, so there it is not written."""
@@ -163,7 +164,7 @@ class GcsServer:
         )
         lock, seen, gcs = self._lock, self.requests, self
 
-        class Handler(RequestHandler):  # type: ignore[misc,valid-type]
+        class Handler(RequestHandler):
             def handle_one_request(self) -> None:  # one request per connection (HTTP/1.0)
                 with lock:
                     super().handle_one_request()
@@ -196,14 +197,8 @@ class GcsServer:
 
     def _throttled(self, handler: BaseHTTPRequestHandler) -> bool:
         """Count the request; True (and the 429 sent) when it is refused as throttled."""
-        if is_own(handler.headers.get("User-Agent"), handler.headers.get("x-goog-api-client")):
+        if not self.tally.admit(handler.headers, "storage", gcs_method(handler.command, handler.path)):
             return False
-        method = gcs_method(handler.command, handler.path)
-        hit = self.throttle.hit("storage", method)
-        self._counts[method] += 1  # under the server's request lock
-        if not hit:
-            return False
-        self._counts[f"throttled:{method}"] += 1
         length = int(handler.headers.get("Content-Length") or 0)
         if length:
             handler.rfile.read(length)  # what the client sends, before answering
@@ -214,12 +209,10 @@ class GcsServer:
 
     def counts(self) -> dict[str, int]:
         """Requests per JSON API method since start or reset, the emulator's excluded."""
-        with self._lock:
-            return dict(self._counts)
+        return self.tally.counts()
 
     def reset_counts(self) -> None:
-        with self._lock:
-            self._counts.clear()
+        self.tally.reset()
 
     def env(self) -> dict[str, str]:
         """The environment that points ``google-cloud-storage`` (and gcsfs, Airflow's GCSHook) here."""

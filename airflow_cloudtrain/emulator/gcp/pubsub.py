@@ -66,21 +66,17 @@ real metric's sampling delay (it lags by a minute or more and is absent for a ne
 
 from __future__ import annotations
 
-import json
-import logging
 import re
 import time
-from collections import Counter
 from typing import Any
 
-from werkzeug.exceptions import HTTPException
-from werkzeug.routing import Map, Rule
-from werkzeug.wrappers import Request, Response
+from werkzeug.routing import Rule
+from werkzeug.wrappers import Request
 
-from airflow_cloudtrain.emulator.faults import Throttle, is_own
+from airflow_cloudtrain.emulator.faults import Throttle
 from airflow_cloudtrain.emulator.gcp.gce_api import PROJECT_ID
 from airflow_cloudtrain.emulator.gcp.pubsub_state import PubSubError, PubSubState, int_field, invalid, rfc3339
-from airflow_cloudtrain.emulator.serving import InThread, json_body
+from airflow_cloudtrain.emulator.gcp.rest import GoogleRestServer
 
 __all__ = ["PubSubServer", "pubsub_client_kwargs"]
 
@@ -115,8 +111,13 @@ def parse_filter(text: str) -> dict[str, str]:
     return out
 
 
-class PubSubServer(PubSubState):
-    """Pub/Sub v1 + Monitoring timeSeries.list on 127.0.0.1 (random port) in a daemon thread; module doc."""
+class PubSubServer(GoogleRestServer, PubSubState):
+    """Pub/Sub v1 + Monitoring timeSeries.list on 127.0.0.1 (random port) in a daemon thread; module doc.
+    Requests take the shared pipeline (``rest``)."""
+
+    service = "pubsub"
+    services = {"timeSeries.list": "monitoring"}
+    thread_name = "pubsub-emulator"
 
     pull_wait_s: float = 0.5  # how long a pull with nothing deliverable waits before answering {}
 
@@ -126,59 +127,28 @@ class PubSubServer(PubSubState):
         throttle: Throttle | None = None,
         deadline_scale: float = 1.0,
     ) -> None:
-        super().__init__(project)
+        PubSubState.__init__(self, project)
+        p, t, sub = "/v1/projects/<project>", "/v1/<path:topic>", "/v1/<path:sub>"
+        rules = [
+            Rule(f"{p}/topics", endpoint="topics.list", methods=["GET"]),
+            Rule(f"{p}/topics/<name>", endpoint="topics.create", methods=["PUT"]),
+            Rule(f"{p}/topics/<name>", endpoint="topics.get", methods=["GET"]),
+            Rule(f"{p}/topics/<name>", endpoint="topics.delete", methods=["DELETE"]),
+            Rule(f"{p}/topics/<name>/subscriptions", endpoint="topics.subscriptions.list", methods=["GET"]),
+            Rule(f"{t}:publish", endpoint="topics.publish", methods=["POST"]),
+            Rule(f"{p}/subscriptions", endpoint="subscriptions.list", methods=["GET"]),
+            Rule(f"{p}/subscriptions/<name>", endpoint="subscriptions.create", methods=["PUT"]),
+            Rule(f"{p}/subscriptions/<name>", endpoint="subscriptions.get", methods=["GET"]),
+            Rule(f"{p}/subscriptions/<name>", endpoint="subscriptions.delete", methods=["DELETE"]),
+            Rule(f"{sub}:pull", endpoint="subscriptions.pull", methods=["POST"]),
+            Rule(f"{sub}:acknowledge", endpoint="subscriptions.acknowledge", methods=["POST"]),
+            Rule(f"{sub}:modifyAckDeadline", endpoint="subscriptions.modifyAckDeadline", methods=["POST"]),
+            Rule("/v3/projects/<project>/timeSeries", endpoint="timeSeries.list", methods=["GET"]),
+        ]
+        GoogleRestServer.__init__(self, rules, throttle)
         self.deadline_scale = deadline_scale
-        self.throttle = throttle or Throttle()
-        self.endpoint = ""
-        self._counts: Counter[str] = Counter()
-        self._serving: InThread | None = None
-        p, t, s = "/v1/projects/<project>", "/v1/<path:topic>", "/v1/<path:sub>"
-        self._routes = Map(
-            [
-                Rule(f"{p}/topics", endpoint="topics.list", methods=["GET"]),
-                Rule(f"{p}/topics/<name>", endpoint="topics.create", methods=["PUT"]),
-                Rule(f"{p}/topics/<name>", endpoint="topics.get", methods=["GET"]),
-                Rule(f"{p}/topics/<name>", endpoint="topics.delete", methods=["DELETE"]),
-                Rule(
-                    f"{p}/topics/<name>/subscriptions", endpoint="topics.subscriptions.list", methods=["GET"]
-                ),
-                Rule(f"{t}:publish", endpoint="topics.publish", methods=["POST"]),
-                Rule(f"{p}/subscriptions", endpoint="subscriptions.list", methods=["GET"]),
-                Rule(f"{p}/subscriptions/<name>", endpoint="subscriptions.create", methods=["PUT"]),
-                Rule(f"{p}/subscriptions/<name>", endpoint="subscriptions.get", methods=["GET"]),
-                Rule(f"{p}/subscriptions/<name>", endpoint="subscriptions.delete", methods=["DELETE"]),
-                Rule(f"{s}:pull", endpoint="subscriptions.pull", methods=["POST"]),
-                Rule(f"{s}:acknowledge", endpoint="subscriptions.acknowledge", methods=["POST"]),
-                Rule(f"{s}:modifyAckDeadline", endpoint="subscriptions.modifyAckDeadline", methods=["POST"]),
-                Rule("/v3/projects/<project>/timeSeries", endpoint="timeSeries.list", methods=["GET"]),
-            ]
-        )
 
-    # --- lifecycle, counts, helpers ---------------------------------------------------------------
-
-    def start(self, port: int = 0) -> str:
-        """Serve on 127.0.0.1:``port`` (0: a free port)."""
-        from werkzeug.serving import make_server
-
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request drowns the task log
-        self._serving = InThread(make_server("127.0.0.1", port, self._wsgi, threaded=True), "pubsub-emulator")
-        self.endpoint = self._serving.endpoint
-        return self.endpoint
-
-    def stop(self) -> None:
-        if self._serving is not None:
-            self._serving.stop()
-            self._serving = None
-
-    def counts(self) -> dict[str, int]:
-        """Requests per operation since start or reset, the emulator's own excluded; ``throttled:<op>``
-        counts those of them refused as throttled."""
-        with self._lock:
-            return dict(self._counts)
-
-    def reset_counts(self) -> None:
-        with self._lock:
-            self._counts.clear()
+    # --- helpers ---------------------------------------------------------------------------------
 
     def subscription(self, name: str) -> dict[str, Any] | None:
         """The subscription as ``subscriptions.get`` shows it; None when it does not exist."""
@@ -189,42 +159,32 @@ class PubSubServer(PubSubState):
 
     # --- HTTP ------------------------------------------------------------------------------------
 
-    def _wsgi(self, environ: dict[str, Any], start_response: Any) -> Any:
-        request = Request(environ)
-        request.get_data()  # read the body whatever the answer: the client is still sending it
-        try:
-            try:
-                op, args = self._routes.bind_to_environ(environ).match()
-            except HTTPException as exc:
-                raise PubSubError(
-                    404, f"Requested entity was not found. ({request.method} {request.path})"
-                ) from exc
-            if not is_own(request.headers.get("User-Agent"), request.headers.get("x-goog-api-client")):
-                service = "monitoring" if op.startswith("timeSeries.") else "pubsub"
-                hit = self.throttle.hit(service, op)
-                with self._lock:
-                    self._counts[op] += 1
-                    if hit:
-                        self._counts[f"throttled:{op}"] += 1
-                if hit:
-                    raise _throttled(service)
-            if "project" in args:  # any project is served: names carry it (``projects/<p>/...``)
-                project = args.pop("project")
-                if not PROJECT_ID.fullmatch(project):
-                    raise PubSubError(404, "Requested project not found or user does not have access to it.")
-                if "name" in args:
-                    kind = "subscriptions" if op.startswith("subscriptions.") else "topics"
-                    args["name"] = f"projects/{project}/{kind}/{args['name']}"
-                else:  # a list: that project's
-                    args["project"] = project
-            body = _json_body(request)
-            status, out = 200, getattr(self, "_h_" + op.replace(".", "_"))(request, body, **args)
-        except PubSubError as exc:
-            status, out = exc.code, exc.body()
-        payload = json.dumps(out).encode()
-        return Response(payload, status, content_type="application/json; charset=UTF-8")(
-            environ, start_response
+    def throttled(self, service: str) -> PubSubError:
+        host = f"{service}.googleapis.com"
+        metric = f"{host}/requests" if service == "monitoring" else f"{host}/regional_requests"
+        message = (
+            f"Quota exceeded for quota metric '{metric}' and limit 'requests per minute' of service '{host}'."
         )
+        info = {
+            "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+            "reason": "RATE_LIMIT_EXCEEDED",
+            "domain": "googleapis.com",
+            "metadata": {"service": host, "quota_metric": metric},
+        }
+        return PubSubError(429, message, [info])
+
+    def handle(self, op: str, request: Request, args: dict[str, Any]) -> Any:
+        """Any project is served: a name's project is checked and the name made full."""
+        if "project" in args:
+            project = args.pop("project")
+            if not PROJECT_ID.fullmatch(project):
+                raise PubSubError(404, "Requested project not found or user does not have access to it.")
+            if "name" in args:
+                kind = "subscriptions" if op.startswith("subscriptions.") else "topics"
+                args["name"] = f"projects/{project}/{kind}/{args['name']}"
+            else:  # a list: that project's
+                args["project"] = project
+        return super().handle(op, request, args)
 
     # --- Pub/Sub handlers: one per operation (the route's endpoint name) --------------------------
 
@@ -318,10 +278,6 @@ class PubSubServer(PubSubState):
         return {"timeSeries": series} if series else {}
 
 
-def _json_body(request: Request) -> dict[str, Any]:
-    return json_body(request, invalid)
-
-
 def _page(key: str, items: list[Any], req: Request) -> dict[str, Any]:
     """``pageSize``/``pageToken`` paging (the token is an offset); ``{}`` for no items, as the API."""
     start = int(req.args.get("pageToken") or 0)
@@ -330,18 +286,3 @@ def _page(key: str, items: list[Any], req: Request) -> dict[str, Any]:
     if start + size < len(items):
         out["nextPageToken"] = str(start + size)
     return out
-
-
-def _throttled(service: str) -> PubSubError:
-    host = f"{service}.googleapis.com"
-    metric = f"{host}/requests" if service == "monitoring" else f"{host}/regional_requests"
-    message = (
-        f"Quota exceeded for quota metric '{metric}' and limit 'requests per minute' of service '{host}'."
-    )
-    info = {
-        "@type": "type.googleapis.com/google.rpc.ErrorInfo",
-        "reason": "RATE_LIMIT_EXCEEDED",
-        "domain": "googleapis.com",
-        "metadata": {"service": host, "quota_metric": metric},
-    }
-    return PubSubError(429, message, [info])

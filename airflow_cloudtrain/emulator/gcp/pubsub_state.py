@@ -20,16 +20,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from airflow_cloudtrain.emulator.gcp.gce_api import PROJECT_ID
+from airflow_cloudtrain.emulator.gcp.rest import GoogleError
 
 DELETED_TOPIC = "_deleted-topic_"
 _NAME = re.compile(r"[A-Za-z][-A-Za-z0-9_.~+%]{2,254}")
-_STATUS = {
-    400: "INVALID_ARGUMENT",
-    404: "NOT_FOUND",
-    409: "ALREADY_EXISTS",
-    429: "RESOURCE_EXHAUSTED",
-    500: "INTERNAL",
-}
 
 
 def rfc3339(t: float) -> str:
@@ -37,22 +31,11 @@ def rfc3339(t: float) -> str:
     return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-class PubSubError(Exception):
+class PubSubError(GoogleError):
     """An error in Google's JSON shape (``error.code``/``message``/``status``/``details``)."""
 
     def __init__(self, code: int, message: str, details: list[dict[str, Any]] | None = None) -> None:
-        super().__init__(message)
-        self.code, self.message, self.details = code, message, details or []
-
-    def body(self) -> dict[str, Any]:
-        error: dict[str, Any] = {
-            "code": self.code,
-            "message": self.message,
-            "status": _STATUS.get(self.code, "UNKNOWN"),
-        }
-        if self.details:
-            error["details"] = self.details
-        return {"error": error}
+        super().__init__(code, message, details=details)
 
 
 def invalid(message: str) -> PubSubError:
@@ -326,7 +309,7 @@ class PubSubState:
             self._acks.pop(p.ack_id, None)
 
     def _take(self, sub: Subscription, max_messages: int, now: float) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         for p in sub.pending.values():
             if len(out) >= max_messages:
                 break

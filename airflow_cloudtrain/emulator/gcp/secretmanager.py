@@ -22,90 +22,56 @@ replication policies (kept as given), CMEK.
 from __future__ import annotations
 
 import base64
-import json
-import logging
 import re
 import threading
 import time
-from collections import Counter
 from typing import Any
 
-from werkzeug.exceptions import HTTPException
-from werkzeug.routing import Map, Rule
-from werkzeug.wrappers import Request, Response
+from werkzeug.routing import Rule
+from werkzeug.wrappers import Request
 
-from airflow_cloudtrain.emulator.faults import Throttle, is_own
-from airflow_cloudtrain.emulator.serving import InThread, json_body
+from airflow_cloudtrain.emulator.faults import Throttle
+from airflow_cloudtrain.emulator.gcp.rest import GoogleError, GoogleRestServer
 
 __all__ = ["SecretManagerServer"]
 
-_STATUS = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 409: "ALREADY_EXISTS", 429: "RESOURCE_EXHAUSTED"}
 _SECRET_ID = re.compile(r"[A-Za-z0-9_-]{1,255}")
 _TTL = re.compile(r"(\d+(?:\.\d+)?)s")
 _CLAUSE = re.compile(r"""(labels\.[\w-]+|name)\s*([=:])\s*("[^"]*"|'[^']*'|\S+)""")
 
 
-class SecretError(Exception):
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
+class SecretError(GoogleError):
+    """An error in Google's JSON shape (``error.code``/``message``/``status``)."""
 
-    def body(self) -> dict[str, Any]:
-        return {
-            "error": {"code": self.code, "message": self.message, "status": _STATUS.get(self.code, "UNKNOWN")}
-        }
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(code, message)
 
 
 def _rfc3339(at: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1e6):06d}Z"
 
 
-class SecretManagerServer:
-    """Secret Manager v1 on 127.0.0.1 (random port) in a daemon thread; module doc."""
+class SecretManagerServer(GoogleRestServer):
+    """Secret Manager v1 on 127.0.0.1 (random port) in a daemon thread; module doc. Requests take the
+    shared pipeline (``rest``)."""
+
+    service = "secretmanager"
+    thread_name = "secretmanager-emulator"
 
     def __init__(self, project: str = "cloudtrain-emulated", throttle: Throttle | None = None) -> None:
+        p, s = "/v1/projects/<project>/secrets", "/v1/projects/<project>/secrets/<secret>"
+        rules = [
+            Rule(p, endpoint="secrets.create", methods=["POST"]),
+            Rule(p, endpoint="secrets.list", methods=["GET"]),
+            Rule(s, endpoint="secrets.get", methods=["GET"]),
+            Rule(s, endpoint="secrets.delete", methods=["DELETE"]),
+            Rule(f"{s}:addVersion", endpoint="secrets.addVersion", methods=["POST"]),
+            Rule(f"{s}/versions/<version>:access", endpoint="versions.access", methods=["GET"]),
+        ]
+        super().__init__(rules, throttle)
         self.project = project
-        self.throttle = throttle or Throttle()
-        self.endpoint = ""
         self._lock = threading.Lock()
         self._secrets: dict[str, dict[str, Any]] = {}  # full name -> resource (+ "_versions", "_expires")
-        self._counts: Counter[str] = Counter()
-        self._serving: InThread | None = None
-        p, s = "/v1/projects/<project>/secrets", "/v1/projects/<project>/secrets/<secret>"
-        self._routes = Map(
-            [
-                Rule(p, endpoint="secrets.create", methods=["POST"]),
-                Rule(p, endpoint="secrets.list", methods=["GET"]),
-                Rule(s, endpoint="secrets.get", methods=["GET"]),
-                Rule(s, endpoint="secrets.delete", methods=["DELETE"]),
-                Rule(f"{s}:addVersion", endpoint="secrets.addVersion", methods=["POST"]),
-                Rule(f"{s}/versions/<version>:access", endpoint="versions.access", methods=["GET"]),
-            ]
-        )
-
-    # --- lifecycle, counts, helpers ---------------------------------------------------------------
-
-    def start(self, port: int = 0) -> str:
-        from werkzeug.serving import make_server
-
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)
-        server = make_server("127.0.0.1", port, self._wsgi, threaded=True)
-        self._serving = InThread(server, "secretmanager-emulator")
-        self.endpoint = self._serving.endpoint
-        return self.endpoint
-
-    def stop(self) -> None:
-        if self._serving is not None:
-            self._serving.stop()
-            self._serving = None
-
-    def counts(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._counts)
-
-    def reset_counts(self) -> None:
-        with self._lock:
-            self._counts.clear()
 
     def secrets(self) -> list[dict[str, Any]]:
         """Every secret alive now, as ``secrets.get`` shows it (tests: what a run left behind)."""
@@ -133,40 +99,19 @@ class SecretManagerServer:
 
     # --- HTTP ------------------------------------------------------------------------------------
 
-    def _wsgi(self, environ: dict[str, Any], start_response: Any) -> Any:
-        request = Request(environ)
-        request.get_data()
-        try:
-            try:
-                op, args = self._routes.bind_to_environ(environ).match()
-            except HTTPException as exc:
-                raise SecretError(
-                    404, f"Requested entity was not found. ({request.method} {request.path})"
-                ) from exc
-            if not is_own(request.headers.get("User-Agent"), request.headers.get("x-goog-api-client")):
-                hit = self.throttle.hit("secretmanager", op)
-                with self._lock:
-                    self._counts[op] += 1
-                    if hit:
-                        self._counts[f"throttled:{op}"] += 1
-                if hit:
-                    raise SecretError(
-                        429,
-                        "Quota exceeded for quota metric 'secretmanager.googleapis.com/access_requests' "
-                        "and limit 'requests per minute' of service 'secretmanager.googleapis.com'.",
-                    )
-            if args.pop("project") != self.project:
-                raise SecretError(404, "Requested project not found or user does not have access to it.")
-            body = _json_body(request)
-            with self._lock:
-                out = getattr(self, "_h_" + op.replace(".", "_"))(request, body, **args)
-            status = 200
-        except SecretError as exc:
-            status, out = exc.code, exc.body()
-        payload = json.dumps(out).encode()
-        return Response(payload, status, content_type="application/json; charset=UTF-8")(
-            environ, start_response
+    def throttled(self, service: str) -> SecretError:
+        return SecretError(
+            429,
+            "Quota exceeded for quota metric 'secretmanager.googleapis.com/access_requests' "
+            "and limit 'requests per minute' of service 'secretmanager.googleapis.com'.",
         )
+
+    def handle(self, op: str, request: Request, args: dict[str, Any]) -> Any:
+        """The one project served (another is 404); the handlers run under the lock."""
+        if args.pop("project") != self.project:
+            raise SecretError(404, "Requested project not found or user does not have access to it.")
+        with self._lock:
+            return super().handle(op, request, args)
 
     def _full(self, secret: str) -> str:
         return f"projects/{self.project}/secrets/{secret}"
@@ -188,7 +133,7 @@ class SecretManagerServer:
             if not m:
                 raise SecretError(400, f"Invalid value at 'secret.ttl' ({body['ttl']!r}).")
             expires = now + float(m.group(1))
-        secret = {
+        secret: dict[str, Any] = {
             "name": name,
             "replication": body.get("replication") or {"automatic": {}},
             "createTime": _rfc3339(now),
@@ -253,10 +198,6 @@ class SecretManagerServer:
         if not 1 <= number <= len(versions):
             raise SecretError(404, f"Secret Version [{record['name']}/versions/{version}] not found.")
         return {"name": f"{record['name']}/versions/{number}", "payload": {"data": versions[number - 1]}}
-
-
-def _json_body(request: Request) -> dict[str, Any]:
-    return json_body(request, lambda message: SecretError(400, message))
 
 
 def _parse_filter(text: str) -> list[tuple[str, str, str]]:

@@ -49,25 +49,22 @@ web access, Tensorboard, service accounts and networks (accepted, unused), quota
 
 from __future__ import annotations
 
-import json
-import logging
 import os
 import shutil
 import tempfile
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from werkzeug.exceptions import HTTPException
-from werkzeug.routing import Map, Rule
-from werkzeug.wrappers import Request, Response
+from werkzeug.routing import Rule
+from werkzeug.wrappers import Request
 
-from airflow_cloudtrain.emulator.faults import Throttle, is_own
+from airflow_cloudtrain.emulator.faults import Throttle
+from airflow_cloudtrain.emulator.gcp.rest import GoogleRestServer
 from airflow_cloudtrain.emulator.gcp.vertex_logs import LogsInvalid
 from airflow_cloudtrain.emulator.gcp.vertex_state import VertexError, VertexState
 from airflow_cloudtrain.emulator.gcp.vertex_validate import Invalid
 from airflow_cloudtrain.emulator.runner import InstanceRunner
-from airflow_cloudtrain.emulator.serving import InThread, json_body
 
 __all__ = ["VertexServer", "vertex_client_kwargs"]
 
@@ -83,14 +80,19 @@ def vertex_client_kwargs(endpoint: str) -> dict[str, Any]:
     }
 
 
-class VertexServer(VertexState):
+class VertexServer(GoogleRestServer, VertexState):
     """Vertex AI CustomJobs + Logging entries.list on 127.0.0.1 (random port) in a daemon thread.
 
     ``replica_env``: the environment every replica gets besides Vertex's (the emulated endpoints, e.g.
     ``STORAGE_EMULATOR_HOST``). Replicas run through an ``InstanceRunner``: the Emulator's (set
     ``runner`` and route ``seen``/``replica_exited`` through it), or, with ``start(own_runner=True)``,
-    one of the server's own.
+    one of the server's own. Requests take the shared pipeline (``rest``).
     """
+
+    service = "aiplatform"
+    services = {"entries.list": "logging"}
+    invalid_errors = (Invalid, LogsInvalid)  # the validators' faults: 400 INVALID_ARGUMENT
+    thread_name = "vertex-emulator"
 
     def __init__(
         self,
@@ -99,99 +101,60 @@ class VertexServer(VertexState):
         replica_env: dict[str, str] | None = None,
     ) -> None:
         self._own_dir = workdir is None
-        super().__init__(Path(workdir or tempfile.mkdtemp(prefix="vertex-emulator-")), replica_env)
-        self.throttle = throttle or Throttle()
-        self.endpoint = ""
-        self._counts: Counter[str] = Counter()
-        self._serving: InThread | None = None
-        self._own_runner: InstanceRunner | None = None
+        VertexState.__init__(self, Path(workdir or tempfile.mkdtemp(prefix="vertex-emulator-")), replica_env)
         j = "/v1/projects/<project>/locations/<location>/customJobs"
-        self._routes = Map(
-            [
-                Rule(f"{j}", endpoint="customJobs.create", methods=["POST"]),
-                Rule(f"{j}", endpoint="customJobs.list", methods=["GET"]),
-                Rule(f"{j}/<job>:cancel", endpoint="customJobs.cancel", methods=["POST"]),
-                Rule(f"{j}/<job>", endpoint="customJobs.get", methods=["GET"]),
-                Rule(f"{j}/<job>", endpoint="customJobs.delete", methods=["DELETE"]),
-                *(  # the REST transport's operations client (and get_operation) use /ui/ first
-                    Rule(
-                        f"/{v}/projects/<project>/locations/<location>/operations/<op>",
-                        endpoint="operations.get",
-                        methods=["GET"],
-                    )
-                    for v in ("v1", "ui")
-                ),
-                Rule("/v2/entries:list", endpoint="entries.list", methods=["POST"]),
-            ]
-        )
+        rules = [
+            Rule(f"{j}", endpoint="customJobs.create", methods=["POST"]),
+            Rule(f"{j}", endpoint="customJobs.list", methods=["GET"]),
+            Rule(f"{j}/<job>:cancel", endpoint="customJobs.cancel", methods=["POST"]),
+            Rule(f"{j}/<job>", endpoint="customJobs.get", methods=["GET"]),
+            Rule(f"{j}/<job>", endpoint="customJobs.delete", methods=["DELETE"]),
+            *(  # the REST transport's operations client (and get_operation) use /ui/ first
+                Rule(
+                    f"/{v}/projects/<project>/locations/<location>/operations/<op>",
+                    endpoint="operations.get",
+                    methods=["GET"],
+                )
+                for v in ("v1", "ui")
+            ),
+            Rule("/v2/entries:list", endpoint="entries.list", methods=["POST"]),
+        ]
+        GoogleRestServer.__init__(self, rules, throttle)
+        self._own_runner: InstanceRunner | None = None
 
-    # --- lifecycle, counts -----------------------------------------------------------------------
+    # --- lifecycle -------------------------------------------------------------------------
 
-    def start(self, own_runner: bool = False, port: int = 0) -> str:
+    def start(self, port: int = 0, own_runner: bool = False) -> str:
         """Serve on 127.0.0.1:``port`` (0: a free port); ``own_runner``: run the replicas with a runner of this server's (standalone use)."""
-        from werkzeug.serving import make_server
-
-        logging.getLogger("werkzeug").setLevel(logging.WARNING)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        self._serving = InThread(make_server("127.0.0.1", port, self._wsgi, threaded=True), "vertex-emulator")
-        self.endpoint = self._serving.endpoint
+        endpoint = super().start(port)
         if own_runner:
             runner = InstanceRunner(self.seen, self.replica_exited, self.workdir, dict(os.environ))
             self.runner = self._own_runner = runner
             runner.start()
-        return self.endpoint
+        return endpoint
 
     def stop(self) -> None:
         if self._own_runner is not None:
             self._own_runner.stop()
             self._own_runner = None
-        if self._serving is not None:
-            self._serving.stop()
-            self._serving = None
+        super().stop()
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def counts(self) -> dict[str, int]:
-        """Requests per operation since start or reset, the emulator's own excluded."""
-        with self._lock:
-            return dict(self._counts)
-
-    def reset_counts(self) -> None:
-        with self._lock:
-            self._counts.clear()
-
     # --- HTTP ------------------------------------------------------------------------------------
 
-    def _wsgi(self, environ: dict[str, Any], start_response: Any) -> Any:
-        request = Request(environ)
-        request.get_data()  # read the body whatever the answer
-        try:
-            try:
-                op, args = self._routes.bind_to_environ(environ).match()
-            except HTTPException as exc:
-                message = f"The requested URL {request.path} was not found on this server. ({request.method})"
-                raise VertexError(404, message) from exc
-            if not is_own(request.headers.get("User-Agent"), request.headers.get("x-goog-api-client")):
-                service = "logging" if op == "entries.list" else "aiplatform"
-                hit = self.throttle.hit(service, op)
-                with self._lock:
-                    self._counts[op] += 1
-                    if hit:
-                        self._counts[f"throttled:{op}"] += 1
-                if hit:
-                    raise _throttled(service)
-            body = _json_body(request)
-            status, out = 200, getattr(self, "_h_" + op.replace(".", "_"))(request, body, **args)
-        except Invalid as exc:
-            status, out = 400, VertexError(400, str(exc)).body()
-        except LogsInvalid as exc:
-            status, out = 400, VertexError(400, str(exc)).body()
-        except VertexError as exc:
-            status, out = exc.code, exc.body()
-        payload = json.dumps(out).encode()
-        return Response(payload, status, content_type="application/json; charset=UTF-8")(
-            environ, start_response
+    def throttled(self, service: str) -> VertexError:
+        host = f"{service}.googleapis.com"
+        metric = f"{host}/read_requests" if service == "logging" else f"{host}/requests"
+        message = (
+            f"Quota exceeded for quota metric '{metric}' and limit 'requests per minute' of service '{host}'."
         )
+        return VertexError(429, message)
+
+    def unknown_route(self, request: Request, exc: HTTPException) -> VertexError:
+        message = f"The requested URL {request.path} was not found on this server. ({request.method})"
+        return VertexError(404, message)
 
     def _h_customJobs_create(self, req: Request, body: dict[str, Any], project: str, location: str) -> Any:
         return self.create_job(project, location, body)
@@ -228,16 +191,3 @@ class VertexServer(VertexState):
 
     def _h_entries_list(self, req: Request, body: dict[str, Any]) -> Any:
         return self.logs.list(body)
-
-
-def _json_body(request: Request) -> dict[str, Any]:
-    return json_body(request, lambda message: VertexError(400, message))
-
-
-def _throttled(service: str) -> VertexError:
-    host = f"{service}.googleapis.com"
-    metric = f"{host}/read_requests" if service == "logging" else f"{host}/requests"
-    message = (
-        f"Quota exceeded for quota metric '{metric}' and limit 'requests per minute' of service '{host}'."
-    )
-    return VertexError(429, message)

@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_cloudtrain.emulator.gcp.rest import GoogleError
 from airflow_cloudtrain.emulator.gcp.vertex_cluster import Replica
 from airflow_cloudtrain.emulator.gcp.vertex_logs import micros, rfc3339
 
@@ -40,21 +41,12 @@ SUCCEEDED, FAILED = "JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED"
 CANCELLING, CANCELLED = "JOB_STATE_CANCELLING", "JOB_STATE_CANCELLED"
 TERMINAL = {SUCCEEDED, FAILED, CANCELLED}
 CHIEF = "workerpool0-0"
-_STATUS = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL"}
 _CLAUSE = re.compile(r"""\s*([\w.-]+)\s*(!=|=)\s*("(?:[^"\\]|\\.)*"|'[^']*'|[^\s"'()]+)\s*""")
 _AND = re.compile(r"\s+AND\s+", re.IGNORECASE)
 
 
-class VertexError(Exception):
+class VertexError(GoogleError):
     """An error in Google's JSON shape (``error.code``/``message``/``status``)."""
-
-    def __init__(self, code: int, message: str, status: str | None = None) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
-        self.status = status or _STATUS.get(code, "UNKNOWN")
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"code": self.code, "message": self.message, "status": self.status}}
 
 
 def timestamp(t: float) -> str:

@@ -33,6 +33,7 @@ import json
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -164,7 +165,7 @@ def _compare(left: Any, op: str, right: Any) -> bool:
 
 def _matcher(text: str) -> Any:
     """A filter -> a predicate on entries (``LogsInvalid`` for what is not read here)."""
-    tests = []
+    tests: list[Callable[..., bool]] = []
     for name, op, value in _clauses(text):
         if name in _STRING_FIELDS and op in ("=", "!="):
             tests.append(lambda e, n=name, o=op, v=value: _compare(e.field(n), o, v))

@@ -58,9 +58,9 @@ class Log:
 
 
 def _download(uri: str, dest: Path) -> Path:
+    import google.cloud.storage as storage
     from google.api_core.client_info import ClientInfo
     from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
 
     bucket, _, name = uri.removeprefix("gs://").partition("/")
     client = storage.Client(
