@@ -1,5 +1,5 @@
 """Our hooks build clients without botocore's "Found endpoint ..." / "Found credentials ..." INFO lines,
-and leave the user's own boto3 clients and logging as they were (``hooks.botocore_logs``).
+and leave the user's own boto3 clients and logging as they were (``contract.botocore_logs``).
 
 The connection has neither keys nor an endpoint, so botocore finds both in the environment and says so
 at INFO, as in a task whose connection relies on the instance's role or ``AWS_ENDPOINT_URL``. No request
@@ -15,7 +15,7 @@ import boto3
 import pytest
 
 from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
-from airflow_cloudtrain.hooks.botocore_logs import CHATTY_LOGGERS
+from airflow_cloudtrain.contract.botocore_logs import CHATTY_LOGGERS
 from airflow_cloudtrain.hooks.sqs import QueueDepthHook
 
 

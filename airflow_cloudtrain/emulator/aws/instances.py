@@ -30,7 +30,7 @@ from airflow_cloudtrain.emulator.faults import EMULATOR_USER_AGENT
 from airflow_cloudtrain.emulator.metadata import MetadataServer
 from airflow_cloudtrain.emulator.runner import Seen
 from airflow_cloudtrain.emulator.userdata import Bootstrap, parse_bootstrap
-from airflow_cloudtrain.hooks.botocore_logs import quiet_botocore
+from airflow_cloudtrain.contract.botocore_logs import quiet_botocore
 
 log = logging.getLogger(__name__)
 
