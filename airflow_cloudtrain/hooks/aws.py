@@ -11,8 +11,8 @@ from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 from botocore.loaders import JSONFileLoader, create_loader
 
 from airflow_cloudtrain.clouds.aws.ec2 import AwsCloud
-from airflow_cloudtrain.core.cloud import Instance
 from airflow_cloudtrain.contract.botocore_logs import quiet_botocore
+from airflow_cloudtrain.core.cloud import Instance
 
 _LOADERS: dict[str | None, Any] = {}  # botocore data path -> this process's loader for it
 _LOADERS_LOCK = threading.Lock()

@@ -29,8 +29,8 @@ from collections.abc import Hashable
 from datetime import datetime, timedelta, timezone
 from typing import Any, ClassVar
 
+from airflow_cloudtrain.hooks.depth import DepthNotKnownYet, DepthReader, QueueDepth, QueueNotFound
 from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
-from airflow_cloudtrain.triggers.queue_depth import DepthNotKnownYet, DepthReader, QueueDepth, QueueNotFound
 
 BACKLOG_METRIC = "pubsub.googleapis.com/subscription/num_undelivered_messages"
 MONITORING_URL = "https://monitoring.googleapis.com"

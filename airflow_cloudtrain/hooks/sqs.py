@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
 from airflow_cloudtrain.contract.botocore_logs import quiet_botocore
-from airflow_cloudtrain.triggers.queue_depth import DepthReader, QueueDepth, QueueNotFound
+from airflow_cloudtrain.hooks.depth import DepthReader, QueueDepth, QueueNotFound
 
 DEPTH_ATTRIBUTES = [
     "ApproximateNumberOfMessages",

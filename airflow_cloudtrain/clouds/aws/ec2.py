@@ -6,7 +6,8 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from airflow_cloudtrain.contract.errors import CapacityUnavailable, CloudError, InvalidRequest, QuotaExceeded
+from airflow_cloudtrain.clouds.aws.errors import map_client_error
+from airflow_cloudtrain.contract.errors import InvalidRequest
 from airflow_cloudtrain.contract.runs import TAG_RUN, TAG_RUN_KEY
 from airflow_cloudtrain.core.cloud import (
     ALIVE_STATES,
@@ -21,18 +22,6 @@ from airflow_cloudtrain.core.cloud import (
 
 log = logging.getLogger(__name__)
 
-CAPACITY_CODES = frozenset(
-    {
-        "InsufficientInstanceCapacity",
-        "InsufficientCapacity",
-        "InsufficientHostCapacity",
-        "InsufficientReservedInstanceCapacity",
-        "Unsupported",  # the type is not offered in this zone
-        "SpotMaxPriceTooLow",
-        "InsufficientFreeAddressesInSubnet",
-    }
-)
-QUOTA_CODES = frozenset({"InstanceLimitExceeded", "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded"})
 SPOT_INTERRUPTION_REASONS = frozenset(
     {"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown", "Server.SpotInstanceHibernation"}
 )
@@ -45,22 +34,6 @@ GPU_IMAGE_PARAM = (
 )
 DESCRIBE_BATCH = 1000  # DescribeInstances accepts up to 1,000 ids per call
 FILTER_BATCH = 200  # values per filter
-
-
-def map_client_error(err: Exception) -> Exception:
-    """Turn a botocore ClientError into our vocabulary (others pass through unchanged)."""
-    response = getattr(err, "response", None)
-    if not isinstance(response, dict):
-        return err
-    code = response.get("Error", {}).get("Code", "")
-    message = response.get("Error", {}).get("Message", str(err))
-    if code in CAPACITY_CODES:
-        return CapacityUnavailable(message, code)
-    if code in QUOTA_CODES:
-        return QuotaExceeded(message, code)
-    if code.startswith(("Invalid", "Missing", "Unknown")) or code in {"UnauthorizedOperation"}:
-        return InvalidRequest(message, code)
-    return CloudError(message, code)
 
 
 def _tag_list(tags: dict[str, str]) -> list[dict[str, str]]:

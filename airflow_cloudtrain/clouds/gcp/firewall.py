@@ -166,7 +166,7 @@ class GcpFirewalls:
         from google.api_core import exceptions as gexc
         from google.cloud import compute_v1
 
-        from airflow_cloudtrain.clouds.gcp.gce import map_api_error
+        from airflow_cloudtrain.clouds.gcp.errors import map_api_error
 
         try:
             request = compute_v1.InsertFirewallRequest(
@@ -190,7 +190,7 @@ class GcpFirewalls:
         self._done(project, op)
 
     def _done(self, project: str, op: Any, timeout: float = 300) -> None:
-        from airflow_cloudtrain.clouds.gcp.gce import map_code
+        from airflow_cloudtrain.clouds.gcp.errors import map_code
 
         deadline = time.monotonic() + timeout
         while str(getattr(op.status, "name", op.status)) != "DONE" and time.monotonic() < deadline:
