@@ -73,7 +73,7 @@ from airflow_cloudtrain.agent.jobs import (
 )
 from airflow_cloudtrain.agent.logs import LogStreamer, Periodic
 from airflow_cloudtrain.agent.status import StatusWriter
-from airflow_cloudtrain.agent.watcher import AwsMetadata, GceMetadata, Notice, metadata_for
+from airflow_cloudtrain.agent.watcher import FOLDER_CLOUD, AwsMetadata, GceMetadata, Notice, metadata_for
 from airflow_cloudtrain.agent.workspace import default_workdir, fetch_code, mount_volume
 from airflow_cloudtrain.contract import runs
 from airflow_cloudtrain.contract.retry import retry
@@ -218,7 +218,7 @@ class Agent:
                 self.spec = read_spec(self.folder)
         except Exception as err:  # still report it, under our instance id
             spec_error = err
-        cloud = self.spec.cloud if self.spec else ("ec2" if self.folder.scheme == "s3" else "gcloud")
+        cloud = self.spec.cloud if self.spec else FOLDER_CLOUD.get(self.folder.scheme, "gcloud")
         try:
             self.metadata = metadata_for(cloud)
             self.instance_id = self.instance_id or self.metadata.instance_id()

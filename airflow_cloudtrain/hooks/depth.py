@@ -62,7 +62,7 @@ class QueueDepth:
 
 
 class DepthReader(ABC):
-    """Queue depths for one connection and location.
+    """Queue depths for one connection and location (the constructor is each reader's own).
 
     ``key`` names the poll group (one reader, one async client per group). The sync methods serve
     the sensor's poke on a worker; ``read_async`` is the shared poll's describe in the triggerer and

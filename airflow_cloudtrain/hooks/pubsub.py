@@ -77,6 +77,10 @@ class PubSubDepthReader(DepthReader):
     Subscriptions are read by path, ``projects/<project>/subscriptions/<name>``; the path's project is
     the one read (its Monitoring and its Pub/Sub), whatever ``project_id`` says. ``region`` is unused
     (Pub/Sub and its metrics are global) and kept only in ``key``, the poll group's name.
+
+    :param conn_id: the Airflow Google connection (None: ``google_cloud_default``).
+    :param project_id: the project bare subscription names are in (None: the connection's).
+    :param region: unused (Pub/Sub is global); part of the poll group's key only.
     """
 
     provider: ClassVar[str] = "pubsub"

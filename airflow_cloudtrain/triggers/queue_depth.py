@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncGenerator, AsyncIterator, Hashable
 from contextlib import aclosing, asynccontextmanager
 from typing import Any
 
@@ -108,7 +108,7 @@ async def watch_depth(
     queue: str,
     interval: float,
     project_id: str | None = None,
-) -> AsyncIterator[QueueDepth]:
+) -> AsyncGenerator[QueueDepth, None]:
     """The queue's depth after every shared poll. A depth not known yet (``DepthNotKnownYet``) is
     yielded as is (its ``error`` set) for the caller to log and wait on. Transient errors
     (throttling, 5xx, dropped connections) are waited out with backoff within a budget; others end

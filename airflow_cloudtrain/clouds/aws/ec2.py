@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.clouds.aws.errors import map_client_error
 from airflow_cloudtrain.contract.errors import InvalidRequest
@@ -19,6 +19,9 @@ from airflow_cloudtrain.core.cloud import (
     Instance,
     LaunchRequest,
 )
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +85,7 @@ def instance_shape(request: LaunchRequest, image: str, root_device: str) -> dict
 def to_instance(raw: dict[str, Any]) -> Instance:
     """One DescribeInstances entry as our record."""
     reason = (raw.get("StateReason") or {}).get("Code", "")
-    launch = raw.get("LaunchTime")
+    launch: Any = raw.get("LaunchTime")
     return Instance(
         id=raw["InstanceId"],
         state=raw["State"]["Name"],
@@ -202,6 +205,19 @@ class AwsCloud(Cloud):
         except Exception as err:
             raise map_client_error(err) from err
         return device
+
+
+def aws_cloud(hook: CloudTrainAwsHook) -> AwsCloud:
+    """EC2 in the hook's region, from its connection: RunInstances through a client without SDK
+    retries (see ``AwsCloud``), SSM for the default images."""
+    from botocore.config import Config
+
+    no_retries = (hook.config or Config()).merge(
+        Config(retries={"mode": "standard", "total_max_attempts": 1})
+    )
+    return AwsCloud(
+        hook.conn, hook.conn_region_name, hook.client("ssm"), hook.client("ec2", config=no_retries)
+    )
 
 
 def _instances(ec2: Any, **kwargs: Any) -> Iterator[Instance]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.catalog.gce import ACCELERATOR_TYPES
 from airflow_cloudtrain.clouds.gcp.errors import map_api_error, map_code
@@ -28,6 +28,9 @@ from airflow_cloudtrain.core.cloud import (
     Instance,
     LaunchRequest,
 )
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
 
 STATUS = {
     "PROVISIONING": PENDING,
@@ -46,6 +49,28 @@ SCOPES = [
     "https://www.googleapis.com/auth/logging.write",
 ]
 PAGE = 500  # instances.list maxResults limit
+
+
+def zones_of(region: str | None) -> list[str]:
+    """The region's zones the catalog knows (where our machine types are offered)."""
+    from airflow_cloudtrain.catalog.snapshot import snapshot_rows
+
+    if not region:
+        raise ValueError("a GCE region or zone is needed")
+    zones = sorted({z for r in snapshot_rows("gcp") if r.region == region for z in r.zones})
+    return zones or [f"{region}-a", f"{region}-b", f"{region}-c"]
+
+
+def gcp_cloud(hook: CloudTrainGcpHook, region: str | None, zone: str | None = None) -> GcpCloud:
+    """Compute Engine in the hook's project: in ``zone``, or in every zone of ``region`` we know."""
+    zones = [zone] if zone else zones_of(region)
+    return GcpCloud(
+        hook.instances_client(),
+        hook.operations_client(),
+        hook.project,
+        region or (zone or "").rsplit("-", 1)[0],
+        zones,
+    )
 
 
 def label_value(text: str) -> str:
