@@ -56,6 +56,7 @@ import threading
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from airflow_cloudtrain.agent.beacon import BeaconWriter
 from airflow_cloudtrain.agent.checkpoints import CheckpointSync
@@ -186,7 +187,7 @@ class Agent:
         interval = float(spec.checkpoint_interval_s or 0)
         if interval > 0:
             self._chores["checkpoints"] = Periodic(
-                "checkpoints", interval, self.checkpoints.sync, run_first=False
+                "checkpoints", interval, self._sync_checkpoints, run_first=False
             ).start()
         self._note(f"job started{f' in {spec.image}' if spec.image else ''}")
         code, stop = run_process(
@@ -331,7 +332,7 @@ class Agent:
     def should_stop(self) -> StopRequest | None:
         if self._stop is None and self.deadline is not None and time.time() >= self.deadline:
             assert self.spec is not None
-            limit = f"{float(self.spec.max_runtime_s):g}"
+            limit = f"{float(self.spec.max_runtime_s or 0):g}"
             grace = self.spec.stop_grace_s if self.spec.stop_grace_s is not None else TIMEOUT_GRACE_S
             self.request_stop(StopRequest(runs.TIMED_OUT, f"exceeded max_runtime of {limit} s", grace))
         return self._stop
@@ -422,7 +423,12 @@ class Agent:
         return replace(spec, env={**spec.env, **values}, secret_env={})
 
     # -- small helpers -----------------------------------------------------------------------------
-    def _update(self, **changes: object) -> None:
+    def _sync_checkpoints(self) -> None:
+        """The periodic chore: upload the newest complete checkpoint if it is new or changed."""
+        if self.checkpoints is not None:
+            self.checkpoints.sync()
+
+    def _update(self, **changes: Any) -> None:
         if self.writer is not None:
             self.writer.update(**changes)
 
