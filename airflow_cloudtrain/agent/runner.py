@@ -56,6 +56,7 @@ import threading
 import time
 import zipfile
 from pathlib import Path
+from typing import Any
 
 from airflow_cloudtrain.agent.beacon import BeaconWriter
 from airflow_cloudtrain.agent.checkpoints import CheckpointSync
@@ -73,7 +74,7 @@ from airflow_cloudtrain.agent.jobs import (
 )
 from airflow_cloudtrain.agent.logs import LogStreamer, Periodic
 from airflow_cloudtrain.agent.status import StatusWriter
-from airflow_cloudtrain.agent.watcher import AwsMetadata, GceMetadata, Notice, metadata_for
+from airflow_cloudtrain.agent.watcher import FOLDER_CLOUD, AwsMetadata, GceMetadata, Notice, metadata_for
 from airflow_cloudtrain.agent.workspace import default_workdir, fetch_code, mount_volume
 from airflow_cloudtrain.contract import runs
 from airflow_cloudtrain.contract.retry import retry
@@ -186,7 +187,7 @@ class Agent:
         interval = float(spec.checkpoint_interval_s or 0)
         if interval > 0:
             self._chores["checkpoints"] = Periodic(
-                "checkpoints", interval, self.checkpoints.sync, run_first=False
+                "checkpoints", interval, self._sync_checkpoints, run_first=False
             ).start()
         self._note(f"job started{f' in {spec.image}' if spec.image else ''}")
         code, stop = run_process(
@@ -218,7 +219,7 @@ class Agent:
                 self.spec = read_spec(self.folder)
         except Exception as err:  # still report it, under our instance id
             spec_error = err
-        cloud = self.spec.cloud if self.spec else ("ec2" if self.folder.scheme == "s3" else "gcloud")
+        cloud = self.spec.cloud if self.spec else FOLDER_CLOUD.get(self.folder.scheme, "gcloud")
         try:
             self.metadata = metadata_for(cloud)
             self.instance_id = self.instance_id or self.metadata.instance_id()
@@ -331,7 +332,7 @@ class Agent:
     def should_stop(self) -> StopRequest | None:
         if self._stop is None and self.deadline is not None and time.time() >= self.deadline:
             assert self.spec is not None
-            limit = f"{float(self.spec.max_runtime_s):g}"
+            limit = f"{float(self.spec.max_runtime_s or 0):g}"
             grace = self.spec.stop_grace_s if self.spec.stop_grace_s is not None else TIMEOUT_GRACE_S
             self.request_stop(StopRequest(runs.TIMED_OUT, f"exceeded max_runtime of {limit} s", grace))
         return self._stop
@@ -422,7 +423,12 @@ class Agent:
         return replace(spec, env={**spec.env, **values}, secret_env={})
 
     # -- small helpers -----------------------------------------------------------------------------
-    def _update(self, **changes: object) -> None:
+    def _sync_checkpoints(self) -> None:
+        """The periodic chore: upload the newest complete checkpoint if it is new or changed."""
+        if self.checkpoints is not None:
+            self.checkpoints.sync()
+
+    def _update(self, **changes: Any) -> None:
         if self.writer is not None:
             self.writer.update(**changes)
 

@@ -6,7 +6,7 @@ the VM in ``instance/maintenance-event``. Polling these is the only warning a jo
 The endpoints come from the standard variables (``AWS_EC2_METADATA_SERVICE_ENDPOINT`` as botocore
 reads it, ``GCE_METADATA_HOST`` as google-auth reads it), which is how the emulator points the agent
 at its local metadata server without the agent knowing. Which cloud name is which provider comes
-from ``airflow_cloudtrain.clouds.registry`` (shipped in the agent zip), the one list of names.
+from ``airflow_cloudtrain.contract.clouds`` (shipped in the agent zip), the one list of names.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from airflow_cloudtrain.contract.clouds import AWS_CLOUDS, GCP_CLOUDS
+from airflow_cloudtrain.contract.clouds import CLOUDS
 
 # Proxies must never see metadata requests (real IMDS is link-local; a proxy would answer for itself).
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -141,10 +141,14 @@ class GceMetadata:
         return None
 
 
+# The agent's own per-provider tables (it may import only the contract, storage and itself).
+METADATA: dict[str, type[AwsMetadata] | type[GceMetadata]] = {"aws": AwsMetadata, "gcp": GceMetadata}
+# the cloud a run folder's URI scheme stands for when the spec could not be read (who am I, still)
+FOLDER_CLOUD: dict[str, str] = {"s3": "ec2", "gs": "gcloud"}
+
+
 def metadata_for(cloud: str) -> AwsMetadata | GceMetadata:
     """The metadata client for a cloud name of the spec (``ec2``, ``ec2spot``, ``gcloud``, ``gcspot``)."""
-    if cloud in AWS_CLOUDS:
-        return AwsMetadata()
-    if cloud in GCP_CLOUDS:
-        return GceMetadata()
-    raise ValueError(f"unknown cloud {cloud!r}; expected one of {sorted(AWS_CLOUDS | GCP_CLOUDS)}")
+    if cloud not in CLOUDS:
+        raise ValueError(f"unknown cloud {cloud!r}; expected one of {sorted(CLOUDS)}")
+    return METADATA[CLOUDS[cloud]]()

@@ -41,6 +41,7 @@ import shutil
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -62,18 +63,30 @@ LEFT, INTERRUPTED = "left", "interrupted"  # WorkerRecord.state at the end
 MAX_RECEIVE_ERRORS = 8  # receives failing in a row (backing off up to 30 s) before the worker gives up
 
 
+def _sqs(settings: WorkerSettings, instance_id: str) -> tuple[Any, Any]:
+    group = AutoScalingGroup(settings, instance_id) if settings.group else None
+    return SqsQueue(settings), group
+
+
+def _pubsub(settings: WorkerSettings, instance_id: str) -> tuple[Any, Any]:
+    from airflow_cloudtrain.agent.queue_pubsub import ManagedInstanceGroup, PubSubQueue
+
+    mig = ManagedInstanceGroup(settings, instance_id) if settings.group else None
+    return PubSubQueue(settings), mig
+
+
+# The agent's own per-provider table (it may import only the contract, storage and itself, so the
+# Airflow side's registry is not for it): provider -> its work queue and group.
+QUEUES: dict[str, Callable[[WorkerSettings, str], tuple[Any, Any]]] = {"aws": _sqs, "gcp": _pubsub}
+
+
 def open_backend(settings: WorkerSettings, instance_id: str) -> tuple[Any, Any]:
     """(queue, group or None) for the settings' provider. The clients' SDKs are imported by the
     backends when first used, so a worker on one cloud never needs the other cloud's."""
-    if settings.provider == "aws":
-        group = AutoScalingGroup(settings, instance_id) if settings.group else None
-        return SqsQueue(settings), group
-    if settings.provider == "gcp":
-        from airflow_cloudtrain.agent.queue_pubsub import ManagedInstanceGroup, PubSubQueue
-
-        mig = ManagedInstanceGroup(settings, instance_id) if settings.group else None
-        return PubSubQueue(settings), mig
-    raise NotImplementedError(f"no worker queue for provider {settings.provider!r} in this agent")
+    opener = QUEUES.get(settings.provider)
+    if opener is None:
+        raise NotImplementedError(f"no worker queue for provider {settings.provider!r} in this agent")
+    return opener(settings, instance_id)
 
 
 def out_of_group(err: BaseException) -> bool:

@@ -1,15 +1,53 @@
-"""The four cloud names, which provider serves each, and the run backend for a name.
+"""The one switch: a cloud name, a provider name or a bucket's URI scheme to its provider's face.
 
-The names themselves are listed in ``contract.clouds`` (stdlib-only: the agent reads them too). This
-module is the one switch from a name to its provider's modules on the Airflow side; the backends,
-which need the cloud SDKs and Airflow's hooks, are imported only when they are asked for.
+The cloud names themselves are listed in ``contract.clouds`` (stdlib-only: the agent reads them too).
+This module is the one place on the Airflow side that maps a name or a scheme to the provider's
+modules (``clouds.aws.provider.AWS``, ``clouds.gcp.provider.GCP``: ``core.provider.Provider``), and a
+queue provider to its depth reader; everything else asks the face (``backend_for(...)`` is a
+``core.backend.RunBackend``). The providers, which need the cloud SDKs and Airflow's hooks, are
+imported only when they are asked for.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
-from airflow_cloudtrain.contract.clouds import provider_of
+from airflow_cloudtrain.contract.clouds import conn_id_for, provider_of
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.core.backend import RunBackend
+    from airflow_cloudtrain.core.cloud import Cloud
+    from airflow_cloudtrain.core.provider import Provider
+    from airflow_cloudtrain.hooks.depth import DepthReader
+
+PROVIDERS = ("aws", "gcp")
+SCHEMES: dict[str, str] = {"s3": "aws", "gs": "gcp"}  # an object store's URI scheme -> its provider
+
+
+def provider(name: str) -> Provider:
+    """The face of ``aws`` or ``gcp``."""
+    if name == "aws":
+        from airflow_cloudtrain.clouds.aws.provider import AWS
+
+        return AWS
+    if name == "gcp":
+        from airflow_cloudtrain.clouds.gcp.provider import GCP
+
+        return GCP
+    raise ValueError(f"provider={name!r} is not valid: use one of {', '.join(PROVIDERS)}")
+
+
+def provider_for_cloud(cloud: str) -> Provider:
+    """The face of the provider that serves a cloud name (``ec2``, ``ec2spot``, ``gcloud``, ``gcspot``)."""
+    return provider(provider_of(cloud))
+
+
+def provider_for_scheme(scheme: str) -> Provider:
+    """The face of the provider whose object store a URI scheme (``s3``, ``gs``) names."""
+    try:
+        return provider(SCHEMES[scheme])
+    except KeyError:
+        raise ValueError(f"scheme {scheme!r} is not valid: use one of {', '.join(SCHEMES)}") from None
 
 
 def backend_for(
@@ -19,15 +57,10 @@ def backend_for(
     aws_conn_id: str | None = "aws_default",
     gcp_conn_id: str = "google_cloud_default",
     project_id: str | None = None,
-) -> Any:
-    """The ``RunBackend`` (see ``clouds.backend``) for a cloud name, bound to a connection and region."""
-    if provider_of(cloud) == "aws":
-        from airflow_cloudtrain.clouds.aws.backend import AwsRunBackend
-
-        return AwsRunBackend(aws_conn_id, region)
-    from airflow_cloudtrain.clouds.gcp.backend import GcpRunBackend
-
-    return GcpRunBackend(gcp_conn_id, project_id, region)
+) -> RunBackend:
+    """The ``RunBackend`` for a cloud name, bound to its provider's connection and a region."""
+    conn_id = conn_id_for(cloud, aws_conn_id, gcp_conn_id)
+    return provider_for_cloud(cloud).backend(conn_id, region, project_id)
 
 
 def instance_cloud(
@@ -36,14 +69,24 @@ def instance_cloud(
     region: str | None,
     zone: str | None = None,
     project_id: str | None = None,
-) -> Any:
+) -> Cloud:
     """A ``Cloud`` for direct instance calls (the sensor): EC2 in a region, GCE in a zone or region."""
-    if provider_of(cloud) == "aws":
-        from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
+    return provider_for_cloud(cloud).instance_cloud(conn_id, region, zone, project_id)
 
-        return CloudTrainAwsHook(aws_conn_id=conn_id, region_name=region).cloud()
-    from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
 
-    return CloudTrainGcpHook(gcp_conn_id=conn_id or "google_cloud_default", project_id=project_id).cloud(
-        region, zone
-    )
+def depth_reader(
+    queue_provider: str, conn_id: str | None, region: str | None, project_id: str | None = None
+) -> DepthReader:
+    """The queue-depth reader for a queue provider (``hooks.depth.PROVIDERS``: "sqs", "pubsub"),
+    bound to a connection and location (and, for Pub/Sub, the project bare subscription names are in)."""
+    if queue_provider == "sqs":
+        from airflow_cloudtrain.hooks.sqs import SqsDepthReader
+
+        return SqsDepthReader(conn_id, region)
+    if queue_provider == "pubsub":
+        from airflow_cloudtrain.hooks.pubsub import PubSubDepthReader
+
+        return PubSubDepthReader(conn_id, project_id, region)
+    from airflow_cloudtrain.hooks.depth import PROVIDERS as QUEUE_PROVIDERS
+
+    raise ValueError(f"provider={queue_provider!r} is not valid: use one of {', '.join(QUEUE_PROVIDERS)}")

@@ -1,26 +1,41 @@
 """What a run needs from one cloud provider, whichever it is: the ``RunBackend`` protocol.
 
-``clouds.registry.backend_for(cloud, ...)`` returns one (``aws_backend.AwsRunBackend`` or
-``gcp_backend.GcpRunBackend``) bound to a connection and region. The lifecycle, the sensor and the
-triggers speak only this protocol and ``Cloud``; no other module branches on the provider.
+``clouds.registry.backend_for(cloud, ...)`` returns one (``clouds.aws.backend.AwsRunBackend`` or
+``clouds.gcp.backend.GcpRunBackend``) bound to a connection and region; mypy checks that both satisfy
+this protocol where the registry returns them. The engines, the sensor and the triggers speak only
+this protocol, ``Cloud`` and ``core.provider.Provider``; the registry is the one switch from a cloud
+name to a provider (see ``docs/design.md``, "One provider face").
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from logging import Logger
+
     from airflow_cloudtrain.catalog.offers import Offer
     from airflow_cloudtrain.core.cloud import Cloud
+    from airflow_cloudtrain.core.ledger import ResourceLedger
     from airflow_cloudtrain.storage import RunFolder
 
 
 class RunBackend(Protocol):
+    """One provider's instances, run folders, run secrets and catalog, for one connection and region."""
+
     provider: str  # "aws" | "gcp"
     region: str | None
+    # the ledger kinds every teardown's tag sweep looks for (``run_secrets.sweep_secrets`` adds one)
+    sweep_kinds: tuple[str, ...]
 
     @property
     def cloud(self) -> Cloud: ...
+
+    @property
+    def secret_kind(self) -> str:
+        """The ledger kind of the run's own secrets (SSM parameters, Secret Manager secrets)."""
+        ...
 
     def bind_region(self, region: str) -> None:
         """Work in ``region`` from now on (the catalog picked it, or an earlier try launched there)."""
@@ -32,9 +47,32 @@ class RunBackend(Protocol):
 
     def zones_for(self, zone: str | None, offer: Offer) -> list[str | None]:
         """Zones to try an offer in, in order, before moving to the next offer."""
+        ...
 
     def location(self, zone: str | None) -> str | None:
         """Where the ledger records an instance in ``zone`` (EC2: the region; GCE: the zone)."""
+        ...
 
     def terminate_instances(self, instances: list[tuple[str, str | None]]) -> None:
         """Terminate / delete ``(id, location)`` pairs; unknown ids are already done."""
+
+    def protect_network(
+        self,
+        ledger: ResourceLedger,
+        digest: str,
+        options: Any,
+        check: Callable[[], None],
+        logger: Logger | None,
+    ) -> None:
+        """Before the run's first instance: what keeps it unreachable from outside (GCE: a firewall
+        rule through the ledger; EC2: nothing, its security groups are the user's)."""
+
+    def secret_name(self, digest: str, var: str) -> tuple[str, str | None]:
+        """(name, location) of the run secret for ``var``: known before it exists, so the ledger
+        records it write-ahead."""
+        ...
+
+    def put_secret(self, digest: str, var: str, value: str, ttl_s: float | None) -> str:
+        """Store ``value`` as the run's secret for ``var`` (expiring by itself after ``ttl_s``);
+        returns the reference the agent reads it by."""
+        ...

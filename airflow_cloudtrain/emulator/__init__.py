@@ -274,7 +274,7 @@ class Emulator:
                 "CLOUDTRAIN_SECRETMANAGER_ENDPOINT": self.secretmanager_endpoint,
             },
         )
-        from airflow_cloudtrain.hooks.botocore_logs import quiet_botocore
+        from airflow_cloudtrain.contract.botocore_logs import quiet_botocore
 
         config = Config(user_agent_extra=EMULATOR_USER_AGENT, retries={"max_attempts": 1})
         with quiet_botocore():  # the emulator's own client: no "Found endpoint ..." lines in the test's log

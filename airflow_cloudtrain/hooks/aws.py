@@ -1,4 +1,7 @@
-"""The AWS hook: clients from the Airflow connection; triggers use them from worker threads."""
+"""The AWS hook: boto3 clients from the Airflow connection (triggers use them from worker threads).
+
+SDK and connection only: ``clouds.aws.ec2.aws_cloud(hook)`` builds the ``Cloud`` on top of it, and
+``clouds.aws.pollers`` the triggerer's pollers."""
 
 from __future__ import annotations
 
@@ -10,9 +13,7 @@ from typing import Any
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 from botocore.loaders import JSONFileLoader, create_loader
 
-from airflow_cloudtrain.clouds.aws.ec2 import AwsCloud
-from airflow_cloudtrain.core.cloud import Instance
-from airflow_cloudtrain.hooks.botocore_logs import quiet_botocore
+from airflow_cloudtrain.contract.botocore_logs import quiet_botocore
 
 _LOADERS: dict[str | None, Any] = {}  # botocore data path -> this process's loader for it
 _LOADERS_LOCK = threading.Lock()
@@ -39,7 +40,7 @@ def share_service_models(session: Any) -> Any:
     return session
 
 
-class PlainJsonFileLoader(JSONFileLoader):  # type: ignore[misc]
+class PlainJsonFileLoader(JSONFileLoader):
     """botocore parses its models into OrderedDicts, through a callback per JSON object: EC2's model
     takes 144 ms instead of 51 ms, all of it holding the interpreter (a triggerer's event loop waits
     that long for the thread that builds a client), and none of them can leave the garbage
@@ -53,7 +54,14 @@ class PlainJsonFileLoader(JSONFileLoader):  # type: ignore[misc]
 
 
 class CloudTrainAwsHook(AwsBaseHook):
-    """EC2 + S3 + SSM for one connection and region (``aws_conn_id``, as the Amazon provider)."""
+    """EC2 + S3 + SSM (and any other service's) clients for one connection and region, as the Amazon
+    provider's ``AwsBaseHook`` makes them, sharing parsed service models across sessions.
+
+    :param aws_conn_id: the Airflow AWS connection (``aws_default`` by default).
+    :param region_name: the region (None: the connection's).
+    :param config: a ``botocore.config.Config`` for the clients (as ``AwsBaseHook``).
+    :param verify: TLS verification (as ``AwsBaseHook``).
+    """
 
     conn_name_attr = "aws_conn_id"
     default_conn_name = "aws_default"
@@ -86,48 +94,9 @@ class CloudTrainAwsHook(AwsBaseHook):
                 verify=self.verify,
             )
 
-    def cloud(self) -> AwsCloud:
-        from botocore.config import Config
-
-        no_retries = (self.config or Config()).merge(
-            Config(retries={"mode": "standard", "total_max_attempts": 1})
-        )
-        return AwsCloud(
-            self.conn, self.conn_region_name, self.client("ssm"), self.client("ec2", config=no_retries)
-        )
-
     @property
     def conn_region_name(self) -> str:
         return self.region_name or self.conn.meta.region_name
 
     def s3_client(self) -> Any:
         return self.client("s3")
-
-
-class Ec2Poller:
-    """The EC2 side of one shared poll group: one boto3 client, built on first use in a worker
-    thread (building a client loads botocore's service model: too slow for the event loop), used
-    only from worker threads (the response of a thousand instances is parsed there too), and
-    closed when the group ends. ``ended_only``: ask only for stopped/ended instances (a run's wait)."""
-
-    def __init__(self, conn_id: str | None, region: str | None, ended_only: bool = False) -> None:
-        self.conn_id = conn_id
-        self.region = region
-        self.ended_only = ended_only
-        self._client: Any = None
-
-    def _ec2(self) -> Any:
-        if self._client is None:
-            self._client = CloudTrainAwsHook(aws_conn_id=self.conn_id, region_name=self.region).client("ec2")
-        return self._client
-
-    def describe(self, ids: list[str]) -> dict[str, Instance]:
-        """Blocking; up to 1,000 ids per call, the bad-id fallback of ``clouds.aws``."""
-        from airflow_cloudtrain.clouds.aws.ec2 import describe_ended, describe_instances
-
-        return (describe_ended if self.ended_only else describe_instances)(self._ec2(), ids)
-
-    def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            client.close()

@@ -46,7 +46,13 @@ class Following(Generic[T]):
 
     ``make`` builds it (reading the connection itself: a hook); ``finish`` closes it, and those it
     replaced, on ``close``. Thread-safe: the calls of one poll may come from several
-    worker threads."""
+    worker threads.
+
+    :param conn_id: the Airflow connection whose changes are followed.
+    :param make: builds the client (reads the connection itself: a hook).
+    :param finish: closes a client (the current one on ``close``, and those it replaced).
+    :param recheck_s: how often the connection is re-read (None: the module's default).
+    """
 
     def __init__(
         self,

@@ -7,20 +7,29 @@ private or local endpoints: ``compute_endpoint`` (e.g. a Private Service Connect
 ``credentials: "anonymous"`` is accepted only together with a compute endpoint. The Pub/Sub
 clients use the REST transport (plain pull is all a work queue needs; streaming pull is gRPC-only),
 so one HTTP stack serves every Google API we call.
+
+SDK and connection only: ``clouds.gcp.gce.gcp_cloud(hook, region, zone)`` builds the ``Cloud`` on
+top of it, and ``clouds.gcp.pollers`` the triggerer's pollers.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
 
-from airflow_cloudtrain.clouds.gcp.gce import GcpCloud
-from airflow_cloudtrain.core.cloud import Instance
+if TYPE_CHECKING:
+    from airflow_cloudtrain.storage import RunFolder
 
 
 class CloudTrainGcpHook(GoogleBaseHook):
-    """Compute + Storage clients for one Google connection."""
+    """Compute, Storage, Pub/Sub (and, through ``_client_kwargs``, any other Google API's) clients for
+    one Google connection, resolved as the Google provider's ``GoogleBaseHook`` resolves it.
+
+    :param gcp_conn_id: the Airflow Google connection (``google_cloud_default`` by default).
+    :param project_id: the project (None: the connection's ``project``, then the credentials').
+    :param impersonation_chain: as ``GoogleBaseHook`` (passed on with any other keyword).
+    """
 
     conn_name_attr = "gcp_conn_id"
     default_conn_name = "google_cloud_default"
@@ -86,55 +95,11 @@ class CloudTrainGcpHook(GoogleBaseHook):
         return SubscriberClient(transport="rest", **self._client_kwargs("pubsub_endpoint"))
 
     def storage_client(self) -> Any:
-        from google.cloud import storage
+        from google.cloud.storage import Client
 
-        return storage.Client(project=self.project, **self._client_kwargs("storage_endpoint"))
+        return Client(project=self.project, **self._client_kwargs("storage_endpoint"))
 
-    def cloud(self, region: str | None, zone: str | None = None) -> GcpCloud:
-        zones = [zone] if zone else zones_of(region)
-        return GcpCloud(
-            self.instances_client(),
-            self.operations_client(),
-            self.project,
-            region or (zone or "").rsplit("-", 1)[0],
-            zones,
-        )
-
-    def run_folder(self, run_uri: str) -> Any:
+    def run_folder(self, run_uri: str) -> RunFolder:
         from airflow_cloudtrain.storage import open_run_folder
 
         return open_run_folder(run_uri, gcs_client=self.storage_client())
-
-
-class GcePoller:
-    """The GCE side of one shared poll group: one Compute client (built in a worker thread on first
-    use), one ``instances.list`` per zone per poll, closed when the group ends."""
-
-    def __init__(self, conn_id: str | None, project_id: str | None, zone: str | None) -> None:
-        self.conn_id = conn_id or "google_cloud_default"
-        self.project_id = project_id
-        self.zone = zone
-        self._cloud: GcpCloud | None = None
-
-    def describe(self, ids: list[str]) -> dict[str, Instance]:
-        if self._cloud is None:
-            hook = CloudTrainGcpHook(gcp_conn_id=self.conn_id, project_id=self.project_id)
-            self._cloud = hook.cloud(None, self.zone)
-        return self._cloud.describe(ids)
-
-    def close(self) -> None:
-        cloud, self._cloud = self._cloud, None
-        for client in (getattr(cloud, "instances", None), getattr(cloud, "operations", None)):
-            transport = getattr(client, "transport", None)
-            if transport is not None and hasattr(transport, "close"):
-                transport.close()
-
-
-def zones_of(region: str | None) -> list[str]:
-    """The region's zones the catalog knows (where our machine types are offered)."""
-    from airflow_cloudtrain.catalog.snapshot import snapshot_rows
-
-    if not region:
-        raise ValueError("a GCE region or zone is needed")
-    zones = sorted({z for r in snapshot_rows("gcp") if r.region == region for z in r.zones})
-    return zones or [f"{region}-a", f"{region}-b", f"{region}-c"]

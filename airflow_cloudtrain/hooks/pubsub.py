@@ -29,8 +29,8 @@ from collections.abc import Hashable
 from datetime import datetime, timedelta, timezone
 from typing import Any, ClassVar
 
+from airflow_cloudtrain.hooks.depth import DepthNotKnownYet, DepthReader, QueueDepth, QueueNotFound
 from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
-from airflow_cloudtrain.triggers.queue_depth import DepthNotKnownYet, DepthReader, QueueDepth, QueueNotFound
 
 BACKLOG_METRIC = "pubsub.googleapis.com/subscription/num_undelivered_messages"
 MONITORING_URL = "https://monitoring.googleapis.com"
@@ -77,6 +77,10 @@ class PubSubDepthReader(DepthReader):
     Subscriptions are read by path, ``projects/<project>/subscriptions/<name>``; the path's project is
     the one read (its Monitoring and its Pub/Sub), whatever ``project_id`` says. ``region`` is unused
     (Pub/Sub and its metrics are global) and kept only in ``key``, the poll group's name.
+
+    :param conn_id: the Airflow Google connection (None: ``google_cloud_default``).
+    :param project_id: the project bare subscription names are in (None: the connection's).
+    :param region: unused (Pub/Sub is global); part of the poll group's key only.
     """
 
     provider: ClassVar[str] = "pubsub"

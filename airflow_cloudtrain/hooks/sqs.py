@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
-from airflow_cloudtrain.hooks.botocore_logs import quiet_botocore
-from airflow_cloudtrain.triggers.queue_depth import DepthReader, QueueDepth, QueueNotFound
+from airflow_cloudtrain.contract.botocore_logs import quiet_botocore
+from airflow_cloudtrain.hooks.depth import DepthReader, QueueDepth, QueueNotFound
 
 DEPTH_ATTRIBUTES = [
     "ApproximateNumberOfMessages",
@@ -56,7 +56,11 @@ def depth_of(url: str, attributes: dict[str, str]) -> QueueDepth:
 
 
 class QueueDepthHook(AwsBaseHook):
-    """GetQueueUrl / GetQueueAttributes for one connection and region (``aws_conn_id``)."""
+    """GetQueueUrl / GetQueueAttributes for one connection and region (``aws_conn_id``).
+
+    :param aws_conn_id: the Airflow AWS connection (as ``AwsBaseHook``).
+    :param region_name: the region (None: the connection's).
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["client_type"] = "sqs"
@@ -120,7 +124,11 @@ class QueueDepthHook(AwsBaseHook):
 
 
 class SqsDepthReader(DepthReader):
-    """Queue depths for one AWS connection and region; queues are read by URL."""
+    """Queue depths for one AWS connection and region; queues are read by URL.
+
+    :param conn_id: the Airflow AWS connection (None: boto3's default chain).
+    :param region: the region queue names are resolved in (None: the connection's).
+    """
 
     provider: ClassVar[str] = "sqs"
 

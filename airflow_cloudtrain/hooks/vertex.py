@@ -22,7 +22,12 @@ TIMEOUT_S = 60.0  # per HTTP call: a hung call must not hold a poll forever
 
 
 class VertexHook(CloudTrainGcpHook):
-    """Job and logging clients for one Google connection (and project)."""
+    """Job and logging clients for one Google connection (and project).
+
+    :param gcp_conn_id: the Airflow Google connection (``google_cloud_default`` by default); its
+        ``vertex_endpoint`` extra points the clients elsewhere (with ``credentials: "anonymous"``).
+    :param project_id: the project (None: the connection's).
+    """
 
     hook_name = "Cloud Train (Vertex AI)"
 

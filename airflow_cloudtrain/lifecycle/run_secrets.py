@@ -4,8 +4,9 @@ Cloud references (SSM, Secrets Manager, Secret Manager) go into ``RunSpec.secret
 agent reads them with the instance's identity and the operator never sees the value. An
 ``airflow_conn://`` / ``airflow_var://`` reference is resolved here, at launch, registered with
 Airflow's secrets masker (so the task log shows ``***`` even where the job prints it), and stored as
-a short-lived secret of the run in the cloud's store (``clouds.aws_secrets`` / ``clouds.gcp_secrets``)
-through the resource ledger, write-ahead, under a name made from the run key; the spec holds that
+a short-lived secret of the run in the cloud's store (``clouds.aws.secrets`` / ``clouds.gcp.secrets``,
+reached through the run's ``RunBackend``: ``secret_kind``, ``secret_name``, ``put_secret``) through the
+resource ledger, write-ahead, under a name made from the run key; the spec holds that
 secret's reference. Teardown deletes it with every other resource of the run, and a retry whose store
 was lost finds it by name/label (``sweep_secrets`` adds its kind to the backend's tag sweep).
 """
@@ -13,10 +14,14 @@ was lost finds it by name/label (``sweep_secrets`` adds its kind to the backend'
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.contract.secret_refs import AIRFLOW_CONN, SecretRef, parse_ref
 from airflow_cloudtrain.core.retry import call_with_retry
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.core.backend import RunBackend
+    from airflow_cloudtrain.core.ledger import ResourceLedger
 
 TTL_MARGIN_S = 86400.0  # a run secret outlives max_runtime by a day, then expires by itself
 FLEET_LIFETIME_S = 29 * 86400.0  # a fleet's (its workers read them while items are left): 30 days
@@ -27,32 +32,21 @@ def by_operator(refs: dict[str, str]) -> bool:
     return any((ref := parse_ref(text)) is not None and ref.by_operator for text in refs.values())
 
 
-def _kind_module(provider: str) -> Any:
-    """The provider's run-secret module (importing it registers its ledger kind)."""
-    if provider == "gcp":
-        from airflow_cloudtrain.clouds.gcp import secrets as gcp_secrets
-
-        return gcp_secrets
-    from airflow_cloudtrain.clouds.aws import secrets as aws_secrets
-
-    return aws_secrets
-
-
 def holds_run_secrets(refs: dict[str, str]) -> bool:
     """Does a spec's ``secret_env`` name secrets this run made (``/cloudtrain/<digest>/`` in SSM,
     ``secrets/cloudtrain-<digest>-`` in Secret Manager)? A trigger only has the spec to go by."""
     return any("/cloudtrain/" in text or "/secrets/cloudtrain-" in text for text in refs.values())
 
 
-def sweep_secrets(backend: Any, refs: dict[str, str]) -> None:
+def sweep_secrets(backend: RunBackend, refs: dict[str, str]) -> None:
     """With operator-made secrets, every teardown's tag sweep also looks for them (a lost store).
 
     ``refs``: the task's ``secret_env`` (before launch) or the spec's (where they are already the
     run's own secrets' references)."""
     if not refs or not (by_operator(refs) or holds_run_secrets(refs)):
         return
-    kind = _kind_module(backend.provider).KIND
-    kinds = tuple(getattr(backend, "sweep_kinds", ("instance",)))
+    kind = backend.secret_kind
+    kinds = tuple(backend.sweep_kinds)
     if kind not in kinds:
         backend.sweep_kinds = (*kinds, kind)
 
@@ -101,8 +95,8 @@ def resolve_airflow_ref(var: str, ref: SecretRef) -> str:
 
 def spec_secret_env(
     refs: dict[str, str],
-    ledger: Any,
-    backend: Any,
+    ledger: ResourceLedger,
+    backend: RunBackend,
     digest: str,
     log: logging.Logger,
     max_runtime_s: float | None = None,
@@ -122,21 +116,17 @@ def spec_secret_env(
     return out
 
 
-def _store(backend: Any, ledger: Any, digest: str, var: str, value: str, max_runtime_s: float | None) -> str:
-    module = _kind_module(backend.provider)
-    if backend.provider == "gcp":
-        name = f"projects/{backend.hook.project}/secrets/{module.secret_id(digest, var)}"
-        location = None
-    else:
-        name, location = module.parameter_name(digest, var), backend.region
-    if not any(e.id == name for e in ledger.of_kind(module.KIND)):  # its name is known: a sweep-free entry
-        ledger.intend(module.KIND, location, id=name, token=name)
+def _store(
+    backend: RunBackend,
+    ledger: ResourceLedger,
+    digest: str,
+    var: str,
+    value: str,
+    max_runtime_s: float | None,
+) -> str:
+    kind = backend.secret_kind
+    name, location = backend.secret_name(digest, var)
+    if not any(e.id == name for e in ledger.of_kind(kind)):  # its name is known: a sweep-free entry
+        ledger.intend(kind, location, id=name, token=name)
     ttl = (max_runtime_s or 7 * 86400.0) + TTL_MARGIN_S  # expires by itself should no teardown come
-    if backend.provider == "gcp":
-        _, reference = call_with_retry(lambda: module.put_secret(backend, digest, var, value, ttl))
-    else:
-        description = f"cloudtrain: {var} of run {digest}, deleted at teardown"
-        _, _, reference = call_with_retry(
-            lambda: module.put_secret(backend, digest, var, value, description, ttl)
-        )
-    return str(reference)
+    return str(call_with_retry(lambda: backend.put_secret(digest, var, value, ttl)))

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Hashable
 from contextlib import aclosing
 from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
-from airflow_cloudtrain.contract.clouds import provider_of
+from airflow_cloudtrain.clouds.registry import provider, provider_for_cloud
 from airflow_cloudtrain.core.cloud import Instance
+from airflow_cloudtrain.core.provider import InstancePoller
 from airflow_cloudtrain.triggers import shared_poll
 from airflow_cloudtrain.triggers.heap import freeze_long_lived
 
@@ -28,15 +29,16 @@ UNREACHABLE: dict[str, frozenset[str]] = {
 
 
 class FollowedPoller:
-    """The poll group's poller (``Ec2Poller``, ``GcePoller``), made anew when its connection changed
-    (``hooks.follow``: checked once a minute and after a failed describe), so an edited connection
-    reaches a group that runs for days. Nothing is built on the event loop: the first describe, in a
-    worker thread, makes the first poller."""
+    """The poll group's poller (the provider's ``InstancePoller``: ``clouds.aws.pollers.Ec2Poller``,
+    ``clouds.gcp.pollers.GcePoller``), made anew when its connection changed (``hooks.follow``:
+    checked once a minute and after a failed describe), so an edited connection reaches a group that
+    runs for days. Nothing is built on the event loop: the first describe, in a worker thread, makes
+    the first poller."""
 
-    def __init__(self, conn_id: str | None, make: Any) -> None:
+    def __init__(self, conn_id: str | None, make: Callable[[], InstancePoller]) -> None:
         from airflow_cloudtrain.hooks.follow import Following
 
-        self.pollers: Any = Following(conn_id, make, lambda poller: poller.close())
+        self.pollers: Following[InstancePoller] = Following(conn_id, make, lambda poller: poller.close())
 
     def describe(self, ids: list[str]) -> dict[str, Instance]:
         try:
@@ -50,31 +52,27 @@ class FollowedPoller:
 
 
 def _make_poller(key: Hashable) -> FollowedPoller:
-    """The poll group's resource (this runs on the event loop: nothing is built yet)."""
-    kind, conn_id, *where = key
-    if kind in ("aws", "aws-ended"):
-        from airflow_cloudtrain.hooks.aws import Ec2Poller
-
-        return FollowedPoller(conn_id, lambda: Ec2Poller(conn_id, where[0], ended_only=kind == "aws-ended"))
-    from airflow_cloudtrain.hooks.gcp import GcePoller
-
-    return FollowedPoller(conn_id or "google_cloud_default", lambda: GcePoller(conn_id, where[0], where[1]))
+    """The poll group's resource (this runs on the event loop: nothing is built yet). The key is the
+    provider's ``poll_key``: its name first, its connection second."""
+    assert isinstance(key, tuple)
+    face = provider(str(key[0]))
+    conn_id = None if key[1] is None else str(key[1])
+    return FollowedPoller(face.conn(conn_id), lambda: face.instance_poller(key))
 
 
-async def _close_poller(poller: Any) -> None:
+async def _close_poller(poller: FollowedPoller) -> None:
     await asyncio.to_thread(poller.close)
 
 
 # One poller (one SDK client) per poll group, i.e. per (connection, region or zone) in a triggerer.
-POLLERS: shared_poll.Pool[Any] = shared_poll.Pool(_make_poller, _close_poller)
+POLLERS: shared_poll.Pool[FollowedPoller] = shared_poll.Pool(_make_poller, _close_poller)
 
 
 def poll_key(
     cloud: str, conn_id: str | None, location: str | None, project_id: str | None, ended_only: bool = False
-) -> tuple[Any, ...]:
-    if provider_of(cloud) == "aws":
-        return ("aws-ended" if ended_only else "aws", conn_id, location)
-    return ("gcp", conn_id, project_id, location)  # GCE lists the zone: every state at no extra cost
+) -> tuple[Hashable, ...]:
+    """The shared poll group of a wait: the provider's (``Provider.poll_key``)."""
+    return provider_for_cloud(cloud).poll_key(conn_id, location, project_id, ended_only)
 
 
 async def watch_instances(
@@ -85,7 +83,7 @@ async def watch_instances(
     interval: float,
     project_id: str | None = None,
     ended_only: bool = False,
-) -> AsyncIterator[dict[str, Instance]]:
+) -> AsyncGenerator[dict[str, Instance], None]:
     """Shared snapshots for ``ids`` (``location``: the EC2 region or the GCE zone). Transient describe
     errors (throttling, 5xx) are waited out with backoff for minutes; others end the watch.
 
@@ -104,7 +102,17 @@ async def watch_instances(
 
 
 class InstanceStateTrigger(BaseTrigger):
-    """Fires when every instance is in ``target_state``; fails fast when one can never get there."""
+    """Fires when every instance is in ``target_state``; fails fast when one can never get there.
+
+    :param cloud: the cloud name (``ec2``, ``ec2spot``, ``gcloud``, ``gcspot``).
+    :param instance_ids: the instances (EC2 ids, GCE names).
+    :param target_state: the state every instance must reach (``running``, ``stopped``, ``terminated``...).
+    :param conn_id: the provider's Airflow connection (None: the provider's default).
+    :param region: where the instances are described: the EC2 region or the GCE zone.
+    :param poll_interval: seconds between describes (shared by every trigger of the same group).
+    :param project_id: the Google project (None: the connection's); unused on AWS.
+    :param missing_as_terminated: an id the cloud does not know counts as terminated, not an error.
+    """
 
     def __init__(
         self,

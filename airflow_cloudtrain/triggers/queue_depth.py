@@ -1,8 +1,9 @@
-"""Waiting on a queue's depth: the provider-neutral depth reader, the pure decision, the trigger.
+"""Waiting on a queue's depth: the shared readers, the pure decision, the trigger.
 
-A ``DepthReader`` reads queue depths for one connection and location; each cloud is one small class
-(``hooks.sqs.SqsDepthReader``: GetQueueAttributes; ``hooks.pubsub.PubSubDepthReader``: Cloud
-Monitoring's ``subscription/num_undelivered_messages``). Deferred sensors in one triggerer share one
+A ``DepthReader`` (``hooks.depth``: the protocol lives below its users) reads queue depths for one
+connection and location; each cloud is one small hook (``hooks.sqs.SqsDepthReader``:
+GetQueueAttributes; ``hooks.pubsub.PubSubDepthReader``: Cloud Monitoring's
+``subscription/num_undelivered_messages``), picked by ``clouds.registry.depth_reader``. Deferred sensors in one triggerer share one
 reader per (provider, connection, [project,] location) and, through ``shared_poll.watch``, one depth
 call per queue per poll: twenty sensors on the same queue cost one GetQueueAttributes (or one
 Monitoring ``timeSeries.list``) per poll interval, not twenty. The reader's clients live as long as
@@ -18,107 +19,42 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Hashable
+from collections.abc import AsyncGenerator, AsyncIterator, Hashable
 from contextlib import aclosing, asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
-from airflow.exceptions import AirflowException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_cloudtrain.hooks.depth import (  # the protocol lives below its users
+    PROVIDERS,
+    DepthNotKnownYet,
+    DepthReader,
+    QueueDepth,
+    QueueNotFound,
+)
 from airflow_cloudtrain.triggers import shared_poll
 
-PROVIDERS = ("sqs", "pubsub")
-
-
-class QueueNotFound(AirflowException):
-    """The queue does not exist (never read as an empty queue)."""
-
-
-class DepthNotKnownYet(AirflowException):
-    """The queue exists but its depth is not known yet (Cloud Monitoring has no sample of a new
-    Pub/Sub subscription for its first minutes). As a ``QueueDepth.error`` it means "unknown, keep
-    waiting": never depth 0, never a failure."""
-
-
-@dataclass(frozen=True)
-class QueueDepth:
-    """One queue's depth at one poll. ``in_flight``: received but not yet deleted or returned
-    (SQS ``ApproximateNumberOfMessagesNotVisible``); ``delayed``: sent with a delay not yet over.
-    ``missing``: the queue does not exist. ``error``: this queue's read failed this poll (the other
-    queues of the same poll are unaffected), or, a ``DepthNotKnownYet``, its depth is not known yet;
-    either way the counts mean nothing (``evaluate_depth`` decides nothing on it).
-
-    On Pub/Sub the backlog (``num_undelivered_messages``, leased messages included) is ``visible``;
-    ``in_flight`` and ``delayed`` are 0."""
-
-    queue: str
-    visible: int = 0
-    in_flight: int = 0
-    delayed: int = 0
-    missing: bool = False
-    error: BaseException | None = None
-
-    def depth(self, count_in_flight: bool = True) -> int:
-        """visible + in flight + delayed, or visible only."""
-        return self.visible + self.in_flight + self.delayed if count_in_flight else self.visible
-
-    def result(self, count_in_flight: bool = True) -> dict[str, Any]:
-        """The sensor's XCom: JSON-safe."""
-        return {
-            "queue": self.queue,
-            "depth": self.depth(count_in_flight),
-            "visible": self.visible,
-            "in_flight": self.in_flight,
-            "delayed": self.delayed,
-        }
-
-
-class DepthReader(ABC):
-    """Queue depths for one connection and location.
-
-    ``key`` names the poll group (one reader, one async client per group). The sync methods serve
-    the sensor's poke on a worker; ``read_async`` is the shared poll's describe in the triggerer and
-    must not block the event loop; ``aclose`` ends the async client.
-    """
-
-    provider: ClassVar[str]
-    key: Hashable
-
-    @abstractmethod
-    def resolve(self, queue: str) -> str:
-        """The id depths are read by (an SQS queue URL, a Pub/Sub subscription path) for a queue as
-        the user named it; raises ``QueueNotFound`` naming it when it does not exist."""
-
-    @abstractmethod
-    def read(self, queue: str) -> QueueDepth:
-        """One queue's depth now (sync). A missing queue comes back with ``missing=True``; a depth
-        not known yet with ``error=DepthNotKnownYet(...)``; a failed call raises."""
-
-    @abstractmethod
-    async def read_async(self, queues: list[str]) -> dict[str, QueueDepth]:
-        """Every distinct queue's depth, one call each; a per-queue failure is that queue's ``error``."""
-
-    async def aclose(self) -> None:
-        """Close the async client, if one was opened."""
-        return None
+__all__ = [
+    "PROVIDERS",
+    "DepthNotKnownYet",
+    "DepthReader",
+    "QueueDepth",
+    "QueueDepthTrigger",
+    "QueueNotFound",
+    "depth_reader",
+    "evaluate_depth",
+    "watch_depth",
+]
 
 
 def depth_reader(
     provider: str, conn_id: str | None, region: str | None, project_id: str | None = None
 ) -> DepthReader:
-    """The reader for a provider ("sqs", "pubsub"), bound to a connection and location (and, for
-    Pub/Sub, the project bare subscription names are in)."""
-    if provider == "sqs":
-        from airflow_cloudtrain.hooks.sqs import SqsDepthReader
+    """The reader for a queue provider ("sqs", "pubsub"), bound to a connection and location (and,
+    for Pub/Sub, the project bare subscription names are in): ``clouds.registry.depth_reader``."""
+    from airflow_cloudtrain.clouds.registry import depth_reader as registry_depth_reader
 
-        return SqsDepthReader(conn_id, region)
-    if provider == "pubsub":
-        from airflow_cloudtrain.hooks.pubsub import PubSubDepthReader
-
-        return PubSubDepthReader(conn_id, project_id, region)
-    raise ValueError(f"provider={provider!r} is not valid: use one of {', '.join(PROVIDERS)}")
+    return registry_depth_reader(provider, conn_id, region, project_id)
 
 
 def evaluate_depth(
@@ -149,7 +85,7 @@ _readers: dict[Hashable, list[Any]] = {}  # key -> [reader, users]
 async def shared_reader(
     provider: str, conn_id: str | None, region: str | None, project_id: str | None = None
 ) -> AsyncIterator[DepthReader]:
-    key = (provider, conn_id, project_id, region) if provider == "pubsub" else (provider, conn_id, region)
+    key = (provider, conn_id, project_id, region)  # SQS has no project: None
     entry = _readers.get(key)
     if entry is None:
         entry = _readers[key] = [depth_reader(provider, conn_id, region, project_id), 0]
@@ -172,7 +108,7 @@ async def watch_depth(
     queue: str,
     interval: float,
     project_id: str | None = None,
-) -> AsyncIterator[QueueDepth]:
+) -> AsyncGenerator[QueueDepth, None]:
     """The queue's depth after every shared poll. A depth not known yet (``DepthNotKnownYet``) is
     yielded as is (its ``error`` set) for the caller to log and wait on. Transient errors
     (throttling, 5xx, dropped connections) are waited out with backoff within a budget; others end
@@ -203,7 +139,18 @@ class QueueDepthTrigger(BaseTrigger):
     """Fires when the queue's depth is <= ``max_depth`` or >= ``min_depth``; fails at once when the
     queue does not exist; waits (logged) while the depth is not known yet. ``queue`` is what the
     reader reads by (an SQS queue URL, a Pub/Sub subscription path); for Pub/Sub ``conn_id`` is the
-    Google connection and ``project_id`` the project (``region`` unused)."""
+    Google connection and ``project_id`` the project (``region`` unused).
+
+    :param queue: what the reader reads by: an SQS queue URL or a Pub/Sub subscription path.
+    :param max_depth: fire once the depth is at most this (a queue drained).
+    :param min_depth: fire once the depth is at least this (a backlog built up).
+    :param count_in_flight: count received-but-not-deleted and delayed messages (SQS) in the depth.
+    :param provider: the queue provider, ``"sqs"`` or ``"pubsub"``.
+    :param conn_id: the Airflow connection (AWS for SQS, Google for Pub/Sub).
+    :param region: the SQS region (None: the connection's); unused for Pub/Sub.
+    :param project_id: the Google project (None: the connection's); unused for SQS.
+    :param poll_interval: seconds between depth reads (shared by every trigger on the same queue).
+    """
 
     def __init__(
         self,

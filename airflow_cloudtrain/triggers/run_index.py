@@ -30,7 +30,6 @@ loop, so the shared tables are guarded by a lock.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
@@ -54,6 +53,7 @@ from airflow_cloudtrain.contract.runs import (
     live_entry,
     split_uri,
 )
+from airflow_cloudtrain.core.provider import LiveStore, Provider
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +109,13 @@ def triggerer_name() -> str:
 
 
 class LiveIndex:
-    """One live index (``<bucket>/_cloudtrain/live``) seen through one client."""
+    """One live index (``<bucket>/_cloudtrain/live``) seen through one client.
+
+    :param live_uri: the index's URI (``s3://bucket/_cloudtrain/live``, ``gs://...``): its scheme
+        picks the provider (``clouds.registry.provider_for_scheme``).
+    :param conn_id: the provider's Airflow connection (None: the provider's default).
+    :param project_id: the Google project for a ``gs://`` index (None: the connection's).
+    """
 
     def __init__(self, live_uri: str, conn_id: str | None, project_id: str | None = None) -> None:
         self.live_uri = live_uri.rstrip("/")
@@ -117,12 +123,16 @@ class LiveIndex:
         self.conn_id = conn_id
         self.project_id = project_id
         self.cursor_key = split_uri(join(cursors_uri(self.live_uri), f"{triggerer_name()}.json"))[2]
+        from airflow_cloudtrain.clouds.registry import provider_for_scheme
         from airflow_cloudtrain.hooks.follow import Following
 
-        # the storage client, made anew when the connection changed (``hooks.follow``: checked once
-        # a minute and after a failed poll): a group lives as long as runs keep deferring
-        conn = conn_id if self.scheme == "s3" else (conn_id or "google_cloud_default")
-        self._clients: Any = Following(conn, self._new_client, _close_client)
+        # the bucket's store (the provider's ``LiveStore``: S3 or GCS, picked by the registry from
+        # the URI's scheme), made anew when the connection changed (``hooks.follow``: checked once a
+        # minute and after a failed poll): a group lives as long as runs keep deferring
+        self.provider: Provider = provider_for_scheme(self.scheme)
+        self._clients: Following[LiveStore] = Following(
+            self.provider.conn(conn_id), self._new_client, _close_client
+        )
         self._lock = threading.Lock()
         self.cursors: dict[str, int] = {}  # instance -> next chunk its task log lacks (this group)
         self.restored: dict[str, int] = {}  # instance -> highest cursor found in saved files
@@ -149,52 +159,18 @@ class LiveIndex:
         self._closing = False
 
     # -- storage ---------------------------------------------------------------------------------
-    def _storage(self) -> Any:
+    def _storage(self) -> LiveStore:
         return self._clients.get()
 
-    def _new_client(self) -> Any:
-        if self.scheme == "s3":
-            from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
-
-            return CloudTrainAwsHook(aws_conn_id=self.conn_id).client("s3")
-        from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
-
-        hook = CloudTrainGcpHook(
-            gcp_conn_id=self.conn_id or "google_cloud_default", project_id=self.project_id
-        )
-        return hook.storage_client()
+    def _new_client(self) -> LiveStore:
+        return self.provider.live_store(self.conn_id, self.project_id, self.bucket)
 
     def _list(self, prefix: str) -> list[tuple[str, str | None, float | None]]:
         """(name under ``prefix``, tag, modified) for every object, a page per 1,000."""
-        client = self._storage()
-        out: list[tuple[str, str | None, float | None]] = []
-        if self.scheme == "s3":
-            pages = client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
-            for page in pages:
-                for obj in page.get("Contents", []):
-                    out.append((obj["Key"][len(prefix) :], obj.get("ETag"), obj["LastModified"].timestamp()))
-            return out
-        blobs = client.list_blobs(
-            self.bucket, prefix=prefix, fields="items(name,md5Hash,updated),nextPageToken"
-        )
-        for blob in blobs:
-            updated = blob.updated.timestamp() if blob.updated else None
-            out.append((blob.name[len(prefix) :], blob.md5_hash, updated))
-        return out
+        return self._storage().listing(prefix)
 
     def read_key(self, key: str) -> bytes | None:
-        client = self._storage()
-        if self.scheme == "s3":
-            try:
-                return client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-            except client.exceptions.NoSuchKey:
-                return None
-        from google.api_core.exceptions import NotFound
-
-        try:
-            return client.bucket(self.bucket).blob(key).download_as_bytes()
-        except NotFound:
-            return None
+        return self._storage().read(key)
 
     def read_uri(self, uri: str) -> bytes | None:
         """An object of the same bucket by full URI (a run folder's log chunk)."""
@@ -204,21 +180,10 @@ class LiveIndex:
         return self.read_key(key)
 
     def _put(self, key: str, data: bytes) -> None:
-        client = self._storage()
-        if self.scheme == "s3":
-            client.put_object(Bucket=self.bucket, Key=key, Body=data)
-        else:
-            client.bucket(self.bucket).blob(key).upload_from_string(data)
+        self._storage().put(key, data)
 
     def _delete(self, key: str) -> None:
-        client = self._storage()
-        if self.scheme == "s3":
-            client.delete_object(Bucket=self.bucket, Key=key)
-            return
-        from google.api_core.exceptions import NotFound
-
-        with contextlib.suppress(NotFound):
-            client.bucket(self.bucket).blob(key).delete()
+        self._storage().delete(key)
 
     # -- cursors -------------------------------------------------------------------------------------
     def _load_cursors(self, new: set[str]) -> None:
@@ -348,12 +313,12 @@ class LiveIndex:
             finals, final_beacons = dict(self.finals), dict(self.final_beacons)
         views: dict[str, LiveView] = {}
         for iid in wanted:
-            entry, final = entries.get(iid), finals.get(iid)
-            if entry is None and final is None:
+            listed, final = entries.get(iid), finals.get(iid)
+            if listed is None and final is None:
                 continue
             view = views[iid] = LiveView(listed=True, cursor=restored.get(iid, 0), final=final)
-            if entry is not None:
-                view.beacon_at, view.tag = entry.at, entry.tag
+            if listed is not None:
+                view.beacon_at, view.tag = listed.at, listed.tag
             if final is not None:
                 view.beacon = final_beacons.get(iid)
             elif iid in ready:
@@ -409,7 +374,7 @@ class LiveIndex:
         with self._lock:
             shown, log_every, ready = dict(self.shown), dict(LOG_EVERY), set(self.ready)
         never = (None, 0.0)
-        due = [
+        due: list[tuple[str, str | None]] = [
             (iid, entry.tag)
             for iid, entry in self.entries.items()
             if iid in wanted
@@ -499,6 +464,5 @@ class LiveIndex:
             self._clients.close()
 
 
-def _close_client(client: Any) -> None:
-    if hasattr(client, "close"):
-        client.close()
+def _close_client(store: LiveStore) -> None:
+    store.close()

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable, Hashable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Hashable
 from contextlib import aclosing
 from typing import Any, Generic, TypeVar
 
@@ -164,7 +164,7 @@ async def watch(
     interval: float,
     close: Close | None = None,
     quiet: float | None = None,
-) -> AsyncIterator[dict[str, V]]:
+) -> AsyncGenerator[dict[str, V], None]:
     """Yield ``{id: value}`` (an ``Instance``, a queue depth, ...) for ``ids`` after every shared
     poll of the group ``key``. ``describe`` and ``close`` of the watcher that starts a group serve
     the whole group. With ``quiet``, a poll after which none of this watcher's values is a new
@@ -173,9 +173,10 @@ async def watch(
 
     Raises the describe error to this watcher when a poll failed.
     """
-    group: _Group[V] | None = _groups.get(key)
-    if group is None or group.task is None or group.task.done():
-        group = _groups[key] = _Group(describe, interval, close, quiet)
+    found: _Group[V] | None = _groups.get(key)
+    if found is None or found.task is None or found.task.done():
+        found = _groups[key] = _Group(describe, interval, close, quiet)
+    group = found
     group.interval = min(group.interval, interval)
     if quiet is None or group.quiet is None:
         group.quiet = None
@@ -234,7 +235,7 @@ async def watch_with_retry(
     log: Any = None,
     close: Close | None = None,
     quiet: float | None = None,
-) -> AsyncIterator[dict[str, V]]:
+) -> AsyncGenerator[dict[str, V], None]:
     """``watch``, with transient describe errors (throttling, 5xx) waited out with backoff for minutes
     (``lifecycle.retry.TransientBudget``); any other error, or one that lasts, is raised."""
     from airflow_cloudtrain.core.retry import TransientBudget

@@ -6,6 +6,7 @@ import boto3
 import pytest
 
 from airflow_cloudtrain.catalog import choose_offer
+from airflow_cloudtrain.clouds.aws.ec2 import aws_cloud
 from airflow_cloudtrain.contract.errors import CapacityUnavailable
 from airflow_cloudtrain.contract.runs import RunKey
 from airflow_cloudtrain.core.cloud import LaunchRequest
@@ -31,7 +32,7 @@ def request(cloud: str, **kw) -> LaunchRequest:
 @pytest.fixture()
 def cloud(emu):
     # no cloudtrain-run-uri tag: the emulator starts no agent, the test drives the instance itself
-    return CloudTrainAwsHook(aws_conn_id="aws_default").cloud()
+    return aws_cloud(CloudTrainAwsHook(aws_conn_id="aws_default"))
 
 
 def test_launch_is_secure_by_default_and_tagged(cloud) -> None:

@@ -19,9 +19,9 @@ from google.cloud import compute_v1
 
 from airflow_cloudtrain.catalog import choose_offer, live, live_gcp, rank_offers
 from airflow_cloudtrain.catalog.snapshot import snapshot_rows
+from airflow_cloudtrain.clouds.gcp.gce import zones_of
 from airflow_cloudtrain.emulator.gcp import gce_validate
 from airflow_cloudtrain.emulator.gcp.gce import GceServer, compute_client_kwargs
-from airflow_cloudtrain.hooks.gcp import zones_of
 from airflow_cloudtrain.spec import Hardware
 
 REGION = "us-central1"

@@ -11,11 +11,12 @@ from google.cloud import compute_v1
 
 from airflow_cloudtrain.catalog import choose_offer
 from airflow_cloudtrain.clouds.gcp.fleet import GcpFleet
+from airflow_cloudtrain.clouds.gcp.gce import gcp_cloud, zones_of
 from airflow_cloudtrain.contract.runs import RunKey
 from airflow_cloudtrain.core.cloud import LaunchRequest
 from airflow_cloudtrain.emulator import GCP_PROJECT
 from airflow_cloudtrain.emulator.gcp.gce import compute_client_kwargs
-from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook, zones_of
+from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
 from airflow_cloudtrain.spec import Hardware
 
 REGION, ZONE = "us-central1", "us-central1-b"
@@ -57,7 +58,7 @@ def request(zone: str | None, **kw: Any) -> LaunchRequest:
 def test_the_vm_has_the_asked_network_interface(
     emu, kw: dict[str, Any], network: str, subnetwork: str, public: bool
 ) -> None:
-    cloud = CloudTrainGcpHook().cloud(REGION, ZONE)
+    cloud = gcp_cloud(CloudTrainGcpHook(), REGION, ZONE)
     inst = cloud.launch(request(ZONE, **kw))
     try:
         client = compute_v1.InstancesClient(**compute_client_kwargs(emu.gce_endpoint))

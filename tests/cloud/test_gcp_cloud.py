@@ -8,6 +8,7 @@ from contextlib import aclosing
 import pytest
 
 from airflow_cloudtrain.catalog import choose_offer
+from airflow_cloudtrain.clouds.gcp.gce import gcp_cloud
 from airflow_cloudtrain.contract.errors import CapacityUnavailable
 from airflow_cloudtrain.contract.runs import RunKey
 from airflow_cloudtrain.core.cloud import LaunchRequest
@@ -31,7 +32,7 @@ def launch(emu, cloud_name: str, hw: Hardware, **kw):
         disk_gib=120,
         **kw,
     )
-    cloud = CloudTrainGcpHook().cloud("us-central1", ZONE)
+    cloud = gcp_cloud(CloudTrainGcpHook(), "us-central1", ZONE)
     inst = cloud.launch(request)
     return cloud, inst, emu.gce.instance(ZONE, inst.id), offer
 

@@ -32,16 +32,11 @@ from google.api_core.exceptions import NotFound
 
 from airflow_cloudtrain.emulator import GCP_PROJECT
 from airflow_cloudtrain.emulator.gcp.pubsub import PubSubServer, pubsub_client_kwargs
+from airflow_cloudtrain.hooks.depth import DepthNotKnownYet, QueueDepth, QueueNotFound
 from airflow_cloudtrain.hooks.pubsub import PubSubDepthReader, latest_value
 from airflow_cloudtrain.sensors import QueueDepthSensor
 from airflow_cloudtrain.triggers import queue_depth, shared_poll
-from airflow_cloudtrain.triggers.queue_depth import (
-    DepthNotKnownYet,
-    QueueDepthTrigger,
-    QueueNotFound,
-    depth_reader,
-    evaluate_depth,
-)
+from airflow_cloudtrain.triggers.queue_depth import QueueDepthTrigger, depth_reader, evaluate_depth
 
 LAGGING = "gcp_lagging_monitoring"  # a connection whose Monitoring has no data (fixture below)
 UNCLOSED = "Unclosed client session"
@@ -183,8 +178,6 @@ def test_the_newest_sample_is_the_backlog() -> None:
 
 
 def test_not_known_yet_decides_nothing() -> None:
-    from airflow_cloudtrain.triggers.queue_depth import QueueDepth
-
     unknown = QueueDepth("projects/p/subscriptions/s", error=DepthNotKnownYet("no data yet"))
     assert unknown.depth() == 0  # the counts mean nothing ...
     assert evaluate_depth(unknown, max_depth=0, min_depth=None) is None  # ... so no success on them

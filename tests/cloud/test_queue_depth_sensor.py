@@ -140,8 +140,9 @@ def test_the_executor_queue_is_not_the_watched_queue() -> None:
 
 
 def test_depth_and_decision_are_pure() -> None:
+    from airflow_cloudtrain.hooks.depth import QueueDepth
     from airflow_cloudtrain.hooks.sqs import region_in_url
-    from airflow_cloudtrain.triggers.queue_depth import QueueDepth, evaluate_depth
+    from airflow_cloudtrain.triggers.queue_depth import evaluate_depth
 
     d = QueueDepth("u", visible=2, in_flight=3, delayed=1)
     assert (d.depth(), d.depth(count_in_flight=False)) == (6, 2)

@@ -67,12 +67,14 @@ def folder_of(provider: str, dag_id: str, run: Any) -> Any:
 
 def cloud_of(provider: str) -> Any:
     if provider == "aws":
+        from airflow_cloudtrain.clouds.aws.ec2 import aws_cloud
         from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
 
-        return CloudTrainAwsHook(aws_conn_id="aws_default").cloud()
+        return aws_cloud(CloudTrainAwsHook(aws_conn_id="aws_default"))
+    from airflow_cloudtrain.clouds.gcp.gce import gcp_cloud
     from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
 
-    return CloudTrainGcpHook().cloud(REGION["gcp"])
+    return gcp_cloud(CloudTrainGcpHook(), REGION["gcp"])
 
 
 def launched(provider: str, dag_id: str, run: Any) -> list[str]:

@@ -362,7 +362,6 @@ def test_a_deferred_task_killed_releases_the_run_s_secrets_with_its_instance(emu
 
     import boto3
 
-    from airflow_cloudtrain.clouds.aws import secrets as aws_secrets
     from airflow_cloudtrain.clouds.registry import backend_for
     from airflow_cloudtrain.contract.runs import SPEC_KEY, RunSpec
     from airflow_cloudtrain.core.records import LaunchRecord
@@ -375,7 +374,7 @@ def test_a_deferred_task_killed_releases_the_run_s_secrets_with_its_instance(emu
     ]
     digest = uuid.uuid4().hex[:20]
     backend = backend_for("ec2", region="us-east-1", aws_conn_id="aws_default")
-    _, _, ref = aws_secrets.put_secret(backend, digest, "HF_TOKEN", f"v-{uuid.uuid4().hex}", "test")
+    ref = backend.put_secret(digest, "HF_TOKEN", f"v-{uuid.uuid4().hex}", None)
     run_uri = f"{BUCKET['aws']}/killed-{digest}"
     spec = RunSpec(run_id="ct-x", run_uri=run_uri, cloud="ec2", command="true", secret_env={"HF_TOKEN": ref})
     open_run_folder(run_uri).put_text(SPEC_KEY, spec.to_json())

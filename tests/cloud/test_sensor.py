@@ -81,6 +81,7 @@ def test_bad_sensor_arguments_fail_at_parse_time() -> None:
 def gce_instance(attempt: int) -> str:
     """A GCE VM with no run folder: the emulator starts no agent on it."""
     from airflow_cloudtrain.catalog import choose_offer
+    from airflow_cloudtrain.clouds.gcp.gce import gcp_cloud
     from airflow_cloudtrain.core.cloud import LaunchRequest
     from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
     from airflow_cloudtrain.spec import Hardware
@@ -94,11 +95,12 @@ def gce_instance(attempt: int) -> str:
         client_token=f"0123456789abcdef0123-1-{attempt}",
         disk_gib=20,
     )
-    return CloudTrainGcpHook().cloud("us-central1", "us-central1-b").launch(request).id
+    return gcp_cloud(CloudTrainGcpHook(), "us-central1", "us-central1-b").launch(request).id
 
 
 @pytest.mark.parametrize("deferrable", [False, True], ids=["poke", "deferrable"])
 def test_gce_sensor_running_then_fails_fast_once_deleted(emu, airflow_db, capfd, deferrable: bool) -> None:
+    from airflow_cloudtrain.clouds.gcp.gce import gcp_cloud
     from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
 
     name = gce_instance(int(deferrable))
@@ -113,7 +115,7 @@ def test_gce_sensor_running_then_fails_fast_once_deleted(emu, airflow_db, capfd,
         """
     )
     assert task_states(write_dag(source, f"gce_sense_{int(deferrable)}").test()) == {"wait": "success"}
-    CloudTrainGcpHook().cloud("us-central1", "us-central1-b").terminate([name])
+    gcp_cloud(CloudTrainGcpHook(), "us-central1", "us-central1-b").terminate([name])
     run = write_dag(source, f"gce_sense_{int(deferrable)}").test()
     assert task_states(run) == {"wait": "failed"}
     assert f"can never reach 'running': {name} is terminated" in capfd.readouterr().out

@@ -48,8 +48,9 @@ if WITH_SDK:
     s3_client()  # boto3 imported and a client built, still without Airflow
 loaded = {n: getattr(m, "__file__", None) for n, m in sys.modules.items()
           if n.split(".")[0] in ("airflow", "airflow_cloudtrain")}
-print(json.dumps({"loaded": loaded, "aws": sorted(watcher.AWS_CLOUDS), "gcp": sorted(watcher.GCP_CLOUDS),
-                  "sdk": "boto3" in sys.modules}))
+by_metadata = {kind: sorted(c for c, p in watcher.CLOUDS.items() if watcher.METADATA[p] is cls)
+               for kind, cls in (("aws", watcher.AwsMetadata), ("gcp", watcher.GceMetadata))}
+print(json.dumps({"loaded": loaded, **by_metadata, "sdk": "boto3" in sys.modules}))
 """
 
 

@@ -1,5 +1,5 @@
 """Our hooks build clients without botocore's "Found endpoint ..." / "Found credentials ..." INFO lines,
-and leave the user's own boto3 clients and logging as they were (``hooks.botocore_logs``).
+and leave the user's own boto3 clients and logging as they were (``contract.botocore_logs``).
 
 The connection has neither keys nor an endpoint, so botocore finds both in the environment and says so
 at INFO, as in a task whose connection relies on the instance's role or ``AWS_ENDPOINT_URL``. No request
@@ -14,8 +14,9 @@ import logging
 import boto3
 import pytest
 
+from airflow_cloudtrain.clouds.aws.ec2 import aws_cloud
+from airflow_cloudtrain.contract.botocore_logs import CHATTY_LOGGERS
 from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
-from airflow_cloudtrain.hooks.botocore_logs import CHATTY_LOGGERS
 from airflow_cloudtrain.hooks.sqs import QueueDepthHook
 
 
@@ -49,7 +50,7 @@ def test_our_hooks_build_clients_without_found_lines(bare_connection: str, caplo
     hook = CloudTrainAwsHook(aws_conn_id=bare_connection, region_name="us-east-1")
     hook.client("ec2")
     hook.client("s3")
-    hook.cloud()  # SSM and EC2, as a run makes them
+    aws_cloud(hook)  # SSM and EC2, as a run makes them
     assert hook.conn is not None  # the Amazon provider's own client (``get_client_type``)
     QueueDepthHook(aws_conn_id=bare_connection, region_name="us-east-1").sync_client  # noqa: B018
     assert found_lines(caplog) == []

@@ -167,7 +167,7 @@ def client_error(code: str, status: int) -> ClientError:
 
 
 def test_what_counts_as_transient() -> None:
-    from airflow_cloudtrain.clouds.aws.ec2 import map_client_error
+    from airflow_cloudtrain.clouds.aws.errors import map_client_error
 
     def mapped(err: ClientError) -> Exception:
         """As the cloud module raises it: our vocabulary, from the SDK's error."""

@@ -1,14 +1,20 @@
-"""The AWS ``RunBackend``: EC2 in one region and the S3 run folder, from one Airflow connection."""
+"""The AWS ``RunBackend``: EC2 in one region, the S3 run folder and the run's SSM secrets, from one
+Airflow connection."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from airflow_cloudtrain.clouds.aws import secrets as aws_secrets  # registers the ledger's "ssm_parameter"
+from airflow_cloudtrain.clouds.aws.ec2 import AwsCloud, aws_cloud
 from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
 
 if TYPE_CHECKING:
+    import logging
+    from collections.abc import Callable
+
     from airflow_cloudtrain.catalog.offers import Offer
-    from airflow_cloudtrain.clouds.aws.ec2 import AwsCloud
+    from airflow_cloudtrain.core.ledger import ResourceLedger
     from airflow_cloudtrain.storage import RunFolder
 
 
@@ -16,6 +22,7 @@ class AwsRunBackend:
     """EC2 clients are per region: the connection's region (or the one bound) is where runs go."""
 
     provider = "aws"
+    sweep_kinds: tuple[str, ...] = ("instance",)
 
     def __init__(self, conn_id: str | None, region: str | None) -> None:
         self.conn_id = conn_id
@@ -26,7 +33,7 @@ class AwsRunBackend:
     @property
     def cloud(self) -> AwsCloud:
         if self._cloud is None:
-            self._cloud = self.hook.cloud()
+            self._cloud = aws_cloud(self.hook)
         return self._cloud
 
     def bind_region(self, region: str) -> None:
@@ -47,7 +54,8 @@ class AwsRunBackend:
 
         quick = Config(retries={"mode": "standard", "max_attempts": 2}, connect_timeout=5, read_timeout=20)
         pricing = self.hook.client("pricing", region="us-east-1", config=quick)  # Pricing lives in us-east-1
-        refresh_aws(self.region, self.hook.client("ec2", config=quick), pricing)
+        region = self.region or self.hook.conn_region_name  # always set: the connection's at least
+        refresh_aws(region, self.hook.client("ec2", config=quick), pricing)
 
     def zones_for(self, zone: str | None, offer: Offer) -> list[str | None]:
         """EC2 places the instance itself when no zone is asked for; a capacity error moves on."""
@@ -64,6 +72,26 @@ class AwsRunBackend:
             cloud = (
                 self.cloud
                 if region == self.region
-                else CloudTrainAwsHook(aws_conn_id=self.conn_id, region_name=region).cloud()
+                else aws_cloud(CloudTrainAwsHook(aws_conn_id=self.conn_id, region_name=region))
             )
             cloud.terminate(ids)
+
+    def protect_network(
+        self,
+        ledger: ResourceLedger,
+        digest: str,
+        options: Any,
+        check: Callable[[], None],
+        logger: logging.Logger | None,
+    ) -> None:
+        """Nothing to make: an EC2 instance's security groups are the user's (``security_group_ids``)."""
+
+    @property
+    def secret_kind(self) -> str:
+        return aws_secrets.KIND
+
+    def secret_name(self, digest: str, var: str) -> tuple[str, str | None]:
+        return aws_secrets.parameter_name(digest, var), self.region
+
+    def put_secret(self, digest: str, var: str, value: str, ttl_s: float | None) -> str:
+        return aws_secrets.put_secret(self, digest, var, value, ttl_s)[2]

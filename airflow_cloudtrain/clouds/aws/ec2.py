@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_cloudtrain.contract.errors import CapacityUnavailable, CloudError, InvalidRequest, QuotaExceeded
+from airflow_cloudtrain.clouds.aws.errors import map_client_error
+from airflow_cloudtrain.contract.errors import InvalidRequest
 from airflow_cloudtrain.contract.runs import TAG_RUN, TAG_RUN_KEY
 from airflow_cloudtrain.core.cloud import (
     ALIVE_STATES,
@@ -19,20 +20,11 @@ from airflow_cloudtrain.core.cloud import (
     LaunchRequest,
 )
 
+if TYPE_CHECKING:
+    from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
+
 log = logging.getLogger(__name__)
 
-CAPACITY_CODES = frozenset(
-    {
-        "InsufficientInstanceCapacity",
-        "InsufficientCapacity",
-        "InsufficientHostCapacity",
-        "InsufficientReservedInstanceCapacity",
-        "Unsupported",  # the type is not offered in this zone
-        "SpotMaxPriceTooLow",
-        "InsufficientFreeAddressesInSubnet",
-    }
-)
-QUOTA_CODES = frozenset({"InstanceLimitExceeded", "VcpuLimitExceeded", "MaxSpotInstanceCountExceeded"})
 SPOT_INTERRUPTION_REASONS = frozenset(
     {"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown", "Server.SpotInstanceHibernation"}
 )
@@ -45,22 +37,6 @@ GPU_IMAGE_PARAM = (
 )
 DESCRIBE_BATCH = 1000  # DescribeInstances accepts up to 1,000 ids per call
 FILTER_BATCH = 200  # values per filter
-
-
-def map_client_error(err: Exception) -> Exception:
-    """Turn a botocore ClientError into our vocabulary (others pass through unchanged)."""
-    response = getattr(err, "response", None)
-    if not isinstance(response, dict):
-        return err
-    code = response.get("Error", {}).get("Code", "")
-    message = response.get("Error", {}).get("Message", str(err))
-    if code in CAPACITY_CODES:
-        return CapacityUnavailable(message, code)
-    if code in QUOTA_CODES:
-        return QuotaExceeded(message, code)
-    if code.startswith(("Invalid", "Missing", "Unknown")) or code in {"UnauthorizedOperation"}:
-        return InvalidRequest(message, code)
-    return CloudError(message, code)
 
 
 def _tag_list(tags: dict[str, str]) -> list[dict[str, str]]:
@@ -109,7 +85,7 @@ def instance_shape(request: LaunchRequest, image: str, root_device: str) -> dict
 def to_instance(raw: dict[str, Any]) -> Instance:
     """One DescribeInstances entry as our record."""
     reason = (raw.get("StateReason") or {}).get("Code", "")
-    launch = raw.get("LaunchTime")
+    launch: Any = raw.get("LaunchTime")
     return Instance(
         id=raw["InstanceId"],
         state=raw["State"]["Name"],
@@ -229,6 +205,19 @@ class AwsCloud(Cloud):
         except Exception as err:
             raise map_client_error(err) from err
         return device
+
+
+def aws_cloud(hook: CloudTrainAwsHook) -> AwsCloud:
+    """EC2 in the hook's region, from its connection: RunInstances through a client without SDK
+    retries (see ``AwsCloud``), SSM for the default images."""
+    from botocore.config import Config
+
+    no_retries = (hook.config or Config()).merge(
+        Config(retries={"mode": "standard", "total_max_attempts": 1})
+    )
+    return AwsCloud(
+        hook.conn, hook.conn_region_name, hook.client("ssm"), hook.client("ec2", config=no_retries)
+    )
 
 
 def _instances(ec2: Any, **kwargs: Any) -> Iterator[Instance]:

@@ -11,10 +11,21 @@ from __future__ import annotations
 
 import json
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_cloudtrain.contract.secret_refs import ssm_ref
 from airflow_cloudtrain.core.ledger import Resource, ResourceKind, register_kind
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
+
+
+class SsmBackend(Protocol):
+    """What these calls need of ``AwsRunBackend`` (the ledger hands its kinds the backend)."""
+
+    hook: CloudTrainAwsHook
+    region: str | None
+
 
 KIND = "ssm_parameter"
 DELETE_BATCH = 10  # DeleteParameters takes up to 10 names
@@ -28,18 +39,27 @@ def parameter_name(digest: str, var: str) -> str:
     return f"{prefix(digest)}{var}"
 
 
-def _ssm(backend: Any, region: str | None = None) -> Any:
+def _ssm(backend: SsmBackend, region: str | None = None) -> Any:
     return backend.hook.client("ssm", region=region or backend.region)
 
 
 def put_secret(
-    backend: Any, digest: str, var: str, value: str, description: str, ttl_s: float | None = None
-) -> tuple[str, str, str]:
-    """Store ``value``; returns (parameter name, region, the reference the agent reads).
+    backend: SsmBackend,
+    digest: str,
+    var: str,
+    value: str,
+    ttl_s: float | None = None,
+    description: str | None = None,
+) -> tuple[str, str | None, str]:
+    """Store ``value``; returns (parameter name, region, the reference the agent reads): the same
+    signature as ``clouds.gcp.secrets.put_secret``.
 
     With ``ttl_s`` the parameter is an advanced one with an Expiration policy, so SSM deletes it by
     itself even if no teardown reaches it (advanced parameters cost $0.05 a month, prorated hourly)."""
     name = parameter_name(digest, var)
+    region = str(backend.region)  # the backend's: the connection's region unless one was bound
+    if description is None:
+        description = f"cloudtrain: {var} of run {digest}, deleted at teardown"
     extra: dict[str, Any] = {}
     if ttl_s:
         at = datetime.now(timezone.utc) + timedelta(seconds=ttl_s)
@@ -52,10 +72,10 @@ def put_secret(
     _ssm(backend).put_parameter(
         Name=name, Value=value, Type="SecureString", Overwrite=True, Description=description[:1024], **extra
     )
-    return name, backend.region, ssm_ref(backend.region, name)
+    return name, region, ssm_ref(region, name)
 
 
-def _find(backend: Any, digest: str) -> list[Resource]:
+def _find(backend: SsmBackend, digest: str) -> list[Resource]:
     pages = (
         _ssm(backend)
         .get_paginator("describe_parameters")
@@ -64,8 +84,8 @@ def _find(backend: Any, digest: str) -> list[Resource]:
     return [Resource(KIND, p["Name"], backend.region) for page in pages for p in page.get("Parameters", [])]
 
 
-def _delete(backend: Any, resources: list[Resource]) -> None:
-    by_region: dict[str, list[str]] = {}
+def _delete(backend: SsmBackend, resources: list[Resource]) -> None:
+    by_region: dict[str | None, list[str]] = {}
     for resource in resources:
         by_region.setdefault(resource.location or backend.region, []).append(resource.id or "")
     for region, names in by_region.items():

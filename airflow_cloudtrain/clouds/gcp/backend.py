@@ -1,18 +1,21 @@
-"""The GCP ``RunBackend``: Compute Engine in the zones of one region and the GCS run folder."""
+"""The GCP ``RunBackend``: Compute Engine in the zones of one region, the GCS run folder and the
+run's Secret Manager secrets."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.clouds.gcp import firewall as gcp_firewall  # registers the ledger's "firewall" kind
-from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook, zones_of
+from airflow_cloudtrain.clouds.gcp import secrets as gcp_secrets  # registers the ledger's "gcp_secret"
+from airflow_cloudtrain.clouds.gcp.gce import GcpCloud, gcp_cloud, zones_of
+from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
 
 if TYPE_CHECKING:
     import logging
     from collections.abc import Callable
 
     from airflow_cloudtrain.catalog.offers import Offer
-    from airflow_cloudtrain.clouds.gcp.gce import GcpCloud
+    from airflow_cloudtrain.core.ledger import ResourceLedger
     from airflow_cloudtrain.storage import RunFolder
 
 
@@ -35,7 +38,7 @@ class GcpRunBackend:
     @property
     def cloud(self) -> GcpCloud:
         if self._cloud is None:
-            self._cloud = self.hook.cloud(self.region)
+            self._cloud = gcp_cloud(self.hook, self.region)
         return self._cloud
 
     def bind_region(self, region: str) -> None:
@@ -45,7 +48,12 @@ class GcpRunBackend:
             self._cloud = None
 
     def protect_network(
-        self, ledger: Any, digest: str, options: Any, check: Callable[[], None], logger: logging.Logger | None
+        self,
+        ledger: ResourceLedger,
+        digest: str,
+        options: Any,
+        check: Callable[[], None],
+        logger: logging.Logger | None,
     ) -> None:
         """Before the run's first VM: the rule that keeps its VMs unreachable from outside (and the
         SSH rule ``ssh_source_ranges`` asks for), made through the ledger."""
@@ -94,7 +102,20 @@ class GcpRunBackend:
         for name, zone in instances:
             by_zone.setdefault(zone, []).append(name)
         for zone, names in by_zone.items():
-            cloud: Any = (
-                self.cloud if zone is None else self.hook.cloud(self.region or zone.rsplit("-", 1)[0], zone)
+            cloud = (
+                self.cloud
+                if zone is None
+                else gcp_cloud(self.hook, self.region or zone.rsplit("-", 1)[0], zone)
             )
             cloud.terminate(names)
+
+    @property
+    def secret_kind(self) -> str:
+        return gcp_secrets.KIND
+
+    def secret_name(self, digest: str, var: str) -> tuple[str, str | None]:
+        """Secret Manager secrets are global to the project: no location."""
+        return gcp_secrets.secret_name(self, digest, var), None
+
+    def put_secret(self, digest: str, var: str, value: str, ttl_s: float | None) -> str:
+        return gcp_secrets.put_secret(self, digest, var, value, ttl_s)[2]

@@ -32,10 +32,28 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_cloudtrain.contract.errors import CloudError, InvalidRequest
 from airflow_cloudtrain.core.ledger import Resource, ResourceKind, register_kind
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.core.cloud import Cloud
+    from airflow_cloudtrain.core.ledger import ResourceLedger
+    from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
+
+
+class FirewallBackend(Protocol):
+    """What these calls need of ``GcpRunBackend`` (the ledger hands its kinds the backend)."""
+
+    hook: CloudTrainGcpHook
+    firewall_projects: tuple[str, ...]
+
+    @property
+    def cloud(self) -> Cloud: ...
+
+    def terminate_instances(self, instances: list[tuple[str, str | None]]) -> None: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +119,7 @@ def _network_project(path: str) -> str | None:
 class GcpFirewalls:
     """Firewall rules (global) of the projects one connection reaches."""
 
-    def __init__(self, hook: Any) -> None:
+    def __init__(self, hook: CloudTrainGcpHook) -> None:
         self.hook = hook
         self._clients: dict[str, Any] = {}
 
@@ -166,7 +184,7 @@ class GcpFirewalls:
         from google.api_core import exceptions as gexc
         from google.cloud import compute_v1
 
-        from airflow_cloudtrain.clouds.gcp.gce import map_api_error
+        from airflow_cloudtrain.clouds.gcp.errors import map_api_error
 
         try:
             request = compute_v1.InsertFirewallRequest(
@@ -190,7 +208,7 @@ class GcpFirewalls:
         self._done(project, op)
 
     def _done(self, project: str, op: Any, timeout: float = 300) -> None:
-        from airflow_cloudtrain.clouds.gcp.gce import map_code
+        from airflow_cloudtrain.clouds.gcp.errors import map_code
 
         deadline = time.monotonic() + timeout
         while str(getattr(op.status, "name", op.status)) != "DONE" and time.monotonic() < deadline:
@@ -201,8 +219,8 @@ class GcpFirewalls:
 
 
 def protect_run(
-    backend: Any,
-    ledger: Any,
+    backend: FirewallBackend,
+    ledger: ResourceLedger,
     digest: str,
     options: Any,
     region: str | None,
@@ -219,9 +237,8 @@ def protect_run(
     rules = GcpFirewalls(backend.hook)
     project, network = call_with_retry(lambda: rules.network_of(options.network, options.subnetwork, region))
     if project != backend.hook.project:  # a teardown's sweep looks in the network's project too
-        backend.firewall_projects = tuple(
-            dict.fromkeys([*getattr(backend, "firewall_projects", ()), project])
-        )
+        known = getattr(backend, "firewall_projects", ())  # the ledger may hand its kinds any backend
+        backend.firewall_projects = tuple(dict.fromkeys([*known, project]))
     for body in rule_bodies(digest, network, getattr(options, "ssh_source_ranges", None)):
         name = body["name"]
         if call_with_retry(lambda: rules.get(project, name)) is not None:  # noqa: B023 - called here
@@ -241,11 +258,11 @@ def protect_run(
 # --- the ledger kind: found by name from the run key, deleted once the run's VMs are gone ----------
 
 
-def _projects(backend: Any) -> list[str]:
+def _projects(backend: FirewallBackend) -> list[str]:
     return list(dict.fromkeys([backend.hook.project, *getattr(backend, "firewall_projects", ())]))
 
 
-def _find(backend: Any, digest: str) -> list[Resource]:
+def _find(backend: FirewallBackend, digest: str) -> list[Resource]:
     rules = GcpFirewalls(backend.hook)
     return [
         Resource(KIND, name, project)
@@ -254,7 +271,7 @@ def _find(backend: Any, digest: str) -> list[Resource]:
     ]
 
 
-def _vms_gone(backend: Any, digest: str) -> None:
+def _vms_gone(backend: FirewallBackend, digest: str) -> None:
     """Delete any VM of the run still there and wait (bounded) until none is: the rule goes last."""
     from airflow_cloudtrain.core.cloud import ALIVE_STATES, STOPPING
 
@@ -278,7 +295,7 @@ def _vms_gone(backend: Any, digest: str) -> None:
         time.sleep(1.0)
 
 
-def _delete(backend: Any, resources: list[Resource]) -> None:
+def _delete(backend: FirewallBackend, resources: list[Resource]) -> None:
     rules = GcpFirewalls(backend.hook)
     for digest in dict.fromkeys(d for r in resources if (d := digest_of(r.id or ""))):
         try:

@@ -31,7 +31,7 @@ import time
 from typing import Any
 
 from airflow_cloudtrain.clouds.aws.fleet import Depth, GroupState
-from airflow_cloudtrain.clouds.gcp.gce import instance_properties, label_value, map_api_error
+from airflow_cloudtrain.clouds.gcp.gce import gcp_cloud, instance_properties, label_value, map_api_error
 from airflow_cloudtrain.core.cloud import Instance, LaunchRequest
 from airflow_cloudtrain.core.ledger import Resource, ResourceKind, register_kind
 
@@ -302,7 +302,7 @@ class GcpFleet:
         """Every VM of the run, any state (by the run-key label the template gives them), in the
         group's zone: ``GcpCloud.find``, the sweep's own search."""
         if self._cloud is None:
-            self._cloud = self.hook.cloud(self.region, self.zone)
+            self._cloud = gcp_cloud(self.hook, self.region, self.zone)
         return self._cloud.find(digest, ended=True)
 
     def delete_group(self, name: str) -> None:
@@ -338,7 +338,7 @@ def _labels(tags: dict[str, str]) -> dict[str, str]:
 
 def fleet_of(backend: Any, zone: str | None = None) -> GcpFleet:
     """The ``GcpFleet`` of a ``GcpRunBackend`` (its connection, project and region)."""
-    from airflow_cloudtrain.hooks.gcp import zones_of
+    from airflow_cloudtrain.clouds.gcp.gce import zones_of
 
     region = backend.region or (zone or "").rsplit("-", 1)[0]
     return GcpFleet(backend.hook, backend.hook.project, region, zone, zones_of(region))

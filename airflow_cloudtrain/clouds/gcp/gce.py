@@ -11,11 +11,12 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.catalog.gce import ACCELERATOR_TYPES
+from airflow_cloudtrain.clouds.gcp.errors import map_api_error, map_code
 from airflow_cloudtrain.clouds.gcp.firewall import network_tag
-from airflow_cloudtrain.contract.errors import CapacityUnavailable, CloudError, InvalidRequest, QuotaExceeded
+from airflow_cloudtrain.contract.errors import InvalidRequest
 from airflow_cloudtrain.contract.runs import TAG_RUN, TAG_RUN_KEY, TAG_RUN_URI
 from airflow_cloudtrain.core.cloud import (
     PENDING,
@@ -28,15 +29,9 @@ from airflow_cloudtrain.core.cloud import (
     LaunchRequest,
 )
 
-CAPACITY_CODES = frozenset(
-    {
-        "ZONE_RESOURCE_POOL_EXHAUSTED",
-        "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS",
-        "RESOURCE_POOL_EXHAUSTED",
-        "UNSUPPORTED_OPERATION",
-    }
-)
-QUOTA_CODES = frozenset({"QUOTA_EXCEEDED", "quotaExceeded"})
+if TYPE_CHECKING:
+    from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
+
 STATUS = {
     "PROVISIONING": PENDING,
     "STAGING": PENDING,
@@ -56,6 +51,28 @@ SCOPES = [
 PAGE = 500  # instances.list maxResults limit
 
 
+def zones_of(region: str | None) -> list[str]:
+    """The region's zones the catalog knows (where our machine types are offered)."""
+    from airflow_cloudtrain.catalog.snapshot import snapshot_rows
+
+    if not region:
+        raise ValueError("a GCE region or zone is needed")
+    zones = sorted({z for r in snapshot_rows("gcp") if r.region == region for z in r.zones})
+    return zones or [f"{region}-a", f"{region}-b", f"{region}-c"]
+
+
+def gcp_cloud(hook: CloudTrainGcpHook, region: str | None, zone: str | None = None) -> GcpCloud:
+    """Compute Engine in the hook's project: in ``zone``, or in every zone of ``region`` we know."""
+    zones = [zone] if zone else zones_of(region)
+    return GcpCloud(
+        hook.instances_client(),
+        hook.operations_client(),
+        hook.project,
+        region or (zone or "").rsplit("-", 1)[0],
+        zones,
+    )
+
+
 def label_value(text: str) -> str:
     """GCE label values: lowercase letters, digits, ``_`` and ``-``, at most 63 characters."""
     return re.sub(r"[^a-z0-9_-]", "_", text.lower())[:63]
@@ -70,28 +87,6 @@ def _error_of(op: Any) -> tuple[str, str] | None:
     if not errors:
         return None
     return errors[0].code, errors[0].message
-
-
-def map_code(code: str, message: str) -> CloudError:
-    if code in CAPACITY_CODES:
-        return CapacityUnavailable(message, code)
-    if code in QUOTA_CODES:
-        return QuotaExceeded(message, code)
-    return InvalidRequest(message, code)
-
-
-def map_api_error(err: Exception) -> Exception:
-    """google.api_core errors (HTTP) onto our vocabulary."""
-    reason = ""
-    for detail in getattr(err, "errors", None) or []:
-        reason = detail.get("reason", "") if isinstance(detail, dict) else getattr(detail, "reason", "")
-        break
-    code = getattr(err, "code", 0)
-    if reason in QUOTA_CODES or "quota" in reason.lower():
-        return QuotaExceeded(str(err), reason or "QUOTA_EXCEEDED")
-    if code in (400, 404, 409):
-        return InvalidRequest(str(err), reason or str(code))
-    return err
 
 
 def network_interface(r: LaunchRequest, zone: str | None) -> dict[str, Any]:

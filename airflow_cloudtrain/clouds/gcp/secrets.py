@@ -11,11 +11,21 @@ points it elsewhere, as the emulator does).
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_cloudtrain.contract.runs import TAG_MANAGED, TAG_RUN_KEY
 from airflow_cloudtrain.contract.secret_refs import gcp_ref
 from airflow_cloudtrain.core.ledger import Resource, ResourceKind, register_kind
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
+
+
+class SecretManagerBackend(Protocol):
+    """What these calls need of ``GcpRunBackend`` (the ledger hands its kinds the backend)."""
+
+    hook: CloudTrainGcpHook
+
 
 KIND = "gcp_secret"
 CALL_TIMEOUT_S = 60.0
@@ -25,7 +35,12 @@ def secret_id(digest: str, var: str) -> str:
     return f"cloudtrain-{digest}-{var}"
 
 
-def _client(backend: Any) -> Any:
+def secret_name(backend: SecretManagerBackend, digest: str, var: str) -> str:
+    """The secret's full name in the connection's project (known before it exists)."""
+    return f"projects/{backend.hook.project}/secrets/{secret_id(digest, var)}"
+
+
+def _client(backend: SecretManagerBackend) -> Any:
     from google.cloud.secretmanager_v1 import SecretManagerServiceClient
 
     return SecretManagerServiceClient(
@@ -33,13 +48,22 @@ def _client(backend: Any) -> Any:
     )
 
 
-def put_secret(backend: Any, digest: str, var: str, value: str, ttl_s: float | None) -> tuple[str, str]:
-    """Store ``value`` as the newest version; returns (the secret's name, the reference the agent reads)."""
+def put_secret(
+    backend: SecretManagerBackend,
+    digest: str,
+    var: str,
+    value: str,
+    ttl_s: float | None = None,
+    description: str | None = None,
+) -> tuple[str, str | None, str]:
+    """Store ``value`` as the newest version; returns (the secret's name, None: secrets have no
+    location, the reference the agent reads): the signature of ``clouds.aws.secrets.put_secret``.
+    ``description`` is not stored (labels carry the run key)."""
     from google.api_core.exceptions import Conflict
 
     client = _client(backend)
     parent = f"projects/{backend.hook.project}"
-    name = f"{parent}/secrets/{secret_id(digest, var)}"
+    name = secret_name(backend, digest, var)
     secret: dict[str, Any] = {
         "replication": {"automatic": {}},
         "labels": {TAG_RUN_KEY: digest, TAG_MANAGED: "true"},
@@ -51,10 +75,10 @@ def put_secret(backend: Any, digest: str, var: str, value: str, ttl_s: float | N
             parent=parent, secret_id=secret_id(digest, var), secret=secret, timeout=CALL_TIMEOUT_S
         )
     client.add_secret_version(parent=name, payload={"data": value.encode("utf-8")}, timeout=CALL_TIMEOUT_S)
-    return name, gcp_ref(name)
+    return name, None, gcp_ref(name)
 
 
-def _find(backend: Any, digest: str) -> list[Resource]:
+def _find(backend: SecretManagerBackend, digest: str) -> list[Resource]:
     pages = _client(backend).list_secrets(
         request={"parent": f"projects/{backend.hook.project}", "filter": f"labels.{TAG_RUN_KEY}={digest}"},
         timeout=CALL_TIMEOUT_S,
@@ -62,7 +86,7 @@ def _find(backend: Any, digest: str) -> list[Resource]:
     return [Resource(KIND, s.name, None) for s in pages]
 
 
-def _delete(backend: Any, resources: list[Resource]) -> None:
+def _delete(backend: SecretManagerBackend, resources: list[Resource]) -> None:
     from google.api_core.exceptions import NotFound
 
     client = _client(backend)

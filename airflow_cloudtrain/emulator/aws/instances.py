@@ -24,13 +24,13 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from airflow_cloudtrain.contract.botocore_logs import quiet_botocore
 from airflow_cloudtrain.emulator.aws import groups
 from airflow_cloudtrain.emulator.aws.backend import SHUTDOWN, SPOT_TERMINATION, ec2_backend, end_instance
 from airflow_cloudtrain.emulator.faults import EMULATOR_USER_AGENT
 from airflow_cloudtrain.emulator.metadata import MetadataServer
 from airflow_cloudtrain.emulator.runner import Seen
 from airflow_cloudtrain.emulator.userdata import Bootstrap, parse_bootstrap
-from airflow_cloudtrain.hooks.botocore_logs import quiet_botocore
 
 log = logging.getLogger(__name__)
 
