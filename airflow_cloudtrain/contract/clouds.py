@@ -33,6 +33,7 @@ class Provider:
     bucket_chars: str  # the characters its bucket names may have, in words
     dotted_bucket_max: int  # the longest bucket name with dots (Cloud Storage: domain-named buckets)
     location: str  # where instances are described and deleted: "region" / "zone"
+    projects: bool  # runs in a project of the account (``project_id``): Google Cloud
     other: str  # a cloud of the other provider, for "is a GCE zone, not one of cloud='ec2'" hints
     instance_id_re: str  # an instance id (EC2) or VM name (GCE)
     instance_id_forms: str  # how it is written, for messages
@@ -62,6 +63,7 @@ PROVIDERS: dict[str, Provider] = {
         bucket_chars="lowercase letters, digits, '.' and '-'",
         dotted_bucket_max=63,
         location="region",
+        projects=False,
         other="gcloud",
         instance_id_re=r"i-[0-9a-f]{8,17}",
         instance_id_forms="a list of instance ids, e.g. ['i-0123456789abcdef0']",
@@ -76,6 +78,7 @@ PROVIDERS: dict[str, Provider] = {
         bucket_chars="lowercase letters, digits, '.', '-' and '_'",
         dotted_bucket_max=222,
         location="zone",
+        projects=True,
         other="ec2",
         instance_id_re=r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?",
         instance_id_forms="a list of VM names, e.g. ['trainer-1']",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from airflow_cloudtrain.contract.clouds import Provider
     from airflow_cloudtrain.mlengine import ReplicaPool
 
 # MLEngineTrainOperator's module imports this one for ``VOCABULARY_ARGS``: the translation
@@ -26,6 +27,15 @@ JOB_ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 REGION_RE = re.compile(r"[a-z]+-[a-z]+\d+", re.ASCII)
 MAX_RUNTIME_DEFAULT = "7d"  # Vertex's own default timeout is 7 days
 # Vertex's prebuilt training containers for python packages (ML Engine's runtime versions are gone).
+
+
+def vertex_storage() -> Provider:
+    """Vertex AI is a Google Cloud service: its packages and job folders are on that provider's storage."""
+    from airflow_cloudtrain.contract.clouds import PROVIDERS
+
+    return PROVIDERS["gcp"]
+
+
 EXECUTOR_CPU = "us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-17.py310:latest"
 EXECUTOR_GPU = "us-docker.pkg.dev/vertex-ai/training/tf-gpu.2-17.py310:latest"
 
@@ -113,7 +123,7 @@ def _code(value: Any) -> tuple[str | None, list[str]]:
     uris = [value] if isinstance(value, str) else value
     if not isinstance(uris, (list, tuple)) or not uris or not all(isinstance(u, str) for u in uris):
         raise ValueError(f"code={value!r} is not valid: use a local folder or gs:// package URI(s)")
-    if all(u.startswith("gs://") for u in uris):
+    if all(u.startswith(vertex_storage().uri_prefix) for u in uris):
         bad = [u for u in uris if not u.endswith((".tar.gz", ".tgz", ".zip", ".whl"))]
         if bad:
             raise ValueError(
@@ -154,9 +164,9 @@ def _bucket(value: Any) -> str:
     from airflow_cloudtrain.operators.config import parse_bucket
 
     try:
-        return parse_bucket(value, "gcloud")
+        return parse_bucket(value, vertex_storage().clouds[0])  # the job folders are on Google Cloud Storage
     except ValueError as err:
-        if isinstance(value, str) and value.startswith("gs://"):
+        if isinstance(value, str) and value.startswith(vertex_storage().uri_prefix):
             raise ValueError(f"{err} (each job's folder goes under it: <bucket>/<job_id>/)") from None
         raise ValueError(
             f"bucket={value!r} is not valid: use a gs:// URI such as 'gs://my-bucket/jobs' "
