@@ -50,6 +50,24 @@ class InstanceStatusSensor(BaseSensorOperator):
     a typo never passes as "terminated"; ``missing_as_terminated=True`` counts such an id as
     terminated instead (an instance gone for over an hour on EC2, a deleted GCE VM whose delete
     operation has aged out).
+
+    :param cloud: ``ec2``, ``ec2spot``, ``gcloud`` or ``gcspot``: the cloud the instances are on.
+    :param target_state: the state to wait for: ``pending``, ``running``, ``stopping``, ``stopped``,
+        ``shutting-down`` or ``terminated`` (templated).
+    :param instance_ids: EC2 instance ids or GCE VM names, a list (or a template that renders to one);
+        give this or ``run_id`` (templated).
+    :param run_id: a CloudTrain operator's ``run_id`` (its XCom): waits on every instance of that run;
+        give this or ``instance_ids`` (templated).
+    :param region: the EC2 region to describe the instances in (None: the connection's); on GCE, the
+        zone's region if given (templated).
+    :param zone: the GCE zone of the VMs (required on GCE: instances are zonal); no effect on EC2.
+    :param aws_conn_id: the Airflow connection for EC2 (None: boto3's own credential chain).
+    :param gcp_conn_id: the Airflow connection for GCE.
+    :param project_id: the Google Cloud project of the VMs (None: the connection's); GCE only.
+    :param deferrable: wait in the triggerer (no worker slot), sharing one describe call per poll
+        with every other wait there.
+    :param missing_as_terminated: count an id the cloud does not know as terminated instead of
+        failing the sensor naming it.
     """
 
     template_fields: Sequence[str] = ("instance_ids", "run_id", "target_state", "region")

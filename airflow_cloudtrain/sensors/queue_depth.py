@@ -100,6 +100,25 @@ class QueueDepthSensor(BaseSensorOperator):
     ``queue`` takes the name BaseOperator gives the executor queue: the watched queue is kept as
     ``watched_queue`` (templated), ``task.queue`` stays the executor queue, and ``executor_queue=``
     sets it (as ``queue=`` would on other operators).
+
+    :param queue: an SQS queue URL or name, or a Pub/Sub subscription path
+        (``projects/<project>/subscriptions/<name>``); kept as ``watched_queue`` (templated).
+    :param max_depth: succeed when the depth is at most this many messages (0: the queue drained);
+        give this or ``min_depth``.
+    :param min_depth: succeed when the depth is at least this many messages; give this or ``max_depth``.
+    :param count_in_flight: SQS: count received, not yet deleted messages too (True) or only the
+        visible ones; no effect on Pub/Sub, whose backlog includes leased messages.
+    :param aws_conn_id: the Airflow connection for SQS (None: boto3's own credential chain).
+    :param region: the AWS region of an SQS queue given by name (a queue URL names its own); no effect
+        on Pub/Sub.
+    :param gcp_conn_id: the Airflow connection for Pub/Sub and Cloud Monitoring.
+    :param project_id: the connection's project override (the subscription path names the project read).
+    :param poll_interval: seconds (or ``'30s'``, ``'1m'``) between depth reads; ``poke_interval``
+        is the same knob.
+    :param deferrable: wait in the triggerer (no worker slot), sharing one depth call per queue per
+        poll with the other sensors there.
+    :param executor_queue: the executor queue the task runs on (what ``queue=`` sets on other
+        operators).
     """
 
     # BaseOperator's own ``queue`` is the executor queue the task runs on; the queue watched here is
