@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from airflow_cloudtrain.catalog import ec2, gce
+import airflow_cloudtrain.catalog.ec2 as ec2
+import airflow_cloudtrain.catalog.gce as gce
 from airflow_cloudtrain.catalog.offers import Offer
 from airflow_cloudtrain.catalog.snapshot import Row
 from airflow_cloudtrain.contract.clouds import provider_of
