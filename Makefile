@@ -22,6 +22,7 @@ test: setup
 	.venv/bin/python -m pytest -p no:cacheprovider -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 bench: setup
+	.venv/bin/python benchmarks/parse_cost.py
 	.venv/bin/python benchmarks/catalog.py
 	.venv/bin/python benchmarks/poll_calls.py
 	.venv/bin/python benchmarks/spot_policy.py

@@ -1,6 +1,7 @@
 """Compute Engine shapes: predefined types, custom shapes, and which GPUs go with which family.
 
-GCE differs from EC2 in two ways the catalog must know about. Machines can be *custom*
+The catalog rules of the GCP provider, beside ``catalog.ec2`` (same functions; ``catalog.rules(cloud)``
+returns one or the other). GCE differs from EC2 in two ways the catalog must know about. Machines can be *custom*
 (``custom-N-M``), inside a per-family memory-per-vCPU range; the snapshot has no price for those,
 so per-vCPU and per-GiB rates are *derived* by least squares from the same family's predefined
 prices in the same region (``Offer.derived`` is then True). And GPUs either attach to N1 machines
@@ -14,9 +15,14 @@ import math
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Any
 
 from airflow_cloudtrain.catalog.offers import Offer
 from airflow_cloudtrain.catalog.snapshot import Row
+
+TYPE_RE = re.compile(r"[a-z][a-z0-9]*-[a-z]+(-\d+[a-z]*)?")
+CUSTOM_RE = re.compile(r"(?:(n2)-)?custom-(\d+)-(\d+)")
+TYPE_HINT = "use a GCE machine type such as 'n1-standard-8' or 'custom-4-16384'"
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,15 @@ class CustomFamily:
         if n <= 32:
             return n >= 2 and n % 2 == 0
         return n % 4 == 0 and n <= self.max_vcpus
+
+    def mib_range(self, vcpus: int) -> tuple[float, float]:
+        """The least and most memory (MiB) a shape of ``vcpus`` may have (no extended memory)."""
+        return self.min_gib_per_vcpu * vcpus * 1024, self.max_gib_per_vcpu * vcpus * 1024
+
+    def valid_shape(self, vcpus: int, mib: int) -> bool:
+        """The one custom-shape rule: vCPUs of the family, MiB a multiple of 256 within its range."""
+        low, high = self.mib_range(vcpus)
+        return self.valid_vcpus(vcpus) and mib % 256 == 0 and low <= mib <= high
 
 
 CUSTOM_FAMILIES: tuple[CustomFamily, ...] = (
@@ -228,11 +243,10 @@ def custom_shape(fam: CustomFamily, cpus: int, ram_mib: int | None) -> tuple[int
         n += 1
     want_mib = ram_mib or 0
     while n <= fam.max_vcpus:
-        if fam.valid_vcpus(n):
-            floor_mib = math.ceil(fam.min_gib_per_vcpu * 1024 * n / 256) * 256
-            mib = max(want_mib, floor_mib)
-            if mib <= fam.max_gib_per_vcpu * 1024 * n:
-                return n, mib
+        floor_mib = math.ceil(fam.mib_range(n)[0] / 256) * 256
+        mib = max(math.ceil(want_mib / 256) * 256, floor_mib)
+        if fam.valid_shape(n, mib):
+            return n, mib
         n += 1
     return None
 
@@ -301,3 +315,102 @@ def family_limits_text() -> str:
         )
         + "; GPUs attach to N1 (T4, V100, P100, P4) or come with G2 (L4), A2 (A100), A3 (H100)"
     )
+
+
+# --- the rules the parse-time checks and choose_offer call (``catalog.ec2`` has the same) -----------
+
+
+def is_type_name(value: str) -> bool:
+    """Written like a GCE machine type (``n1-standard-8``) or a custom shape (``custom-4-16384``)."""
+    return TYPE_RE.fullmatch(value) is not None or CUSTOM_RE.fullmatch(value) is not None
+
+
+def family_of(instance_type: str) -> str:
+    """``n1-standard`` of ``n1-standard-8``: the family whose sizes an unknown size is compared with."""
+    return instance_type.rsplit("-", 1)[0]
+
+
+def custom_shape_of(value: str) -> tuple[CustomFamily, int, int] | None:
+    """(family, vCPUs, MiB) of a custom shape name, or None for any other name."""
+    m = CUSTOM_RE.fullmatch(value)
+    if not m:
+        return None
+    prefix = "n2-custom" if m.group(1) else "custom"
+    fam = next(f for f in CUSTOM_FAMILIES if f.prefix == prefix)
+    return fam, int(m.group(2)), int(m.group(3))
+
+
+def check_custom_shape(value: str) -> bool:
+    """Is ``value`` a custom shape (True) within its family's rules? Raises naming the rule if not."""
+    custom = custom_shape_of(value)
+    if custom is None:
+        return False
+    fam, vcpus, mib = custom
+    if not fam.valid_shape(vcpus, mib):
+        low, high = fam.mib_range(vcpus)
+        n1 = (
+            "1 or an even number up to 96"
+            if fam.name == "N1"
+            else "even up to 32, then multiples of 4 up to 80"
+        )
+        raise ValueError(
+            f"instance_type={value!r} is not a valid {fam.name} custom shape: vCPUs {n1}; memory in MiB, "
+            f"a multiple of 256, {fam.min_gib_per_vcpu:g}-{fam.max_gib_per_vcpu:g} GiB per vCPU "
+            f"({low:.0f}-{high:.0f} MiB for {vcpus} vCPUs), e.g. '{fam.prefix}-4-16384'"
+        )
+    return True
+
+
+def custom_shape_has(instance_type: str, gpus: int, gpu_type: str | None) -> dict[str, Any] | None:
+    """What a custom shape has ({"vcpus", "mib", "gpus", "gpu"}: GPUs attached as asked, on N1 only),
+    or None when ``instance_type`` is not one."""
+    custom = custom_shape_of(instance_type)
+    if custom is None:
+        return None
+    fam, vcpus, mib = custom
+    if gpus and fam.name != "N1":
+        raise ValueError(
+            f"instance_type={instance_type!r} cannot take GPUs (gpus={gpus}): GPUs attach to N1 "
+            "custom shapes ('custom-N-M') or come with G2/A2/A3 types"
+        )
+    return {"vcpus": vcpus, "mib": mib, "gpus": gpus, "gpu": gpu_type}  # attached to N1 as guest accelerators
+
+
+def type_gpus(instance_type: str, row: Row, gpus: int, gpu_type: str | None) -> tuple[str | None, int]:
+    """(GPU model, count) a predefined machine type has for a request of ``gpus`` x ``gpu_type``: its
+    bundled GPUs (G2/A2/A3), or the asked GPUs when they can attach to this N1 type, else none."""
+    if bundled := bundled_gpus(instance_type):
+        return bundled
+    if gpus and instance_type.startswith("n1-"):
+        fits = [
+            g
+            for g, limits in N1_ATTACH_LIMITS.items()
+            if (not gpu_type or g == gpu_type)
+            and any(c >= gpus and row.vcpus <= v and row.memory_gib <= m for c, (v, m) in limits.items())
+        ]
+        if fits:
+            return gpu_type or fits[0], gpus
+    return None, 0
+
+
+def zone_region(zone: str) -> str:
+    """``us-central1-a`` -> ``us-central1``."""
+    return zone.rsplit("-", 1)[0]
+
+
+def zone_in_region(zone: str, region: str, zones: tuple[str, ...]) -> bool:
+    """The catalog lists GCE zones by name."""
+    return zone in zones
+
+
+def zone_names(region: str, zones: tuple[str, ...]) -> list[str]:
+    return list(zones)
+
+
+def offer_in_zone(offer_zones: tuple[str, ...], zone: str) -> bool:
+    return zone in offer_zones
+
+
+def nothing_fits_note() -> str:
+    """What to add when no offer fits: the custom families' bounds."""
+    return f". No GCE family can serve it ({family_limits_text()})"

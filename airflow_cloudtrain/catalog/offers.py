@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from airflow_cloudtrain.contract.clouds import CLOUDS, SPOT_CLOUDS
+
 
 @dataclass(frozen=True)
 class Offer:
@@ -33,11 +35,11 @@ class Offer:
 
     @property
     def provider(self) -> str:
-        return "aws" if self.cloud in ("ec2", "ec2spot") else "gcp"
+        return CLOUDS[self.cloud]
 
     @property
     def is_spot(self) -> bool:
-        return self.cloud in ("ec2spot", "gcspot")
+        return self.cloud in SPOT_CLOUDS
 
     @property
     def hourly(self) -> float | None:

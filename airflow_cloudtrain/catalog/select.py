@@ -11,10 +11,11 @@ import warnings
 from collections.abc import Iterable
 from functools import lru_cache
 
-from airflow_cloudtrain.catalog import gce
 from airflow_cloudtrain.catalog.offers import Offer
+from airflow_cloudtrain.catalog.rules import rules
 from airflow_cloudtrain.catalog.snapshot import Row
-from airflow_cloudtrain.spec import GCP_CLOUDS, SPOT_CLOUDS, Bid, Hardware, parse_cloud
+from airflow_cloudtrain.contract.clouds import CLOUDS
+from airflow_cloudtrain.spec import SPOT_CLOUDS, Bid, Hardware, parse_cloud
 
 
 class NoOfferError(ValueError):
@@ -24,24 +25,7 @@ class NoOfferError(ValueError):
 @lru_cache(maxsize=16)
 def base_offers(cloud: str, rows: tuple[Row, ...]) -> tuple[Offer, ...]:
     """The request-independent offers of ``cloud``, cheapest first (unpriced ones dropped)."""
-    if cloud in GCP_CLOUDS:
-        offers = gce.predefined_offers(rows, cloud)
-    else:
-        offers = [
-            Offer(
-                cloud,
-                r.instance_type,
-                r.vcpus,
-                r.memory_gib,
-                r.accelerator_count,
-                r.accelerator,
-                r.region,
-                r.zones,
-                r.price,
-                r.spot_min,
-            )
-            for r in rows
-        ]
+    offers = rules(cloud).predefined_offers(rows, cloud)
     priced = [o for o in offers if o.hourly is not None]
     return tuple(sorted(priced, key=_sort_key))
 
@@ -52,9 +36,7 @@ def _sort_key(o: Offer) -> tuple[float, float, float, str, str]:
 
 def zone_region(cloud: str, zone: str) -> str:
     """Region of a zone name: ``us-east-1a`` -> ``us-east-1``, ``us-central1-a`` -> ``us-central1``."""
-    if cloud in GCP_CLOUDS:
-        return zone.rsplit("-", 1)[0]
-    return zone[:-1] if zone[-1:].isalpha() else zone
+    return rules(cloud).zone_region(zone)
 
 
 def _excluded(o: Offer, exclude: frozenset[str]) -> bool:
@@ -62,13 +44,10 @@ def _excluded(o: Offer, exclude: frozenset[str]) -> bool:
 
 
 def _zone_ok(o: Offer, zone: str | None) -> bool:
-    # AWS snapshot zones are zone *ids* (use1-az1), which map to names per account: a zone name
-    # is checked by region only, a zone id exactly.
+    # how a zone is told apart is the provider's rule (AWS snapshot zones are zone *ids*)
     if zone is None or not o.zones:
         return True
-    if o.provider == "aws" and "-az" not in zone:
-        return True
-    return zone in o.zones
+    return rules(o.cloud).offer_in_zone(o.zones, zone)
 
 
 def _fits(o: Offer, hw: Hardware) -> bool:
@@ -102,7 +81,7 @@ def rank_offers(
     if rows is None:
         from airflow_cloudtrain.catalog.live import current_rows
 
-        rows = current_rows("gcp" if cloud in GCP_CLOUDS else "aws")
+        rows = current_rows(CLOUDS[cloud])
     if zone and not region:
         region = zone_region(cloud, zone)
     if bid is not None and cloud == "gcspot":
@@ -113,10 +92,10 @@ def rank_offers(
     skip = frozenset(str(x) for x in exclude)
 
     candidates: Iterable[Offer] = base_offers(cloud, rows)
-    if cloud in GCP_CLOUDS:
-        custom = gce.custom_offers(
-            rows, cloud, hardware.cpus, hardware.ram_mib, hardware.gpus, hardware.gpu_type
-        )
+    custom = rules(cloud).custom_offers(
+        rows, cloud, hardware.cpus, hardware.ram_mib, hardware.gpus, hardware.gpu_type
+    )
+    if custom:
         candidates = sorted([*candidates, *(o for o in custom if o.hourly is not None)], key=_sort_key)
 
     fitting = [
@@ -209,6 +188,4 @@ def _nothing_fits(
     if hw.gpu_type and not any((o.gpu_type or "").upper() == hw.gpu_type for o in pool):
         known = sorted({o.gpu_type for o in pool if o.gpu_type})
         msg += f". gpu_type={hw.gpu_type!r} is not offered{where}; known: {', '.join(known)}"
-    if cloud in GCP_CLOUDS:
-        msg += f". No GCE family can serve it ({gce.family_limits_text()})"
-    return msg
+    return msg + rules(cloud).nothing_fits_note()

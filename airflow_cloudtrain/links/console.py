@@ -6,10 +6,12 @@ cloud call, works in the task, in ``finalize`` and for any reader of the XCom, a
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypedDict
 from urllib.parse import quote
 
-AWS_CLOUDS = ("ec2", "ec2spot")
+from airflow_cloudtrain.contract.clouds import CLOUDS, PROVIDERS, SCHEMES, Provider
+
 GCP_CONSOLE = "https://console.cloud.google.com"
 
 
@@ -53,34 +55,63 @@ def mig_url(project: str | None, zone: str, name: str) -> str:
     return f"{GCP_CONSOLE}/compute/instanceGroups/details/{_q(zone)}/{_q(name)}{_project_query(project)}"
 
 
+def s3_folder_url(bucket: str, prefix: str, region: str | None, project: str | None) -> str:
+    where = f"region={region}&" if region else ""
+    path = f"&prefix={quote(prefix + '/', safe='/')}" if prefix else ""
+    return f"https://s3.console.aws.amazon.com/s3/buckets/{_q(bucket)}?{where}showversions=false{path}"
+
+
+def gcs_folder_url(bucket: str, prefix: str, region: str | None, project: str | None) -> str:
+    path = f"/{quote(prefix, safe='/')}" if prefix else ""
+    return f"{GCP_CONSOLE}/storage/browser/{_q(bucket)}{path}{_project_query(project)}"
+
+
+class Console(NamedTuple):
+    """One provider's console pages: (project, where, name) -> URL, ``where`` being the instances'
+    location (``Provider.location``: a region on EC2, a zone on GCE)."""
+
+    instance: Callable[[str | None, str, str], str]
+    group: Callable[[str | None, str, str], str]
+    folder: Callable[[str, str, str | None, str | None], str]  # (bucket, prefix, region, project)
+
+
+CONSOLES: dict[str, Console] = {
+    "aws": Console(
+        lambda project, region, iid: ec2_instance_url(region, iid),
+        lambda project, region, name: asg_url(region, name),
+        s3_folder_url,
+    ),
+    "gcp": Console(gce_instance_url, mig_url, gcs_folder_url),
+}
+
+
 def folder_url(run_uri: str, region: str | None = None, project: str | None = None) -> str:
     """The run folder in the S3 or Cloud Storage browser ("" for anything else)."""
     scheme, _, rest = run_uri.partition("://")
     bucket, _, prefix = rest.partition("/")
-    prefix = prefix.strip("/")
-    if not bucket:
+    facts = SCHEMES.get(scheme)
+    if not bucket or facts is None:
         return ""
-    if scheme == "s3":
-        where = f"region={region}&" if region else ""
-        path = f"&prefix={quote(prefix + '/', safe='/')}" if prefix else ""
-        return f"https://s3.console.aws.amazon.com/s3/buckets/{_q(bucket)}?{where}showversions=false{path}"
-    if scheme == "gs":
-        path = f"/{quote(prefix, safe='/')}" if prefix else ""
-        return f"{GCP_CONSOLE}/storage/browser/{_q(bucket)}{path}{_project_query(project)}"
-    return ""
+    return CONSOLES[facts.name].folder(bucket, prefix.strip("/"), region, project)
 
 
-def _is_aws(target: ConsoleTarget) -> bool:
-    return target.get("cloud") in AWS_CLOUDS
+def _facts(target: ConsoleTarget) -> Provider | None:
+    name = CLOUDS.get(target.get("cloud") or "")
+    return PROVIDERS[name] if name else None
+
+
+def _page(target: ConsoleTarget, name: str | None, page: str) -> str:
+    """The console page (``instance`` or ``group``) of ``name`` where the target's instances are."""
+    facts = _facts(target)
+    where = target.get(facts.location) if facts else None  # type: ignore[misc]
+    if not name or facts is None or not where:
+        return ""
+    build: Callable[[str | None, str, str], str] = getattr(CONSOLES[facts.name], page)
+    return build(target.get("project"), str(where), name)
 
 
 def instance_url(target: ConsoleTarget) -> str:
-    iid, region, zone = target.get("instance_id"), target.get("region"), target.get("zone")
-    if not iid:
-        return ""
-    if _is_aws(target):
-        return ec2_instance_url(region, iid) if region else ""
-    return gce_instance_url(target.get("project"), zone, iid) if zone else ""
+    return _page(target, target.get("instance_id"), "instance")
 
 
 def run_folder_url(target: ConsoleTarget) -> str:
@@ -89,12 +120,7 @@ def run_folder_url(target: ConsoleTarget) -> str:
 
 
 def group_url(target: ConsoleTarget) -> str:
-    name, region, zone = target.get("group"), target.get("region"), target.get("zone")
-    if not name:
-        return ""
-    if _is_aws(target):
-        return asg_url(region, name) if region else ""
-    return mig_url(target.get("project"), zone, name) if zone else ""
+    return _page(target, target.get("group"), "group")
 
 
 def target_of(value: Any) -> ConsoleTarget | None:

@@ -10,35 +10,34 @@ current instance.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperatorLink
 
-from airflow_cloudtrain.links.console import (
-    ConsoleTarget,
-    group_url,
-    instance_url,
-    run_folder_url,
-    target_of,
-)
-
 if TYPE_CHECKING:
     from airflow.models.taskinstancekey import TaskInstanceKey
+
+    from airflow_cloudtrain.links.console import ConsoleTarget
 
 CONSOLE_XCOM_KEY = "cloudtrain_console"
 
 
 class _ConsoleLink(BaseOperatorLink):
-    """A link whose URL is built from the task's ``ConsoleTarget`` XCom."""
+    """A link whose URL is built from the task's ``ConsoleTarget`` XCom by ``links.console``'s function
+    ``url_of`` (named, not held: the operator modules import this one, and stay cheap to import)."""
 
-    url_of: Callable[[ConsoleTarget], str]
+    url_of: str
 
     def url(self, target: ConsoleTarget) -> str:
-        return type(self).url_of(target)
+        from airflow_cloudtrain.links import console
+
+        url: str = getattr(console, self.url_of)(target)
+        return url
 
     def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:
         from airflow.sdk.execution_time.xcom import XCom
+
+        from airflow_cloudtrain.links.console import target_of
 
         target = target_of(XCom.get_value(key=CONSOLE_XCOM_KEY, ti_key=ti_key))
         return self.url(target) if target is not None else ""
@@ -48,21 +47,21 @@ class CloudInstanceLink(_ConsoleLink):
     """The EC2 instance or GCE VM of the run (the current attempt's, for a checkpoint-resume loop)."""
 
     name = "Cloud instance"
-    url_of = staticmethod(instance_url)
+    url_of = "instance_url"
 
 
 class RunFolderLink(_ConsoleLink):
     """The run folder (spec, logs, statuses, results) in the S3 or Cloud Storage console."""
 
     name = "Run folder"
-    url_of = staticmethod(run_folder_url)
+    url_of = "run_folder_url"
 
 
 class WorkerGroupLink(_ConsoleLink):
     """A fleet's Auto Scaling group (SpotFleetOperator) or managed instance group (PreemptibleGroupOperator)."""
 
     name = "Worker group"
-    url_of = staticmethod(group_url)
+    url_of = "group_url"
 
 
 def push_console_links(ti: Any, operator: Any, target: ConsoleTarget) -> None:
@@ -75,6 +74,8 @@ def push_console_links(ti: Any, operator: Any, target: ConsoleTarget) -> None:
 
 def run_target(launch: Any, project: str | None) -> ConsoleTarget:
     """A single run's target from its ``LaunchRecord``."""
+    from airflow_cloudtrain.links.console import ConsoleTarget
+
     return ConsoleTarget(
         cloud=launch.cloud,
         region=launch.region,
@@ -87,6 +88,8 @@ def run_target(launch: Any, project: str | None) -> ConsoleTarget:
 
 def fleet_target(handle: Any, project: str | None) -> ConsoleTarget:
     """A fleet's target from its ``FleetHandle``."""
+    from airflow_cloudtrain.links.console import ConsoleTarget
+
     return ConsoleTarget(
         cloud=handle.cloud,
         region=handle.region,

@@ -14,9 +14,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from airflow_cloudtrain.lifecycle.prepare import JobOptions
 from airflow_cloudtrain.operators.cloud_train import TEMPLATED, CloudTrainOperator, quiet_bid
-from airflow_cloudtrain.operators.resume_config import parse_resume_args
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -56,6 +54,8 @@ class CheckpointResumeOperator(CloudTrainOperator):
         idle_timeout: Any = None,
         **kwargs: Any,
     ) -> None:
+        from airflow_cloudtrain.operators.resume_config import parse_resume_args
+
         super().__init__(**kwargs)
         self.checkpoint_dir = checkpoint_dir
         self.resume_from = resume_from
@@ -78,6 +78,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
 
     # -- the loop ------------------------------------------------------------------------------------
     def _loop(self, context: Context) -> RecoveryLoop:
+        from airflow_cloudtrain.lifecycle.prepare import JobOptions
         from airflow_cloudtrain.lifecycle.resume.loop import RecoveryLoop
         from airflow_cloudtrain.lifecycle.resume.recovery import RecoverySettings
         from airflow_cloudtrain.lifecycle.run.attempt import RunContext

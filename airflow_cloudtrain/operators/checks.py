@@ -18,10 +18,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_cloudtrain.contract.clouds import CLOUDS, GCP_CLOUDS
+from airflow_cloudtrain.contract.clouds import CLOUDS, provider
 from airflow_cloudtrain.spec import warn_user
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.catalog.rules import ShapeRules
 
 RUN_ID_RE = re.compile(r"ct-[0-9a-f]{12}")  # a run's short id, as in the XCom and the tags
 
@@ -243,17 +246,24 @@ def catalog(cloud: str) -> CatalogIndex:
     return _index(current_rows(CLOUDS[cloud]))
 
 
+def shapes(cloud: str) -> ShapeRules:
+    """The provider's catalog rules (``catalog.ec2`` / ``catalog.gce``), imported when a check needs them."""
+    from airflow_cloudtrain.catalog.rules import rules
+
+    return rules(cloud)
+
+
 def _provider_word(cloud: str) -> str:
-    return "GCE" if cloud in GCP_CLOUDS else "EC2"
+    return provider(cloud).compute
 
 
 def _a(cloud: str) -> str:
     """'a GCE' / 'an EC2': the provider's word with its article."""
-    return "a GCE" if cloud in GCP_CLOUDS else "an EC2"
+    return provider(cloud).with_article
 
 
 def _other(cloud: str) -> str:
-    return "ec2" if cloud in GCP_CLOUDS else "gcloud"
+    return provider(cloud).other
 
 
 AWS_REGION_RE = re.compile(r"[a-z]{2}(-gov)?-[a-z]+-\d")
@@ -281,31 +291,10 @@ def parse_region(value: Any, cloud: str | None, field: str = "region") -> str | 
     )
 
 
-def _aws_zone_region(zone: str) -> str | None:
-    if m := re.fullmatch(r"([a-z]{2}(?:-gov)?-[a-z]+-\d)([a-z])", zone):
-        return m.group(1)
-    return None
-
-
-def _aws_zone_ok(zone: str, region: str, index: CatalogIndex) -> bool:
-    """A zone name whose letter is within the number of zones the region has (``us-east-1a`` ..
-    ``us-east-1f`` for six; the catalog lists zone ids, which map to names per account)."""
-    ids = index.zones.get(region, ())
-    if _aws_zone_region(zone) == region:
-        return ord(zone[-1]) - ord("a") < max(len(ids), 1)
-    return False
-
-
 def zone_region(cloud: str, zone: str) -> str | None:
     """The catalog region a zone name belongs to, or None when it is unknown."""
-    index = catalog(cloud)
-    for region in index.regions:
-        if cloud in GCP_CLOUDS:
-            if zone in index.zones[region]:
-                return region
-        elif _aws_zone_ok(zone, region, index):
-            return region
-    return None
+    index, rules = catalog(cloud), shapes(cloud)
+    return next((r for r in index.regions if rules.zone_in_region(zone, r, index.zones.get(r, ()))), None)
 
 
 def parse_zone(value: Any, cloud: str | None) -> str | None:
@@ -330,10 +319,7 @@ def parse_zone(value: Any, cloud: str | None) -> str | None:
 
 def zone_names(cloud: str, region: str) -> list[str]:
     """The zone names of a region (EC2: from the number of zone ids the catalog lists)."""
-    zones = catalog(cloud).zones.get(region, ())
-    if cloud in GCP_CLOUDS:
-        return list(zones)
-    return [f"{region}{chr(ord('a') + i)}" for i in range(len(zones))]
+    return shapes(cloud).zone_names(region, catalog(cloud).zones.get(region, ()))
 
 
 def check_zone_in_region(cloud: str, region: str | None, zone: str | None) -> None:
@@ -368,22 +354,6 @@ def parse_gpu_type(value: Any, cloud: str | None) -> str | None:
 
 # --- instance types ---------------------------------------------------------------------------------
 
-_AWS_SIZE = r"(nano|micro|small|medium|large|xlarge|\d+xlarge|metal(-\d+xl)?)"
-AWS_TYPE_RE = re.compile(rf"([a-z][a-z0-9-]*\d[a-z0-9-]*)\.{_AWS_SIZE}")
-GCE_TYPE_RE = re.compile(r"[a-z][a-z0-9]*-[a-z]+(-\d+[a-z]*)?")
-GCE_CUSTOM_RE = re.compile(r"(?:(n2)-)?custom-(\d+)-(\d+)")
-
-
-def _gce_custom(value: str) -> tuple[Any, int, int] | None:
-    from airflow_cloudtrain.catalog.gce import CUSTOM_FAMILIES
-
-    m = GCE_CUSTOM_RE.fullmatch(value)
-    if not m:
-        return None
-    prefix = "n2-custom" if m.group(1) else "custom"
-    fam = next(f for f in CUSTOM_FAMILIES if f.prefix == prefix)
-    return fam, int(m.group(2)), int(m.group(3))
-
 
 def parse_instance_type(value: Any, cloud: str | None) -> str | None:
     """A machine type of ``cloud``: one the catalog lists, a GCE custom shape within its family's
@@ -393,46 +363,22 @@ def parse_instance_type(value: Any, cloud: str | None) -> str | None:
     forms = "an EC2 type such as 'g5.xlarge' or a GCE machine type such as 'n1-standard-8' / 'custom-4-16384'"
     if not isinstance(value, str):
         raise ValueError(f"instance_type={value!r} is not valid: use {forms}")
-    aws_form, gce_form = (
-        AWS_TYPE_RE.fullmatch(value),
-        GCE_TYPE_RE.fullmatch(value) or GCE_CUSTOM_RE.fullmatch(value),
-    )
-    if not aws_form and not gce_form:
+    if not any(shapes(c).is_type_name(value) for c in ("ec2", "gcloud")):
         raise ValueError(f"instance_type={value!r} is not valid: use {forms}")
     if cloud is None:
         return value
-    gce = cloud in GCP_CLOUDS
-    if gce and aws_form or not gce and gce_form:
+    own = shapes(cloud)
+    if not own.is_type_name(value):  # the names of the two providers' types do not overlap
         raise ValueError(
-            f"instance_type={value!r} is {_a(_other(cloud))} type, not one of cloud={cloud!r}: "
-            + (
-                "use a GCE machine type such as 'n1-standard-8' or 'custom-4-16384'"
-                if gce
-                else "use an EC2 type such as 'm5.xlarge'"
-            )
+            f"instance_type={value!r} is {_a(_other(cloud))} type, not one of cloud={cloud!r}: {own.TYPE_HINT}"
         )
-    if custom := (_gce_custom(value) if gce else None):
-        fam, vcpus, mib = custom
-        low, high = fam.min_gib_per_vcpu * vcpus * 1024, fam.max_gib_per_vcpu * vcpus * 1024
-        if not fam.valid_vcpus(vcpus) or mib % 256 or not low <= mib <= high:
-            n1 = (
-                "1 or an even number up to 96"
-                if fam.name == "N1"
-                else "even up to 32, then multiples of 4 up to 80"
-            )
-            raise ValueError(
-                f"instance_type={value!r} is not a valid {fam.name} custom shape: vCPUs {n1}; memory in MiB, "
-                f"a multiple of 256, {fam.min_gib_per_vcpu:g}-{fam.max_gib_per_vcpu:g} GiB per vCPU "
-                f"({low:.0f}-{high:.0f} MiB for {vcpus} vCPUs), e.g. '{fam.prefix}-4-16384'"
-            )
+    if own.check_custom_shape(value):  # a custom shape within its family's rules (raises if not)
         return value
     index = catalog(cloud)
     if value in index.types:
         return value
-    family = value.split(".")[0] if not gce else value.rsplit("-", 1)[0]
-    siblings = sorted(
-        t for t in index.types if (t.split(".")[0] if not gce else t.rsplit("-", 1)[0]) == family
-    )
+    family = own.family_of(value)
+    siblings = sorted(t for t in index.types if own.family_of(t) == family)
     if siblings:
         raise ValueError(f"instance_type={value!r} does not exist: {family} comes in {', '.join(siblings)}")
     warn_user(
@@ -478,17 +424,9 @@ def check_instance_type_fits(
     """An explicit type must be offered where asked and have the vCPUs, memory and GPUs asked for."""
     if not instance_type:
         return
-    if custom := (_gce_custom(instance_type) if cloud in GCP_CLOUDS else None):
-        fam, vcpus, mib = custom
-        have = {"vcpus": vcpus, "mib": mib, "gpus": 0, "gpu": None}
-        if hardware.gpus and fam.name != "N1":
-            raise ValueError(
-                f"instance_type={instance_type!r} cannot take GPUs (gpus={hardware.gpus}): GPUs attach to N1 "
-                "custom shapes ('custom-N-M') or come with G2/A2/A3 types"
-            )
-        have["gpus"] = hardware.gpus  # attached to N1 as guest accelerators
-        have["gpu"] = hardware.gpu_type
-    else:
+    rules = shapes(cloud)
+    have: dict[str, Any] | None = rules.custom_shape_has(instance_type, hardware.gpus, hardware.gpu_type)
+    if have is None:
         entry = catalog(cloud).types.get(instance_type)
         if entry is None:
             return  # warned at parse: not in the catalog
@@ -499,26 +437,8 @@ def check_instance_type_fits(
                 f"instance_type={instance_type!r} is not offered in {region}: it is in "
                 f"{', '.join(sorted(entry['regions']))}; use one of those regions or another type"
             )
-        have = {"vcpus": row.vcpus, "mib": row.memory_gib * 1024, "gpus": 0, "gpu": None}
-        if cloud in GCP_CLOUDS:
-            from airflow_cloudtrain.catalog.gce import N1_ATTACH_LIMITS, bundled_gpus
-
-            if bundled := bundled_gpus(instance_type):
-                have["gpu"], have["gpus"] = bundled
-            elif hardware.gpus and instance_type.startswith("n1-"):
-                fits = [
-                    g
-                    for g, limits in N1_ATTACH_LIMITS.items()
-                    if (not hardware.gpu_type or g == hardware.gpu_type)
-                    and any(
-                        c >= hardware.gpus and row.vcpus <= v and row.memory_gib <= m
-                        for c, (v, m) in limits.items()
-                    )
-                ]
-                if fits:
-                    have["gpus"], have["gpu"] = hardware.gpus, hardware.gpu_type or fits[0]
-        elif row.accelerator:
-            have["gpus"], have["gpu"] = row.accelerator_count, row.accelerator.upper()
+        gpu, gpus = rules.type_gpus(instance_type, row, hardware.gpus, hardware.gpu_type)
+        have = {"vcpus": row.vcpus, "mib": row.memory_gib * 1024, "gpus": gpus, "gpu": gpu}
     wanted = [
         ("cpus", hardware.cpus, have["vcpus"], "vCPUs"),
         ("ram", (hardware.ram_mib or 0) / 1024, have["mib"] / 1024, "GiB of memory"),
@@ -537,22 +457,14 @@ def check_instance_type_fits(
         )
 
 
-EC2_INSTANCE_ID_RE = re.compile(r"i-[0-9a-f]{8,17}")
-GCE_INSTANCE_RE = re.compile(r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?")
-
-
 def parse_instance_ids(value: Any, cloud: str) -> list[str]:
     """A list of instance ids (EC2) or VM names (GCE); one id alone, or a rendered template's text
     of a list (``"['i-0abc...', 'i-0def...']"``), is taken too."""
     import ast
 
-    gce = cloud in GCP_CLOUDS
-    pattern = GCE_INSTANCE_RE if gce else EC2_INSTANCE_ID_RE
-    forms = (
-        "a list of VM names, e.g. ['trainer-1']"
-        if gce
-        else "a list of instance ids, e.g. ['i-0123456789abcdef0']"
-    ) + " (or a template that renders to one)"
+    facts = provider(cloud)
+    pattern = re.compile(facts.instance_id_re)
+    forms = f"{facts.instance_id_forms} (or a template that renders to one)"
     ids = value
     if isinstance(value, str):
         text = value.strip()

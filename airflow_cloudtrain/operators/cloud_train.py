@@ -14,19 +14,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from airflow.sdk import conf
 
-from airflow_cloudtrain.lifecycle.prepare import LaunchOptions, WaitSettings
 from airflow_cloudtrain.links.run import CloudInstanceLink, RunFolderLink
 from airflow_cloudtrain.operators.base import EngineOperator
-from airflow_cloudtrain.operators.checks import check_bool, check_seconds
-from airflow_cloudtrain.operators.config import check_run_args, is_templated, parse_config, parse_duration
-from airflow_cloudtrain.operators.launch_config import (
-    check_connection_args,
-    check_launch_for_cloud,
-    parse_launch_args,
-)
-from airflow_cloudtrain.operators.network_config import apply_network_args, check_network_for_run
-from airflow_cloudtrain.operators.secret_env import check_secret_env
-from airflow_cloudtrain.spec import parse_cloud
+
+# Importing this module stays cheap (DAG files import it; benchmarks/parse_cost.py): the parse-time
+# checks and the run machinery are imported where they are used, at construction or when the task runs.
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -151,6 +143,12 @@ class CloudTrainOperator(EngineOperator):
         heartbeat_timeout: Any = "10m",
         **kwargs: Any,
     ) -> None:
+        from airflow_cloudtrain.lifecycle.prepare import LaunchOptions, WaitSettings
+        from airflow_cloudtrain.operators.checks import check_bool, check_seconds, parse_duration
+        from airflow_cloudtrain.operators.launch_config import check_connection_args, parse_launch_args
+        from airflow_cloudtrain.operators.network_config import apply_network_args
+        from airflow_cloudtrain.operators.secret_env import check_secret_env
+
         super().__init__(**kwargs)
         for name in TEMPLATED:
             setattr(self, name, locals()[name])
@@ -193,6 +191,11 @@ class CloudTrainOperator(EngineOperator):
     def _check_parse_time(self) -> None:
         """Each argument known now, and each combination of known ones; a templated argument is
         checked (with its combinations) when the task runs, by ``_config``."""
+        from airflow_cloudtrain.operators.checks import is_templated
+        from airflow_cloudtrain.operators.config import check_run_args
+        from airflow_cloudtrain.operators.launch_config import check_launch_for_cloud
+        from airflow_cloudtrain.spec import parse_cloud
+
         config = check_run_args(self._args())
         if not is_templated(self.cloud):
             check_launch_for_cloud(parse_cloud(self.cloud), self.launch_options)
@@ -203,6 +206,10 @@ class CloudTrainOperator(EngineOperator):
 
     def _config(self) -> Any:
         """The rendered arguments, all checked (the same checks as at parse time)."""
+        from airflow_cloudtrain.operators.config import parse_config
+        from airflow_cloudtrain.operators.launch_config import check_launch_for_cloud
+        from airflow_cloudtrain.operators.network_config import check_network_for_run
+
         config = parse_config(self._args())
         check_launch_for_cloud(config.cloud, self.launch_options)
         check_network_for_run(config, self.launch_options)

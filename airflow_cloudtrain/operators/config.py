@@ -15,11 +15,11 @@ from collections.abc import Callable
 from pathlib import Path, PurePath
 from typing import Any
 
+from airflow_cloudtrain.contract.clouds import CLOUDS, PROVIDERS, SCHEMES, provider
 from airflow_cloudtrain.operators import checks
 from airflow_cloudtrain.operators.checks import is_templated, parse_duration
+from airflow_cloudtrain.spec import MIN_RAM_MIB as MIN_RAM_MIB  # re-exported: the rule lives in spec
 from airflow_cloudtrain.spec import (
-    AWS_CLOUDS,
-    GCP_CLOUDS,
     SPOT_CLOUDS,
     Bid,
     Hardware,
@@ -28,7 +28,6 @@ from airflow_cloudtrain.spec import (
     parse_count,
     parse_ram_mib,
 )
-from airflow_cloudtrain.spec import MIN_RAM_MIB as MIN_RAM_MIB  # re-exported: the rule lives in spec
 
 __all__ = ["is_templated", "parse_config", "parse_duration", "check_run_args", "RunConfig"]
 
@@ -43,11 +42,13 @@ MAX_GPUS = 64  # the largest VMs have 16 GPUs (a2-megagpu-16g, p4de has 8)
 def parse_bucket(value: Any, cloud: str | None) -> str:
     """An s3:// (EC2) or gs:// (GCE) URI; either while ``cloud`` is still a template. The bucket
     name follows its store's rule, so a typo fails here, not at the first upload of a run."""
-    schemes = ["s3"] if cloud in AWS_CLOUDS else ["gs"] if cloud in GCP_CLOUDS else ["s3", "gs"]
+    # the cloud's own storage; either while ``cloud`` is a template (``Provider.scheme``)
+    schemes = [provider(cloud).scheme] if cloud in CLOUDS else [p.scheme for p in PROVIDERS.values()]
     example = f"'{schemes[0]}://my-bucket/training'"
     where = f" for cloud={cloud!r}" if cloud else ""
     if not isinstance(value, str) or "://" not in value:
-        uri = f"a {schemes[0]}:// URI" if cloud else "an s3:// (EC2) or gs:// (GCE) URI"
+        either = " or ".join(f"{p.scheme}:// ({p.compute})" for p in PROVIDERS.values())
+        uri = f"a {schemes[0]}:// URI" if cloud else f"an {either} URI"
         raise ValueError(
             f"bucket={value!r} is not valid{where}: use {uri} such as {example} (the run folders go under it)"
         )
@@ -56,9 +57,7 @@ def parse_bucket(value: Any, cloud: str | None) -> str:
     if scheme not in schemes:
         raise ValueError(
             f"bucket={value!r} is not valid{where}: use a {' or '.join(f'{x}://' for x in schemes)} URI such as "
-            f"{example}"
-            + (" (gs:// is Google Cloud Storage, for cloud='gcloud'/'gcspot')" if scheme == "gs" else "")
-            + (" (s3:// is Amazon S3, for cloud='ec2'/'ec2spot')" if scheme == "s3" else "")
+            f"{example}" + _scheme_hint(scheme)
         )
     name, _, path = rest.partition("/")
     if problem := bucket_name_problem(name, scheme):
@@ -70,22 +69,26 @@ def parse_bucket(value: Any, cloud: str | None) -> str:
     return value.rstrip("/")
 
 
+def _scheme_hint(scheme: str) -> str:
+    """' (gs:// is Google Cloud Storage, for cloud='gcloud'/'gcspot')' for a known scheme, else ''."""
+    owner = SCHEMES.get(scheme)
+    if owner is None:
+        return ""
+    return f" ({scheme}:// is {owner.storage}, for cloud={'/'.join(repr(c) for c in owner.clouds)})"
+
+
 def bucket_name_problem(name: str, scheme: str) -> str | None:
     """What breaks S3's / Cloud Storage's bucket naming rule, in words; None when the name is fine."""
-    store = "an S3" if scheme == "s3" else "a Cloud Storage"
-    chars = (
-        "lowercase letters, digits, '.', '-' and '_'"
-        if scheme == "gs"
-        else "lowercase letters, digits, '.' and '-'"
-    )
+    store = SCHEMES[scheme]
     rule = (
-        f"{store} bucket name has 3 to 63 characters ({chars}), starts and ends with a letter or digit, "
-        "and is not an IP address"
+        f"{store.bucket_kind} bucket name has 3 to 63 characters ({store.bucket_chars}), starts and ends "
+        "with a letter or digit, and is not an IP address"
     )
     if not name:
         return f"the bucket name is missing: {rule}"
     # Cloud Storage: a dotted (domain) name may have up to 222 characters, 63 per dot-separated part
-    longest = 222 if scheme == "gs" and "." in name and max(map(len, name.split("."))) <= 63 else 63
+    dotted = "." in name and max(map(len, name.split("."))) <= 63
+    longest = store.dotted_bucket_max if dotted else 63
     if not 3 <= len(name) <= longest:
         return f"the bucket name {name!r} has {len(name)} character{'s' if len(name) > 1 else ''}: {rule}"
     # '_' also on S3: buckets made in us-east-1 before March 2018 may have it (new ones cannot)
@@ -120,8 +123,8 @@ def parse_code(value: Any, cloud: str | None = None) -> str | None:
         value = str(value)
     if not isinstance(value, str):
         raise ValueError(f"code={value!r} is not valid: use {forms}")
-    own = "s3://" if cloud in AWS_CLOUDS else "gs://" if cloud in GCP_CLOUDS else None
-    if value.startswith(("s3://", "gs://")):
+    own = provider(cloud).uri_prefix if cloud in CLOUDS else None
+    if value.startswith(tuple(p.uri_prefix for p in PROVIDERS.values())):
         if own and not value.startswith(own):
             raise ValueError(
                 f"code={value!r} is on the other cloud's storage: with cloud={cloud!r} use a {own} URI "

@@ -7,14 +7,16 @@ or a template are checked when the task runs, everything else when the DAG file 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.contract import workqueue
-from airflow_cloudtrain.lifecycle.fleet.run import FleetSettings
 from airflow_cloudtrain.operators.checks import check_bool
 from airflow_cloudtrain.operators.checks import check_whole as _count
 from airflow_cloudtrain.operators.checks import is_deferred_value as is_deferred_value  # re-exported
 from airflow_cloudtrain.operators.config import parse_duration
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.lifecycle.fleet.run import FleetSettings
 
 MAX_ITEMS = 100_000
 MAX_RECEIVES = 1000  # SQS's maxReceiveCount limit
@@ -76,6 +78,8 @@ def parse_fleet_args(
 ) -> FleetSettings:
     """Everything but the items (``items=None``: not known yet); raises ValueError naming the field.
     ``max_lease_s`` is the queue's longest lease (SQS 12 h; Pub/Sub's ack deadline, 600 s)."""
+    from airflow_cloudtrain.lifecycle.fleet.run import FleetSettings
+
     num_workers = _count(args.get("num_workers", 1), "num_workers", 1, 10_000)
     max_workers_arg = args.get("max_workers")
     max_workers = (

@@ -9,8 +9,10 @@ naming the argument and what the other cloud uses instead.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
+from airflow_cloudtrain.contract.clouds import CLOUDS, provider
 from airflow_cloudtrain.operators.checks import (
     check_bool,
     check_clean_text,
@@ -19,7 +21,6 @@ from airflow_cloudtrain.operators.checks import (
     check_whole,
     parse_project_id,
 )
-from airflow_cloudtrain.spec import AWS_CLOUDS
 
 MAX_LAUNCH_ATTEMPTS = 100
 MAX_USER_TAGS = 30  # EC2: 50 tags a resource; the run's own cloudtrain- tags take about 12
@@ -37,6 +38,30 @@ AWS_ONLY = {
 }
 GCP_ONLY = {
     "service_account": "the GCE VM's service account; on EC2 use iam_instance_profile=",
+}
+
+
+@dataclass(frozen=True)
+class LaunchRules:
+    """One provider's launch arguments: those only it takes, its image form, its tag keys' rule."""
+
+    only: dict[str, str]  # argument -> what it is for, and what the other provider uses instead
+    image_re: str
+    image_hint: str
+    tag_key_re: str | None = None  # None: any key parse_tags took
+    tag_key_rule: str = ""
+
+
+LAUNCH_RULES: dict[str, LaunchRules] = {
+    "aws": LaunchRules(AWS_ONLY, AMI_RE, "an AMI id ('ami-0123456789abcdef0') on EC2"),
+    "gcp": LaunchRules(
+        GCP_ONLY,
+        GCE_IMAGE_RE,
+        "a GCE image ('projects/debian-cloud/global/images/family/debian-12') on GCE",
+        r"[a-z][a-z0-9_-]{0,62}",
+        "GCE labels keys are lowercase letters, digits, '_' and '-', starting with a letter, at most 63 "
+        "characters (values are lower-cased for you), e.g. {'team': 'ml'}",
+    ),
 }
 
 
@@ -139,33 +164,24 @@ def parse_launch_args(args: dict[str, Any]) -> dict[str, Any]:
 
 def check_launch_for_cloud(cloud: str, options: Any) -> None:
     """The arguments given must be ones ``cloud`` uses (``options``: a ``LaunchOptions``)."""
-    aws = cloud in AWS_CLOUDS
-    for name, what in (GCP_ONLY if aws else AWS_ONLY).items():
+    own, other = provider(cloud), provider(provider(cloud).other)
+    rules, other_rules = LAUNCH_RULES[own.name], LAUNCH_RULES[other.name]
+    for name, what in other_rules.only.items():
         value = getattr(options, name)
         if value:
             raise ValueError(
                 f"{name}={value!r} is not valid with cloud={cloud!r}: {name} is "
-                f"{'GCE' if aws else 'EC2'}-only ({what}); leave it out, or use "
-                + ("cloud='gcloud' or 'gcspot'" if aws else "cloud='ec2' or 'ec2spot'")
+                f"{other.compute}-only ({what}); leave it out, or use cloud="
+                + " or ".join(repr(c) for c in own.clouds)
             )
     image_id = options.image_id
-    if image_id and aws != bool(re.fullmatch(AMI_RE, image_id)):
-        raise ValueError(
-            f"image_id={image_id!r} is not valid with cloud={cloud!r}: use "
-            + (
-                "an AMI id ('ami-0123456789abcdef0') on EC2"
-                if aws
-                else "a GCE image ('projects/debian-cloud/global/images/family/debian-12') on GCE"
-            )
-        )
-    if not aws:
+    # parse_launch_args took one of the two forms: the other provider's is the mistake
+    if image_id and re.fullmatch(other_rules.image_re, image_id):
+        raise ValueError(f"image_id={image_id!r} is not valid with cloud={cloud!r}: use {rules.image_hint}")
+    if rules.tag_key_re is not None:
         for key in options.tags:
-            if not re.fullmatch(r"[a-z][a-z0-9_-]{0,62}", key):
-                raise ValueError(
-                    f"tags key {key!r} is not valid with cloud={cloud!r}: GCE labels keys are lowercase "
-                    "letters, digits, '_' and '-', starting with a letter, at most 63 characters "
-                    "(values are lower-cased for you), e.g. {'team': 'ml'}"
-                )
+            if not re.fullmatch(rules.tag_key_re, key):
+                raise ValueError(f"tags key {key!r} is not valid with cloud={cloud!r}: {rules.tag_key_rule}")
     if options.provisioning and cloud != "gcspot":
         raise ValueError(
             f"provisioning={options.provisioning!r} is not valid with cloud={cloud!r}: it chooses between "
@@ -180,8 +196,11 @@ def check_connection_args(aws_conn_id: Any, gcp_conn_id: Any, project_id: Any, c
     check_conn_id(aws_conn_id, "aws_conn_id", "aws_default", optional=True)
     check_conn_id(gcp_conn_id, "gcp_conn_id", "google_cloud_default", optional=False)
     parse_project_id(project_id)
-    if project_id not in (None, "") and isinstance(cloud, str) and cloud.strip().lower() in AWS_CLOUDS:
+    name = cloud.strip().lower() if isinstance(cloud, str) else None
+    if project_id not in (None, "") and name in CLOUDS and not provider(name).projects:
+        other = provider(provider(name).other)
         raise ValueError(
-            f"project_id={project_id!r} is not valid with cloud={cloud!r}: project_id is GCE-only (the "
-            "Google Cloud project to run in); leave it out, or use cloud='gcloud' or 'gcspot'"
+            f"project_id={project_id!r} is not valid with cloud={cloud!r}: project_id is {other.compute}-only "
+            f"(the Google Cloud project to run in); leave it out, or use cloud="
+            + " or ".join(repr(c) for c in other.clouds)
         )

@@ -12,10 +12,14 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_cloudtrain.mlengine import ReplicaPool, resolve_pools
-from airflow_cloudtrain.operators.config import IMAGE_RE, parse_bucket, parse_duration, parse_env
+if TYPE_CHECKING:
+    from airflow_cloudtrain.contract.clouds import Provider
+    from airflow_cloudtrain.mlengine import ReplicaPool
+
+# MLEngineTrainOperator's module imports this one for ``VOCABULARY_ARGS``: the translation
+# (``mlengine``) and the shared checks are imported by the functions that use them, at construction.
 
 # ML Engine's job id rule (the detector's --job-id): letters, digits and underscores, starting with a
 # letter, at most 128 characters. It names the job folder, so it must be a safe path component too.
@@ -23,6 +27,15 @@ JOB_ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 REGION_RE = re.compile(r"[a-z]+-[a-z]+\d+", re.ASCII)
 MAX_RUNTIME_DEFAULT = "7d"  # Vertex's own default timeout is 7 days
 # Vertex's prebuilt training containers for python packages (ML Engine's runtime versions are gone).
+
+
+def vertex_storage() -> Provider:
+    """Vertex AI is a Google Cloud service: its packages and job folders are on that provider's storage."""
+    from airflow_cloudtrain.contract.clouds import PROVIDERS
+
+    return PROVIDERS["gcp"]
+
+
 EXECUTOR_CPU = "us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-17.py310:latest"
 EXECUTOR_GPU = "us-docker.pkg.dev/vertex-ai/training/tf-gpu.2-17.py310:latest"
 
@@ -110,7 +123,7 @@ def _code(value: Any) -> tuple[str | None, list[str]]:
     uris = [value] if isinstance(value, str) else value
     if not isinstance(uris, (list, tuple)) or not uris or not all(isinstance(u, str) for u in uris):
         raise ValueError(f"code={value!r} is not valid: use a local folder or gs:// package URI(s)")
-    if all(u.startswith("gs://") for u in uris):
+    if all(u.startswith(vertex_storage().uri_prefix) for u in uris):
         bad = [u for u in uris if not u.endswith((".tar.gz", ".tgz", ".zip", ".whl"))]
         if bad:
             raise ValueError(
@@ -148,10 +161,12 @@ def _region(value: Any) -> str:
 
 
 def _bucket(value: Any) -> str:
+    from airflow_cloudtrain.operators.config import parse_bucket
+
     try:
-        return parse_bucket(value, "gcloud")
+        return parse_bucket(value, vertex_storage().clouds[0])  # the job folders are on Google Cloud Storage
     except ValueError as err:
-        if isinstance(value, str) and value.startswith("gs://"):
+        if isinstance(value, str) and value.startswith(vertex_storage().uri_prefix):
             raise ValueError(f"{err} (each job's folder goes under it: <bucket>/<job_id>/)") from None
         raise ValueError(
             f"bucket={value!r} is not valid: use a gs:// URI such as 'gs://my-bucket/jobs' "
@@ -170,6 +185,8 @@ def _module(value: Any) -> str | None:
 
 
 def _image(value: Any, name: str) -> str | None:
+    from airflow_cloudtrain.operators.config import IMAGE_RE
+
     if value is None or value == "":
         return None
     if not isinstance(value, str) or not IMAGE_RE.fullmatch(value):
@@ -181,6 +198,8 @@ def _image(value: Any, name: str) -> str | None:
 
 
 def _max_runtime(value: Any) -> float | None:
+    from airflow_cloudtrain.operators.checks import parse_duration
+
     if isinstance(value, str) and value.strip().lower() == "unlimited":
         return None
     return parse_duration(
@@ -188,6 +207,12 @@ def _max_runtime(value: Any) -> float | None:
         "max_runtime",
         ", or 'unlimited' (no cap; left out, Vertex stops a job after 7 days)",
     )
+
+
+def _env(value: Any) -> dict[str, str]:
+    from airflow_cloudtrain.operators.config import parse_env
+
+    return parse_env(value)
 
 
 def _optional_str(value: Any, name: str, pattern: str, forms: str) -> str | None:
@@ -210,7 +235,7 @@ FIELDS: dict[str, Callable[[Any], Any]] = {
     "image": lambda v: _image(v, "image"),
     "training_args": lambda v: _str_list(v, "training_args"),
     "command": lambda v: _str_list(v, "command"),
-    "env": parse_env,
+    "env": lambda v: _env(v),
     "executor_image": lambda v: _image(v, "executor_image"),
     "job_id": lambda v: check_job_id(v, "job_id"),
     "resume_from": lambda v: check_job_id(v, "resume_from"),
@@ -257,6 +282,7 @@ def _check_program(parsed: dict[str, Any]) -> None:
 def check_job_args(args: dict[str, Any], rendered: bool = False) -> JobConfig | None:
     """Each argument known now, and each combination of known ones (``rendered``: all are known);
     the config once everything is known. ValueError names the first bad field."""
+    from airflow_cloudtrain.mlengine.tiers import resolve_pools
     from airflow_cloudtrain.operators.checks import check_known, is_deferred_value
 
     templated = (lambda v: False) if rendered else is_deferred_value

@@ -19,19 +19,13 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator, conf
 
 from airflow_cloudtrain.links.vertex import LINK_XCOM_KEY, VertexJobLink
-from airflow_cloudtrain.operators.checks import check_bool, check_conn_id
-from airflow_cloudtrain.operators.config import parse_duration
-from airflow_cloudtrain.operators.mlengine_config import (
-    VOCABULARY_ARGS,
-    JobConfig,
-    check_job_args,
-    parse_job_config,
-)
+from airflow_cloudtrain.operators.mlengine_config import VOCABULARY_ARGS
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_cloudtrain.lifecycle.vertex.job import VertexJobRun
+    from airflow_cloudtrain.operators.mlengine_config import JobConfig
 
 TEMPLATED = (
     "project_id",
@@ -106,6 +100,9 @@ class MLEngineTrainOperator(BaseOperator):
         log_polling_interval: float = 30.0,
         **kwargs: Any,
     ) -> None:
+        from airflow_cloudtrain.operators.checks import check_bool, check_conn_id, parse_duration
+        from airflow_cloudtrain.operators.mlengine_config import check_job_args
+
         super().__init__(**kwargs)
         for name in TEMPLATED:
             setattr(self, name, locals()[name])
@@ -126,6 +123,7 @@ class MLEngineTrainOperator(BaseOperator):
         from airflow_cloudtrain.contract.runs import RunKey
         from airflow_cloudtrain.hooks.vertex import VertexHook
         from airflow_cloudtrain.lifecycle.vertex.job import VertexJobRun
+        from airflow_cloudtrain.operators.mlengine_config import parse_job_config
 
         config: JobConfig = parse_job_config(self._args())
         ti = context["ti"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_cloudtrain.operators.fleet_config import is_deferred_value
 from airflow_cloudtrain.operators.work_queue import WorkQueueOperator
 
 CLOUDS = ("gcspot", "gcloud")
@@ -64,6 +63,8 @@ class PreemptibleGroupOperator(WorkQueueOperator):
         )
 
     def _check_cloud(self, cloud: Any, bid: Any) -> None:
+        from airflow_cloudtrain.operators.checks import is_deferred_value
+
         if is_deferred_value(cloud):
             return
         if cloud not in CLOUDS:

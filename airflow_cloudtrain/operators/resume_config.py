@@ -11,10 +11,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from airflow_cloudtrain.lifecycle.resume.recovery import DEADLINE, POLICIES, SPOT_FIRST
+from airflow_cloudtrain.contract.clouds import CLOUDS, PROVIDERS, provider
 from airflow_cloudtrain.operators.checks import RUN_ID_RE, check_path, check_whole
 from airflow_cloudtrain.operators.config import is_templated, parse_duration
-from airflow_cloudtrain.spec import AWS_CLOUDS, GCP_CLOUDS
 
 MAX_RESTARTS = 1000  # more is a typo: each restart is a launch, and the history keeps every one
 MAX_STOP_GRACE_S = 115.0  # AWS gives two minutes of notice, GCE about 30 s; the sync needs some
@@ -66,13 +65,18 @@ def parse_resume_from(value: Any, cloud: str | None) -> str | None:
         return None
     if is_templated(value):
         return value
-    known = cloud in AWS_CLOUDS or cloud in GCP_CLOUDS
-    scheme = ("s3" if cloud in AWS_CLOUDS else "gs") if known else "(s3|gs)"
+    known = cloud in CLOUDS
+    either = [p.scheme for p in PROVIDERS.values()]
+    scheme = provider(cloud).scheme if cloud is not None and known else f"({'|'.join(either)})"
     if isinstance(value, str) and (
         RUN_ID_RE.fullmatch(value) or re.fullmatch(rf"{scheme}://[^/]+/.+", value) is not None
     ):
         return value
-    uri = f"{scheme}://bucket/.../runs/..." if known else "s3:// or gs://bucket/.../runs/..."
+    uri = (
+        f"{scheme}://bucket/.../runs/..."
+        if known
+        else " or ".join(f"{x}://" for x in either) + "bucket/.../runs/..."
+    )
     raise ValueError(
         f"resume_from={value!r} is not valid: use an earlier run's id (its XCom 'run_id', e.g. "
         f"'ct-0123456789ab') or its run URI ({uri})"
@@ -94,6 +98,8 @@ def parse_resume_args(
     idle_timeout: Any,
 ) -> ResumeArgs:
     """Parse and cross-check; raises ValueError naming the first bad field."""
+    from airflow_cloudtrain.lifecycle.resume.recovery import DEADLINE, POLICIES, SPOT_FIRST
+
     check_path(checkpoint_dir, "checkpoint_dir", "/tmp/checkpoints")
     interval = parse_duration(checkpoint_interval, "checkpoint_interval")
     if not isinstance(policy, str) or policy not in POLICIES:

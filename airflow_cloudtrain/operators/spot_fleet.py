@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_cloudtrain.operators.fleet_config import is_deferred_value
 from airflow_cloudtrain.operators.work_queue import WorkQueueOperator
 
 
@@ -32,6 +31,8 @@ class SpotFleetOperator(WorkQueueOperator):
         super().__init__(work_items=work_items, cloud=cloud, **kwargs)
 
     def _check_cloud(self, cloud: Any, bid: Any) -> None:
+        from airflow_cloudtrain.operators.checks import is_deferred_value
+
         if is_deferred_value(cloud):
             return
         if cloud not in ("ec2spot", "ec2"):

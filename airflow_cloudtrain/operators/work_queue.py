@@ -15,15 +15,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.links.run import RunFolderLink, WorkerGroupLink
-from airflow_cloudtrain.operators.checks import check_path
 from airflow_cloudtrain.operators.cloud_train import TEMPLATED, CloudTrainOperator
-from airflow_cloudtrain.operators.config import parse_duration
-from airflow_cloudtrain.operators.fleet_config import (
-    MAX_LEASE_S,
-    is_deferred_value,
-    parse_fleet_args,
-    parse_work_items,
-)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -36,7 +28,9 @@ class WorkQueueOperator(CloudTrainOperator):
     """Run ``command`` once per item of ``work_items`` on a group of workers (see the subclasses)."""
 
     template_fields: Sequence[str] = (*TEMPLATED, "work_items")
-    max_lease_s: float = MAX_LEASE_S  # the queue's longest lease, and how the error names it
+    # the queue's longest lease (SQS's longest visibility timeout, fleet_config.MAX_LEASE_S), and how
+    # the error names it; written out here so that importing the class loads no fleet code
+    max_lease_s: float = 12 * 3600
     lease_limit = "12 h"
     template_fields_renderers = {"env": "json", "setup_cmds": "py", "command": "bash", "work_items": "json"}
     ui_color = "#fde8f4"
@@ -57,6 +51,9 @@ class WorkQueueOperator(CloudTrainOperator):
         allow_failed_items: bool = False,
         **kwargs: Any,
     ) -> None:
+        from airflow_cloudtrain.operators.checks import check_path, is_deferred_value, parse_duration
+        from airflow_cloudtrain.operators.fleet_config import parse_fleet_args, parse_work_items
+
         self._check_cloud(cloud, kwargs.get("bid"))  # first: its error, not a warning about the bid
         super().__init__(cloud=cloud, **kwargs)
         self.work_items = work_items
@@ -84,6 +81,7 @@ class WorkQueueOperator(CloudTrainOperator):
         from airflow_cloudtrain.lifecycle.fleet.run import FleetContext, fleet_run
         from airflow_cloudtrain.lifecycle.prepare import JobOptions
         from airflow_cloudtrain.lifecycle.run.attempt import RunContext
+        from airflow_cloudtrain.operators.fleet_config import parse_fleet_args, parse_work_items
 
         self._check_cloud(self.cloud, self.bid)
         config = self._config()  # rendered: every check again, the cloud-dependent ones too

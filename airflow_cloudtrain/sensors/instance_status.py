@@ -7,19 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, conf
 
-from airflow_cloudtrain.contract.clouds import conn_id_for, location_for, provider_of
-from airflow_cloudtrain.operators.checks import (
-    RUN_ID_RE,
-    check_bool,
-    check_zone_in_region,
-    is_deferred_value,
-    is_templated,
-    parse_instance_ids,
-    parse_region,
-    parse_zone,
-)
-from airflow_cloudtrain.operators.launch_config import check_connection_args
-from airflow_cloudtrain.spec import parse_cloud, warn_user
+# Importing this module stays cheap (DAG files import it; benchmarks/parse_cost.py): the checks are
+# imported by the constructor, the cloud code when the sensor runs.
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -33,11 +22,15 @@ def check_target_state(value: Any) -> None:
 
 
 def check_location(cloud: str, region: Any, zone: Any) -> None:
+    from airflow_cloudtrain.operators.checks import check_zone_in_region, parse_region
+
     parse_region(region, cloud)
     check_zone_in_region(cloud, region, zone)
 
 
 def check_run_id(value: Any) -> str:
+    from airflow_cloudtrain.operators.checks import RUN_ID_RE
+
     if not isinstance(value, str) or not RUN_ID_RE.fullmatch(value):
         raise ValueError(
             f"run_id={value!r} is not valid: use the run_id of a CloudTrain operator's XCom, e.g. "
@@ -57,6 +50,24 @@ class InstanceStatusSensor(BaseSensorOperator):
     a typo never passes as "terminated"; ``missing_as_terminated=True`` counts such an id as
     terminated instead (an instance gone for over an hour on EC2, a deleted GCE VM whose delete
     operation has aged out).
+
+    :param cloud: ``ec2``, ``ec2spot``, ``gcloud`` or ``gcspot``: the cloud the instances are on.
+    :param target_state: the state to wait for: ``pending``, ``running``, ``stopping``, ``stopped``,
+        ``shutting-down`` or ``terminated`` (templated).
+    :param instance_ids: EC2 instance ids or GCE VM names, a list (or a template that renders to one);
+        give this or ``run_id`` (templated).
+    :param run_id: a CloudTrain operator's ``run_id`` (its XCom): waits on every instance of that run;
+        give this or ``instance_ids`` (templated).
+    :param region: the EC2 region to describe the instances in (None: the connection's); on GCE, the
+        zone's region if given (templated).
+    :param zone: the GCE zone of the VMs (required on GCE: instances are zonal); no effect on EC2.
+    :param aws_conn_id: the Airflow connection for EC2 (None: boto3's own credential chain).
+    :param gcp_conn_id: the Airflow connection for GCE.
+    :param project_id: the Google Cloud project of the VMs (None: the connection's); GCE only.
+    :param deferrable: wait in the triggerer (no worker slot), sharing one describe call per poll
+        with every other wait there.
+    :param missing_as_terminated: count an id the cloud does not know as terminated instead of
+        failing the sensor naming it.
     """
 
     template_fields: Sequence[str] = ("instance_ids", "run_id", "target_state", "region")
@@ -77,16 +88,28 @@ class InstanceStatusSensor(BaseSensorOperator):
         missing_as_terminated: bool = False,
         **kwargs: Any,
     ) -> None:
+        from airflow_cloudtrain.contract.clouds import provider
+        from airflow_cloudtrain.operators.checks import (
+            check_bool,
+            is_deferred_value,
+            is_templated,
+            parse_instance_ids,
+            parse_zone,
+        )
+        from airflow_cloudtrain.operators.launch_config import check_connection_args
+        from airflow_cloudtrain.spec import parse_cloud, warn_user
+
         super().__init__(**kwargs)
         self.missing_as_terminated = check_bool(missing_as_terminated, "missing_as_terminated")
         self.cloud = parse_cloud(cloud)
         check_connection_args(aws_conn_id, gcp_conn_id, project_id, self.cloud)
         if not is_templated(target_state):
             check_target_state(target_state)
-        if provider_of(self.cloud) == "gcp" and not zone and not is_templated(region):
+        facts = provider(self.cloud)  # where its instances are described: a region (EC2) or a zone (GCE)
+        if facts.location == "zone" and not zone and not is_templated(region):
             raise ValueError(
-                f"zone={zone!r} is not valid: cloud={self.cloud!r} needs zone= (GCE instances are zonal); "
-                "give the instances' zone, e.g. zone='us-central1-a'"
+                f"zone={zone!r} is not valid: cloud={self.cloud!r} needs zone= ({facts.compute} instances are "
+                "zonal); give the instances' zone, e.g. zone='us-central1-a'"
             )
         if instance_ids in (None, "", [], ()) and run_id in (None, ""):
             raise ValueError(
@@ -103,10 +126,10 @@ class InstanceStatusSensor(BaseSensorOperator):
         if run_id not in (None, "") and not is_deferred_value(run_id):
             check_run_id(run_id)
         parse_zone(zone, self.cloud)
-        if zone and provider_of(self.cloud) == "aws":
+        if zone and facts.location == "region":
             warn_user(
-                f"zone={zone!r} has no effect on cloud={self.cloud!r}: EC2 instances are described per "
-                "region (give region=, or leave both out for the connection's region)"
+                f"zone={zone!r} has no effect on cloud={self.cloud!r}: {facts.compute} instances are described "
+                "per region (give region=, or leave both out for the connection's region)"
             )
         if not is_templated(region):
             check_location(self.cloud, region, zone)
@@ -122,6 +145,8 @@ class InstanceStatusSensor(BaseSensorOperator):
 
     @property
     def conn_id(self) -> str | None:
+        from airflow_cloudtrain.contract.clouds import conn_id_for
+
         return conn_id_for(self.cloud, self.aws_conn_id, self.gcp_conn_id)
 
     def _cloud(self) -> Any:
@@ -130,6 +155,8 @@ class InstanceStatusSensor(BaseSensorOperator):
         return instance_cloud(self.cloud, self.conn_id, self.region, self.zone, self.project_id)
 
     def _ids(self) -> list[str]:
+        from airflow_cloudtrain.operators.checks import parse_instance_ids
+
         check_target_state(self.target_state)  # the templated fields, rendered by now
         check_location(self.cloud, self.region, self.zone)
         if self.instance_ids:  # a template became a list, or the list's text
@@ -145,6 +172,7 @@ class InstanceStatusSensor(BaseSensorOperator):
             return super().execute(context)
         if self.poke(context):
             return None
+        from airflow_cloudtrain.contract.clouds import location_for
         from airflow_cloudtrain.triggers.instances import InstanceStateTrigger
 
         self.defer(

@@ -4,22 +4,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 
-from airflow_cloudtrain.operators.checks import (
-    AWS_REGION_RE,
-    check_bool,
-    check_clean_text,
-    check_conn_id,
-    check_optional_str,
-    check_seconds,
-    is_deferred_value,
-    parse_project_id,
-)
-from airflow_cloudtrain.spec import warn_user
+# Importing this module stays cheap (DAG files import it; benchmarks/parse_cost.py): the checks are
+# imported by the constructor, the queue readers when the sensor runs.
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -37,9 +29,29 @@ _URL_REGION = re.compile(
 )
 
 
+@dataclass(frozen=True)
+class QueueService:
+    """What the sensor needs to know of the service a queue argument names: looked up, not branched on."""
+
+    name: str  # the depth reader's and the trigger's provider name: "sqs" / "pubsub"
+    conn_attr: str  # the sensor's argument holding its connection
+    regional: bool  # read in a region (SQS), or global (Pub/Sub: the path names the project)
+    takes_project: bool  # the reader takes project_id (the connection's project override)
+    leases_counted: (
+        bool  # False: the backlog includes leased messages, count_in_flight=False cannot drop them
+    )
+
+
+SQS = QueueService("sqs", "aws_conn_id", regional=True, takes_project=False, leases_counted=True)
+PUBSUB = QueueService("pubsub", "gcp_conn_id", regional=False, takes_project=True, leases_counted=False)
+SERVICES = {"sqs-url": SQS, "sqs-name": SQS, "pubsub": PUBSUB}
+
+
 def queue_kind(queue: Any) -> str:
     """``"sqs-url"``, ``"sqs-name"`` or ``"pubsub"`` for a queue argument; a ValueError naming the
     field and the accepted forms otherwise."""
+    from airflow_cloudtrain.operators.checks import check_clean_text
+
     if not isinstance(queue, str) or not queue.strip():
         what = "is empty" if queue in (None, "") or isinstance(queue, str) else "is not valid"
         raise ValueError(f"queue={queue!r} {what}: give {QUEUE_FORMS}")
@@ -88,6 +100,25 @@ class QueueDepthSensor(BaseSensorOperator):
     ``queue`` takes the name BaseOperator gives the executor queue: the watched queue is kept as
     ``watched_queue`` (templated), ``task.queue`` stays the executor queue, and ``executor_queue=``
     sets it (as ``queue=`` would on other operators).
+
+    :param queue: an SQS queue URL or name, or a Pub/Sub subscription path
+        (``projects/<project>/subscriptions/<name>``); kept as ``watched_queue`` (templated).
+    :param max_depth: succeed when the depth is at most this many messages (0: the queue drained);
+        give this or ``min_depth``.
+    :param min_depth: succeed when the depth is at least this many messages; give this or ``max_depth``.
+    :param count_in_flight: SQS: count received, not yet deleted messages too (True) or only the
+        visible ones; no effect on Pub/Sub, whose backlog includes leased messages.
+    :param aws_conn_id: the Airflow connection for SQS (None: boto3's own credential chain).
+    :param region: the AWS region of an SQS queue given by name (a queue URL names its own); no effect
+        on Pub/Sub.
+    :param gcp_conn_id: the Airflow connection for Pub/Sub and Cloud Monitoring.
+    :param project_id: the connection's project override (the subscription path names the project read).
+    :param poll_interval: seconds (or ``'30s'``, ``'1m'``) between depth reads; ``poke_interval``
+        is the same knob.
+    :param deferrable: wait in the triggerer (no worker slot), sharing one depth call per queue per
+        poll with the other sensors there.
+    :param executor_queue: the executor queue the task runs on (what ``queue=`` sets on other
+        operators).
     """
 
     # BaseOperator's own ``queue`` is the executor queue the task runs on; the queue watched here is
@@ -110,6 +141,17 @@ class QueueDepthSensor(BaseSensorOperator):
         executor_queue: str | None = None,
         **kwargs: Any,
     ) -> None:
+        from airflow_cloudtrain.operators.checks import (
+            AWS_REGION_RE,
+            check_bool,
+            check_conn_id,
+            check_optional_str,
+            check_seconds,
+            is_deferred_value,
+            parse_project_id,
+        )
+        from airflow_cloudtrain.spec import warn_user
+
         poll_interval = check_seconds(poll_interval, "poll_interval")  # '30s', '1m' too
         check_bool(deferrable, "deferrable")
         check_optional_str(region, "region", AWS_REGION_RE.pattern, "an AWS region such as 'us-east-1'")
@@ -125,7 +167,7 @@ class QueueDepthSensor(BaseSensorOperator):
         super().__init__(**kwargs)
         if not is_deferred_value(queue):
             kind = queue_kind(queue)  # a template or an XComArg is checked once rendered (execute)
-            if kind == "pubsub" and region:
+            if not SERVICES[kind].regional and region:
                 warn_user(
                     f"region={region!r} has no effect on a Pub/Sub subscription: the path names its project "
                     "and Pub/Sub is global"
@@ -166,15 +208,15 @@ class QueueDepthSensor(BaseSensorOperator):
 
     # --- where the queue is (resolved once per try) -----------------------------------------------
 
-    def _provider(self) -> str:
-        return "pubsub" if queue_kind(self.watched_queue) == "pubsub" else "sqs"
+    def _service(self) -> QueueService:
+        return SERVICES[queue_kind(self.watched_queue)]
 
     def _target(self) -> tuple[str, str | None]:
         """(the id depths are read by: an SQS queue URL or a Pub/Sub subscription path, the region
         to read it in: None for Pub/Sub)."""
         if getattr(self, "_resolved", None) is None:
             kind = queue_kind(self.watched_queue)  # rendered now: check it again
-            if kind == "pubsub":
+            if not SERVICES[kind].regional:
                 region = None
             else:
                 from airflow_cloudtrain.hooks.sqs import region_in_url
@@ -187,16 +229,15 @@ class QueueDepthSensor(BaseSensorOperator):
         readers = getattr(self, "_readers", None)
         if readers is None:
             readers = self._readers = {}
-        provider = self._provider()
-        if (provider, region) not in readers:
+        service = self._service()
+        if (service.name, region) not in readers:
             from airflow_cloudtrain.triggers.queue_depth import depth_reader
 
-            if provider == "pubsub":
-                reader = depth_reader("pubsub", self.gcp_conn_id, None, self.project_id)
-            else:
-                reader = depth_reader("sqs", self.aws_conn_id, region)
-            readers[(provider, region)] = reader
-        return readers[(provider, region)]
+            project = self.project_id if service.takes_project else None
+            readers[(service.name, region)] = depth_reader(
+                service.name, getattr(self, service.conn_attr), region, project
+            )
+        return readers[(service.name, region)]
 
     def _describe_threshold(self) -> str:
         return f"<= {self.max_depth}" if self.max_depth is not None else f">= {self.min_depth}"
@@ -206,7 +247,7 @@ class QueueDepthSensor(BaseSensorOperator):
     def execute(self, context: Context) -> Any:
         self._resolved = None
         self._budget = None
-        if self._provider() == "pubsub" and not self.count_in_flight:
+        if not self._service().leases_counted and not self.count_in_flight:
             self.log.warning(
                 "count_in_flight=False has no effect on Pub/Sub: the backlog (num_undelivered_messages) "
                 "includes messages pulled and not yet acknowledged"
@@ -219,17 +260,17 @@ class QueueDepthSensor(BaseSensorOperator):
         from airflow_cloudtrain.triggers.queue_depth import QueueDepthTrigger
 
         url, region = self._target()
-        pubsub = self._provider() == "pubsub"
+        service = self._service()
         self.defer(
             trigger=QueueDepthTrigger(
                 queue=url,
                 max_depth=self.max_depth,
                 min_depth=self.min_depth,
                 count_in_flight=self.count_in_flight,
-                provider="pubsub" if pubsub else "sqs",
-                conn_id=self.gcp_conn_id if pubsub else self.aws_conn_id,
+                provider=service.name,
+                conn_id=getattr(self, service.conn_attr),
                 region=region,
-                project_id=self.project_id if pubsub else None,
+                project_id=self.project_id if service.takes_project else None,
                 poll_interval=self.poke_interval,
             ),
             method_name="execute_complete",
