@@ -7,9 +7,15 @@ which need the cloud SDKs and Airflow's hooks, are imported only when they are a
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow_cloudtrain.contract.clouds import provider_of
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.clouds.aws.backend import AwsRunBackend
+    from airflow_cloudtrain.clouds.gcp.backend import GcpRunBackend
+    from airflow_cloudtrain.core.backend import RunBackend
+    from airflow_cloudtrain.core.fleet import FleetBackend
 
 
 def backend_for(
@@ -47,3 +53,16 @@ def instance_cloud(
     return CloudTrainGcpHook(gcp_conn_id=conn_id or "google_cloud_default", project_id=project_id).cloud(
         region, zone
     )
+
+
+def fleet_backend_for(backend: RunBackend, zone: str | None = None) -> FleetBackend:
+    """The work-queue ``FleetBackend`` on a run backend's connection and region (a GCE group's
+    ``zone`` when it is known): SQS + Auto Scaling on AWS, Pub/Sub + a managed instance group on GCP.
+    Importing the provider's module registers its ledger kinds."""
+    if backend.provider == "aws":
+        from airflow_cloudtrain.clouds.aws.fleet import fleet_of as aws_fleet
+
+        return aws_fleet(cast("AwsRunBackend", backend), zone)
+    from airflow_cloudtrain.clouds.gcp.fleet import fleet_of as gcp_fleet
+
+    return gcp_fleet(cast("GcpRunBackend", backend), zone)
