@@ -139,7 +139,3 @@ class WorkQueueOperator(RunArgsOperator):
             push_console_links(context["ti"], self, fleet_target(target, project_of(fleet.fleet.ctx.backend)))
         except Exception as err:
             self.log.warning("Could not publish the console links of group %s: %s", target.group, err)
-
-    def on_kill(self) -> None:
-        if self._fleet is not None:
-            self._fleet.kill()

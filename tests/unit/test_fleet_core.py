@@ -205,3 +205,36 @@ def test_a_group_that_cannot_go_keeps_the_rest_for_the_next_try(fake_kinds: list
     with pytest.raises(RuntimeError, match="still busy"):
         ledger.release(object(), sweep=False)  # type: ignore[arg-type]
     assert fake_kinds == [] and sorted(e.id or "" for e in ledger.entries) == ["g", "q"]
+
+
+def test_the_engine_defers_on_the_same_trigger_and_event_shape_as_before() -> None:
+    """Tasks deferred by the previous release resume: the trigger's classpath and kwargs are the same,
+    and its event is read the same way (a failed one releases and fails the task)."""
+    import logging
+    from types import SimpleNamespace
+
+    from airflow.exceptions import AirflowException
+
+    from airflow_cloudtrain.lifecycle.fleet.engine import FleetEngine
+    from airflow_cloudtrain.triggers.fleet import FleetTrigger
+
+    released: list[bool] = []
+    fleet = SimpleNamespace(ctx=SimpleNamespace(conn_id="aws_x"), release=lambda: released.append(True))
+    engine = FleetEngine(fleet, logging.getLogger(), 900.0, 5.0, None)  # type: ignore[arg-type]
+    spec = engine.trigger(handle({"c5.large": 0.036}))
+    trigger = spec.build()
+    assert isinstance(trigger, FleetTrigger) and spec.method_name == "execute_complete"
+    assert trigger.serialize() == (
+        "airflow_cloudtrain.triggers.fleet.FleetTrigger",
+        {
+            "handle": handle({"c5.large": 0.036}).to_dict(),
+            "conn_id": "aws_x",
+            "poll_interval": 5.0,
+            "startup_timeout": 900.0,
+            "project_id": None,
+        },
+    )
+    event = {"status": "error", "message": "FleetFailed: gone", "handle": trigger.handle}
+    with pytest.raises(AirflowException, match="fleet r1 failed: FleetFailed: gone"):
+        engine.resume(event)
+    assert released == [True]
