@@ -22,7 +22,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from airflow_cloudtrain.core.retry import call_with_retry
 
@@ -31,12 +31,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+B = TypeVar("B")  # the backend a kind's resources are found and deleted through
 
 STORE_KEY = "cloudtrain_ledger"
 # When a kind is released, relative to the others (same order: newest first)
 RELEASE_FIRST = -1  # a group: deleting its members (or its template) before it would only replace them
 RELEASE_IN_ORDER = 0
 RELEASE_LAST = 1  # a GCE firewall rule that keeps the run's VMs unreachable goes once they are gone
+
+
+class LedgerBackend(Protocol):
+    """What a run's resources are found and deleted through: its ``RunBackend``, or a Vertex AI job
+    backend (``clouds.gcp.vertex.VertexJobs``). Each ``ResourceKind[B]`` says which it takes; the
+    ledger itself reads only ``sweep_kinds`` (when there is one)."""
+
+    @property
+    def region(self) -> str | None: ...
 
 
 @dataclass
@@ -53,7 +63,7 @@ class Resource:
 
 
 @dataclass(frozen=True)
-class ResourceKind:
+class ResourceKind(Generic[B]):
     """How to find a kind of resource by run key (any state), how to delete some of them, and when.
 
     ``release_order`` is the kind's place in every teardown, whatever the order of creation (or of a
@@ -63,8 +73,8 @@ class ResourceKind:
     ``release_last=True`` is the older spelling of ``release_order=RELEASE_LAST``."""
 
     name: str
-    find: Callable[[RunBackend, str], list[Resource]]  # (backend, run key digest) -> resources
-    delete: Callable[[RunBackend, list[Resource]], None]  # (backend, resources with ids); NotFound is done
+    find: Callable[[B, str], list[Resource]]  # (backend, run key digest) -> resources
+    delete: Callable[[B, list[Resource]], None]  # (backend, resources with ids); NotFound is done
     release_last: bool = False
     release_order: int = RELEASE_IN_ORDER
 
@@ -73,10 +83,11 @@ class ResourceKind:
             object.__setattr__(self, "release_order", RELEASE_LAST)
 
 
-KINDS: dict[str, ResourceKind] = {}
+# every kind, whatever its backend's type (each kind is handed the backend of the run it belongs to)
+KINDS: dict[str, ResourceKind[Any]] = {}
 
 
-def register_kind(kind: ResourceKind) -> ResourceKind:
+def register_kind(kind: ResourceKind[B]) -> ResourceKind[B]:
     """Make a resource kind known to every ledger (later operators add groups, queues, jobs...)."""
     KINDS[kind.name] = kind
     return kind
@@ -205,7 +216,7 @@ class ResourceLedger:
 
     # --- teardown ------------------------------------------------------------------------------
 
-    def sweep(self, backend: RunBackend, kinds: list[str] | None = None) -> list[Resource]:
+    def sweep(self, backend: LedgerBackend, kinds: list[str] | None = None) -> list[Resource]:
         """Resources carrying this run key, found by tag (any state), added to the ledger."""
         found: list[Resource] = []
         for name in kinds or list(KINDS):
@@ -216,7 +227,7 @@ class ResourceLedger:
         return found
 
     def release(
-        self, backend: RunBackend, sweep: bool = True, only: list[Resource] | None = None
+        self, backend: LedgerBackend, sweep: bool = True, only: list[Resource] | None = None
     ) -> list[Resource]:
         """Delete every resource of the run (or ``only`` these), newest first; returns what went.
 
@@ -266,7 +277,7 @@ class ResourceLedger:
         return released
 
 
-def _sweep_kinds(backend: RunBackend) -> tuple[str, ...]:
+def _sweep_kinds(backend: LedgerBackend) -> tuple[str, ...]:
     """What a tag sweep always looks for on this backend: instances, unless it says otherwise (a
     Vertex backend has jobs and no instances)."""
     return tuple(getattr(backend, "sweep_kinds", ("instance",)))

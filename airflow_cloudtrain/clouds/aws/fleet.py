@@ -27,7 +27,6 @@ from airflow_cloudtrain.core.ledger import RELEASE_FIRST, Resource, ResourceKind
 if TYPE_CHECKING:
     from airflow_cloudtrain.catalog.offers import Offer
     from airflow_cloudtrain.clouds.aws.backend import AwsRunBackend
-    from airflow_cloudtrain.core.backend import RunBackend
     from airflow_cloudtrain.core.cloud import Instance, LaunchRequest
 
 log = logging.getLogger(__name__)
@@ -388,20 +387,11 @@ def fleet_of(backend: AwsRunBackend, zone: str | None = None) -> AwsFleet:
     )
 
 
-def _aws(backend: RunBackend) -> AwsFleet:
-    """The ledger's kinds get the run's backend as a ``RunBackend``: these are only ever AWS ones."""
-    from airflow_cloudtrain.clouds.aws.backend import AwsRunBackend
-
-    if not isinstance(backend, AwsRunBackend):
-        raise TypeError(f"an AWS fleet resource needs an AWS backend, not {type(backend).__name__}")
-    return fleet_of(backend)
-
-
 # --- ledger kinds: found by name from the run key, deleted with "not found" as done ---------------
 
 
-def _find_queues(backend: RunBackend, digest: str) -> list[Resource]:
-    fleet = _aws(backend)
+def _find_queues(backend: AwsRunBackend, digest: str) -> list[Resource]:
+    fleet = fleet_of(backend)
     found = []
     for dead_letter in (True, False):
         url = fleet.queue_url(queue_name(digest, dead_letter))
@@ -410,32 +400,32 @@ def _find_queues(backend: RunBackend, digest: str) -> list[Resource]:
     return found
 
 
-def _delete_queues(backend: RunBackend, resources: list[Resource]) -> None:
-    fleet = _aws(backend)
+def _delete_queues(backend: AwsRunBackend, resources: list[Resource]) -> None:
+    fleet = fleet_of(backend)
     for resource in resources:
         fleet.delete_queue(resource.id or "")
 
 
-def _find_templates(backend: RunBackend, digest: str) -> list[Resource]:
-    fleet = _aws(backend)
+def _find_templates(backend: AwsRunBackend, digest: str) -> list[Resource]:
+    fleet = fleet_of(backend)
     name = group_name(digest)
     return [Resource("launch_template", name, fleet.region)] if fleet.template_id(name) else []
 
 
-def _delete_templates(backend: RunBackend, resources: list[Resource]) -> None:
-    fleet = _aws(backend)
+def _delete_templates(backend: AwsRunBackend, resources: list[Resource]) -> None:
+    fleet = fleet_of(backend)
     for resource in resources:
         fleet.delete_template(resource.id or "")
 
 
-def _find_groups(backend: RunBackend, digest: str) -> list[Resource]:
-    fleet = _aws(backend)
+def _find_groups(backend: AwsRunBackend, digest: str) -> list[Resource]:
+    fleet = fleet_of(backend)
     name = group_name(digest)
     return [Resource("asg", name, fleet.region)] if fleet.group(name) else []
 
 
-def _delete_groups(backend: RunBackend, resources: list[Resource]) -> None:
-    fleet = _aws(backend)
+def _delete_groups(backend: AwsRunBackend, resources: list[Resource]) -> None:
+    fleet = fleet_of(backend)
     for resource in resources:
         fleet.delete_group(resource.id or "")
 

@@ -38,7 +38,6 @@ from airflow_cloudtrain.core.ledger import RELEASE_FIRST, Resource, ResourceKind
 if TYPE_CHECKING:
     from airflow_cloudtrain.catalog.offers import Offer
     from airflow_cloudtrain.clouds.gcp.backend import GcpRunBackend
-    from airflow_cloudtrain.core.backend import RunBackend
     from airflow_cloudtrain.core.cloud import Instance, LaunchRequest
 
 log = logging.getLogger(__name__)
@@ -465,20 +464,11 @@ def fleet_of(backend: GcpRunBackend, zone: str | None = None) -> GcpFleet:
     return GcpFleet(backend.hook, backend.hook.project, region, zone, zones_of(region), backend)
 
 
-def _gcp(backend: RunBackend, zone: str | None = None) -> GcpFleet:
-    """The ledger's kinds get the run's backend as a ``RunBackend``: these are only ever GCP ones."""
-    from airflow_cloudtrain.clouds.gcp.backend import GcpRunBackend
-
-    if not isinstance(backend, GcpRunBackend):
-        raise TypeError(f"a GCP fleet resource needs a GCP backend, not {type(backend).__name__}")
-    return fleet_of(backend, zone)
-
-
 # --- ledger kinds: found by name from the run key, deleted with "not found" as done ---------------
 
 
-def _find_subscriptions(backend: RunBackend, digest: str) -> list[Resource]:
-    fleet = _gcp(backend)
+def _find_subscriptions(backend: GcpRunBackend, digest: str) -> list[Resource]:
+    fleet = fleet_of(backend)
     return [
         Resource("pubsub_subscription", path, None)
         for dead_letter in (False, True)
@@ -486,14 +476,14 @@ def _find_subscriptions(backend: RunBackend, digest: str) -> list[Resource]:
     ]
 
 
-def _delete_subscriptions(backend: RunBackend, resources: list[Resource]) -> None:
-    fleet = _gcp(backend)
+def _delete_subscriptions(backend: GcpRunBackend, resources: list[Resource]) -> None:
+    fleet = fleet_of(backend)
     for resource in resources:
         fleet.delete_subscription(resource.id or "")
 
 
-def _find_topics(backend: RunBackend, digest: str) -> list[Resource]:
-    fleet = _gcp(backend)
+def _find_topics(backend: GcpRunBackend, digest: str) -> list[Resource]:
+    fleet = fleet_of(backend)
     return [
         Resource("pubsub_topic", path, None)
         for dead_letter in (False, True)
@@ -501,34 +491,34 @@ def _find_topics(backend: RunBackend, digest: str) -> list[Resource]:
     ]
 
 
-def _delete_topics(backend: RunBackend, resources: list[Resource]) -> None:
-    fleet = _gcp(backend)
+def _delete_topics(backend: GcpRunBackend, resources: list[Resource]) -> None:
+    fleet = fleet_of(backend)
     for resource in resources:
         fleet.delete_topic(resource.id or "")
 
 
-def _find_templates(backend: RunBackend, digest: str) -> list[Resource]:
-    fleet = _gcp(backend)
+def _find_templates(backend: GcpRunBackend, digest: str) -> list[Resource]:
+    fleet = fleet_of(backend)
     name = group_name(digest)
     return [Resource("instance_template", name, None)] if fleet.template(name) else []
 
 
-def _delete_templates(backend: RunBackend, resources: list[Resource]) -> None:
-    fleet = _gcp(backend)
+def _delete_templates(backend: GcpRunBackend, resources: list[Resource]) -> None:
+    fleet = fleet_of(backend)
     for resource in resources:
         fleet.delete_template(resource.id or "")
 
 
-def _find_groups(backend: RunBackend, digest: str) -> list[Resource]:
-    fleet = _gcp(backend)
+def _find_groups(backend: GcpRunBackend, digest: str) -> list[Resource]:
+    fleet = fleet_of(backend)
     name = group_name(digest)
     zone = fleet._group_zone(name)
     return [Resource("mig", name, zone)] if zone else []
 
 
-def _delete_groups(backend: RunBackend, resources: list[Resource]) -> None:
+def _delete_groups(backend: GcpRunBackend, resources: list[Resource]) -> None:
     for resource in resources:
-        _gcp(backend, resource.location).delete_group(resource.id or "")
+        fleet_of(backend, resource.location).delete_group(resource.id or "")
 
 
 PUBSUB_TOPIC = register_kind(ResourceKind("pubsub_topic", _find_topics, _delete_topics))
