@@ -41,6 +41,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from airflow_cloudtrain.contract.records import load_known
+
 SPEC_VERSION = 1
 
 # Agent states. The last five are final: the agent writes one of them and then powers off.
@@ -262,11 +264,10 @@ class Beacon:
     @classmethod
     def from_bytes(cls, raw: bytes) -> Beacon:
         data = json.loads(raw)
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        return load_known(cls, data)
 
     def run_status(self) -> RunStatus:
-        known = {k: v for k, v in self.status.items() if k in RunStatus.__dataclass_fields__}
-        return RunStatus(**known)
+        return load_known(RunStatus, self.status)
 
     def lines_from(self, seq: int) -> list[str] | None:
         """The tail's lines from chunk ``seq`` on, or None when ``seq`` is before the tail."""
@@ -332,8 +333,7 @@ class RunSpec:
     @classmethod
     def from_json(cls, text: str) -> RunSpec:
         data = json.loads(text)
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+        return load_known(cls, data)
 
 
 @dataclass
@@ -367,8 +367,7 @@ class RunStatus:
     @classmethod
     def from_json(cls, text: str) -> RunStatus:
         data = json.loads(text)
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
+        return load_known(cls, data)
 
 
 # -- checkpoints in the run folder ------------------------------------------------------------------
@@ -416,8 +415,7 @@ class Manifest:
         data = json.loads(text)
         if not isinstance(data, dict):
             raise ValueError("a manifest is a JSON object")
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
-        manifest = cls(**known)
+        manifest = load_known(cls, data)
         if isinstance(manifest.step, bool) or not isinstance(manifest.step, int):
             raise ValueError(f"manifest step must be an int; got {manifest.step!r}")
         for entry in manifest.files:

@@ -28,6 +28,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from airflow_cloudtrain.contract.records import load_known
+
 ITEMS_PREFIX = "items"
 OUTCOMES_PREFIX = "outcomes"
 DUPLICATES_PREFIX = "duplicates"
@@ -118,7 +120,7 @@ class WorkerSettings:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WorkerSettings:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        return load_known(cls, data)
 
 
 @dataclass
@@ -143,7 +145,7 @@ class ItemOutcome:
     @classmethod
     def from_json(cls, text: str) -> ItemOutcome:
         data = json.loads(text)
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        return load_known(cls, data)
 
 
 @dataclass
@@ -163,4 +165,4 @@ class WorkerRecord:
     @classmethod
     def from_json(cls, text: str) -> WorkerRecord:
         data = json.loads(text)
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        return load_known(cls, data)
