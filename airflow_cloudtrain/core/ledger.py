@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+from airflow_cloudtrain.contract.records import load_known
 from airflow_cloudtrain.core.retry import call_with_retry
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ class ResourceLedger:
         data = store_get(store, STORE_KEY)
         entries = []
         if data and data.get("run_key") == run_key:
-            entries = [Resource(**e) for e in data.get("entries", [])]
+            entries = [load_known(Resource, e) for e in data.get("entries", [])]
         return cls(run_key, store, entries, logger)
 
     def _save(self) -> None:

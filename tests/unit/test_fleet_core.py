@@ -158,7 +158,8 @@ def test_each_kind_carries_its_release_order() -> None:
 
 
 def test_a_ledger_written_by_the_previous_release_loads_and_orders_the_same() -> None:
-    """The stored form is unchanged: a run folder's ledger written by the old code is released."""
+    """The stored form is unchanged: a ledger written by the old code is read (and a newer writer's
+    extra key is ignored, ``contract.records.load_known``)."""
     store = Store()
     store.data[STORE_KEY] = {
         "run_key": "k1",
@@ -166,7 +167,7 @@ def test_a_ledger_written_by_the_previous_release_loads_and_orders_the_same() ->
             {"kind": "sqs_queue", "id": "https://q/ct-k1-dlq", "location": "us-east-1", "token": ""},
             {"kind": "sqs_queue", "id": "https://q/ct-k1-items", "location": "us-east-1", "token": ""},
             {"kind": "launch_template", "id": "ct-k1", "location": "us-east-1", "token": "ct-k1"},
-            {"kind": "asg", "id": None, "location": "us-east-1", "token": "ct-k1"},
+            {"kind": "asg", "id": None, "location": "us-east-1", "token": "ct-k1", "newer": "ignored"},
         ],
     }
     ledger = ResourceLedger.load("k1", store)

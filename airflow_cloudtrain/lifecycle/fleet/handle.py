@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from airflow_cloudtrain.contract.records import load_known
+
 
 @dataclass
 class FleetSettings:
@@ -46,4 +48,4 @@ class FleetHandle:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> FleetHandle:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        return load_known(cls, data)
