@@ -10,7 +10,7 @@ imported only when they are asked for.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from airflow_cloudtrain.contract.clouds import conn_id_for, provider_of
 
@@ -48,6 +48,13 @@ def provider_for_scheme(scheme: str) -> Provider:
         return provider(SCHEMES[scheme])
     except KeyError:
         raise ValueError(f"scheme {scheme!r} is not valid: use one of {', '.join(SCHEMES)}") from None
+
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.clouds.aws.backend import AwsRunBackend
+    from airflow_cloudtrain.clouds.gcp.backend import GcpRunBackend
+    from airflow_cloudtrain.core.backend import RunBackend
+    from airflow_cloudtrain.core.fleet import FleetBackend
 
 
 def backend_for(
@@ -90,3 +97,16 @@ def depth_reader(
     from airflow_cloudtrain.hooks.depth import PROVIDERS as QUEUE_PROVIDERS
 
     raise ValueError(f"provider={queue_provider!r} is not valid: use one of {', '.join(QUEUE_PROVIDERS)}")
+
+
+def fleet_backend_for(backend: RunBackend, zone: str | None = None) -> FleetBackend:
+    """The work-queue ``FleetBackend`` on a run backend's connection and region (a GCE group's
+    ``zone`` when it is known): SQS + Auto Scaling on AWS, Pub/Sub + a managed instance group on GCP.
+    Importing the provider's module registers its ledger kinds."""
+    if backend.provider == "aws":
+        from airflow_cloudtrain.clouds.aws.fleet import fleet_of as aws_fleet
+
+        return aws_fleet(cast("AwsRunBackend", backend), zone)
+    from airflow_cloudtrain.clouds.gcp.fleet import fleet_of as gcp_fleet
+
+    return gcp_fleet(cast("GcpRunBackend", backend), zone)

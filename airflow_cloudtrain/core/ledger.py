@@ -7,9 +7,13 @@ never came back (the worker died inside the create call) and resources the store
 crashed worker, a cleared task, a triggerer's ``on_kill``, which has no store) are found by the run
 key tag every resource carries: ``sweep`` rebuilds the ledger from tags.
 
-Resource kinds register a ``ResourceKind`` (how to find by run key, how to delete); instances are
-registered here, and the group/queue/template/job kinds of later operators register theirs the same
-way. Every teardown path of every operator goes through ``release``.
+Resource kinds register a ``ResourceKind`` (how to find by run key, how to delete, and when to go:
+``release_order``); instances are registered here, and the group/queue/template/job kinds of later
+operators register theirs the same way. Every teardown path of every operator goes through
+``release``; every find-or-create of a named resource goes through ``ensure``.
+
+The stored form (``{"run_key": ..., "entries": [{kind, id, location, token}]}``) is the one earlier
+releases wrote: a run folder's ledger written by them is released by this code.
 """
 
 from __future__ import annotations
@@ -18,11 +22,32 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from airflow_cloudtrain.contract.records import load_known
+from airflow_cloudtrain.core.retry import call_with_retry
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.core.backend import RunBackend
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+B = TypeVar("B")  # the backend a kind's resources are found and deleted through
 
 STORE_KEY = "cloudtrain_ledger"
+# When a kind is released, relative to the others (same order: newest first)
+RELEASE_FIRST = -1  # a group: deleting its members (or its template) before it would only replace them
+RELEASE_IN_ORDER = 0
+RELEASE_LAST = 1  # a GCE firewall rule that keeps the run's VMs unreachable goes once they are gone
+
+
+class LedgerBackend(Protocol):
+    """What a run's resources are found and deleted through: its ``RunBackend``, or a Vertex AI job
+    backend (``clouds.gcp.vertex.VertexJobs``). Each ``ResourceKind[B]`` says which it takes; the
+    ledger itself reads only ``sweep_kinds`` (when there is one)."""
+
+    @property
+    def region(self) -> str | None: ...
 
 
 @dataclass
@@ -39,33 +64,43 @@ class Resource:
 
 
 @dataclass(frozen=True)
-class ResourceKind:
-    """How to find a kind of resource by run key (any state) and how to delete some of them."""
+class ResourceKind(Generic[B]):
+    """How to find a kind of resource by run key (any state), how to delete some of them, and when.
+
+    ``release_order`` is the kind's place in every teardown, whatever the order of creation (or of a
+    sweep's finds): ``RELEASE_FIRST`` kinds go before all others and must be gone before the others
+    go (a group that would replace members deleted before it); ``RELEASE_LAST`` after all others (a
+    firewall rule that keeps the run's VMs unreachable); the rest newest first.
+    ``release_last=True`` is the older spelling of ``release_order=RELEASE_LAST``."""
 
     name: str
-    find: Callable[[Any, str], list[Resource]]  # (backend, run key digest) -> resources
-    delete: Callable[[Any, list[Resource]], None]  # (backend, resources with ids); NotFound is done
-    # released after every other kind, whatever the order of creation (a GCE firewall rule that keeps
-    # the run's VMs unreachable goes once they are gone, even when a sweep found it after them)
+    find: Callable[[B, str], list[Resource]]  # (backend, run key digest) -> resources
+    delete: Callable[[B, list[Resource]], None]  # (backend, resources with ids); NotFound is done
     release_last: bool = False
+    release_order: int = RELEASE_IN_ORDER
+
+    def __post_init__(self) -> None:
+        if self.release_last:
+            object.__setattr__(self, "release_order", RELEASE_LAST)
 
 
-KINDS: dict[str, ResourceKind] = {}
+# every kind, whatever its backend's type (each kind is handed the backend of the run it belongs to)
+KINDS: dict[str, ResourceKind[Any]] = {}
 
 
-def register_kind(kind: ResourceKind) -> ResourceKind:
+def register_kind(kind: ResourceKind[B]) -> ResourceKind[B]:
     """Make a resource kind known to every ledger (later operators add groups, queues, jobs...)."""
     KINDS[kind.name] = kind
     return kind
 
 
-def _find_instances(backend: Any, digest: str) -> list[Resource]:
+def _find_instances(backend: RunBackend, digest: str) -> list[Resource]:
     return [
         Resource("instance", i.id, backend.location(i.zone)) for i in backend.cloud.find(digest, ended=True)
     ]
 
 
-def _delete_instances(backend: Any, resources: list[Resource]) -> None:
+def _delete_instances(backend: RunBackend, resources: list[Resource]) -> None:
     backend.terminate_instances([(r.id, r.location) for r in resources if r.id])
 
 
@@ -98,7 +133,7 @@ class ResourceLedger:
         data = store_get(store, STORE_KEY)
         entries = []
         if data and data.get("run_key") == run_key:
-            entries = [Resource(**e) for e in data.get("entries", [])]
+            entries = [load_known(Resource, e) for e in data.get("entries", [])]
         return cls(run_key, store, entries, logger)
 
     def _save(self) -> None:
@@ -148,12 +183,41 @@ class ResourceLedger:
         self.entries.append(entry)
         return entry
 
+    def ensure(
+        self,
+        kind: str,
+        location: str | None,
+        name: str,
+        *,
+        find: Callable[[], T | None],
+        create: Callable[[], T],
+        before_create: Callable[[], None] = lambda: None,
+        record: str | None = None,
+    ) -> tuple[T, bool]:
+        """The one find-or-create of a named resource: ``(it, made now?)``.
+
+        ``find`` looks for it by the name the run key gives it (a retried task re-attaches); if it is
+        missing, ``before_create`` may still refuse (a killed task raises there), the ledger records
+        the intent (write-ahead, ``name`` as the token), ``create`` makes it, and the ledger records
+        its id. The id is ``record`` when given (a resource deleted by name), else what
+        ``find`` / ``create`` returned (a queue URL, a topic path). Cloud calls retry transient
+        errors; ``create`` must be idempotent for a retried call (client token, 409 as done)."""
+        found = call_with_retry(find)
+        if found:
+            self.add(kind, record or str(found), location)
+            return found, False
+        before_create()
+        entry = self.intend(kind, location, token=name)
+        made = call_with_retry(create)
+        self.created(entry, record or str(made))
+        return made, True
+
     def of_kind(self, kind: str) -> list[Resource]:
         return [e for e in self.entries if e.kind == kind and e.id]
 
     # --- teardown ------------------------------------------------------------------------------
 
-    def sweep(self, backend: Any, kinds: list[str] | None = None) -> list[Resource]:
+    def sweep(self, backend: LedgerBackend, kinds: list[str] | None = None) -> list[Resource]:
         """Resources carrying this run key, found by tag (any state), added to the ledger."""
         found: list[Resource] = []
         for name in kinds or list(KINDS):
@@ -163,7 +227,9 @@ class ResourceLedger:
             self._save()
         return found
 
-    def release(self, backend: Any, sweep: bool = True, only: list[Resource] | None = None) -> list[Resource]:
+    def release(
+        self, backend: LedgerBackend, sweep: bool = True, only: list[Resource] | None = None
+    ) -> list[Resource]:
         """Delete every resource of the run (or ``only`` these), newest first; returns what went.
 
         With ``sweep`` (the default) the tags are searched too, so an entry whose create call never
@@ -181,6 +247,16 @@ class ResourceLedger:
                 error = err
         released: list[Resource] = []
         for kind in _reverse_kinds(self.entries):
+            if (
+                error is not None
+                and _order(kind) > RELEASE_FIRST
+                and any(
+                    _order(e.kind) == RELEASE_FIRST
+                    for e in self.entries
+                    if e.id and e not in released and (only is None or e in only)
+                )
+            ):
+                break  # a group that could not go would replace what goes after it: try again later
             batch = [
                 e for e in reversed(self.entries) if e.kind == kind and e.id and (only is None or e in only)
             ]
@@ -202,21 +278,25 @@ class ResourceLedger:
         return released
 
 
-def _sweep_kinds(backend: Any) -> tuple[str, ...]:
+def _sweep_kinds(backend: LedgerBackend) -> tuple[str, ...]:
     """What a tag sweep always looks for on this backend: instances, unless it says otherwise (a
     Vertex backend has jobs and no instances)."""
     return tuple(getattr(backend, "sweep_kinds", ("instance",)))
 
 
+def _order(kind: str) -> int:
+    return KINDS[kind].release_order if kind in KINDS else RELEASE_IN_ORDER
+
+
 def _reverse_kinds(entries: list[Resource]) -> list[str]:
-    """Kinds in reverse order of their first creation (a group goes before its template); the kinds
-    marked ``release_last`` after all others."""
+    """Kinds in reverse order of their first creation (a template after the queue made before it),
+    within each kind's ``release_order`` (groups first, firewall rules last)."""
     order: list[str] = []
     for entry in entries:
         if entry.kind not in order:
             order.append(entry.kind)
     order.reverse()
-    return sorted(order, key=lambda kind: KINDS[kind].release_last if kind in KINDS else False)
+    return sorted(order, key=_order)
 
 
 def store_get(store: Any, key: str) -> dict[str, Any] | None:

@@ -30,6 +30,64 @@ class PreemptibleGroupOperator(WorkQueueOperator):
     ``num_workers`` is the group's constant size (preempted VMs are recreated; workers with no work
     left remove themselves). There is no ``max_workers`` and no ``bid``: a MIG does not scale with the
     queue here, and Spot VMs have no bid. Returns the same XCom as ``SpotFleetOperator``.
+
+    :param cloud: ``gcspot`` (default: Spot VMs) or ``gcloud`` (standard VMs).
+    :param provisioning: ``"spot"`` (the default with ``gcspot``) or ``"preemptible"``.
+    :param max_workers: refused: the group keeps ``num_workers`` constant (``SpotFleetOperator``
+        scales with the queue).
+    :param bid: refused: GCE Spot VMs have no bid.
+    :param work_items: the items (templated): a list of strings or JSON-serialisable dicts, e.g. an
+        upstream task's output; each runs ``command`` once (``CLOUDTRAIN_WORK_ITEM``,
+        ``CLOUDTRAIN_ITEM_ID``).
+    :param num_workers: workers at the start: the group's constant size (preempted VMs are recreated).
+    :param item_timeout: each item's ``max_runtime`` (a duration).
+    :param max_item_attempts: deliveries before an item fails for good (and is dead-lettered).
+    :param lease_timeout: how soon the item of a vanished worker reappears (at most 600 s, Pub/Sub's longest ack deadline).
+    :param checkpoint_dir: the per-item checkpoint directory synced to the run folder and restored
+        when an item moves to another worker.
+    :param checkpoint_interval: how often that directory is synced.
+    :param allow_failed_items: succeed even when items failed for good (they are listed in the XCom).
+
+    Arguments shared with ``CloudTrainOperator`` (see its description for each; all templated ones
+    are templated here too):
+
+    :param command: the shell command each worker runs once per item (templated).
+    :param bucket: the run folder's bucket and prefix (templated).
+    :param code: a local directory or archive URI shipped to every worker (templated).
+    :param image: a container image the command runs in (templated).
+    :param setup_cmds: shell commands run once on each worker before its first item (templated).
+    :param env: environment variables for the command (templated).
+    :param secret_env: ``{VAR: reference}`` read at run time, never stored in the spec (templated).
+    :param cpus: vCPUs per worker (templated).
+    :param gpus: GPUs per worker (templated).
+    :param gpu_type: the GPU model (templated).
+    :param ram: memory per worker (templated).
+    :param hdd: disk per worker (templated).
+    :param instance_type: pin the worker type instead of choosing the cheapest (templated).
+    :param region: the region to run in (templated).
+    :param zone: the zone to run in (templated).
+    :param max_runtime: the hard stop of one worker (templated).
+    :param deferrable: wait in the triggerer (``FleetTrigger``) instead of the worker slot.
+    :param poll_interval: seconds between two polls of the fleet.
+    :param aws_conn_id: the AWS connection.
+    :param gcp_conn_id: the Google Cloud connection.
+    :param project_id: the GCP project (None: the connection's).
+    :param image_id: the machine image of the workers.
+    :param key_name: an EC2 key pair.
+    :param subnet_id: the subnet the workers start in.
+    :param security_group_ids: EC2 security groups.
+    :param iam_instance_profile: the workers' instance profile.
+    :param tags: tags / labels on everything the run makes.
+    :param volume_id: not for fleets (one volume cannot attach to many workers).
+    :param service_account: the GCE workers' service account.
+    :param network: the GCE network.
+    :param subnetwork: the GCE subnetwork.
+    :param external_ip: whether GCE workers get an external IP.
+    :param ssh_source_ranges: CIDR ranges allowed to SSH into GCE workers.
+    :param max_launch_attempts: launch attempts across offers.
+    :param live_prices: refresh shapes and prices from the cloud before choosing.
+    :param startup_timeout: how long items may wait with no worker running before the task fails.
+    :param heartbeat_timeout: how long a silent agent is trusted.
     """
 
     max_lease_s = 600  # Pub/Sub's longest ack deadline: a longer lease cannot be held

@@ -12,15 +12,34 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_cloudtrain.core.retry import TransientBudget
 
+if TYPE_CHECKING:
+    from airflow_cloudtrain.core.backend import RunBackend
+    from airflow_cloudtrain.lifecycle.fleet.watch import FleetWatch
+
 
 class FleetTrigger(BaseTrigger):
-    """Kwargs are plain JSON: the ``FleetHandle`` as a dict, the connection, and the wait settings."""
+    """Waits on a work-queue fleet in the triggerer, as ``SpotFleetOperator`` /
+    ``PreemptibleGroupOperator`` do in blocking mode, and fires one event when it is over.
+
+    The event is ``{"status": "done", "handle": ...}`` when every item has an outcome, else
+    ``{"status": "error", "message": ..., "handle": ...}`` (the group is gone, no worker started, or
+    the watch failed); the task's ``execute_complete`` releases and delivers either way.
+
+    :param handle: the ``FleetHandle`` as a plain dict (``FleetHandle.to_dict()``): run id and key,
+        cloud, region (and GCE zone), queue, dead-letter source, group, item ids, prices.
+    :param conn_id: the provider's Airflow connection (``aws_conn_id`` or ``gcp_conn_id``); None for
+        AWS's default credential chain.
+    :param poll_interval: seconds between two polls of the fleet.
+    :param startup_timeout: seconds without any worker running while items wait before the fleet
+        fails (None: no limit).
+    :param project_id: the GCP project (GCP only; None: the connection's).
+    """
 
     def __init__(
         self,
@@ -49,44 +68,45 @@ class FleetTrigger(BaseTrigger):
             },
         )
 
-    def _backend(self) -> Any:
+    def _backend(self) -> RunBackend:
+        """The run backend of the fleet's cloud: ``conn_id`` is that provider's connection (the other
+        provider's arguments are ignored by the registry)."""
         from airflow_cloudtrain.clouds.registry import backend_for
-        from airflow_cloudtrain.contract.clouds import provider_of
 
-        conn = {"aws_conn_id": self.conn_id}
-        if provider_of(self.handle["cloud"]) == "gcp":
-            conn = {"gcp_conn_id": self.conn_id or "google_cloud_default", "project_id": self.project_id}
-        return backend_for(self.handle["cloud"], region=self.handle["region"], **conn)
+        return backend_for(
+            self.handle["cloud"],
+            region=self.handle["region"],
+            aws_conn_id=self.conn_id,
+            gcp_conn_id=self.conn_id or "google_cloud_default",
+            project_id=self.project_id,
+        )
 
-    def _watch(self) -> Any:
-        from airflow_cloudtrain.lifecycle.fleet.run import FleetHandle, fleet_module
+    def _watch(self) -> FleetWatch:
+        from airflow_cloudtrain.clouds.registry import fleet_backend_for
+        from airflow_cloudtrain.lifecycle.fleet.handle import FleetHandle
         from airflow_cloudtrain.lifecycle.fleet.watch import FleetWatch
 
         backend = self._backend()
         handle = FleetHandle.from_dict(self.handle)
-        cloud = fleet_module(backend.provider).fleet_of(backend, *([handle.zone] if handle.zone else []))
-        return FleetWatch(handle, cloud, backend.run_folder(handle.run_uri), self.log, self.startup_timeout)
+        cloud = fleet_backend_for(backend, handle.zone)
+        log = cast("logging.Logger", self.log)
+        return FleetWatch(handle, cloud, backend.run_folder(handle.run_uri), log, self.startup_timeout)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        budget = TransientBudget()
-        event: dict[str, Any] = {"status": "error", "message": "the fleet watch ended", "handle": self.handle}
+        from airflow_cloudtrain.core.engine import apoll_until
+
+        event: dict[str, Any]
         try:
             watch = await asyncio.to_thread(self._watch)
-            while True:
-                try:
-                    done = await asyncio.to_thread(watch.poll)
-                    budget.ok()
-                except asyncio.CancelledError:
-                    raise
-                except Exception as err:
-                    delay = budget.failed(err)  # re-raises when not transient or lasting too long
-                    self.log.warning("Transient error while watching the fleet (%s); retrying", err)
-                    await asyncio.sleep(delay)
-                    continue
-                if done:
-                    event = {"status": "done", "handle": self.handle}
-                    break
-                await asyncio.sleep(self.poll_interval)
+
+            async def poll() -> bool | None:
+                return True if await asyncio.to_thread(watch.poll) else None
+
+            def transient(err: BaseException, delay: float) -> None:
+                self.log.warning("Transient error while watching the fleet (%s); retrying", err)
+
+            await apoll_until(poll, self.poll_interval, on_transient=transient)
+            event = {"status": "done", "handle": self.handle}
         except asyncio.CancelledError:
             raise
         except Exception as err:

@@ -42,14 +42,13 @@ def die(step):
 
 
 class DyingFleet(FleetRun):
-    def _ensure_queue(self, name, dead_letter):
-        url = super()._ensure_queue(name, dead_letter)
-        if dead_letter:  # the work queue (the second one) exists, nothing else yet
-            die("queue_created")
-        return url
+    def _queues(self):
+        queues = super()._queues()
+        die("queue_created")  # the work queue and its dead-letter queue exist, nothing else yet
+        return queues
 
-    def _ensure_group(self, *args, **kwargs):
-        super()._ensure_group(*args, **kwargs)
+    def _group(self, plan):
+        super()._group(plan)
         die("group_created")
 
 
@@ -59,18 +58,26 @@ class DyingFleetOperator(SpotFleetOperator):
         fleet.__class__ = DyingFleet
         return fleet
 
-    def _watch(self, fleet, handle):
-        watch = super()._watch(fleet, handle)
-        poll = watch.poll
+    def new_engine(self, context):
+        engine = super().new_engine(context)
+        watch_of = engine.watch
 
-        def poll_then_die():
-            done = poll()
-            if len(watch.outcomes) >= 2:
-                die("mid_sweep")
-            return done
+        def watch(handle):
+            watch = watch_of(handle)
+            if not getattr(watch, "dying", False):
+                poll = watch.poll
 
-        watch.poll = poll_then_die
-        return watch
+                def poll_then_die():
+                    done = poll()
+                    if len(watch.outcomes) >= 2:
+                        die("mid_sweep")
+                    return done
+
+                watch.poll, watch.dying = poll_then_die, True
+            return watch
+
+        engine.watch = watch
+        return engine
 
 
 with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
@@ -117,7 +124,7 @@ from datetime import datetime
 
 from airflow.sdk import DAG
 
-from airflow_cloudtrain.lifecycle.fleet.gce import GceFleetRun
+from airflow_cloudtrain.lifecycle.fleet.run import FleetRun
 from airflow_cloudtrain.operators import PreemptibleGroupOperator
 
 DIE_AT = os.environ.get("CLOUDTRAIN_TEST_DIE_AT")
@@ -128,14 +135,14 @@ def die(step):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class DyingGroup(GceFleetRun):
+class DyingGroup(FleetRun):
     def _queues(self):
-        found = super()._queues()
+        queues = super()._queues()
         die("queue_created")  # topics and subscriptions exist, nothing else yet
-        return found
+        return queues
 
-    def _ensure_group(self, *args, **kwargs):
-        super()._ensure_group(*args, **kwargs)
+    def _group(self, plan):
+        super()._group(plan)
         die("group_created")
 
 
@@ -145,18 +152,26 @@ class DyingGroupOperator(PreemptibleGroupOperator):
         fleet.__class__ = DyingGroup
         return fleet
 
-    def _watch(self, fleet, handle):
-        watch = super()._watch(fleet, handle)
-        poll = watch.poll
+    def new_engine(self, context):
+        engine = super().new_engine(context)
+        watch_of = engine.watch
 
-        def poll_then_die():
-            done = poll()
-            if len(watch.outcomes) >= 2:
-                die("mid_sweep")
-            return done
+        def watch(handle):
+            watch = watch_of(handle)
+            if not getattr(watch, "dying", False):
+                poll = watch.poll
 
-        watch.poll = poll_then_die
-        return watch
+                def poll_then_die():
+                    done = poll()
+                    if len(watch.outcomes) >= 2:
+                        die("mid_sweep")
+                    return done
+
+                watch.poll, watch.dying = poll_then_die, True
+            return watch
+
+        engine.watch = watch
+        return engine
 
 
 with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:

@@ -1,5 +1,9 @@
 """A fleet on AWS: an SQS work queue (+ dead-letter queue), a launch template and an Auto Scaling group.
 
+``AwsFleet`` is the AWS ``core.fleet.FleetBackend`` (``clouds.gcp.fleet.GcpFleet`` is its twin; the
+registry picks). Each ``make_*`` goes through ``ResourceLedger.ensure`` (find by name, else make
+under a write-ahead entry).
+
 Every name comes from the run key's digest (``ct-<digest>-items``, ``ct-<digest>-dlq``, ``ct-<digest>``),
 so a retried task finds what an earlier try made by name instead of making a second one, and the
 resource ledger's kinds (registered at the bottom) can find and delete them with nothing but the
@@ -13,15 +17,20 @@ from __future__ import annotations
 import base64
 import json
 import logging
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.clouds.aws.ec2 import _tag_list, instance_shape, map_client_error, to_instance
 from airflow_cloudtrain.contract.runs import TAG_RUN_KEY
-from airflow_cloudtrain.core.cloud import Instance, LaunchRequest
-from airflow_cloudtrain.core.ledger import Resource, ResourceKind, register_kind
+from airflow_cloudtrain.core.fleet import Depth, FleetMaking, FleetQueues, GroupPlan, GroupState, WorkerPlace
+from airflow_cloudtrain.core.ledger import RELEASE_FIRST, Resource, ResourceKind, register_kind
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.catalog.offers import Offer
+    from airflow_cloudtrain.clouds.aws.backend import AwsRunBackend
+    from airflow_cloudtrain.core.cloud import Instance, LaunchRequest
 
 log = logging.getLogger(__name__)
+__all__ = ["AwsFleet", "Depth", "GroupState", "fleet_of"]
 
 SEND_BATCH = 10  # SendMessageBatch takes up to 10 messages
 
@@ -32,33 +41,6 @@ def group_name(digest: str) -> str:
 
 def queue_name(digest: str, dead_letter: bool = False) -> str:
     return f"ct-{digest}-{'dlq' if dead_letter else 'items'}"
-
-
-@dataclass
-class Depth:
-    """A queue's depth: visible (waiting), in flight (leased), delayed."""
-
-    visible: int
-    in_flight: int
-    delayed: int = 0
-
-    @property
-    def backlog(self) -> int:
-        return self.visible + self.in_flight
-
-    @property
-    def total(self) -> int:
-        return self.visible + self.in_flight + self.delayed
-
-
-@dataclass
-class GroupState:
-    """What the operator needs of its Auto Scaling group each poll."""
-
-    name: str
-    desired: int
-    max_size: int
-    members: dict[str, bool]  # instance id -> protected from scale-in
 
 
 def _code(err: Exception) -> str:
@@ -79,11 +61,94 @@ def _missing(err: Exception) -> bool:
 class AwsFleet:
     """SQS + EC2 launch templates + Auto Scaling in one region, from one connection's clients."""
 
-    def __init__(self, sqs: Any, autoscaling: Any, ec2: Any, region: str) -> None:
+    provider = "aws"
+    zone: str | None = None  # the group spans the region's fitting zones
+    sweep_kinds: tuple[str, ...] = ("sqs_queue", "launch_template", "asg", "instance")
+
+    def __init__(
+        self, sqs: Any, autoscaling: Any, ec2: Any, region: str, backend: AwsRunBackend | None = None
+    ) -> None:
         self.sqs = sqs
         self.autoscaling = autoscaling
         self.ec2 = ec2
         self.region = region
+        self.backend = backend  # its EC2 cloud looks up the default image
+
+    def group_name(self, digest: str) -> str:
+        return group_name(digest)
+
+    # --- making, through the ledger --------------------------------------------------------------
+
+    def make_queues(self, making: FleetMaking, lease_s: int, max_attempts: int) -> FleetQueues:
+        """The dead-letter queue, then the work queue whose redrive policy points at it."""
+        dead_letter = self._make_queue(making, queue_name(making.digest, True), None, lease_s, max_attempts)
+        queue = self._make_queue(making, queue_name(making.digest), dead_letter, lease_s, max_attempts)
+        return FleetQueues(
+            queue=queue, dead_letter=dead_letter, send_to=queue, dead_letter_source=dead_letter
+        )
+
+    def _make_queue(
+        self, making: FleetMaking, name: str, dead_letter: str | None, lease_s: int, max_attempts: int
+    ) -> str:
+        def create() -> str:
+            arn = self.queue_arn(dead_letter) if dead_letter else None
+            return self.create_queue(name, making.tags, lease_s, arn, max_attempts)
+
+        url, made = making.ensure("sqs_queue", self.region, name, lambda: self.queue_url(name), create)
+        if made:
+            making.log.info("Created queue %s", url)
+        return url
+
+    def place(self, zone: str | None, offer: Offer) -> None:
+        """Nothing to pin: the group spans the region's zones that fit."""
+
+    def worker_settings(self, queues: FleetQueues, offer: Offer) -> WorkerPlace:
+        return {}
+
+    def make_template(self, making: FleetMaking, name: str, request: LaunchRequest) -> str:
+        def create() -> str:
+            if self.backend is None:
+                raise RuntimeError("AwsFleet needs its run backend to make a launch template")
+            aws = self.backend.cloud
+            image = request.image_id or aws.default_image(request.offer.gpus)
+            return self.create_template(name, request, image, aws.root_device(image))
+
+        template_id, made = making.ensure(
+            "launch_template", self.region, name, lambda: self.template_id(name), create, record=name
+        )
+        if made:
+            making.log.info("Created launch template %s (%s)", name, template_id)
+        return template_id
+
+    def make_group(self, making: FleetMaking, plan: GroupPlan) -> None:
+        def find() -> str | None:
+            return plan.name if self.group(plan.name) is not None else None
+
+        def create() -> str:
+            wanted = {z for o in plan.offers for z in o.zones if o.instance_type in plan.instance_types}
+            zones = [] if plan.subnet_id else self.zone_names(wanted)
+            subnets = [plan.subnet_id] if plan.subnet_id else []
+            self.create_group(
+                plan.name,
+                plan.template,
+                plan.instance_types,
+                plan.spot,
+                plan.max_price,
+                plan.desired,
+                plan.max_workers,
+                zones,
+                subnets,
+                plan.tags,
+            )
+            return plan.name
+
+        _, made = making.ensure("asg", self.region, plan.name, find, create)
+        if made:
+            making.log.info(
+                "Created group %s: %d worker(s) to start, up to %d", plan.name, plan.desired, plan.max_workers
+            )
+        else:
+            making.log.info("Re-attached to group %s", plan.name)
 
     # --- queues ---------------------------------------------------------------------------------
 
@@ -287,7 +352,7 @@ class AwsFleet:
         """Every worker of the run (any state), from EC2: type, market, launch time, how it ended.
         By the run-key tag the template gives them, which stays when the group lets one go."""
         filters = [{"Name": f"tag:{TAG_RUN_KEY}", "Values": [digest]}]
-        out = []
+        out: list[Instance] = []
         for page in self.ec2.get_paginator("describe_instances").paginate(Filters=filters):
             out.extend(to_instance(i) for r in page["Reservations"] for i in r["Instances"])
         return out
@@ -314,16 +379,18 @@ class AwsFleet:
             self.ec2.terminate_instances(InstanceIds=alive)
 
 
-def fleet_of(backend: Any) -> AwsFleet:
-    """The ``AwsFleet`` of an ``AwsRunBackend`` (its connection and region)."""
+def fleet_of(backend: AwsRunBackend, zone: str | None = None) -> AwsFleet:
+    """The ``AwsFleet`` of an ``AwsRunBackend`` (its connection and region; a zone means nothing)."""
     hook = backend.hook
-    return AwsFleet(hook.client("sqs"), hook.client("autoscaling"), hook.client("ec2"), backend.region)
+    return AwsFleet(
+        hook.client("sqs"), hook.client("autoscaling"), hook.client("ec2"), backend.region or "", backend
+    )
 
 
 # --- ledger kinds: found by name from the run key, deleted with "not found" as done ---------------
 
 
-def _find_queues(backend: Any, digest: str) -> list[Resource]:
+def _find_queues(backend: AwsRunBackend, digest: str) -> list[Resource]:
     fleet = fleet_of(backend)
     found = []
     for dead_letter in (True, False):
@@ -333,31 +400,31 @@ def _find_queues(backend: Any, digest: str) -> list[Resource]:
     return found
 
 
-def _delete_queues(backend: Any, resources: list[Resource]) -> None:
+def _delete_queues(backend: AwsRunBackend, resources: list[Resource]) -> None:
     fleet = fleet_of(backend)
     for resource in resources:
         fleet.delete_queue(resource.id or "")
 
 
-def _find_templates(backend: Any, digest: str) -> list[Resource]:
+def _find_templates(backend: AwsRunBackend, digest: str) -> list[Resource]:
     fleet = fleet_of(backend)
     name = group_name(digest)
     return [Resource("launch_template", name, fleet.region)] if fleet.template_id(name) else []
 
 
-def _delete_templates(backend: Any, resources: list[Resource]) -> None:
+def _delete_templates(backend: AwsRunBackend, resources: list[Resource]) -> None:
     fleet = fleet_of(backend)
     for resource in resources:
         fleet.delete_template(resource.id or "")
 
 
-def _find_groups(backend: Any, digest: str) -> list[Resource]:
+def _find_groups(backend: AwsRunBackend, digest: str) -> list[Resource]:
     fleet = fleet_of(backend)
     name = group_name(digest)
     return [Resource("asg", name, fleet.region)] if fleet.group(name) else []
 
 
-def _delete_groups(backend: Any, resources: list[Resource]) -> None:
+def _delete_groups(backend: AwsRunBackend, resources: list[Resource]) -> None:
     fleet = fleet_of(backend)
     for resource in resources:
         fleet.delete_group(resource.id or "")
@@ -365,4 +432,4 @@ def _delete_groups(backend: Any, resources: list[Resource]) -> None:
 
 SQS_QUEUE = register_kind(ResourceKind("sqs_queue", _find_queues, _delete_queues))
 LAUNCH_TEMPLATE = register_kind(ResourceKind("launch_template", _find_templates, _delete_templates))
-ASG = register_kind(ResourceKind("asg", _find_groups, _delete_groups))
+ASG = register_kind(ResourceKind("asg", _find_groups, _delete_groups, release_order=RELEASE_FIRST))

@@ -1,7 +1,8 @@
 """A fleet on GCP: a Pub/Sub topic and pull subscription, an instance template and a managed instance group.
 
-The GCE twin of ``clouds.aws_fleet``, with the methods ``lifecycle.fleet`` and ``lifecycle.fleet_watch``
-call on either. Every name comes from the run key's digest (topic and subscription ``ct-<digest>-items``,
+``GcpFleet`` is the GCP ``core.fleet.FleetBackend``, the twin of ``clouds.aws.fleet.AwsFleet`` (neither
+is the base of the other; ``clouds.registry.fleet_backend_for`` picks). Each ``make_*`` goes through
+``ResourceLedger.ensure``. Every name comes from the run key's digest (topic and subscription ``ct-<digest>-items``,
 dead-letter topic and subscription ``ct-<digest>-dlq``, template and group ``ct-<digest>``), so a retried
 task finds what an earlier try made instead of making a second one, and the ledger kinds registered at
 the bottom find and delete them with nothing but the digest.
@@ -28,12 +29,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from airflow_cloudtrain.clouds.aws.fleet import Depth, GroupState
 from airflow_cloudtrain.clouds.gcp.gce import gcp_cloud, instance_properties, label_value, map_api_error
-from airflow_cloudtrain.core.cloud import Instance, LaunchRequest
-from airflow_cloudtrain.core.ledger import Resource, ResourceKind, register_kind
+from airflow_cloudtrain.core.fleet import Depth, FleetMaking, FleetQueues, GroupPlan, GroupState, WorkerPlace
+from airflow_cloudtrain.core.ledger import RELEASE_FIRST, Resource, ResourceKind, register_kind
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.catalog.offers import Offer
+    from airflow_cloudtrain.clouds.gcp.backend import GcpRunBackend
+    from airflow_cloudtrain.core.cloud import Instance, LaunchRequest
 
 log = logging.getLogger(__name__)
 
@@ -65,14 +70,129 @@ def _not_found(err: Exception) -> bool:
 class GcpFleet:
     """Pub/Sub in one project, templates (global) and one zonal managed instance group."""
 
-    def __init__(self, hook: Any, project: str, region: str, zone: str | None, zones: list[str]) -> None:
+    provider = "gcp"
+    sweep_kinds: tuple[str, ...] = (
+        "pubsub_topic",
+        "pubsub_subscription",
+        "instance_template",
+        "mig",
+        "instance",
+    )
+
+    def __init__(
+        self,
+        hook: Any,
+        project: str,
+        region: str,
+        zone: str | None,
+        zones: list[str],
+        backend: GcpRunBackend | None = None,
+    ) -> None:
         self.hook = hook
         self.project = project
         self.region = region
         self.zone = zone
         self.zones = zones
+        self.backend = backend
         self._clients: dict[str, Any] = {}
         self._cloud: Any = None  # GcpCloud of the group's zone, for the members
+
+    def group_name(self, digest: str) -> str:
+        return group_name(digest)
+
+    # --- making, through the ledger --------------------------------------------------------------
+
+    def make_queues(self, making: FleetMaking, lease_s: int, max_attempts: int) -> FleetQueues:
+        """The dead-letter topic and its subscription (the watch pulls it), then the items' topic and
+        its pull subscription (ack deadline = the lease, the dead-letter policy)."""
+        dead_name = queue_name(making.digest, dead_letter=True)
+        dead_topic = self._make_topic(making, dead_name)
+        self._make_subscription(making, dead_name, dead_topic, None, lease_s, max_attempts)
+        name = queue_name(making.digest)
+        topic = self._make_topic(making, name)
+        queue = self._make_subscription(making, name, topic, dead_topic, lease_s, max_attempts)
+        return FleetQueues(
+            queue=queue,
+            dead_letter=dead_topic,
+            send_to=topic,
+            dead_letter_source=self.subscription_path(dead_name),
+            topic=topic,
+        )
+
+    def _make_topic(self, making: FleetMaking, name: str) -> str:
+        path, made = making.ensure(
+            "pubsub_topic", None, name, lambda: self.topic(name), lambda: self.create_topic(name, making.tags)
+        )
+        if made:
+            making.log.info("Created topic %s", path)
+        return path
+
+    def _make_subscription(
+        self,
+        making: FleetMaking,
+        name: str,
+        topic: str,
+        dead_topic: str | None,
+        lease_s: int,
+        max_attempts: int,
+    ) -> str:
+        path, made = making.ensure(
+            "pubsub_subscription",
+            None,
+            name,
+            lambda: self.subscription(name),
+            lambda: self.create_subscription(name, topic, making.tags, lease_s, dead_topic, max_attempts),
+        )
+        if made:
+            making.log.info("Created subscription %s", path)
+        return path
+
+    def place(self, zone: str | None, offer: Offer) -> None:
+        """The group's zone: ``zone=``, else the first zone of the cheapest offer."""
+        if self.zone is None:
+            self.zone = zone or (offer.zones[0] if offer.zones else f"{self.region}-a")
+
+    def worker_settings(self, queues: FleetQueues, offer: Offer) -> WorkerPlace:
+        self.place(None, offer)
+        return {"topic": queues.topic, "zone": self.zone, "project": self.project}
+
+    def make_template(self, making: FleetMaking, name: str, request: LaunchRequest) -> str:
+        link, made = making.ensure(
+            "instance_template",
+            None,
+            name,
+            lambda: self.template(name),
+            lambda: self.create_template(name, request),
+            record=name,
+        )
+        if made:
+            making.log.info("Created instance template %s", name)
+        return link
+
+    def make_group(self, making: FleetMaking, plan: GroupPlan) -> None:
+        """A group of ``num_workers`` (fewer when fewer items wait): the constant size the studio
+        tool's ``--num-workers`` asks for. ``bid`` has no effect on GCE (Spot VMs have no bid)."""
+        name, zone = plan.name, self.zone
+
+        def find() -> str | None:
+            return name if self.group(name) is not None else None
+
+        def create() -> str:
+            self.create_group(name, plan.template, plan.desired)
+            return name
+
+        _, made = making.ensure("mig", zone, name, find, create)
+        if made:
+            making.log.info(
+                "Created managed instance group %s in %s: %d %s worker(s) of %s",
+                name,
+                zone,
+                plan.desired,
+                "Spot" if plan.spot else "standard",
+                plan.instance_types[0],
+            )
+        else:
+            making.log.info("Re-attached to group %s", name)
 
     def _client(self, name: str) -> Any:
         if name not in self._clients:
@@ -336,18 +456,18 @@ def _labels(tags: dict[str, str]) -> dict[str, str]:
     return {label_value(k): label_value(v) for k, v in tags.items() if v is not None}
 
 
-def fleet_of(backend: Any, zone: str | None = None) -> GcpFleet:
+def fleet_of(backend: GcpRunBackend, zone: str | None = None) -> GcpFleet:
     """The ``GcpFleet`` of a ``GcpRunBackend`` (its connection, project and region)."""
     from airflow_cloudtrain.clouds.gcp.gce import zones_of
 
     region = backend.region or (zone or "").rsplit("-", 1)[0]
-    return GcpFleet(backend.hook, backend.hook.project, region, zone, zones_of(region))
+    return GcpFleet(backend.hook, backend.hook.project, region, zone, zones_of(region), backend)
 
 
 # --- ledger kinds: found by name from the run key, deleted with "not found" as done ---------------
 
 
-def _find_subscriptions(backend: Any, digest: str) -> list[Resource]:
+def _find_subscriptions(backend: GcpRunBackend, digest: str) -> list[Resource]:
     fleet = fleet_of(backend)
     return [
         Resource("pubsub_subscription", path, None)
@@ -356,13 +476,13 @@ def _find_subscriptions(backend: Any, digest: str) -> list[Resource]:
     ]
 
 
-def _delete_subscriptions(backend: Any, resources: list[Resource]) -> None:
+def _delete_subscriptions(backend: GcpRunBackend, resources: list[Resource]) -> None:
     fleet = fleet_of(backend)
     for resource in resources:
         fleet.delete_subscription(resource.id or "")
 
 
-def _find_topics(backend: Any, digest: str) -> list[Resource]:
+def _find_topics(backend: GcpRunBackend, digest: str) -> list[Resource]:
     fleet = fleet_of(backend)
     return [
         Resource("pubsub_topic", path, None)
@@ -371,32 +491,32 @@ def _find_topics(backend: Any, digest: str) -> list[Resource]:
     ]
 
 
-def _delete_topics(backend: Any, resources: list[Resource]) -> None:
+def _delete_topics(backend: GcpRunBackend, resources: list[Resource]) -> None:
     fleet = fleet_of(backend)
     for resource in resources:
         fleet.delete_topic(resource.id or "")
 
 
-def _find_templates(backend: Any, digest: str) -> list[Resource]:
+def _find_templates(backend: GcpRunBackend, digest: str) -> list[Resource]:
     fleet = fleet_of(backend)
     name = group_name(digest)
     return [Resource("instance_template", name, None)] if fleet.template(name) else []
 
 
-def _delete_templates(backend: Any, resources: list[Resource]) -> None:
+def _delete_templates(backend: GcpRunBackend, resources: list[Resource]) -> None:
     fleet = fleet_of(backend)
     for resource in resources:
         fleet.delete_template(resource.id or "")
 
 
-def _find_groups(backend: Any, digest: str) -> list[Resource]:
+def _find_groups(backend: GcpRunBackend, digest: str) -> list[Resource]:
     fleet = fleet_of(backend)
     name = group_name(digest)
     zone = fleet._group_zone(name)
     return [Resource("mig", name, zone)] if zone else []
 
 
-def _delete_groups(backend: Any, resources: list[Resource]) -> None:
+def _delete_groups(backend: GcpRunBackend, resources: list[Resource]) -> None:
     for resource in resources:
         fleet_of(backend, resource.location).delete_group(resource.id or "")
 
@@ -406,4 +526,4 @@ PUBSUB_SUBSCRIPTION = register_kind(
     ResourceKind("pubsub_subscription", _find_subscriptions, _delete_subscriptions)
 )
 INSTANCE_TEMPLATE = register_kind(ResourceKind("instance_template", _find_templates, _delete_templates))
-MIG = register_kind(ResourceKind("mig", _find_groups, _delete_groups))
+MIG = register_kind(ResourceKind("mig", _find_groups, _delete_groups, release_order=RELEASE_FIRST))

@@ -14,10 +14,14 @@ The end: every item has an outcome (``outcomes/<id>.json``), or the queue has be
 visible, in flight or delayed) on two polls in a row; an item without an outcome then went to the
 dead-letter queue after ``max_item_attempts`` deliveries whose workers vanished, and is failed.
 
+Cost: each worker's lifetime (its launch to its end: the worker's own record, else when the watch saw
+it end, else now) is billed on its own through ``core.billing.billed_usd`` (per second, 60 s minimum),
+at the price of its instance type in the market the group buys.
+
 An item that failed for good is logged with the last lines of its output (``item_log_tail``: one
 listing and the newest chunks of that item's log, read once), as a single run's task log shows its job's.
 
-On GCP (``clouds.gcp_fleet``) Pub/Sub has no backlog call (``depth`` is None): the backlog is the
+On GCP (``clouds.gcp.fleet``) Pub/Sub has no backlog call (``depth`` is None): the backlog is the
 items without an outcome, the run ends when each has one, and each poll also pulls the dead-letter
 subscription: an item that arrives there without an outcome (its deliveries ran out on workers that
 vanished) is given a failed one, so the end still comes.
@@ -29,14 +33,21 @@ import contextlib
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from math import fsum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.contract import workqueue
 from airflow_cloudtrain.contract.runs import log_prefix, log_seq, split_stamp
 from airflow_cloudtrain.contract.workqueue import ItemOutcome, WorkerRecord
+from airflow_cloudtrain.core.billing import INSTANCE_MINIMUM_S, billed_seconds, billed_usd
 from airflow_cloudtrain.core.cloud import ALIVE_STATES
-from airflow_cloudtrain.lifecycle.fleet.run import FleetHandle
+from airflow_cloudtrain.lifecycle.fleet.handle import FleetHandle
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.core.cloud import Instance
+    from airflow_cloudtrain.core.fleet import FleetBackend
+    from airflow_cloudtrain.storage import RunFolder
 
 EMPTY_POLLS_TO_END = 2
 ITEM_TAIL_LINES = 20  # a failed item's last lines shown in the task log (``item_log_tail``)
@@ -46,7 +57,7 @@ class FleetFailed(RuntimeError):
     """The fleet cannot finish: no worker starts, or its group is gone."""
 
 
-def read_outcomes(folder: Any, known: set[str]) -> dict[str, ItemOutcome]:
+def read_outcomes(folder: RunFolder, known: set[str]) -> dict[str, ItemOutcome]:
     """The outcomes in the run folder whose item id is not in ``known``."""
     out: dict[str, ItemOutcome] = {}
     for key in folder.list(workqueue.OUTCOMES_PREFIX + "/"):
@@ -59,7 +70,7 @@ def read_outcomes(folder: Any, known: set[str]) -> dict[str, ItemOutcome]:
     return out
 
 
-def item_log_tail(folder: Any, outcome: ItemOutcome, limit: int = ITEM_TAIL_LINES) -> list[str]:
+def item_log_tail(folder: RunFolder, outcome: ItemOutcome, limit: int = ITEM_TAIL_LINES) -> list[str]:
     """The last ``limit`` lines its attempt's job wrote (stamped), from the log chunks the item's
     agent uploaded to ``items/<id>/instances/<attempt>/logs/``: secrets are already cut out there (the
     agent redacts every chunk). Reads chunks from the newest back, only as many as the lines need."""
@@ -76,14 +87,17 @@ def item_log_tail(folder: Any, outcome: ItemOutcome, limit: int = ITEM_TAIL_LINE
 
 
 class FleetWatch:
+    """One fleet's wait, the same in the worker and in the triggerer: ``poll`` until it says over,
+    then ``refresh`` and ``result``."""
+
     def __init__(
         self,
         handle: FleetHandle,
-        cloud: Any,
-        folder: Any,
+        cloud: FleetBackend,
+        folder: RunFolder,
         log: logging.Logger,
         startup_timeout: float | None = 1800.0,
-        clock: Any = time.time,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.handle = handle
         self.cloud = cloud
@@ -92,7 +106,7 @@ class FleetWatch:
         self.startup_timeout = startup_timeout
         self.clock = clock
         self.outcomes: dict[str, ItemOutcome] = {}
-        self.members: dict[str, Any] = {}  # instance id -> Instance (any state)
+        self.members: dict[str, Instance] = {}  # instance id -> Instance (any state)
         self.ended_seen: dict[str, float] = {}
         self.empty_polls = 0
         self.last_progress = clock()
@@ -162,7 +176,7 @@ class FleetWatch:
             )
             self.folder.put_text(key, outcome.to_json())
 
-    def _members(self, found: list[Any], now: float) -> None:
+    def _members(self, found: list[Instance], now: float) -> None:
         for inst in found:
             before = self.members.get(inst.id)
             self.members[inst.id] = inst
@@ -251,14 +265,7 @@ class FleetWatch:
                 }
             )
         records = self._worker_records()
-        costs = []
-        for inst in self.members.values():
-            start = inst.launch_time or handle.started_at
-            record = records.get(inst.id)
-            end = (record.ended_at if record else None) or self.ended_seen.get(inst.id) or now
-            price = handle.prices.get(inst.instance_type)
-            if price is not None:
-                costs.append(price * max(0.0, end - start) / 3600.0)
+        cost, basis = self.cost(records, now)
         types = Counter(m.instance_type for m in self.members.values())
         return {
             "run_id": handle.run_id,
@@ -279,12 +286,35 @@ class FleetWatch:
                 sum(1 for m in self.members.values() if m.preempted),
                 sum(o.interruptions for o in self.outcomes.values()),
             ),
-            "cost_usd": round(fsum(costs), 6),
+            "cost_usd": cost,
+            "cost_basis": basis,
             "duration_s": round(now - handle.started_at, 3),
             "queue": handle.queue,
             "dead_letter_queue": handle.dead_letter,
             "group": handle.group,
         }
+
+    def cost(self, records: dict[str, WorkerRecord], now: float) -> tuple[float, str]:
+        """(USD, how it was counted): each worker's lifetime billed on its own (``billed_usd``: per
+        second, 60 s minimum), at its type's price; a worker whose type has no price counts nothing."""
+        costs, billed, unpriced = [], 0.0, 0
+        for inst in self.members.values():
+            start = inst.launch_time or self.handle.started_at
+            record = records.get(inst.id)
+            end = (record.ended_at if record else None) or self.ended_seen.get(inst.id) or now
+            price = self.handle.prices.get(inst.instance_type)
+            if price is None:
+                unpriced += 1
+                continue
+            costs.append(billed_usd(price, end - start, 1, INSTANCE_MINIMUM_S))
+            billed += billed_seconds(end - start, INSTANCE_MINIMUM_S)
+        basis = (
+            f"{len(costs)} worker(s), {billed:.0f} s billed in all "
+            f"(each worker per second, {INSTANCE_MINIMUM_S:.0f} s minimum)"
+        )
+        if unpriced:
+            basis += f"; {unpriced} worker(s) of a type with no known price not counted"
+        return round(fsum(costs), 6), basis
 
     def _worker_records(self) -> dict[str, WorkerRecord]:
         out = {}
