@@ -10,11 +10,11 @@ import math
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from airflow_cloudtrain.mlengine import ReplicaPool, resolve_pools
+from airflow_cloudtrain.mlengine.job import JobConfig
 from airflow_cloudtrain.operators.config import IMAGE_RE, parse_bucket, parse_duration, parse_env
 
 # ML Engine's job id rule (the detector's --job-id): letters, digits and underscores, starting with a
@@ -22,9 +22,6 @@ from airflow_cloudtrain.operators.config import IMAGE_RE, parse_bucket, parse_du
 JOB_ID_RE = re.compile(r"[A-Za-z][A-Za-z0-9_]{0,127}")
 REGION_RE = re.compile(r"[a-z]+-[a-z]+\d+", re.ASCII)
 MAX_RUNTIME_DEFAULT = "7d"  # Vertex's own default timeout is 7 days
-# Vertex's prebuilt training containers for python packages (ML Engine's runtime versions are gone).
-EXECUTOR_CPU = "us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-17.py310:latest"
-EXECUTOR_GPU = "us-docker.pkg.dev/vertex-ai/training/tf-gpu.2-17.py310:latest"
 
 VOCABULARY_ARGS = (
     "scale_tier",
@@ -40,34 +37,6 @@ VOCABULARY_ARGS = (
     "parameter_server_accelerator",
     "evaluator_accelerator",
 )
-
-
-@dataclass
-class JobConfig:
-    """The rendered, checked arguments of one MLEngineTrainOperator."""
-
-    region: str
-    bucket: str
-    pools: list[ReplicaPool]
-    python_module: str | None = None
-    packages: list[str] = field(default_factory=list)  # gs:// package URIs given as they are
-    code_dir: str | None = None  # a local folder to package and upload
-    training_args: list[str] = field(default_factory=list)
-    image: str | None = None
-    command: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    executor_image: str | None = None
-    job_id: str | None = None
-    resume_from: str | None = None
-    spot: bool = False
-    restart_job_on_worker_restart: bool = False
-    max_runtime_s: float | None = None
-    service_account: str | None = None
-    project_id: str | None = None
-
-    @property
-    def has_gpu(self) -> bool:
-        return any(p.machine.accelerator_type and "TPU" not in p.machine.accelerator_type for p in self.pools)
 
 
 def check_job_id(value: Any, name: str) -> str | None:
