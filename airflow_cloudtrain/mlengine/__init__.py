@@ -7,14 +7,16 @@ naming the argument and what it accepts, instead of failing at job submission.
 - ``accelerators``: accelerator spellings -> Vertex enum names; the K80 note.
 - ``machines``: legacy ML Engine machine names, Compute Engine names, GPU compatibility.
 - ``tiers``: scale tiers -> ``ReplicaPool`` list -> ``workerPoolSpecs``.
-- ``pricing``: per-replica-hour prices and a run's cost estimate from the catalog snapshot.
+- ``pricing``: per-replica-hour prices from the catalog snapshot (a job's cost estimate is
+  ``lifecycle.vertex.cost``, through the one billing function).
+- ``job``: ``JobConfig``, the checked arguments the Vertex engine submits.
 """
 
 from __future__ import annotations
 
 from airflow_cloudtrain.mlengine.accelerators import K80_REPLACEMENT_NOTE, parse_accelerator
 from airflow_cloudtrain.mlengine.machines import LEGACY_MACHINES, MachineSpec
-from airflow_cloudtrain.mlengine.pricing import estimate_cost, hourly_price
+from airflow_cloudtrain.mlengine.pricing import hourly_price
 from airflow_cloudtrain.mlengine.tiers import (
     ROLES,
     SCALE_TIERS,
@@ -30,7 +32,6 @@ __all__ = [
     "SCALE_TIERS",
     "MachineSpec",
     "ReplicaPool",
-    "estimate_cost",
     "hourly_price",
     "parse_accelerator",
     "resolve_pools",

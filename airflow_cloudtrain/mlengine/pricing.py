@@ -4,15 +4,17 @@ Vertex AI bills custom training at its own per-machine rates, which are the Comp
 price of the machine and its accelerators plus a training charge that the snapshot does not hold.
 So the numbers here are an *estimate*, a floor on the bill, and say so: good enough to compare
 clusters and to notice that PREMIUM_1 is thirty-one machines, not to reconcile an invoice.
+
+Prices only: a job's cost (replicas x run time, through ``core.billing.billed_usd`` like every other
+engine's) is ``lifecycle.vertex.cost.estimate_cost``, a floor above the billing function.
 """
 
 from __future__ import annotations
 
 from airflow_cloudtrain.catalog.gce import family_rates
-from airflow_cloudtrain.catalog.snapshot import SNAPSHOT_DATE, Row, snapshot_rows
+from airflow_cloudtrain.catalog.snapshot import Row, snapshot_rows
 from airflow_cloudtrain.mlengine.accelerators import ACCELERATORS
 from airflow_cloudtrain.mlengine.machines import N1_GIB_PER_VCPU, MachineSpec, series_of
-from airflow_cloudtrain.mlengine.tiers import ReplicaPool
 
 
 def _price(row: Row | None, spot: bool) -> float | None:
@@ -71,37 +73,3 @@ def hourly_price(machine: MachineSpec, region: str, spot: bool = False) -> float
         return base
     extra = _accelerator_price(rows, machine, region, spot)
     return None if extra is None else round(base + extra, 6)
-
-
-def estimate_cost(
-    pools: list[ReplicaPool], region: str, spot: bool, seconds: float
-) -> tuple[float | None, str]:
-    """(USD for ``seconds`` of every pool's replicas, or None if any pool cannot be priced; a
-    one-line basis saying how the number was made and what it leaves out)."""
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
-        raise ValueError(f"seconds={seconds!r}: accepted: a run time in seconds >= 0")
-    hours = seconds / 3600
-    total = 0.0
-    parts: list[str] = []
-    unpriced: list[str] = []
-    for pool in pools:
-        price = hourly_price(pool.machine, region, spot)
-        label = f"{pool.role} {pool.count} x {pool.machine.describe()}"
-        if price is None:
-            unpriced.append(label)
-        else:
-            total += price * pool.count * hours
-            parts.append(f"{label} at ${price:.4f}/h")
-    kind = "Spot" if spot else "on-demand"
-    basis = (
-        f"ESTIMATE: Compute Engine {kind} list prices in {region} (catalog snapshot {SNAPSHOT_DATE}) of the "
-        f"replicas' machines x {hours:.2f} h run time ({'; '.join(parts) or 'no pool priced'}); "
-        "Vertex AI adds its own training charge on top, not included"
-    )
-    if unpriced:
-        basis += (
-            f"; could not price {'; '.join(unpriced)} (TPUs and types or regions missing from the snapshot "
-            "have no catalog price), so no total"
-        )
-        return None, basis
-    return round(total, 6), basis

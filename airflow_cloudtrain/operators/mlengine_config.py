@@ -10,13 +10,13 @@ import math
 import re
 import shlex
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.contract.clouds import Provider
     from airflow_cloudtrain.mlengine import ReplicaPool
+    from airflow_cloudtrain.mlengine.job import JobConfig
 
 # MLEngineTrainOperator's module imports this one for ``VOCABULARY_ARGS``: the translation
 # (``mlengine``) and the shared checks are imported by the functions that use them, at construction.
@@ -36,9 +36,6 @@ def vertex_storage() -> Provider:
     return PROVIDERS["gcp"]
 
 
-EXECUTOR_CPU = "us-docker.pkg.dev/vertex-ai/training/tf-cpu.2-17.py310:latest"
-EXECUTOR_GPU = "us-docker.pkg.dev/vertex-ai/training/tf-gpu.2-17.py310:latest"
-
 VOCABULARY_ARGS = (
     "scale_tier",
     "master_type",
@@ -53,34 +50,6 @@ VOCABULARY_ARGS = (
     "parameter_server_accelerator",
     "evaluator_accelerator",
 )
-
-
-@dataclass
-class JobConfig:
-    """The rendered, checked arguments of one MLEngineTrainOperator."""
-
-    region: str
-    bucket: str
-    pools: list[ReplicaPool]
-    python_module: str | None = None
-    packages: list[str] = field(default_factory=list)  # gs:// package URIs given as they are
-    code_dir: str | None = None  # a local folder to package and upload
-    training_args: list[str] = field(default_factory=list)
-    image: str | None = None
-    command: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    executor_image: str | None = None
-    job_id: str | None = None
-    resume_from: str | None = None
-    spot: bool = False
-    restart_job_on_worker_restart: bool = False
-    max_runtime_s: float | None = None
-    service_account: str | None = None
-    project_id: str | None = None
-
-    @property
-    def has_gpu(self) -> bool:
-        return any(p.machine.accelerator_type and "TPU" not in p.machine.accelerator_type for p in self.pools)
 
 
 def check_job_id(value: Any, name: str) -> str | None:
@@ -309,6 +278,8 @@ def check_job_args(args: dict[str, Any], rendered: bool = False) -> JobConfig | 
         if restart is None
         else _bool(restart, "restart_job_on_worker_restart")
     )
+    from airflow_cloudtrain.mlengine.job import JobConfig
+
     code_dir, packages = parsed["code"]
     return JobConfig(
         region=parsed["region"],

@@ -7,25 +7,32 @@ custom job (``airflow_cloudtrain.mlengine`` holds the translation). On top of Ve
 streams the job's log lines into the task log, cancels the job when the task is killed (deferred too),
 re-attaches to a running job on retry instead of submitting a second one, and estimates the cost.
 
-Configuration and Airflow glue only: the job's life is ``lifecycle.vertex_job.VertexJobRun``; nothing
-here imports google-cloud-aiplatform (DAG parsing stays cheap).
+Configuration and Airflow glue only: execute / defer / ``execute_complete`` / ``on_kill`` are the one
+operator skeleton's (``operators.base.EngineOperator``), and the job's life is its engine
+(``lifecycle.vertex.engine.VertexEngine`` over ``lifecycle.vertex.job.VertexJobRun``); nothing here
+imports google-cloud-aiplatform (DAG parsing stays cheap).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from airflow.sdk import BaseOperator, conf
+from airflow.sdk import conf
 
 from airflow_cloudtrain.links.vertex import LINK_XCOM_KEY, VertexJobLink
+from airflow_cloudtrain.operators.base import EngineOperator
 from airflow_cloudtrain.operators.mlengine_config import VOCABULARY_ARGS
 
 if TYPE_CHECKING:
+    import logging
+
     from airflow.sdk import Context
 
+    from airflow_cloudtrain.clouds.gcp.vertex import JobRecord
+    from airflow_cloudtrain.core.engine import Engine
     from airflow_cloudtrain.lifecycle.vertex.job import VertexJobRun
-    from airflow_cloudtrain.operators.mlengine_config import JobConfig
+    from airflow_cloudtrain.mlengine.job import JobConfig
 
 TEMPLATED = (
     "project_id",
@@ -47,7 +54,7 @@ TEMPLATED = (
 )
 
 
-class MLEngineTrainOperator(BaseOperator):
+class MLEngineTrainOperator(EngineOperator):
     """Train on Vertex AI with ML Engine's ``scale_tier`` / machine-type vocabulary.
 
     ``code`` (a local folder, packaged and uploaded, or gs:// package URIs) + ``python_module`` +
@@ -56,6 +63,50 @@ class MLEngineTrainOperator(BaseOperator):
     packages); ``resume_from=<first job id>`` writes into that job's folder instead and starts from its
     checkpoints. XCom: ``job_id``, ``job_name``, ``job_dir``, ``state``, ``console_url``, ``replicas``,
     ``duration_s``, ``cost_usd`` (an estimate), ``resumed_from``.
+
+    :param region: the Vertex AI region of the job, e.g. ``"us-central1"``.
+    :param bucket: gs:// URI under which each job's folder ``<bucket>/<job_id>/`` is written.
+    :param project_id: the Google Cloud project; default: the connection's project.
+    :param code: a local folder (packaged as a source distribution and uploaded) or one or more gs://
+        package URIs (``.tar.gz``, ``.whl``) holding ``python_module``.
+    :param python_module: the dotted module Vertex runs, e.g. ``"trainer.task"``; exclusive with
+        ``image``.
+    :param training_args: the program's arguments: a list of strings or one shell-quoted string
+        (``--job-dir <job folder>`` is added for a python package unless given).
+    :param image: a custom container image URI to run instead of a python package.
+    :param command: the container's entrypoint (with ``image`` only): a list or one shell-quoted string.
+    :param env: environment variables for every replica (``CLOUDTRAIN_JOB_ID`` is always set).
+    :param executor_image: the prebuilt training container of a python package; default TensorFlow
+        2.17, the GPU build when a pool has a GPU.
+    :param scale_tier: ``BASIC``, ``STANDARD_1``, ``PREMIUM_1``, ``BASIC_GPU`` (default),
+        ``BASIC_TPU`` or ``CUSTOM`` (case-insensitive); ``CUSTOM`` takes the ``*_type`` arguments.
+    :param master_type: the chief's machine (``CUSTOM``, required): an ML Engine legacy name
+        (``complex_model_m_gpu``) or a Compute Engine type (``n1-standard-8``).
+    :param worker_type: the workers' machine (``CUSTOM``), legacy or Compute Engine name.
+    :param worker_count: how many workers (``CUSTOM``).
+    :param parameter_server_type: the parameter servers' machine (``CUSTOM``).
+    :param parameter_server_count: how many parameter servers (``CUSTOM``).
+    :param evaluator_type: the evaluators' machine (``CUSTOM``).
+    :param evaluator_count: how many evaluators (``CUSTOM``).
+    :param master_accelerator: GPUs for a Compute Engine ``master_type``: ``"NVIDIA_TESLA_T4"``,
+        ``"T4:2"`` or ``{"type": "T4", "count": 2}``.
+    :param worker_accelerator: GPUs for a Compute Engine ``worker_type`` (same forms).
+    :param parameter_server_accelerator: GPUs for a Compute Engine ``parameter_server_type``.
+    :param evaluator_accelerator: GPUs for a Compute Engine ``evaluator_type``.
+    :param job_id: the job's id and folder name (letters, digits, underscores, starting with a
+        letter); default ``<task_id>_<UTC timestamp>``, kept across the task's tries.
+    :param resume_from: the id of an earlier job of this bucket: the new job writes into the first
+        job's folder and starts from its checkpoints.
+    :param spot: run the replicas on Spot capacity.
+    :param restart_job_on_worker_restart: restart the whole cluster when a replica restarts; default
+        on for Spot jobs of more than one replica.
+    :param max_runtime: Vertex's timeout for the job (``"1d"``, ``"90m"``, seconds, or
+        ``"unlimited"``); default 7 days.
+    :param service_account: the service account e-mail the replicas run as.
+    :param gcp_conn_id: the Airflow Google connection.
+    :param deferrable: wait in the triggerer instead of holding a worker slot.
+    :param poll_interval: how often the job's state is read (seconds, or a duration such as ``"1m"``).
+    :param log_polling_interval: how often the job's Cloud Logging lines are read into the task log.
     """
 
     template_fields: Sequence[str] = TEMPLATED
@@ -129,99 +180,27 @@ class MLEngineTrainOperator(BaseOperator):
         ti = context["ti"]
         key = RunKey.of_task(self, context, config.bucket)
         hook = VertexHook(gcp_conn_id=self.gcp_conn_id, project_id=config.project_id)
-        self._run = VertexJobRun(
-            config, key, hook, context.get("task_state_store"), self.log, getattr(ti, "try_number", 1) or 1
-        )
+        log = cast("logging.Logger", self.log)  # Airflow's task logger: the stdlib Logger's calls
+        try_number = getattr(ti, "try_number", 1) or 1
+        self._run = VertexJobRun(config, key, hook, context.get("task_state_store"), log, try_number)
         return self._run
 
-    def execute(self, context: Context) -> dict[str, Any]:
-        from airflow.sdk.exceptions import TaskDeferred
+    def new_engine(self, context: Context) -> Engine[Any]:
+        from airflow_cloudtrain.lifecycle.vertex.engine import VertexEngine, VertexWait
 
-        run = self._new_run(context)
-        job = run.start()
-        if job.terminal:  # an earlier try's job ended while nobody watched: its last lines, its result
-            run.show_rest(job)
-            return self._deliver(run, job)
-        try:
-            self._push_link(context, run, job)
-            if self.deferrable and not run.over(job):  # an ended job finishes here (``over``)
-                from airflow_cloudtrain.triggers.vertex_job import VertexJobTrigger
+        conn_id = self.gcp_conn_id or "google_cloud_default"  # never None: checked at construction
+        wait = VertexWait(conn_id, self.poll_interval, self.log_polling_interval)
+        return VertexEngine(self._new_run(context), wait)
 
-                self.defer(
-                    trigger=VertexJobTrigger(
-                        job_name=job.name,
-                        conn_id=self.gcp_conn_id,
-                        project_id=run.project,
-                        poll_interval=self.poll_interval,
-                        log_polling_interval=self.log_polling_interval,
-                        job_dir=job.output_dir,
-                    ),
-                    method_name="execute_complete",
-                )
-            job = run.wait(job, self.poll_interval, self.log_polling_interval)
-        except TaskDeferred:
-            raise
-        except BaseException:  # killed, or the wait itself failed: the job must not run on unwatched
-            run.kill()
-            raise
-        return self._deliver(run, job)
-
-    def _push_link(self, context: Context, run: VertexJobRun, job: Any) -> None:
+    def on_handle(self, context: Context, engine: Engine[Any], handle: JobRecord) -> None:
         """The console link, now: Airflow pushes an extra link's value only when ``execute`` returns or
-        defers, so a blocking task's button would stay empty while its job runs."""
+        defers, so a blocking task's button would stay empty while its job runs. Never fails the task."""
         from airflow_cloudtrain.clouds.gcp.vertex import console_url
 
-        url = console_url(run.project, job.region, job.numeric_id)
-        context["ti"].xcom_push(key=LINK_XCOM_KEY, value=url)
-        context["ti"].xcom_push(key=VertexJobLink().xcom_key, value=url)
-
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
-        """Back from the trigger: report, and raise on anything but success."""
-        from airflow.exceptions import AirflowException
-
-        from airflow_cloudtrain.clouds.gcp.vertex import JobRecord
-
-        run = self._new_run(context)
-        if event.get("status") != "done":
-            try:
-                cancelled = run.cancel()
-                self.log.info(
-                    "Cancelled %s after the deferred wait failed", ", ".join(cancelled) or "nothing"
-                )
-            except Exception:
-                self.log.exception("Cancelling the job after the failed wait did not complete")
-            raise AirflowException(event.get("message") or "waiting for the Vertex AI job failed")
-        return self._deliver(run, JobRecord.from_dict(event["job"]))
-
-    def _deliver(self, run: VertexJobRun, job: Any) -> dict[str, Any]:
-        result = run.finish(job)
-        self.log.info(
-            "Vertex AI job %s %s in %ss; estimated cost $%s (%s)",
-            result["job_id"],
-            result["state"],
-            result["duration_s"],
-            result["cost_usd"],
-            result["cost_basis"],
-        )
-        if not job.succeeded:
-            from airflow.exceptions import AirflowException
-
-            raise AirflowException(
-                f"Vertex AI job {result['job_id']} ended {job.state}: {job.error or 'no error message'} "
-                f"({result['console_url']})"
-            )
-        return result
-
-    def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
-        """A trigger that crashed or timed out resumes with ``__fail__``: cancel the job first."""
-        if next_method == "__fail__":
-            try:
-                self._new_run(context).kill()
-            except Exception:
-                self.log.exception("Cancelling the job after the failed deferral did not complete")
-        return super().resume_execution(next_method, next_kwargs, context)
-
-    def on_kill(self) -> None:
-        """Killed on the worker (submitting or waiting): cancel the job with the task."""
-        if self._run is not None:
-            self._run.kill()
+        try:
+            project = self._run.project if self._run is not None else handle.project
+            url = console_url(project, handle.region, handle.numeric_id)
+            context["ti"].xcom_push(key=LINK_XCOM_KEY, value=url)
+            context["ti"].xcom_push(key=VertexJobLink().xcom_key, value=url)
+        except Exception as err:
+            self.log.warning("Could not publish the console link of %s: %s", handle.name, err)

@@ -10,23 +10,37 @@ the time the job wrote them; the cursor lives in the job folder, so a re-created
 restart) neither repeats nor loses lines (``lifecycle.vertex_logs``). Every client call is blocking
 (google-cloud-aiplatform's REST client, ``requests``) and runs in a worker thread, never on the loop.
 ``on_kill`` cancels the job: a task killed while deferred leaves nothing running.
+
+The wait is the one async poll loop (``core.engine.apoll_until``): each poll takes the next shared
+snapshot (``shared_poll.watch``, not its own retrying wrapper); a describe error reaches every watcher
+of the group, and each watcher's own transient budget decides whether to wait it out (leaving the
+group while it backs off, joining a fresh one after) or to fail its wait.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import threading
-from collections.abc import AsyncIterator, Hashable
-from contextlib import aclosing
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Hashable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_cloudtrain.clouds.gcp.vertex import JobRecord
+from airflow_cloudtrain.core.engine import apoll_until
 from airflow_cloudtrain.core.retry import TransientBudget
 from airflow_cloudtrain.triggers import shared_poll
 
+if TYPE_CHECKING:
+    from airflow_cloudtrain.clouds.gcp.vertex import VertexJobs
+    from airflow_cloudtrain.hooks.follow import Following
+    from airflow_cloudtrain.lifecycle.vertex.logs import JobLogTail
+
 _ENDED_KEPT = 1000
+T = TypeVar("T")
+Key = tuple[str, str, str | None, str]  # ("vertex", connection, project, region): one poll group
 
 
 class VertexPoller:
@@ -40,14 +54,14 @@ class VertexPoller:
 
         self.project_id = project_id
         self.region = region
-        self.jobs: Any = Following(conn_id, self._make, lambda jobs: jobs.close())
+        self.jobs: Following[VertexJobs] = Following(conn_id, self._make, lambda jobs: jobs.close())
         self._lock = threading.Lock()
         self._ended: dict[str, JobRecord] = {}  # job name -> its final record: it never changes again
 
-    def _make(self) -> Any:
+    def _make(self) -> VertexJobs:
         return jobs_client(self.jobs.conn_id, self.project_id, self.region)
 
-    def call(self, what: Any) -> Any:
+    def call(self, what: Callable[[VertexJobs], T]) -> T:
         """``what(VertexJobs)``; a failed call makes the next one re-read the connection first."""
         try:
             return what(self.jobs.get())
@@ -66,7 +80,7 @@ class VertexPoller:
             with self._lock:
                 job = self._ended.get(name)
             if job is None:
-                job = self.call(lambda jobs, name=name: jobs.get(name))
+                job = self.call(functools.partial(_get, name=name))
             if job is not None:
                 found[name] = job
                 if job.terminal:
@@ -83,17 +97,21 @@ class VertexPoller:
         self.jobs.close()
 
 
-def jobs_client(conn_id: str, project_id: str | None, region: str) -> Any:
+def jobs_client(conn_id: str | None, project_id: str | None, region: str) -> VertexJobs:
     """Blocking: a new ``VertexJobs`` (one JobServiceClient) from the connection as it is now."""
     from airflow_cloudtrain.clouds.gcp.vertex import VertexJobs
     from airflow_cloudtrain.hooks.vertex import VertexHook
 
-    hook = VertexHook(gcp_conn_id=conn_id, project_id=project_id)
+    hook = VertexHook(gcp_conn_id=conn_id or "google_cloud_default", project_id=project_id)
     return VertexJobs(hook.job_client(region), hook.project, region)
 
 
+def _get(jobs: VertexJobs, name: str) -> JobRecord | None:
+    return jobs.get(name)
+
+
 def _make_poller(key: Hashable) -> VertexPoller:
-    _kind, conn_id, project_id, region = key
+    _kind, conn_id, project_id, region = cast("Key", key)
     return VertexPoller(conn_id, project_id, region)
 
 
@@ -107,7 +125,21 @@ POLLERS: shared_poll.Pool[VertexPoller] = shared_poll.Pool(_make_poller, _close_
 
 
 class VertexJobTrigger(BaseTrigger):
-    """Waits for one Vertex AI custom job; yields ``{"status": "done", "job": JobRecord}`` or an error."""
+    """Waits for one Vertex AI custom job, streaming its log lines into the task log.
+
+    Yields one event: ``{"status": "done", "job": <JobRecord as a dict>}`` when the job ended (any end:
+    the task decides what fails), or ``{"status": "error", "message": ...}`` when the wait itself
+    failed (the task then cancels the job). Killing the deferred task cancels the job (``on_kill``).
+
+    :param job_name: the job's full name, ``projects/<project>/locations/<region>/customJobs/<id>``.
+    :param conn_id: the Airflow Google connection (re-read while waiting: an edit is followed).
+    :param project_id: the project, when the connection does not name it.
+    :param poll_interval: seconds between reads of the job's state (shared by every job of the
+        connection, project and region deferred in this triggerer).
+    :param log_polling_interval: seconds between reads of the job's Cloud Logging lines.
+    :param job_dir: the job folder (gs://), where the log cursor is kept across triggerer restarts;
+        None: lines are not remembered.
+    """
 
     def __init__(
         self,
@@ -143,7 +175,7 @@ class VertexJobTrigger(BaseTrigger):
     def region(self) -> str:
         return self.job_name.split("/")[3]
 
-    def _tail(self) -> Any:
+    def _tail(self) -> JobLogTail:
         from airflow_cloudtrain.hooks.vertex import VertexHook
         from airflow_cloudtrain.lifecycle.vertex.logs import JobLogTail
 
@@ -151,7 +183,9 @@ class VertexJobTrigger(BaseTrigger):
         folder = hook.run_folder(self.job_dir) if self.job_dir else None
         return JobLogTail(hook, self.job_name.rsplit("/", 1)[-1], folder)
 
-    def _show(self, tail: Any) -> int:
+    def _show(self, tail: JobLogTail | None) -> int:
+        if tail is None:
+            return 0
         lines = tail.poll()
         for line in lines:
             self.log.info("%s", line.render())
@@ -159,21 +193,20 @@ class VertexJobTrigger(BaseTrigger):
             tail.commit()
         return len(lines)
 
-    def _watch(self, key: Any) -> AsyncIterator[dict[str, JobRecord]]:
-        """Shared snapshots; transient list/get errors are waited out (one blip must not end every
-        deferred job's wait)."""
+    def _watch(self, key: Key) -> AsyncIterator[dict[str, JobRecord]]:
+        """The shared snapshots of the job's poll group (a failed describe is raised here)."""
 
         async def describe(names: list[str]) -> dict[str, JobRecord]:
             return await asyncio.to_thread(POLLERS.get(key).describe, names)
 
-        return shared_poll.watch_with_retry(
-            key, [self.job_name], describe, self.poll_interval, self.log, close=POLLERS.closer(key)
+        return shared_poll.watch(
+            key, [self.job_name], describe, self.poll_interval, close=POLLERS.closer(key)
         )
 
-    def _key(self) -> tuple[str, str, str | None, str]:
+    def _key(self) -> Key:
         return ("vertex", self.conn_id, self.project_id, self.region)
 
-    async def _confirm_gone(self, key: Any) -> JobRecord | None:
+    async def _confirm_gone(self, key: Key) -> JobRecord | None:
         """A job the shared poll no longer finds: asked for directly before the run is declared
         lost (a list that lags, or a describe of another moment, must not fail a live job). None:
         Vertex says it does not exist."""
@@ -195,29 +228,50 @@ class VertexJobTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_cloudtrain.lifecycle.vertex.logs import LogStream
 
-        logs = LogStream(self.log, self.log_polling_interval)
+        logs = LogStream(cast(logging.Logger, self.log), self.log_polling_interval)  # Airflow's task logger
+        key = self._key()
+        stream: list[AsyncIterator[dict[str, JobRecord]]] = []  # the open watch, if any
+
+        async def close_stream() -> None:
+            while stream:
+                aclose = getattr(stream.pop(), "aclose", None)  # an async generator: leave the group
+                if aclose is not None:
+                    await aclose()
+
+        async def ended() -> dict[str, Any] | None:
+            """One shared snapshot: the event once the job ended or is gone, else None. A failed
+            describe leaves the group before ``apoll_until`` backs off (or gives up)."""
+            if not stream:
+                stream.append(self._watch(key))
+            try:
+                snapshot = await anext(stream[0])
+            except BaseException:
+                await close_stream()
+                raise
+            job = snapshot.get(self.job_name)
+            if job is None:
+                job = await self._confirm_gone(key)
+            if job is None:
+                return {"status": "error", "message": f"Vertex AI job {self.job_name} no longer exists"}
+            if logs.tail is None:
+                logs.tail = await logs.aguard(asyncio.to_thread, self._tail)
+            if job.terminal:
+                return {"status": "done", "job": job.to_dict()}
+            if logs.due():
+                await logs.aguard(asyncio.to_thread, self._show, logs.tail)
+            return None
+
+        def transient(err: BaseException, delay: float) -> None:
+            self.log.warning("Transient error polling (%s); retrying", err)
+
         event: dict[str, Any] | None = None
         try:
-            key = self._key()
-            async with aclosing(self._watch(key)) as stream:
-                async for snapshot in stream:
-                    job = snapshot.get(self.job_name)
-                    if job is None:
-                        job = await self._confirm_gone(key)
-                    if job is None:
-                        event = {
-                            "status": "error",
-                            "message": f"Vertex AI job {self.job_name} no longer exists",
-                        }
-                        break
-                    if logs.tail is None:
-                        logs.tail = await logs.aguard(asyncio.to_thread, self._tail)
-                    if job.terminal:
-                        event = {"status": "done", "job": job.to_dict()}
-                        break
-                    if logs.due():
-                        await logs.aguard(asyncio.to_thread, self._show, logs.tail)
-            if event and event["status"] == "done":  # out of the shared poll first: it polls no more for us
+            try:
+                budget = TransientBudget(base_s=self.poll_interval)
+                event = await apoll_until(ended, 0.0, on_transient=transient, budget=budget)
+            finally:
+                await close_stream()
+            if event["status"] == "done":  # out of the shared poll first: it polls no more for us
                 await logs.adrain(lambda: asyncio.to_thread(self._show, logs.tail))
         except asyncio.CancelledError:
             raise

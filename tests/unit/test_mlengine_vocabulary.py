@@ -12,6 +12,8 @@ import sys
 import pytest
 
 from airflow_cloudtrain.catalog.snapshot import snapshot_rows
+from airflow_cloudtrain.core.billing import VERTEX_MINIMUM_S, billed_usd
+from airflow_cloudtrain.lifecycle.vertex.cost import estimate_cost
 from airflow_cloudtrain.mlengine import (
     K80_REPLACEMENT_NOTE,
     LEGACY_MACHINES,
@@ -19,7 +21,6 @@ from airflow_cloudtrain.mlengine import (
     SCALE_TIERS,
     MachineSpec,
     ReplicaPool,
-    estimate_cost,
     hourly_price,
     parse_accelerator,
     resolve_pools,
@@ -555,6 +556,19 @@ def test_estimate_cost_sums_pools_over_the_run_time() -> None:
         estimate_cost(pools, REGION, False, -1)
 
 
+def test_estimate_cost_bills_every_replica_through_the_one_billing_function() -> None:
+    """A job's cost is what ``core.billing`` bills each replica (whole seconds, no minimum), summed."""
+    pools = resolve_pools("STANDARD_1")
+    for seconds in (0.4, 59.5, 3601.2):
+        usd, _ = estimate_cost(pools, REGION, False, seconds)
+        billed = sum(
+            billed_usd(hourly_price(p.machine, REGION), seconds, count=p.count, minimum_s=VERTEX_MINIMUM_S)
+            for p in pools
+        )
+        assert usd == pytest.approx(billed, abs=1e-6)  # the total is rounded to 6 places
+    assert estimate_cost(pools, REGION, False, 59.5)[0] == estimate_cost(pools, REGION, False, 60)[0]
+
+
 def test_estimate_cost_names_the_pools_it_cannot_price() -> None:
     usd, basis = estimate_cost(resolve_pools("BASIC_TPU"), REGION, False, 3600)
     assert usd is None
@@ -570,7 +584,7 @@ def test_estimate_cost_names_the_pools_it_cannot_price() -> None:
 def test_import_loads_no_cloud_sdk() -> None:
     code = (
         "import sys, airflow_cloudtrain.mlengine as m; m.resolve_pools('STANDARD_1'); "
-        "m.estimate_cost(m.resolve_pools('BASIC_GPU'), 'us-central1', False, 60); "
+        "m.hourly_price(m.resolve_pools('BASIC_GPU')[0].machine, 'us-central1'); "
         "bad = [n for n in sys.modules if n.split('.')[0] in ('boto3', 'botocore', 'aiobotocore', 'airflow') "
         "or n.startswith(('google.cloud.', 'google.api_core', 'google.auth', 'google.protobuf', 'grpc', 'proto'))]; "
         "print(bad)"

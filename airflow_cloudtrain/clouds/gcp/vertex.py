@@ -9,6 +9,7 @@ returned. ``JobRecord`` is the JSON-safe view of a job that crosses the trigger 
 
 from __future__ import annotations
 
+import builtins  # in VertexJobs, ``list`` is a method: its annotations say builtins.list
 import logging
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -185,16 +186,16 @@ class VertexJobs:
                 break
         return sorted(out, key=lambda j: j.created_at or 0.0, reverse=True)
 
-    def find(self, digest: str, active_only: bool = False) -> list[JobRecord]:
+    def find(self, digest: str, active_only: bool = False) -> builtins.list[JobRecord]:
         """The jobs of one run key (every try's), newest first."""
         clause = f'labels.{TAG_RUN_KEY}="{digest}"'
         return self.list(f"{clause} AND {ACTIVE_FILTER}" if active_only else clause)
 
-    def named(self, display_name: str) -> list[JobRecord]:
+    def named(self, display_name: str) -> builtins.list[JobRecord]:
         """Jobs whose display name (our ``job_id``) is this, newest first."""
         return self.list(f'display_name="{display_name}"')
 
-    def active_managed(self) -> list[JobRecord]:
+    def active_managed(self) -> builtins.list[JobRecord]:
         """Every job of ours not yet ended: the one list a poll of many deferred jobs shares."""
         return self.list(f'labels.{TAG_MANAGED}="true" AND {ACTIVE_FILTER}')
 

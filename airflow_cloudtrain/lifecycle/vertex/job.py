@@ -26,15 +26,21 @@ import logging
 import threading
 import time
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.clouds.gcp.vertex import CANCELLING, KIND, PAUSED, JobRecord, VertexJobs, console_url
 from airflow_cloudtrain.contract.runs import TAG_RUN_URI, RunKey, join
+from airflow_cloudtrain.core.engine import poll_until
 from airflow_cloudtrain.core.ledger import ResourceLedger, store_get, store_set
 from airflow_cloudtrain.core.retry import TransientBudget, call_with_retry
+from airflow_cloudtrain.lifecycle.vertex.cost import estimate_cost
 from airflow_cloudtrain.lifecycle.vertex.logs import JobLogTail, LogStream
-from airflow_cloudtrain.mlengine import ROLES, MachineSpec, ReplicaPool, estimate_cost, worker_pool_specs
-from airflow_cloudtrain.operators.mlengine_config import EXECUTOR_CPU, EXECUTOR_GPU, JobConfig
+from airflow_cloudtrain.mlengine import ROLES, MachineSpec, ReplicaPool, worker_pool_specs
+from airflow_cloudtrain.mlengine.job import EXECUTOR_CPU, EXECUTOR_GPU, JobConfig
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.hooks.vertex import VertexHook
+    from airflow_cloudtrain.storage import RunFolder
 
 STORE_KEY = "cloudtrain_vertex"  # task_state_store: the job id chosen by the first try
 
@@ -64,14 +70,14 @@ class VertexJobRun:
         self,
         config: JobConfig,
         key: RunKey,
-        hook: Any,
-        store: Any = None,
+        hook: VertexHook,
+        store: Any = None,  # Airflow's task_state_store (None: nothing persisted across tries)
         logger: logging.Logger | None = None,
         try_number: int = 1,
     ) -> None:
         self.config = config
         self.key = key
-        self.hook = hook  # hooks.vertex.VertexHook
+        self.hook = hook
         self.store = store
         self.log = logger or logging.getLogger(__name__)
         self.try_number = try_number
@@ -80,8 +86,9 @@ class VertexJobRun:
         self.ledger = ResourceLedger.load(key.digest, store, self.log)
         self.killed = threading.Event()
 
-    def folder(self, uri: str) -> Any:
-        return self.hook.run_folder(uri)
+    def folder(self, uri: str) -> RunFolder:
+        folder: RunFolder = self.hook.run_folder(uri)
+        return folder
 
     # --- start: re-attach, deliver, or submit ----------------------------------------------------
 
@@ -117,13 +124,19 @@ class VertexJobRun:
 
     def _cancels_done(self, jobs: list[JobRecord], timeout_s: float = 600.0) -> list[JobRecord]:
         """Wait for jobs being cancelled (a failed or killed earlier try, a cleared task) to end, so a
-        retry submits anew instead of re-attaching to a job that is about to be CANCELLED."""
+        retry submits anew instead of re-attaching to a job that is about to be CANCELLED. A kill
+        ends the wait (the submit that follows then refuses to run)."""
         self.log.info("Waiting for an earlier try's job to finish cancelling before submitting")
         deadline = time.monotonic() + timeout_s
-        while any(j.state == CANCELLING for j in jobs) and time.monotonic() < deadline:
-            self.killed.wait(5.0)
-            jobs = call_with_retry(lambda: self.jobs.find(self.key.digest))
-        return jobs
+
+        def settled() -> list[JobRecord] | None:
+            found = self.jobs.find(self.key.digest)
+            cancelling = any(j.state == CANCELLING for j in found)
+            if cancelling and time.monotonic() < deadline and not self.killed.is_set():
+                return None
+            return found
+
+        return poll_until(settled, 5.0, stopped=self.killed.is_set, on_transient=self._transient)
 
     def job_id(self) -> str:
         """The configured id, else the one the first try chose (``<task>_<UTC timestamp>``)."""
@@ -239,33 +252,36 @@ class VertexJobRun:
     def log_tail(self, job: JobRecord) -> JobLogTail:
         return JobLogTail(self.hook, job.numeric_id, self.folder(job.output_dir) if job.output_dir else None)
 
+    def _transient(self, err: BaseException, delay: float) -> None:
+        self.log.warning("Transient error polling Vertex AI (%s); retrying in %.0f s", err, delay)
+
     def wait(self, job: JobRecord, poll_interval: float, log_interval: float) -> JobRecord:
         """Poll the job until it ends, showing its log lines; cancelled with the task (``kill``). A failed
-        log read never fails the wait (``LogStream``)."""
+        log read never fails the wait (``LogStream``). The job is read every ``poll_interval`` and its
+        log every ``log_interval``: ``poll_until`` ticks at the shorter of the two."""
         logs = LogStream(self.log, log_interval)
-        budget = TransientBudget()
-        while True:
+        name = job.name
+        next_read = [0.0]  # monotonic time of the next read of the job
+
+        def ended() -> JobRecord | None:
             if self.killed.is_set():
-                raise JobKilled(f"the task was killed while waiting for {job.name}")
-            try:
-                fresh = self.jobs.get(job.name)
-                budget.ok()
-            except Exception as err:
-                delay = budget.failed(err)  # re-raises when not transient, or lasting too long
-                self.log.warning("Transient error polling %s (%s); retrying", job.name, err)
-                self.killed.wait(delay)
-                continue
-            if fresh is None:
-                raise RuntimeError(f"Vertex AI job {job.name} no longer exists (deleted?)")
-            job = fresh
-            if logs.tail is None:
-                logs.tail = logs.guard(self.log_tail, job)
-            if job.terminal:
-                logs.drain(lambda: show_lines(self.log, logs.tail))
-                return job
+                raise JobKilled(f"the task was killed while waiting for {name}")
+            if time.monotonic() >= next_read[0]:
+                fresh = self.jobs.get(name)  # a transient error: backed off in ``poll_until``
+                next_read[0] = time.monotonic() + poll_interval
+                if fresh is None:
+                    raise RuntimeError(f"Vertex AI job {name} no longer exists (deleted?)")
+                if logs.tail is None:
+                    logs.tail = logs.guard(self.log_tail, fresh)
+                if fresh.terminal:
+                    logs.drain(lambda: show_lines(self.log, logs.tail))
+                    return fresh
             if logs.due():
                 logs.guard(show_lines, self.log, logs.tail)
-            self.killed.wait(min(poll_interval, max(0.5, logs.next_at - time.monotonic())))
+            return None
+
+        tick = min(poll_interval, max(0.5, log_interval))
+        return poll_until(ended, tick, stopped=self.killed.is_set, on_transient=self._transient)
 
     def over(self, job: JobRecord) -> bool:
         """Has the job already ended? Checked once just before deferring: a trigger that fires within
@@ -326,8 +342,10 @@ class VertexJobRun:
             self.log.exception("Cancelling the Vertex AI job after the kill did not complete")
 
 
-def show_lines(log: logging.Logger, tail: JobLogTail) -> int:
-    """Show a tail's new lines in the task log, then save its cursor; how many."""
+def show_lines(log: logging.Logger, tail: JobLogTail | None) -> int:
+    """Show a tail's new lines in the task log, then save its cursor; how many (none without a tail)."""
+    if tail is None:
+        return 0
     lines = tail.poll()
     for line in lines:
         log.info("%s", line.render())

@@ -69,7 +69,7 @@ def build_sdist(folder: str | os.PathLike[str]) -> tuple[str, bytes]:
     # gzip with mtime 0: the same folder gives the same bytes
     with (
         gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as gz,
-        tarfile.open(fileobj=gz, mode="w") as tar,  # type: ignore[call-overload]
+        tarfile.open(fileobj=gz, mode="w") as tar,
     ):
         own_build = (root / "setup.py").exists() or (root / "pyproject.toml").exists()
         if not own_build:

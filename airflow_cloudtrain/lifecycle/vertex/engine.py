@@ -1,0 +1,120 @@
+"""The Vertex AI job as an ``Engine``: ``MLEngineTrainOperator`` on the one operator skeleton.
+
+``VertexJobRun`` (``job.py``) does the work (find or submit, wait while streaming the log, report,
+cancel through the ledger); this maps it onto the skeleton's calls:
+
+- ``start``: the task's job (an earlier try's, or a new one); an earlier try's job that already
+  ended shows its last log lines and is delivered at once.
+- ``trigger``: ``triggers.vertex_job.VertexJobTrigger``, named by classpath (kwargs and event shape
+  unchanged: tasks deferred by an earlier release resume).
+- ``advance`` / ``resume``: the XCom dict, or the task fails ("Vertex AI job ... ended ..."); an
+  event other than ``done`` (the wait failed in the triggerer) cancels the job first.
+- ``abandon`` / ``kill``: cancel the job (the teardown of a Vertex job is a cancel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from airflow_cloudtrain.clouds.gcp.vertex import JobRecord
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.core.engine import Step, TriggerSpec
+    from airflow_cloudtrain.lifecycle.vertex.job import VertexJobRun
+
+TRIGGER = "airflow_cloudtrain.triggers.vertex_job.VertexJobTrigger"  # stored in Airflow's DB: keep it
+
+
+@dataclass(frozen=True)
+class VertexWait:
+    """How the job is waited for: the connection the trigger re-reads, and the two cadences."""
+
+    conn_id: str
+    poll_interval: float
+    log_polling_interval: float
+
+
+class VertexEngine:
+    """``MLEngineTrainOperator``'s engine: one Vertex AI custom job, from submit to its XCom."""
+
+    def __init__(self, run: VertexJobRun, wait: VertexWait) -> None:
+        self.run = run
+        self.settings = wait
+
+    def start(self) -> Step[JobRecord]:
+        from airflow_cloudtrain.core.engine import Step
+
+        job = self.run.start()
+        if job.terminal:  # an earlier try's job ended while nobody watched: its last lines, its result
+            self.run.show_rest(job)
+            return self.advance(job, job)
+        return Step.waiting(job)
+
+    def over(self, handle: JobRecord) -> bool:
+        return self.run.over(handle)
+
+    def trigger(self, handle: JobRecord) -> TriggerSpec:
+        from airflow_cloudtrain.core.engine import TriggerSpec
+
+        return TriggerSpec(
+            TRIGGER,
+            {
+                "job_name": handle.name,
+                "conn_id": self.settings.conn_id,
+                "project_id": self.run.project,
+                "poll_interval": self.settings.poll_interval,
+                "log_polling_interval": self.settings.log_polling_interval,
+                "job_dir": handle.output_dir,
+            },
+        )
+
+    def wait(self, handle: JobRecord) -> JobRecord:
+        return self.run.wait(handle, self.settings.poll_interval, self.settings.log_polling_interval)
+
+    def advance(self, handle: JobRecord, outcome: JobRecord) -> Step[JobRecord]:
+        """The job ended (``outcome``: its final record): report it; raise unless it succeeded."""
+        from airflow_cloudtrain.core.engine import Step
+
+        result = self.run.finish(outcome)
+        self.run.log.info(
+            "Vertex AI job %s %s in %ss; estimated cost $%s (%s)",
+            result["job_id"],
+            result["state"],
+            result["duration_s"],
+            result["cost_usd"],
+            result["cost_basis"],
+        )
+        if not outcome.succeeded:
+            from airflow.exceptions import AirflowException
+
+            raise AirflowException(
+                f"Vertex AI job {result['job_id']} ended {outcome.state}: "
+                f"{outcome.error or 'no error message'} ({result['console_url']})"
+            )
+        return Step.finished(result)
+
+    def resume(self, event: Any) -> Step[JobRecord]:
+        """``{"status": "done", "job": ...}`` delivers; anything else (the deferred wait failed)
+        cancels the job and fails the task with the trigger's message."""
+        event = event if isinstance(event, dict) else {}
+        if event.get("status") != "done":
+            try:
+                cancelled = self.run.cancel()
+                self.run.log.info(
+                    "Cancelled %s after the deferred wait failed", ", ".join(cancelled) or "nothing"
+                )
+            except Exception:
+                self.run.log.exception("Cancelling the job after the failed wait did not complete")
+            from airflow.exceptions import AirflowException
+
+            raise AirflowException(event.get("message") or "waiting for the Vertex AI job failed")
+        job = JobRecord.from_dict(event["job"])
+        return self.advance(job, job)
+
+    def abandon(self, reason: str) -> None:
+        """A failed or killed wait, a failed deferral: the job must not run on unwatched."""
+        self.run.kill()
+
+    def kill(self) -> None:
+        self.run.kill()
