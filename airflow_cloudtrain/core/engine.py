@@ -39,6 +39,15 @@ H = TypeVar("H")
 T = TypeVar("T")
 
 
+class Log(Protocol):
+    """What an engine writes its lines to: a ``logging.Logger``, or the task's (Airflow's structlog
+    logger, which takes the same ``%``-style calls)."""
+
+    def info(self, msg: str, /, *args: Any) -> Any: ...
+
+    def warning(self, msg: str, /, *args: Any) -> Any: ...
+
+
 @dataclass(frozen=True)
 class TriggerSpec:
     """A trigger as Airflow stores it: ``classpath`` and JSON-serializable ``kwargs``."""

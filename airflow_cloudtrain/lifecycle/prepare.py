@@ -7,7 +7,6 @@ Pure configuration work over the run folder and the catalog; the create calls th
 from __future__ import annotations
 
 import io
-import logging
 import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +27,9 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.catalog.offers import Offer
     from airflow_cloudtrain.contract.runs import RunKey
     from airflow_cloudtrain.core.cloud import LaunchRequest
+    from airflow_cloudtrain.core.engine import Log
     from airflow_cloudtrain.spec import RunConfig
+    from airflow_cloudtrain.storage import RunFolder
 
 HARD_STOP_MARGIN_MIN_S = 30.0
 HARD_STOP_MARGIN_MAX_S = 600.0
@@ -88,7 +89,7 @@ def hard_stop_s(max_runtime_s: float | None) -> int | None:
     return int(max_runtime_s + margin)
 
 
-def offers_for(config: RunConfig, region: str | None, log: logging.Logger) -> list[Offer]:
+def offers_for(config: RunConfig, region: str | None, log: Log) -> list[Offer]:
     """The ranked offers to launch (cheapest first); an explicit ``instance_type`` is one offer."""
     from airflow_cloudtrain.catalog import rank_offers
     from airflow_cloudtrain.catalog.offers import Offer
@@ -129,9 +130,9 @@ def write_run_folder(
     config: RunConfig,
     key: RunKey,
     run_uri: str,
-    folder: Any,
+    folder: RunFolder,
     volume: bool,
-    log: logging.Logger,
+    log: Log,
     job: JobOptions | None = None,
     worker: dict[str, Any] | None = None,
     live_uri: str | None = None,
@@ -212,8 +213,7 @@ def request_builder(
 
     stop_s = hard_stop_s(config.max_runtime_s)
     # both clouds get both: EC2 honours the bootstrap's shutdown timer, GCE scheduling.maxRunDuration
-    extra = {"worker": True} if worker else {}
-    user_data = render_user_data(run_uri, config.cloud, hard_stop_s=stop_s, **extra)
+    user_data = render_user_data(run_uri, config.cloud, hard_stop_s=stop_s, worker=worker)
     tags = {**options.tags, **key.tags(), TAG_RUN_URI: run_uri, TAG_TRY: str(try_number)}
 
     def build(offer: Offer, zone: str | None, attempt: int) -> LaunchRequest:

@@ -44,12 +44,19 @@ class CloudTrainOperator(RunArgsOperator):
     operator_extra_links = (CloudInstanceLink(), RunFolderLink())
     _attempt: RunAttempt | None = None  # the current attempt (the resume loop's too)
 
-    def _new_attempt(self, context: Context) -> RunAttempt:
-        from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt, RunContext
+    def _run_context(self, config: RunConfig, context: Context) -> RunContext:
+        """The run's context from the rendered ``config``; ``secret_env`` is parsed here, on the
+        operator's floor (the engines below never import the operators)."""
+        from airflow_cloudtrain.lifecycle.run.attempt import RunContext
+        from airflow_cloudtrain.operators.secret_env import parse_secret_env
 
-        config = self._config()
-        self._attempt = RunAttempt(RunContext.for_task(config, self, context, self.launch_options, self.wait))
-        return self._attempt
+        secret_env = parse_secret_env(getattr(self, "secret_env", None), config.cloud, config.env)
+        return RunContext.for_task(config, self, context, self.launch_options, self.wait, secret_env)
+
+    def _new_attempt(self, context: Context) -> RunAttempt:
+        from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt
+
+        return RunAttempt(self._run_context(self._config(), context))
 
     def new_engine(self, context: Context) -> Engine[Any]:
         from airflow_cloudtrain.lifecycle.run.engine import SingleRun
@@ -66,13 +73,16 @@ class CloudTrainOperator(RunArgsOperator):
     @quiet_bid
     def execute(self, context: Context) -> Any:
         engine = self._new(context)
-        if self._attempt is not None:
-            self._say_bid_ignored(self._attempt.ctx.config)
+        self._say_bid_ignored(_attempts(engine).config)
         return self._drive(context, engine, engine.start())
 
     def on_handle(self, context: Context, engine: Engine[Any], handle: Any) -> None:
-        if self._attempt is not None:
-            self._push_links(context, self._attempt, handle)
+        """An attempt in flight: its console links (the resume loop's current attempt's)."""
+        from airflow_cloudtrain.core.records import LaunchRecord
+
+        attempt = _attempts(engine).attempt
+        if attempt is not None and isinstance(handle, LaunchRecord):
+            self._push_links(context, attempt, handle)
 
     def _push_links(self, context: Context, attempt: RunAttempt, launch: LaunchRecord) -> None:
         """The console links of the instance that now exists, while the run is still going
@@ -94,9 +104,16 @@ class CloudTrainOperator(RunArgsOperator):
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:
         return super().resume_execution(next_method, next_kwargs, context)
 
-    def on_kill(self) -> None:
-        """The task was killed on the worker (while launching or waiting): release with it."""
-        if self._attempt is not None:  # the current attempt (the resume loop's too)
-            self._attempt.kill()
-        else:
-            super().on_kill()
+
+def _attempts(engine: Engine[Any]) -> AttemptEngine:
+    """The engines of ``CloudTrainOperator`` and its subclasses run attempts (``SingleRun``,
+    ``ResumeRun``): their configuration and current attempt."""
+    from typing import cast
+
+    return cast("AttemptEngine", engine)
+
+
+if TYPE_CHECKING:  # the run machinery's types (apart from the imports above: those are the parse's)
+    from airflow_cloudtrain.lifecycle.run.attempt import RunContext
+    from airflow_cloudtrain.lifecycle.run.engine import AttemptEngine
+    from airflow_cloudtrain.spec import RunConfig

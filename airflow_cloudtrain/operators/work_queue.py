@@ -96,7 +96,10 @@ class WorkQueueOperator(RunArgsOperator):
         items = parse_work_items(self.work_items)
         settings = parse_fleet_args(self.fleet_args, items, self.max_lease_s, self.lease_limit)
         settings.poll_interval = self.poll_interval
-        base = RunContext.for_task(config, self, context, self.launch_options, self.wait)
+        from airflow_cloudtrain.operators.secret_env import parse_secret_env  # the engines never import it
+
+        secret_env = parse_secret_env(self.secret_env, config.cloud, config.env)
+        base = RunContext.for_task(config, self, context, self.launch_options, self.wait, secret_env)
         job = JobOptions(checkpoint_dir=self.checkpoint_dir, checkpoint_interval_s=self.checkpoint_interval_s)
         ctx = FleetContext(
             config=config,

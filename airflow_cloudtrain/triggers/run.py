@@ -18,14 +18,15 @@ before the task ends, which comes within about ``END_POLL_S`` of the job's end.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_cloudtrain.contract.runs import SPEC_KEY, STARTING, RunSpec, RunStatus, heartbeat_key, status_key
 from airflow_cloudtrain.core.cloud import ENDED_STATES, STOPPED, Instance
+from airflow_cloudtrain.core.engine import apoll_until
 from airflow_cloudtrain.core.logstream import LogFollower, render_line
 from airflow_cloudtrain.core.records import ERROR, LaunchRecord, Outcome
 from airflow_cloudtrain.core.retry import TransientBudget
@@ -34,6 +35,10 @@ from airflow_cloudtrain.triggers import shared_poll
 from airflow_cloudtrain.triggers.heap import freeze_long_lived
 from airflow_cloudtrain.triggers.instances import watch_instances
 from airflow_cloudtrain.triggers.run_index import LOG_EVERY, LiveIndex, LiveView
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.core.backend import RunBackend
+    from airflow_cloudtrain.storage import RunFolder
 
 
 def _make_index(key: Any) -> LiveIndex:
@@ -113,7 +118,6 @@ class RunTrigger(BaseTrigger):
         freeze_long_lived()  # once per process: see triggers.heap
         launch = LaunchRecord.from_dict(self.launch)
         follower = LogFollower(launch.instance_id, self.next_log_seq)
-        result: Outcome | None = None
         try:
             live_uri = launch.live_uri or await asyncio.to_thread(self._live_uri_from_spec, launch)
             result = await self._wait(launch, live_uri, follower)
@@ -123,7 +127,6 @@ class RunTrigger(BaseTrigger):
             raise
         except Exception as err:
             result = Outcome(ERROR, "wait_failed", message=f"waiting for the run failed: {err}")
-        result = result or Outcome(ERROR, "wait_failed", message="the run watch ended")
         yield TriggerEvent(
             {"outcome": result.to_dict(), "launch": self.launch, "next_log_seq": follower.next_seq}
         )
@@ -154,48 +157,54 @@ class RunTrigger(BaseTrigger):
             quiet=self.poll_interval,
         )
 
-    async def _wait(
-        self, launch: LaunchRecord, live_uri: str | None, follower: LogFollower
-    ) -> Outcome | None:
+    async def _wait(self, launch: LaunchRecord, live_uri: str | None, follower: LogFollower) -> Outcome:
+        """The blocking wait's decision over the shared views, through ``core.engine.apoll_until``.
+
+        Each poll takes the next view of the run from the shared stream, which paces the polls
+        (a trigger wakes only when its run's view changed, or each ``poll_interval``): so the loop
+        adds no interval of its own (``interval_s=0``). A transient error reading what changed
+        backs off within the budget, and the next poll takes the latest view."""
         iid = launch.instance_id
         key = ("live", self.conn_id, self.project_id, live_uri)
         instances: dict[str, Instance | None] = {}
         failed: list[BaseException] = []
         watcher = asyncio.ensure_future(self._follow_instance(launch, instances, failed))
         watch = RunWatch(self.deadline, launch.launched_at, self.startup_timeout, self.heartbeat_timeout)
-        budget = TransientBudget()
         status: RunStatus | None = None
         stream = self._views(launch, live_uri, follower)
         LOG_EVERY[iid] = self.poll_interval
+
+        async def poll() -> Outcome | None:
+            nonlocal status
+            try:
+                snapshot = await anext(stream, None)
+            except Exception as err:  # the shared poll retried already: not this loop's to retry
+                return Outcome(ERROR, "wait_failed", message=f"waiting for the run failed: {err}")
+            if snapshot is None:
+                return Outcome(ERROR, "wait_failed", message="the run watch ended")
+            if failed:  # the instance watch gave up (after its own retries): so does the wait
+                return Outcome(ERROR, "wait_failed", message=f"waiting for the run failed: {failed[0]}")
+            index = INDEXES.peek(key) if live_uri else None
+            view = snapshot.get(iid) or LiveView()
+            instance = instances.get(iid)
+            status = await self._read(index, launch, follower, view, instance, status)
+            result = watch.decide(status, instance, view.beacon_at)
+            if result is not None and index is not None:
+                result = await self._confirm(index, launch, follower, watch, result, instance, view)
+                if result is not None:
+                    index.forget(iid)
+            return result
+
+        def transient(err: BaseException, delay: float) -> None:
+            self.log.warning("Transient error reading the run's state (%s); retrying", err)
+
         try:
             async with aclosing(stream):
-                async for snapshot in stream:
-                    if failed:
-                        raise failed[0]
-                    index = INDEXES.peek(key) if live_uri else None
-                    view = snapshot.get(iid) or LiveView()
-                    instance = instances.get(iid)
-                    try:
-                        status = await self._read(index, launch, follower, view, instance, status)
-                        result = watch.decide(status, instance, view.beacon_at)
-                        if result is not None and index is not None:
-                            result = await self._confirm(
-                                index, launch, follower, watch, result, instance, view
-                            )
-                        budget.ok()
-                    except Exception as err:
-                        budget.failed(err)  # re-raises when not transient or lasting too long
-                        self.log.warning("Transient error reading the run's state (%s); retrying", err)
-                        continue
-                    if result is not None:
-                        if index is not None:
-                            index.forget(iid)
-                        return result
+                return await apoll_until(poll, 0.0, on_transient=transient)
         finally:
             LOG_EVERY.pop(iid, None)
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
-        return None
 
     async def _read(
         self,
@@ -260,7 +269,7 @@ class RunTrigger(BaseTrigger):
             await self._show(index, launch, follower, beacon, None)
         return result
 
-    def _backend(self, launch: LaunchRecord) -> Any:
+    def _backend(self, launch: LaunchRecord) -> RunBackend:
         from airflow_cloudtrain.clouds.registry import backend_for
 
         return backend_for(
@@ -271,11 +280,11 @@ class RunTrigger(BaseTrigger):
             project_id=self.project_id,
         )
 
-    def _folder(self, launch: LaunchRecord) -> Any:
+    def _folder(self, launch: LaunchRecord) -> RunFolder:
         return self._backend(launch).run_folder(launch.run_uri)
 
     def _folder_state(
-        self, launch: LaunchRecord, folder: Any = None
+        self, launch: LaunchRecord, folder: RunFolder | None = None
     ) -> tuple[RunStatus | None, float | None]:
         """Blocking: ``status.json`` and the heartbeat file of the run folder."""
         folder = folder or self._folder(launch)
@@ -306,14 +315,17 @@ class RunTrigger(BaseTrigger):
     ) -> None:
         """Keeps ``out`` at the latest shared snapshot of the instance (only when it stopped or
         ended, on EC2); a lasting describe error is handed to the wait."""
-        stream = watch_instances(
-            launch.cloud,
-            self.conn_id,
-            launch.location,
-            [launch.instance_id],
-            self.poll_interval,
-            self.project_id,
-            ended_only=True,
+        stream = cast(  # an async generator: aclosing closes it
+            "AsyncGenerator[dict[str, Instance], None]",
+            watch_instances(
+                launch.cloud,
+                self.conn_id,
+                launch.location,
+                [launch.instance_id],
+                self.poll_interval,
+                self.project_id,
+                ended_only=True,
+            ),
         )
         try:
             async with aclosing(stream):
@@ -360,42 +372,26 @@ class RunTrigger(BaseTrigger):
         self.log.warning("Released %s because the task was killed", ", ".join(released) or "nothing")
 
     def _release(self) -> list[str]:
-        """As ``RunAttempt.abandon``: the job's end will not be reported, so mark the instance (its
-        agent writes ``interrupted`` when terminated) before releasing; retried within ~25 s, the
-        time Airflow gives ``on_kill``."""
+        """The job's end will not be reported: ``lifecycle.run.abandon.abandon_run``, as the worker's
+        ``RunAttempt.abandon``, retried within ~25 s, the time Airflow gives ``on_kill``."""
         from airflow_cloudtrain.core.ledger import Resource, ResourceLedger
-        from airflow_cloudtrain.core.retry import call_with_retry
-        from airflow_cloudtrain.lifecycle.run.attempt import has_final_status, mark_reported
+        from airflow_cloudtrain.lifecycle.run.abandon import abandon_run
 
         launch = LaunchRecord.from_dict(self.launch)
         backend = self._backend(launch)
-        try:
-            folder = backend.run_folder(launch.run_uri)
-            self._sweep_run_secrets_too(backend, folder)
-            if not has_final_status(folder, launch.instance_id):
-                mark_reported(folder, launch.instance_id, launch.try_number, "released", TransientBudget(5.0))
-        except Exception as err:  # releasing matters more
-            self.log.warning("Could not mark %s before releasing it: %s", launch.instance_id, err)
         ledger = ResourceLedger(
             launch.run_key, entries=[Resource("instance", launch.instance_id, launch.location)]
         )
-        budget = TransientBudget(budget_s=25.0, cap_s=5.0)
-        released = call_with_retry(lambda: ledger.release(backend, sweep=bool(launch.run_key)), budget)
+        released = abandon_run(
+            backend,
+            backend.run_folder(launch.run_uri),
+            ledger,
+            self.log,
+            try_number=launch.try_number,
+            mark_budget=TransientBudget(5.0),
+            release_budget=TransientBudget(budget_s=25.0, cap_s=5.0),
+        )
         return [r.id or "" for r in released]
-
-    def _sweep_run_secrets_too(self, backend: Any, folder: Any) -> None:
-        """Secrets the operator stored for the run (``secret_env``'s airflow_* references) go with it:
-        the spec names them, so the release's sweep looks for their kind too."""
-        from airflow_cloudtrain.lifecycle.run_secrets import sweep_secrets
-
-        try:
-            raw = folder.get_bytes(SPEC_KEY)
-            spec = RunSpec.from_json(raw.decode()) if raw else None
-        except Exception as err:  # releasing the instance matters more
-            self.log.warning("Could not read the run's spec for its secrets: %s", err)
-            return
-        if spec is not None:
-            sweep_secrets(backend, spec.secret_env)
 
 
 def _ended(instance: Instance | None) -> bool:

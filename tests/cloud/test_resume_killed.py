@@ -56,7 +56,7 @@ class DyingResume(CheckpointResumeOperator):
         mark = os.environ.get("CLOUDTRAIN_TEST_MARK")
         if mark:  # tells the test that the attempt's trigger is about to run
             with open(mark, "a") as out:
-                out.write(kwargs.get("method_name", "") + "\\n")
+                out.write(type(kwargs["trigger"]).__name__ + "\\n")
         super().defer(**kwargs)
 
     def _loop(self, context):
@@ -166,7 +166,7 @@ def test_triggerer_and_worker_killed_mid_attempt_adopt_the_running_instance(
     proc = first_try(dag_id, when, None, mark)
 
     def deferred_and_running() -> str | None:
-        if not mark.exists() or "attempt_complete" not in mark.read_text():
+        if not mark.exists() or "RunTrigger" not in mark.read_text():
             return None
         return next((i["id"] for i in emu.running_instances() if job_step(emu, i["id"]) >= 3), None)
 

@@ -48,7 +48,8 @@ def wait_for(condition: Any, what: str) -> None:
 
 def ended_before_defer(monkeypatch: pytest.MonkeyPatch) -> None:
     """``RunAttempt.start`` returns once the launched job's final status is in the run folder."""
-    from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt, has_final_status
+    from airflow_cloudtrain.lifecycle.run.abandon import has_final_status
+    from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt
 
     real = RunAttempt.start
 

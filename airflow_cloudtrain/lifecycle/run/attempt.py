@@ -10,16 +10,16 @@ only a run with nothing alive and nothing final launches again.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.contract.errors import CloudError
-from airflow_cloudtrain.contract.runs import RunStatus, delivered_key, heartbeat_key, join, status_key
+from airflow_cloudtrain.contract.runs import RunStatus, heartbeat_key, join, status_key
 from airflow_cloudtrain.core.billing import billed_cost
 from airflow_cloudtrain.core.cloud import ALIVE_STATES, ENDED_STATES, STOPPED
+from airflow_cloudtrain.core.engine import poll_until
 from airflow_cloudtrain.core.ledger import ResourceLedger, store_get, store_set
 from airflow_cloudtrain.core.records import Attempt, LaunchRecord, Outcome
 from airflow_cloudtrain.core.retry import TransientBudget, call_with_retry
@@ -32,6 +32,7 @@ from airflow_cloudtrain.lifecycle.prepare import (
     price_from_tags,
     request_builder,
 )
+from airflow_cloudtrain.lifecycle.run.abandon import abandon_run, delivered, mark_delivered
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.contract.runs import RunKey
@@ -39,25 +40,10 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.core.cloud import Instance, LaunchRequest
     from airflow_cloudtrain.core.engine import TriggerSpec
     from airflow_cloudtrain.spec import RunConfig
+    from airflow_cloudtrain.storage import RunFolder
 
 LAUNCH_KEY = "cloudtrain_launch"  # task_state_store: the LaunchRecord of the current attempt
-DELIVERED_KEY = "cloudtrain_delivered"  # task_state_store: instances whose end was already reported
 DEADLINE_MARGIN_S = 600.0  # past max_runtime, the wait gives up on an agent that did not stop the job
-
-
-def has_final_status(folder: Any, instance_id: str) -> bool:
-    """Has the agent on ``instance_id`` written a final status to the run folder?"""
-    raw = folder.get_text(status_key(instance_id))
-    return bool(raw) and RunStatus.from_json(raw).final
-
-
-def mark_reported(
-    folder: Any, instance_id: str, try_number: int, state: str, budget: TransientBudget | None = None
-) -> None:
-    """The ``delivered`` marker: this instance's end was reported to Airflow (or given up on by a
-    teardown, ``state="released"``), so no retry reports it again."""
-    note = json.dumps({"try_number": try_number, "state": state, "at": time.time()})
-    call_with_retry(lambda: folder.put_text(delivered_key(instance_id), note), budget)
 
 
 class RunKilled(RuntimeError):
@@ -80,7 +66,7 @@ class RunContext:
     project_id: str | None = None
     job: JobOptions | None = None  # checkpoint / watchdog settings for the spec (None: defaults)
     folder_uri: str | None = None  # another run folder to use (``resume_from``), else the key's own
-    secret_env: dict[str, str] | None = None  # {VAR: reference}, checked (``operators.secret_env``)
+    secret_env: dict[str, str] | None = None  # {VAR: reference}, parsed by the operator
 
     @property
     def run_uri(self) -> str:
@@ -98,15 +84,22 @@ class RunContext:
 
     @classmethod
     def for_task(
-        cls, config: RunConfig, task: Any, context: Any, options: LaunchOptions, wait: WaitSettings
+        cls,
+        config: RunConfig,
+        task: Any,
+        context: Any,
+        options: LaunchOptions,
+        wait: WaitSettings,
+        secret_env: dict[str, str] | None = None,
     ) -> RunContext:
         """The context of one task instance: ``task`` carries ``dag_id``, ``task_id``, ``log`` and the
-        ``aws_conn_id`` / ``gcp_conn_id`` / ``project_id`` of the official providers."""
+        ``aws_conn_id`` / ``gcp_conn_id`` / ``project_id`` of the official providers; ``secret_env`` is
+        the task's ``{VAR: reference}``, rendered and parsed by the operator
+        (``operators.secret_env.parse_secret_env``: the operator's floor, which this one never imports)."""
         from airflow_cloudtrain.clouds.registry import backend_for
         from airflow_cloudtrain.contract.clouds import conn_id_for
         from airflow_cloudtrain.contract.runs import RunKey
         from airflow_cloudtrain.lifecycle.run_secrets import sweep_secrets
-        from airflow_cloudtrain.operators.secret_env import parse_secret_env
 
         ti = context["ti"]
         key = RunKey.of_task(task, context, config.bucket)
@@ -117,7 +110,7 @@ class RunContext:
             gcp_conn_id=task.gcp_conn_id,
             project_id=task.project_id,
         )
-        secret_env = parse_secret_env(getattr(task, "secret_env", None), config.cloud, config.env)
+        secret_env = secret_env or {}
         sweep_secrets(backend, secret_env)  # a teardown also finds the run's own secrets by name
         return cls(
             config=config,
@@ -140,8 +133,8 @@ class RunAttempt:
         self.log = ctx.log
         self.ledger = ResourceLedger.load(ctx.key.digest, ctx.store, ctx.log)
         self.killed = False
-        self._folder: Any = None
-        self._live: Any = None  # the live index, opened on first use
+        self._folder: RunFolder | None = None
+        self._live: RunFolder | None = None  # the live index, opened on first use
         self.last_heartbeat: float | None = None  # read by ``finish``, before the entries go
         stored = store_get(ctx.store, LAUNCH_KEY)
         self.stored = (
@@ -151,7 +144,7 @@ class RunAttempt:
             ctx.backend.bind_region(self.stored.region)
 
     @property
-    def folder(self) -> Any:
+    def folder(self) -> RunFolder:
         if self._folder is None:
             self._folder = self.ctx.backend.run_folder(self.ctx.run_uri)
         return self._folder
@@ -218,19 +211,11 @@ class RunAttempt:
 
     def _delivered(self, instance_id: str) -> bool:
         """Was this instance's end already reported to Airflow (or given up on by a teardown)?"""
-        stored = store_get(self.ctx.store, DELIVERED_KEY) or {}
-        return instance_id in stored.get("ids", []) or bool(self.folder.get_text(delivered_key(instance_id)))
+        return delivered(self.ctx.store, self.folder, instance_id)
 
     def _mark_delivered(self, instance_id: str, state: str) -> None:
         """Both in the run folder and in the store, so a retry never reports this end again."""
-        stored = store_get(self.ctx.store, DELIVERED_KEY) or {}
-        store_set(self.ctx.store, DELIVERED_KEY, {"ids": [*stored.get("ids", []), instance_id][-50:]})
-        try:
-            mark_reported(self.folder, instance_id, self.ctx.try_number, state)
-        except Exception as err:  # the store still has it, when there is one
-            self.log.warning(
-                "Could not mark the end of %s as reported in the run folder: %s", instance_id, err
-            )
+        mark_delivered(self.ctx.store, self.folder, instance_id, self.ctx.try_number, state, self.log)
 
     def _adopted(self, instance: Instance | None, instance_id: str) -> LaunchRecord:
         if self.stored and self.stored.instance_id == instance_id:
@@ -408,7 +393,8 @@ class RunAttempt:
         return False
 
     def wait(self, launch: LaunchRecord) -> Outcome:
-        """Block until the run ends, streaming the job's log; transient errors are waited out."""
+        """Block until the run ends, streaming the job's log; transient errors are waited out
+        (``core.engine.poll_until``), a kill ends the wait within a second."""
         from airflow_cloudtrain.core.logstream import LogFollower, render_line
 
         iid, folder, cloud = launch.instance_id, self.folder, self.ctx.backend.cloud
@@ -417,29 +403,25 @@ class RunAttempt:
         watch = RunWatch(
             self.deadline(), launch.launched_at, settings.startup_timeout, settings.heartbeat_timeout
         )
-        budget = TransientBudget()
-        while True:
-            if self.killed:
+
+        def poll() -> Outcome | None:
+            if self.killed:  # not transient: out of the loop at once
                 raise RunKilled(f"task killed: instance {iid} was terminated")
-            try:
-                for line in follower.poll(folder.list, folder.get_bytes):
-                    self.log.info("%s", render_line(line))
-                raw = folder.get_text(status_key(iid))
-                beat = self.heartbeat(launch)
-                instance = cloud.describe([iid]).get(iid)
-                budget.ok()
-            except Exception as err:
-                delay = budget.failed(err)  # raises once the errors are not transient or last too long
-                self.log.warning("Transient error while waiting (%s); polling again in %.0f s", err, delay)
-                time.sleep(delay)
-                continue
-            event = watch.decide(RunStatus.from_json(raw) if raw else None, instance, beat)
-            if event is not None:
-                last_words = call_with_retry(lambda: follower.poll(folder.list, folder.get_bytes))
-                for line in last_words:
-                    self.log.info("%s", render_line(line))
-                return event
-            time.sleep(settings.poll_interval)
+            for line in follower.poll(folder.list, folder.get_bytes):
+                self.log.info("%s", render_line(line))
+            raw = folder.get_text(status_key(iid))
+            beat = self.heartbeat(launch)
+            instance = cloud.describe([iid]).get(iid)
+            return watch.decide(RunStatus.from_json(raw) if raw else None, instance, beat)
+
+        def transient(err: BaseException, delay: float) -> None:
+            self.log.warning("Transient error while waiting (%s); polling again in %.0f s", err, delay)
+
+        event = poll_until(poll, settings.poll_interval, stopped=lambda: self.killed, on_transient=transient)
+        last_words = call_with_retry(lambda: follower.poll(folder.list, folder.get_bytes))
+        for line in last_words:
+            self.log.info("%s", render_line(line))
+        return event
 
     def heartbeat(self, launch: LaunchRecord) -> float | None:
         """The agent's last heartbeat: the live index's ``<instance>.beat`` (its unix time), or the
@@ -464,9 +446,9 @@ class RunAttempt:
             return self.ctx.live_uri
         return RunSpec.from_json(raw).live_uri if raw else self.ctx.live_uri
 
-    def _live_folder(self, launch: LaunchRecord) -> Any:
+    def _live_folder(self, launch: LaunchRecord) -> RunFolder:
         if self._live is None:
-            self._live = self.ctx.backend.run_folder(launch.live_uri)
+            self._live = self.ctx.backend.run_folder(launch.live_uri or self.ctx.live_uri)
         return self._live
 
     def unpublish(self, launch: LaunchRecord) -> None:
@@ -522,22 +504,12 @@ class RunAttempt:
         call_with_retry(lambda: self.ledger.release(backend, sweep=sweep), TransientBudget(budget_s=120.0))
 
     def abandon(self) -> None:
-        """Release after a kill, a timeout or a failed wait, when the job's end is not reported.
-
-        Terminating an instance makes its agent write a final ``interrupted`` status; a retry must
-        run the job again rather than report that, so every instance of the run whose status is not
-        final yet is marked as reported first. A job that did finish before this is still
-        delivered by the retry."""
-        swept = False
-        try:
-            self.ledger.sweep(self.ctx.backend, ["instance"])
-            swept = True
-            for entry in self.ledger.of_kind("instance"):
-                if not has_final_status(self.folder, entry.id or ""):
-                    self._mark_delivered(entry.id or "", "released")
-        except Exception as err:  # the release below matters more
-            self.log.warning("Could not mark the run's instances before releasing them: %s", err)
-        self.release(sweep=not swept)
+        """Release after a kill, a timeout or a failed launch or wait, when the job's end is not
+        reported (``lifecycle.run.abandon.abandon_run``, the triggerer's ``on_kill`` too)."""
+        ctx = self.ctx
+        abandon_run(
+            ctx.backend, self.folder, self.ledger, self.log, try_number=ctx.try_number, store=ctx.store
+        )
 
     def kill(self) -> None:
         """``on_kill``: stop launching and waiting, and release whatever exists (or is being made).

@@ -2,13 +2,26 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_cloudtrain.core.records import LaunchRecord, Outcome
 
 if TYPE_CHECKING:
-    from airflow_cloudtrain.core.engine import Step, TriggerSpec
+    from airflow_cloudtrain.core.engine import Engine, Step, TriggerSpec
     from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt
+    from airflow_cloudtrain.spec import RunConfig
+
+
+class AttemptEngine(Protocol):
+    """What ``CloudTrainOperator`` (and ``CheckpointResumeOperator``) read of their engine besides
+    the ``Engine`` calls: the rendered configuration (for the run's one "bid ignored" line) and the
+    attempt in flight (its console links)."""
+
+    @property
+    def config(self) -> RunConfig: ...
+
+    @property
+    def attempt(self) -> RunAttempt | None: ...
 
 
 def raise_for(result: Outcome, run_id: str) -> None:
@@ -25,7 +38,11 @@ class SingleRun:
     """``CloudTrainOperator``'s engine: launch or adopt, wait, release, account, deliver."""
 
     def __init__(self, attempt: RunAttempt) -> None:
-        self.attempt = attempt
+        self.attempt: RunAttempt = attempt
+
+    @property
+    def config(self) -> RunConfig:
+        return self.attempt.ctx.config
 
     def start(self) -> Step[LaunchRecord]:
         from airflow_cloudtrain.core.engine import Step
@@ -57,3 +74,8 @@ class SingleRun:
 
     def kill(self) -> None:
         self.attempt.kill()
+
+
+if TYPE_CHECKING:  # both halves of the protocol, checked
+    _single: Engine[LaunchRecord] = SingleRun.__new__(SingleRun)
+    _attempts: AttemptEngine = SingleRun.__new__(SingleRun)
