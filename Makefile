@@ -19,7 +19,7 @@ test: setup
 	.venv/bin/ruff format --check airflow_cloudtrain tests benchmarks example_dags
 	@# bytecode for our modules too: the agents and Airflow processes the tests start would compile them
 	.venv/bin/python -m compileall -q airflow_cloudtrain example_dags
-	.venv/bin/python -m pytest -p no:cacheprovider -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	.venv/bin/python -m pytest -p no:cacheprovider -q -n $(TEST_WORKERS) --dist load $(PYTEST_ARGS)
 
 bench: setup
 	.venv/bin/python benchmarks/parse_cost.py

@@ -27,6 +27,7 @@ from typing import Any
 
 import boto3
 import pytest
+from waiting import wait_for
 
 from airflow_cloudtrain.agent.jobs import build_job_command, notice_grace
 from airflow_cloudtrain.agent.logs import NOTE_PREFIX, LogStreamer
@@ -97,10 +98,7 @@ class Run:
         return self.folder.get_text(runs.join(runs.results_prefix(self.iid), name))
 
     def wait_for_log(self, needle: str, timeout: float = 90) -> None:
-        deadline = time.monotonic() + timeout
-        while needle not in self.log():
-            assert time.monotonic() < deadline, f"{needle!r} never appeared in the log"
-            time.sleep(0.1)
+        wait_for(lambda: needle in self.log(), timeout=timeout, message=f"{needle!r} in the log")
 
 
 JOB = r"""for i in $(seq 1 12); do echo "line $i"; echo "err $i" >&2; sleep 0.05; done

@@ -21,11 +21,11 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_for
 
 from airflow_cloudtrain import checkpoint
 from airflow_cloudtrain.agent.logs import NOTE_PREFIX
@@ -76,16 +76,6 @@ def expected_loss(steps: int) -> float:
     for step in range(1, steps + 1):
         total += 1.0 / step
     return total
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 class Agent:
@@ -181,8 +171,8 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(
     write_spec(folder, tmp, scheme, total=100_000, delay=0.05)
     first = Agent(emu, folder, tmp, scheme).start()
     # a few steps done and at least one periodic upload complete (manifest there) before the stop
-    wait_for("a few steps", lambda: len(first.steps()) >= 5, timeout=90)
-    periodic = wait_for("a periodic checkpoint upload", lambda: manifest_steps(folder), timeout=60)
+    wait_for(lambda: len(first.steps()) >= 5, timeout=90, message="a few steps")
+    periodic = wait_for(lambda: manifest_steps(folder), timeout=60, message="a periodic checkpoint upload")
     assert first.proc is not None
     first.proc.send_signal(signal.SIGTERM)  # the instance going away under the agent
     status = first.wait()
@@ -208,7 +198,10 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(
     assert status.checkpoint["saved_at"] <= status.checkpoint["uploaded_at"] <= status.ended_at
     assert '"CLOUDTRAIN_RESUMED": "0"' in first.job_log() and "CLOUDTRAIN_RESUMED_STEP" not in first.job_log()
     # the job imported the checkpoint module from the agent zip in its workdir (python -S, PYTHONPATH)
-    assert f"module {first.workdir}/.cloudtrain/agent.zip/airflow_cloudtrain/contract/checkpoint.py" in first.job_log()
+    assert (
+        f"module {first.workdir}/.cloudtrain/agent.zip/airflow_cloudtrain/contract/checkpoint.py"
+        in first.job_log()
+    )
 
     # run 2: a fresh agent on a new instance, same run folder, relaunched once
     total = last + 5
@@ -289,7 +282,7 @@ def test_interruption_notice_uploads_the_last_checkpoint(
     emu, folder, tmp, scheme = run_folder
     write_spec(folder, tmp, scheme, total=100_000, delay=0.05, checkpoint_interval_s=3600.0)
     agent = Agent(emu, folder, tmp, scheme).start()
-    wait_for("a few steps", lambda: len(agent.steps()) >= 3, timeout=90)
+    wait_for(lambda: len(agent.steps()) >= 3, timeout=90, message="a few steps")
     assert manifest_steps(folder) == []  # no periodic round within the hour: only the final one
     if scheme == "s3":
         emu.metadata.set_spot_action(agent.iid, "terminate", at=time.time() + 60)
@@ -360,7 +353,9 @@ def test_uploader_killed_mid_step_leaves_a_step_restore_ignores(
     argv = [sys.executable, "-c", KILLED_UPLOADER, folder.uri, str(local), str(marker)]
     proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        wait_for("the uploader to block in step 4", lambda: marker.exists() or proc.poll() is not None)
+        wait_for(
+            lambda: marker.exists() or proc.poll() is not None, message="the uploader to block in step 4"
+        )
         assert marker.exists(), proc.communicate()[1].decode()[-3000:]
     finally:
         proc.kill()  # SIGKILL: no cleanup, no manifest

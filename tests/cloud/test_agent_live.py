@@ -21,12 +21,13 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import wait_for
 
 from airflow_cloudtrain.agent.logs import NOTE_PREFIX
 from airflow_cloudtrain.agent.runner import Agent
@@ -39,16 +40,6 @@ REPO = Path(__file__).resolve().parents[2]
 FAST = {"log_interval_s": 0.2, "heartbeat_interval_s": 0.2, "metadata_poll_s": 0.3}
 GCS_BUCKET = "cloudtrain-agent-live"
 GCS_PROJECT = "cloudtrain-emulated"
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 90.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def when(stamp: str) -> float:
@@ -194,7 +185,7 @@ def test_the_beat_object_is_the_heartbeat_and_the_beacon_changes_only_with_the_r
             ok = beacon and beacon.status["state"] == runs.RUNNING and "Z waiting\n" in beacon.tail
             return beacon if ok else None
 
-        beacon = wait_for("a running beacon with the job's first line", started)
+        beacon = wait_for(started, message="a running beacon with the job's first line")
         assert beacon.instance_id == run.iid and beacon.log_seq >= 1
         assert [runs.split_stamp(line)[1] for line in beacon.lines_from(beacon.tail_from) or []][-1] == (
             "waiting"
@@ -207,10 +198,10 @@ def test_the_beat_object_is_the_heartbeat_and_the_beacon_changes_only_with_the_r
         assert hashlib.md5(raw).hexdigest() == digest  # the ETag / md5 is the MD5 of these bytes
         assert runs.Beacon.from_bytes(raw).to_bytes() == raw  # canonical
         # heartbeats: the beat object moves (S3 keeps whole seconds: wait for a later one) ...
-        beat_at = wait_for("a heartbeat", lambda: run.live.modified_at(runs.beat_name(run.iid)))
+        beat_at = wait_for(lambda: run.live.modified_at(runs.beat_name(run.iid)), message="a heartbeat")
         seen = wait_for(
-            "the beat's LastModified to move",
             lambda: (at := run.live.modified_at(runs.beat_name(run.iid))) and at > beat_at and at,
+            message="the beat's LastModified to move",
         )
         assert seen > beat_at and float(run.live.get_text(runs.beat_name(run.iid)) or 0) > 0
         # ... and the beacon did not: nothing changed

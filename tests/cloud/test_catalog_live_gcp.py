@@ -414,6 +414,9 @@ def test_a_run_against_the_emulator_in_a_users_project_refreshes_without_a_warni
     from airflow_cloudtrain.clouds.gcp.backend import GcpRunBackend
 
     monkeypatch.setenv("CLOUDTRAIN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv(
+        "CLOUDTRAIN_CATALOG_BUDGET_S", "300"
+    )  # a loaded machine: what it answers, not how fast
     live._memo.clear()
     try:
         with caplog.at_level(logging.INFO):

@@ -11,7 +11,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,21 +20,13 @@ from unittest import mock
 import boto3
 import psutil
 import pytest
+from waiting import wait_for
 
 from airflow_cloudtrain.cli_emulator import read_env_file
 from airflow_cloudtrain.contract import runs
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET, PORT_OFFSETS
 
 DEADLINE_S = 120.0  # generous: the machine may be busy; every wait ends as soon as its condition holds
-
-
-def _wait_for(what: str, check: Callable[[], Any], timeout: float = DEADLINE_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if result := check():
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _free_base_port() -> int:
@@ -117,7 +108,7 @@ def test_emulator_serves_on_its_ports_writes_the_env_file_and_stops_cleanly_on_s
     base = _free_base_port()
     env_file = tmp_path / "airflow" / "emulator.env"
     emu = start("--port", str(base), "--env-file", str(env_file))
-    _wait_for("the env file", env_file.exists)
+    wait_for(env_file.exists, message="the env file")
     env = read_env_file(env_file)
 
     # Fixed ports: the endpoints a restart will have again; the connections point at them too.
@@ -127,7 +118,9 @@ def test_emulator_serves_on_its_ports_writes_the_env_file_and_stops_cleanly_on_s
     gce = f"http://127.0.0.1:{base + PORT_OFFSETS['gce']}"
     assert f'"compute_endpoint": "{gce}"' in env["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"]
     workdir = Path(
-        _wait_for("the work directory line", lambda: re.search(r"Work directory: (\S+)", emu.stdout()))[1]
+        wait_for(
+            lambda: re.search(r"Work directory: (\S+)", emu.stdout()), message="the work directory line"
+        )[1]
     )
     assert workdir.is_dir()
 
@@ -175,11 +168,13 @@ def test_emulator_serves_on_its_ports_writes_the_env_file_and_stops_cleanly_on_s
     assert any(z.name == "us-central1-a" for z in zones.list(project="my-project"))
 
     # The instance's agent and job run as the emulator's descendants; the status line is timestamped.
-    job_pid = int(_wait_for("the job to start", lambda: pid_file.exists() and pid_file.read_text().strip()))
+    job_pid = int(
+        wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), message="the job to start")
+    )
     assert psutil.pid_exists(job_pid)
-    line = _wait_for(
-        "a running line",
+    line = wait_for(
         lambda: re.search(rf"^\[\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\dZ\] running: .*{iid}", emu.stdout(), re.M),
+        message="a running line",
     )
     assert line
     processes = emu.descendants()
@@ -187,9 +182,9 @@ def test_emulator_serves_on_its_ports_writes_the_env_file_and_stops_cleanly_on_s
 
     emu.proc.send_signal(signal.SIGTERM)
     assert emu.proc.wait(timeout=DEADLINE_S) == 0
-    _wait_for(
-        "every process of the emulator to end",
+    wait_for(
         lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in processes),
+        message="every process of the emulator to end",
     )
     assert not psutil.pid_exists(job_pid) or psutil.Process(job_pid).status() == psutil.STATUS_ZOMBIE
     assert not workdir.exists()  # the temporary work directory went with it
@@ -205,7 +200,7 @@ def test_emulator_keeps_a_given_state_dir_and_stops_on_ctrl_c(
     state = tmp_path / "state"
     env_file = tmp_path / "emulator.env"
     emu = start("--port", "0", "--state-dir", str(state), "--env-file", str(env_file))
-    _wait_for("the env file", env_file.exists)
+    wait_for(env_file.exists, message="the env file")
     assert f"Work directory: {state}" in emu.stdout()
     emu.proc.send_signal(signal.SIGINT)
     assert emu.proc.wait(timeout=DEADLINE_S) == 0
@@ -317,7 +312,7 @@ def test_a_state_dir_keeps_instances_and_buckets_across_a_restart_and_status_lis
     run folder's objects, the GCS objects; ``status`` lists what runs, asked over the wire."""
     state, env_file = tmp_path / "state", tmp_path / "emulator.env"
     first = start("--port", "0", "--state-dir", str(state), "--env-file", str(env_file))
-    _wait_for("the env file", env_file.exists)
+    wait_for(env_file.exists, message="the env file")
     assert "no instance running" in _status(env_file)
     env = read_env_file(env_file)
     s3, ec2 = _clients(env)
@@ -353,19 +348,21 @@ def test_a_state_dir_keeps_instances_and_buckets_across_a_restart_and_status_lis
             return storage.Client(project="p", credentials=AnonymousCredentials()).bucket(DEFAULT_BUCKET)
 
     gcs(env["STORAGE_EMULATOR_HOST"]).blob("kept/hello.txt").upload_from_string(b"hello")
-    first_pid = int(_wait_for("the job to start", lambda: pids.exists() and pids.read_text().split()[0]))
+    first_pid = int(
+        wait_for(lambda: pids.exists() and pids.read_text().split()[0], message="the job to start")
+    )
     listed = _status(env_file)
     assert iid in listed and "t3.micro" in listed and "running" in listed, listed
 
     first.proc.send_signal(signal.SIGTERM)
     assert first.proc.wait(timeout=DEADLINE_S) == 0
     assert "Traceback" not in first.stderr(), first.stderr()
-    _wait_for("the job to end with the stop", lambda: not psutil.pid_exists(first_pid))
+    wait_for(lambda: not psutil.pid_exists(first_pid), message="the job to end with the stop")
     env_file.unlink()
 
     second = start("--port", "0", "--state-dir", str(state), "--env-file", str(env_file))
-    _wait_for("the env file", env_file.exists)
-    _wait_for("the restore line", lambda: "Restored the clouds' state" in second.stdout())
+    wait_for(env_file.exists, message="the env file")
+    wait_for(lambda: "Restored the clouds' state" in second.stdout(), message="the restore line")
     env = read_env_file(env_file)
     s3, ec2 = _clients(env)
     described = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]
@@ -373,10 +370,10 @@ def test_a_state_dir_keeps_instances_and_buckets_across_a_restart_and_status_lis
     assert s3.get_object(Bucket=DEFAULT_BUCKET, Key=spec_key)["Body"].read() == spec.to_json().encode()
     assert gcs(env["STORAGE_EMULATOR_HOST"]).blob("kept/hello.txt").download_as_bytes() == b"hello"
     # the instance's agent started again on the same instance: the job runs anew
-    _wait_for("the job to start again", lambda: len(pids.read_text().split()) == 2)
+    wait_for(lambda: len(pids.read_text().split()) == 2, message="the job to start again")
     assert iid in _status(env_file)
     ec2.terminate_instances(InstanceIds=[iid])
-    _wait_for("no instance in the status", lambda: "no instance running" in _status(env_file))
+    wait_for(lambda: "no instance running" in _status(env_file), message="no instance in the status")
     second.proc.send_signal(signal.SIGTERM)
     assert second.proc.wait(timeout=DEADLINE_S) == 0
     assert "Traceback" not in second.stderr(), second.stderr()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -20,6 +20,7 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 from google.api_core import exceptions as gexc
 from google.cloud import compute_v1, storage
+from waiting import wait_for
 
 from airflow_cloudtrain.contract import runs
 from airflow_cloudtrain.contract.bootstrap import render_user_data
@@ -31,15 +32,6 @@ from airflow_cloudtrain.emulator.userdata import Bootstrap, parse_bootstrap
 ZONE = "us-central1-a"
 NO_RETRIES = Config(retries={"total_max_attempts": 1})
 MANAGED = {"cloudtrain-managed": "true"}
-
-
-def until(condition: Callable[[], Any], timeout: float, what: str) -> Any:
-    """The condition's first truthy value, polled until the deadline."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return value
 
 
 def run_folder(scheme: str) -> str:
@@ -126,12 +118,12 @@ def test_ec2_hard_stop_ends_the_instance_even_when_its_agent_is_dead(hard_stops)
     iid, launched = raw["InstanceId"], raw["LaunchTime"].timestamp()  # EC2 keeps whole seconds
 
     # no run-uri tag: the agent starts from the user data, and reports in the run folder
-    until(lambda: running(uri, iid), 30, "the agent to start the job")
+    wait_for(lambda: running(uri, iid), timeout=30, message="the agent to start the job")
 
     def job() -> bool:
         return any("sleep 600" in cmd for cmd in machine_processes(emu, iid))
 
-    until(job, 15, "the job's process")
+    wait_for(job, timeout=15, message="the job's process")
     emu.crash_agent(iid)
     assert emu.wait_until_idle(10)
     assert job()  # the job lives on (its own session), the machine too
@@ -141,11 +133,15 @@ def test_ec2_hard_stop_ends_the_instance_even_when_its_agent_is_dead(hard_stops)
 
     assert state()["State"]["Name"] == "running"  # nobody powers it off... but the cloud, on time
     emu.hard_stop_scale = 0.2  # 30 s -> 6 s after launch
-    ended = until(lambda: (s := state())["State"]["Name"] == "terminated" and s, 15, "the hard stop")
+    ended = wait_for(
+        lambda: (s := state())["State"]["Name"] == "terminated" and s, timeout=15, message="the hard stop"
+    )
     assert time.time() >= launched + 30 * 0.2
     assert ended["StateReason"]["Code"] == "Client.InstanceInitiatedShutdown"
     assert ended["StateReason"]["Message"] == "Client.InstanceInitiatedShutdown: Instance initiated shutdown"
-    until(lambda: not machine_processes(emu, iid), 10, "the machine's processes to go with it")
+    wait_for(
+        lambda: not machine_processes(emu, iid), timeout=10, message="the machine's processes to go with it"
+    )
 
 
 @pytest.fixture()
@@ -189,7 +185,9 @@ def test_gce_max_run_duration_stops_or_deletes_the_vm_and_its_agent(hard_stops, 
     assert got.scheduling.max_run_duration.seconds == 30
     assert got.scheduling.instance_termination_action == action
 
-    until(lambda: running(uri, name), 30, "the agent to start the job")  # started from the startup-script
+    wait_for(
+        lambda: running(uri, name), timeout=30, message="the agent to start the job"
+    )  # started from the startup-script
     assert emu.gce.instance(ZONE, name)["status"] == "RUNNING"
     emu.hard_stop_scale = 0.2  # 30 s -> 6 s after creation
 
@@ -197,10 +195,12 @@ def test_gce_max_run_duration_stops_or_deletes_the_vm_and_its_agent(hard_stops, 
         raw = emu.gce.instance(ZONE, name)
         return raw is None if action == "DELETE" else raw is not None and raw["status"] == "TERMINATED"
 
-    until(gone_or_stopped, 15, f"maxRunDuration's {action}")
+    wait_for(gone_or_stopped, timeout=15, message=f"maxRunDuration's {action}")
     assert time.time() >= created + 30 * 0.2 - 0.5  # created: when the insert had returned
     assert emu.wait_until_idle(10)  # its agent was killed with the machine
-    until(lambda: not machine_processes(emu, name), 10, "the machine's processes to go with it")
+    wait_for(
+        lambda: not machine_processes(emu, name), timeout=10, message="the machine's processes to go with it"
+    )
     assert agent_status(uri, name)["state"] not in (runs.SUCCEEDED, runs.FAILED)
     if action == "DELETE":
         with pytest.raises(gexc.NotFound):
@@ -263,7 +263,7 @@ def test_an_instance_without_our_bootstrap_gets_no_agent(emu) -> None:
         UserData="#!/bin/bash\necho CT_RUN_URI is not set here\n",
     )["Instances"][0]["InstanceId"]
     try:
-        until(lambda: iid in emu._aws._boot, 10, "the emulator to read the user data")
+        wait_for(lambda: iid in emu._aws._boot, timeout=10, message="the emulator to read the user data")
         assert emu._aws._boot[iid] is None and emu.agent_log(iid) == ""
     finally:
         ec2.terminate_instances(InstanceIds=[iid])

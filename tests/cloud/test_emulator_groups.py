@@ -15,13 +15,14 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import boto3
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from waiting import wait_for
 
 from airflow_cloudtrain.agent.queue_sqs import AutoScalingGroup
 from airflow_cloudtrain.agent.worker import Worker
@@ -34,15 +35,6 @@ from airflow_cloudtrain.storage import open_run_folder
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
 TYPES = ["m5.large", "m5a.large", "m6i.large"]
 WAIT_S = 60.0  # generous: CI is 2 busy cores
-
-
-def until(condition: Callable[[], Any], what: str, timeout: float = WAIT_S) -> Any:
-    """The condition's first truthy value, polled until the deadline."""
-    deadline = time.monotonic() + timeout
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-    return value
 
 
 def members(emu: Any, name: str) -> dict[str, dict[str, Any]]:
@@ -137,7 +129,7 @@ def fleet(
 
 def test_members_of_a_spot_policy_are_spot_and_name_their_group(emu) -> None:
     with fleet(emu, size=2) as spot, fleet(emu, size=3, base=1, on_demand_percent=50) as mixed:
-        first = until(lambda: settled(emu, spot, 2), "the spot group's 2 members")
+        first = wait_for(lambda: settled(emu, spot, 2), message="the spot group's 2 members")
         # placed on their market before the request that launched them was answered: no wait
         live = members(emu, spot)
         assert set(live) == first
@@ -145,7 +137,7 @@ def test_members_of_a_spot_policy_are_spot_and_name_their_group(emu) -> None:
         assert all(ec2_state(iid)["InstanceLifecycle"] == "spot" for iid in live)
 
         # a base of 1 on demand, then half of the rest: 2 on demand, 1 spot
-        until(lambda: settled(emu, mixed, 3), "the mixed group's 3 members")
+        wait_for(lambda: settled(emu, mixed, 3), message="the mixed group's 3 members")
         assert sorted(i["spot"] for i in members(emu, mixed).values()) == [False, False, True]
 
 
@@ -166,39 +158,41 @@ def test_an_instance_outside_any_group_has_no_group(emu) -> None:
 
 def test_a_reclaimed_member_is_replaced_until_desired_capacity(emu) -> None:
     with fleet(emu, size=2) as name:
-        first = until(lambda: settled(emu, name, 2), "2 members")
+        first = wait_for(lambda: settled(emu, name, 2), message="2 members")
         assert all(i["spot"] for i in members(emu, name).values())
         victim = sorted(first)[0]
         emu.interrupt(victim, notice_s=0)
 
-        after = until(lambda: (m := settled(emu, name, 2)) and victim not in m and m, "a replacement")
+        after = wait_for(
+            lambda: (m := settled(emu, name, 2)) and victim not in m and m, message="a replacement"
+        )
         assert len(after - first) == 1 and first - after == {victim}
         ended = ec2_state(victim)
         assert ended["State"]["Name"] == "terminated"
         assert ended["StateReason"]["Code"] == "Server.SpotInstanceTermination"
         assert desired(name) == 2
         (new,) = after - first
-        until(lambda: members(emu, name).get(new, {}).get("spot"), "the replacement to be spot")
+        wait_for(lambda: members(emu, name).get(new, {}).get("spot"), message="the replacement to be spot")
 
 
 def test_scaling_protection_and_force_delete(emu) -> None:
     asg = boto3.client("autoscaling")
     with fleet(emu, size=1) as name:
-        until(lambda: settled(emu, name, 1), "1 member")
+        wait_for(lambda: settled(emu, name, 1), message="1 member")
         asg.update_auto_scaling_group(AutoScalingGroupName=name, MaxSize=5)  # keeps the policy, as on AWS
         group = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
         assert group["MaxSize"] == 5 and group["MixedInstancesPolicy"]["InstancesDistribution"]
         asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=3)
-        three = until(lambda: settled(emu, name, 3), "3 members after scaling out")
+        three = wait_for(lambda: settled(emu, name, 3), message="3 members after scaling out")
         assert all(i["spot"] for i in members(emu, name).values())
 
         kept = sorted(three)[1]
         asg.set_instance_protection(AutoScalingGroupName=name, InstanceIds=[kept], ProtectedFromScaleIn=True)
         asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=0)
-        assert until(lambda: settled(emu, name, 1), "scale-in to the protected member") == {kept}
+        assert wait_for(lambda: settled(emu, name, 1), message="scale-in to the protected member") == {kept}
 
         asg.delete_auto_scaling_group(AutoScalingGroupName=name, ForceDelete=True)
-        until(lambda: not members(emu, name), "every member, the protected one too, to end")
+        wait_for(lambda: not members(emu, name), message="every member, the protected one too, to end")
         assert ec2_state(kept)["State"]["Name"] in ("shutting-down", "terminated")
         assert not asg.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"]
 
@@ -206,19 +200,21 @@ def test_scaling_protection_and_force_delete(emu) -> None:
 def test_a_member_that_leaves_with_a_decrement_is_not_replaced(emu) -> None:
     asg = boto3.client("autoscaling")
     with fleet(emu, size=2) as name:
-        first = until(lambda: settled(emu, name, 2), "2 members")
+        first = wait_for(lambda: settled(emu, name, 2), message="2 members")
         leaving, staying = sorted(first)
         asg.set_instance_protection(
             AutoScalingGroupName=name, InstanceIds=[leaving], ProtectedFromScaleIn=True
         )
         asg.terminate_instance_in_auto_scaling_group(InstanceId=leaving, ShouldDecrementDesiredCapacity=True)
         assert desired(name) == 1
-        until(lambda: settled(emu, name, 1) == {staying}, "the worker to leave")
+        wait_for(lambda: settled(emu, name, 1) == {staying}, message="the worker to leave")
 
         # a reclaim of the other one is replaced: once that replacement is there, the group has been
         # reconciled after the worker left, and it launched nothing for the worker
         emu.interrupt(staying, notice_s=0)
-        now = until(lambda: (m := settled(emu, name, 1)) and staying not in m and m, "a replacement")
+        now = wait_for(
+            lambda: (m := settled(emu, name, 1)) and staying not in m and m, message="a replacement"
+        )
         assert leaving not in now and desired(name) == 1
         assert ec2_state(leaving)["State"]["Name"] in ("shutting-down", "terminated")
 
@@ -246,8 +242,10 @@ def test_a_member_with_our_bootstrap_runs_the_agent(emu) -> None:
         return json.loads(body.read())
 
     with fleet(emu, user_data=render_user_data(uri, "ec2spot"), size=1) as name:
-        (member,) = until(lambda: settled(emu, name, 1), "1 member")
-        until(lambda: status(member).get("state") == runs.RUNNING, "the member's agent to run the job")
+        (member,) = wait_for(lambda: settled(emu, name, 1), message="1 member")
+        wait_for(
+            lambda: status(member).get("state") == runs.RUNNING, message="the member's agent to run the job"
+        )
         assert members(emu, name)[member]["spot"]
     assert emu.wait_until_idle(30)
 
@@ -270,9 +268,9 @@ def test_leaving_a_group_one_is_no_longer_in_gets_aws_s_validation_error(emu) ->
     ValidationError."""
     asg = boto3.client("autoscaling", config=Config(retries={"total_max_attempts": 1}))
     with fleet(emu, size=1) as name:
-        (member,) = until(lambda: settled(emu, name, 1), "1 member")
+        (member,) = wait_for(lambda: settled(emu, name, 1), message="1 member")
         asg.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=0)  # the teardown's scale-in
-        until(lambda: not members(emu, name), "the member to end")
+        wait_for(lambda: not members(emu, name), message="the member to end")
         with pytest.raises(ClientError) as err:
             asg.terminate_instance_in_auto_scaling_group(
                 InstanceId=member, ShouldDecrementDesiredCapacity=True
@@ -299,9 +297,9 @@ def test_a_worker_left_behind_by_its_group_powers_off_without_an_error(
     worker's leave (real Auto Scaling client) finds itself out of the group, takes that as done and
     powers off, logging no error."""
     with fleet(emu, size=1) as name:
-        (member,) = until(lambda: settled(emu, name, 1), "1 member")
+        (member,) = wait_for(lambda: settled(emu, name, 1), message="1 member")
         boto3.client("autoscaling").set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=0)
-        until(lambda: not members(emu, name), "the member to end")
+        wait_for(lambda: not members(emu, name), message="the member to end")
         settings = WorkerSettings(
             provider="aws",
             queue="unused",

@@ -20,6 +20,7 @@ from google.api_core import exceptions as gexc
 from google.api_core.gapic_v1.client_info import ClientInfo
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import compute_v1, storage
+from waiting import wait_for
 
 from airflow_cloudtrain.emulator.gcp.gce import EMULATOR_USER_AGENT, GceServer, compute_client_kwargs
 from airflow_cloudtrain.emulator.gcp.gcs import GcsServer
@@ -99,22 +100,23 @@ class Gce:
         return self.instances.get(project=self.project, zone=zone, instance=name)
 
     def until(self, name: str, status: str, zone: str = ZONE, timeout: float = 60.0) -> compute_v1.Instance:
-        deadline = time.monotonic() + timeout
-        while (inst := self.get(name, zone)).status != status:
-            assert time.monotonic() < deadline, f"{name} stayed {inst.status}, wanted {status}"
-            time.sleep(0.05)
-        return inst
+        return wait_for(
+            lambda: (inst := self.get(name, zone)).status == status and inst,
+            timeout=timeout,
+            message=f"{name} to be {status}",
+        )
 
     def gone(self, name: str, zone: str = ZONE, timeout: float = 60.0) -> None:
         """Wait until the VM no longer exists (the emulator deletes on its own clock)."""
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def absent() -> bool:
             try:
-                inst = self.get(name, zone)
+                self.get(name, zone)
             except gexc.NotFound:
-                return
-            assert time.monotonic() < deadline, f"{name} still exists ({inst.status})"
-            time.sleep(0.05)
+                return True
+            return False
+
+        wait_for(absent, timeout=timeout, message=f"{name} to be deleted")
 
     def names(self, zone: str = ZONE, flt: str = "", page_size: int | None = None) -> list[str]:
         request = compute_v1.ListInstancesRequest(

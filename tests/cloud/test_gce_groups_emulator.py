@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 import pytest
 from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
+from waiting import wait_for
 
 from airflow_cloudtrain.emulator.gcp.gce import GceServer, compute_client_kwargs
 from airflow_cloudtrain.emulator.gcp.instances import GcpInstances
@@ -27,15 +27,6 @@ from airflow_cloudtrain.emulator.metadata import MetadataServer
 ZONE = "us-central1-a"
 IMAGE = "projects/debian-cloud/global/images/family/debian-12"
 BOOTSTRAP = "#!/bin/bash\nCT_RUN_URI='gs://bucket/runs/ct-x'\nCT_CLOUD=gcspot\n"
-
-
-def until(what: Callable[[], Any], timeout: float = 30.0, message: str = "") -> Any:
-    """Poll ``what`` until it returns something true (returned), or fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not (value := what()):
-        assert time.monotonic() < deadline, message or f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
 
 
 class Gce:
@@ -118,7 +109,7 @@ class Gce:
             )
             return members if len(members) == count and settled and self.get(group).status.is_stable else None
 
-        return until(ready, message=f"{group} never had {count} running members: {self.managed(group)}")
+        return wait_for(ready, message=f"{group} never had {count} running members: {self.managed(group)}")
 
     def vm(self, name: str) -> compute_v1.Instance:
         return self.instances.get(project=self.project, zone=ZONE, instance=name)
@@ -329,7 +320,7 @@ def test_resize_up_then_down_deletes_the_newest(gce: Gce, unique: Callable[[str]
     gce.resize(group, 2)
     assert {m.current_action for n, m in gce.managed(group).items() if n in new} == {"DELETING"}
     assert set(gce.running(group, 2)) == old
-    until(lambda: all(gce.vm_gone(n) for n in new))
+    wait_for(lambda: all(gce.vm_gone(n) for n in new))
     assert (
         sum(o.target_link.endswith(f"/{group}") for o in gce.ops("compute.instanceGroupManagers.resize")) == 2
     )
@@ -358,7 +349,7 @@ def test_delete_instances_lowers_the_target_and_is_not_undone(gce: Gce, unique: 
     assert gce.get(group).target_size == 2
     assert gce.managed(group)[leaving].current_action == "DELETING"
     assert gce.vm(leaving).status in ("STOPPING", "TERMINATED")  # the guest shuts down first
-    until(lambda: gce.vm_gone(leaving))
+    wait_for(lambda: gce.vm_gone(leaving))
     assert set(gce.running(group, 2)) == set(names[1:])
     gce.server.reconcile()  # one more pass of the group manager: nothing to make again
     assert leaving not in gce.managed(group) and gce.vm_gone(leaving)
@@ -378,7 +369,7 @@ def test_member_deleted_outside_the_group_is_recreated_with_its_name(
     old_id = gce.vm(name).id
     gce.instances.delete(project=gce.project, zone=ZONE, instance=name).result(timeout=10)
     seen = {gce.managed(group)[name].current_action}  # repaired: RECREATING until it runs again
-    members = until(lambda: (seen.add(gce.managed(group)[name].current_action), gce.running(group, 2))[1])
+    members = wait_for(lambda: (seen.add(gce.managed(group)[name].current_action), gce.running(group, 2))[1])
     assert "RECREATING" in seen
     assert name in members and gce.vm(name).id != old_id and gce.get(group).target_size == 2
     gce.drop(group, template)
@@ -400,8 +391,8 @@ def test_preempted_spot_member_is_recreated(
     gcp.reclaim(name)  # what Emulator.interrupt does
     assert gce.vm(name).status == "TERMINATED"
     assert any(o.target_link.endswith(f"/instances/{name}") for o in gce.ops("compute.instances.preempted"))
-    until(lambda: gce.managed(group)[name].current_action == "RECREATING")
-    until(lambda: gce.vm_id(name) != old_id)  # Spot with DELETE: deleted, then made again
+    wait_for(lambda: gce.managed(group)[name].current_action == "RECREATING")
+    wait_for(lambda: gce.vm_id(name) != old_id)  # Spot with DELETE: deleted, then made again
     assert name in gce.running(group, 2) and gce.vm(name).id != old_id
     gce.drop(group, template)
 
@@ -416,7 +407,7 @@ def test_deleting_the_group_deletes_every_member(gce: Gce, unique: Callable[[str
     with pytest.raises(gexc.NotFound):
         gce.get(group)
     assert gce.server.group(ZONE, group) is None
-    until(lambda: all(gce.vm_gone(n) for n in names), message="members outlived their group")
+    wait_for(lambda: all(gce.vm_gone(n) for n in names), message="members outlived their group")
     gce.templates.delete(project=gce.project, instance_template=template).result(timeout=10)  # unused now
 
 
@@ -485,7 +476,7 @@ def test_recreated_member_gets_an_agent_once_the_old_machine_is_down(
     old_id = gce.vm(name).id
     metadata.set_preempted(name)
     gce.instances.delete(project=gce.project, zone=ZONE, instance=name).result(timeout=10)
-    until(lambda: gce.vm_id(name) not in (None, old_id), message="not recreated")
+    wait_for(lambda: gce.vm_id(name) not in (None, old_id), message="not recreated")
     assert name not in {s.id for s in gcp.seen()}  # the old machine still runs here: held back
     del runner.agents[name]
     runner.machines.clear()

@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import textwrap
 import threading
-import time
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dag_helpers import task_states, write_dag, xcom
+from waiting import wait_for
 
 from airflow_cloudtrain.emulator import GCP_PROJECT
 from airflow_cloudtrain.links.console import ec2_instance_url, folder_url, gce_instance_url
@@ -44,15 +44,6 @@ def pushed(dag_id: str, key: str) -> Any:
     while isinstance(value, str) and value[:1] in ('"', "{"):
         value = json.loads(value)
     return value
-
-
-def until(condition: Any, timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.2)
-    raise AssertionError("condition not met in time")
 
 
 def ui_links(dag: Any, run: Any) -> dict[str, str]:
@@ -104,7 +95,7 @@ def test_links_name_the_run_s_instance_and_folder_while_it_runs(
 
     def watch() -> None:
         try:
-            seen["link"] = until(lambda: pushed(dag_id, "_link_CloudInstanceLink"))
+            seen["link"] = wait_for(lambda: pushed(dag_id, "_link_CloudInstanceLink"))
             seen["target"] = pushed(dag_id, "cloudtrain_console")
             if provider == "gcp":
                 seen["nic"] = read_vm(emu, seen["target"]).network_interfaces[0]
@@ -171,7 +162,7 @@ def test_a_gce_group_s_link_names_its_managed_instance_group_while_it_runs(
 
     def watch() -> None:
         try:
-            seen["link"] = until(lambda: pushed(dag_id, "_link_WorkerGroupLink"))
+            seen["link"] = wait_for(lambda: pushed(dag_id, "_link_WorkerGroupLink"))
             target = seen["target"] = pushed(dag_id, "cloudtrain_console")
             group = compute_v1.InstanceGroupManagersClient(**kwargs).get(
                 project=GCP_PROJECT, zone=target["zone"], instance_group_manager=target["group"]
@@ -222,11 +213,11 @@ def test_a_resumed_run_s_instance_link_follows_the_current_attempt(emu, airflow_
 
     def watch() -> None:
         try:
-            links.append(until(lambda: pushed(dag_id, "_link_CloudInstanceLink")))
+            links.append(wait_for(lambda: pushed(dag_id, "_link_CloudInstanceLink")))
             first = pushed(dag_id, "cloudtrain_console")["instance_id"]
             emu.interrupt(first, notice_s=0)  # gone without a word: the loop relaunches
             link = lambda: pushed(dag_id, "_link_CloudInstanceLink")  # noqa: E731
-            links.append(until(lambda: link() != links[0] and link()))  # the relaunched VM's
+            links.append(wait_for(lambda: link() != links[0] and link()))  # the relaunched VM's
         finally:
             flag.touch()
 

@@ -12,12 +12,12 @@ import re
 import signal
 import textwrap
 import threading
-import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from dag_helpers import task_states, write_dag, xcom
+from waiting import wait_for
 
 from airflow_cloudtrain.storage import open_run_folder
 
@@ -60,16 +60,6 @@ def job_lines(out: str) -> list[tuple[str, str]]:
 def active_jobs(emu: Any) -> list[dict[str, Any]]:
     ended = {"JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED"}
     return [j for j in emu.vertex.jobs() if j["state"] not in ended]
-
-
-def until(condition: Any, timeout: float = 120.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError("condition not met in time")
 
 
 def test_a_custom_cluster_runs_its_replicas_with_one_tf_config(emu, airflow_db, capfd) -> None:
@@ -167,13 +157,13 @@ def test_a_killed_task_cancels_its_job(emu, airflow_db) -> None:
     before = signal.getsignal(signal.SIGTERM)
 
     def kill_when_running() -> None:
-        until(
+        wait_for(
             lambda: any(
                 j["state"] == "JOB_STATE_RUNNING" and j["displayName"] == "killed_job_1"
                 for j in emu.vertex.jobs()
             )
         )
-        until(lambda: open_run_folder(f"{BUCKET}/killed_job_1").list("checkpoints/"))
+        wait_for(lambda: open_run_folder(f"{BUCKET}/killed_job_1").list("checkpoints/"))
         os.kill(os.getpid(), signal.SIGTERM)
 
     watcher = threading.Thread(target=kill_when_running, daemon=True)
@@ -186,7 +176,7 @@ def test_a_killed_task_cancels_its_job(emu, airflow_db) -> None:
     assert not watcher.is_alive()
     assert task_states(run) == {"train": "failed"}
     (job,) = [j for j in emu.vertex.jobs() if j["displayName"] == "killed_job_1"]
-    until(lambda: emu.vertex.job(job["name"])["state"] == "JOB_STATE_CANCELLED", 60)
+    wait_for(lambda: emu.vertex.job(job["name"])["state"] == "JOB_STATE_CANCELLED", timeout=60)
     assert not any(emu.vertex.replica_processes(job["name"]).values())  # every replica process is gone
 
 
@@ -201,7 +191,7 @@ def test_a_preempted_spot_replica_restarts_from_its_checkpoint(emu, airflow_db, 
     )
 
     def preempt_after_a_checkpoint() -> None:
-        until(lambda: open_run_folder(f"{BUCKET}/spot_job_1").get_text("checkpoints/ckpt-000008.json"))
+        wait_for(lambda: open_run_folder(f"{BUCKET}/spot_job_1").get_text("checkpoints/ckpt-000008.json"))
         (job,) = [j for j in emu.vertex.jobs() if j["displayName"] == "spot_job_1"]
         emu.preempt_replica(job["name"], "workerpool0-0")
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from typing import Any
@@ -27,6 +27,7 @@ from google.api_core.gapic_v1.client_info import ClientInfo
 from google.auth.credentials import AnonymousCredentials
 from googleapiclient.discovery import build
 from googleapiclient.errors import HttpError
+from waiting import wait_for
 
 from airflow_cloudtrain.emulator.faults import EMULATOR_USER_AGENT
 from airflow_cloudtrain.emulator.gcp.pubsub import BACKLOG, PubSubServer, pubsub_client_kwargs
@@ -80,13 +81,6 @@ class PubSub:
             .list(name=f"projects/{PROJECT}", filter=filter_, interval_startTime=now, interval_endTime=now)
         )
         return dict(request.execute())
-
-
-def wait_for(condition: Callable[[], bool], timeout: float = WAIT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.05)
 
 
 def backlog_filter(subscription: str) -> str:

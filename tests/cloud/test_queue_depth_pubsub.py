@@ -29,6 +29,7 @@ import pytest
 from dag_helpers import task_states, write_dag, xcom
 from google import pubsub_v1
 from google.api_core.exceptions import NotFound
+from waiting import wait_for
 
 from airflow_cloudtrain.emulator import GCP_PROJECT
 from airflow_cloudtrain.emulator.gcp.pubsub import PubSubServer, pubsub_client_kwargs
@@ -45,14 +46,6 @@ UNCLOSED = "Unclosed client session"
 # --- helpers -------------------------------------------------------------------------------------
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
-    """A deadline for a loaded machine (a deferred run's first polls can take tens of seconds there)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 class Background(threading.Thread):
     """Does ``action`` once ``condition`` holds; ``join()`` re-raises what went wrong in it."""
 
@@ -63,7 +56,7 @@ class Background(threading.Thread):
 
     def run(self) -> None:
         try:
-            wait_for(self.condition, self.what)
+            wait_for(self.condition, message=self.what)
         except BaseException as err:  # handed to the test by join()
             self.error = err
         try:  # acted on even when the condition never held, so the run waiting on it ends (and fails)

@@ -10,7 +10,6 @@ import json
 import re
 import textwrap
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import aclosing
@@ -19,6 +18,7 @@ from typing import Any
 import boto3
 import pytest
 from dag_helpers import task_states, write_dag, xcom
+from waiting import wait_for
 
 from airflow_cloudtrain.sensors import QueueDepthSensor
 from airflow_cloudtrain.triggers import queue_depth, shared_poll
@@ -50,14 +50,6 @@ def polls(emu) -> int:
     return emu.request_counts().get("GetQueueAttributes", 0)
 
 
-def wait_for(condition: Callable[[], bool], what: str, timeout: float = 120.0) -> None:
-    """A deadline for a loaded machine (a deferred run's first polls can take tens of seconds there)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 class Background(threading.Thread):
     """Does ``action`` once ``condition`` holds; ``join()`` re-raises what went wrong in it."""
 
@@ -68,7 +60,7 @@ class Background(threading.Thread):
 
     def run(self) -> None:
         try:
-            wait_for(self.condition, self.what)
+            wait_for(self.condition, message=self.what)
         except BaseException as err:  # handed to the test by join()
             self.error = err
         try:  # acted on even when the condition never held, so the run waiting on it ends (and fails)

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
 from dag_helpers import load_example, start_first_try, task_states, write_dag, xcom
+from waiting import wait_for
 
 JOBS = str(Path(__file__).parent / "jobs")
 BUCKET = {"aws": "s3://cloudtrain-emulated/resume-killed", "gcp": "gs://cloudtrain-emulated/resume-killed"}
@@ -98,15 +98,6 @@ def write_dying_dag(
     write_dag(source, dag_id)
 
 
-def wait_for(condition: Any, timeout: float = 180) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.2)
-    raise AssertionError("condition not met in time")
-
-
 def checkpointed(emu: Any, instance_id: str) -> bool:
     """The job is a few steps in and its agent has uploaded a checkpoint (a busy machine may be slow)."""
     return job_step(emu, instance_id) >= 4 and "uploaded to" in emu.agent_log(instance_id)
@@ -132,7 +123,8 @@ def test_worker_killed_around_a_relaunch_continues_the_loop(
     emu.reset_counts()
     proc = first_try(dag_id, when, die_at)
     first = wait_for(
-        lambda: next((i["id"] for i in emu.running_instances() if checkpointed(emu, i["id"])), None)
+        lambda: next((i["id"] for i in emu.running_instances() if checkpointed(emu, i["id"])), None),
+        timeout=180,
     )
     emu.interrupt(first, notice_s=0)
     assert proc.wait(timeout=240) == -9, proc.stderr.read()[-3000:] if proc.stderr else ""
@@ -170,7 +162,7 @@ def test_triggerer_and_worker_killed_mid_attempt_adopt_the_running_instance(
             return None
         return next((i["id"] for i in emu.running_instances() if job_step(emu, i["id"]) >= 3), None)
 
-    instance = wait_for(deferred_and_running)
+    instance = wait_for(deferred_and_running, timeout=180)
     proc.kill()
     proc.wait(timeout=60)
     assert instance in [i["id"] for i in emu.running_instances()]  # the job runs on meanwhile

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 from dag_helpers import task_states, write_dag, xcom
+from waiting import wait_for
 
 from airflow_cloudtrain.catalog import rank_offers
 from airflow_cloudtrain.contract.runs import RunKey, RunStatus, join, status_key
@@ -398,8 +399,6 @@ def test_a_timeout_during_a_gce_insert_leaves_no_vm(emu, airflow_db, capfd) -> N
         emu.gce.op_delay = before
     assert task_states(run) == {"train": "failed"}
     digest = RunKey(dag_id, "train", run.run_id, -1, BUCKET["gcp"]).digest
-    deadline = time.monotonic() + 60
-    while (left := cloud_of("gcp").find(digest, ended=True)) and time.monotonic() < deadline:
-        time.sleep(0.5)  # the delete operation itself takes a moment in the emulator
-    assert left == [], left
+    # the delete operation itself takes a moment in the emulator
+    wait_for(lambda: cloud_of("gcp").find(digest, ended=True) == [], message="the VM to be deleted")
     assert "Released instance" in capfd.readouterr().out

@@ -15,7 +15,7 @@ import json
 import tarfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import psutil
@@ -26,6 +26,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.auth.transport.requests import AuthorizedSession
 from google.cloud import aiplatform_v1 as aip
 from google.cloud import storage
+from waiting import wait_for
 
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET
 from airflow_cloudtrain.emulator.gcp.vertex import vertex_client_kwargs
@@ -39,16 +40,6 @@ MANAGED = {"cloudtrain-managed": "true"}  # the session fixture then fails a tes
 
 # a replica that says it is up, then runs until stopped
 FOREVER = "import time; print('ready', flush=True)\nwhile True: time.sleep(0.2)"
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def gone(pid: int) -> bool:
@@ -96,7 +87,7 @@ class Vertex:
             job = self.get(name)
             return job if job.state.name in states else None
 
-        return wait_for(f"{name} in {states}", check, timeout)
+        return wait_for(check, timeout=timeout, message=f"{name} in {states}")
 
     def entries(self, job: Any, extra: str = "", **body: Any) -> list[dict[str, Any]]:
         """Every entry of the job (all pages)."""
@@ -316,7 +307,7 @@ else:
 
 def test_distributed_job_gives_each_replica_a_consistent_tf_config(vx: Vertex) -> None:
     job = vx.create([pool(CLUSTER_CODE), pool(CLUSTER_CODE, count=2), pool(CLUSTER_CODE)])
-    wait_for("ps to be running", lambda: vx.server.replica_processes(job.name).get("workerpool2-0"))
+    wait_for(lambda: vx.server.replica_processes(job.name).get("workerpool2-0"), message="ps to be running")
     done = vx.wait_state(job.name, *ENDED)
     assert done.state.name == "JOB_STATE_SUCCEEDED", done.error
     tasks = {"workerpool0-0": ("chief", 0), "workerpool1-0": ("worker", 0), "workerpool1-1": ("worker", 1)}
@@ -324,7 +315,7 @@ def test_distributed_job_gives_each_replica_a_consistent_tf_config(vx: Vertex) -
     configs, specs = {}, {}
     for task in tasks:
         lines = wait_for(
-            f"{task}'s config", lambda t=task: [x for x in vx.lines(job, t) if "=" in x][:2] or None
+            lambda t=task: [x for x in vx.lines(job, t) if "=" in x][:2] or None, message=f"{task}'s config"
         )
         configs[task] = json.loads(next(x for x in lines if x.startswith("TF_CONFIG="))[10:])
         specs[task] = json.loads(next(x for x in lines if x.startswith("CLUSTER_SPEC="))[13:])
@@ -345,7 +336,9 @@ def test_distributed_job_gives_each_replica_a_consistent_tf_config(vx: Vertex) -
         }
         assert json.loads(specs[task]["job"])["worker_pool_specs"][1]["replica_count"] == "2"
     # the chief is done: the parameter server is stopped, as Vertex stops it
-    wait_for("every replica to be gone", lambda: not any(vx.server.replica_processes(job.name).values()))
+    wait_for(
+        lambda: not any(vx.server.replica_processes(job.name).values()), message="every replica to be gone"
+    )
 
 
 def test_a_failing_worker_fails_the_job_with_vertex_message(vx: Vertex) -> None:
@@ -356,7 +349,9 @@ def test_a_failing_worker_fails_the_job_with_vertex_message(vx: Vertex) -> None:
     assert done.error.code == 3
     assert done.error.message.startswith("The replica workerpool1-0 exited with a non-zero status of 3.")
     assert "bad input" in vx.lines(job, "workerpool1-0")
-    wait_for("the chief to be stopped", lambda: not any(vx.server.replica_processes(job.name).values()))
+    wait_for(
+        lambda: not any(vx.server.replica_processes(job.name).values()), message="the chief to be stopped"
+    )
     assert any("non-zero status of 3" in x for x in vx.lines(job, "service"))
 
 
@@ -364,7 +359,7 @@ def test_cancel_kills_every_replica_process_and_ends_cancelled(vx: Vertex) -> No
     job = vx.create([pool(FOREVER), pool(FOREVER, count=2)])
     tasks = ("workerpool0-0", "workerpool1-0", "workerpool1-1")
     for task in tasks:
-        wait_for(f"{task} to be up", lambda t=task: vx.printed(job, t, "ready"))
+        wait_for(lambda t=task: vx.printed(job, t, "ready"), message=f"{task} to be up")
     pids = vx.server.replica_processes(job.name)
     assert set(pids) == set(tasks) and all(pids.values())
     tree = [
@@ -589,13 +584,13 @@ def test_create_accepts_empty_pools_between_and_checks_raw_json_fields(vx: Verte
 
 def test_fail_job_fails_a_running_job_and_kills_its_replicas(vx: Vertex) -> None:
     job = vx.create([pool(FOREVER)], name=f"doomed-{uuid.uuid4().hex[:6]}")
-    wait_for("the chief to be up", lambda: vx.printed(job, "workerpool0-0", "ready"))
+    wait_for(lambda: vx.printed(job, "workerpool0-0", "ready"), message="the chief to be up")
     pid = vx.server.replica_processes(job.name)["workerpool0-0"]
     vx.emu.fail_job(job.display_name, "Internal error occurred for the current attempt.")
     done = vx.wait_state(job.name, *ENDED)
     assert done.state.name == "JOB_STATE_FAILED"
     assert done.error.message == "Internal error occurred for the current attempt."
-    wait_for("the replica to be killed", lambda: gone(pid))
+    wait_for(lambda: gone(pid), message="the replica to be killed")
 
 
 CHECKPOINT_TASK = """
@@ -624,7 +619,7 @@ def test_preempt_restarts_a_spot_replica_which_resumes_from_its_checkpoint(vx: V
         base_output_directory=aip.GcsDestination(output_uri_prefix=out),
         scheduling=aip.Scheduling(strategy=aip.Scheduling.Strategy.SPOT),
     )
-    wait_for("the first checkpoint", lambda: vx.printed(job, "workerpool0-0", "checkpoint written"))
+    wait_for(lambda: vx.printed(job, "workerpool0-0", "checkpoint written"), message="the first checkpoint")
     first = vx.server.replica_processes(job.name)["workerpool0-0"]
     assert first
     vx.emu.preempt_replica(job.name.rsplit("/", 1)[-1])
@@ -637,7 +632,7 @@ def test_preempt_restarts_a_spot_replica_which_resumes_from_its_checkpoint(vx: V
     assert len(addresses) == 2 and addresses[0] == addresses[1]  # a fresh process, the same environment
     assert vx.server.replica_restarts(job.name) == {"workerpool0-0": 1}
     assert any("preempted" in x for x in vx.lines(job, "service"))
-    wait_for("the preempted process to be gone", lambda: gone(first))
+    wait_for(lambda: gone(first), message="the preempted process to be gone")
 
 
 def test_preempt_with_restart_job_on_worker_restart_restarts_every_replica(vx: Vertex) -> None:
@@ -646,7 +641,7 @@ def test_preempt_with_restart_job_on_worker_restart_restarts_every_replica(vx: V
         scheduling=aip.Scheduling(strategy=aip.Scheduling.Strategy.SPOT, restart_job_on_worker_restart=True),
     )
     for task in ("workerpool0-0", "workerpool1-0"):
-        wait_for(f"{task} to be up", lambda t=task: vx.printed(job, t, "ready"))
+        wait_for(lambda t=task: vx.printed(job, t, "ready"), message=f"{task} to be up")
     before = vx.server.replica_processes(job.name)
     vx.emu.preempt_replica(job.name, "workerpool1-0")
     assert vx.server.replica_restarts(job.name) == {"workerpool0-0": 1, "workerpool1-0": 1}
@@ -657,9 +652,9 @@ def test_preempt_with_restart_job_on_worker_restart_restarts_every_replica(vx: V
             gone(p) for p in before.values() if p
         )
 
-    wait_for("both replicas to run anew", restarted)
+    wait_for(restarted, message="both replicas to run anew")
     for task in before:
-        wait_for(f"{task} up again", lambda t=task: vx.lines(job, t).count("ready") == 2)
+        wait_for(lambda t=task: vx.lines(job, t).count("ready") == 2, message=f"{task} up again")
     assert vx.get(job.name).state.name == "JOB_STATE_RUNNING"
 
 
@@ -671,12 +666,12 @@ def test_preempt_refuses_a_job_not_on_spot(vx: Vertex) -> None:
 
 def test_a_job_past_its_timeout_fails(vx: Vertex) -> None:
     job = vx.create([pool(FOREVER)], scheduling=aip.Scheduling(timeout="2s"))
-    wait_for("the chief to be up", lambda: vx.server.replica_processes(job.name).get("workerpool0-0"))
+    wait_for(lambda: vx.server.replica_processes(job.name).get("workerpool0-0"), message="the chief to be up")
     pid = vx.server.replica_processes(job.name)["workerpool0-0"]
     done = vx.wait_state(job.name, *ENDED)
     assert done.state.name == "JOB_STATE_FAILED" and done.error.code == 4
     assert "timeout" in done.error.message
-    wait_for("the replica to be killed", lambda: gone(pid))
+    wait_for(lambda: gone(pid), message="the replica to be killed")
 
 
 def test_requests_are_counted_and_throttled(vx: Vertex) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -107,14 +108,21 @@ def _check(emu: Any, run: Any, done: list[dict[str, Any]], tmp_path: Path, schem
     assert 0 < restored[0] <= restored[1] < STEPS, restored
     # with the notice the job saved a checkpoint after it was interrupted (at or past where it was)
     assert rows[0]["checkpoint_step"] >= done[0]["step"]
-    # without one the newest checkpoint uploaded before the instance vanished (every 5 steps), as far as
-    # its last status recorded it; the next attempt restored at least that
+    # without one, the next attempt resumed from the newest checkpoint that existed when the instance
+    # vanished: at least the newest one its agent said it uploaded (the ledger's, as far as its last
+    # status recorded it), and never past a step the job reached. The interrupter's view of the step is
+    # not a bound: the job may run on (and upload) between its look and the interruption.
+    second_log = emu.agent_log(rows[1]["instance_id"])
+    uploaded = [int(m) for m in re.findall(r"checkpoint step (\d+) uploaded to ", second_log)]
+    reached = max(int(m) for m in re.findall(r"\bstep (\d+)/\d+\b", second_log))
+    assert restored[1] >= max([restored[0], *uploaded]), (restored, uploaded)
+    assert restored[1] <= reached, (restored, reached)
     if rows[1]["checkpoint_step"] is not None:
-        assert restored[0] <= rows[1]["checkpoint_step"] <= done[1]["step"]
+        assert restored[0] <= rows[1]["checkpoint_step"] <= restored[1]
         assert rows[1]["checkpoint_step"] % 5 == 0
     # the second resume is from a checkpoint of the second attempt (every 5 steps), or, when it vanished
     # before its first one, from the same checkpoint it had itself resumed from
-    assert (restored[1] % 5 == 0 or restored[1] == restored[0]) and restored[1] <= done[1]["step"]
+    assert restored[1] % 5 == 0 or restored[1] == restored[0]
     assert rows[2]["checkpoint_step"] == STEPS
     assert result["resumed_step"] == restored[-1]
     assert result["restarts"] == 2 and result["interruptions"] == 2

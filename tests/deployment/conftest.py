@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from deployment_helpers import Api, Deployment, Up, wait_for
+from deployment_helpers import Api, Deployment, Up
+from waiting import wait_for
 
 from airflow_cloudtrain.cli_up import free_port, home_secrets
 
@@ -19,7 +20,9 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
     try:
         up.start()
         api = Api(up, home_secrets(up.home)["password"])
-        wait_for("ui_train to be parsed", lambda: _has_dag(api, "ui_train"), timeout=300)
+        wait_for(
+            lambda: _has_dag(api, "ui_train"), timeout=300, interval=1.0, message="ui_train to be parsed"
+        )
         api.call("PATCH", "/dags/ui_train", {"is_paused": False})  # new DAGs start paused, as in Airflow
         yield Deployment(up, api)
     finally:

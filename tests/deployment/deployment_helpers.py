@@ -9,16 +9,14 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
+from waiting import wait_for
 
 # Test-only settings (``cloudtrain up --set``): a triggerer that stopped heartbeating is replaced
 # after 15 s, not 30 s, so the killed-triggerer test needs a shorter job. Everything else is what
@@ -29,18 +27,6 @@ TEST_SETTINGS = {
     "AIRFLOW__CORE__PARALLELISM": "4",
 }
 UP_DEADLINE_S = 600.0  # migrating and starting four Airflow processes on a busy machine
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 300.0, every: float = 1.0) -> Any:
-    """``check()``'s first truthy value; fails the test naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {value!r})")
-        time.sleep(every)
 
 
 class Api:
@@ -100,10 +86,10 @@ class Api:
         """The run's final state (``success`` or ``failed``)."""
         return str(
             wait_for(
-                f"{dag_id} run {run_id} to end",
                 lambda: (s := self.run_state(dag_id, run_id)) in ("success", "failed") and s,
-                timeout,
-                every=2,
+                timeout=timeout,
+                interval=2,
+                message=f"{dag_id} run {run_id} to end",
             )
         )
 
@@ -146,10 +132,10 @@ class Up:
                 start_new_session=True,
             )
         wait_for(
-            "cloudtrain up to say Airflow is up",
             lambda: self.stdout().count("Airflow is up") > self._ups or self._exited(),
-            UP_DEADLINE_S,
-            every=2,
+            timeout=UP_DEADLINE_S,
+            interval=2,
+            message="cloudtrain up to say Airflow is up",
         )
         assert self.proc.poll() is None, f"cloudtrain up exited:\n{self.stderr()[-3000:]}"
         self._ups += 1
@@ -208,7 +194,9 @@ class Up:
         if self.proc is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=60)
-        wait_for("the killed processes to end", lambda: not self.left_running(), 120, every=0.5)
+        wait_for(
+            lambda: not self.left_running(), timeout=120, interval=0.5, message="the killed processes to end"
+        )
 
     def token(self, password: str, user: str = "admin") -> str:
         body = json.dumps({"username": user, "password": password}).encode()

@@ -13,7 +13,8 @@ import re
 import signal
 
 import pytest
-from deployment_helpers import Deployment, Up, wait_for
+from deployment_helpers import Deployment, Up
+from waiting import wait_for
 
 from airflow_cloudtrain.catalog import choose_offer
 from airflow_cloudtrain.spec import Hardware
@@ -35,12 +36,17 @@ def _deferred_on_one_instance(deployment: Deployment, run_id: str, first_line: s
     ``first_line`` is in the task log); the instance's id. A task marked failed before any triggerer
     picked its trigger up gets no ``on_kill`` from Airflow: not the case under test."""
     api = deployment.api
-    wait_for(f"{run_id}'s train task to defer", lambda: api.task(DAG, run_id, "train")["state"] == "deferred")
     wait_for(
-        f"{first_line!r} in the task log (the trigger runs)",
+        lambda: api.task(DAG, run_id, "train")["state"] == "deferred",
+        timeout=300.0,
+        interval=1.0,
+        message=f"{run_id}'s train task to defer",
+    )
+    wait_for(
         lambda: _count(api.log_lines(DAG, run_id, "train"), first_line),
         timeout=180,
-        every=2,
+        interval=2,
+        message=f"{first_line!r} in the task log (the trigger runs)",
     )
     instances = deployment.up.running_instances()
     assert len(instances) == 1, instances
@@ -81,12 +87,18 @@ def _a_killed_triggerer_is_restarted_and_the_run_ends_on_the_same_instance(deplo
     triggerer = up.airflow_process("triggerer")
     triggerer.kill()  # SIGKILL, as a lost machine or the OOM killer would; nobody restarts it but up
     said = wait_for(
-        "cloudtrain up to say it restarts the triggerer",
         lambda: re.search(r"airflow triggerer exited with signal SIGKILL.*restarting it", up.stderr()),
-        120,
+        timeout=120,
+        interval=1.0,
+        message="cloudtrain up to say it restarts the triggerer",
     )
     assert said
-    wait_for("the triggerer restarted", lambda: "airflow triggerer restarted" in up.stderr(), 120)
+    wait_for(
+        lambda: "airflow triggerer restarted" in up.stderr(),
+        timeout=120,
+        interval=1.0,
+        message="the triggerer restarted",
+    )
     assert up.airflow_process("triggerer").pid != triggerer.pid
     assert api.wait_run(DAG, run_id) == "success", "\n".join(api.log_lines(DAG, run_id, "train")[-60:])
     result = api.xcom(DAG, run_id, "train")
@@ -109,9 +121,10 @@ def _marking_a_deferred_task_failed_terminates_its_instance(deployment: Deployme
         {"new_state": "failed", "note": "marked failed by the deployment test"},
     )
     wait_for(
-        f"{instance_id} to be terminated",
         lambda: _instance_state(deployment.up, instance_id) == "terminated",
-        120,
+        timeout=120,
+        interval=1.0,
+        message=f"{instance_id} to be terminated",
     )
     assert api.wait_run(DAG, run_id) == "failed"
 
@@ -120,7 +133,9 @@ def _marking_a_deferred_task_failed_terminates_its_instance(deployment: Deployme
         return lines if _count(lines, f"terminating instance {instance_id}") else None
 
     # said once, before the release (a line after it may be overtaken by the trigger's end)
-    lines = wait_for("the task log to say the instance is terminated", said_so, 120)
+    lines = wait_for(
+        said_so, timeout=120, interval=1.0, message="the task log to say the instance is terminated"
+    )
     assert _count(lines, f"terminating instance {instance_id}") == 1, lines
     assert sum("Released" in line and instance_id in line for line in lines) <= 1, lines
     assert deployment.up.running_instances() == []

@@ -272,7 +272,7 @@ def test_agent_zip_is_deterministic_and_self_contained(tmp_path: Path) -> None:
     assert {"airflow_cloudtrain/agent/cli.py", "airflow_cloudtrain/storage.py"} <= set(names)
     assert {"airflow_cloudtrain/checkpoint.py", "airflow_cloudtrain/agent/checkpoints.py"} <= set(names)
     assert all(n == "__main__.py" or n.startswith("airflow_cloudtrain/") for n in names)
-    assert f"__version__ = \"{__version__}\"" in stub  # the package top, whole: stdlib only
+    assert f'__version__ = "{__version__}"' in stub  # the package top, whole: stdlib only
     agent_zip = tmp_path / "agent.zip"
     agent_zip.write_bytes(data)
     # -S: no site-packages, so the installed airflow_cloudtrain cannot stand in for the zip's copy
