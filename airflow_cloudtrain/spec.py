@@ -272,6 +272,6 @@ class RunConfig:
         """The region of ``zone``, when only a zone was given."""
         if not self.zone:
             return None
-        from airflow_cloudtrain.catalog.select import zone_region
+        from airflow_cloudtrain.catalog.rules import rules
 
-        return zone_region(self.cloud, self.zone)
+        return rules(self.cloud).zone_region(self.zone)

@@ -28,7 +28,7 @@ from airflow_cloudtrain.contract.records import load_known
 from airflow_cloudtrain.core.retry import call_with_retry
 
 if TYPE_CHECKING:
-    from airflow_cloudtrain.core.backend import RunBackend
+    from airflow_cloudtrain.core.cloud import Cloud
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -94,13 +94,25 @@ def register_kind(kind: ResourceKind[B]) -> ResourceKind[B]:
     return kind
 
 
-def _find_instances(backend: RunBackend, digest: str) -> list[Resource]:
+class InstanceBackend(Protocol):
+    """The part of a ``core.backend.RunBackend`` the "instance" kind needs (named here, not imported:
+    the backend protocol names the ledger, so the ledger may not name it back)."""
+
+    @property
+    def cloud(self) -> Cloud: ...
+
+    def location(self, zone: str | None) -> str | None: ...
+
+    def terminate_instances(self, instances: list[tuple[str, str | None]]) -> None: ...
+
+
+def _find_instances(backend: InstanceBackend, digest: str) -> list[Resource]:
     return [
         Resource("instance", i.id, backend.location(i.zone)) for i in backend.cloud.find(digest, ended=True)
     ]
 
 
-def _delete_instances(backend: RunBackend, resources: list[Resource]) -> None:
+def _delete_instances(backend: InstanceBackend, resources: list[Resource]) -> None:
     backend.terminate_instances([(r.id, r.location) for r in resources if r.id])
 
 
