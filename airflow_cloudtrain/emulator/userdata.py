@@ -1,4 +1,4 @@
-"""What an emulated instance was given to boot: our bootstrap script, as ``agent/bootstrap.py`` renders it.
+"""What an emulated instance was given to boot: our bootstrap script, as ``contract/bootstrap.py`` renders it.
 
 The emulator starts an agent only for instances whose EC2 user data / GCE ``startup-script`` is our
 bootstrap, and reads from it what the real machine would act on. The lines read (values are shell
