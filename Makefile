@@ -17,6 +17,7 @@ TEST_WORKERS ?= 4
 test: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check airflow_cloudtrain tests benchmarks example_dags
+	.venv/bin/mypy
 	@# bytecode for our modules too: the agents and Airflow processes the tests start would compile them
 	.venv/bin/python -m compileall -q airflow_cloudtrain example_dags
 	.venv/bin/python -m pytest -p no:cacheprovider -q -n $(TEST_WORKERS) --dist load $(PYTEST_ARGS)

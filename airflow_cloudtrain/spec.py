@@ -51,7 +51,8 @@ def warn_user(message: str) -> None:
     from pathlib import Path
 
     ours = (str(Path(__file__).resolve().parent), str(Path("airflow", "sdk")), str(Path("airflow", "models")))
-    frame, level = sys._getframe(1), 2
+    frame: Any = sys._getframe(1)
+    level = 2
     while frame is not None and any(part in frame.f_code.co_filename for part in ours):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, UserWarning, stacklevel=level)

@@ -22,6 +22,7 @@ beacon's heartbeat is read without reading the beacon.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import copy
 import functools
@@ -80,8 +81,8 @@ class _S3:
             raise
         return float(head["LastModified"].timestamp())
 
-    def list(self, bucket: str, prefix: str) -> list[str]:
-        keys: list[str] = []
+    def list(self, bucket: str, prefix: str) -> builtins.list[str]:
+        keys: builtins.list[str] = []
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             keys.extend(obj["Key"] for obj in page.get("Contents", []))
         return keys
@@ -92,7 +93,7 @@ class _S3:
     def download_file(self, bucket: str, key: str, path: str) -> None:
         self.client.download_file(bucket, key, path)
 
-    def delete(self, bucket: str, keys: list[str]) -> None:
+    def delete(self, bucket: str, keys: builtins.list[str]) -> None:
         for start in range(0, len(keys), 1000):
             batch = [{"Key": k} for k in keys[start : start + 1000]]
             self.client.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
@@ -133,7 +134,7 @@ class _GCS:
         updated = getattr(blob, "updated", None)
         return None if updated is None else float(updated.timestamp())
 
-    def list(self, bucket: str, prefix: str) -> list[str]:
+    def list(self, bucket: str, prefix: str) -> builtins.list[str]:
         return [blob.name for blob in self.client.list_blobs(bucket, prefix=prefix)]
 
     def upload_file(self, bucket: str, key: str, path: str) -> None:
@@ -142,7 +143,7 @@ class _GCS:
     def download_file(self, bucket: str, key: str, path: str) -> None:
         self._blob(bucket, key).download_to_filename(path)
 
-    def delete(self, bucket: str, keys: list[str]) -> None:
+    def delete(self, bucket: str, keys: builtins.list[str]) -> None:
         for key in keys:
             self._blob(bucket, key).delete()
 
@@ -202,7 +203,7 @@ class RunFolder:
         when it does not exist. S3 gives whole seconds; GCS microseconds."""
         return self._backend().modified_at(self.bucket, self._full(key))
 
-    def list(self, prefix: str = "") -> list[str]:
+    def list(self, prefix: str = "") -> builtins.list[str]:
         """Keys under ``prefix`` (a raw key prefix), relative to the run folder, sorted."""
         root = f"{self.base}/" if self.base else ""
         keys = self._backend().list(self.bucket, root + prefix.lstrip("/"))
@@ -216,13 +217,13 @@ class RunFolder:
         local_dir: str | os.PathLike[str],
         prefix: str,
         call: Callable[[Callable[[], None]], object] | None = None,
-    ) -> list[str]:
+    ) -> builtins.list[str]:
         """Upload every file below ``local_dir`` to ``prefix/<relative path>``; returns the keys written.
 
         ``call`` wraps each file's upload (the agent passes a retry), so a failure re-does one file.
         """
         root = Path(local_dir)
-        written: list[str] = []
+        written: builtins.list[str] = []
         if not root.is_dir():
             return written
         for path in sorted(p for p in root.rglob("*") if p.is_file()):

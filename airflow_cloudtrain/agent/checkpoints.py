@@ -28,6 +28,7 @@ restored.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -37,6 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from airflow_cloudtrain.contract import checkpoint, runs
 from airflow_cloudtrain.contract.retry import retry
@@ -168,7 +170,7 @@ class CheckpointSync:
             self.sent_steps.add(step)
         for path, rel, _, _ in changed:
             key = runs.join(runs.checkpoint_prefix(step), rel)
-            self.call(lambda p=path, k=key: self.folder.upload_file(p, k), "checkpoint upload")
+            self.call(functools.partial(self.folder.upload_file, path, key), "checkpoint upload")
             self.uploads += 1
         for path, rel, stat, sha in changed:
             after = path.stat()
@@ -208,11 +210,11 @@ class CheckpointSync:
     def restore(self) -> int | None:
         """Put the newest verified checkpoint of the run folder into the local directory; its step."""
         self.local_dir.mkdir(parents=True, exist_ok=True)
-        keys = self.call(lambda: self.folder.list(runs.CHECKPOINTS_PREFIX + "/"), "checkpoint list")
+        keys: Any = self.call(lambda: self.folder.list(runs.CHECKPOINTS_PREFIX + "/"), "checkpoint list")
         steps = sorted(
             {
                 step
-                for key in keys  # type: ignore[union-attr]
+                for key in keys
                 if (step := runs.checkpoint_step(key)) is not None and key == runs.manifest_key(step)
             },
             reverse=True,
@@ -256,7 +258,7 @@ class CheckpointSync:
                     raise CheckpointInvalid(f"unsafe path {rel!r} in its manifest")
                 local = staging / rel
                 key = runs.join(runs.checkpoint_prefix(step), rel)
-                self.call(lambda k=key, p=local: self.folder.download(k, p), "checkpoint download")
+                self.call(functools.partial(self.folder.download, key, local), "checkpoint download")
                 size = local.stat().st_size
                 if size != entry["size"]:
                     raise CheckpointInvalid(f"{rel} is {size} bytes, its manifest says {entry['size']}")

@@ -13,6 +13,7 @@ the Secret Manager calls to another endpoint, with no credentials.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 from typing import Any
@@ -51,7 +52,7 @@ def resolve_secret_env(refs: dict[str, str]) -> dict[str, str]:
         if ref is None or ref.cloud is None:
             raise SecretUnavailable(f"secret_env[{var!r}]: {text!r} is not a cloud secret reference")
         try:
-            values[var] = retry(lambda ref=ref: _read(ref, clients), budget_s=60.0, what=f"reading {var}")
+            values[var] = retry(functools.partial(_read, ref, clients), budget_s=60.0, what=f"reading {var}")
         except SecretUnavailable:
             raise
         except Exception as err:

@@ -269,7 +269,11 @@ def custom_offers(
             if fam_name != fam.name:
                 continue
             price = round(rate.vcpu * n + rate.gib * gib, 6)
-            spot = None if rate.spot_vcpu is None else round(rate.spot_vcpu * n + rate.spot_gib * gib, 6)
+            spot = (
+                None
+                if rate.spot_vcpu is None or rate.spot_gib is None
+                else round(rate.spot_vcpu * n + rate.spot_gib * gib, 6)
+            )
             if gpus == 0:
                 offers.append(
                     Offer(cloud, name, n, gib, 0, None, region, rate.zones, price, spot, derived=True)

@@ -128,9 +128,9 @@ def _verdict(err: BaseException) -> bool | None:
         return True
     if isinstance(err, (ConnectionError, TimeoutError)):  # resets, refusals, broken pipes, socket timeouts
         return True
-    code = getattr(err, "code", None)  # api_core's HTTP status, urllib's HTTPError
-    if isinstance(code, int) and not isinstance(code, bool) and 400 <= code < 600:
-        return code in TRANSIENT_HTTP
+    status_code: object = getattr(err, "code", None)  # api_core's HTTP status, urllib's HTTPError
+    if isinstance(status_code, int) and not isinstance(status_code, bool) and 400 <= status_code < 600:
+        return status_code in TRANSIENT_HTTP
     return None
 
 

@@ -103,7 +103,7 @@ def _facts(target: ConsoleTarget) -> Provider | None:
 def _page(target: ConsoleTarget, name: str | None, page: str) -> str:
     """The console page (``instance`` or ``group``) of ``name`` where the target's instances are."""
     facts = _facts(target)
-    where = target.get(facts.location) if facts else None  # type: ignore[misc]
+    where = target.get(facts.location) if facts else None
     if not name or facts is None or not where:
         return ""
     build: Callable[[str | None, str, str], str] = getattr(CONSOLES[facts.name], page)

@@ -17,6 +17,7 @@ from airflow.sdk import BaseOperatorLink
 if TYPE_CHECKING:
     from airflow.models.taskinstancekey import TaskInstanceKey
 
+    from airflow_cloudtrain.core.backend import RunBackend
     from airflow_cloudtrain.links.console import ConsoleTarget
 
 CONSOLE_XCOM_KEY = "cloudtrain_console"
@@ -34,7 +35,7 @@ class _ConsoleLink(BaseOperatorLink):
         url: str = getattr(console, self.url_of)(target)
         return url
 
-    def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:
+    def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:  # type: ignore[override]
         from airflow.sdk.execution_time.xcom import XCom
 
         from airflow_cloudtrain.links.console import target_of
@@ -100,7 +101,7 @@ def fleet_target(handle: Any, project: str | None) -> ConsoleTarget:
     )
 
 
-def project_of(backend: Any) -> str | None:
+def project_of(backend: RunBackend) -> str | None:
     """The GCP project a backend works in (None on AWS, or when it cannot be told)."""
     hook = getattr(backend, "hook", None)
     try:

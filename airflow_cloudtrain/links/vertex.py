@@ -19,7 +19,7 @@ LINK_XCOM_KEY = "vertex_job_console_url"
 class VertexJobLink(BaseOperatorLink):
     name = "Vertex AI job"
 
-    def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:
+    def get_link(self, operator: Any, *, ti_key: TaskInstanceKey) -> str:  # type: ignore[override]
         from airflow.sdk.execution_time.xcom import XCom
 
         value = XCom.get_value(key=LINK_XCOM_KEY, ti_key=ti_key)

@@ -155,13 +155,13 @@ def resolve_pools(
                 f"{acc_field}={raw_accels[role]!r} is given but there are no {plural}; set {field} and "
                 f"{count_field}, or drop {acc_field}"
             )
-    kinds = {role: kind_of(types[role], _FIELDS[role][0]) for role in ROLES if counts[role]}
+    kinds = {role: kind_of(str(types[role]), _FIELDS[role][0]) for role in ROLES if counts[role]}
     _check_no_mix(types, kinds)
     _check_tpu(types, kinds, counts)
     return [
         ReplicaPool(
             role,
-            machine_spec(types[role], accels[role], _FIELDS[role][0], _FIELDS[role][2]),
+            machine_spec(str(types[role]), accels[role], _FIELDS[role][0], _FIELDS[role][2]),
             counts[role],
             types[role],
         )

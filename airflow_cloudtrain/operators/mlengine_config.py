@@ -261,7 +261,7 @@ def check_job_args(args: dict[str, Any], rendered: bool = False) -> JobConfig | 
         (
             VOCABULARY_ARGS,
             lambda: pools.extend(
-                resolve_pools(**{k: args.get(k) for k in VOCABULARY_ARGS if args.get(k) is not None})
+                resolve_pools(**{k: args[k] for k in VOCABULARY_ARGS if args.get(k) is not None})
             ),
         ),
         (("code", "python_module", "image", "command"), lambda: _check_program(parsed)),

@@ -98,7 +98,7 @@ class WorkQueueOperator(RunArgsOperator):
         settings.poll_interval = self.poll_interval
         from airflow_cloudtrain.operators.secret_env import parse_secret_env  # the engines never import it
 
-        secret_env = parse_secret_env(self.secret_env, config.cloud, config.env)
+        secret_env = parse_secret_env(getattr(self, "secret_env", None), config.cloud, config.env)
         base = RunContext.for_task(config, self, context, self.launch_options, self.wait, secret_env)
         job = JobOptions(checkpoint_dir=self.checkpoint_dir, checkpoint_interval_s=self.checkpoint_interval_s)
         ctx = FleetContext(

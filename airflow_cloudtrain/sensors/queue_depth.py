@@ -16,6 +16,8 @@ from airflow.sdk import BaseSensorOperator, PokeReturnValue, conf
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
+    from airflow_cloudtrain.core.retry import TransientBudget
+
 QUEUE_FORMS = (
     "an SQS queue URL (https://sqs.<region>.amazonaws.com/<account>/<name>), an SQS queue name, "
     "or a Pub/Sub subscription path (projects/<project>/subscriptions/<name>)"
@@ -226,9 +228,10 @@ class QueueDepthSensor(BaseSensorOperator):
         return self._resolved
 
     def _reader(self, region: str | None) -> Any:
-        readers = getattr(self, "_readers", None)
+        readers: dict[tuple[str, str | None], Any] | None = getattr(self, "_readers", None)
         if readers is None:
-            readers = self._readers = {}
+            readers = {}
+            self._readers = readers
         service = self._service()
         if (service.name, region) not in readers:
             from airflow_cloudtrain.triggers.queue_depth import depth_reader
@@ -245,8 +248,8 @@ class QueueDepthSensor(BaseSensorOperator):
     # --- waiting ---------------------------------------------------------------------------------
 
     def execute(self, context: Context) -> Any:
-        self._resolved = None
-        self._budget = None
+        self._resolved = None  # type: ignore[assignment]
+        self._budget: TransientBudget | None = None  # set by the first poke
         if not self._service().leases_counted and not self.count_in_flight:
             self.log.warning(
                 "count_in_flight=False has no effect on Pub/Sub: the backlog (num_undelivered_messages) "
@@ -324,7 +327,9 @@ class QueueDepthSensor(BaseSensorOperator):
             raise AirflowException(
                 event.get("message", f"queue {self.watched_queue} did not reach its depth")
             )
-        result = {k: event[k] for k in ("queue", "depth", "visible", "in_flight", "delayed") if k in event}
+        result: dict[str, Any] = {
+            k: event[k] for k in ("queue", "depth", "visible", "in_flight", "delayed") if k in event
+        }
         self.log.info(
             "Queue %s: depth %d (%s): done",
             result.get("queue"),

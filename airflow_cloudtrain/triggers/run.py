@@ -18,9 +18,9 @@ before the task ends, which comes within about ``END_POLL_S`` of the job's end.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncIterator
 from contextlib import aclosing
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
@@ -315,8 +315,7 @@ class RunTrigger(BaseTrigger):
     ) -> None:
         """Keeps ``out`` at the latest shared snapshot of the instance (only when it stopped or
         ended, on EC2); a lasting describe error is handed to the wait."""
-        stream = cast(  # an async generator: aclosing closes it
-            "AsyncGenerator[dict[str, Instance], None]",
+        stream = (  # an async generator: aclosing closes it
             watch_instances(
                 launch.cloud,
                 self.conn_id,
@@ -325,7 +324,7 @@ class RunTrigger(BaseTrigger):
                 self.poll_interval,
                 self.project_id,
                 ended_only=True,
-            ),
+            )
         )
         try:
             async with aclosing(stream):

@@ -39,6 +39,7 @@ from airflow_cloudtrain.lifecycle.resume.recovery import (
 from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt, RunContext
 
 if TYPE_CHECKING:
+    from airflow_cloudtrain.core.backend import RunBackend
     from airflow_cloudtrain.core.records import LaunchRecord, Outcome
 
 
@@ -46,7 +47,7 @@ class ResumeSourceNotFound(ValueError):
     """``resume_from`` names no run this bucket knows."""
 
 
-def resolve_resume_from(backend: Any, bucket: str, value: str) -> str:
+def resolve_resume_from(backend: RunBackend, bucket: str, value: str) -> str:
     """The run folder ``resume_from`` names: a run URI as is (it must hold a spec), a run id
     through the bucket's ``index/<run_id>.json``."""
     if value.startswith(("s3://", "gs://")):

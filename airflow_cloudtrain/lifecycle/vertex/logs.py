@@ -28,7 +28,10 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.storage import RunFolder
 
 LATE_S = 60.0  # how far back each read looks for lines indexed late
 DRAIN_S = 30.0  # after the job's end: keep reading while lines still arrive, at most this long
@@ -95,7 +98,7 @@ class JobLogTail:
     """New lines of one job since the cursor. Blocking (one HTTP call per page): the trigger runs
     ``poll`` in a worker thread."""
 
-    def __init__(self, hook: Any, numeric_id: str, folder: Any = None) -> None:
+    def __init__(self, hook: Any, numeric_id: str, folder: RunFolder | None = None) -> None:
         self.hook = hook  # a VertexHook (list_log_entries)
         self.numeric_id = numeric_id
         self.folder = folder  # the job folder (RunFolder) holding the cursor; None: not persisted

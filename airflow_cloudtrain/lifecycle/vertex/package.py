@@ -18,7 +18,10 @@ import io
 import os
 import tarfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.storage import RunFolder
 
 NAME, VERSION = "cloudtrain_job", "0.0.0"
 SKIP_DIRS = {"__pycache__", ".git", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
@@ -82,7 +85,7 @@ def build_sdist(folder: str | os.PathLike[str]) -> tuple[str, bytes]:
     return f"{top}.tar.gz", buffer.getvalue()
 
 
-def upload_package(folder: str | os.PathLike[str], job_folder: Any) -> str:
+def upload_package(folder: str | os.PathLike[str], job_folder: RunFolder) -> str:
     """Upload the package under ``<job folder>/packages/<content hash>/`` (once); its gs:// URI."""
     name, data = build_sdist(folder)
     key = f"packages/{hashlib.sha256(data).hexdigest()[:16]}/{name}"
