@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.links.run import CloudInstanceLink, RunFolderLink
-from airflow_cloudtrain.operators.run_args import (  # noqa: F401  (their home before run_args)
+from airflow_cloudtrain.operators.base import (  # noqa: F401  (re-exported: their home before operators.base)
     GCSPOT_BID_WARNING,
     TEMPLATED,
     RunArgsOperator,

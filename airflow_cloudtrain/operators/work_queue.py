@@ -6,7 +6,7 @@ the queue is empty, and the queue, group and template are deleted at the end, wh
 run itself is ``lifecycle.fleet`` (``run.FleetRun``: make, re-attach, release; ``watch.FleetWatch``:
 scale, outcomes, XCom; ``engine.FleetEngine`` on the one operator skeleton, ``operators.base``);
 these classes are configuration: the run arguments they share with ``CloudTrainOperator``
-(``operators.run_args``) and the work queue's own. The subclasses say which clouds they take
+(``operators.base``) and the work queue's own. The subclasses say which clouds they take
 (``_check_cloud``).
 """
 
@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow_cloudtrain.links.run import RunFolderLink, WorkerGroupLink
-from airflow_cloudtrain.operators.run_args import TEMPLATED, RunArgsOperator
+from airflow_cloudtrain.operators.base import TEMPLATED, RunArgsOperator
 
 if TYPE_CHECKING:
     import logging
