@@ -1,18 +1,23 @@
-"""The run lifecycle: everything between "run this job" and "the hardware is given back".
+"""The engines: everything between "run this job" and "the hardware is given back", one folder each.
 
-One folder for the newcomer. An operator builds a ``RunContext`` (its parsed configuration, the run
-key, a ``RunBackend`` from ``clouds.registry``) and drives ``RunAttempt``:
+Every engine implements ``core.engine.Engine`` and is driven by the one operator skeleton
+(``operators.base.EngineOperator``); what they share is below them in ``core/`` (the ledger,
+retries, billing, records, the poll loop) and the provider face in ``clouds/``.
 
-- ``attempt``   one launch-run-release cycle: deliver an earlier try's unreported result, adopt its
-                live instance, or launch (``launcher``: capacity failover); wait (blocking here, or
-                deferred in ``triggers.run``, both deciding with ``waiting.RunWatch``); finish:
-                release, mark delivered, account (``costs``).
-- ``ledger``    the write-ahead resource ledger: every create call is recorded before it is made,
-                and every teardown path (success, failure, on_kill, a failed deferral, a retry) goes
-                through ``ResourceLedger.release``; ``sweep`` rebuilds it from run-key tags. Resource
-                kinds register a finder and a deleter (``register_kind``).
-- ``records``   the typed records between layers: ``LaunchRecord``, ``Outcome``, ``Attempt``.
-- ``retry``     transient errors (throttling, 5xx, dropped connections) waited out for minutes.
-- ``prepare``   offers, the run folder's spec/agent/code, and the launch requests (hard stop, tags).
-- ``logstream`` the job's log chunks, in order and each once.
+- ``run/``      the single run (``CloudTrainOperator``): ``attempt.RunAttempt`` delivers an earlier
+                try's unreported result, adopts its live instance, or launches (``core.launcher``:
+                capacity failover); waits (``core.engine.poll_until`` here, ``triggers.run`` when
+                deferred, both deciding with ``core.waiting.RunWatch``); finishes: release, mark
+                delivered, account (``core.billing``). ``abandon.abandon_run`` is the one release of
+                a run whose end will not be reported (worker and triggerer). ``engine.SingleRun``.
+- ``resume/``   the checkpoint-resume loop (``CheckpointResumeOperator``): see its map of how a spot
+                interruption is noticed, survived and relaunched.
+- ``fleet/``    a work queue on a group of workers (``SpotFleetOperator``, ``PreemptibleGroupOperator``):
+                ``run.FleetRun`` makes the queue, template and group under the ledger, ``watch`` scales
+                and reads outcomes, ``engine.FleetEngine``; the provider's part is a
+                ``core.fleet.FleetBackend`` (``clouds/aws/fleet.py``, ``clouds/gcp/fleet.py``).
+- ``vertex/``   a Vertex AI custom job (``MLEngineTrainOperator``): ``job`` (find / submit, wait),
+                ``logs`` (Cloud Logging lines, a persisted cursor), ``package``, ``cost``, ``engine``.
+- ``prepare``   offers, the run folder's spec / agent / code, and the launch requests (hard stop, tags).
+- ``run_secrets`` the operator's side of ``secret_env``: references into the spec, the run's own secrets.
 """

@@ -34,6 +34,20 @@ class CheckpointResumeOperator(CloudTrainOperator):
     ``deadline`` and ``expected_duration`` (for ``"deadline"``), ``stop_grace`` and ``idle_timeout``.
     The XCom adds ``attempts`` (the per-attempt cost ledger), ``totals``, ``restarts``,
     ``resumed_step`` and ``ledger_uri``; ``cost_usd`` is the sum over the attempts.
+
+    :param checkpoint_dir: Directory on the instance the job writes checkpoints to (synced to the run folder).
+    :param checkpoint_interval: How often the agent syncs checkpoints (seconds or ``"5m"``).
+    :param max_restarts: Interruptions tolerated before the task fails.
+    :param max_restarts_on_errors: Relaunches after the job itself failed (0: fail at once).
+    :param resume_from: An earlier run id or run URI whose checkpoints this run continues from.
+    :param policy: ``"spot_first"`` or ``"deadline"`` (the spot policy engine).
+    :param on_demand_after: With ``spot_first``: interruptions after which on-demand is used.
+    :param deadline: With ``deadline``: when the job must be done (a duration from the start).
+    :param expected_duration: With ``deadline``: the job's compute time without interruptions.
+    :param stop_grace: Time the job gets to checkpoint after an interruption notice.
+    :param idle_timeout: Stop a job that writes no log and no checkpoint for this long.
+
+    Every ``CloudTrainOperator`` parameter applies too.
     """
 
     template_fields: Sequence[str] = (*TEMPLATED, "resume_from", "checkpoint_dir")

@@ -36,6 +36,48 @@ class CloudTrainOperator(RunArgsOperator):
     instance, and returns the XCom dict (``run_id``, ``run_uri``, ``instance_type``, ``exit_code``,
     ``duration_s``, ``cost_usd``, ``interruptions``, ...). A retried task delivers a result an earlier
     try's job already produced, or adopts its instance, instead of running the job twice.
+
+    :param command: Shell command run in the job's working directory on the instance.
+    :param bucket: Root URI of the run folders: ``s3://bucket/prefix`` (EC2) or ``gs://...`` (GCE).
+    :param cloud: ``ec2``, ``ec2spot``, ``gcloud`` or ``gcspot``.
+    :param code: A local directory, or an ``s3://`` / ``gs://`` tarball, unpacked into the working directory.
+    :param image: Container image the command runs in (GPUs passed through); none: on the host.
+    :param setup_cmds: Shell commands run on the instance before the job.
+    :param env: Extra environment variables for the job (stored in plain text in the run folder).
+    :param secret_env: Variables read from a secret store at run time: references only (SSM, Secrets
+        Manager, Secret Manager, ``airflow_conn://``, ``airflow_var://``), never values.
+    :param cpus: vCPUs wanted (at least).
+    :param gpus: GPUs wanted (at least).
+    :param gpu_type: Accelerator name (``A10G``, ``T4``, ``V100``, ...).
+    :param ram: Memory wanted: ``"16g"``, ``"512m"``, ``"1.5GiB"``, or an int in MiB.
+    :param hdd: Root disk wanted: the same forms, an int in GiB.
+    :param instance_type: An explicit type; skips the catalog search.
+    :param bid: Spot bid: ``"0.45"`` (USD per instance-hour) or ``"60%"`` (of on-demand).
+    :param region: Where to launch; a default comes from the connection or the catalog.
+    :param zone: A zone within the region.
+    :param max_runtime: Hard limit (``"6h"``, seconds, ``"unlimited"``); the instance ends itself past it.
+    :param deferrable: Free the worker slot while waiting (Airflow's ``default_deferrable`` by default).
+    :param poll_interval: Seconds between status polls.
+    :param aws_conn_id: Airflow AWS connection (``ec2``, ``ec2spot``).
+    :param gcp_conn_id: Airflow Google connection (``gcloud``, ``gcspot``).
+    :param project_id: GCP project; the connection's by default.
+    :param image_id: EC2 AMI / GCE image for the host.
+    :param key_name: EC2 key pair (SSH stays closed unless a security group opens it).
+    :param subnet_id: EC2 subnet.
+    :param security_group_ids: EC2 security groups.
+    :param iam_instance_profile: EC2 instance profile the agent uses to reach the run folder.
+    :param tags: Extra tags (EC2) / labels (GCE) on everything the run makes.
+    :param volume_id: An EBS volume attached as the working directory.
+    :param service_account: GCE service account of the VM.
+    :param network: GCE VPC network.
+    :param subnetwork: GCE subnetwork.
+    :param external_ip: Give the GCE VM an external IP (for egress without Cloud NAT).
+    :param ssh_source_ranges: CIDR ranges allowed to reach the GCE VM on port 22 (none by default).
+    :param provisioning: GCE provisioning model override (``SPOT``, ``STANDARD``).
+    :param max_launch_attempts: Offers and zones tried before a launch fails for lack of capacity.
+    :param live_prices: Refresh prices from the cloud's own APIs (cached) before choosing.
+    :param startup_timeout: How long the agent may take to report after launch.
+    :param heartbeat_timeout: How long the agent may stay silent before the run is declared lost.
     """
 
     template_fields: Sequence[str] = TEMPLATED

@@ -6,7 +6,7 @@ whole index every poll interval (heartbeats from LastModified, changes from ETag
 only for what changed, in the index's own threads. Instances are watched
 through one shared DescribeInstances per (connection, region) that asks only for stopped or ended
 instances (GCE: one list per zone). All SDK work runs in worker threads with one client per poll
-group, closed when the group ends. The decision is ``lifecycle.waiting.RunWatch``, the same one the
+group, closed when the group ends. The decision is ``core.waiting.RunWatch``, the same one the
 blocking wait makes.
 
 What the task log shows: each job line once, in order, as ``[job 08:00:09.602] text`` with the time
@@ -75,6 +75,15 @@ class RunTrigger(BaseTrigger):
     (including the agent watchdog's ``startup_timeout`` / ``heartbeat_timeout``, so a dead agent is
     noticed in deferrable mode exactly as in blocking mode). ``next_log_seq`` is where the task log
     was when the task deferred; a re-created trigger continues from the saved cursor when further.
+
+    :param launch: The attempt's ``LaunchRecord`` as a dict (instance, run folder, cloud, location).
+    :param conn_id: The Airflow connection of the run's provider.
+    :param project_id: GCP project (GCE runs); the connection's by default.
+    :param poll_interval: Seconds between polls of the live index and the instance.
+    :param deadline: Unix time past which the run is declared over (``max_runtime`` plus a margin).
+    :param startup_timeout: Seconds the agent may take to report after launch.
+    :param heartbeat_timeout: Seconds the agent may stay silent before the run is declared lost.
+    :param next_log_seq: The first log chunk not yet shown in the task log.
     """
 
     def __init__(
