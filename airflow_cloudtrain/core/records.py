@@ -7,15 +7,15 @@ ignores unknown keys so a record written by a newer version still loads.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any, TypeVar
+
+from airflow_cloudtrain.contract.records import load_known
 
 T = TypeVar("T")
 
 
-def _load(cls: type[T], data: dict[str, Any]) -> T:
-    names = {f.name for f in fields(cls)}  # type: ignore[arg-type]
-    return cls(**{k: v for k, v in data.items() if k in names})
+_load = load_known  # records from another release load: unknown keys are ignored
 
 
 @dataclass

@@ -107,7 +107,9 @@ class JobRecord:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> JobRecord:
-        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+        from airflow_cloudtrain.contract.records import load_known
+
+        return load_known(cls, data)
 
     @classmethod
     def from_api(cls, job: Any) -> JobRecord:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from airflow_cloudtrain.contract.records import load_known
 
 LOOP_KEY = "cloudtrain_loop"  # task_state_store: the RunHistory of a CheckpointResumeOperator task
 LEDGER_PREFIX = "ledger"
@@ -48,9 +50,7 @@ def index_key(run_id: str) -> str:
     return f"index/{run_id}.json"
 
 
-def _load(cls: type, data: dict[str, Any]) -> Any:
-    names = {f.name for f in fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in names})
+_load = load_known  # rows written by another release load: unknown keys are ignored
 
 
 @dataclass
