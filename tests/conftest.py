@@ -130,8 +130,8 @@ def _running_jobs(emulator: Any) -> list[dict[str, Any]]:
 
 
 # The longest tests start first, so that none of them begins last and sets the suite's end alone (the
-# Makefile runs ``--dist load``: xdist hands out the first quarter of the items round-robin, then one
-# at a time to whichever worker is free, so heavy-first spreads them over the workers). The deployment
+# Makefile runs ``--dist worksteal``: each worker starts on its share in this order, and a worker that
+# runs dry takes half of another's remaining queue, so no worker is left alone with a long tail). The deployment
 # test (a real ``cloudtrain up``) runs beside the others from the start. The order is measured
 # (``make test PYTEST_ARGS=--durations=120``: the files by their tests' total time); a file not listed
 # keeps its place after these, and the order inside a file is kept.
