@@ -18,6 +18,12 @@ of that the agent wraps the calls it cannot afford to lose in ``agent.retry.retr
 ``RunFolder.at(uri)`` opens another folder through the same clients (the agent's live index,
 ``RunSpec.live_uri``); ``modified_at(key)`` is an object's LastModified / ``updated``, which is how a
 beacon's heartbeat is read without reading the beacon.
+
+Big files (``TransferConfig.threshold``, 64 MiB by default) go through ``airflow_cloudtrain.transfer``:
+in parts, in parallel, with bounded memory, an interrupted upload resumed by the next upload of the
+same file (S3 multipart, GCS parallel composite with its parts under the folder's ``.uploads/``);
+``delete_prefix`` also aborts the incomplete S3 multipart uploads under the prefix. ``folder.transfer``
+holds the settings (from the environment, ``TransferConfig.from_env``).
 """
 
 from __future__ import annotations
@@ -31,7 +37,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from airflow_cloudtrain import transfer
 from airflow_cloudtrain.contract import runs
+from airflow_cloudtrain.transfer import Progress, TransferConfig, TransferReport
+
+UPLOADS_DIR = ".uploads"  # the run folder's temporary GCS parts of composite uploads (transfer module)
 
 # botocore's retry settings for the S3 client built here: standard mode retries throttling codes
 # (SlowDown, Throttling, RequestLimitExceeded, ...), HTTP 500/502/503/504 and connection errors with
@@ -87,11 +97,16 @@ class _S3:
             keys.extend(obj["Key"] for obj in page.get("Contents", []))
         return keys
 
-    def upload_file(self, bucket: str, key: str, path: str) -> None:
-        self.client.upload_file(path, bucket, key)
+    def upload_file(
+        self, bucket: str, key: str, path: str, config: TransferConfig, parts: str, progress: Progress | None
+    ) -> TransferReport:
+        return transfer.s3_upload(self.client, bucket, key, path, config, progress)
 
-    def download_file(self, bucket: str, key: str, path: str) -> None:
-        self.client.download_file(bucket, key, path)
+    def download_file(self, bucket: str, key: str, path: str, config: TransferConfig) -> TransferReport:
+        return transfer.s3_download(self.client, bucket, key, path, config)
+
+    def abort_uploads(self, bucket: str, prefix: str) -> int:
+        return transfer.s3_abort_uploads(self.client, bucket, prefix)
 
     def delete(self, bucket: str, keys: builtins.list[str]) -> None:
         for start in range(0, len(keys), 1000):
@@ -137,11 +152,16 @@ class _GCS:
     def list(self, bucket: str, prefix: str) -> builtins.list[str]:
         return [blob.name for blob in self.client.list_blobs(bucket, prefix=prefix)]
 
-    def upload_file(self, bucket: str, key: str, path: str) -> None:
-        self._blob(bucket, key).upload_from_filename(path)
+    def upload_file(
+        self, bucket: str, key: str, path: str, config: TransferConfig, parts: str, progress: Progress | None
+    ) -> TransferReport:
+        return transfer.gcs_upload(self.client, bucket, key, path, config, parts, progress)
 
-    def download_file(self, bucket: str, key: str, path: str) -> None:
-        self._blob(bucket, key).download_to_filename(path)
+    def download_file(self, bucket: str, key: str, path: str, config: TransferConfig) -> TransferReport:
+        return transfer.gcs_download(self.client, bucket, key, path, config)
+
+    def abort_uploads(self, bucket: str, prefix: str) -> int:
+        return 0  # GCS parts are objects under the folder's .uploads/: delete_prefix deletes them
 
     def delete(self, bucket: str, keys: builtins.list[str]) -> None:
         for key in keys:
@@ -161,6 +181,7 @@ class RunFolder:
         self.uri = f"{self.scheme}://{self.bucket}" + (f"/{self.base}" if self.base else "")
         self._clients = {"s3": s3_client, "gs": gcs_client}
         self._backends: dict[str, _S3 | _GCS] = {}
+        self.transfer = TransferConfig.from_env()
 
     def __repr__(self) -> str:
         return f"RunFolder({self.uri!r})"
@@ -210,7 +231,23 @@ class RunFolder:
         return sorted(k[len(root) :] for k in keys if k.startswith(root))
 
     def upload_file(self, local_path: str | os.PathLike[str], key: str) -> None:
-        self._backend().upload_file(self.bucket, self._full(key), os.fspath(local_path))
+        """Upload one file; big ones in parts (``send_file``)."""
+        self.send_file(local_path, key)
+
+    def send_file(
+        self, local_path: str | os.PathLike[str], key: str, progress: Progress | None = None
+    ) -> TransferReport:
+        """``upload_file`` that says what it did: big files in parts, in parallel, resuming an
+        interrupted upload of the same file (``airflow_cloudtrain.transfer``); ``progress(part, size)``
+        is called as each part is up."""
+        return self._backend().upload_file(
+            self.bucket,
+            self._full(key),
+            os.fspath(local_path),
+            self.transfer,
+            self._full(UPLOADS_DIR),
+            progress,
+        )
 
     def upload_dir(
         self,
@@ -238,12 +275,16 @@ class RunFolder:
 
     def download(self, key_or_uri: str, local_path: str | os.PathLike[str]) -> None:
         """Download a key of this folder, or any ``s3://`` / ``gs://`` object (e.g. a code tarball)."""
+        self.fetch_file(key_or_uri, local_path)
+
+    def fetch_file(self, key_or_uri: str, local_path: str | os.PathLike[str]) -> TransferReport:
+        """``download`` that says what it did: big objects in parallel ranges (``transfer``)."""
         if key_or_uri.startswith(("s3://", "gs://")):
             scheme, bucket, key = runs.split_uri(key_or_uri)
         else:
             scheme, bucket, key = self.scheme, self.bucket, self._full(key_or_uri)
         Path(local_path).parent.mkdir(parents=True, exist_ok=True)
-        self._backend(scheme).download_file(bucket, key, os.fspath(local_path))
+        return self._backend(scheme).download_file(bucket, key, os.fspath(local_path), self.transfer)
 
     def delete_key(self, key: str) -> None:
         """Delete one object of this folder (no error when it is not there)."""
@@ -258,10 +299,15 @@ class RunFolder:
             backend.delete(self.bucket, [full])
 
     def delete_prefix(self, prefix: str = "") -> int:
-        """Delete the folder ``prefix`` (the whole run folder when empty); returns how many keys went."""
+        """Delete the folder ``prefix`` (the whole run folder when empty); returns how many keys went.
+
+        Incomplete S3 multipart uploads under it are aborted first (their parts are billed until then);
+        GCS composite parts are objects of the folder's ``.uploads/`` and go with the rest."""
         prefix = prefix.strip("/")
         if not prefix and not self.base:
             raise ValueError(f"refusing to delete a whole bucket ({self.uri}); name a prefix")
+        root = f"{self.base}/" if self.base else ""
+        self._backend().abort_uploads(self.bucket, root + (f"{prefix}/" if prefix else ""))
         keys = [self._full(k) for k in self.list(f"{prefix}/" if prefix else "")]
         if keys:
             self._backend().delete(self.bucket, keys)

@@ -98,7 +98,7 @@ def _version() -> str:
 # What the zip carries, whole: the package's stdlib-only top (version, the job's ``checkpoint`` name),
 # the contract floor, the run-folder storage and the agent. Nothing else of the provider (nor Airflow)
 # is importable on the instance; ``tests/unit/test_layers.py`` keeps these floors free of the rest.
-SHIPPED_MODULES = ("__init__.py", "checkpoint.py", "storage.py")
+SHIPPED_MODULES = ("__init__.py", "checkpoint.py", "storage.py", "transfer.py")
 SHIPPED_PACKAGES = ("contract", "agent")
 
 
