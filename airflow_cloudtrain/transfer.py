@@ -371,7 +371,7 @@ def gcs_upload(
         groups = [sources[i : i + GCS_MAX_COMPOSE] for i in range(0, len(sources), GCS_MAX_COMPOSE)]
         names = [f"{base}/c{level}-{i:05d}" for i in range(len(groups))]
         jobs = [
-            lambda g=g, n=n: store.blob(n).compose([store.blob(s) for s in g])  # type: ignore[misc]
+            lambda g=g, n=n: store.blob(n).compose([store.blob(s) for s in g])
             for g, n in zip(groups, names, strict=True)
         ]
         _parallel(jobs, config.workers)

@@ -90,6 +90,23 @@ def test_a_big_file_round_trips_in_parts(big: Any, tmp_path: Path) -> None:
     assert folder.delete_prefix("") == 2
 
 
+def test_gcs_composes_more_than_32_parts_in_a_tree(emu: Any, tmp_path: Path, monkeypatch: Any) -> None:
+    """GCS composes at most 32 sources at once: 40 parts go through intermediate objects."""
+    monkeypatch.setenv("CLOUDTRAIN_TRANSFER_THRESHOLD", str(MiB))
+    monkeypatch.setenv("CLOUDTRAIN_TRANSFER_PART_SIZE", str(256 * 1024))
+    folder = open_run_folder(f"gs://{DEFAULT_BUCKET}/runs/transfer/{uuid.uuid4().hex[:12]}/-1")
+    local = tmp_path / "ckpt-00001.pt"
+    local.write_bytes(os.urandom(10 * MiB))
+    before = emu.request_counts().get("objects.compose", 0)
+    report = folder.send_file(local, "checkpoints/1/ckpt-00001.pt")
+    assert report.parts == 40 and report.parts_sent == 40
+    assert emu.request_counts().get("objects.compose", 0) - before == 3  # 32 + 8, then the 2
+    folder.download("checkpoints/1/ckpt-00001.pt", tmp_path / "back.pt")
+    assert (tmp_path / "back.pt").read_bytes() == local.read_bytes()
+    assert folder.list("") == ["checkpoints/1/ckpt-00001.pt"]  # no part, no intermediate left
+    folder.delete_prefix("")
+
+
 # Uploads the file and blocks (forever) once three parts are up, after writing the marker: the test
 # SIGKILLs it there, as an agent killed mid-upload.
 KILLED = r"""
