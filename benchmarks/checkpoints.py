@@ -229,8 +229,10 @@ def run(args: argparse.Namespace) -> list[Row]:
                     for cloud in args.clouds:
                         rows.append(Row(cloud, size_gb, skipped=f"{free_disk / GB:.0f} GB of disk free"))
                     continue
+                fits = [c for c in args.clouds if available_bytes() >= EMULATOR_FACTOR[c] * size + HEADROOM]
                 data = tmp / f"ckpt-{size_gb}g.bin"
-                write_checkpoint(data, size)
+                if fits:
+                    write_checkpoint(data, size)
                 for cloud in args.clouds:
                     row = Row(cloud, size_gb)
                     rows.append(row)
@@ -243,7 +245,7 @@ def run(args: argparse.Namespace) -> list[Row]:
                         print(f"{cloud} {size_gb} GB: skipped, {row.skipped}", flush=True)
                         continue
                     measure(emu, row, cloud, data, tmp, args, open_run_folder)
-                data.unlink()
+                data.unlink(missing_ok=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return rows
