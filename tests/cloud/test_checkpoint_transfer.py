@@ -107,6 +107,29 @@ def test_gcs_composes_more_than_32_parts_in_a_tree(emu: Any, tmp_path: Path, mon
     folder.delete_prefix("")
 
 
+def test_the_emulated_s3_serves_ranges_as_s3_does(emu: Any, tmp_path: Path) -> None:
+    """Ranged GETs (what a restore sends) are answered from the object's buffer by the emulator:
+    the bytes of the range, S3's headers, If-Match honoured (412 when the object changed)."""
+    from botocore.exceptions import ClientError
+
+    folder = open_run_folder(f"s3://{DEFAULT_BUCKET}/runs/transfer/{uuid.uuid4().hex[:12]}/-1")
+    data = os.urandom(3 * MiB + 17)
+    folder.put_bytes("blob.bin", data)
+    client, key = folder._backend().client, folder._full("blob.bin")
+    etag = client.head_object(Bucket=folder.bucket, Key=key)["ETag"]
+    got = client.get_object(Bucket=folder.bucket, Key=key, Range="bytes=1000-2000999", IfMatch=etag)
+    assert (
+        got["Body"].read() == data[1000:2001000] and got["ContentRange"] == f"bytes 1000-2000999/{len(data)}"
+    )
+    assert got["ETag"] == etag and got["ContentLength"] == 2_000_000
+    tail = client.get_object(Bucket=folder.bucket, Key=key, Range=f"bytes={len(data) - 5}-{len(data) + 100}")
+    assert tail["Body"].read() == data[-5:]
+    with pytest.raises(ClientError) as err:
+        client.get_object(Bucket=folder.bucket, Key=key, Range="bytes=0-9", IfMatch='"0000"')
+    assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    folder.delete_prefix("")
+
+
 # Uploads the file and blocks (forever) once three parts are up, after writing the marker: the test
 # SIGKILLs it there, as an agent killed mid-upload.
 KILLED = r"""

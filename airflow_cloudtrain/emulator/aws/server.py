@@ -10,7 +10,7 @@ may change Auto Scaling groups (every Auto Scaling request, and EC2 TerminateIns
 replaces members) go through ``groups.request``: one at a time with the emulator's group reconcile,
 new members placed on their market before the answer (``groups``); where moto fails on a group or
 instance that is not there (KeyError, StopIteration: an HTTP 500 and a traceback) they get Auto
-Scaling's ValidationError.
+Scaling's ValidationError. Ranged GetObject is answered from the object's buffer (``ranges``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import urllib.parse
 from collections import Counter
 from typing import Any
 
-from airflow_cloudtrain.emulator.aws import groups, pricing, wire
+from airflow_cloudtrain.emulator.aws import groups, pricing, ranges, wire
 from airflow_cloudtrain.emulator.faults import Throttle, is_own
 from airflow_cloudtrain.emulator.serving import InThread
 
@@ -84,6 +84,10 @@ class FaultsAndCounts:
                 )
             if hit:
                 return self._send(start_response, wire.capacity_error(itype, zone))
+        if call.operation == "GetObject" and environ.get("HTTP_RANGE"):  # O(range), not O(object)
+            ranged = ranges.ranged_get(environ)
+            if ranged is not None:
+                return self._send(start_response, ranged)
         terminate = call.operation == "TerminateInstances" and call.protocol == "ec2"
         if call.service == "autoscaling" or terminate:
             with groups.request(_region(environ), call.operation, form):
