@@ -20,7 +20,8 @@ upload in parts starts, a small record is written next to the file (``.<name>.up
 hidden, so checkpoint listings skip it): the target, the file's size, mtime and inode, the part size
 and the S3 upload id / the GCS parts' tag. An upload of the same file (same size, mtime and inode) to
 the same target finds it and sends only the parts the cloud does not have (S3 ListParts; GCS: the
-part objects present with the right size); the record goes when the upload completes. What is not
+part objects present with the right size); the record goes when the upload completes. A failed
+upload keeps its record too, so the agent's retry of the file sends only the missing parts. What is not
 resumed: a file that changed (or was replaced) since (the old S3 upload is aborted, the upload starts
 over), an upload whose S3 upload id is gone or whose GCS parts were deleted (their parts are sent
 again), and downloads (a restore starts over; it writes to a staging folder anyway).
