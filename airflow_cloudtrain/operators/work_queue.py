@@ -51,10 +51,11 @@ class WorkQueueOperator(RunArgsOperator):
         lease_timeout: Any = 120,
         checkpoint_dir: str | None = None,
         checkpoint_interval: Any = 60,
+        checkpoint_snapshots: bool = True,
         allow_failed_items: bool = False,
         **kwargs: Any,
     ) -> None:
-        from airflow_cloudtrain.operators.checks import check_path
+        from airflow_cloudtrain.operators.checks import check_bool, check_path
         from airflow_cloudtrain.operators.config import parse_duration
         from airflow_cloudtrain.operators.fleet_config import (
             is_deferred_value,
@@ -75,6 +76,7 @@ class WorkQueueOperator(RunArgsOperator):
         }
         self.checkpoint_dir = check_path(checkpoint_dir, "checkpoint_dir", "/tmp/checkpoints")
         self.checkpoint_interval_s = parse_duration(checkpoint_interval, "checkpoint_interval") or 0.0
+        self.checkpoint_snapshots = check_bool(checkpoint_snapshots, "checkpoint_snapshots")
         self._fleet: FleetRun | None = None
         parse_fleet_args(self.fleet_args, None, self.max_lease_s, self.lease_limit)
         if not is_deferred_value(work_items):
@@ -100,7 +102,11 @@ class WorkQueueOperator(RunArgsOperator):
 
         secret_env = parse_secret_env(getattr(self, "secret_env", None), config.cloud, config.env)
         base = RunContext.for_task(config, self, context, self.launch_options, self.wait, secret_env)
-        job = JobOptions(checkpoint_dir=self.checkpoint_dir, checkpoint_interval_s=self.checkpoint_interval_s)
+        job = JobOptions(
+            checkpoint_dir=self.checkpoint_dir,
+            checkpoint_interval_s=self.checkpoint_interval_s,
+            checkpoint_snapshots=self.checkpoint_snapshots,
+        )
         ctx = FleetContext(
             config=config,
             fleet=settings,

@@ -81,6 +81,8 @@ class AttemptRow:
     work_lost_s: float | None = None
     progress_s: float = 0.0
     message: str = ""
+    # why a relaunch restored nothing although an earlier attempt made progress (the agent's words)
+    restore_note: str | None = None
 
     @property
     def duration_s(self) -> float:

@@ -216,10 +216,23 @@ class RecoveryLoop:
         row = row_for(done, status, len(self.history.attempts) + 1, self.ctx.try_number, beat)
         if not self.history.has(launch.instance_id):
             self.history.attempts.append(row)
+            if row.restore_note:
+                self._progress_lost(row)
         self.history.pending = None
         self.save()
         self.log.info("Ledger so far:\n%s", self.history.table())
         return row
+
+    def _progress_lost(self, row: AttemptRow) -> None:
+        """A relaunch restored nothing although the job made progress before: say so, and count
+        everything the earlier attempts did as work lost (the job ran from the beginning again)."""
+        self.log.warning(
+            "Attempt %d restored no checkpoint and ran from the beginning: %s", row.attempt, row.restore_note
+        )
+        for earlier in self.history.attempts[:-1]:
+            if earlier.progress_s:
+                earlier.work_lost_s = round((earlier.work_lost_s or 0.0) + earlier.progress_s, 3)
+                earlier.progress_s = 0.0
 
     def _finish_pending(self) -> None:
         from airflow_cloudtrain.core.records import LaunchRecord, Outcome
