@@ -91,6 +91,6 @@ def patch_moto() -> None:
             private_ip = ADDRESSES.take(live(self))
         original_prep(self, nic_spec, private_ip=private_ip, **kw)
 
-    Subnet.get_available_subnet_ip = subnet_ip  # type: ignore[method-assign]
-    Instance.prep_nics = prep_nics  # type: ignore[method-assign]
+    Subnet.get_available_subnet_ip = subnet_ip  # type: ignore[method-assign,assignment]
+    Instance.prep_nics = prep_nics  # type: ignore[method-assign,assignment]
     _patched = True
