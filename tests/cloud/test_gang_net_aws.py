@@ -192,3 +192,36 @@ def test_a_create_whose_answer_was_lost_is_found_by_its_tag(emu: Any) -> None:
     released = ledger.release(run)
     assert sorted(r.kind for r in released) == [PG_KIND, SG_KIND]
     assert groups_of(digest) == [] and placements_of(digest) == []
+
+
+def test_abandoning_a_gang_s_run_sweeps_its_network_by_tag(emu: Any) -> None:
+    """The abandon path (a kill, a triggerer's on_kill) knows only the run key: the spec in the run
+    folder says the run is a gang, so the release's sweep looks for its network as well."""
+    import logging
+
+    from airflow_cloudtrain.clouds.aws.gang_net import ensure_gang_network
+    from airflow_cloudtrain.contract import runs
+    from airflow_cloudtrain.core.ledger import ResourceLedger
+    from airflow_cloudtrain.emulator import DEFAULT_BUCKET
+    from airflow_cloudtrain.lifecycle.run.abandon import abandon_run
+    from airflow_cloudtrain.storage import open_run_folder
+
+    log = logging.getLogger("test")
+    for num_nodes in (1, 3):
+        digest = uuid.uuid4().hex[:20]
+        folder = open_run_folder(f"s3://{DEFAULT_BUCKET}/runs/gang-abandon/{digest}")
+        spec = runs.RunSpec(
+            run_id="ct-g", run_uri=folder.uri, cloud="ec2", command="true", num_nodes=num_nodes
+        )
+        folder.put_text(runs.SPEC_KEY, spec.to_json())
+        ensure_gang_network(backend(), ResourceLedger(digest), digest, placement="cluster")
+        abandon_run(backend(), folder, ResourceLedger(digest), log, try_number=1)
+        left = (len(groups_of(digest)), len(placements_of(digest)))
+        if num_nodes == 1:  # not a gang: the sweep does not look (the test leaves no leak behind)
+            assert left == (1, 1)
+            cleanup = ResourceLedger(digest)
+            cleanup.sweep(backend(), ["security_group", "placement_group"])
+            cleanup.release(backend(), sweep=False)
+            assert (groups_of(digest), placements_of(digest)) == ([], [])
+        else:
+            assert left == (0, 0)
