@@ -82,6 +82,22 @@ def test_a_launch_into_an_unknown_placement_group_is_refused(emu: Any) -> None:
     assert code(err) == "InvalidPlacementGroup.Unknown"
 
 
+def test_a_placement_group_with_a_live_instance_cannot_be_deleted(emu: Any) -> None:
+    client, name = ec2(), f"pg-{uuid.uuid4().hex[:8]}"
+    client.create_placement_group(GroupName=name, Strategy="cluster")
+    image = client.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    iid = client.run_instances(
+        ImageId=image, InstanceType="c5n.large", MinCount=1, MaxCount=1, Placement={"GroupName": name}
+    )["Instances"][0]["InstanceId"]
+    shown = client.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["Placement"]
+    assert shown.get("GroupName") == name
+    with pytest.raises(ClientError) as in_use:
+        client.delete_placement_group(GroupName=name)
+    assert code(in_use) == "InvalidPlacementGroup.InUse"
+    client.terminate_instances(InstanceIds=[iid])
+    client.delete_placement_group(GroupName=name)
+
+
 # --- the run's gang network --------------------------------------------------------------------------
 
 

@@ -7,7 +7,9 @@ region (``InvalidPlacementGroup.Duplicate``); a strategy of ``cluster``, ``sprea
 of ResourceType ``placement-group``; a name or id that does not exist is
 ``InvalidPlacementGroup.Unknown`` (describe by name or id, delete); describe filters ``group-name``,
 ``group-id``, ``strategy``, ``state``, ``tag:<key>`` and ``tag-key``. RunInstances naming a group that
-does not exist (``Placement.GroupName``) is refused the same way, before moto sees it.
+does not exist (``Placement.GroupName``) is refused the same way, before moto sees it; the instances
+of one that does are the group's (``put_in_group``; DescribeInstances shows ``Placement.GroupName``),
+and a group with an instance not yet terminated cannot be deleted (``InvalidPlacementGroup.InUse``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from dataclasses import dataclass, field
 from xml.sax.saxutils import escape
 
 from airflow_cloudtrain.emulator.aws import wire
-from airflow_cloudtrain.emulator.aws.backend import ACCOUNT_ID
+from airflow_cloudtrain.emulator.aws.backend import ACCOUNT_ID, ec2_backend
 
 OPERATIONS = ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup")
 STRATEGIES = ("cluster", "spread", "partition")
@@ -110,6 +112,11 @@ class PlacementGroups:
         name = _one(form, "GroupName") or ""
         if (region, name) not in self._groups:
             raise _Error("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown.")
+        if _members(region, name):
+            raise _Error(
+                "InvalidPlacementGroup.InUse",
+                f"The placement group '{name}' is in use and may not be deleted.",
+            )
         del self._groups[(region, name)]
         return _ok("DeletePlacementGroupResponse", "<return>true</return>")
 
@@ -117,6 +124,23 @@ class PlacementGroups:
         """The region's group names (tests)."""
         with self._lock:
             return sorted(n for (r, n) in self._groups if r == region)
+
+
+def put_in_group(region: str, name: str, instance_ids: list[str]) -> None:
+    """Instances just launched into the group (moto's placement keeps the name; it has no groups)."""
+    backend = ec2_backend(region)
+    for iid in instance_ids:
+        backend.get_instance(iid).placement.group_name = name
+
+
+def _members(region: str, name: str) -> list[str]:
+    """The group's instances that are not terminated yet."""
+    return [
+        inst.id
+        for reservation in ec2_backend(region).all_reservations()
+        for inst in list(reservation.instances)
+        if inst.placement.group_name == name and inst.state != "terminated"
+    ]
 
 
 class _Error(Exception):

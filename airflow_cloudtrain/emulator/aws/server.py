@@ -92,6 +92,9 @@ class FaultsAndCounts:
                 )
             if hit:
                 return self._send(start_response, wire.capacity_error(itype, zone))
+            group = next(iter(form.get("Placement.GroupName") or []), None)
+            if group:  # moto keeps no placement group: the launched instances are put in it here
+                return self._launch_into(environ, start_response, _region(environ) or "us-east-1", group)
         terminate = call.operation == "TerminateInstances" and call.protocol == "ec2"
         if call.service == "autoscaling" or terminate:
             with groups.request(_region(environ), call.operation, form):
@@ -107,6 +110,20 @@ class FaultsAndCounts:
                     instance = (form.get("InstanceId") or ["?"])[0]
                     return self._send(start_response, wire.instance_not_in_group(instance))
         return self.app(environ, _one_server_header(start_response))
+
+    def _launch_into(self, environ: dict[str, Any], start_response: Any, region: str, group: str) -> Any:
+        """RunInstances into a placement group: moto's answer, its instances recorded as the group's."""
+        captured: list[Any] = []
+
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            captured[:] = [status, headers, exc_info]
+            return lambda data: None
+
+        body = b"".join(self.app(environ, _one_server_header(start)))
+        ids = re.findall(r"<instanceId>(i-[0-9a-f]+)</instanceId>", body.decode(errors="replace"))
+        placement.put_in_group(region, group, ids)
+        start_response(*captured[:2])
+        return [body]
 
     @staticmethod
     def _send(start_response: Any, reply: wire.Reply) -> list[bytes]:
