@@ -58,6 +58,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from airflow_cloudtrain.agent import gang
 from airflow_cloudtrain.agent.beacon import BeaconWriter
 from airflow_cloudtrain.agent.checkpoints import CheckpointSync
 from airflow_cloudtrain.agent.idle import IdleWatch, proc_available, sample_interval
@@ -195,6 +196,12 @@ class Agent:
 
         if stop := self.should_stop():
             return stop.state, None, stop.message
+        if spec.num_nodes > 1:  # a gang: every node at the barrier, then the job (``agent.gang``)
+            spec, ended = gang.join(
+                spec, folder, self.instance_id, self.metadata, self._note, self.should_stop
+            )
+            if ended:
+                return ended
         argv, extra = build_job_command(spec, str(workdir), volumes, self.resumed_step, agent_zip, resumed)
         self._update(state=runs.RUNNING, job_started_at=time.time())
         interval = float(spec.checkpoint_interval_s or 0)

@@ -336,6 +336,13 @@ class RunSpec:
     # takes items from the queue, each in its own folder ``items/<id>/``; None: one job.
     worker: dict[str, Any] | None = None
     version: int = SPEC_VERSION
+    # A gang (``contract.gang``): how many nodes run the job (1: no gang, no barrier); this node's rank
+    # (None: the node finds it in ``nodes/ranks.json`` by its instance id); how long a node waits at
+    # the barrier for the others before the run fails; the port the head listens on (MASTER_PORT).
+    num_nodes: int = 1
+    node_rank: int | None = None
+    gang_timeout_s: float = 600.0
+    master_port: int = 29500
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
