@@ -6,8 +6,10 @@ job has ended, also after an interruption notice or the agent's SIGTERM stopped 
 1. **Look, twice.** The checkpoint directory is listed (size, mtime, inode of every file); when
    anything changed since the previous round it is listed again ``settle_s`` later. A file is
    *stable* when both looks agree and no process has it open for writing (``/proc``). After the
-   job was killed (a signal, not its own exit) a file it had open for writing when last seen alive,
-   or changed in its last ``TORN_WINDOW_S``, is taken as torn: the version the run folder has stays.
+   job was killed (a signal, not its own exit) a file it had open for writing when last seen alive
+   is taken as torn, and so is a file written in place that it changed in its last ``TORN_WINDOW_S``
+   (a layout complete by its names, a rename or a state file written last, is not); the version the
+   run folder has stays.
 2. **Plan** (``contract.checkpoint_layouts.plan``): the newest complete checkpoint of each framework
    layout (TensorFlow, Lightning, Orbax, Hugging Face, our step names) and, with snapshots on, every
    other stable file.
@@ -202,22 +204,21 @@ class CheckpointSync:
         if self._ended is None:
             self._job_look, self._job_writing = second, writing
         self._previous_look = second
-        torn: set[str] = set()
+        torn_open: set[str] = set()  # open for writing the last time the killed job was seen alive
+        torn_recent: set[str] = set()  # changed by the killed job in its last moments
         if self._ended is not None and self._ended[1]:
             end = self._ended[0]
             for rel, seen in second.items():
-                if (
-                    rel in self._job_writing
-                    or self._job_look.get(rel) != seen
-                    and seen.mtime_ns >= (end - TORN_WINDOW_S) * 1e9
-                ):  # open for writing the last time the job was seen alive
-                    torn.add(rel)
+                if rel in self._job_writing:
+                    torn_open.add(rel)
+                elif self._job_look.get(rel) != seen and seen.mtime_ns >= (end - TORN_WINDOW_S) * 1e9:
+                    torn_recent.add(rel)
 
-        def closed(rel: str) -> bool:
-            return rel not in writing and rel not in torn
+        def closed(rel: str) -> bool:  # enough for a layout complete by its names (rename, state file)
+            return rel not in writing and rel not in torn_open
 
-        def stable(rel: str) -> bool:
-            return first.get(rel) == second.get(rel) and closed(rel)
+        def stable(rel: str) -> bool:  # what a file written in place needs
+            return first.get(rel) == second.get(rel) and closed(rel) and rel not in torn_recent
 
         return second, stable, closed
 

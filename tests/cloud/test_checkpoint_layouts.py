@@ -225,3 +225,36 @@ def test_a_relaunch_that_restores_nothing_says_why(run_folder: tuple[Any, RunFol
     assert "checkpoint-500/model.safetensors" in warnings[0] and "no trainer_state.json yet" in warnings[0]
     assert status.restored_step is None and status.restore is not None
     assert "no trainer_state.json yet" in status.restore["note"]
+
+
+@pytest.mark.parametrize("layout", ["huggingface", "orbax"])
+def test_a_notice_uploads_the_newest_directory_without_a_later_neighbour(
+    layout: str, run_folder: tuple[Any, RunFolder, Path, str]
+) -> None:
+    """The job saved its newest step directory and sits at its last step; no periodic round runs
+    (interval one hour). The notice's final sync still takes that directory: nothing waits for a
+    later neighbour or a marker the framework never writes."""
+    emu, folder, tmp, scheme = run_folder
+    spec = runs.RunSpec(
+        run_id="ct-notice",
+        run_uri=folder.uri,
+        cloud="ec2spot" if scheme == "s3" else "gcspot",
+        command=f"exec {sys.executable} -S {JOB} {layout} 20 5 0.01",
+        env={"LAYOUTS_HOLD_AT_END": str(tmp / "never")},
+        **{**FAST, "checkpoint_interval_s": 3600.0},
+    )
+    folder.put_text(runs.SPEC_KEY, spec.to_json())
+    agent = Agent(emu, folder, tmp, scheme).start()
+    wait_for(lambda: [s for s, _ in _saves(agent)] == [5, 10, 15], timeout=120, message="three saves")
+    assert not manifests(folder)  # nothing went up yet
+    if scheme == "s3":
+        emu.metadata.set_spot_action(agent.iid, "terminate", at=time.time() + 120)
+    else:
+        emu.metadata.set_preempted(agent.iid)
+    status = agent.wait()
+    assert status.state == runs.INTERRUPTED and status.checkpoint is not None, status
+    assert status.checkpoint["step"] == 15 and newest(folder)[1].layout == layout
+    second = Agent(emu, folder, tmp, scheme).start()
+    assert _resumed(second) == 15
+    (tmp / "never").write_text("go")
+    assert second.wait().state == runs.SUCCEEDED
