@@ -131,3 +131,20 @@ def test_a_relaunch_that_restored_nothing_warns_and_counts_the_progress_lost() -
     assert [r.levelno for r in records] == [logging.WARNING]
     assert "restored no checkpoint" in records[0].getMessage() and "held no state" in records[0].getMessage()
     assert (first.work_lost_s, first.progress_s) == (42.0, 0.0)
+
+
+def test_a_relaunch_that_restored_an_older_checkpoint_moves_the_work_lost() -> None:
+    """Attempt 1 uploaded a checkpoint saved at T0+170, but attempt 2 restored one saved at T0+150
+    (the newer one failed verification): attempt 1 lost 20 s more than its own upload suggested."""
+    from airflow_cloudtrain.lifecycle.resume.loop import RecoveryLoop
+
+    first = row(1, "interrupted", checkpoint_saved_at=T0 + 170, work_lost_s=5.0, progress_s=50.0)
+    second = row(2, "finished", restored_saved_at=T0 + 150)
+    loop = RecoveryLoop.__new__(RecoveryLoop)
+    loop.history = history(first, second)
+    loop._restored_older(second)
+    assert (first.work_lost_s, first.progress_s) == (25.0, 30.0)
+    same = row(3, "finished", restored_saved_at=T0 + 170)
+    loop.history = history(row(1, "interrupted", checkpoint_saved_at=T0 + 170, work_lost_s=5.0), same)
+    loop._restored_older(same)
+    assert loop.history.attempts[0].work_lost_s == 5.0  # the checkpoint it uploaded: nothing moves

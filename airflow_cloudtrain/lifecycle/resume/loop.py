@@ -218,10 +218,24 @@ class RecoveryLoop:
             self.history.attempts.append(row)
             if row.restore_note:
                 self._progress_lost(row)
+            else:
+                self._restored_older(row)
         self.history.pending = None
         self.save()
         self.log.info("Ledger so far:\n%s", self.history.table())
         return row
+
+    def _restored_older(self, row: AttemptRow) -> None:
+        """The attempt restored an older checkpoint than the previous one uploaded last (its newest
+        failed verification, or was never complete): the previous attempt lost that much more."""
+        rows = self.history.attempts
+        previous = rows[-2] if len(rows) > 1 else None
+        if previous is None or row.restored_saved_at is None or previous.checkpoint_saved_at is None:
+            return
+        extra = previous.checkpoint_saved_at - row.restored_saved_at
+        if extra > 0:
+            previous.work_lost_s = round((previous.work_lost_s or 0.0) + extra, 3)
+            previous.progress_s = round(max(0.0, previous.progress_s - extra), 3)
 
     def _progress_lost(self, row: AttemptRow) -> None:
         """A relaunch restored nothing although the job made progress before: say so, and count
