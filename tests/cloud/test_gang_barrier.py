@@ -12,9 +12,7 @@ timeout, naming the missing rank; a record left by an earlier gang's node does n
 from __future__ import annotations
 
 import json
-import os
 import socket
-import subprocess
 import sys
 import time
 import uuid
@@ -23,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_agent_checkpoints import Agent
 
 from airflow_cloudtrain.contract import gang, runs
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET
 from airflow_cloudtrain.emulator.addresses import ADDRESSES
 from airflow_cloudtrain.storage import RunFolder, open_run_folder
 
-REPO = Path(__file__).resolve().parents[2]
 FAST = {"log_interval_s": 0.2, "heartbeat_interval_s": 0.5, "metadata_poll_s": 0.5}
 ENV_KEYS = [
     "CLOUDTRAIN_NODE_RANK",
@@ -84,46 +82,17 @@ print("env", json.dumps({k: os.environ.get(k) for k in KEYS}), flush=True)
 """.replace("KEYS", repr(ENV_KEYS))
 
 
-class Node:
-    """One agent process as one instance of the gang: its own id, address and workdir."""
+class Node(Agent):
+    """One agent process as one instance of the gang: its own id, address and workdir (the agent
+    process of ``test_agent_checkpoints``, with the output merged into the log it fails with)."""
 
     def __init__(self, emu: Any, folder: RunFolder, tmp: Path, address: str) -> None:
-        self.iid = f"i-{uuid.uuid4().hex[:12]}" if folder.scheme == "s3" else f"vm-{uuid.uuid4().hex[:8]}"
-        self.folder, self.emu, self.address = folder, emu, address
+        super().__init__(emu, folder, tmp, folder.scheme)
+        self.address = address
         emu.metadata.set_address(self.iid, address)
-        self.workdir = tmp / self.iid
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Node:
-        env = {
-            **os.environ,
-            "AWS_EC2_METADATA_SERVICE_ENDPOINT": self.emu.metadata.endpoint_for(self.iid),
-            "GCE_METADATA_HOST": self.emu.metadata.gce_host_for(self.iid),
-        }
-        env.pop("PYTHONPATH", None)
-        argv = [sys.executable, "-m", "airflow_cloudtrain.agent", "--run-uri", self.folder.uri]
-        argv += ["--instance-id", self.iid, "--workdir", str(self.workdir)]
-        self.proc = subprocess.Popen(
-            argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        return self
 
     def wait(self, timeout: float = 240.0) -> runs.RunStatus:
-        assert self.proc is not None
-        try:
-            out, _ = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            out, _ = self.proc.communicate()
-            pytest.fail(f"agent {self.iid} did not finish in {timeout} s: {out.decode()[-3000:]}")
-        assert self.proc.returncode == 0, out.decode()[-3000:]
-        text = self.folder.get_text(runs.status_key(self.iid))
-        assert text is not None, "no status.json"
-        return runs.RunStatus.from_json(text)
-
-    def log(self) -> str:
-        keys = self.folder.list(runs.log_prefix(self.iid))
-        return runs.strip_stamps(b"".join(self.folder.get_bytes(k) or b"" for k in keys).decode())
+        return super().wait(timeout)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
