@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from dag_helpers import load_example, start_first_try, task_states, write_dag, xcom
+from waiting import wait_for
 
 from airflow_cloudtrain.contract.runs import RunKey
 from airflow_cloudtrain.storage import open_run_folder
@@ -136,4 +137,123 @@ def test_a_run_launched_by_0_1_0_is_adopted_delivered_and_released(emu, airflow_
     from airflow_cloudtrain.clouds.registry import backend_for
 
     assert backend_for("ec2spot", region=REGION).cloud.find(run_uri.digest, ended=False) == []
+    assert emu.running_instances() == []
+
+
+# -- CheckpointResumeOperator tasks that 0.1.0 deferred --------------------------------------------
+# 0.1.0's loop deferred on a RunTrigger with method_name="attempt_complete" and on a DateTimeTrigger
+# (a pause before the next launch) with "wait_complete"; Airflow stores that name with the trigger, so
+# a task deferred before an upgrade resumes through it. The fields 0.1.0's RunTrigger event carried
+# (``triggers/run.py``, ``lifecycle/records.py`` at 44b71dd): the resumed task gets exactly these.
+OLD_EVENT_KEYS = ("outcome", "launch", "next_log_seq")
+_STORE = render(
+    (DATA / "store.json").read_text(), {"instance_id": "i", "launched_at": "0", "requested_at": "0"}
+)
+OLD_LAUNCH_FIELDS = tuple(json.loads(_STORE)["cloudtrain_launch"])  # 0.1.0's LaunchRecord, as it stored one
+OLD_OUTCOME_FIELDS = ("status", "state", "exit_code", "message", "interrupted", "interruptions", "instance",
+                      "ended_at", "seen_ended_at")  # fmt: skip
+JOBS = str(Path(__file__).parent / "jobs")
+OLD_NAMES_BUCKET = "s3://cloudtrain-emulated/release-0-1-0-names"
+
+OLD_NAMES_SOURCE = """
+from datetime import datetime, timedelta
+
+from airflow.sdk import DAG
+
+from airflow_cloudtrain.operators import CheckpointResumeOperator
+
+OLD_NAME = {{"RunTrigger": "attempt_complete", "DateTimeTrigger": "wait_complete"}}
+
+
+class Release010Deferred(CheckpointResumeOperator):
+    # what 0.1.0 stored with each trigger, and the event as 0.1.0's trigger shaped it
+    def defer(self, *, trigger, method_name, kwargs=None, timeout=None):
+        super().defer(trigger=trigger, method_name=OLD_NAME[type(trigger).__name__], kwargs=kwargs,
+                      timeout=timeout)
+
+    def resume_execution(self, next_method, next_kwargs, context):
+        print(f"resumed through {{next_method}}")
+        event = (next_kwargs or {{}}).get("event")
+        if isinstance(event, dict):
+            event = {{key: event[key] for key in {event_keys!r}}}
+            event["launch"] = {{k: v for k, v in event["launch"].items() if k in {launch!r}}}
+            event["outcome"] = {{k: v for k, v in event["outcome"].items() if k in {outcome!r}}}
+            next_kwargs = {{**next_kwargs, "event": event}}
+        return super().resume_execution(next_method, next_kwargs, context)
+
+
+with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+    Release010Deferred(task_id="train", cloud="ec2spot", cpus=2, ram="4g", code={jobs!r}, command={command!r},
+                       bucket={bucket!r}, region="us-east-1", poll_interval=0.5, live_prices=False,
+                       checkpoint_interval=1, deferrable=True, {extra})
+"""
+
+
+def old_names_dag(dag_id: str, command: str, extra: str) -> Any:
+    source = OLD_NAMES_SOURCE.format(
+        dag_id=dag_id,
+        jobs=JOBS,
+        command=command,
+        bucket=OLD_NAMES_BUCKET,
+        extra=extra,
+        event_keys=OLD_EVENT_KEYS,
+        launch=OLD_LAUNCH_FIELDS,
+        outcome=OLD_OUTCOME_FIELDS,
+    )
+    return write_dag(source, dag_id)
+
+
+def test_a_loop_deferred_by_0_1_0_resumes_through_its_method_names_and_delivers(
+    emu, airflow_db, capfd
+) -> None:
+    """No spot capacity at first and hours of slack: the deadline policy pauses (``wait_complete``),
+    then the launch's wait resumes through ``attempt_complete``; the task delivers its XCom."""
+    import threading
+
+    import boto3
+
+    emu.fail_capacity("t3.medium")
+    s3 = boto3.client("s3")
+    prefix = "release-0-1-0-names/runs/old_names_ok/"
+
+    def capacity_error_in_ledger() -> bool:
+        listing = s3.list_objects_v2(Bucket="cloudtrain-emulated", Prefix=prefix).get("Contents", [])
+        keys = [obj["Key"] for obj in listing if "/ledger/" in obj["Key"]]
+        return any(
+            b"capacity_error" in s3.get_object(Bucket="cloudtrain-emulated", Key=k)["Body"].read()
+            for k in keys
+        )
+
+    def capacity_back() -> None:
+        try:
+            wait_for(capacity_error_in_ledger, timeout=180, interval=0.2)
+        finally:
+            emu.clear_faults()
+
+    gap = threading.Thread(target=capacity_back, daemon=True)
+    gap.start()
+    extra = (
+        "policy='deadline', deadline=timedelta(hours=6), expected_duration=60, "
+        "instance_type='t3.medium', max_launch_attempts=1"
+    )
+    run = old_names_dag("old_names_ok", "python3 steps.py 4 2 0.2", extra).test()
+    gap.join(5)
+    out = capfd.readouterr().out
+    assert task_states(run) == {"train": "success"}, out[-3000:]
+    assert "resumed through wait_complete" in out and "resumed through attempt_complete" in out
+    assert "resumed through execute_complete" not in out
+    result = xcom(run, "train")
+    assert [r["ended"] for r in result["attempts"]] == ["capacity_error", "finished"]
+    assert result["attempts"][1]["spot"] is True and result["totals"]["waited_s"] > 0
+    assert emu.running_instances() == []
+
+
+def test_a_failed_job_deferred_by_0_1_0_fails_the_task_through_attempt_complete(
+    emu, airflow_db, capfd
+) -> None:
+    run = old_names_dag("old_names_fail", "python3 steps.py 8 2 0.2 5", "").test()
+    out = capfd.readouterr().out
+    assert task_states(run) == {"train": "failed"}
+    assert "resumed through attempt_complete" in out
+    assert "more than max_restarts_on_errors=0" in out
     assert emu.running_instances() == []
