@@ -58,6 +58,9 @@ def _product(instance_type: str, usd: str) -> str:
 @pytest.fixture()
 def clients(moto_endpoint: str, tmp_path, monkeypatch):
     monkeypatch.setenv("CLOUDTRAIN_CACHE_DIR", str(tmp_path))
+    # what moto answers is checked, not how fast: on a loaded machine its first answers can take longer
+    # than the 10 s default budget (the budget has its own test, in test_catalog_refresh.py)
+    monkeypatch.setenv("CLOUDTRAIN_CATALOG_BUDGET_S", "300")
     live._memo.clear()
     kw = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
     ec2 = boto3.client("ec2", region_name="us-west-2", endpoint_url=moto_endpoint, **kw)
