@@ -92,8 +92,14 @@ class PreemptibleGroupOperator(WorkQueueOperator):
     :param heartbeat_timeout: how long a silent agent is trusted.
     """
 
-    max_lease_s = 600  # Pub/Sub's longest ack deadline: a longer lease cannot be held
     lease_limit = "600 s, Pub/Sub's longest ack deadline"
+
+    @property
+    def max_lease_s(self) -> float:
+        """Pub/Sub's longest ack deadline (``contract.workqueue``): a longer lease cannot be held."""
+        from airflow_cloudtrain.contract.workqueue import PUBSUB_MAX_LEASE_S
+
+        return PUBSUB_MAX_LEASE_S
 
     def __init__(
         self,

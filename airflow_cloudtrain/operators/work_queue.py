@@ -33,7 +33,6 @@ class WorkQueueOperator(RunArgsOperator):
     """Run ``command`` once per item of ``work_items`` on a group of workers (see the subclasses)."""
 
     template_fields: Sequence[str] = (*TEMPLATED, "work_items")
-    max_lease_s: float = 12 * 3600  # fleet_config.MAX_LEASE_S (kept literal: importing this stays cheap)
     lease_limit = "12 h"
     template_fields_renderers = {"env": "json", "setup_cmds": "py", "command": "bash", "work_items": "json"}
     ui_color = "#fde8f4"
@@ -84,6 +83,15 @@ class WorkQueueOperator(RunArgsOperator):
 
     def _check_cloud(self, cloud: Any, bid: Any) -> None:
         raise NotImplementedError
+
+    @property
+    def max_lease_s(self) -> float:
+        """The queue's longest lease (SQS's longest visibility timeout): ``contract.workqueue``'s, the
+        cap the agent's queue puts on the lease it asks for. Read when the operator is constructed, not
+        imported with it (importing stays cheap)."""
+        from airflow_cloudtrain.contract.workqueue import SQS_MAX_LEASE_S
+
+        return SQS_MAX_LEASE_S
 
     # --- the run: a FleetEngine on the operator skeleton ------------------------------------------
 

@@ -10,12 +10,23 @@ interruption is lost from the budgets and no attempt is billed twice.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from airflow_cloudtrain.contract.runs import SPEC_KEY, RunStatus, join, results_prefix, status_key
+from airflow_cloudtrain.contract.runs import (
+    CHECKPOINTS_PREFIX,
+    SPEC_KEY,
+    Manifest,
+    RunStatus,
+    checkpoint_step,
+    join,
+    manifest_key,
+    results_prefix,
+    status_key,
+)
 from airflow_cloudtrain.core.ledger import store_get, store_set
 from airflow_cloudtrain.core.retry import call_with_retry
 from airflow_cloudtrain.lifecycle.prepare import JobOptions
@@ -41,6 +52,7 @@ from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt, RunContext
 if TYPE_CHECKING:
     from airflow_cloudtrain.core.backend import RunBackend
     from airflow_cloudtrain.core.records import LaunchRecord, Outcome
+    from airflow_cloudtrain.storage import RunFolder
 
 
 class ResumeSourceNotFound(ValueError):
@@ -210,9 +222,8 @@ class RecoveryLoop:
     def _finish(self, attempt: RunAttempt, launch: LaunchRecord, outcome: Outcome) -> AttemptRow:
         done = attempt.finish(launch, outcome)
         folder, iid = attempt.folder, launch.instance_id
-        raw = call_with_retry(lambda: folder.get_text(status_key(iid)))
+        status = attempt_status(folder, iid)
         beat = attempt.last_heartbeat
-        status = RunStatus.from_json(raw) if raw else None
         row = row_for(done, status, len(self.history.attempts) + 1, self.ctx.try_number, beat)
         if not self.history.has(launch.instance_id):
             self.history.attempts.append(row)
@@ -301,3 +312,32 @@ class RecoveryLoop:
             "totals": totals,
             "attempts": [r.to_dict() for r in history.attempts],
         }
+
+
+def attempt_status(folder: RunFolder, instance_id: str) -> RunStatus | None:
+    """The agent's last ``status.json`` of an ended attempt, its ``checkpoint`` brought up to the newest
+    checkpoint that instance uploaded: what the ledger row's ``checkpoint_step`` promises.
+
+    The agent writes a step's ``MANIFEST.json`` (the step is complete: the next attempt restores it),
+    then rewrites its status; an instance taken without notice in between leaves a status one upload
+    behind (``checkpoint`` None after the first). The manifests in the run folder say which instance
+    uploaded each step, so the newer ones are read (newest first, until one of this instance's)."""
+    raw = call_with_retry(lambda: folder.get_text(status_key(instance_id)))
+    status = RunStatus.from_json(raw) if raw else None
+    if status is None:
+        return None
+    reported = (status.checkpoint or {}).get("step")
+    keys = call_with_retry(lambda: folder.list(CHECKPOINTS_PREFIX + "/"))
+    steps = {step for key in keys if (step := checkpoint_step(key)) is not None and key == manifest_key(step)}
+    for step in sorted(steps, reverse=True):
+        if isinstance(reported, int) and step <= reported:
+            break
+        text = call_with_retry(functools.partial(folder.get_text, manifest_key(step)))
+        try:
+            manifest = Manifest.from_json(text) if text else None
+        except ValueError:
+            continue  # not a complete step: the agent would not restore it either
+        if manifest is not None and manifest.instance_id == instance_id:
+            uploaded = {"step": step, "saved_at": manifest.saved_at, "uploaded_at": manifest.created_at}
+            return replace(status, checkpoint=uploaded)
+    return status
