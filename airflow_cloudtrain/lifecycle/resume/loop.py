@@ -21,9 +21,9 @@ from airflow_cloudtrain.contract.runs import (
     SPEC_KEY,
     Manifest,
     RunStatus,
-    checkpoint_step,
     join,
     manifest_key,
+    manifest_versions,
     results_prefix,
     status_key,
 )
@@ -318,26 +318,28 @@ def attempt_status(folder: RunFolder, instance_id: str) -> RunStatus | None:
     """The agent's last ``status.json`` of an ended attempt, its ``checkpoint`` brought up to the newest
     checkpoint that instance uploaded: what the ledger row's ``checkpoint_step`` promises.
 
-    The agent writes a step's ``MANIFEST.json`` (the step is complete: the next attempt restores it),
+    The agent writes a version's ``MANIFEST.json`` (it is complete: the next attempt restores it),
     then rewrites its status; an instance taken without notice in between leaves a status one upload
     behind (``checkpoint`` None after the first). The manifests in the run folder say which instance
-    uploaded each step, so the newer ones are read (newest first, until one of this instance's)."""
+    uploaded each version, so the newer ones are read (newest first, until one of this instance's;
+    the agent keeps only the two newest versions, so that is at most two reads)."""
     raw = call_with_retry(lambda: folder.get_text(status_key(instance_id)))
     status = RunStatus.from_json(raw) if raw else None
     if status is None:
         return None
-    reported = (status.checkpoint or {}).get("step")
+    reported = (status.checkpoint or {}).get("uploaded_at")
     keys = call_with_retry(lambda: folder.list(CHECKPOINTS_PREFIX + "/"))
-    steps = {step for key in keys if (step := checkpoint_step(key)) is not None and key == manifest_key(step)}
-    for step in sorted(steps, reverse=True):
-        if isinstance(reported, int) and step <= reported:
-            break
-        text = call_with_retry(functools.partial(folder.get_text, manifest_key(step)))
+    for version in sorted(manifest_versions(list(keys)), reverse=True):
+        text = call_with_retry(functools.partial(folder.get_text, manifest_key(version)))
         try:
             manifest = Manifest.from_json(text) if text else None
         except ValueError:
-            continue  # not a complete step: the agent would not restore it either
-        if manifest is not None and manifest.instance_id == instance_id:
-            uploaded = {"step": step, "saved_at": manifest.saved_at, "uploaded_at": manifest.created_at}
-            return replace(status, checkpoint=uploaded)
+            continue  # not a complete version: the agent would not restore it either
+        if manifest is None or manifest.instance_id != instance_id:
+            continue
+        created = manifest.created_at
+        if isinstance(reported, (int, float)) and (created is None or created <= reported):
+            break  # the status already knows this one (or a newer one)
+        uploaded = {"step": manifest.step, "saved_at": manifest.saved_at, "uploaded_at": created}
+        return replace(status, checkpoint=uploaded)
     return status
