@@ -1,28 +1,30 @@
-"""The agent's checkpoint sync: upload the job's newest complete checkpoint, restore it on a new instance.
+"""The agent's checkpoint sync: keep what the job saved in the run folder, put it back on a new instance.
 
 Upload (``CheckpointSync.sync``; a chore every ``spec.checkpoint_interval_s``, then once more when the
-job has ended, also after an interruption notice or the agent's SIGTERM stopped it): the newest
-complete checkpoint of the job's checkpoint directory (``airflow_cloudtrain.contract.checkpoint.candidates``:
-never ``.tmp`` / dot names, never an incomplete step directory) goes to ``checkpoints/<step>/...``,
-and that step's ``MANIFEST.json`` (``runs.Manifest``: each file's path, size and sha256) is written
-LAST, so a step without a manifest is an upload that never finished. Only the newest step is sent
-(older ones are superseded), and only its files that are new or changed since the last round (kept:
-size, mtime, inode and sha256 of what was sent). A step sent before whose files changed loses its
-manifest first and gets it back after the files. A step this agent has not sent yet has its folder
-cleared first (the leftovers of an agent killed mid-upload). A file replaced while it was uploading
-makes the round skip the manifest; the next round sends it again. Uploads go through
-``agent.retry.retry``. The manifest's ``saved_at`` is the newest mtime of the step's files (when the
-job saved it). After each manifest written, ``last_manifest`` and ``last_round_s`` (how long that
-round took: the agent's estimate of the final sync on a notice) are set and ``on_uploaded(manifest)``
-is called; the runner reports it as ``RunStatus.checkpoint``.
+job has ended, also after an interruption notice or the agent's SIGTERM stopped it):
 
-Restore (``CheckpointSync.restore``, before the setup commands): the steps of ``checkpoints/`` that
-have a manifest, highest first; a step's files are downloaded into a hidden staging folder of the
-checkpoint directory and verified (size and sha256) before they move into place; a step whose
-manifest is unreadable, whose files are missing or whose hashes do not match is skipped (noted in the
-job log) and the next lower one tried. Restored step directories get their ``.complete`` marker.
-Only steps newer than a complete checkpoint already in the directory (a persistent volume) are
-restored.
+1. **Look, twice.** The checkpoint directory is listed (size, mtime, inode of every file); when
+   anything changed since the previous round it is listed again ``settle_s`` later. A file is
+   *stable* when both looks agree and no process has it open for writing (``/proc``). After the
+   job was killed (a signal, not its own exit) a file it had open for writing when last seen alive
+   is taken as torn, and so is a file written in place that it changed in its last ``TORN_WINDOW_S``
+   (a layout complete by its names, a rename or a state file written last, is not); the version the
+   run folder has stays.
+2. **Plan** (``contract.checkpoint_layouts.plan``): the newest complete checkpoint of each framework
+   layout (TensorFlow, Lightning, Orbax, Hugging Face, our step names) and, with snapshots on, every
+   other stable file.
+3. **Upload a version.** Files whose bytes the previous version already has are not sent again (the
+   manifest points at the old object); the rest go to ``checkpoints/<version>/``; the manifest is
+   written LAST. A file replaced while it was uploading makes the round skip the manifest; the next
+   round tries again. Then versions older than the two newest are deleted (``KEEP_VERSIONS``), except
+   objects a kept manifest still points at. What was left out goes to ``checkpoints/LEFT_OUT.json``.
+
+Restore (``CheckpointSync.restore``, before the setup commands): versions with a manifest, newest
+first; every file is downloaded into a hidden staging folder, verified (size and sha256), then moved
+into place; a version that fails is skipped (noted in the job log) and the next older one tried. The
+framework's directories are restored as the framework wrote them (no marker files added), except
+our own convention's step directories, which get the ``.complete`` marker that made them complete.
+When nothing is restored, ``restore_note`` says why (and what the previous attempt left out).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -41,27 +44,40 @@ from pathlib import Path
 from typing import Any
 
 from airflow_cloudtrain.contract import checkpoint, runs
+from airflow_cloudtrain.contract.checkpoint_layouts import STEPS, Look, Plan, plan
 from airflow_cloudtrain.contract.retry import retry
 from airflow_cloudtrain.storage import RunFolder
 
 log = logging.getLogger("cloudtrain.agent")
 
 STAGING_PREFIX = ".cloudtrain-restore-"
+SETTLE_S = 1.0  # between the two looks of a round
+TORN_WINDOW_S = 2.0  # a killed job's files changed this close to its end are taken as torn
+KEEP_VERSIONS = 2  # complete versions kept in the run folder: the newest, and one to fall back to
+FORMAT = 2  # Manifest.version written by this agent
 
 
 class CheckpointInvalid(Exception):
-    """A checkpoint step of the run folder that cannot be restored (no manifest, bad hash, ...)."""
+    """A checkpoint version of the run folder that cannot be restored (no manifest, bad hash, ...)."""
 
 
 @dataclass(frozen=True)
-class Sent:
-    """What was uploaded for one local file: enough to tell a changed file without hashing it."""
+class Restored:
+    """What ``restore`` put into the checkpoint directory."""
 
-    step: int
-    size: int
-    mtime_ns: int
-    inode: int
-    sha256: str
+    version: int
+    step: int | None
+    layout: str
+    saved_at: float | None
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "step": self.step,
+            "layout": self.layout,
+            "saved_at": self.saved_at,
+            "source": "manifest",
+        }
 
 
 def sha256_file(path: Path) -> str:
@@ -72,21 +88,59 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-def checkpoint_files(root: Path, entry: Path) -> list[Path]:
-    """The files of one checkpoint (itself, or a step directory's files), skipped names left out."""
-    if entry.is_file():
-        return [entry]
-    files = []
-    for path in sorted(entry.rglob("*")):
-        rel = path.relative_to(root)
-        if path.is_file() and not any(checkpoint.skipped(part) for part in rel.parts):
-            files.append(path)
-    return files
+def look(root: Path) -> dict[str, Look]:
+    """Every file below ``root`` (symlinks followed: Lightning's ``save_last="link"``) by its posix
+    path relative to ``root``, with what tells a changed file; the restore's staging folder left out."""
+    found: dict[str, Look] = {}
+    if not root.is_dir():
+        return found
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(STAGING_PREFIX)]
+        for name in filenames:
+            path = Path(dirpath, name)
+            with contextlib.suppress(OSError):  # gone between the listing and the stat
+                stat = path.stat()
+                rel = path.relative_to(root).as_posix()
+                found[rel] = Look(stat.st_size, stat.st_mtime_ns, stat.st_ino)
+    return found
+
+
+def open_for_writing(root: Path) -> set[str]:
+    """Files below ``root`` some process has open for writing (Linux ``/proc``; empty elsewhere or
+    for processes we may not inspect)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return set()
+    prefix = str(root.resolve()) + os.sep
+    found: set[str] = set()
+    for pid in os.listdir(proc):
+        if not pid.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(proc / pid / "fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(proc / pid / "fd" / fd)
+                    if not target.startswith(prefix):
+                        continue
+                    flags = (proc / pid / "fdinfo" / fd).read_text().split("flags:", 1)[1].split()[0]
+                    if int(flags, 8) & (os.O_WRONLY | os.O_RDWR):
+                        found.add(target[len(prefix) :].replace(os.sep, "/"))
+    return found
 
 
 def _safe_rel(path: str) -> bool:
     parts = Path(path).parts
     return bool(parts) and not Path(path).is_absolute() and ".." not in parts and "\\" not in path
+
+
+def _read(root: Path) -> Callable[[str], bytes | None]:
+    def read(rel: str) -> bytes | None:
+        try:
+            return (root / rel).read_bytes()
+        except OSError:
+            return None
+
+    return read
 
 
 class CheckpointSync:
@@ -100,170 +154,366 @@ class CheckpointSync:
         note: Callable[[str], None] | None = None,
         call: Callable[[Callable[[], object], str], object] | None = None,
         on_uploaded: Callable[[runs.Manifest], None] | None = None,
+        snapshots: bool = True,
+        settle_s: float = SETTLE_S,
     ) -> None:
         self.folder = folder
         self.local_dir = Path(local_dir)
         self.instance_id = instance_id
         self.note = note or (lambda message: log.info("%s", message))
         self.call = call or (lambda fn, what: retry(fn, what=what))
-        self.sent: dict[str, Sent] = {}  # relative path -> what the run folder has of it
-        self.sent_steps: set[int] = set()  # steps whose folder this agent (or its restore) wrote
-        self.manifests: dict[int, str] = {}  # step -> the manifest text in the run folder
-        self.uploads = 0  # files uploaded, for tests and notes
         self.on_uploaded = on_uploaded
+        self.snapshots = snapshots
+        self.settle_s = settle_s
+        self.uploads = 0  # files uploaded, for tests and notes
         self.last_manifest: runs.Manifest | None = None  # the newest manifest this agent wrote
         self.last_round_s: float | None = None  # how long the round that wrote it took
+        self.restored: Restored | None = None
+        self.restore_note: str | None = None  # why nothing was restored (a relaunch's warning)
+        self._versions: dict[int, runs.Manifest] = {}  # complete versions in the run folder we know
+        self._next: int | None = None  # the version the next upload writes
+        self._hashes: dict[str, tuple[Look, str]] = {}  # rel -> (look, sha256) already computed
+        self._previous_look: dict[str, Look] | None = None
+        self._job_look: dict[str, Look] = {}  # the last look while the job was alive
+        self._job_writing: set[str] = set()  # what it had open for writing then
+        self._ended: tuple[float, bool] | None = None  # (when the job ended, whether it was killed)
+        self._left_out_text: str | None = None
+        self._warned_ignored = False
         self._lock = threading.Lock()
 
-    def uri(self, step: int) -> str:
-        return runs.join(self.folder.uri, runs.checkpoint_prefix(step))
+    def uri(self, version: int) -> str:
+        return runs.join(self.folder.uri, runs.checkpoint_prefix(version))
 
-    # -- upload ----------------------------------------------------------------------------------
+    def job_ended(self, at: float, killed: bool) -> None:
+        """The job is gone: ``killed`` when a signal ended it (not its own exit), which may have left
+        a file half-written."""
+        self._ended = (at, killed)
+
+    # -- looking -----------------------------------------------------------------------------------
+    def _stable(self) -> tuple[dict[str, Look], Callable[[str], bool], Callable[[str], bool]]:
+        """Two looks (one when nothing changed since the previous round); what is stable (both looks
+        agree, not open for writing, not torn) and what is closed (not open for writing, not torn)."""
+        first = look(self.local_dir)
+        writing = open_for_writing(self.local_dir)
+        if first == self._previous_look and not writing:
+            second = first
+        else:
+            time.sleep(self.settle_s)
+            second = look(self.local_dir)
+            writing |= open_for_writing(self.local_dir)
+        if self._ended is None:
+            self._job_look, self._job_writing = second, writing
+        self._previous_look = second
+        torn_open: set[str] = set()  # open for writing the last time the killed job was seen alive
+        torn_recent: set[str] = set()  # changed by the killed job in its last moments
+        if self._ended is not None and self._ended[1]:
+            end = self._ended[0]
+            for rel, seen in second.items():
+                if rel in self._job_writing:
+                    torn_open.add(rel)
+                elif self._job_look.get(rel) != seen and seen.mtime_ns >= (end - TORN_WINDOW_S) * 1e9:
+                    torn_recent.add(rel)
+
+        def closed(rel: str) -> bool:  # enough for a layout complete by its names (rename, state file)
+            return rel not in writing and rel not in torn_open
+
+        def stable(rel: str) -> bool:  # what a file written in place needs
+            return first.get(rel) == second.get(rel) and closed(rel) and rel not in torn_recent
+
+        return second, stable, closed
+
+    # -- upload ------------------------------------------------------------------------------------
     def sync(self) -> int | None:
-        """Upload the newest complete checkpoint if it is new or changed; returns its step, or None
-        when there was nothing to send (or the checkpoint went away under us: the next round)."""
+        """Upload a new version when the directory holds a newer stable checkpoint; returns the step it
+        holds (None also for a snapshot without a step: see ``last_manifest``), None when nothing new
+        was sent (or a file went away under us: the next round)."""
         with self._lock:
             try:
-                return self._sync()
+                manifest = self._sync()
             except FileNotFoundError as err:  # the job pruned or replaced it meanwhile
                 log.info("checkpoint sync: %s went away; next round", err.filename)
                 return None
+            return None if manifest is None else manifest.step
 
-    def _sync(self) -> int | None:
+    def _known_versions(self) -> None:
+        if self._next is not None:
+            return
+        keys: Any = self.call(lambda: self.folder.list(runs.CHECKPOINTS_PREFIX + "/"), "checkpoint list")
+        versions = [v for key in keys if (v := runs.checkpoint_version(key)) is not None]
+        self._next = max(versions, default=0) + 1
+
+    def _sync(self) -> runs.Manifest | None:
         began = time.monotonic()
-        found = checkpoint.candidates(self.local_dir)
-        if not found:
+        seen, stable, closed = self._stable()
+        previous = self._newest()
+        before = {str(e["path"]): e for e in previous[1].files} if previous else {}
+        found = plan(
+            seen, stable, _read(self.local_dir), self.snapshots, kept=lambda rel: rel in before, closed=closed
+        )
+        self._report_left_out(found, seen)
+        if found.empty:
             return None
-        step, entry = found[-1]
-        entries: list[dict[str, object]] = []
-        changed: list[tuple[Path, str, os.stat_result, str]] = []
+        self._known_versions()
+        assert self._next is not None
+        version = self._next
+        entries: list[dict[str, Any]] = []
+        sends: list[tuple[str, Callable[[], None], Look | None]] = []
         saved_at: float | None = None
-        for path in checkpoint_files(self.local_dir, entry):
-            rel = path.relative_to(self.local_dir).as_posix()
+        for rel in found.files:
+            path = self.local_dir / rel
             stat = path.stat()
-            saved_at = stat.st_mtime if saved_at is None else max(saved_at, stat.st_mtime)
-            prev = self.sent.get(rel)
-            same = (
-                prev is not None
-                and prev.step == step
-                and (prev.size, prev.mtime_ns, prev.inode) == (stat.st_size, stat.st_mtime_ns, stat.st_ino)
-            )
-            sha = prev.sha256 if same and prev is not None else sha256_file(path)
-            if prev is None or prev.step != step or prev.sha256 != sha or prev.size != stat.st_size:
-                changed.append((path, rel, stat, sha))
-            elif not same:  # same bytes, new mtime: nothing to send, remember the new stat
-                self.sent[rel] = Sent(step, stat.st_size, stat.st_mtime_ns, stat.st_ino, sha)
-            entries.append({"path": rel, "size": stat.st_size, "sha256": sha})
-        if not entries:
-            return None
+            now = Look(stat.st_size, stat.st_mtime_ns, stat.st_ino)
+            saved_at = max(saved_at or 0.0, stat.st_mtime)
+            cached = self._hashes.get(rel)
+            sha = cached[1] if cached and cached[0] == now else sha256_file(path)
+            self._hashes[rel] = (now, sha)
+            entry: dict[str, Any] = {"path": rel, "size": now.size, "sha256": sha}
+            old = before.get(rel)
+            if old is not None and old["sha256"] == sha and old["size"] == now.size:
+                entry["key"] = self._key_of(previous, old)
+            else:
+                key = runs.join(runs.checkpoint_prefix(version), rel)
+                sends.append((rel, functools.partial(self.folder.upload_file, path, key), now))
+            entries.append(entry)
+        for rel in found.keep:
+            old = dict(before[rel])
+            old["key"] = self._key_of(previous, before[rel])
+            entries.append(old)
+        for rel, data in sorted(found.generated.items()):
+            sha = hashlib.sha256(data).hexdigest()
+            entry = {"path": rel, "size": len(data), "sha256": sha}
+            old = before.get(rel)
+            if old is not None and old["sha256"] == sha:
+                entry["key"] = self._key_of(previous, old)
+            else:
+                key = runs.join(runs.checkpoint_prefix(version), rel)
+                sends.append((rel, functools.partial(self.folder.put_bytes, key, data), None))
+            entries.append(entry)
         entries.sort(key=lambda e: str(e["path"]))
-        current = self.manifests.get(step)
-        if not changed and current is not None and runs.Manifest.from_json(current).files == entries:
+        units = [{"layout": u.layout, "step": u.step, "name": u.name} for u in found.units]
+        if previous and _same(previous[1], entries, found.step):
             return None  # the run folder has exactly this
-        if step in self.sent_steps:
-            self.call(lambda: self.folder.delete_key(runs.manifest_key(step)), "checkpoint manifest delete")
-            self.manifests.pop(step, None)
-        else:  # leftovers of an agent killed mid-upload would mix into this step
-            self.call(
-                lambda: self.folder.delete_prefix(runs.checkpoint_prefix(step)), "checkpoint folder clear"
-            )
-            self.sent_steps.add(step)
-        for path, rel, _, _ in changed:
-            key = runs.join(runs.checkpoint_prefix(step), rel)
-            self.call(functools.partial(self.folder.upload_file, path, key), "checkpoint upload")
+        self.call(
+            lambda: self.folder.delete_prefix(runs.checkpoint_prefix(version)), "checkpoint folder clear"
+        )  # leftovers of an agent killed while uploading this version
+        for _rel, send, _ in sends:
+            self.call(send, "checkpoint upload")
             self.uploads += 1
-        for path, rel, stat, sha in changed:
-            after = path.stat()
-            if (after.st_size, after.st_mtime_ns, after.st_ino) != (
-                stat.st_size,
-                stat.st_mtime_ns,
-                stat.st_ino,
-            ):
+        for rel, _, sent in sends:
+            if sent is None:
+                continue
+            after = (self.local_dir / rel).stat()
+            if (after.st_size, after.st_mtime_ns, after.st_ino) != (sent.size, sent.mtime_ns, sent.inode):
                 log.info("checkpoint %s changed while uploading; next round", rel)
-                self.sent.pop(rel, None)
+                self._hashes.pop(rel, None)
                 return None
-            self.sent[rel] = Sent(step, stat.st_size, stat.st_mtime_ns, stat.st_ino, sha)
+        for entry in entries:  # the default place needs no key
+            if entry.get("key") == runs.join(runs.checkpoint_prefix(version), entry["path"]):
+                del entry["key"]
         manifest = runs.Manifest(
-            step=step,
+            step=found.step,
             files=entries,
             created_at=time.time(),
             instance_id=self.instance_id,
             saved_at=saved_at,
+            version=FORMAT,
+            layout=found.layout,
+            units=units,
         )
         text = manifest.to_json()
-        self.call(lambda: self.folder.put_text(runs.manifest_key(step), text), "checkpoint manifest")
-        self.manifests[step] = text
+        self.call(lambda: self.folder.put_text(runs.manifest_key(version), text), "checkpoint manifest")
+        self._versions[version] = manifest
+        self._next = version + 1
         self.last_manifest, self.last_round_s = manifest, time.monotonic() - began
-        size = sum(int(str(e["size"])) for e in entries)
+        size = sum(int(e["size"]) for e in entries)
+        what = f"step {found.step}" if found.step is not None else "snapshot"
         self.note(
-            f"checkpoint step {step} uploaded to {self.uri(step)} "
-            f"({len(changed)} of {len(entries)} file(s) sent, {size} bytes)"
+            f"checkpoint {what} uploaded to {self.uri(version)} "
+            f"({found.layout}: {len(sends)} of {len(entries)} file(s) sent, {size} bytes)"
         )
+        self._prune()
         if self.on_uploaded is not None:
             try:
                 self.on_uploaded(manifest)
             except Exception as err:  # reporting it must not make the upload look failed
                 log.warning("checkpoint on_uploaded failed: %s: %s", type(err).__name__, err)
-        return step
+        return manifest
 
-    # -- restore ---------------------------------------------------------------------------------
-    def restore(self) -> int | None:
-        """Put the newest verified checkpoint of the run folder into the local directory; its step."""
+    def _newest(self) -> tuple[int, runs.Manifest] | None:
+        if not self._versions:
+            return None
+        version = max(self._versions)
+        return version, self._versions[version]
+
+    @staticmethod
+    def _key_of(previous: tuple[int, runs.Manifest] | None, entry: dict[str, Any]) -> str:
+        if entry.get("key"):
+            return str(entry["key"])
+        assert previous is not None
+        return runs.join(runs.checkpoint_prefix(previous[0]), str(entry["path"]))
+
+    def _prune(self) -> None:
+        """Delete versions older than the ``KEEP_VERSIONS`` newest complete ones, except the objects
+        a kept manifest points at. Failures only leave more behind for the run folder's teardown."""
+        kept = sorted(self._versions)[-KEEP_VERSIONS:]
+        oldest = kept[0]
+        wanted = {
+            str(e.get("key") or runs.join(runs.checkpoint_prefix(v), str(e["path"])))
+            for v in kept
+            for e in self._versions[v].files
+        } | {runs.manifest_key(v) for v in kept}
+        try:
+            keys: Any = self.folder.list(runs.CHECKPOINTS_PREFIX + "/")
+            stale = [
+                k
+                for k in keys
+                if (v := runs.checkpoint_version(k)) is not None and v < oldest and k not in wanted
+            ]
+            manifests = [k for k in stale if k.endswith("/" + runs.MANIFEST_NAME)]
+            for key in manifests + [k for k in stale if k not in manifests]:  # manifests first
+                self.folder.delete_key(key)
+        except Exception as err:
+            log.info("checkpoint prune: %s: %s", type(err).__name__, err)
+        for version in [v for v in self._versions if v < oldest]:
+            del self._versions[version]
+
+    def _report_left_out(self, found: Plan, seen: dict[str, Look]) -> None:
+        """``LEFT_OUT.json`` when the directory holds something not kept (for the next attempt), and
+        one warning when snapshots are off and files match no layout."""
+        if not self.snapshots and not self._warned_ignored:
+            loose = [what for what, why in found.ignored if "snapshots are off" in why]
+            if loose:
+                self._warned_ignored = True
+                self.note(
+                    f"WARNING: {len(loose)} file(s) in the checkpoint directory match no checkpoint "
+                    f"layout and are not kept (checkpoint_snapshots is off): {', '.join(loose[:5])}"
+                )
+        record = {
+            "instance_id": self.instance_id,
+            "files": sorted(seen)[:50],
+            "pending": [list(p) for p in found.pending[:20]],
+            "ignored": [list(p) for p in found.ignored[:20]],
+        }
+        off = [p for p in found.ignored if "snapshots are off" in p[1]]
+        if not found.pending and not off and (not found.empty or not seen):
+            record = {}  # everything there is kept (temporary names aside), or there is nothing
+        text = json.dumps(record, sort_keys=True) if record else ""
+        if text == (self._left_out_text or ""):
+            return
+        try:
+            if text:
+                self.folder.put_text(runs.LEFT_OUT_KEY, json.dumps({**record, "at": time.time()}))
+            else:
+                self.folder.delete_key(runs.LEFT_OUT_KEY)
+            self._left_out_text = text
+        except Exception as err:
+            log.info("checkpoint left-out record: %s: %s", type(err).__name__, err)
+
+    # -- restore -----------------------------------------------------------------------------------
+    def restore(self) -> Restored | None:
+        """Put the newest verified checkpoint version of the run folder into the local directory."""
         self.local_dir.mkdir(parents=True, exist_ok=True)
         keys: Any = self.call(lambda: self.folder.list(runs.CHECKPOINTS_PREFIX + "/"), "checkpoint list")
-        steps = sorted(
-            {
-                step
-                for key in keys
-                if (step := runs.checkpoint_step(key)) is not None and key == runs.manifest_key(step)
-            },
-            reverse=True,
-        )
-        local = checkpoint.candidates(self.local_dir)
-        local_step = local[-1][0] if local else None
-        for step in steps:
-            if local_step is not None and step <= local_step:
-                self.note(f"checkpoint step {local_step} already in {self.local_dir}; not restoring older")
-                break
+        all_versions = [v for key in keys if (v := runs.checkpoint_version(key)) is not None]
+        self._next = max(all_versions, default=0) + 1
+        versions = sorted(runs.manifest_versions(list(keys)), reverse=True)
+        failed: list[str] = []
+        for version in versions:
             try:
-                self._restore(step)
+                manifest, text = self._read_manifest(version)
+                if self._local_is_newer(manifest):
+                    self.note(
+                        f"the checkpoint directory {self.local_dir} already holds a checkpoint as new as "
+                        f"version {version}; not restoring"
+                    )
+                    self.restore_note = "the checkpoint directory already held a newer checkpoint"
+                    return None
+                self._restore(version, manifest)
             except CheckpointInvalid as err:
-                self.note(f"skipping checkpoint step {step}: {err}")
+                self.note(f"skipping checkpoint version {version}: {err}")
+                failed.append(f"version {version}: {err}")
                 continue
             except Exception as err:
-                self.note(f"skipping checkpoint step {step}: {type(err).__name__}: {err}")
+                self.note(f"skipping checkpoint version {version}: {type(err).__name__}: {err}")
+                failed.append(f"version {version}: {type(err).__name__}")
                 continue
-            self.note(f"restored checkpoint step {step} from {self.uri(step)}")
-            return step
+            self._versions[version] = manifest
+            self.restored = Restored(version, manifest.step, manifest.layout, manifest.saved_at)
+            what = f"step {manifest.step}" if manifest.step is not None else "snapshot"
+            self.note(f"restored checkpoint {what} from {self.uri(version)} ({manifest.layout})")
+            return self.restored
+        self.restore_note = self._nothing_restored(failed)
         return None
 
-    def _restore(self, step: int) -> None:
-        text = self.call(lambda: self.folder.get_text(runs.manifest_key(step)), "checkpoint manifest read")
+    def _nothing_restored(self, failed: list[str]) -> str:
+        """Why nothing was restored, naming what the previous attempt left out when it said."""
+        if failed:
+            return "no checkpoint version could be verified (" + "; ".join(failed[:3]) + ")"
+        text = None
+        with contextlib.suppress(Exception):
+            text = self.folder.get_text(runs.LEFT_OUT_KEY)
+        try:
+            record = json.loads(text) if text else {}
+        except ValueError:
+            record = {}
+        if record:
+            files = ", ".join(record.get("files") or []) or "nothing"
+            why = "; ".join(f"{what}: {reason}" for what, reason in (record.get("pending") or [])[:3])
+            why = why or "; ".join(f"{what}: {reason}" for what, reason in (record.get("ignored") or [])[:3])
+            return f"the previous attempt's checkpoint directory held {files}, none of it kept ({why})"
+        return "no checkpoint was ever uploaded: the job wrote nothing into $CLOUDTRAIN_CHECKPOINT_DIR"
+
+    def _read_manifest(self, version: int) -> tuple[runs.Manifest, str]:
+        text = self.call(lambda: self.folder.get_text(runs.manifest_key(version)), "checkpoint manifest read")
         if text is None:
             raise CheckpointInvalid("no manifest")
         try:
             manifest = runs.Manifest.from_json(str(text))
         except (ValueError, TypeError) as err:
             raise CheckpointInvalid(f"unreadable manifest ({err})") from err
-        if manifest.step != step:
+        if manifest.version < FORMAT and manifest.step != version:
             raise CheckpointInvalid(f"its manifest says step {manifest.step}")
         if not manifest.files:
             raise CheckpointInvalid("its manifest lists no files")
-        staging = self.local_dir / f"{STAGING_PREFIX}{step}"
+        return manifest, str(text)
+
+    def _local_is_newer(self, manifest: runs.Manifest) -> bool:
+        """A persistent checkpoint directory that already holds what the version has, or newer."""
+        local = look(self.local_dir)
+        if not local:
+            return False
+        found = plan(local, lambda rel: True, _read(self.local_dir), self.snapshots)
+        if found.step is not None and manifest.step is not None:
+            return found.step >= manifest.step
+        newest = max(seen.mtime_ns for seen in local.values()) / 1e9
+        return manifest.saved_at is not None and newest >= manifest.saved_at
+
+    def _restore(self, version: int, manifest: runs.Manifest) -> None:
+        staging = self.local_dir / f"{STAGING_PREFIX}{version}"
         shutil.rmtree(staging, ignore_errors=True)
         try:
             for entry in manifest.files:
                 rel = entry["path"]
-                if not _safe_rel(rel) or any(checkpoint.skipped(part) for part in Path(rel).parts):
+                if not _safe_rel(rel) or any(
+                    checkpoint.skipped(part) and part != checkpoint.COMPLETE_MARKER
+                    for part in Path(rel).parts
+                ):
                     raise CheckpointInvalid(f"unsafe path {rel!r} in its manifest")
                 local = staging / rel
-                key = runs.join(runs.checkpoint_prefix(step), rel)
+                key = entry.get("key") or runs.join(runs.checkpoint_prefix(version), rel)
+                if runs.checkpoint_version(key) is None:
+                    raise CheckpointInvalid(f"{rel} points outside the checkpoints folder")
                 self.call(functools.partial(self.folder.download, key, local), "checkpoint download")
                 size = local.stat().st_size
                 if size != entry["size"]:
                     raise CheckpointInvalid(f"{rel} is {size} bytes, its manifest says {entry['size']}")
                 if sha256_file(local) != entry["sha256"]:
                     raise CheckpointInvalid(f"{rel} does not match its sha256 in the manifest")
+            ours = {
+                str(u.get("name", "")).rstrip("/")
+                for u in manifest.units or [{"layout": STEPS, "name": "*"}]
+                if u.get("layout") == STEPS
+            }
             tops = sorted({Path(entry["path"]).parts[0] for entry in manifest.files})
             for top in tops:
                 dest = self.local_dir / top
@@ -272,16 +522,29 @@ class CheckpointSync:
                 elif dest.exists() or dest.is_symlink():
                     dest.unlink()
                 os.replace(staging / top, dest)
-                if dest.is_dir():
-                    checkpoint.mark_complete(dest)
+                ours_dir = (
+                    dest.is_dir() and (top in ours or "*" in ours) and checkpoint.step_of(top) is not None
+                )
+                if ours_dir and not (dest / checkpoint.COMPLETE_MARKER).exists():
+                    checkpoint.mark_complete(dest)  # our convention's step directory
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        for entry in manifest.files:  # what the run folder already has: not sent again
-            path = self.local_dir / entry["path"]
+        for entry in manifest.files:  # what the run folder already has: not hashed or sent again
             with contextlib.suppress(OSError):
-                stat = path.stat()
-                self.sent[entry["path"]] = Sent(
-                    step, stat.st_size, stat.st_mtime_ns, stat.st_ino, entry["sha256"]
-                )
-        self.sent_steps.add(step)
-        self.manifests[step] = str(text)
+                stat = (self.local_dir / entry["path"]).stat()
+                seen = Look(stat.st_size, stat.st_mtime_ns, stat.st_ino)
+                self._hashes[entry["path"]] = (seen, entry["sha256"])
+
+
+def _same(manifest: runs.Manifest, entries: list[dict[str, Any]], step: int | None) -> bool:
+    """Whether a new version would hold exactly what ``manifest`` holds."""
+
+    def shape(files: list[dict[str, Any]]) -> list[tuple[str, int, str]]:
+        # a step directory's ``.complete`` marker: restore adds it where an old release left it out
+        return sorted(
+            (str(e["path"]), int(e["size"]), str(e["sha256"]))
+            for e in files
+            if Path(str(e["path"])).name != checkpoint.COMPLETE_MARKER
+        )
+
+    return manifest.step == step and shape(manifest.files) == shape(entries)

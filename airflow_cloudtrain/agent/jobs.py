@@ -69,24 +69,36 @@ def checkpoint_dir(spec: RunSpec, root: str) -> str:
     return f"{root}/{spec.checkpoint_dir}"
 
 
+def resume_report(root: str) -> str:
+    """Where the job's ``checkpoint.report_resumed(step)`` writes (outside its checkpoint directory)."""
+    return f"{root}/.cloudtrain/resumed_step"
+
+
 def job_env(
-    spec: RunSpec, root: str, resumed_step: int | None = None, agent_zip: str | None = None
+    spec: RunSpec,
+    root: str,
+    resumed_step: int | None = None,
+    agent_zip: str | None = None,
+    resumed: bool | None = None,
 ) -> dict[str, str]:
     """Variables the job gets on top of the agent's environment; ``root`` is where the workdir is seen.
 
-    ``resumed_step``: the checkpoint step restored from the run folder (``CLOUDTRAIN_RESUMED=1`` and
-    ``CLOUDTRAIN_RESUMED_STEP``), None for a fresh start (``CLOUDTRAIN_RESUMED=0``). ``agent_zip``:
-    appended to ``PYTHONPATH`` (after the spec's, else the agent's, value), so the job can import
-    ``airflow_cloudtrain.contract.checkpoint``.
+    ``resumed``: a checkpoint was restored from the run folder (``CLOUDTRAIN_RESUMED=1``; default:
+    whether ``resumed_step`` is set); ``resumed_step``: the step it holds (``CLOUDTRAIN_RESUMED_STEP``;
+    a snapshot of files without a step has none). ``agent_zip``: appended to ``PYTHONPATH`` (after
+    the spec's, else the agent's, value), so the job can import ``airflow_cloudtrain.checkpoint``.
     """
+    if resumed is None:
+        resumed = resumed_step is not None
     env = {str(k): str(v) for k, v in spec.env.items()}
     env.update(
         CLOUDTRAIN_OUTPUT_DIR=f"{root}/output",
         CLOUDTRAIN_CHECKPOINT_DIR=checkpoint_dir(spec, root),
         CLOUDTRAIN_RUN_ID=spec.run_id,
         CLOUDTRAIN_RUN_URI=spec.run_uri,
-        CLOUDTRAIN_RESUMED="1" if resumed_step is not None else "0",
+        CLOUDTRAIN_RESUMED="1" if resumed else "0",
         CLOUDTRAIN_RESTARTS=str(int(spec.restarts or 0)),
+        CLOUDTRAIN_RESUME_REPORT=resume_report(root),
     )
     if resumed_step is not None:
         env["CLOUDTRAIN_RESUMED_STEP"] = str(resumed_step)
@@ -140,6 +152,7 @@ def build_job_command(
     volumes: Sequence[str] = (),
     resumed_step: int | None = None,
     agent_zip: str | None = None,
+    resumed: bool | None = None,
 ) -> tuple[list[str], dict[str, str]]:
     """The job's argv and the variables to add to the agent's environment for that process.
 
@@ -147,14 +160,21 @@ def build_job_command(
     place relative to the workdir (it must lie inside the workdir then), else it is left out there.
     """
     if spec.image:
-        extra = job_env(spec, CONTAINER_WORKDIR, resumed_step)
+        extra = job_env(spec, CONTAINER_WORKDIR, resumed_step, resumed=resumed)
         inside = None
         if agent_zip:
             rel = os.path.relpath(agent_zip, workdir)
             if not rel.startswith(".." + os.sep) and rel != ".." and not os.path.isabs(rel):
                 inside = f"{CONTAINER_WORKDIR}/{rel}"
         return build_docker_argv(spec, workdir, sorted(extra), volumes, inside), extra
-    return ["bash", "-lc", spec.command], job_env(spec, workdir, resumed_step, agent_zip)
+    return ["bash", "-lc", spec.command], job_env(spec, workdir, resumed_step, agent_zip, resumed)
+
+
+# Exit codes of a shell whose child died of a signal it cannot or does not usually handle (SIGKILL,
+# SIGABRT, SIGBUS, SIGSEGV): not 143, which a job's own SIGTERM handler exits with after saving.
+HARD_KILLS = frozenset(
+    128 + int(sig) for sig in (signal.SIGKILL, signal.SIGABRT, signal.SIGBUS, signal.SIGSEGV)
+)
 
 
 def exit_code_of(returncode: int) -> int:
@@ -175,11 +195,14 @@ def run_process(
     should_stop: Callable[[], StopRequest | None],
     tick: float = 0.05,
     on_start: Callable[[int], None] | None = None,
+    on_exit: Callable[[bool], None] | None = None,
 ) -> tuple[int, StopRequest | None]:
     """Run to completion or until ``should_stop`` answers; returns (exit code, the stop that ended it).
 
     ``on_start(pid)`` is called once the process exists (its pid is also its process group and
     session id), e.g. to start watching its CPU use; if it raises, the process is killed.
+    ``on_exit(killed)`` is called as soon as the process is gone: whether a signal ended it (the
+    agent's SIGKILL, or one it did not handle), which may have left a file half-written.
     """
     proc = subprocess.Popen(
         argv,
@@ -211,6 +234,7 @@ def run_process(
             raise
     stop: StopRequest | None = None
     kill_at = float("inf")
+    escalated = False
     while True:
         try:
             returncode = proc.wait(timeout=tick)
@@ -225,6 +249,9 @@ def run_process(
         elif time.monotonic() >= kill_at:
             _signal_group(proc.pid, signal.SIGKILL)
             kill_at = float("inf")
+            escalated = True
+    if on_exit is not None:
+        on_exit(bool(returncode < 0 or escalated or exit_code_of(returncode) in HARD_KILLS))
     # Leftover children may hold the pipe open: give them a moment, then end the group.
     reader.join(2.0)
     if reader.is_alive():

@@ -57,6 +57,7 @@ from collections.abc import Callable
 from typing import Any
 
 from airflow_cloudtrain.agent.queue_sqs import Lease, QueueGone
+from airflow_cloudtrain.contract import workqueue
 from airflow_cloudtrain.contract.retry import is_transient
 from airflow_cloudtrain.contract.workqueue import WorkerSettings
 
@@ -64,7 +65,6 @@ log = logging.getLogger("cloudtrain.agent")
 
 PUBSUB_ENDPOINT_ENV = "CLOUDTRAIN_PUBSUB_ENDPOINT"
 COMPUTE_ENDPOINT_ENV = "CLOUDTRAIN_COMPUTE_ENDPOINT"
-MIN_ACK_DEADLINE_S, MAX_ACK_DEADLINE_S = 10, 600  # what modifyAckDeadline accepts (0 = nack)
 REPULL_S = 1.0  # pause between pulls that found nothing, within one receive's wait_s
 PULL_TIMEOUT_S = 60.0  # one pull request's HTTP timeout (a pull may be held open by the server)
 PULL_RETRY_S = 10.0  # transient pull errors are retried this long, then the worker loop backs off
@@ -157,7 +157,9 @@ class PubSubQueue:
         return self._publisher
 
     def _lease_s(self) -> int:
-        return max(MIN_ACK_DEADLINE_S, min(int(self.settings.lease_s), MAX_ACK_DEADLINE_S))
+        """The ack deadline asked for: what modifyAckDeadline accepts (0 = nack), the operator's
+        ``lease_timeout`` bounds (``contract.workqueue``)."""
+        return max(workqueue.MIN_LEASE_S, min(int(self.settings.lease_s), workqueue.PUBSUB_MAX_LEASE_S))
 
     # -- receiving -----------------------------------------------------------------------------------
     def receive(self) -> Lease | None:

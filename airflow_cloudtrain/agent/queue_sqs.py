@@ -23,13 +23,13 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_cloudtrain.contract import workqueue
 from airflow_cloudtrain.contract.workqueue import WorkerSettings
 
 log = logging.getLogger("cloudtrain.agent")
 
 CLIENT_RETRIES = {"mode": "standard", "max_attempts": 10}
 SQS_MAX_WAIT_S = 20  # the longest long poll SQS takes
-SQS_MAX_VISIBILITY_S = 12 * 3600
 # What SQS answers for a deleted queue (JSON protocol, and the query protocol's older code).
 QUEUE_GONE_CODES = frozenset({"QueueDoesNotExist", "AWS.SimpleQueueService.NonExistentQueue"})
 
@@ -69,7 +69,8 @@ class SqsQueue:
         self.client = client if client is not None else aws_client("sqs", settings.region)
 
     def _lease_s(self) -> int:
-        return max(0, min(int(self.settings.lease_s), SQS_MAX_VISIBILITY_S))
+        """The visibility timeout asked for: at most SQS's longest, the operator's ``lease_timeout`` bound."""
+        return max(0, min(int(self.settings.lease_s), workqueue.SQS_MAX_LEASE_S))
 
     def receive(self) -> Lease | None:
         try:

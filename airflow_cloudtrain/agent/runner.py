@@ -58,6 +58,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from airflow_cloudtrain.agent import gang
 from airflow_cloudtrain.agent.beacon import BeaconWriter
 from airflow_cloudtrain.agent.checkpoints import CheckpointSync
 from airflow_cloudtrain.agent.idle import IdleWatch, proc_available, sample_interval
@@ -70,6 +71,7 @@ from airflow_cloudtrain.agent.jobs import (
     container_name,
     job_env,
     notice_grace,
+    resume_report,
     run_process,
 )
 from airflow_cloudtrain.agent.logs import LogStreamer, Periodic
@@ -119,6 +121,8 @@ class Agent:
         self._stop: StopRequest | None = None
         self.checkpoints: CheckpointSync | None = None
         self.resumed_step: int | None = None
+        self._restore: dict[str, Any] | None = None  # RunStatus.restore
+        self._report_file: Path | None = None
         self._interruption: dict[str, object] | None = None  # what status.json's record holds
         self._interruption_lock = threading.Lock()  # the watcher and the main thread both add to it
         self._checkpoint: dict[str, float | int | None] | None = None  # RunStatus.checkpoint
@@ -160,13 +164,23 @@ class Agent:
         local_checkpoints.mkdir(parents=True, exist_ok=True)
         assert self.instance_id is not None
         self.checkpoints = CheckpointSync(
-            folder, local_checkpoints, self.instance_id, note=self._note, on_uploaded=self._uploaded
+            folder,
+            local_checkpoints,
+            self.instance_id,
+            note=self._note,
+            on_uploaded=self._uploaded,
+            snapshots=spec.checkpoint_snapshots,
         )
-        self.resumed_step = self.checkpoints.restore()
-
-        self._update(state=runs.SETUP, restored_step=self.resumed_step)
+        restored = self.checkpoints.restore()
+        self.resumed_step = restored.step if restored is not None else None
+        self._report_file = Path(resume_report(str(workdir)))
+        with contextlib.suppress(OSError):
+            self._report_file.unlink()
+        self._restore = restored.record() if restored is not None else self._nothing_restored()
+        self._update(state=runs.SETUP, restored_step=self.resumed_step, restore=self._restore)
+        resumed = restored is not None
         spec = self._with_secrets(spec)  # a copy for the job's environment only: never written
-        setup_env = {**os.environ, **job_env(spec, str(workdir), self.resumed_step, agent_zip)}
+        setup_env = {**os.environ, **job_env(spec, str(workdir), self.resumed_step, agent_zip, resumed)}
         for number, cmd in enumerate(spec.setup_cmds, 1):
             if stop := self.should_stop():
                 return stop.state, None, stop.message
@@ -182,7 +196,13 @@ class Agent:
 
         if stop := self.should_stop():
             return stop.state, None, stop.message
-        argv, extra = build_job_command(spec, str(workdir), volumes, self.resumed_step, agent_zip)
+        if spec.num_nodes > 1:  # a gang: every node at the barrier, then the job (``agent.gang``)
+            spec, ended = gang.join(
+                spec, folder, self.instance_id, self.metadata, self._note, self.should_stop
+            )
+            if ended:
+                return ended
+        argv, extra = build_job_command(spec, str(workdir), volumes, self.resumed_step, agent_zip, resumed)
         self._update(state=runs.RUNNING, job_started_at=time.time())
         interval = float(spec.checkpoint_interval_s or 0)
         if interval > 0:
@@ -197,6 +217,9 @@ class Agent:
             self._sink,
             self.should_stop,
             on_start=self._watch_idle,
+            on_exit=lambda killed: (
+                self.checkpoints.job_ended(time.time(), killed) if self.checkpoints else None
+            ),
         )
         self._stop_chore("idle")
         if stop:
@@ -263,6 +286,7 @@ class Agent:
         if self.notice is not None and "job_stopped_at" not in (self._interruption or {}):
             self._job_exited()  # stopped before the job ran, or it ended as the notice came
         if self.checkpoints is not None:  # what the job saved last (also when a notice stopped it)
+            self._read_resume_report()
             try:
                 self.checkpoints.sync()
             except Exception as err:
@@ -369,6 +393,46 @@ class Agent:
         if self.notice is not None:
             self._record_interruption(job_stopped_at=time.time())
 
+    def _nothing_restored(self) -> dict[str, Any] | None:
+        """Nothing was restored: on a relaunch of a job that made progress before, say so in one
+        WARNING line and in the status (the ledger row's reason); on a first attempt, nothing."""
+        assert self.checkpoints is not None and self.folder is not None and self.spec is not None
+        note = self.checkpoints.restore_note or "nothing to restore"
+        relaunched = int(self.spec.restarts or 0) > 0
+        progress = "none of it kept" in note or "could be verified" in note
+        with contextlib.suppress(Exception):
+            keys = self.folder.list("instances/")
+            others = [k for k in keys if k.endswith("/status.json") and f"/{self.instance_id}/" not in k]
+            relaunched = relaunched or bool(others)
+            interval = float(self.spec.checkpoint_interval_s or 0)
+            for key in others if interval > 0 and not progress else []:
+                text = self.folder.get_text(key)
+                status = runs.RunStatus.from_json(text) if text else None
+                end = status and (status.ended_at or status.updated_at)
+                if status and status.job_started_at and end and end - status.job_started_at > interval:
+                    progress = True
+        if not (relaunched and progress):
+            return None
+        self._note(
+            f"WARNING: relaunched, but no checkpoint was restored: {note}; the job starts from the beginning"
+        )
+        return {"note": note}
+
+    def _read_resume_report(self) -> None:
+        """The job's ``checkpoint.report_resumed(step)``: the step it really resumed from wins."""
+        path = getattr(self, "_report_file", None)
+        if path is None or self._restore is None or "version" not in self._restore:
+            return
+        try:
+            step = int(path.read_text().strip())
+        except (OSError, ValueError):
+            return
+        if self._restore.get("source") == "job" and self._restore.get("step") == step:
+            return
+        self._restore = {**self._restore, "step": step, "source": "job"}
+        self.resumed_step = step
+        self._update(restored_step=step, restore=dict(self._restore))
+
     def _uploaded(self, manifest: runs.Manifest) -> None:
         """CheckpointSync wrote a manifest: the status tells the operator what a resume would keep."""
         self._checkpoint = {"step": manifest.step, "saved_at": manifest.saved_at, "uploaded_at": time.time()}
@@ -426,6 +490,7 @@ class Agent:
     def _sync_checkpoints(self) -> None:
         """The periodic chore: upload the newest complete checkpoint if it is new or changed."""
         if self.checkpoints is not None:
+            self._read_resume_report()
             self.checkpoints.sync()
 
     def _update(self, **changes: Any) -> None:

@@ -54,3 +54,47 @@ RULES: dict[str, ShapeRules] = {"aws": ec2, "gcp": gce}
 def rules(cloud: str) -> ShapeRules:
     """The catalog rules of the provider that serves ``cloud``."""
     return RULES[provider_of(cloud)]
+
+
+PLACEMENTS = (None, "cluster")
+# EC2 cluster placement groups take current-generation types except burstable ones (T*), Mac and the
+# "flex" types, and of the previous generation only A1, C3, C4, I2, M4, R3 and R4 (EC2 User Guide,
+# "Placement group rules and limitations", cluster placement groups:
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/placement-groups-limitations-cluster.html).
+_EC2_NO_CLUSTER_OLD = frozenset({"m1", "m2", "m3", "c1", "cc1", "cc2", "cg1", "cr1", "g2", "hi1", "hs1"})
+# GCE compact placement policies: the compute-optimized, accelerator-optimized and N2/N2D series
+# ("Placement policies overview", compact placement policies:
+# https://cloud.google.com/compute/docs/instances/define-instance-placement).
+_GCE_COMPACT_SERIES = frozenset(
+    {"a2", "a3", "a4", "c2", "c2d", "c3", "c3d", "c4", "c4d", "g2", "g4", "h3", "n2", "n2d", "z3"}
+)
+
+
+def check_placement(placement: object, cloud: str, instance_type: str | None = None) -> str | None:
+    """``placement`` of a gang, checked at parse time: None, or ``"cluster"`` (an EC2 cluster placement
+    group; a GCE compact placement policy) on an instance type whose family can use it (a type the
+    catalog picks later is checked then). Raises ValueError naming the field and what is accepted."""
+    if placement is not None and placement != "cluster":
+        raise ValueError(
+            f"placement={placement!r} is not a placement; use None (the cloud places the nodes) or "
+            '"cluster" (nodes close together: an EC2 cluster placement group, a GCE compact placement policy)'
+        )
+    if placement is None or not instance_type:
+        return placement
+    if provider_of(cloud) == "aws":
+        family = ec2.family_of(instance_type)
+        if family.startswith(("t", "mac")) or family.endswith("-flex") or family in _EC2_NO_CLUSTER_OLD:
+            raise ValueError(
+                f'placement="cluster" cannot be used with instance_type={instance_type!r}: EC2 cluster '
+                "placement groups take current-generation types except burstable (T*), Mac and flex types "
+                "(e.g. c5n, p4d, g5, m6i); use one of those or placement=None"
+            )
+        return placement
+    series = instance_type.split("-", 1)[0].lower()
+    if series not in _GCE_COMPACT_SERIES:
+        raise ValueError(
+            f'placement="cluster" cannot be used with instance_type={instance_type!r}: GCE compact '
+            f"placement policies take the {', '.join(s.upper() for s in sorted(_GCE_COMPACT_SERIES))} "
+            "series; use one of those or placement=None"
+        )
+    return placement

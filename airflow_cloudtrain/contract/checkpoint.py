@@ -45,9 +45,22 @@ _EXTENSION = re.compile(r"\.[A-Za-z][A-Za-z0-9]{0,15}$")  # ".pt", ".gz", ".safe
 _TRAILING_DIGITS = re.compile(r"(\d+)$")
 
 
+# Names written before the final rename: hidden names, ``*.tmp`` (``save``), TensorFlow's ``*.tmp<hex>``
+# / ``*_temp*`` / ``*.tempstate<N>``, Orbax's ``<step>.orbax-checkpoint-tmp-<ts>``, Hugging Face's
+# ``tmp-checkpoint-<N>``, ``*.part`` and editor backups ``*~``.
+_TEMPORARY = re.compile(
+    r"(^\.|\.tmp$|\.tmp[0-9a-f]{8,}$|_temp(_[0-9a-f]{8,})?$|\.tempstate\d+$|\.orbax-checkpoint-tmp-|"
+    r"^tmp-checkpoint-\d+$|\.part$|~$)"
+)
+
+# The file the job writes (``report_resumed``) to say which step it really resumed from.
+RESUME_REPORT_ENV = "CLOUDTRAIN_RESUME_REPORT"
+
+
 def skipped(name: str) -> bool:
-    """Whether a file or directory name is never complete (temp or hidden) and never uploaded."""
-    return name.startswith(".") or name.endswith(TMP_SUFFIX)
+    """Whether a file or directory name is a temporary one (see ``_TEMPORARY``): never complete, never
+    a step, never uploaded."""
+    return bool(_TEMPORARY.search(name))
 
 
 def step_of(name: str | os.PathLike[str]) -> int | None:
@@ -132,3 +145,17 @@ def latest(directory: str | os.PathLike[str]) -> Path | None:
     """The newest complete checkpoint (highest step) in ``directory``, None when there is none."""
     found = candidates(directory)
     return found[-1][1] if found else None
+
+
+def report_resumed(step: int) -> None:
+    """Tell the agent the step the job actually resumed from (what it loaded, e.g. the framework's
+    ``global_step`` after restore). The run's ledger then records this step instead of the one the
+    agent read from the checkpoint's name or state file. Does nothing outside a cloudtrain run."""
+    target = os.environ.get(RESUME_REPORT_ENV)
+    if not target or isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return
+    path = Path(target)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}{TMP_SUFFIX}")
+    tmp.write_text(str(step))
+    os.replace(tmp, path)

@@ -11,9 +11,15 @@ Layout under ``run_uri`` (``s3://bucket/prefix/runs/<dag>/<task>/<run>/<map_inde
                                        starts with the agent's UTC time (``2026-11-23T08:00:09.602Z ``)
     results/<instance-id>/...          the job's output dir (CLOUDTRAIN_OUTPUT_DIR), at the end; one
                                        folder per attempt, so a retry never mixes into a finished try
-    checkpoints/<step>/...             checkpoint files; ``MANIFEST.json`` written last = complete
-    checkpoints/<step>/MANIFEST.json   Manifest: the step's files with size and sha256; a step
-                                       without one (an agent killed mid-upload) is not a checkpoint
+    checkpoints/<version>/...          checkpoint files; ``MANIFEST.json`` written last = complete;
+                                       versions count up (an old release used the step as version)
+    checkpoints/<version>/MANIFEST.json  Manifest: the files with size, sha256 and where the bytes
+                                       are (an unchanged file points at an older version's object);
+                                       a version without one (an agent killed mid-upload) is not a
+                                       checkpoint. The newest two are kept, older ones deleted.
+    checkpoints/LEFT_OUT.json          what the job's checkpoint directory held that was not kept
+                                       (being written, temporary, incomplete), for the next attempt's
+                                       warning when nothing could be restored
 
 And one level up, shared by every run of a bucket (``live_index_uri(bucket)``), the live index that
 lets one triggerer watch a thousand runs with one listing per poll (``triggers.run_index``)::
@@ -316,6 +322,10 @@ class RunSpec:
     checkpoint_dir: str | None = None
     checkpoint_interval_s: float = 300.0
     restarts: int = 0
+    # Files of the checkpoint directory that match no framework layout (``checkpoint.pt`` rewritten
+    # every epoch, ``state.json``): kept too, each at its newest stable version (True), or left out
+    # with a warning (False: only the layouts of ``contract.checkpoint_layouts``).
+    checkpoint_snapshots: bool = True
     # On an interruption notice: seconds the job gets between SIGTERM and the final checkpoint sync
     # (None: what the notice leaves, minus the time the sync needs).
     stop_grace_s: float | None = None
@@ -326,6 +336,13 @@ class RunSpec:
     # takes items from the queue, each in its own folder ``items/<id>/``; None: one job.
     worker: dict[str, Any] | None = None
     version: int = SPEC_VERSION
+    # A gang (``contract.gang``): how many nodes run the job (1: no gang, no barrier); this node's rank
+    # (None: the node finds it in ``nodes/ranks.json`` by its instance id); how long a node waits at
+    # the barrier for the others before the run fails; the port the head listens on (MASTER_PORT).
+    num_nodes: int = 1
+    node_rank: int | None = None
+    gang_timeout_s: float = 600.0
+    master_port: int = 29500
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -353,6 +370,9 @@ class RunStatus:
     interruption: dict[str, Any] | None = None
     updated_at: float | None = None
     restored_step: int | None = None  # the checkpoint step restored before the job started
+    # the restore before the job: {"version", "layout", "step", "source" ("manifest" | "job"),
+    # "saved_at"} when a checkpoint was restored; {"note": why not} when a relaunch restored nothing
+    restore: dict[str, Any] | None = None
     # the newest checkpoint this agent completed in the run folder:
     # {"step", "saved_at" (the job wrote it), "uploaded_at" (its manifest was written)}
     checkpoint: dict[str, Any] | None = None
@@ -375,37 +395,58 @@ class RunStatus:
 MANIFEST_NAME = "MANIFEST.json"
 
 
-def checkpoint_prefix(step: int) -> str:
-    """The folder of one checkpoint step: ``checkpoints/<step>`` (a plain decimal step number)."""
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        raise ValueError(f"a checkpoint step is an int >= 0; got {step!r}")
-    return f"{CHECKPOINTS_PREFIX}/{step}"
+LEFT_OUT_KEY = f"{CHECKPOINTS_PREFIX}/LEFT_OUT.json"
 
 
-def manifest_key(step: int) -> str:
-    """``checkpoints/<step>/MANIFEST.json``: written after every file of the step, so its presence
-    means the step is complete (and its hashes tell whether the files are the ones it lists)."""
-    return f"{checkpoint_prefix(step)}/{MANIFEST_NAME}"
+def checkpoint_prefix(version: int) -> str:
+    """The folder of one checkpoint version: ``checkpoints/<version>`` (a plain decimal number)."""
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise ValueError(f"a checkpoint version is an int >= 0; got {version!r}")
+    return f"{CHECKPOINTS_PREFIX}/{version}"
+
+
+def manifest_key(version: int) -> str:
+    """``checkpoints/<version>/MANIFEST.json``: written after every file of the version, so its
+    presence means it is complete (and its hashes tell whether the files are the ones it lists)."""
+    return f"{checkpoint_prefix(version)}/{MANIFEST_NAME}"
 
 
 def checkpoint_step(key: str) -> int | None:
-    """The step of a key under ``checkpoints/<step>/``, None for any other key."""
+    """The version of a key under ``checkpoints/<version>/``, None for any other key (the name is the
+    old one: an old release numbered versions by step)."""
     match = re.match(rf"{CHECKPOINTS_PREFIX}/(\d+)/", key)
     return int(match.group(1)) if match else None
 
 
+checkpoint_version = checkpoint_step
+
+
+def manifest_versions(keys: list[str]) -> list[int]:
+    """The versions that have a manifest among ``keys`` (a listing of ``checkpoints/``), oldest first."""
+    return sorted(
+        {v for key in keys if (v := checkpoint_version(key)) is not None and key == manifest_key(v)}
+    )
+
+
 @dataclass
 class Manifest:
-    """``MANIFEST.json`` of a checkpoint step. ``files``: ``{"path", "size", "sha256"}`` each, ``path``
-    relative to the step's folder (and to the job's checkpoint directory once restored), e.g.
-    ``ckpt-00042.pt`` or ``step-00042/model.pt``; the object is ``checkpoints/<step>/<path>``."""
+    """``MANIFEST.json`` of a checkpoint version. ``files``: ``{"path", "size", "sha256"}`` each and
+    ``"key"`` when the bytes are not at ``checkpoints/<version>/<path>`` (an unchanged file kept from
+    an older version); ``path`` is relative to the job's checkpoint directory, e.g. ``ckpt-00042.pt``
+    or ``checkpoint-500/model.safetensors``. ``step``: the training step the checkpoint holds as the
+    framework says it (name, state file), None for a snapshot of files that carry no step.
+    ``layout``: which rules found it (``contract.checkpoint_layouts``: "steps", "tensorflow",
+    "lightning", "orbax", "huggingface", "files", joined with "+"). ``units``: the framework
+    checkpoints in it, ``{"layout", "step", "name"}`` each."""
 
-    step: int
+    step: int | None
     files: list[dict[str, Any]] = field(default_factory=list)
     created_at: float | None = None  # unix time the agent wrote it
     instance_id: str = ""  # the instance whose agent uploaded it
     saved_at: float | None = None  # when the job wrote it: the newest mtime of its files
-    version: int = 1
+    version: int = 1  # the format: 1 = one step per folder, 2 = versions with layouts
+    layout: str = "steps"
+    units: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
@@ -416,14 +457,17 @@ class Manifest:
         if not isinstance(data, dict):
             raise ValueError("a manifest is a JSON object")
         manifest = load_known(cls, data)
-        if isinstance(manifest.step, bool) or not isinstance(manifest.step, int):
-            raise ValueError(f"manifest step must be an int; got {manifest.step!r}")
+        if manifest.step is not None and (
+            isinstance(manifest.step, bool) or not isinstance(manifest.step, int)
+        ):
+            raise ValueError(f"manifest step must be an int or null; got {manifest.step!r}")
         for entry in manifest.files:
             if not (
                 isinstance(entry, dict)
                 and isinstance(entry.get("path"), str)
                 and isinstance(entry.get("size"), int)
                 and isinstance(entry.get("sha256"), str)
+                and isinstance(entry.get("key", ""), str)
             ):
                 raise ValueError(f"manifest file entries need path, size and sha256; got {entry!r}")
         return manifest

@@ -40,6 +40,15 @@ ENV_ITEM_ID = "CLOUDTRAIN_ITEM_ID"
 
 MAX_MESSAGE_BYTES = 250_000  # SQS takes 256 KiB per message, Pub/Sub 10 MB: one limit for both
 
+# How long one lease on an item may be (``WorkerSettings.lease_s``): at least 10 s on both queues, at
+# most SQS's longest visibility timeout (12 h) or Pub/Sub's longest ack deadline (600 s). One number
+# each, read where it matters: the fleet operators' ``lease_timeout`` check at DAG parse time
+# (``operators.fleet_config``) and the cap the agent's queues put on the lease they ask for
+# (``agent.queue_sqs``, ``agent.queue_pubsub``), so a lease the operator accepts is one the queue holds.
+MIN_LEASE_S = 10
+SQS_MAX_LEASE_S = 12 * 3600
+PUBSUB_MAX_LEASE_S = 600
+
 # ItemOutcome.state
 SUCCEEDED, FAILED = "succeeded", "failed"
 

@@ -5,7 +5,7 @@ way (``AWS_EC2_METADATA_SERVICE_ENDPOINT`` = ``endpoint_for(id)``, ``GCE_METADAT
 ``gce_host_for(id)``), so the agent makes the same requests it makes on a real instance. The server
 enforces what the real ones enforce and our code must cope with: IMDSv2 session tokens (tokens are
 required on our instances) and the ``Metadata-Flavor: Google`` header. The emulator injects spot
-notices and preemptions through ``set_spot_action`` / ``set_preempted``.
+notices and preemptions through ``set_spot_action`` / ``set_preempted``, and each instance's private address (``set_address``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ class _InstanceState:
         self.maintenance_event = "NONE"
         self.project: str | None = None  # a GCE VM's project and zone (``describe_vm``)
         self.zone: str | None = None
+        self.address: str | None = None  # the private address (``emulator.addresses``)
         self.tokens: dict[str, float] = {}  # token -> expiry (unix time)
 
 
@@ -116,6 +117,10 @@ class MetadataServer:
         state = self._state(instance_id)
         state.project, state.zone = project, zone
 
+    def set_address(self, instance_id: str, address: str | None) -> None:
+        """The instance's private address: IMDS ``local-ipv4``, GCE ``network-interfaces/0/ip``."""
+        self._state(instance_id).address = address
+
     def clear(self, instance_id: str) -> None:
         """Forget notices (and tokens) of an instance, e.g. when its id is reused by a test."""
         with self._lock:
@@ -163,6 +168,8 @@ class MetadataServer:
             return 200, "text/plain", self.region
         if rest.rstrip("/") == "/latest/meta-data/placement/availability-zone":  # botocore asks with a slash
             return 200, "text/plain", self.region + "a"
+        if rest == "/latest/meta-data/local-ipv4" and state.address:
+            return 200, "text/plain", state.address
         if rest == "/latest/meta-data/spot/instance-action" and state.spot_action:
             action, at = state.spot_action
             when = datetime.fromtimestamp(at, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -182,6 +189,8 @@ class MetadataServer:
             "name": instance_id,
             "id": str(zlib.crc32(instance_id.encode()) * 1000003 + 7),  # stable and numeric, like GCE's
         }
+        if state.address:
+            values["network-interfaces/0/ip"] = state.address
         if state.zone:  # the real server writes the project number where we write the id
             values["zone"] = f"projects/{state.project}/zones/{state.zone}"
         prefix = "/computeMetadata/v1/instance/"

@@ -66,6 +66,7 @@ class JobOptions:
 
     checkpoint_dir: str | None = None
     checkpoint_interval_s: float = 300.0
+    checkpoint_snapshots: bool = True
     restarts: int = 0
     stop_grace_s: float | None = None
     idle_timeout_s: float | None = None
@@ -171,6 +172,7 @@ def write_run_folder(
     if job is not None:
         spec.checkpoint_dir = job.checkpoint_dir
         spec.checkpoint_interval_s = job.checkpoint_interval_s
+        spec.checkpoint_snapshots = job.checkpoint_snapshots
         spec.restarts = job.restarts
         spec.stop_grace_s = job.stop_grace_s
         spec.idle_timeout_s = job.idle_timeout_s

@@ -37,6 +37,9 @@ class CheckpointResumeOperator(CloudTrainOperator):
 
     :param checkpoint_dir: Directory on the instance the job writes checkpoints to (synced to the run folder).
     :param checkpoint_interval: How often the agent syncs checkpoints (seconds or ``"5m"``).
+    :param checkpoint_snapshots: Keep the files of ``checkpoint_dir`` that match no framework layout
+        (``checkpoint.pt`` rewritten every epoch) too, each at its newest stable version (default
+        True); False keeps only the layouts of docs/checkpoints.md and warns about the rest.
     :param max_restarts: Interruptions tolerated before the task fails.
     :param max_restarts_on_errors: Relaunches after the job itself failed (0: fail at once).
     :param resume_from: An earlier run id or run URI whose checkpoints this run continues from.
@@ -58,6 +61,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
         *,
         checkpoint_dir: str | None = None,
         checkpoint_interval: Any = 300,
+        checkpoint_snapshots: bool = True,
         max_restarts: int = 10,
         max_restarts_on_errors: int = 0,
         resume_from: str | None = None,
@@ -69,10 +73,12 @@ class CheckpointResumeOperator(CloudTrainOperator):
         idle_timeout: Any = None,
         **kwargs: Any,
     ) -> None:
+        from airflow_cloudtrain.operators.checks import check_bool
         from airflow_cloudtrain.operators.resume_config import parse_resume_args
 
         super().__init__(**kwargs)
         self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_snapshots = check_bool(checkpoint_snapshots, "checkpoint_snapshots")
         self.resume_from = resume_from
         self.resume = parse_resume_args(
             kwargs.get("cloud", "ec2"),
@@ -101,6 +107,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
         job = JobOptions(
             checkpoint_dir=self.checkpoint_dir or None,
             checkpoint_interval_s=args.checkpoint_interval_s,
+            checkpoint_snapshots=self.checkpoint_snapshots,
             stop_grace_s=args.stop_grace_s,
             idle_timeout_s=args.idle_timeout_s,
         )

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 MAX_ITEMS = 100_000
 MAX_RECEIVES = 1000  # SQS's maxReceiveCount limit
-MAX_LEASE_S = 12 * 3600  # SQS's longest visibility timeout
+MAX_LEASE_S = workqueue.SQS_MAX_LEASE_S  # SQS's longest visibility timeout (the default queue)
 
 
 def parse_work_items(value: Any) -> list[str]:
@@ -73,11 +73,12 @@ def parse_work_items(value: Any) -> list[str]:
 def parse_fleet_args(
     args: dict[str, Any],
     items: list[str] | None,
-    max_lease_s: float = MAX_LEASE_S,
+    max_lease_s: float | None = None,
     lease_limit: str = "12 h",
 ) -> FleetSettings:
     """Everything but the items (``items=None``: not known yet); raises ValueError naming the field.
-    ``max_lease_s`` is the queue's longest lease (SQS 12 h; Pub/Sub's ack deadline, 600 s)."""
+    ``max_lease_s`` is the queue's longest lease (``contract.workqueue``: SQS 12 h, the default;
+    Pub/Sub's ack deadline, 600 s), the cap the agent's queue puts on the lease it asks for."""
     from airflow_cloudtrain.lifecycle.fleet.run import FleetSettings
 
     num_workers = _count(args.get("num_workers", 1), "num_workers", 1, 10_000)
@@ -92,9 +93,11 @@ def parse_fleet_args(
         )
     attempts = _count(args.get("max_item_attempts", 3), "max_item_attempts", 1, MAX_RECEIVES)
     lease = parse_duration(args.get("lease_timeout", 120), "lease_timeout") or 120.0
-    if not 10 <= lease <= max_lease_s:
+    longest = workqueue.SQS_MAX_LEASE_S if max_lease_s is None else max_lease_s
+    if not workqueue.MIN_LEASE_S <= lease <= longest:
         raise ValueError(
-            f"lease_timeout={args.get('lease_timeout')!r} is not valid: between 10 s and {lease_limit} "
+            f"lease_timeout={args.get('lease_timeout')!r} is not valid: between {workqueue.MIN_LEASE_S} s "
+            f"and {lease_limit} "
             "(how long an item stays leased to a worker that stopped renewing it)"
         )
     item_timeout = parse_duration(args.get("item_timeout"), "item_timeout")

@@ -46,6 +46,8 @@ class PreemptibleGroupOperator(WorkQueueOperator):
     :param checkpoint_dir: the per-item checkpoint directory synced to the run folder and restored
         when an item moves to another worker.
     :param checkpoint_interval: how often that directory is synced.
+    :param checkpoint_snapshots: keep files of that directory that match no framework layout too, each
+        at its newest stable version (default True; see docs/checkpoints.md).
     :param allow_failed_items: succeed even when items failed for good (they are listed in the XCom).
 
     Arguments shared with ``CloudTrainOperator`` (see its description for each; all templated ones
@@ -90,8 +92,14 @@ class PreemptibleGroupOperator(WorkQueueOperator):
     :param heartbeat_timeout: how long a silent agent is trusted.
     """
 
-    max_lease_s = 600  # Pub/Sub's longest ack deadline: a longer lease cannot be held
     lease_limit = "600 s, Pub/Sub's longest ack deadline"
+
+    @property
+    def max_lease_s(self) -> float:
+        """Pub/Sub's longest ack deadline (``contract.workqueue``): a longer lease cannot be held."""
+        from airflow_cloudtrain.contract.workqueue import PUBSUB_MAX_LEASE_S
+
+        return PUBSUB_MAX_LEASE_S
 
     def __init__(
         self,

@@ -41,6 +41,8 @@ class SpotFleetOperator(WorkQueueOperator):
     :param checkpoint_dir: the per-item checkpoint directory synced to the run folder and restored
         when an item moves to another worker.
     :param checkpoint_interval: how often that directory is synced.
+    :param checkpoint_snapshots: keep files of that directory that match no framework layout too, each
+        at its newest stable version (default True; see docs/checkpoints.md).
     :param allow_failed_items: succeed even when items failed for good (they are listed in the XCom).
 
     Arguments shared with ``CloudTrainOperator`` (see its description for each; all templated ones

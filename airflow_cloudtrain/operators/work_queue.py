@@ -33,7 +33,6 @@ class WorkQueueOperator(RunArgsOperator):
     """Run ``command`` once per item of ``work_items`` on a group of workers (see the subclasses)."""
 
     template_fields: Sequence[str] = (*TEMPLATED, "work_items")
-    max_lease_s: float = 12 * 3600  # fleet_config.MAX_LEASE_S (kept literal: importing this stays cheap)
     lease_limit = "12 h"
     template_fields_renderers = {"env": "json", "setup_cmds": "py", "command": "bash", "work_items": "json"}
     ui_color = "#fde8f4"
@@ -51,10 +50,11 @@ class WorkQueueOperator(RunArgsOperator):
         lease_timeout: Any = 120,
         checkpoint_dir: str | None = None,
         checkpoint_interval: Any = 60,
+        checkpoint_snapshots: bool = True,
         allow_failed_items: bool = False,
         **kwargs: Any,
     ) -> None:
-        from airflow_cloudtrain.operators.checks import check_path
+        from airflow_cloudtrain.operators.checks import check_bool, check_path
         from airflow_cloudtrain.operators.config import parse_duration
         from airflow_cloudtrain.operators.fleet_config import (
             is_deferred_value,
@@ -75,6 +75,7 @@ class WorkQueueOperator(RunArgsOperator):
         }
         self.checkpoint_dir = check_path(checkpoint_dir, "checkpoint_dir", "/tmp/checkpoints")
         self.checkpoint_interval_s = parse_duration(checkpoint_interval, "checkpoint_interval") or 0.0
+        self.checkpoint_snapshots = check_bool(checkpoint_snapshots, "checkpoint_snapshots")
         self._fleet: FleetRun | None = None
         parse_fleet_args(self.fleet_args, None, self.max_lease_s, self.lease_limit)
         if not is_deferred_value(work_items):
@@ -82,6 +83,15 @@ class WorkQueueOperator(RunArgsOperator):
 
     def _check_cloud(self, cloud: Any, bid: Any) -> None:
         raise NotImplementedError
+
+    @property
+    def max_lease_s(self) -> float:
+        """The queue's longest lease (SQS's longest visibility timeout): ``contract.workqueue``'s, the
+        cap the agent's queue puts on the lease it asks for. Read when the operator is constructed, not
+        imported with it (importing stays cheap)."""
+        from airflow_cloudtrain.contract.workqueue import SQS_MAX_LEASE_S
+
+        return SQS_MAX_LEASE_S
 
     # --- the run: a FleetEngine on the operator skeleton ------------------------------------------
 
@@ -100,7 +110,11 @@ class WorkQueueOperator(RunArgsOperator):
 
         secret_env = parse_secret_env(getattr(self, "secret_env", None), config.cloud, config.env)
         base = RunContext.for_task(config, self, context, self.launch_options, self.wait, secret_env)
-        job = JobOptions(checkpoint_dir=self.checkpoint_dir, checkpoint_interval_s=self.checkpoint_interval_s)
+        job = JobOptions(
+            checkpoint_dir=self.checkpoint_dir,
+            checkpoint_interval_s=self.checkpoint_interval_s,
+            checkpoint_snapshots=self.checkpoint_snapshots,
+        )
         ctx = FleetContext(
             config=config,
             fleet=settings,

@@ -298,7 +298,9 @@ def test_notice_record_is_filled_in_before_the_final_status(
     uploaded = next(i for i, r in enumerate(with_record) if "checkpoint_step" in r)
     assert stopped < uploaded and "checkpoint_at" not in with_record[stopped]
     assert with_record[uploaded] == record  # the final status adds nothing to it
-    manifest = runs.Manifest.from_json(run.folder.get_text(runs.manifest_key(7)) or "")
+    version = runs.manifest_versions(run.folder.list(runs.CHECKPOINTS_PREFIX + "/"))[-1]
+    manifest = runs.Manifest.from_json(run.folder.get_text(runs.manifest_key(version)) or "")
+    assert manifest.step == 7
     assert manifest.saved_at is not None and manifest.saved_at <= record["job_stopped_at"]
     assert final.checkpoint == {
         "step": 7,

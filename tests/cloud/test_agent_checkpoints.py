@@ -133,12 +133,19 @@ class Agent:
         return [int(n) for n in re.findall(r"^step (\d+)$", self.job_log(), re.M)]
 
 
-def manifest_steps(folder: RunFolder) -> list[int]:
-    return sorted(
-        step
-        for key in folder.list(runs.CHECKPOINTS_PREFIX + "/")
-        if (step := runs.checkpoint_step(key)) is not None and key == runs.manifest_key(step)
-    )
+def manifests(folder: RunFolder) -> dict[int, runs.Manifest]:
+    """The complete checkpoint versions of the run folder: version -> manifest."""
+    versions = runs.manifest_versions(folder.list(runs.CHECKPOINTS_PREFIX + "/"))
+    return {v: runs.Manifest.from_json(folder.get_text(runs.manifest_key(v)) or "") for v in versions}
+
+
+def manifest_steps(folder: RunFolder) -> list[int | None]:
+    """The steps the complete versions hold, oldest version first."""
+    return [m.step for _, m in sorted(manifests(folder).items())]
+
+
+def newest(folder: RunFolder) -> tuple[int, runs.Manifest]:
+    return max(manifests(folder).items())
 
 
 @pytest.fixture(params=["s3", "gs"])
@@ -181,16 +188,18 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(
     assert f"stopped at step {last}" in first.job_log()
     assert periodic[0] <= last < 100_000
     # the final sync after the job stopped sent exactly what the job saved last
-    assert manifest_steps(folder)[-1] == last
-    manifest = runs.Manifest.from_json(folder.get_text(runs.manifest_key(last)) or "")
+    version, manifest = newest(folder)
+    assert manifest.step == last and manifest.layout == "steps"
     assert manifest.instance_id == first.iid and [f["path"] for f in manifest.files] == [
         f"ckpt-{last:05d}.pkl"
     ]
-    assert folder.list(f"{runs.checkpoint_prefix(last)}/") == [
-        f"{runs.checkpoint_prefix(last)}/MANIFEST.json",
-        f"{runs.checkpoint_prefix(last)}/ckpt-{last:05d}.pkl",
+    assert folder.list(f"{runs.checkpoint_prefix(version)}/") == [
+        f"{runs.checkpoint_prefix(version)}/MANIFEST.json",
+        f"{runs.checkpoint_prefix(version)}/ckpt-{last:05d}.pkl",
     ]
+    assert len(manifests(folder)) <= 2  # older versions pruned
     assert any(n.startswith(f"checkpoint step {last} uploaded") for n in first.notes())
+    assert not [n for n in first.notes() if n.startswith("WARNING")]  # a first attempt: nothing to say
     assert not [k for k in folder.list("checkpoints/") if ".tmp" in k or "/." in k]  # never temp files
     assert "resumed from step 0" in first.job_log()
     assert status.restored_step is None and status.checkpoint is not None
@@ -216,16 +225,23 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(
         "CLOUDTRAIN_RESUMED": "1",
         "CLOUDTRAIN_RESUMED_STEP": str(last),
         "CLOUDTRAIN_RESTARTS": "1",
+        "CLOUDTRAIN_RESUME_REPORT": f"{second.workdir}/.cloudtrain/resumed_step",
     }
     assert second.steps() == list(range(last + 1, total + 1))  # went on from there, nothing redone
-    restored = f"restored checkpoint step {last} from {folder.uri}/checkpoints/{last}"
+    restored = f"restored checkpoint step {last} from {folder.uri}/checkpoints/{version} (steps)"
     assert restored in second.notes()
+    assert status.restore == {
+        "version": version,
+        "step": last,
+        "layout": "steps",
+        "saved_at": manifest.saved_at,
+        "source": "manifest",
+    }
     assert second.notes().index(restored) < second.notes().index("job started")
     result = json.loads(folder.get_text(runs.join(runs.results_prefix(second.iid), "state.json")) or "{}")
     assert result["step"] == total and result["loss_sum"] == pytest.approx(expected_loss(total))
-    assert manifest_steps(folder)[-1] == total
-    final = runs.Manifest.from_json(folder.get_text(runs.manifest_key(total)) or "")
-    assert final.instance_id == second.iid
+    _, final = newest(folder)
+    assert final.step == total and final.instance_id == second.iid
 
 
 def _put_step(folder: RunFolder, step: int, files: dict[str, bytes], manifest: str = "good") -> None:
@@ -261,14 +277,15 @@ def test_incomplete_or_corrupt_steps_are_skipped(run_folder: tuple[Any, RunFolde
         and '"CLOUDTRAIN_RESTARTS": "2"' in agent.job_log()
     )
     notes = agent.notes()
-    assert any(n.startswith("skipping checkpoint step 4:") and "sha256" in n for n in notes), notes
-    assert not any("step 5" in n and "skipping" in n for n in notes)  # no manifest: not even a candidate
-    assert f"restored checkpoint step 3 from {folder.uri}/checkpoints/3" in notes
+    assert any(n.startswith("skipping checkpoint version 4:") and "sha256" in n for n in notes), notes
+    assert not any("version 5" in n and "skipping" in n for n in notes)  # no manifest: not a candidate
+    assert f"restored checkpoint step 3 from {folder.uri}/checkpoints/3 (steps)" in notes
     result = json.loads(folder.get_text(runs.join(runs.results_prefix(agent.iid), "state.json")) or "{}")
     assert result == {"step": 6, "loss_sum": pytest.approx(expected_loss(6))}
     # the job's last step went up (after the job ended), clean, and is what a next restore would pick
-    manifest = runs.Manifest.from_json(folder.get_text(runs.manifest_key(6)) or "")
-    assert manifest.instance_id == agent.iid and manifest_steps(folder)[-1] == 6
+    version, manifest = newest(folder)
+    assert version == 6  # after every version there was, the killed upload's 5 included
+    assert manifest.instance_id == agent.iid and manifest.step == 6
     assert folder.list(f"{runs.checkpoint_prefix(6)}/") == [
         f"{runs.checkpoint_prefix(6)}/MANIFEST.json",
         f"{runs.checkpoint_prefix(6)}/ckpt-00006.pkl",
@@ -317,7 +334,7 @@ uri, local, marker = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 uploads = []
 
 def call(fn, what):
-    if what == "checkpoint upload" and len(uploads) == 2:  # step 3's file and step 4's first are up
+    if what == "checkpoint upload" and len(uploads) == 3:  # step 3's file, step 4's marker and a.bin
         marker.write_text("blocked")
         time.sleep(3600)
     result = fn()
@@ -361,13 +378,15 @@ def test_uploader_killed_mid_step_leaves_a_step_restore_ignores(
         proc.kill()  # SIGKILL: no cleanup, no manifest
         out, _ = proc.communicate(timeout=60)
     assert b"never here" not in out
-    step4 = runs.checkpoint_prefix(4)
-    assert folder.list(f"{step4}/") == [f"{step4}/step-00004/a.bin"]  # one of three, no manifest
+    step4 = runs.checkpoint_prefix(2)  # version 2: step 4's upload
+    # the marker and one of three files, no manifest
+    assert folder.list(f"{step4}/") == [f"{step4}/step-00004/.complete", f"{step4}/step-00004/a.bin"]
     assert manifest_steps(folder) == [3]
 
     notes: list[str] = []
     restored = tmp / "restored"
-    assert CheckpointSync(folder, restored, "i-new", note=notes.append).restore() == 3
+    found = CheckpointSync(folder, restored, "i-new", note=notes.append).restore()
+    assert found is not None and found.step == 3
     assert (restored / "ckpt-00003.pkl").read_bytes() == (local / "ckpt-00003.pkl").read_bytes()
     assert checkpoint.latest(restored) == restored / "ckpt-00003.pkl"
     assert not (restored / "step-00004").exists() and not any("step 4" in n for n in notes), notes
@@ -376,9 +395,18 @@ def test_uploader_killed_mid_step_leaves_a_step_restore_ignores(
     (local / "step-00004" / "a.bin").unlink()
     (local / "step-00004" / "d.bin").write_bytes(b"new")
     assert CheckpointSync(folder, local, "i-next", note=notes.append).sync() == 4
-    names = ("MANIFEST.json", "step-00004/b.bin", "step-00004/c.bin", "step-00004/d.bin")
-    assert folder.list(f"{step4}/") == [f"{step4}/{name}" for name in names]
+    assert not folder.list(f"{step4}/")  # the killed one's leftover (a.bin) was pruned
+    names = (
+        "MANIFEST.json",
+        "step-00004/.complete",
+        "step-00004/b.bin",
+        "step-00004/c.bin",
+        "step-00004/d.bin",
+    )
+    version3 = runs.checkpoint_prefix(3)
+    assert folder.list(f"{version3}/") == [f"{version3}/{name}" for name in names]
     again = tmp / "again"
-    assert CheckpointSync(folder, again, "i-third", note=notes.append).restore() == 4
+    found = CheckpointSync(folder, again, "i-third", note=notes.append).restore()
+    assert found is not None and found.step == 4
     restored_files = sorted(p.name for p in (again / "step-00004").iterdir())
     assert restored_files == [".complete", "b.bin", "c.bin", "d.bin"]

@@ -1,6 +1,8 @@
 """Live GCE catalog refresh, over the wire: machineTypes/acceleratorTypes from the GCE emulator through the
 real google-cloud-compute clients; the Cloud Billing Catalog from a local HTTP server that answers with
-real-shaped ``services.skus.list`` pages, read through google-auth's AuthorizedSession."""
+real-shaped ``services.skus.list`` pages, read through google-auth's AuthorizedSession. What a failed or
+hanging refresh may cost a run is tested on both clouds in ``test_catalog_refresh.py`` (with the
+fixtures of this file)."""
 
 from __future__ import annotations
 
@@ -425,64 +427,3 @@ def test_a_run_against_the_emulator_in_a_users_project_refreshes_without_a_warni
         assert (tmp_path / "catalog" / "gcp-us-east1.csv").is_file()
     finally:
         live._memo.clear()
-
-
-def test_a_failed_refresh_is_remembered_and_costs_one_run_only(
-    refresh, billing: str, caplog, monkeypatch
-) -> None:
-    with caplog.at_level(logging.INFO):
-        assert refresh(f"{billing}/broken") == []
-    assert len(_warnings(caplog)) == 1 and len(_Billing.requests) == 1
-    caplog.clear()
-    with caplog.at_level(logging.INFO):
-        assert refresh(f"{billing}/broken") == []  # the next run: no call, no warning
-    assert _warnings(caplog) == [] and len(_Billing.requests) == 1
-    assert "next try in" in caplog.text
-    monkeypatch.setenv("CLOUDTRAIN_CATALOG_RETRY_S", "0")
-    assert refresh() and len(_Billing.requests) == 3  # tried again: both pages, cached
-
-
-def test_a_billing_catalog_that_does_not_answer_ends_at_the_budget(refresh, gce: GceServer, caplog) -> None:
-    import socket
-    import threading
-    import time
-
-    accepted: list[socket.socket] = []
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-
-    def accept() -> None:
-        while True:
-            try:
-                accepted.append(listener.accept()[0])  # read nothing, answer nothing
-            except OSError:
-                return
-
-    threading.Thread(target=accept, daemon=True).start()
-    kwargs = compute_client_kwargs(gce.endpoint)
-    mt, at = compute_v1.MachineTypesClient(**kwargs), compute_v1.AcceleratorTypesClient(**kwargs)
-    session = AuthorizedSession(AnonymousCredentials())
-    hanging = f"http://127.0.0.1:{listener.getsockname()[1]}"
-
-    def run() -> list:
-        return live_gcp.refresh_gcp(
-            REGION, mt, at, session, zones_of(REGION), gce.project, billing_url=hanging, budget_s=1.0
-        )
-
-    try:
-        with caplog.at_level(logging.WARNING):
-            assert run() == []
-        [warning] = _warnings(caplog)
-        assert "no answer within its 1 s budget" in warning
-        deadline = time.monotonic() + 60
-        while not accepted:  # the zones listed, the refresh reached the Billing Catalog and waits there
-            assert time.monotonic() < deadline, "the refresh never reached the billing endpoint"
-            time.sleep(0.05)
-        assert run() == []
-        assert len(accepted) == 1  # remembered: the second run did not contact the server
-    finally:
-        listener.close()
-        for conn in accepted:
-            conn.close()
-        session.close()

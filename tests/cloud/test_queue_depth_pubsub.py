@@ -1,7 +1,8 @@
-"""QueueDepthSensor on Pub/Sub subscriptions against the emulator: the backlog read from Cloud
-Monitoring's ``subscription/num_undelivered_messages``, drains and fills in poke and deferrable mode,
-missing subscriptions, a subscription Monitoring has no data for (never read as empty), and one
-``timeSeries.list`` per subscription per poll across deferred sensors.
+"""QueueDepthSensor on Pub/Sub subscriptions against the emulator, what only Pub/Sub has: the backlog
+read from Cloud Monitoring's ``subscription/num_undelivered_messages``, leased messages, missing and
+deleted subscriptions, a subscription Monitoring has no data for (never read as empty). What SQS and
+Pub/Sub share (drains, fills, throttling, one read per poll across deferred sensors, a deferrable run
+in a DAG) is ``test_queue_depth.py``, on both.
 
 The emulator answers Monitoring with a sample taken now for every existing subscription: it has no
 lag. "No data yet" (a real subscription's first 1-3 minutes) is made with a second, empty
@@ -17,7 +18,6 @@ import gc
 import importlib
 import json
 import re
-import textwrap
 import threading
 import time
 import uuid
@@ -26,7 +26,6 @@ from contextlib import aclosing
 from typing import Any
 
 import pytest
-from dag_helpers import task_states, write_dag, xcom
 from google import pubsub_v1
 from google.api_core.exceptions import NotFound
 from waiting import wait_for
@@ -208,19 +207,6 @@ def test_a_topic_is_refused_at_parse_time() -> None:
 # --- poking (non-deferrable) ---------------------------------------------------------------------
 
 
-def test_succeeds_once_every_message_is_acked(emu, ps, subscription) -> None:
-    topic, path = subscription
-    ps.publish(topic, 3)
-    emu.reset_counts()
-    # Work off the messages only once the sensor has read the backlog at least twice.
-    worker = Background(lambda: lists(emu) >= 2, lambda: ps.work_off(path, 3), "two polls")
-    worker.start()
-    result = sensor(queue=path, max_depth=0).execute({})
-    worker.join()
-    assert lists(emu) >= 3
-    assert result == {"queue": path, "depth": 0, "visible": 0, "in_flight": 0, "delayed": 0}
-
-
 def test_leased_messages_count_until_acked(emu, ps, subscription) -> None:
     topic, path = subscription
     ps.publish(topic, 2)
@@ -233,34 +219,12 @@ def test_leased_messages_count_until_acked(emu, ps, subscription) -> None:
     assert done and done.xcom_value["depth"] == 0
 
 
-def test_succeeds_when_min_depth_is_reached(emu, ps, subscription) -> None:
-    topic, path = subscription
-    ps.publish(topic, 1)
-    emu.reset_counts()
-    filler = Background(lambda: lists(emu) >= 2, lambda: ps.publish(topic, 3), "two polls")
-    filler.start()
-    result = sensor(queue=path, min_depth=4).execute({})
-    filler.join()
-    assert result["queue"] == path and result["depth"] >= 4 and result["visible"] == result["depth"]
-
-
 @pytest.mark.parametrize("deferrable", [False, True])
 def test_a_missing_subscription_fails_naming_it(emu, deferrable: bool) -> None:
     ghost = ghost_path()
     for threshold in ({"max_depth": 0}, {"min_depth": 1}):
         with pytest.raises(QueueNotFound, match=f"Pub/Sub subscription {ghost} does not exist"):
             sensor(queue=ghost, deferrable=deferrable, **threshold).execute({})
-
-
-def test_a_throttled_monitoring_read_is_retried(emu, subscription) -> None:
-    _, path = subscription
-    s = sensor(queue=path, max_depth=0)
-    emu.throttle(1.0, api="timeSeries.list")
-    try:
-        assert not s.poke({})  # throttled: not done, not failed
-    finally:
-        emu.clear_faults()
-    assert s.poke({})
 
 
 # --- no Monitoring data for a subscription that exists -------------------------------------------
@@ -346,52 +310,6 @@ def test_trigger_waits_while_monitoring_has_no_data(emu, lagging, subscription, 
 # --- the trigger ---------------------------------------------------------------------------------
 
 
-def test_triggers_share_one_monitoring_read_per_poll(emu, ps, subscription, capfd) -> None:
-    topic, path = subscription
-    ps.publish(topic, 1)  # never drains: every trigger keeps waiting
-    emu.reset_counts()
-    triggers = [trigger(path, poll_interval=0.5) for _ in range(10)]
-
-    async def main() -> int:
-        tasks = [asyncio.ensure_future(first_event(t)) for t in triggers]
-        deadline = asyncio.get_running_loop().time() + 120
-        while (calls := await asyncio.to_thread(lists, emu)) < 3:
-            assert asyncio.get_running_loop().time() < deadline, f"only {calls} polls in 30 s"
-            assert not any(t.done() for t in tasks), [t.result() for t in tasks if t.done()]
-            await asyncio.sleep(0.05)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        return calls
-
-    seen = asyncio.run(main())
-    # Unshared, the first poll alone is 10 reads; shared, each poll is one read for all 10.
-    assert 3 <= seen <= lists(emu) < 10
-    assert emu.request_counts().get("subscriptions.get", 0) == 0  # data came each poll: no extra call
-    assert_clean(capfd)
-
-
-def test_trigger_succeeds_once_every_message_is_acked(emu, ps, subscription, capfd) -> None:
-    topic, path = subscription
-    ps.publish(topic, 2)
-    emu.reset_counts()
-
-    async def main() -> list[dict[str, Any]]:
-        tasks = [asyncio.ensure_future(first_event(trigger(path))) for _ in range(3)]
-        deadline = asyncio.get_running_loop().time() + 120
-        while await asyncio.to_thread(lists, emu) < 2:
-            assert asyncio.get_running_loop().time() < deadline, "the triggers never polled"
-            await asyncio.sleep(0.05)
-        assert not any(t.done() for t in tasks)
-        await asyncio.to_thread(ps.work_off, path, 2)
-        return list(await asyncio.wait_for(asyncio.gather(*tasks), 120))
-
-    for event in asyncio.run(main()):
-        assert event["status"] == "success"
-        assert (event["queue"], event["depth"], event["visible"], event["in_flight"]) == (path, 0, 0, 0)
-    assert_clean(capfd)
-
-
 def test_trigger_fails_when_the_subscription_is_missing_or_deleted(emu, ps, subscription, capfd) -> None:
     ghost = ghost_path()
     event = asyncio.run(asyncio.wait_for(first_event(trigger(ghost, min_depth=1, max_depth=None)), 120))
@@ -414,60 +332,3 @@ def test_trigger_fails_when_the_subscription_is_missing_or_deleted(emu, ps, subs
     event = asyncio.run(main())
     assert event["status"] == "error" and f"queue {path} does not exist" in event["message"]
     assert_clean(capfd)
-
-
-def test_trigger_waits_out_throttled_monitoring_reads(emu, subscription, capfd) -> None:
-    _, path = subscription
-    emu.reset_counts()
-    emu.throttle(1.0, api="timeSeries.list")
-
-    def throttled() -> int:
-        return emu.request_counts().get("throttled:timeSeries.list", 0)
-
-    async def main() -> dict[str, Any]:
-        task = asyncio.ensure_future(first_event(trigger(path)))
-        deadline = asyncio.get_running_loop().time() + 120
-        while await asyncio.to_thread(throttled) < 3:
-            assert asyncio.get_running_loop().time() < deadline, "the trigger never polled"
-            await asyncio.sleep(0.05)
-        assert not task.done(), task.result()  # throttled: waited out, not failed
-        emu.clear_faults()
-        return await asyncio.wait_for(task, 120)
-
-    try:
-        event = asyncio.run(main())
-    finally:
-        emu.clear_faults()
-    assert event["status"] == "success" and event["depth"] == 0
-    assert_clean(capfd)
-
-
-# --- in a DAG ------------------------------------------------------------------------------------
-
-
-def test_deferrable_sensor_in_a_dag(emu, airflow_db, ps, subscription, capfd) -> None:
-    """The subscription comes through a template; it is worked off after the trigger's first poll."""
-    topic, path = subscription
-    ps.publish(topic, 2)
-    emu.reset_counts()
-    dag_id = "queue_depth_pubsub_deferrable"
-    source = textwrap.dedent(
-        f"""
-        from datetime import datetime
-        from airflow.sdk import DAG
-        from airflow_cloudtrain.sensors import QueueDepthSensor
-        with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
-                 params={{"subscription": {path!r}}}) as dag:
-            QueueDepthSensor(task_id="wait", queue="{{{{ params.subscription }}}}", max_depth=0,
-                             poll_interval=0.3, timeout=60, deferrable=True)
-        """
-    )
-    # One read is the sensor's own first check on the worker; the second is the trigger's.
-    worker = Background(lambda: lists(emu) >= 2, lambda: ps.work_off(path, 2), "the trigger's poll")
-    worker.start()
-    run = write_dag(source, dag_id).test()
-    worker.join()
-    assert task_states(run) == {"wait": "success"}
-    assert xcom(run, "wait") == {"queue": path, "depth": 0, "visible": 0, "in_flight": 0, "delayed": 0}
-    captured = capfd.readouterr()
-    assert UNCLOSED not in captured.out + captured.err

@@ -1,5 +1,7 @@
-"""QueueDepthSensor against SQS on the emulator: drains, fills, in-flight messages, missing queues,
-one GetQueueAttributes per queue per poll across deferred sensors, and a deferrable run in a DAG."""
+"""QueueDepthSensor against SQS on the emulator, what only SQS has: parse-time checks, queue names and
+URLs, in-flight and delayed messages, missing queues, a trigger's serialization. What SQS and Pub/Sub
+share (drains, fills, throttling, one read per poll across deferred sensors, a deferrable run in a
+DAG) is ``test_queue_depth.py``, on both."""
 
 from __future__ import annotations
 
@@ -8,17 +10,13 @@ import gc
 import importlib
 import json
 import re
-import textwrap
-import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import aclosing
 from typing import Any
 
 import boto3
 import pytest
-from dag_helpers import task_states, write_dag, xcom
-from waiting import wait_for
 
 from airflow_cloudtrain.sensors import QueueDepthSensor
 from airflow_cloudtrain.triggers import queue_depth, shared_poll
@@ -44,34 +42,6 @@ def queue(sqs) -> Iterator[tuple[str, str]]:
 def send(sqs, url: str, n: int) -> None:
     for i in range(n):
         sqs.send_message(QueueUrl=url, MessageBody=json.dumps({"item": i}))
-
-
-def polls(emu) -> int:
-    return emu.request_counts().get("GetQueueAttributes", 0)
-
-
-class Background(threading.Thread):
-    """Does ``action`` once ``condition`` holds; ``join()`` re-raises what went wrong in it."""
-
-    def __init__(self, condition: Callable[[], bool], action: Callable[[], Any], what: str) -> None:
-        super().__init__(daemon=True)
-        self.condition, self.action, self.what = condition, action, what
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            wait_for(self.condition, message=self.what)
-        except BaseException as err:  # handed to the test by join()
-            self.error = err
-        try:  # acted on even when the condition never held, so the run waiting on it ends (and fails)
-            self.action()
-        except BaseException as err:
-            self.error = self.error or err
-
-    def join(self, timeout: float | None = 30.0) -> None:
-        super().join(timeout)
-        if self.error is not None:
-            raise self.error
 
 
 def sensor(**kwargs: Any) -> QueueDepthSensor:
@@ -151,30 +121,6 @@ def test_depth_and_decision_are_pure() -> None:
 # --- poking (non-deferrable) ---------------------------------------------------------------------
 
 
-def test_succeeds_when_the_queue_drains(emu, sqs, queue) -> None:
-    name, url = queue
-    send(sqs, url, 3)
-    emu.reset_counts()
-    # Drain only once the sensor has seen the queue non-empty at least twice.
-    drainer = Background(lambda: polls(emu) >= 2, lambda: sqs.purge_queue(QueueUrl=url), "two polls")
-    drainer.start()
-    result = sensor(queue=name, max_depth=0).execute({})
-    drainer.join()
-    assert polls(emu) >= 3
-    assert result == {"queue": url, "depth": 0, "visible": 0, "in_flight": 0, "delayed": 0}
-
-
-def test_succeeds_when_min_depth_is_reached(emu, sqs, queue) -> None:
-    _, url = queue
-    send(sqs, url, 1)
-    emu.reset_counts()
-    filler = Background(lambda: polls(emu) >= 2, lambda: send(sqs, url, 3), "two polls")
-    filler.start()
-    result = sensor(queue=url, min_depth=4).execute({})
-    filler.join()
-    assert result["queue"] == url and result["depth"] >= 4
-
-
 def test_count_in_flight_false_ignores_in_flight_messages(sqs, queue) -> None:
     _, url = queue
     send(sqs, url, 2)
@@ -203,17 +149,6 @@ def test_a_missing_queue_fails_naming_it(emu, sqs) -> None:
             sensor(queue=ghost_url, **threshold).execute({})
 
 
-def test_a_throttled_poll_is_retried(emu, sqs, queue) -> None:
-    _, url = queue
-    emu.throttle(1.0, api="GetQueueAttributes")
-    try:
-        s = sensor(queue=url, max_depth=0)
-        assert not s.poke({})  # throttled (after the SDK's own retries): not done, not failed
-    finally:
-        emu.clear_faults()
-    assert s.poke({})
-
-
 # --- the trigger ---------------------------------------------------------------------------------
 
 
@@ -239,82 +174,10 @@ def assert_clean(capfd, caplog) -> None:
     assert UNCLOSED not in captured.out + captured.err + caplog.text
 
 
-def test_twenty_triggers_share_one_get_queue_attributes_per_poll(emu, sqs, queue, capfd, caplog) -> None:
-    _, url = queue
-    send(sqs, url, 1)  # never drains: every trigger keeps waiting
-    emu.reset_counts()
-    triggers = [trigger(url, poll_interval=0.5) for _ in range(20)]
-
-    async def main() -> int:
-        tasks = [asyncio.ensure_future(first_event(t)) for t in triggers]
-        deadline = asyncio.get_running_loop().time() + 60
-        while (calls := await asyncio.to_thread(polls, emu)) < 3:
-            assert asyncio.get_running_loop().time() < deadline, f"only {calls} polls in 60 s"
-            assert not any(t.done() for t in tasks), [t.result() for t in tasks if t.done()]
-            await asyncio.sleep(0.05)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        return calls
-
-    seen = asyncio.run(main())
-    # Unshared, the first poll alone is 20 calls; shared, each poll is one call for all 20.
-    assert 3 <= seen <= polls(emu) < 20
-    assert_clean(capfd, caplog)
-
-
-def test_trigger_succeeds_once_the_queue_drains(emu, sqs, queue, capfd, caplog) -> None:
-    _, url = queue
-    send(sqs, url, 2)
-    emu.reset_counts()
-
-    async def main() -> list[dict[str, Any]]:
-        tasks = [asyncio.ensure_future(first_event(trigger(url))) for _ in range(3)]
-        deadline = asyncio.get_running_loop().time() + 120
-        while await asyncio.to_thread(polls, emu) < 2:
-            assert asyncio.get_running_loop().time() < deadline, "the triggers never polled"
-            await asyncio.sleep(0.05)
-        assert not any(t.done() for t in tasks)
-        await asyncio.to_thread(sqs.purge_queue, QueueUrl=url)
-        return list(await asyncio.wait_for(asyncio.gather(*tasks), 120))
-
-    events = asyncio.run(main())
-    for event in events:
-        assert event["status"] == "success"
-        assert (event["queue"], event["depth"], event["visible"]) == (url, 0, 0)
-    assert_clean(capfd, caplog)
-
-
 def test_trigger_fails_at_once_on_a_missing_queue(emu, capfd, caplog) -> None:
     ghost_url = f"{emu.aws_endpoint}/123456789012/ct-ghost-{uuid.uuid4().hex[:8]}"
     event = asyncio.run(asyncio.wait_for(first_event(trigger(ghost_url, min_depth=1, max_depth=None)), 120))
     assert event["status"] == "error" and f"queue {ghost_url} does not exist" in event["message"]
-    assert_clean(capfd, caplog)
-
-
-def test_trigger_waits_out_throttling(emu, sqs, queue, capfd, caplog) -> None:
-    _, url = queue
-    emu.reset_counts()
-    emu.throttle(1.0, api="GetQueueAttributes")
-
-    def throttled() -> int:
-        return emu.request_counts().get("throttled:GetQueueAttributes", 0)
-
-    async def main() -> dict[str, Any]:
-        task = asyncio.ensure_future(first_event(trigger(url)))
-        deadline = asyncio.get_running_loop().time() + 120
-        while await asyncio.to_thread(throttled) < 3:
-            assert asyncio.get_running_loop().time() < deadline, "the trigger never polled"
-            await asyncio.sleep(0.05)
-        assert not task.done(), task.result()  # throttled: waited out, not failed
-        emu.clear_faults()
-        return await asyncio.wait_for(task, 120)
-
-    try:
-        event = asyncio.run(main())
-    finally:
-        emu.clear_faults()
-    assert event["status"] == "success" and event["depth"] == 0
     assert_clean(capfd, caplog)
 
 
@@ -333,34 +196,3 @@ def test_trigger_serialize_round_trips() -> None:
     rebuilt = getattr(importlib.import_module(module), name)(**json.loads(json.dumps(kwargs)))
     assert rebuilt.serialize() == (classpath, kwargs)
     assert kwargs["min_depth"] == 5 and kwargs["max_depth"] is None and kwargs["count_in_flight"] is False
-
-
-# --- in a DAG ------------------------------------------------------------------------------------
-
-
-def test_deferrable_sensor_in_a_dag(emu, airflow_db, sqs, queue, capfd) -> None:
-    """The queue name comes through a template; the queue drains after the trigger's first poll."""
-    name, url = queue
-    send(sqs, url, 2)
-    emu.reset_counts()
-    dag_id = "queue_depth_deferrable"
-    source = textwrap.dedent(
-        f"""
-        from datetime import datetime
-        from airflow.sdk import DAG
-        from airflow_cloudtrain.sensors import QueueDepthSensor
-        with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
-                 params={{"queue": {name!r}}}) as dag:
-            QueueDepthSensor(task_id="wait", queue="{{{{ params.queue }}}}", max_depth=0,
-                             poll_interval=0.3, timeout=60, deferrable=True)
-        """
-    )
-    # One poll is the sensor's own first check on the worker; the second is the trigger's.
-    drainer = Background(lambda: polls(emu) >= 2, lambda: sqs.purge_queue(QueueUrl=url), "the trigger's poll")
-    drainer.start()
-    run = write_dag(source, dag_id).test()
-    drainer.join()
-    assert task_states(run) == {"wait": "success"}
-    assert xcom(run, "wait") == {"queue": url, "depth": 0, "visible": 0, "in_flight": 0, "delayed": 0}
-    captured = capfd.readouterr()
-    assert UNCLOSED not in captured.out + captured.err

@@ -126,6 +126,8 @@ def test_worker_killed_around_a_relaunch_continues_the_loop(
         lambda: next((i["id"] for i in emu.running_instances() if checkpointed(emu, i["id"])), None),
         timeout=180,
     )
+    # what its agent has said it uploaded (the step's manifest is in the bucket) when it vanishes
+    uploaded = max(int(n) for n in re.findall(r"checkpoint step (\d+) uploaded to", emu.agent_log(first)))
     emu.interrupt(first, notice_s=0)
     assert proc.wait(timeout=240) == -9, proc.stderr.read()[-3000:] if proc.stderr else ""
     assert emu.request_counts().get(LAUNCH_CALL[provider]) == 1  # it died before relaunching
@@ -136,7 +138,9 @@ def test_worker_killed_around_a_relaunch_continues_the_loop(
     rows = result["attempts"]
     assert [r["ended"] for r in rows] == ["interrupted_no_notice", "finished"]  # counted once
     assert rows[0]["instance_id"] == first and rows[1]["instance_id"] != first
-    assert rows[1]["restored_step"] >= rows[0]["checkpoint_step"] >= 2
+    # the row's checkpoint is the newest the attempt uploaded, though its agent may have been taken
+    # before its status said so (``lifecycle.resume.loop.attempt_status``)
+    assert rows[1]["restored_step"] >= rows[0]["checkpoint_step"] >= uploaded >= 2
     assert emu.request_counts().get(LAUNCH_CALL[provider]) == 2  # one relaunch, no duplicate
     assert result["totals"]["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in rows))
 
@@ -173,3 +177,31 @@ def test_triggerer_and_worker_killed_mid_attempt_adopt_the_running_instance(
     result = xcom(run, "train")
     assert [(r["ended"], r["instance_id"]) for r in result["attempts"]] == [("finished", instance)]
     assert emu.request_counts().get(LAUNCH_CALL[provider]) == 1
+
+
+def test_an_attempt_taken_before_its_status_named_its_upload_still_counts_it(s3) -> None:
+    """The race behind a flaky ``checkpoint_step`` of None: the agent writes a step's manifest, says
+    "uploaded", then rewrites its status; an instance taken without notice in between leaves the
+    status behind. The ledger row is built from the manifests this instance wrote, not from the
+    status alone; another instance's manifest does not count."""
+    import json
+
+    from airflow_cloudtrain.contract.runs import Manifest, RunStatus, manifest_key, status_key
+    from airflow_cloudtrain.lifecycle.resume.loop import attempt_status
+    from airflow_cloudtrain.storage import open_run_folder
+
+    folder = open_run_folder(f"s3://{s3.bucket}/runs/race")
+    for step, by in [(2, "i-1"), (4, "i-1"), (6, "i-2")]:
+        manifest = Manifest(step, files=[], created_at=100.0 + step, instance_id=by, saved_at=90.0 + step)
+        folder.put_text(manifest_key(step), manifest.to_json())
+    folder.put_text("checkpoints/8/model.pt", "a step whose manifest never came: not complete")
+    folder.put_text(status_key("i-1"), RunStatus("running", "i-1", checkpoint=None).to_json())
+
+    assert json.loads(folder.get_text(status_key("i-1")) or "{}")["checkpoint"] is None  # what it said
+    status = attempt_status(folder, "i-1")
+    assert status is not None and status.checkpoint == {"step": 4, "saved_at": 94.0, "uploaded_at": 104.0}
+
+    reported = {"step": 4, "saved_at": 94.0, "uploaded_at": 105.0}  # a status that had caught up
+    folder.put_text(status_key("i-1"), RunStatus("running", "i-1", checkpoint=reported).to_json())
+    assert (attempt_status(folder, "i-1") or status).checkpoint == reported
+    assert attempt_status(folder, "i-3") is None  # no status: the agent never reported

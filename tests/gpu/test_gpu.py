@@ -232,11 +232,13 @@ def _agent_output(workdir: Path) -> str:
 
 
 def _manifest_steps(folder: Any) -> list[int]:
-    return sorted(
-        step
-        for key in folder.list(runs.CHECKPOINTS_PREFIX + "/")
-        if (step := runs.checkpoint_step(key)) is not None and key == runs.manifest_key(step)
-    )
+    """The steps the run folder's complete checkpoint versions hold."""
+    steps = []
+    for version in runs.manifest_versions(folder.list(runs.CHECKPOINTS_PREFIX + "/")):
+        step = runs.Manifest.from_json(folder.get_text(runs.manifest_key(version)) or "").step
+        if step is not None:
+            steps.append(step)
+    return sorted(steps)
 
 
 def _job_log(folder: Any, iid: str) -> str:

@@ -461,6 +461,7 @@ TRAIN_ROWS: dict[str, Row] = {
     "checkpoint_dir": [5, True, ["/ckpt"], "   ", "\t", "/ckpt\x00", " /ckpt", "/ckpt "],
     "checkpoint_interval": duration_bad(),
     "allow_failed_items": BOOL_BAD,
+    "checkpoint_snapshots": BOOL_BAD,
     # CheckpointResumeOperator
     "max_restarts": count_bad(0, optional=False),
     "max_restarts_on_errors": count_bad(0, optional=False),

@@ -5,6 +5,7 @@ which step a restore picks."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -184,11 +185,15 @@ class MemoryFolder(RunFolder):
 
 def _sync(folder: MemoryFolder, local: Path, notes: list[str] | None = None) -> CheckpointSync:
     sink = notes if notes is not None else []
-    return CheckpointSync(folder, local, "i-1", note=sink.append, call=lambda fn, what: fn())
+    return CheckpointSync(folder, local, "i-1", note=sink.append, call=lambda fn, what: fn(), settle_s=0.0)
 
 
-def _manifest(folder: MemoryFolder, step: int) -> runs.Manifest:
-    return runs.Manifest.from_json(folder.objects[runs.manifest_key(step)].decode())
+def _manifest(folder: MemoryFolder, version: int) -> runs.Manifest:
+    return runs.Manifest.from_json(folder.objects[runs.manifest_key(version)].decode())
+
+
+def _sent(folder: MemoryFolder) -> list[str]:
+    return [k for k in folder.uploaded if k != runs.LEFT_OUT_KEY]
 
 
 def test_sync_uploads_the_newest_complete_checkpoint_manifest_last(tmp_path: Path) -> None:
@@ -199,19 +204,20 @@ def test_sync_uploads_the_newest_complete_checkpoint_manifest_last(tmp_path: Pat
         checkpoint.save(tmp_path / f"ckpt-{step:05d}.pt", lambda tmp, s=step: tmp.write_bytes(b"s%d" % s))
     (tmp_path / ".ckpt-00003.pt.tmp").write_bytes(b"partial")
     assert sync.sync() == 2
-    assert folder.uploaded == ["checkpoints/2/ckpt-00002.pt", "checkpoints/2/MANIFEST.json"]  # manifest last
-    manifest = _manifest(folder, 2)
+    assert _sent(folder) == ["checkpoints/1/ckpt-00002.pt", "checkpoints/1/MANIFEST.json"]  # manifest last
+    manifest = _manifest(folder, 1)
     assert manifest.step == 2 and manifest.instance_id == "i-1" and manifest.created_at
+    assert manifest.layout == "steps" and manifest.version == 2
     assert manifest.files == [
         {"path": "ckpt-00002.pt", "size": 2, "sha256": hashlib.sha256(b"s2").hexdigest()}
     ]
-    assert notes and notes[-1].startswith("checkpoint step 2 uploaded to s3://bucket/runs/x/-1/checkpoints/2")
-    assert sync.sync() is None and len(folder.uploaded) == 2  # unchanged: nothing sent again
+    assert notes[-1].startswith("checkpoint step 2 uploaded to s3://bucket/runs/x/-1/checkpoints/1 (steps")
+    assert sync.sync() is None and len(_sent(folder)) == 2  # unchanged: nothing sent again
     os.utime(tmp_path / "ckpt-00002.pt", ns=(1, 1))  # touched, same bytes: still nothing
-    assert sync.sync() is None and len(folder.uploaded) == 2
+    assert sync.sync() is None and len(_sent(folder)) == 2
     checkpoint.save(tmp_path / "ckpt-00002.pt", lambda tmp: tmp.write_bytes(b"s2-again"))  # rewritten
     assert sync.sync() == 2
-    assert folder.uploaded[2:] == ["checkpoints/2/ckpt-00002.pt", "checkpoints/2/MANIFEST.json"]
+    assert _sent(folder)[2:] == ["checkpoints/2/ckpt-00002.pt", "checkpoints/2/MANIFEST.json"]
     assert _manifest(folder, 2).files[0]["size"] == 8
 
 
@@ -222,21 +228,44 @@ def test_sync_step_directory_only_when_complete_and_only_changed_files(tmp_path:
     step4.mkdir()
     (step4 / "model.pt").write_bytes(b"model-4")
     (step4 / "optim.pt").write_bytes(b"optim-4")
-    assert sync.sync() is None and folder.uploaded == []  # incomplete: no marker, nothing later
+    assert sync.sync() is None and _sent(folder) == []  # incomplete: no marker, nothing later
+    left = json.loads(folder.objects[runs.LEFT_OUT_KEY])  # said for a relaunch that finds nothing
+    assert left["pending"] == [["step-00004/", "no .complete marker and no later step directory"]]
     checkpoint.mark_complete(step4)
     (step4 / ".model.pt.tmp").write_bytes(b"junk")
     (step4 / "notes.tmp").write_bytes(b"junk")
     assert sync.sync() == 4
-    assert folder.uploaded == [
-        "checkpoints/4/step-00004/model.pt",
-        "checkpoints/4/step-00004/optim.pt",
-        "checkpoints/4/MANIFEST.json",
+    assert _sent(folder) == [
+        "checkpoints/1/step-00004/.complete",
+        "checkpoints/1/step-00004/model.pt",
+        "checkpoints/1/step-00004/optim.pt",
+        "checkpoints/1/MANIFEST.json",
     ]
-    assert [f["path"] for f in _manifest(folder, 4).files] == ["step-00004/model.pt", "step-00004/optim.pt"]
-    (step4 / "optim.pt").write_bytes(b"optim-4b")  # one file changed: only it goes, and the manifest
+    assert runs.LEFT_OUT_KEY not in folder.objects  # everything is kept now
+    (step4 / "optim.pt").write_bytes(b"optim-4b")  # one file changed: only it goes, and a manifest
     folder.uploaded.clear()
     assert sync.sync() == 4
-    assert folder.uploaded == ["checkpoints/4/step-00004/optim.pt", "checkpoints/4/MANIFEST.json"]
+    assert _sent(folder) == ["checkpoints/2/step-00004/optim.pt", "checkpoints/2/MANIFEST.json"]
+    files = {f["path"]: f for f in _manifest(folder, 2).files}
+    assert files["step-00004/model.pt"]["key"] == "checkpoints/1/step-00004/model.pt"  # not sent again
+    assert "key" not in files["step-00004/optim.pt"]
+
+
+def test_old_versions_are_pruned_but_what_a_kept_one_points_at_stays(tmp_path: Path) -> None:
+    folder = MemoryFolder()
+    sync = _sync(folder, tmp_path)
+    (tmp_path / "vocab.json").write_text("{}")  # written once, kept by every version
+    for n in range(1, 5):
+        (tmp_path / "state.json").write_text(json.dumps({"epoch": n}))
+        assert sync.sync() is None and sync.last_manifest is not None  # a snapshot: no step
+        assert sync.last_manifest.layout == "files"
+    assert runs.manifest_versions(folder.list("checkpoints/")) == [3, 4]  # the newest two
+    assert folder.list("checkpoints/1/") == ["checkpoints/1/vocab.json"]  # still pointed at
+    assert not folder.list("checkpoints/2/")
+    restored = _sync(folder, tmp_path / "new").restore()
+    assert restored is not None and (restored.version, restored.step, restored.layout) == (4, None, "files")
+    assert json.loads((tmp_path / "new" / "state.json").read_text()) == {"epoch": 4}
+    assert (tmp_path / "new" / "vocab.json").read_text() == "{}"
 
 
 def test_sync_clears_leftovers_of_a_killed_upload(tmp_path: Path) -> None:
@@ -245,10 +274,11 @@ def test_sync_clears_leftovers_of_a_killed_upload(tmp_path: Path) -> None:
     folder.objects["checkpoints/6/stale.bin"] = b"stale"
     checkpoint.save(tmp_path / "ckpt-00006.pt", lambda tmp: tmp.write_bytes(b"six"))
     assert _sync(folder, tmp_path).sync() == 6
-    assert folder.list("checkpoints/") == ["checkpoints/6/MANIFEST.json", "checkpoints/6/ckpt-00006.pt"]
+    assert folder.list("checkpoints/") == ["checkpoints/7/MANIFEST.json", "checkpoints/7/ckpt-00006.pt"]
 
 
 def _put_step(folder: MemoryFolder, step: int, files: dict[str, bytes], manifest: bool = True) -> None:
+    """A version as the previous release wrote it: numbered by its step, manifest format 1."""
     entries = []
     for rel, data in files.items():
         folder.objects[f"checkpoints/{step}/{rel}"] = data
@@ -258,7 +288,7 @@ def _put_step(folder: MemoryFolder, step: int, files: dict[str, bytes], manifest
         folder.objects[runs.manifest_key(step)] = text.encode()
 
 
-def test_restore_picks_the_newest_verified_step(tmp_path: Path) -> None:
+def test_restore_picks_the_newest_verified_version(tmp_path: Path) -> None:
     folder, notes = MemoryFolder(), []
     _put_step(folder, 3, {"step-00003/model.pt": b"m3", "step-00003/optim.pt": b"o3"})
     _put_step(folder, 4, {"ckpt-00004.pt": b"four"})
@@ -268,29 +298,36 @@ def test_restore_picks_the_newest_verified_step(tmp_path: Path) -> None:
     del folder.objects["checkpoints/6/ckpt-00006.pt"]  # manifest lists a file that is not there
     folder.objects[runs.manifest_key(7)] = b"{not json"
     sync = _sync(folder, tmp_path / "ckpt", notes)
-    assert sync.restore() == 3
+    restored = sync.restore()
+    assert restored is not None and (restored.version, restored.step) == (3, 3)
     local = tmp_path / "ckpt"
     assert (local / "step-00003" / "model.pt").read_bytes() == b"m3"
-    assert (local / "step-00003" / checkpoint.COMPLETE_MARKER).is_file()  # so the job's latest() sees it
+    assert (local / "step-00003" / checkpoint.COMPLETE_MARKER).is_file()  # our convention: latest() sees it
     assert checkpoint.latest(local) == local / "step-00003"
     assert sorted(p.name for p in local.iterdir()) == ["step-00003"]  # no staging left behind
     assert [n.split(":")[0] for n in notes[:3]] == [
-        "skipping checkpoint step 7",
-        "skipping checkpoint step 6",
-        "skipping checkpoint step 4",
+        "skipping checkpoint version 7",
+        "skipping checkpoint version 6",
+        "skipping checkpoint version 4",
     ]
-    assert notes[3:] == ["restored checkpoint step 3 from s3://bucket/runs/x/-1/checkpoints/3"]
+    assert notes[3:] == ["restored checkpoint step 3 from s3://bucket/runs/x/-1/checkpoints/3 (steps)"]
     assert "sha256" in notes[2]
     uploads = len(folder.uploaded)
     assert sync.sync() is None and len(folder.uploaded) == uploads  # restored: not sent back
+    checkpoint.save(local / "ckpt-00009.pt", lambda tmp: tmp.write_bytes(b"nine"))
+    assert sync.sync() == 9 and runs.manifest_key(8) in folder.objects  # after every version seen
 
 
 def test_restore_with_nothing_or_an_unsafe_manifest(tmp_path: Path) -> None:
     folder, notes = MemoryFolder(), []
-    assert _sync(folder, tmp_path / "a", notes).restore() is None and notes == []
+    sync = _sync(folder, tmp_path / "a", notes)
+    assert sync.restore() is None and notes == []
+    assert sync.restore_note is not None and "ever uploaded" in sync.restore_note
     _put_step(folder, 2, {"../escape.pt": b"x"})
-    assert _sync(folder, tmp_path / "b", notes).restore() is None
+    sync = _sync(folder, tmp_path / "b", notes)
+    assert sync.restore() is None
     assert "unsafe path" in notes[-1] and not (tmp_path / "escape.pt").exists()
+    assert sync.restore_note is not None and "could be verified" in sync.restore_note
 
 
 def test_restore_keeps_a_newer_local_checkpoint(tmp_path: Path) -> None:
@@ -299,7 +336,7 @@ def test_restore_keeps_a_newer_local_checkpoint(tmp_path: Path) -> None:
     checkpoint.save(tmp_path / "ckpt-00008.pt", lambda tmp: tmp.write_bytes(b"eight"))
     assert _sync(folder, tmp_path, notes).restore() is None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00008.pt"]
-    assert "already in" in notes[-1]
+    assert "already holds" in notes[-1]
 
 
 def test_manifest_and_layout_helpers() -> None:

@@ -106,3 +106,45 @@ def test_ledger_totals_add_up_and_print() -> None:
     text = format_ledger(h.to_dict())
     assert "capacity_error" in text and "on-demand" in text and "$0.060000" in text
     assert RunHistory.from_dict(h.to_dict()).attempts == h.attempts
+
+
+def test_a_relaunch_that_restored_nothing_warns_and_counts_the_progress_lost() -> None:
+    """The agent's reason lands in the row; the loop logs it once and counts the earlier attempts'
+    progress as work lost (the job ran from the beginning again)."""
+    import logging
+
+    from airflow_cloudtrain.contract.runs import RunStatus
+    from airflow_cloudtrain.lifecycle.resume.loop import RecoveryLoop
+
+    status = RunStatus(state="succeeded", instance_id="i-2", restore={"note": "checkpoint-3/ held no state"})
+    assert (status.restore or {}).get("note") == "checkpoint-3/ held no state"
+    first = row(1, "interrupted", progress_s=40.0, work_lost_s=2.0)
+    second = row(2, "finished", restore_note="checkpoint-3/ held no state")
+    loop = RecoveryLoop.__new__(RecoveryLoop)
+    loop.history = history(first, second)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    loop.log = logging.getLogger("test.recovery")
+    loop.log.addHandler(handler)
+    loop._progress_lost(second)
+    assert [r.levelno for r in records] == [logging.WARNING]
+    assert "restored no checkpoint" in records[0].getMessage() and "held no state" in records[0].getMessage()
+    assert (first.work_lost_s, first.progress_s) == (42.0, 0.0)
+
+
+def test_a_relaunch_that_restored_an_older_checkpoint_moves_the_work_lost() -> None:
+    """Attempt 1 uploaded a checkpoint saved at T0+170, but attempt 2 restored one saved at T0+150
+    (the newer one failed verification): attempt 1 lost 20 s more than its own upload suggested."""
+    from airflow_cloudtrain.lifecycle.resume.loop import RecoveryLoop
+
+    first = row(1, "interrupted", checkpoint_saved_at=T0 + 170, work_lost_s=5.0, progress_s=50.0)
+    second = row(2, "finished", restored_saved_at=T0 + 150)
+    loop = RecoveryLoop.__new__(RecoveryLoop)
+    loop.history = history(first, second)
+    loop._restored_older(second)
+    assert (first.work_lost_s, first.progress_s) == (25.0, 30.0)
+    same = row(3, "finished", restored_saved_at=T0 + 170)
+    loop.history = history(row(1, "interrupted", checkpoint_saved_at=T0 + 170, work_lost_s=5.0), same)
+    loop._restored_older(same)
+    assert loop.history.attempts[0].work_lost_s == 5.0  # the checkpoint it uploaded: nothing moves

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from airflow_cloudtrain.clouds.aws import gang_net as aws_gang_net  # registers the gang's ledger kinds
 from airflow_cloudtrain.clouds.aws import secrets as aws_secrets  # registers the ledger's "ssm_parameter"
 from airflow_cloudtrain.clouds.aws.ec2 import AwsCloud, aws_cloud
 from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
@@ -23,6 +24,7 @@ class AwsRunBackend:
 
     provider = "aws"
     sweep_kinds: tuple[str, ...] = ("instance",)
+    gang_kinds: tuple[str, ...] = aws_gang_net.GANG_KINDS  # swept too for a gang's run (``abandon``)
 
     def __init__(self, conn_id: str | None, region: str | None) -> None:
         self.conn_id = conn_id

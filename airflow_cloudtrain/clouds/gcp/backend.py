@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.clouds.gcp import firewall as gcp_firewall  # registers the ledger's "firewall" kind
+from airflow_cloudtrain.clouds.gcp import gang_net as gcp_gang_net  # registers the gang's ledger kinds
 from airflow_cloudtrain.clouds.gcp import secrets as gcp_secrets  # registers the ledger's "gcp_secret"
 from airflow_cloudtrain.clouds.gcp.gce import GcpCloud, gcp_cloud, zones_of
 from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
@@ -28,6 +29,7 @@ class GcpRunBackend:
     provider = "gcp"
     sweep_kinds: tuple[str, ...] = ("instance", gcp_firewall.KIND)
     firewall_projects: tuple[str, ...] = ()
+    gang_kinds: tuple[str, ...] = gcp_gang_net.GANG_KINDS  # swept too for a gang's run (``abandon``)
 
     def __init__(self, conn_id: str, project_id: str | None, region: str | None) -> None:
         self.hook = CloudTrainGcpHook(gcp_conn_id=conn_id, project_id=project_id)

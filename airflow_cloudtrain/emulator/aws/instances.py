@@ -12,6 +12,9 @@ instance without any user data is not asked about either.
 The bootstrap's ``CT_HARD_STOP_S`` is played as the real machine plays it: ``hard_stop_s`` after launch
 (``LaunchTime``, whole seconds) the instance shuts itself down (terminated with
 ``Client.InstanceInitiatedShutdown``), whether or not its agent lives.
+
+Each instance has its own private address on the loopback range (``emulator.addresses``), which
+DescribeInstances reports and IMDS ``local-ipv4`` serves to its agent.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from airflow_cloudtrain.contract.botocore_logs import quiet_botocore
+from airflow_cloudtrain.emulator import addresses
 from airflow_cloudtrain.emulator.aws import groups
 from airflow_cloudtrain.emulator.aws.backend import SHUTDOWN, SPOT_TERMINATION, ec2_backend, end_instance
 from airflow_cloudtrain.emulator.faults import EMULATOR_USER_AGENT
@@ -44,6 +48,7 @@ class AwsInstances:
         with quiet_botocore():  # the emulator's own clients: no "Found endpoint ..." lines in the test's log
             session = boto3.session.Session(region_name=default_region)
             self.ec2 = {r: session.client("ec2", region_name=r, config=config) for r in regions}
+        addresses.patch_moto()  # each instance its own loopback address (``emulator.addresses``)
         self.metadata = metadata
         self.default_region = default_region
         self.regions: dict[str, str] = {}  # instance id -> region
@@ -117,6 +122,7 @@ class AwsInstances:
             if boot.hard_stop_s and time.time() >= launched + boot.hard_stop_s * hard_stop_scale:
                 end_instance(region, inst.id, *SHUTDOWN)  # the runner kills the agent: the machine is gone
                 continue
+            self.metadata.set_address(inst.id, inst.private_ip)  # IMDS local-ipv4
             env = {
                 "AWS_EC2_METADATA_SERVICE_ENDPOINT": self.metadata.endpoint_for(inst.id),
                 "AWS_DEFAULT_REGION": region,

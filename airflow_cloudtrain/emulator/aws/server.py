@@ -4,7 +4,8 @@ The layer counts requests per operation (``DescribeInstances``, ``GetObject``, .
 excluded), answers the Pricing API and DescribeSpotPriceHistory from the price snapshot (``pricing``),
 refuses a share of them as throttled when asked (``RequestLimitExceeded`` for EC2,
 ``SlowDown`` for S3, ``Throttling``/``ThrottlingException`` elsewhere), answers RunInstances of a type
-without capacity with ``InsufficientInstanceCapacity``, and sends one ``Server`` header, not moto's
+without capacity with ``InsufficientInstanceCapacity``, serves the placement groups moto lacks
+(``placement``), and sends one ``Server`` header, not moto's
 ``amazon.com`` on top of Werkzeug's (aiohttp rejects a repeated one in debug mode). Requests that
 may change Auto Scaling groups (every Auto Scaling request, and EC2 TerminateInstances, whose handler
 replaces members) go through ``groups.request``: one at a time with the emulator's group reconcile,
@@ -22,7 +23,7 @@ import urllib.parse
 from collections import Counter
 from typing import Any
 
-from airflow_cloudtrain.emulator.aws import groups, pricing, ranges, wire
+from airflow_cloudtrain.emulator.aws import groups, placement, pricing, ranges, wire
 from airflow_cloudtrain.emulator.faults import Throttle, is_own
 from airflow_cloudtrain.emulator.serving import InThread
 
@@ -44,6 +45,7 @@ class FaultsAndCounts:
         self.throttle = throttle or Throttle()
         self.lock = threading.Lock()
         self.capacity_faults: set[tuple[str, str | None]] = set()
+        self.placement_groups = placement.PlacementGroups()  # moto has none (``placement``)
         self.counts: Counter[str] = Counter()
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
@@ -75,7 +77,13 @@ class FaultsAndCounts:
             return self._send(start_response, pricing.spot_price_history(_region(environ), form))
         if call.operation == "DescribeInstanceTypeOfferings" and pricing.wants_zone_offerings(form):
             return self._send(start_response, pricing.zone_offerings(_region(environ), form))
+        if call.protocol == "ec2" and call.operation in placement.OPERATIONS:
+            region = _region(environ) or "us-east-1"
+            return self._send(start_response, self.placement_groups.answer(call.operation, region, form))
         if call.operation == "RunInstances" and call.protocol == "ec2":
+            unknown = self.placement_groups.check_launch(_region(environ) or "us-east-1", form)
+            if unknown is not None:
+                return self._send(start_response, unknown)
             itype = (form.get("InstanceType") or [""])[0]
             zone = next(iter(form.get("Placement.AvailabilityZone") or []), None)
             with self.lock:
@@ -84,6 +92,9 @@ class FaultsAndCounts:
                 )
             if hit:
                 return self._send(start_response, wire.capacity_error(itype, zone))
+            group = next(iter(form.get("Placement.GroupName") or []), None)
+            if group:  # moto keeps no placement group: the launched instances are put in it here
+                return self._launch_into(environ, start_response, _region(environ) or "us-east-1", group)
         if call.operation == "GetObject" and environ.get("HTTP_RANGE"):  # O(range), not O(object)
             ranged = ranges.ranged_get(environ)
             if ranged is not None:
@@ -103,6 +114,20 @@ class FaultsAndCounts:
                     instance = (form.get("InstanceId") or ["?"])[0]
                     return self._send(start_response, wire.instance_not_in_group(instance))
         return self.app(environ, _one_server_header(start_response))
+
+    def _launch_into(self, environ: dict[str, Any], start_response: Any, region: str, group: str) -> Any:
+        """RunInstances into a placement group: moto's answer, its instances recorded as the group's."""
+        captured: list[Any] = []
+
+        def start(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> Any:
+            captured[:] = [status, headers, exc_info]
+            return lambda data: None
+
+        body = b"".join(self.app(environ, _one_server_header(start)))
+        ids = re.findall(r"<instanceId>(i-[0-9a-f]+)</instanceId>", body.decode(errors="replace"))
+        placement.put_in_group(region, group, ids)
+        start_response(*captured[:2])
+        return [body]
 
     @staticmethod
     def _send(start_response: Any, reply: wire.Reply) -> list[bytes]:

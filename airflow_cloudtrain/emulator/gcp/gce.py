@@ -96,6 +96,7 @@ from airflow_cloudtrain.emulator.gcp import gce_catalog as cat
 from airflow_cloudtrain.emulator.gcp.gce_api import ApiError
 from airflow_cloudtrain.emulator.gcp.gce_firewalls import firewall_rules
 from airflow_cloudtrain.emulator.gcp.gce_groups import group_rules
+from airflow_cloudtrain.emulator.gcp.gce_policies import policy_rules
 from airflow_cloudtrain.emulator.gcp.gce_project import GceProject
 from airflow_cloudtrain.emulator.gcp.rest import GoogleRestServer
 
@@ -358,5 +359,6 @@ def _rules(p: str, z: str) -> list[Rule]:
         Rule(f"{z}/acceleratorTypes/<name>", endpoint="acceleratorTypes.get", methods=["GET"]),
         *group_rules(p, z),
         *firewall_rules(p),
+        *policy_rules(p),
         Rule(f"{billing.PREFIX}<path:rest>", endpoint="services.skus.list"),
     ]

@@ -1,5 +1,5 @@
 """One project of the emulated Compute Engine: its instances, operations, templates and groups
-(``FirewallApi`` on ``GroupApi`` on ``GroupManager`` on ``ComputeState``), and the HTTP handlers of the instance, operation
+(``PolicyApi`` on ``FirewallApi`` on ``GroupApi`` on ``GroupManager`` on ``ComputeState``), and the HTTP handlers of the instance, operation
 and catalog calls, one per API method (the route endpoint name). ``GceServer`` (``gce``) routes each
 request to the project its path names, made on first use: the emulator serves any project id."""
 
@@ -13,11 +13,11 @@ from werkzeug.wrappers import Request
 from airflow_cloudtrain.emulator.gcp import gce_api as api
 from airflow_cloudtrain.emulator.gcp import gce_catalog as cat
 from airflow_cloudtrain.emulator.gcp.gce_api import API, ApiError
-from airflow_cloudtrain.emulator.gcp.gce_firewalls import FirewallApi
+from airflow_cloudtrain.emulator.gcp.gce_policies import PolicyApi
 from airflow_cloudtrain.emulator.gcp.gce_state import GLOBAL
 
 
-class GceProject(FirewallApi):
+class GceProject(PolicyApi):
     """A project's Compute Engine state and the handlers that read and change it."""
 
     def _list(self, kind: str, self_link: str, items: list[dict[str, Any]], req: Request) -> dict[str, Any]:

@@ -5,7 +5,7 @@ No HTTP here (``gce.py`` serves it). Statuses are computed from timestamps when 
 no background thread (managed instance groups do: ``gce_manager``): an instance is PROVISIONING for
 ``provision_s``, STAGING for ``boot_s``, then RUNNING; STOPPING while its guest still runs (a
 preemption's grace, a stop or delete in progress); TERMINATED once stopped; gone once its deletion
-completed.
+completed. Each VM's first interface has its own loopback ``networkIP`` (``emulator.addresses``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_cloudtrain.emulator.addresses import ADDRESSES
 from airflow_cloudtrain.emulator.gcp import gce_validate as v
 from airflow_cloudtrain.emulator.gcp.gce_api import API, numeric_id, rfc3339
 
@@ -116,6 +117,7 @@ class ComputeState:
                     "machine_type": i.res["machineType"].rsplit("/", 1)[-1],
                     "spot": i.spot,
                     "metadata": dict(i.metadata),
+                    "network_ip": i.res["networkInterfaces"][0]["networkIP"],
                 }
                 for i in self._instances.values()
                 if self._status(i, now) in ALIVE
@@ -269,6 +271,10 @@ class ComputeState:
     ) -> Instance:
         """The VM exists from now on: PROVISIONING, then STAGING and RUNNING on the clock."""
         inst = Instance(res, zone, spot, metadata, now + self.provision_s, now)
+        # its own loopback address (``emulator.addresses``), held until the VM is gone
+        res["networkInterfaces"][0]["networkIP"] = ADDRESSES.take(
+            lambda: inst.gone_at is None or time.time() < inst.gone_at
+        )
         self._instances[(zone, res["name"])] = inst
         return inst
 

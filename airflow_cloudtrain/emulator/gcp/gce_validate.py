@@ -419,6 +419,12 @@ def build_instance(
         "deletionProtection": bool(body.get("deletionProtection")),
         "fingerprint": fingerprint(),
     }
+    policies = body.get("resourcePolicies") or []
+    if policies:  # a placement policy of the VM's region (``gce_policies``), shown as a full URL
+        region = f"{API}/projects/{project}/regions/{catalog().zones[zone]}/resourcePolicies/"
+        res["resourcePolicies"] = [
+            p if p.startswith("https://") else region + p.rsplit("/", 1)[-1] for p in policies
+        ]
     if gpus:
         res["guestAccelerators"] = [
             {"acceleratorType": f"{base}/acceleratorTypes/{n}", "acceleratorCount": c} for n, c in gpus

@@ -84,6 +84,7 @@ class GcpInstances:
                 self.power_off(name)  # the runner kills the agent: the guest is off
                 continue
             self.metadata.describe_vm(name, inst.get("project") or self.gce.project, inst["zone"])
+            self.metadata.set_address(name, inst.get("network_ip"))  # network-interfaces/0/ip
             env = {
                 "GCE_METADATA_HOST": self.metadata.gce_host_for(name),
                 "STORAGE_EMULATOR_HOST": self.gcs_endpoint,

@@ -81,6 +81,11 @@ class AttemptRow:
     work_lost_s: float | None = None
     progress_s: float = 0.0
     message: str = ""
+    # why a relaunch restored nothing although an earlier attempt made progress (the agent's words)
+    restore_note: str | None = None
+    # when the job wrote the checkpoint this attempt restored (what the earlier attempt's work lost
+    # is measured from when it is not the checkpoint that attempt uploaded last)
+    restored_saved_at: float | None = None
 
     @property
     def duration_s(self) -> float:

@@ -10,12 +10,23 @@ interruption is lost from the budgets and no attempt is billed twice.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from airflow_cloudtrain.contract.runs import SPEC_KEY, RunStatus, join, results_prefix, status_key
+from airflow_cloudtrain.contract.runs import (
+    CHECKPOINTS_PREFIX,
+    SPEC_KEY,
+    Manifest,
+    RunStatus,
+    join,
+    manifest_key,
+    manifest_versions,
+    results_prefix,
+    status_key,
+)
 from airflow_cloudtrain.core.ledger import store_get, store_set
 from airflow_cloudtrain.core.retry import call_with_retry
 from airflow_cloudtrain.lifecycle.prepare import JobOptions
@@ -41,6 +52,7 @@ from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt, RunContext
 if TYPE_CHECKING:
     from airflow_cloudtrain.core.backend import RunBackend
     from airflow_cloudtrain.core.records import LaunchRecord, Outcome
+    from airflow_cloudtrain.storage import RunFolder
 
 
 class ResumeSourceNotFound(ValueError):
@@ -210,16 +222,42 @@ class RecoveryLoop:
     def _finish(self, attempt: RunAttempt, launch: LaunchRecord, outcome: Outcome) -> AttemptRow:
         done = attempt.finish(launch, outcome)
         folder, iid = attempt.folder, launch.instance_id
-        raw = call_with_retry(lambda: folder.get_text(status_key(iid)))
+        status = attempt_status(folder, iid)
         beat = attempt.last_heartbeat
-        status = RunStatus.from_json(raw) if raw else None
         row = row_for(done, status, len(self.history.attempts) + 1, self.ctx.try_number, beat)
         if not self.history.has(launch.instance_id):
             self.history.attempts.append(row)
+            if row.restore_note:
+                self._progress_lost(row)
+            else:
+                self._restored_older(row)
         self.history.pending = None
         self.save()
         self.log.info("Ledger so far:\n%s", self.history.table())
         return row
+
+    def _restored_older(self, row: AttemptRow) -> None:
+        """The attempt restored an older checkpoint than the previous one uploaded last (its newest
+        failed verification, or was never complete): the previous attempt lost that much more."""
+        rows = self.history.attempts
+        previous = rows[-2] if len(rows) > 1 else None
+        if previous is None or row.restored_saved_at is None or previous.checkpoint_saved_at is None:
+            return
+        extra = previous.checkpoint_saved_at - row.restored_saved_at
+        if extra > 0:
+            previous.work_lost_s = round((previous.work_lost_s or 0.0) + extra, 3)
+            previous.progress_s = round(max(0.0, previous.progress_s - extra), 3)
+
+    def _progress_lost(self, row: AttemptRow) -> None:
+        """A relaunch restored nothing although the job made progress before: say so, and count
+        everything the earlier attempts did as work lost (the job ran from the beginning again)."""
+        self.log.warning(
+            "Attempt %d restored no checkpoint and ran from the beginning: %s", row.attempt, row.restore_note
+        )
+        for earlier in self.history.attempts[:-1]:
+            if earlier.progress_s:
+                earlier.work_lost_s = round((earlier.work_lost_s or 0.0) + earlier.progress_s, 3)
+                earlier.progress_s = 0.0
 
     def _finish_pending(self) -> None:
         from airflow_cloudtrain.core.records import LaunchRecord, Outcome
@@ -274,3 +312,34 @@ class RecoveryLoop:
             "totals": totals,
             "attempts": [r.to_dict() for r in history.attempts],
         }
+
+
+def attempt_status(folder: RunFolder, instance_id: str) -> RunStatus | None:
+    """The agent's last ``status.json`` of an ended attempt, its ``checkpoint`` brought up to the newest
+    checkpoint that instance uploaded: what the ledger row's ``checkpoint_step`` promises.
+
+    The agent writes a version's ``MANIFEST.json`` (it is complete: the next attempt restores it),
+    then rewrites its status; an instance taken without notice in between leaves a status one upload
+    behind (``checkpoint`` None after the first). The manifests in the run folder say which instance
+    uploaded each version, so the newer ones are read (newest first, until one of this instance's;
+    the agent keeps only the two newest versions, so that is at most two reads)."""
+    raw = call_with_retry(lambda: folder.get_text(status_key(instance_id)))
+    status = RunStatus.from_json(raw) if raw else None
+    if status is None:
+        return None
+    reported = (status.checkpoint or {}).get("uploaded_at")
+    keys = call_with_retry(lambda: folder.list(CHECKPOINTS_PREFIX + "/"))
+    for version in sorted(manifest_versions(list(keys)), reverse=True):
+        text = call_with_retry(functools.partial(folder.get_text, manifest_key(version)))
+        try:
+            manifest = Manifest.from_json(text) if text else None
+        except ValueError:
+            continue  # not a complete version: the agent would not restore it either
+        if manifest is None or manifest.instance_id != instance_id:
+            continue
+        created = manifest.created_at
+        if isinstance(reported, (int, float)) and (created is None or created <= reported):
+            break  # the status already knows this one (or a newer one)
+        uploaded = {"step": manifest.step, "saved_at": manifest.saved_at, "uploaded_at": created}
+        return replace(status, checkpoint=uploaded)
+    return status

@@ -208,6 +208,8 @@ def row_for(
         cost_usd=float(attempt.cost_usd or 0.0),
         exit_code=outcome.exit_code,
         restored_step=status.restored_step if status else None,
+        restore_note=((status.restore or {}).get("note") if status else None),
+        restored_saved_at=((status.restore or {}).get("saved_at") if status else None),
         checkpoint_step=checkpoint.get("step"),
         checkpoint_saved_at=saved_at,
         work_lost_s=None if lost is None else round(lost, 3),

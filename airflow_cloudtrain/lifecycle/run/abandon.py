@@ -100,7 +100,8 @@ def abandon_run(
 
 def _sweep_run_secrets_too(backend: RunBackend, folder: RunFolder, log: Log) -> None:
     """Secrets the operator stored for the run (``secret_env``'s airflow_* references) go with it:
-    the spec names them, so the release's sweep looks for their kind too."""
+    the spec names them, so the release's sweep looks for their kind too; so does a gang's
+    (``num_nodes`` > 1) network and placement (the backend's ``gang_kinds``)."""
     from airflow_cloudtrain.lifecycle.run_secrets import sweep_secrets
 
     try:
@@ -111,3 +112,7 @@ def _sweep_run_secrets_too(backend: RunBackend, folder: RunFolder, log: Log) -> 
         return
     if spec is not None:
         sweep_secrets(backend, spec.secret_env)
+    if spec is not None and spec.num_nodes > 1:  # a gang's network and placement go with it too
+        kinds = tuple(backend.sweep_kinds)
+        extra = [k for k in getattr(backend, "gang_kinds", ()) if k not in kinds]
+        backend.sweep_kinds = (*kinds, *extra)

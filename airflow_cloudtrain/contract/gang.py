@@ -1,0 +1,90 @@
+"""A gang: one job over ``num_nodes`` instances. What every node's job is told, and the barrier's keys.
+
+The nodes of a gang share the run folder. The job starts on no node until every node has reported
+its private address: the barrier, through the run folder (``agent.gang``)::
+
+    nodes/ranks.json        operator: {"nodes": [instance id of rank 0, of rank 1, ...]}, written once it
+                            knows the gang's instances (a launch gives identical user data to every
+                            node, so a node learns its rank here, by its instance id)
+    nodes/<rank>.json       agent: NodeRecord (rank, instance id, private address), written on arrival
+
+A node's record counts only when its instance id is the one ``ranks.json`` names for that rank, so
+records of an earlier gang in the same run folder (a relaunch) never pass the barrier. A spec that
+carries its own ``node_rank`` (an agent handed a node's spec) skips ``ranks.json``; the engine then
+clears ``nodes/`` before it launches a gang.
+
+Stdlib only: the agent imports it on the instance.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+NODES_PREFIX = "nodes/"
+RANKS_KEY = "nodes/ranks.json"
+DEFAULT_MASTER_PORT = 29500  # torchrun's default
+DEFAULT_BARRIER_TIMEOUT_S = 600.0
+
+
+def node_key(rank: int) -> str:
+    """The run-folder key of a node's barrier record."""
+    return f"{NODES_PREFIX}{int(rank)}.json"
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """What a node writes when it reaches the barrier."""
+
+    rank: int
+    instance_id: str
+    private_ip: str
+    at: float  # unix time it arrived
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> NodeRecord:
+        data = json.loads(text)
+        return cls(int(data["rank"]), str(data["instance_id"]), str(data["private_ip"]), float(data["at"]))
+
+
+def ranks_json(instance_ids: list[str]) -> str:
+    """``nodes/ranks.json``: the gang's instances in rank order (rank 0, the head, first)."""
+    if len(set(instance_ids)) != len(instance_ids):
+        raise ValueError(f"a gang's instance ids must differ: {instance_ids}")
+    return json.dumps({"nodes": list(instance_ids)})
+
+
+def parse_ranks(text: str) -> list[str]:
+    """The instance ids of ``nodes/ranks.json`` in rank order."""
+    nodes = json.loads(text).get("nodes")
+    if not isinstance(nodes, list) or not all(isinstance(n, str) for n in nodes):
+        raise ValueError(f"{RANKS_KEY} has no list of instance ids: {text[:200]!r}")
+    return nodes
+
+
+def node_env(
+    rank: int, ips: list[str], gpus_per_node: int, port: int = DEFAULT_MASTER_PORT
+) -> dict[str, str]:
+    """The environment every node's job gets: ours (``CLOUDTRAIN_*``) and the names ``torchrun`` reads
+    (``MASTER_ADDR``, ``MASTER_PORT``, ``NODE_RANK``, ``NNODES``). ``ips``: private addresses in rank
+    order; rank 0 is the head, whose address is the master's."""
+    if not ips:
+        raise ValueError("a gang has at least one node")
+    if not 0 <= rank < len(ips):
+        raise ValueError(f"rank {rank} is not in 0..{len(ips) - 1}")
+    if not 0 < int(port) < 65536:
+        raise ValueError(f"port {port} is not a TCP port (1..65535)")
+    return {
+        "CLOUDTRAIN_NODE_RANK": str(rank),
+        "CLOUDTRAIN_NUM_NODES": str(len(ips)),
+        "CLOUDTRAIN_NODE_IPS": "\n".join(ips),
+        "CLOUDTRAIN_HEAD_IP": ips[0],
+        "CLOUDTRAIN_GPUS_PER_NODE": str(int(gpus_per_node)),
+        "MASTER_ADDR": ips[0],
+        "MASTER_PORT": str(int(port)),
+        "NODE_RANK": str(rank),
+        "NNODES": str(len(ips)),
+    }
