@@ -113,6 +113,6 @@ def test_agent_zip_ships_the_contract_floor_whole() -> None:
     assert {"airflow_cloudtrain/checkpoint.py", "airflow_cloudtrain/agent/checkpoints.py"} <= names
     assert "airflow_cloudtrain/storage.py" in names
     tops = {n.split("/")[1] for n in names if n.startswith("airflow_cloudtrain/")}
-    assert tops == {"__init__.py", "checkpoint.py", "storage.py", "contract", "agent"}
+    assert tops == {"__init__.py", "checkpoint.py", "storage.py", "transfer.py", "contract", "agent"}
     for name, data in shipped.items():
         assert data == (package.parent / name).read_bytes(), name
