@@ -483,8 +483,8 @@ class CheckpointSync:
         if not local:
             return False
         found = plan(local, lambda rel: True, _read(self.local_dir), self.snapshots)
-        if found.step is not None and manifest.step is not None:
-            return found.step >= manifest.step
+        if manifest.step is not None:  # loose files alone (a tokenizer) are no step checkpoint
+            return found.step is not None and found.step >= manifest.step
         newest = max(seen.mtime_ns for seen in local.values()) / 1e9
         return manifest.saved_at is not None and newest >= manifest.saved_at
 
@@ -501,7 +501,7 @@ class CheckpointSync:
                     raise CheckpointInvalid(f"unsafe path {rel!r} in its manifest")
                 local = staging / rel
                 key = entry.get("key") or runs.join(runs.checkpoint_prefix(version), rel)
-                if runs.checkpoint_version(key) is None:
+                if runs.checkpoint_version(key) is None or not _safe_rel(key):
                     raise CheckpointInvalid(f"{rel} points outside the checkpoints folder")
                 self.call(functools.partial(self.folder.download, key, local), "checkpoint download")
                 size = local.stat().st_size

@@ -25,7 +25,8 @@ notion of "complete" (docs/checkpoints.md has them with the framework's restore 
   since the agent's previous look and not open for writing. A file that is being written keeps the
   version the run folder already has (``keep``), or is left for the next round if it has none.
 
-Of each family only the newest complete checkpoint is taken (older ones are superseded); newer
+Of each family only the newest complete checkpoint is taken (older ones are superseded; every
+unit of that step: ``model_500.pt`` with ``optimizer_500.pt``); newer
 pieces that are not complete yet are listed in ``pending`` with the reason, which is what the agent
 says when nothing could be kept.
 """
@@ -55,7 +56,7 @@ _TF_SHARD = re.compile(r"^(?P<prefix>.+)\.data-(?P<k>\d{5})-of-(?P<n>\d{5})$")
 _LIGHTNING_LAST = re.compile(r"^last(-v\d+)?\.ckpt$")
 _LIGHTNING_STEP = re.compile(r"step=(\d+)")
 _HF_DIR = re.compile(r"^checkpoint-(\d+)$")
-_ORBAX_DIR = re.compile(r"^(?:[A-Za-z][A-Za-z0-9]*_)?(\d+)$")
+_ORBAX_DIR = re.compile(r"^(?:[A-Za-z][A-Za-z0-9_.-]*_)?(\d+)$")  # ``CheckpointManager(step_prefix=...)``
 
 
 def temporary(name: str) -> bool:
@@ -333,12 +334,15 @@ def plan(
     result = Plan(step=None, layouts=[], ignored=families.ignored)
     for layout, units in families.complete.items():
         newest = max(units, key=lambda u: -1 if u.step is None else u.step)
-        result.units.append(newest)
-        result.files.extend(newest.files)
         if layout == TENSORFLOW:
             result.generated[TF_STATE] = tf_state(newest.name)
-    result.units.sort(key=lambda u: (-1 if u.step is None else u.step, u.layout))
-    result.layouts = [u.layout for u in result.units]
+        # every unit of that step: ``model_500.pt`` + ``optimizer_500.pt`` are one checkpoint
+        same = [newest] if layout == TENSORFLOW else [u for u in units if u.step == newest.step]
+        for unit in same:
+            result.units.append(unit)
+            result.files.extend(unit.files)
+    result.units.sort(key=lambda u: (-1 if u.step is None else u.step, u.layout, u.name))
+    result.layouts = list(dict.fromkeys(u.layout for u in result.units))
     steps = [u.step for u in result.units if u.step is not None]
     result.step = max(steps) if steps else None
     taken = {u.layout: -1 if u.step is None else u.step for u in result.units}
