@@ -494,9 +494,11 @@ class CheckpointSync:
         try:
             for entry in manifest.files:
                 rel = entry["path"]
-                if not _safe_rel(rel) or any(
-                    checkpoint.skipped(part) and part != checkpoint.COMPLETE_MARKER
-                    for part in Path(rel).parts
+                top = Path(rel).parts[0] if _safe_rel(rel) else ""
+                # a temporary name is never uploaded as a top-level entry; inside a framework's
+                # directory a hidden name can be the framework's (Orbax's zarr ``.zarray``)
+                if not top or checkpoint.skipped(top) or any(
+                    part.startswith(STAGING_PREFIX) for part in Path(rel).parts
                 ):
                     raise CheckpointInvalid(f"unsafe path {rel!r} in its manifest")
                 local = staging / rel

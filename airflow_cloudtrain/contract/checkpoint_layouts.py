@@ -273,7 +273,8 @@ class _Families:
             m = _ORBAX_DIR.match(name)
             if m is None or rels == [name] or name in self.claimed:
                 continue
-            files = _inner(rels)
+            # final-named by Orbax's rename: every file in it is Orbax's (zarr's ``.zarray`` too)
+            files = sorted(rel for rel in rels if ".orbax-checkpoint-tmp-" not in rel)
             finished = any(f"{name}/{marker}" in files for marker in ORBAX_FINISHED)
             if not (finished or orbax_tmp):
                 continue  # a plain step directory: our convention's rules

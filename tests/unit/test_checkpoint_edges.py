@@ -81,12 +81,20 @@ def test_restore_refuses_a_key_outside_its_checkpoints_folder(tmp_path: Path) ->
     folder.objects["results/i-0/secret.txt"] = data
     folder.objects["checkpoints/1/../../results/i-0/secret.txt"] = data  # what a ".." key would reach
     for version, key in ((1, "results/i-0/secret.txt"), (2, "checkpoints/1/../../results/i-0/secret.txt")):
-        entry = {"path": "ckpt-1.pt", "size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "key": key}
+        entry = {
+            "path": "ckpt-1.pt",
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "key": key,
+        }
         manifest = runs.Manifest(step=1, files=[entry], created_at=1.0, version=2)
         folder.objects[runs.manifest_key(version)] = manifest.to_json().encode()
     sync = _sync(folder, tmp_path / "ckpt", notes)
     assert sync.restore() is None
-    assert [n.split(":")[0] for n in notes] == ["skipping checkpoint version 2", "skipping checkpoint version 1"]
+    assert [n.split(":")[0] for n in notes] == [
+        "skipping checkpoint version 2",
+        "skipping checkpoint version 1",
+    ]
     assert not (tmp_path / "ckpt" / "ckpt-1.pt").exists()
 
 
@@ -117,3 +125,65 @@ def test_names_with_spaces_and_unicode_round_trip(tmp_path: Path) -> None:
     assert restored is not None and restored.step == 3
     assert (tmp_path / "b" / "stép ü – 3" / "modèle poids.bin").read_bytes() == b"w"
     assert (tmp_path / "b" / "notes é.json").is_file()
+
+
+def test_orbax_keeps_the_hidden_files_of_its_arrays(tmp_path: Path) -> None:
+    """Orbax without OCDBT (TensorStore zarr) writes ``.zarray`` beside each array's chunks: part of
+    the checkpoint (complete by its rename), so uploaded and restored, or the restore cannot load."""
+    folder, local = MemoryFolder(), tmp_path / "a"
+    for step in (4, 5):
+        array = local / str(step) / "default" / "params.kernel"
+        array.mkdir(parents=True)
+        (array / ".zarray").write_text('{"shape": [2]}')
+        (array / "0").write_bytes(b"chunk-%d" % step)
+        (local / str(step) / "_CHECKPOINT_METADATA").write_text("{}")
+    assert _sync(folder, local).sync() == 5
+    restored = _sync(folder, tmp_path / "b").restore()
+    assert restored is not None and (restored.step, restored.layout) == (5, "orbax")
+    assert (tmp_path / "b" / "5" / "default" / "params.kernel" / ".zarray").read_text() == '{"shape": [2]}'
+
+
+def test_lightning_last_as_a_link_is_kept_as_its_bytes(tmp_path: Path) -> None:
+    """``ModelCheckpoint(save_last="link")``: ``last.ckpt`` is a symlink to the newest step file."""
+    folder, local = MemoryFolder(), tmp_path / "a"
+    local.mkdir()
+    for step in (10, 20):
+        (local / f"epoch=0-step={step}.ckpt").write_bytes(b"w%d" % step)
+    (local / "last.ckpt").symlink_to("epoch=0-step=20.ckpt")
+    (local / "dangling.ckpt").symlink_to("gone.ckpt")  # a link to nothing: not a file
+    sync = _sync(folder, local)
+    assert sync.sync() == 20
+    assert sync.last_manifest is not None and sync.last_manifest.layout == "lightning"
+    assert sorted(e["path"] for e in sync.last_manifest.files) == ["epoch=0-step=20.ckpt", "last.ckpt"]
+    assert _sync(folder, tmp_path / "b").restore() is not None
+    assert (tmp_path / "b" / "last.ckpt").read_bytes() == b"w20"
+
+
+def test_tensorflow_shards_and_a_state_naming_a_missing_checkpoint() -> None:
+    names = [
+        "checkpoint",
+        "ckpt-4.index",
+        "ckpt-4.data-00000-of-00002",
+        "ckpt-4.data-00001-of-00002",
+        "ckpt-5.index",
+        "ckpt-5.data-00000-of-00002",  # its second shard is not there
+    ]
+    state = {"checkpoint": b'model_checkpoint_path: "ckpt-6"\n'}  # names one that is not there at all
+    found = plan(names, lambda rel: True, lambda rel: state.get(rel))
+    assert (found.step, found.layout) == (4, "tensorflow")
+    assert found.files == ["ckpt-4.data-00000-of-00002", "ckpt-4.data-00001-of-00002", "ckpt-4.index"]
+    assert found.generated == {
+        "checkpoint": b'model_checkpoint_path: "ckpt-4"\nall_model_checkpoint_paths: "ckpt-4"\n'
+    }
+    assert ("ckpt-5.index", "ckpt-5.data-00001-of-00002 is missing") in found.pending
+
+
+def test_hugging_face_nested_directories_are_kept() -> None:
+    state = {"checkpoint-8/trainer_state.json": json.dumps({"global_step": 8}).encode()}
+    names = [
+        "checkpoint-8/trainer_state.json",
+        "checkpoint-8/global_step8/mp_rank_00_model_states.pt",
+        "checkpoint-8/latest",
+    ]
+    found = plan(names, lambda rel: True, lambda rel: state.get(rel))
+    assert (found.step, found.layout, sorted(found.files)) == (8, "huggingface", sorted(names))
