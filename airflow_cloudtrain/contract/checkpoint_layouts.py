@@ -7,7 +7,8 @@ notion of "complete" (docs/checkpoints.md has them with the framework's restore 
 
 - **Temporary names are never taken**: hidden names, ``*.tmp`` (``checkpoint.save``), TensorFlow's
   ``*.tmp<hex>`` / ``*_temp*`` / ``*.tempstate<N>``, Orbax's ``<step>.orbax-checkpoint-tmp-<ts>``,
-  Hugging Face's ``tmp-checkpoint-<N>``. They do not count as steps either.
+  Hugging Face's ``tmp-checkpoint-<N>``. They do not count as steps either. Inside an Orbax step
+  directory under its final name every file is Orbax's (zarr's ``.zarray`` too).
 - **TensorFlow** (``tf.train.CheckpointManager`` / ``Checkpoint.save``): ``<prefix>-N.index`` with
   every ``<prefix>-N.data-0000k-of-0000n`` shard is one checkpoint of step N; the newest complete one
   is taken with a ``checkpoint`` state file that names it, so ``tf.train.latest_checkpoint`` finds it.

@@ -187,3 +187,19 @@ def test_hugging_face_nested_directories_are_kept() -> None:
     ]
     found = plan(names, lambda rel: True, lambda rel: state.get(rel))
     assert (found.step, found.layout, sorted(found.files)) == (8, "huggingface", sorted(names))
+
+
+def test_restore_next_to_an_older_checkpoint_on_a_persistent_volume(tmp_path: Path) -> None:
+    """The volume still holds an older ``checkpoint-300/``: the run folder's newer one is restored
+    beside it and the Trainer's rule picks the newer one."""
+    from test_layout_rules import job
+
+    folder, first, local = MemoryFolder(), tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    local.mkdir()
+    job.SAVE["huggingface"](first, 500, False)
+    assert _sync(folder, first).sync() == 500
+    job.SAVE["huggingface"](local, 300, False)
+    restored = _sync(folder, local).restore()
+    assert restored is not None and restored.step == 500
+    assert job.FIND["huggingface"](local) == 500
