@@ -497,8 +497,10 @@ class CheckpointSync:
                 top = Path(rel).parts[0] if _safe_rel(rel) else ""
                 # a temporary name is never uploaded as a top-level entry; inside a framework's
                 # directory a hidden name can be the framework's (Orbax's zarr ``.zarray``)
-                if not top or checkpoint.skipped(top) or any(
-                    part.startswith(STAGING_PREFIX) for part in Path(rel).parts
+                if (
+                    not top
+                    or checkpoint.skipped(top)
+                    or any(part.startswith(STAGING_PREFIX) for part in Path(rel).parts)
                 ):
                     raise CheckpointInvalid(f"unsafe path {rel!r} in its manifest")
                 local = staging / rel

@@ -10,9 +10,8 @@ from pathlib import Path
 
 from test_checkpoint import MemoryFolder
 
-from airflow_cloudtrain import checkpoint
 from airflow_cloudtrain.agent.checkpoints import CheckpointSync
-from airflow_cloudtrain.contract import runs
+from airflow_cloudtrain.contract import checkpoint, runs
 from airflow_cloudtrain.contract.checkpoint_layouts import plan
 
 
@@ -76,7 +75,7 @@ def test_chains_of_reuse_survive_restores_uploads_and_pruning(tmp_path: Path) ->
 
 
 def test_restore_refuses_a_key_outside_its_checkpoints_folder(tmp_path: Path) -> None:
-    folder, notes = MemoryFolder(), []
+    folder, notes = MemoryFolder(), list[str]()
     data = b"secret"
     folder.objects["results/i-0/secret.txt"] = data
     folder.objects["checkpoints/1/../../results/i-0/secret.txt"] = data  # what a ".." key would reach
@@ -101,7 +100,7 @@ def test_restore_refuses_a_key_outside_its_checkpoints_folder(tmp_path: Path) ->
 def test_restore_over_a_persistent_directory_without_a_step_checkpoint(tmp_path: Path) -> None:
     """A persistent volume that holds only newer loose files (a tokenizer) but no step checkpoint: the
     run folder's step checkpoint is still restored."""
-    folder, notes = MemoryFolder(), []
+    folder, notes = MemoryFolder(), list[str]()
     first = tmp_path / "a"
     checkpoint.save(first / "ckpt-7.pt", lambda tmp: tmp.write_bytes(b"seven"))
     assert _sync(folder, first).sync() == 7
