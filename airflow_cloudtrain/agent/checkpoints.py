@@ -8,8 +8,9 @@ job has ended, also after an interruption notice or the agent's SIGTERM stopped 
    *stable* when both looks agree and no process has it open for writing (``/proc``). After the
    job was killed (a signal, not its own exit) a file it had open for writing when last seen alive
    is taken as torn, and so is a file written in place that it changed in its last ``TORN_WINDOW_S``
-   (a layout complete by its names, a rename or a state file written last, is not); the version the
-   run folder has stays.
+   (a layout complete by its names, a rename or a state file written last, is not; a step-named
+   file is, since its name cannot tell a rename from ``torch.save`` to the final name); the version
+   the run folder has stays.
 2. **Plan** (``contract.checkpoint_layouts.plan``): the newest complete checkpoint of each framework
    layout (TensorFlow, Lightning, Orbax, Hugging Face, our step names) and, with snapshots on, every
    other stable file.

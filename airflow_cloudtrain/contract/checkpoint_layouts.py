@@ -293,7 +293,10 @@ class _Families:
                 continue
             if rels == [name]:
                 self.claimed.add(name)
-                if self.closed(name):  # moved into place (``checkpoint.save``): complete once closed
+                # moved into place (``checkpoint.save``) or written in place (``torch.save`` to the
+                # final name): the name cannot tell, so stable, like any file written in place (a
+                # killed job's last write is torn, not complete)
+                if self.settled(name):
                     self.done(STEPS, step, [name], name)
                 else:
                     self.wait(STEPS, step, name, "still being written")

@@ -202,3 +202,23 @@ def test_restore_next_to_an_older_checkpoint_on_a_persistent_volume(tmp_path: Pa
     restored = _sync(folder, local).restore()
     assert restored is not None and restored.step == 500
     assert job.FIND["huggingface"](local) == 500
+
+
+def test_a_step_file_written_in_place_by_a_killed_job_is_not_taken(tmp_path: Path) -> None:
+    """``torch.save(state, f"{dir}/ckpt-{step}.pt")`` (in place, no rename) killed halfway: the name
+    carries a step but the bytes are torn; the previous version stays the one restored."""
+    import time
+
+    folder, local = MemoryFolder(), tmp_path / "a"
+    checkpoint.save(local / "ckpt-1.pt", lambda tmp: tmp.write_bytes(b"one"))
+    sync = _sync(folder, local)
+    assert sync.sync() == 1  # the last look while the job was alive
+    (local / "ckpt-2.pt").write_bytes(b"tw")  # written in place, then the job is killed
+    sync.job_ended(time.time(), killed=True)
+    assert sync.sync() is None
+    restored = _sync(folder, tmp_path / "b").restore()
+    assert restored is not None and restored.step == 1
+    # a job that exits by itself (its own SIGTERM handler) saved completely: taken
+    other = _sync(MemoryFolder(), local)
+    other.job_ended(time.time(), killed=False)
+    assert other.sync() == 2
