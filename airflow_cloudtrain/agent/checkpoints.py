@@ -191,9 +191,12 @@ class CheckpointSync:
         self._ended = (at, killed)
 
     # -- looking -----------------------------------------------------------------------------------
-    def _stable(self) -> tuple[dict[str, Look], Callable[[str], bool], Callable[[str], bool]]:
+    def _stable(
+        self,
+    ) -> tuple[dict[str, Look], Callable[[str], bool], Callable[[str], bool], Callable[[str], bool]]:
         """Two looks (one when nothing changed since the previous round); what is stable (both looks
-        agree, not open for writing, not torn) and what is closed (not open for writing, not torn)."""
+        agree, not open for writing, not torn), what is closed (not open for writing, not torn open)
+        and what the killed job changed in its last moments."""
         first = look(self.local_dir)
         writing = open_for_writing(self.local_dir)
         if first == self._previous_look and not writing:
@@ -221,7 +224,7 @@ class CheckpointSync:
         def stable(rel: str) -> bool:  # what a file written in place needs
             return first.get(rel) == second.get(rel) and closed(rel) and rel not in torn_recent
 
-        return second, stable, closed
+        return second, stable, closed, torn_recent.__contains__
 
     # -- upload ------------------------------------------------------------------------------------
     def sync(self) -> int | None:
@@ -245,11 +248,17 @@ class CheckpointSync:
 
     def _sync(self) -> runs.Manifest | None:
         began = time.monotonic()
-        seen, stable, closed = self._stable()
+        seen, stable, closed, torn = self._stable()
         previous = self._newest()
         before = {str(e["path"]): e for e in previous[1].files} if previous else {}
         found = plan(
-            seen, stable, _read(self.local_dir), self.snapshots, kept=lambda rel: rel in before, closed=closed
+            seen,
+            stable,
+            _read(self.local_dir),
+            self.snapshots,
+            kept=lambda rel: rel in before,
+            closed=closed,
+            torn=torn,
         )
         self._report_left_out(found, seen)
         if found.empty:

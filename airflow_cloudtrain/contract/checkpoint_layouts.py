@@ -157,8 +157,9 @@ class _Families:
         settled: Callable[[str], bool],
         closed: Callable[[str], bool],
         read: Reader,
+        torn: Callable[[str], bool] = lambda rel: False,
     ) -> None:
-        self.tops, self.settled, self.closed, self.read = tops, settled, closed, read
+        self.tops, self.settled, self.closed, self.read, self.torn = tops, settled, closed, read, torn
         self.complete: dict[str, list[Unit]] = {}
         self.pending: list[tuple[int, str, str, str]] = []  # (step, layout, what, why)
         self.ignored: list[tuple[str, str]] = []
@@ -293,10 +294,9 @@ class _Families:
                 continue
             if rels == [name]:
                 self.claimed.add(name)
-                # moved into place (``checkpoint.save``) or written in place (``torch.save`` to the
-                # final name): the name cannot tell, so stable, like any file written in place (a
-                # killed job's last write is torn, not complete)
-                if self.settled(name):
+                # moved into place (``checkpoint.save``): complete once closed; but the name cannot
+                # tell it from ``torch.save`` to the final name, so a killed job's last write is torn
+                if self.closed(name) and not self.torn(name):
                     self.done(STEPS, step, [name], name)
                 else:
                     self.wait(STEPS, step, name, "still being written")
@@ -324,17 +324,19 @@ def plan(
     snapshots: bool = True,
     kept: Callable[[str], bool] = lambda rel: False,
     closed: Callable[[str], bool] | None = None,
+    torn: Callable[[str], bool] = lambda rel: False,
 ) -> Plan:
     """What to upload from a checkpoint directory whose files (relative posix paths) are ``listing``.
 
     ``settled(rel)``: the file is stable (two looks agree, not open for writing): what a file written
     in place needs; ``closed(rel)``: not open for writing and not torn (default: ``settled``): enough
-    for a layout whose names say it is complete (a rename, a marker, a state file);
+    for a layout whose names say it is complete (a rename, a marker, a state file); ``torn(rel)``: a
+    killed job changed it in its last moments (a step-named file may have been written in place);
     ``read(rel)``: its bytes (for state files); ``kept(rel)``: the run folder already has a version
     of this file (a loose file being written then keeps that version); ``snapshots``: take files that
     match no layout (else they are listed in ``ignored``).
     """
-    families = _Families(_group(listing), settled, closed or settled, read)
+    families = _Families(_group(listing), settled, closed or settled, read, torn)
     families.find()
     result = Plan(step=None, layouts=[], ignored=families.ignored)
     for layout, units in families.complete.items():
