@@ -8,8 +8,9 @@ job has ended, also after an interruption notice or the agent's SIGTERM stopped 
    *stable* when both looks agree and no process has it open for writing (``/proc``). After the
    job was killed (a signal, not its own exit) a file it had open for writing when last seen alive
    is taken as torn, and so is a file written in place that it changed in its last ``TORN_WINDOW_S``
-   (a layout complete by its names, a rename or a state file written last, is not); the version the
-   run folder has stays.
+   (a layout complete by its names, a rename or a state file written last, is not; a step-named
+   file is, since its name cannot tell a rename from ``torch.save`` to the final name); the version
+   the run folder has stays.
 2. **Plan** (``contract.checkpoint_layouts.plan``): the newest complete checkpoint of each framework
    layout (TensorFlow, Lightning, Orbax, Hugging Face, our step names) and, with snapshots on, every
    other stable file.
@@ -190,9 +191,12 @@ class CheckpointSync:
         self._ended = (at, killed)
 
     # -- looking -----------------------------------------------------------------------------------
-    def _stable(self) -> tuple[dict[str, Look], Callable[[str], bool], Callable[[str], bool]]:
+    def _stable(
+        self,
+    ) -> tuple[dict[str, Look], Callable[[str], bool], Callable[[str], bool], Callable[[str], bool]]:
         """Two looks (one when nothing changed since the previous round); what is stable (both looks
-        agree, not open for writing, not torn) and what is closed (not open for writing, not torn)."""
+        agree, not open for writing, not torn), what is closed (not open for writing, not torn open)
+        and what the killed job changed in its last moments."""
         first = look(self.local_dir)
         writing = open_for_writing(self.local_dir)
         if first == self._previous_look and not writing:
@@ -220,7 +224,7 @@ class CheckpointSync:
         def stable(rel: str) -> bool:  # what a file written in place needs
             return first.get(rel) == second.get(rel) and closed(rel) and rel not in torn_recent
 
-        return second, stable, closed
+        return second, stable, closed, torn_recent.__contains__
 
     # -- upload ------------------------------------------------------------------------------------
     def sync(self) -> int | None:
@@ -244,11 +248,17 @@ class CheckpointSync:
 
     def _sync(self) -> runs.Manifest | None:
         began = time.monotonic()
-        seen, stable, closed = self._stable()
+        seen, stable, closed, torn = self._stable()
         previous = self._newest()
         before = {str(e["path"]): e for e in previous[1].files} if previous else {}
         found = plan(
-            seen, stable, _read(self.local_dir), self.snapshots, kept=lambda rel: rel in before, closed=closed
+            seen,
+            stable,
+            _read(self.local_dir),
+            self.snapshots,
+            kept=lambda rel: rel in before,
+            closed=closed,
+            torn=torn,
         )
         self._report_left_out(found, seen)
         if found.empty:
@@ -483,8 +493,8 @@ class CheckpointSync:
         if not local:
             return False
         found = plan(local, lambda rel: True, _read(self.local_dir), self.snapshots)
-        if found.step is not None and manifest.step is not None:
-            return found.step >= manifest.step
+        if manifest.step is not None:  # loose files alone (a tokenizer) are no step checkpoint
+            return found.step is not None and found.step >= manifest.step
         newest = max(seen.mtime_ns for seen in local.values()) / 1e9
         return manifest.saved_at is not None and newest >= manifest.saved_at
 
@@ -494,14 +504,18 @@ class CheckpointSync:
         try:
             for entry in manifest.files:
                 rel = entry["path"]
-                if not _safe_rel(rel) or any(
-                    checkpoint.skipped(part) and part != checkpoint.COMPLETE_MARKER
-                    for part in Path(rel).parts
+                top = Path(rel).parts[0] if _safe_rel(rel) else ""
+                # a temporary name is never uploaded as a top-level entry; inside a framework's
+                # directory a hidden name can be the framework's (Orbax's zarr ``.zarray``)
+                if (
+                    not top
+                    or checkpoint.skipped(top)
+                    or any(part.startswith(STAGING_PREFIX) for part in Path(rel).parts)
                 ):
                     raise CheckpointInvalid(f"unsafe path {rel!r} in its manifest")
                 local = staging / rel
                 key = entry.get("key") or runs.join(runs.checkpoint_prefix(version), rel)
-                if runs.checkpoint_version(key) is None:
+                if runs.checkpoint_version(key) is None or not _safe_rel(key):
                     raise CheckpointInvalid(f"{rel} points outside the checkpoints folder")
                 self.call(functools.partial(self.folder.download, key, local), "checkpoint download")
                 size = local.stat().st_size

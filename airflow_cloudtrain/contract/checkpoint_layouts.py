@@ -7,7 +7,8 @@ notion of "complete" (docs/checkpoints.md has them with the framework's restore 
 
 - **Temporary names are never taken**: hidden names, ``*.tmp`` (``checkpoint.save``), TensorFlow's
   ``*.tmp<hex>`` / ``*_temp*`` / ``*.tempstate<N>``, Orbax's ``<step>.orbax-checkpoint-tmp-<ts>``,
-  Hugging Face's ``tmp-checkpoint-<N>``. They do not count as steps either.
+  Hugging Face's ``tmp-checkpoint-<N>``. They do not count as steps either. Inside an Orbax step
+  directory under its final name every file is Orbax's (zarr's ``.zarray`` too).
 - **TensorFlow** (``tf.train.CheckpointManager`` / ``Checkpoint.save``): ``<prefix>-N.index`` with
   every ``<prefix>-N.data-0000k-of-0000n`` shard is one checkpoint of step N; the newest complete one
   is taken with a ``checkpoint`` state file that names it, so ``tf.train.latest_checkpoint`` finds it.
@@ -25,7 +26,8 @@ notion of "complete" (docs/checkpoints.md has them with the framework's restore 
   since the agent's previous look and not open for writing. A file that is being written keeps the
   version the run folder already has (``keep``), or is left for the next round if it has none.
 
-Of each family only the newest complete checkpoint is taken (older ones are superseded); newer
+Of each family only the newest complete checkpoint is taken (older ones are superseded; every
+unit of that step: ``model_500.pt`` with ``optimizer_500.pt``); newer
 pieces that are not complete yet are listed in ``pending`` with the reason, which is what the agent
 says when nothing could be kept.
 """
@@ -55,7 +57,7 @@ _TF_SHARD = re.compile(r"^(?P<prefix>.+)\.data-(?P<k>\d{5})-of-(?P<n>\d{5})$")
 _LIGHTNING_LAST = re.compile(r"^last(-v\d+)?\.ckpt$")
 _LIGHTNING_STEP = re.compile(r"step=(\d+)")
 _HF_DIR = re.compile(r"^checkpoint-(\d+)$")
-_ORBAX_DIR = re.compile(r"^(?:[A-Za-z][A-Za-z0-9]*_)?(\d+)$")
+_ORBAX_DIR = re.compile(r"^(?:[A-Za-z][A-Za-z0-9_.-]*_)?(\d+)$")  # ``CheckpointManager(step_prefix=...)``
 
 
 def temporary(name: str) -> bool:
@@ -155,8 +157,9 @@ class _Families:
         settled: Callable[[str], bool],
         closed: Callable[[str], bool],
         read: Reader,
+        torn: Callable[[str], bool] = lambda rel: False,
     ) -> None:
-        self.tops, self.settled, self.closed, self.read = tops, settled, closed, read
+        self.tops, self.settled, self.closed, self.read, self.torn = tops, settled, closed, read, torn
         self.complete: dict[str, list[Unit]] = {}
         self.pending: list[tuple[int, str, str, str]] = []  # (step, layout, what, why)
         self.ignored: list[tuple[str, str]] = []
@@ -272,7 +275,8 @@ class _Families:
             m = _ORBAX_DIR.match(name)
             if m is None or rels == [name] or name in self.claimed:
                 continue
-            files = _inner(rels)
+            # final-named by Orbax's rename: every file in it is Orbax's (zarr's ``.zarray`` too)
+            files = sorted(rel for rel in rels if ".orbax-checkpoint-tmp-" not in rel)
             finished = any(f"{name}/{marker}" in files for marker in ORBAX_FINISHED)
             if not (finished or orbax_tmp):
                 continue  # a plain step directory: our convention's rules
@@ -290,7 +294,9 @@ class _Families:
                 continue
             if rels == [name]:
                 self.claimed.add(name)
-                if self.closed(name):  # moved into place (``checkpoint.save``): complete once closed
+                # moved into place (``checkpoint.save``): complete once closed; but the name cannot
+                # tell it from ``torch.save`` to the final name, so a killed job's last write is torn
+                if self.closed(name) and not self.torn(name):
                     self.done(STEPS, step, [name], name)
                 else:
                     self.wait(STEPS, step, name, "still being written")
@@ -318,27 +324,32 @@ def plan(
     snapshots: bool = True,
     kept: Callable[[str], bool] = lambda rel: False,
     closed: Callable[[str], bool] | None = None,
+    torn: Callable[[str], bool] = lambda rel: False,
 ) -> Plan:
     """What to upload from a checkpoint directory whose files (relative posix paths) are ``listing``.
 
     ``settled(rel)``: the file is stable (two looks agree, not open for writing): what a file written
     in place needs; ``closed(rel)``: not open for writing and not torn (default: ``settled``): enough
-    for a layout whose names say it is complete (a rename, a marker, a state file);
+    for a layout whose names say it is complete (a rename, a marker, a state file); ``torn(rel)``: a
+    killed job changed it in its last moments (a step-named file may have been written in place);
     ``read(rel)``: its bytes (for state files); ``kept(rel)``: the run folder already has a version
     of this file (a loose file being written then keeps that version); ``snapshots``: take files that
     match no layout (else they are listed in ``ignored``).
     """
-    families = _Families(_group(listing), settled, closed or settled, read)
+    families = _Families(_group(listing), settled, closed or settled, read, torn)
     families.find()
     result = Plan(step=None, layouts=[], ignored=families.ignored)
     for layout, units in families.complete.items():
         newest = max(units, key=lambda u: -1 if u.step is None else u.step)
-        result.units.append(newest)
-        result.files.extend(newest.files)
         if layout == TENSORFLOW:
             result.generated[TF_STATE] = tf_state(newest.name)
-    result.units.sort(key=lambda u: (-1 if u.step is None else u.step, u.layout))
-    result.layouts = [u.layout for u in result.units]
+        # every unit of that step: ``model_500.pt`` + ``optimizer_500.pt`` are one checkpoint
+        same = [newest] if layout == TENSORFLOW else [u for u in units if u.step == newest.step]
+        for unit in same:
+            result.units.append(unit)
+            result.files.extend(unit.files)
+    result.units.sort(key=lambda u: (-1 if u.step is None else u.step, u.layout, u.name))
+    result.layouts = list(dict.fromkeys(u.layout for u in result.units))
     steps = [u.step for u in result.units if u.step is not None]
     result.step = max(steps) if steps else None
     taken = {u.layout: -1 if u.step is None else u.step for u in result.units}

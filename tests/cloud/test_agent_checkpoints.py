@@ -136,7 +136,9 @@ class Agent:
 def manifests(folder: RunFolder) -> dict[int, runs.Manifest]:
     """The complete checkpoint versions of the run folder: version -> manifest."""
     versions = runs.manifest_versions(folder.list(runs.CHECKPOINTS_PREFIX + "/"))
-    return {v: runs.Manifest.from_json(folder.get_text(runs.manifest_key(v)) or "") for v in versions}
+    texts = {v: folder.get_text(runs.manifest_key(v)) for v in versions}
+    # a version the running agent pruned between the listing and the read is gone: not complete
+    return {v: runs.Manifest.from_json(text) for v, text in texts.items() if text}
 
 
 def manifest_steps(folder: RunFolder) -> list[int | None]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -48,6 +49,7 @@ from airflow_cloudtrain.storage import RunFolder, open_run_folder
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS_JOB = Path(__file__).resolve().parent / "jobs" / "steps.py"
+LAYOUTS_JOB = STEPS_JOB.with_name("layouts.py")
 PROJECT = "cloudtrain-emulated"
 GCS_BUCKET = "cloudtrain-worker-gcp"
 FAST = {"log_interval_s": 0.2, "heartbeat_interval_s": 0.5, "metadata_poll_s": 0.3}
@@ -457,6 +459,43 @@ def test_interrupted_item_is_sent_again_and_resumes_from_its_checkpoint(
     status = fleet.status(item_id, resumed)
     assert status is not None and status.restored_step == saved
     assert fleet.unfinished() == 0
+
+
+def test_interrupted_item_resumes_from_its_newest_framework_checkpoint(fleets: Any, tmp_path: Path) -> None:
+    """Fleet items follow the checkpoint layouts too: an item whose job saves the way the Hugging Face
+    Trainer does (``checkpoint-N/``, ``trainer_state.json`` last) is stopped mid-item; the next
+    delivery restores that item's newest complete ``checkpoint-N/`` and the Trainer's own rule
+    (``get_last_checkpoint``) resumes from a step the first delivery saved."""
+    hold = tmp_path / "hold"  # the first delivery cannot finish before the notice lands
+    command = f"{sys.executable} -S {LAYOUTS_JOB} huggingface 12 2 0.2"
+    fleet = fleets("aws", command=command, checkpoint_interval_s=0.5, max_item_attempts=1)
+    (item_id,) = fleet.send(["train"])
+    first = fleet.worker(env={"LAYOUTS_HOLD_AT_END": str(hold)})
+    attempt = workqueue.attempt_name(first.iid, 1)
+    wait_for(lambda: "saved 4 at" in fleet.log(item_id, attempt), message="checkpoint-4 saved")
+    fleet.interrupt(first.iid)
+    assert first.wait().state == "interrupted"
+    # the steps it began to save (a stop may land after the Trainer's last write, before "saved N")
+    saved = {int(m) for m in re.findall(r"\bsaving (\d+)", fleet.log(item_id, attempt))}
+    stopped = fleet.status(item_id, attempt)
+    assert stopped is not None and stopped.interruption, stopped
+    kept = stopped.interruption["checkpoint_step"]
+    assert kept in saved and kept >= 4, (kept, saved)
+    hold.touch()
+    second = fleet.worker(env={"LAYOUTS_HOLD_AT_END": str(hold)})
+    assert second.wait().state == "left"
+    resumed = workqueue.attempt_name(second.iid, 1)
+    outcome = fleet.outcome(item_id)
+    assert outcome is not None and outcome.state == workqueue.SUCCEEDED, outcome
+    log = fleet.log(item_id, resumed)
+    # the Trainer's own rule found it and every byte of it loaded (a torn one prints CORRUPT)
+    assert re.search(rf"resumed from step {kept}\b", log) and "CORRUPT" not in log, log
+    assert json.loads(fleet.result(item_id, resumed, "result.json") or "{}") == {
+        "resumed_from": kept,
+        "step": 12,
+    }
+    status = fleet.status(item_id, resumed)
+    assert status is not None and status.restored_step == kept
 
 
 @pytest.mark.parametrize("provider", PROVIDERS)

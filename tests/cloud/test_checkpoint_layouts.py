@@ -37,7 +37,9 @@ STEP_S = 0.05
 # (total steps, a save every N steps). A file rewritten in place is taken once two looks a second
 # apart agree, so the overwriting job saves every second or so, as a real one (every few minutes)
 # leaves far more room; the others save often to be interrupted in the middle of a save.
-PACE = {"overwrite": (300, 30)}
+# total: room for two more saves after the first run's hold (``HOLD_AFTER_SAVES`` saves in, on a busy
+# machine where the upload is seen late) before the hold at the last step: 8 * 30 + 2 * 30 < 330 - 1
+PACE = {"overwrite": (330, 30)}
 DEFAULT_PACE = (40, 2)
 
 

@@ -1,0 +1,224 @@
+"""Edge cases of the checkpoint layouts and the agent's sync / restore that a user hits: several files
+of one step, an Orbax ``step_prefix`` with an underscore, version chains across restores, a persistent
+checkpoint directory, manifests that point where they must not, names with spaces and unicode."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from test_checkpoint import MemoryFolder
+
+from airflow_cloudtrain.agent.checkpoints import CheckpointSync
+from airflow_cloudtrain.contract import checkpoint, runs
+from airflow_cloudtrain.contract.checkpoint_layouts import plan
+
+
+def _sync(folder: MemoryFolder, local: Path, notes: list[str] | None = None) -> CheckpointSync:
+    sink = notes if notes is not None else []
+    return CheckpointSync(folder, local, "i-1", note=sink.append, call=lambda fn, what: fn(), settle_s=0.0)
+
+
+def _plan(names: list[str], read: dict[str, bytes] | None = None) -> tuple[int | None, list[str]]:
+    found = plan(names, lambda rel: True, lambda rel: (read or {}).get(rel))
+    return found.step, sorted(found.files)
+
+
+def test_every_file_of_the_newest_step_is_taken() -> None:
+    """``model_500.pt`` + ``optimizer_500.pt`` (one checkpoint, two files): both, not one of them."""
+    names = ["model_400.pt", "optimizer_400.pt", "model_500.pt", "optimizer_500.pt"]
+    assert _plan(names) == (500, ["model_500.pt", "optimizer_500.pt"])
+    # a file and a complete directory of the same step: both belong to it
+    names = ["step-5/a.bin", "step-5/.complete", "ckpt-5.pt", "ckpt-4.pt"]
+    assert _plan(names) == (5, ["ckpt-5.pt", "step-5/.complete", "step-5/a.bin"])
+
+
+def test_orbax_step_prefix_may_hold_underscores() -> None:
+    names = [
+        "my_ckpt_4/default/a",
+        "my_ckpt_4/_CHECKPOINT_METADATA",
+        "my_ckpt_5/default/a",
+        "my_ckpt_5/_CHECKPOINT_METADATA",
+    ]
+    found = plan(names, lambda rel: True, lambda rel: None)
+    assert (found.step, found.layout) == (5, "orbax")
+    assert found.files == ["my_ckpt_5/_CHECKPOINT_METADATA", "my_ckpt_5/default/a"]
+
+
+def test_chains_of_reuse_survive_restores_uploads_and_pruning(tmp_path: Path) -> None:
+    """A file written once is kept by every later version through its first object, across a restore
+    on a new instance; pruning never deletes what a kept manifest points at; the restored files are
+    not sent again."""
+    folder, local = MemoryFolder(), tmp_path / "a"
+    local.mkdir()
+    sync = _sync(folder, local)
+    (local / "vocab.json").write_text("{}")
+    for step in (1, 2, 3):
+        checkpoint.save(local / f"ckpt-{step}.pt", lambda tmp, s=step: tmp.write_bytes(b"s%d" % s))
+        assert sync.sync() == step
+    second = _sync(folder, tmp_path / "b")
+    restored = second.restore()
+    assert restored is not None and (restored.version, restored.step) == (3, 3)
+    sent = len(folder.uploaded)
+    assert second.sync() is None and len(folder.uploaded) == sent  # nothing sent back
+    for step in (4, 5, 6):
+        new = tmp_path / "b" / f"ckpt-{step}.pt"
+        checkpoint.save(new, lambda tmp, s=step: tmp.write_bytes(b"s%d" % s))
+        assert second.sync() == step
+    assert runs.manifest_versions(folder.list("checkpoints/")) == [5, 6]
+    assert [k for k in folder.uploaded[sent:] if "vocab" in k] == []  # never sent again
+    third = _sync(folder, tmp_path / "c")
+    assert third.restore() is not None
+    assert (tmp_path / "c" / "vocab.json").read_text() == "{}"
+    assert checkpoint.latest(tmp_path / "c") == tmp_path / "c" / "ckpt-6.pt"
+
+
+def test_restore_refuses_a_key_outside_its_checkpoints_folder(tmp_path: Path) -> None:
+    folder, notes = MemoryFolder(), list[str]()
+    data = b"secret"
+    folder.objects["results/i-0/secret.txt"] = data
+    folder.objects["checkpoints/1/../../results/i-0/secret.txt"] = data  # what a ".." key would reach
+    for version, key in ((1, "results/i-0/secret.txt"), (2, "checkpoints/1/../../results/i-0/secret.txt")):
+        entry = {
+            "path": "ckpt-1.pt",
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "key": key,
+        }
+        manifest = runs.Manifest(step=1, files=[entry], created_at=1.0, version=2)
+        folder.objects[runs.manifest_key(version)] = manifest.to_json().encode()
+    sync = _sync(folder, tmp_path / "ckpt", notes)
+    assert sync.restore() is None
+    assert [n.split(":")[0] for n in notes] == [
+        "skipping checkpoint version 2",
+        "skipping checkpoint version 1",
+    ]
+    assert not (tmp_path / "ckpt" / "ckpt-1.pt").exists()
+
+
+def test_restore_over_a_persistent_directory_without_a_step_checkpoint(tmp_path: Path) -> None:
+    """A persistent volume that holds only newer loose files (a tokenizer) but no step checkpoint: the
+    run folder's step checkpoint is still restored."""
+    folder, notes = MemoryFolder(), list[str]()
+    first = tmp_path / "a"
+    checkpoint.save(first / "ckpt-7.pt", lambda tmp: tmp.write_bytes(b"seven"))
+    assert _sync(folder, first).sync() == 7
+    local = tmp_path / "b"
+    local.mkdir()
+    (local / "tokenizer.json").write_text("{}")  # newer than the checkpoint, no step
+    restored = _sync(folder, local, notes).restore()
+    assert restored is not None and restored.step == 7, notes
+    assert checkpoint.latest(local) == local / "ckpt-7.pt"
+
+
+def test_names_with_spaces_and_unicode_round_trip(tmp_path: Path) -> None:
+    folder, local = MemoryFolder(), tmp_path / "a"
+    step = local / "stép ü – 3"
+    step.mkdir(parents=True)
+    (step / "modèle poids.bin").write_bytes(b"w")
+    checkpoint.mark_complete(step)
+    (local / "notes é.json").write_text(json.dumps({"x": 1}))
+    assert _sync(folder, local).sync() == 3
+    restored = _sync(folder, tmp_path / "b").restore()
+    assert restored is not None and restored.step == 3
+    assert (tmp_path / "b" / "stép ü – 3" / "modèle poids.bin").read_bytes() == b"w"
+    assert (tmp_path / "b" / "notes é.json").is_file()
+
+
+def test_orbax_keeps_the_hidden_files_of_its_arrays(tmp_path: Path) -> None:
+    """Orbax without OCDBT (TensorStore zarr) writes ``.zarray`` beside each array's chunks: part of
+    the checkpoint (complete by its rename), so uploaded and restored, or the restore cannot load."""
+    folder, local = MemoryFolder(), tmp_path / "a"
+    for step in (4, 5):
+        array = local / str(step) / "default" / "params.kernel"
+        array.mkdir(parents=True)
+        (array / ".zarray").write_text('{"shape": [2]}')
+        (array / "0").write_bytes(b"chunk-%d" % step)
+        (local / str(step) / "_CHECKPOINT_METADATA").write_text("{}")
+    assert _sync(folder, local).sync() == 5
+    restored = _sync(folder, tmp_path / "b").restore()
+    assert restored is not None and (restored.step, restored.layout) == (5, "orbax")
+    assert (tmp_path / "b" / "5" / "default" / "params.kernel" / ".zarray").read_text() == '{"shape": [2]}'
+
+
+def test_lightning_last_as_a_link_is_kept_as_its_bytes(tmp_path: Path) -> None:
+    """``ModelCheckpoint(save_last="link")``: ``last.ckpt`` is a symlink to the newest step file."""
+    folder, local = MemoryFolder(), tmp_path / "a"
+    local.mkdir()
+    for step in (10, 20):
+        (local / f"epoch=0-step={step}.ckpt").write_bytes(b"w%d" % step)
+    (local / "last.ckpt").symlink_to("epoch=0-step=20.ckpt")
+    (local / "dangling.ckpt").symlink_to("gone.ckpt")  # a link to nothing: not a file
+    sync = _sync(folder, local)
+    assert sync.sync() == 20
+    assert sync.last_manifest is not None and sync.last_manifest.layout == "lightning"
+    assert sorted(e["path"] for e in sync.last_manifest.files) == ["epoch=0-step=20.ckpt", "last.ckpt"]
+    assert _sync(folder, tmp_path / "b").restore() is not None
+    assert (tmp_path / "b" / "last.ckpt").read_bytes() == b"w20"
+
+
+def test_tensorflow_shards_and_a_state_naming_a_missing_checkpoint() -> None:
+    names = [
+        "checkpoint",
+        "ckpt-4.index",
+        "ckpt-4.data-00000-of-00002",
+        "ckpt-4.data-00001-of-00002",
+        "ckpt-5.index",
+        "ckpt-5.data-00000-of-00002",  # its second shard is not there
+    ]
+    state = {"checkpoint": b'model_checkpoint_path: "ckpt-6"\n'}  # names one that is not there at all
+    found = plan(names, lambda rel: True, lambda rel: state.get(rel))
+    assert (found.step, found.layout) == (4, "tensorflow")
+    assert found.files == ["ckpt-4.data-00000-of-00002", "ckpt-4.data-00001-of-00002", "ckpt-4.index"]
+    assert found.generated == {
+        "checkpoint": b'model_checkpoint_path: "ckpt-4"\nall_model_checkpoint_paths: "ckpt-4"\n'
+    }
+    assert ("ckpt-5.index", "ckpt-5.data-00001-of-00002 is missing") in found.pending
+
+
+def test_hugging_face_nested_directories_are_kept() -> None:
+    state = {"checkpoint-8/trainer_state.json": json.dumps({"global_step": 8}).encode()}
+    names = [
+        "checkpoint-8/trainer_state.json",
+        "checkpoint-8/global_step8/mp_rank_00_model_states.pt",
+        "checkpoint-8/latest",
+    ]
+    found = plan(names, lambda rel: True, lambda rel: state.get(rel))
+    assert (found.step, found.layout, sorted(found.files)) == (8, "huggingface", sorted(names))
+
+
+def test_restore_next_to_an_older_checkpoint_on_a_persistent_volume(tmp_path: Path) -> None:
+    """The volume still holds an older ``checkpoint-300/``: the run folder's newer one is restored
+    beside it and the Trainer's rule picks the newer one."""
+    from test_layout_rules import job
+
+    folder, first, local = MemoryFolder(), tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    local.mkdir()
+    job.SAVE["huggingface"](first, 500, False)
+    assert _sync(folder, first).sync() == 500
+    job.SAVE["huggingface"](local, 300, False)
+    restored = _sync(folder, local).restore()
+    assert restored is not None and restored.step == 500
+    assert job.FIND["huggingface"](local) == 500
+
+
+def test_a_step_file_written_in_place_by_a_killed_job_is_not_taken(tmp_path: Path) -> None:
+    """``torch.save(state, f"{dir}/ckpt-{step}.pt")`` (in place, no rename) killed halfway: the name
+    carries a step but the bytes are torn; the previous version stays the one restored."""
+    import time
+
+    folder, local = MemoryFolder(), tmp_path / "a"
+    checkpoint.save(local / "ckpt-1.pt", lambda tmp: tmp.write_bytes(b"one"))
+    sync = _sync(folder, local)
+    assert sync.sync() == 1  # the last look while the job was alive
+    (local / "ckpt-2.pt").write_bytes(b"tw")  # written in place, then the job is killed
+    sync.job_ended(time.time(), killed=True)
+    assert sync.sync() is None
+    restored = _sync(folder, tmp_path / "b").restore()
+    assert restored is not None and restored.step == 1
+    # a job that exits by itself (its own SIGTERM handler) saved completely: taken
+    other = _sync(MemoryFolder(), local)
+    other.job_ended(time.time(), killed=False)
+    assert other.sync() == 2
