@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -150,15 +151,30 @@ def newest(folder: RunFolder) -> tuple[int, runs.Manifest]:
     return max(manifests(folder).items())
 
 
+def reap(tmp: Path) -> None:
+    """SIGKILL every agent and job process whose command line or environment names ``tmp`` (their
+    workdirs are below it; a job runs in its own session): a failed test leaves nothing running."""
+    needle = (str(tmp) + "/").encode()  # "test_x1/" is not a prefix of "test_x10/"
+    for pid in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]:
+        try:
+            found = needle in Path(f"/proc/{pid}/cmdline").read_bytes()
+            found = found or needle in Path(f"/proc/{pid}/environ").read_bytes()
+            if found:
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:
+            continue
+
+
 @pytest.fixture(params=["s3", "gs"])
-def run_folder(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[Any, RunFolder, Path, str]:
+def run_folder(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[Any, RunFolder, Path, str]]:
     emu = request.getfixturevalue("emu")
     scheme = request.param
     uri = f"{scheme}://{DEFAULT_BUCKET}/runs/ckpt/{scheme}/{uuid.uuid4().hex[:12]}/-1"
     folder = open_run_folder(uri)
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    return emu, folder, tmp_path, scheme
+    yield emu, folder, tmp_path, scheme
+    reap(tmp_path)
 
 
 def write_spec(folder: RunFolder, tmp: Path, scheme: str, total: int, delay: float, **extra: Any) -> None:

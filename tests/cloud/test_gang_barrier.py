@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_agent_checkpoints import Agent
+from test_agent_checkpoints import Agent, reap
 
 from airflow_cloudtrain.contract import gang, runs
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET
@@ -106,6 +106,7 @@ def gang_folder(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tupl
     uri = f"{request.param}://{DEFAULT_BUCKET}/runs/gang/{uuid.uuid4().hex[:12]}/-1"
     (tmp_path / "allreduce.py").write_text(ALLREDUCE)
     yield emu, open_run_folder(uri), tmp_path
+    reap(tmp_path)
 
 
 def addresses(count: int) -> list[str]:
