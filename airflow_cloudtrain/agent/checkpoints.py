@@ -3,9 +3,11 @@
 Upload (``CheckpointSync.sync``; a chore every ``spec.checkpoint_interval_s``, then once more when the
 job has ended, also after an interruption notice or the agent's SIGTERM stopped it):
 
-1. **Look, twice.** The checkpoint directory is listed (size, mtime, inode of every file); when
-   anything changed since the previous round it is listed again ``settle_s`` later. A file is
-   *stable* when both looks agree and no process has it open for writing (``/proc``). After the
+1. **Look.** The checkpoint directory is listed (size, mtime, inode of every file) and compared
+   with the previous round's look; when a file written in place changed since, it is listed twice
+   more, ``settle_s`` apart. A file is *stable* when two looks agree and no process has it open for
+   writing (``/proc``); a layout complete by its names (a rename, a marker, a state file written
+   last) needs only to be closed, so it goes up without waiting. After the
    job was killed (a signal, not its own exit) a file it had open for writing when last seen alive
    is taken as torn, and so is a file written in place that it changed in its last ``TORN_WINDOW_S``
    (a layout complete by its names, a rename or a state file written last, is not; a step-named
@@ -192,19 +194,22 @@ class CheckpointSync:
 
     # -- looking -----------------------------------------------------------------------------------
     def _stable(
-        self,
+        self, settle: bool
     ) -> tuple[dict[str, Look], Callable[[str], bool], Callable[[str], bool], Callable[[str], bool]]:
-        """Two looks (one when nothing changed since the previous round); what is stable (both looks
-        agree, not open for writing, not torn), what is closed (not open for writing, not torn open)
-        and what the killed job changed in its last moments."""
-        first = look(self.local_dir)
-        writing = open_for_writing(self.local_dir)
-        if first == self._previous_look and not writing:
-            second = first
-        else:
+        """A look; what is stable (it agrees with the one before, not open for writing, not torn),
+        what is closed (not open for writing, not torn open) and what the killed job changed in its
+        last moments. ``settle``: the look before is taken ``settle_s`` earlier (else it is the
+        previous round's, which is all a layout complete by its names needs: no wait)."""
+        if settle:
+            first = look(self.local_dir)
+            writing = open_for_writing(self.local_dir)
             time.sleep(self.settle_s)
             second = look(self.local_dir)
             writing |= open_for_writing(self.local_dir)
+        else:
+            first = self._previous_look or {}
+            second = look(self.local_dir)
+            writing = open_for_writing(self.local_dir)
         if self._ended is None:
             self._job_look, self._job_writing = second, writing
         self._previous_look = second
@@ -246,11 +251,8 @@ class CheckpointSync:
         versions = [v for key in keys if (v := runs.checkpoint_version(key)) is not None]
         self._next = max(versions, default=0) + 1
 
-    def _sync(self) -> runs.Manifest | None:
-        began = time.monotonic()
-        seen, stable, closed, torn = self._stable()
-        previous = self._newest()
-        before = {str(e["path"]): e for e in previous[1].files} if previous else {}
+    def _plan(self, settle: bool, before: dict[str, Any]) -> tuple[dict[str, Look], Plan]:
+        seen, stable, closed, torn = self._stable(settle)
         found = plan(
             seen,
             stable,
@@ -260,6 +262,18 @@ class CheckpointSync:
             closed=closed,
             torn=torn,
         )
+        return seen, found
+
+    def _sync(self) -> runs.Manifest | None:
+        began = time.monotonic()
+        previous = self._newest()
+        before = {str(e["path"]): e for e in previous[1].files} if previous else {}
+        # Against the previous round's look first: files moved into place (or named complete by a
+        # state file) need no wait; only a file written in place that changed since is looked at
+        # again ``settle_s`` later.
+        seen, found = self._plan(False, before)
+        if any("being written" in why for _, why in found.pending):
+            seen, found = self._plan(True, before)
         self._report_left_out(found, seen)
         if found.empty:
             return None
