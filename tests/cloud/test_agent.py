@@ -402,6 +402,7 @@ def test_docker_argv() -> None:
         "CLOUDTRAIN_OUTPUT_DIR",
         "CLOUDTRAIN_RESTARTS",
         "CLOUDTRAIN_RESUMED",
+        "CLOUDTRAIN_RESUME_REPORT",
         "CLOUDTRAIN_RUN_ID",
         "CLOUDTRAIN_RUN_URI",
         "TOKEN",
