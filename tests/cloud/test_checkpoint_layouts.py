@@ -14,7 +14,6 @@ really resumed from.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import signal
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_agent_checkpoints import FAST, Agent, manifests, newest
+from test_agent_checkpoints import FAST, Agent, manifests, newest, reap
 from test_agent_checkpoints import run_folder as run_folder  # the fixture
 from waiting import wait_for
 
@@ -80,15 +79,9 @@ def _resumed(agent: Agent) -> int:
 
 
 def _kill_job(agent: Agent) -> None:
-    """SIGKILL the agent's job (it runs in its own session: found by its checkpoint directory)."""
-    for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            environ = Path(f"/proc/{pid}/environ").read_bytes()
-        except OSError:
-            continue
-        if str(JOB).encode() in cmdline and str(agent.workdir).encode() in environ:
-            os.killpg(int(pid), signal.SIGKILL)
+    """SIGKILL the agent's job: every process whose environment names the agent's workdir (the job
+    runs in its own session; the agent itself only has the workdir on its command line)."""
+    reap(agent.workdir)
 
 
 def _kill_instance(agent: Agent) -> None:
