@@ -261,6 +261,7 @@ class CheckpointSync:
             kept=lambda rel: rel in before,
             closed=closed,
             torn=torn,
+            mtime=lambda rel: seen[rel].mtime_ns if rel in seen else None,
         )
         return seen, found
 
@@ -557,8 +558,12 @@ class CheckpointSync:
                     checkpoint.mark_complete(dest)  # our convention's step directory
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        # one time for every restored file: the order they were downloaded in is not the order the
+        # framework wrote them in (a step file newer than ``last.ckpt`` reads as not yet in it)
+        restored_ns = time.time_ns()
         for entry in manifest.files:  # what the run folder already has: not hashed or sent again
             with contextlib.suppress(OSError):
+                os.utime(self.local_dir / entry["path"], ns=(restored_ns, restored_ns))
                 stat = (self.local_dir / entry["path"]).stat()
                 seen = Look(stat.st_size, stat.st_mtime_ns, stat.st_ino)
                 self._hashes[entry["path"]] = (seen, entry["sha256"])

@@ -158,8 +158,10 @@ class _Families:
         closed: Callable[[str], bool],
         read: Reader,
         torn: Callable[[str], bool] = lambda rel: False,
+        mtime: Callable[[str], int | None] = lambda rel: None,
     ) -> None:
         self.tops, self.settled, self.closed, self.read, self.torn = tops, settled, closed, read, torn
+        self.mtime = mtime
         self.complete: dict[str, list[Unit]] = {}
         self.pending: list[tuple[int, str, str, str]] = []  # (step, layout, what, why)
         self.ignored: list[tuple[str, str]] = []
@@ -265,6 +267,14 @@ class _Families:
         for step, name in stepped:
             if (step, name) not in stable_steps:
                 self.wait(LIGHTNING, step, name, "still being written")
+        # ModelCheckpoint saves the step-named file first, then ``last.ckpt``: a step file newer than
+        # ``last.ckpt`` is one ``last.ckpt`` does not hold yet, so the version's step is the newest
+        # step file saved before it (``ckpt_path="last"`` resumes from that one)
+        last_at = self.mtime(stable_last[0])
+        ahead = [(s, n) for s, n in stable_steps if last_at is not None and (self.mtime(n) or 0) > last_at]
+        for step, name in ahead:
+            self.wait(LIGHTNING, step, name, f"saved after {stable_last[0]}, which is not rewritten yet")
+        stable_steps = [unit for unit in stable_steps if unit not in ahead]
         newest = stable_steps[-1] if stable_steps else None
         files = stable_last + ([newest[1]] if newest else [])
         self.done(LIGHTNING, newest[0] if newest else None, files, stable_last[0])
@@ -325,6 +335,7 @@ def plan(
     kept: Callable[[str], bool] = lambda rel: False,
     closed: Callable[[str], bool] | None = None,
     torn: Callable[[str], bool] = lambda rel: False,
+    mtime: Callable[[str], int | None] = lambda rel: None,
 ) -> Plan:
     """What to upload from a checkpoint directory whose files (relative posix paths) are ``listing``.
 
@@ -332,11 +343,12 @@ def plan(
     in place needs; ``closed(rel)``: not open for writing and not torn (default: ``settled``): enough
     for a layout whose names say it is complete (a rename, a marker, a state file); ``torn(rel)``: a
     killed job changed it in its last moments (a step-named file may have been written in place);
-    ``read(rel)``: its bytes (for state files); ``kept(rel)``: the run folder already has a version
+    ``read(rel)``: its bytes (for state files); ``mtime(rel)``: when it was last written (None:
+    unknown), which orders files a framework writes one after the other; ``kept(rel)``: the run folder already has a version
     of this file (a loose file being written then keeps that version); ``snapshots``: take files that
     match no layout (else they are listed in ``ignored``).
     """
-    families = _Families(_group(listing), settled, closed or settled, read, torn)
+    families = _Families(_group(listing), settled, closed or settled, read, torn, mtime)
     families.find()
     result = Plan(step=None, layouts=[], ignored=families.ignored)
     for layout, units in families.complete.items():

@@ -60,12 +60,18 @@ def _saves(agent: Agent) -> list[tuple[int, float]]:
     return [(int(s), float(t)) for s, t in re.findall(r"^saved (\d+) at ([\d.]+)$", agent.job_log(), re.M)]
 
 
-def _has_checkpoint(folder: RunFolder) -> bool:
-    """A version holds a checkpoint (one with a step, or the overwritten ``checkpoint.pt``)."""
+# the file the framework's "find latest" reads, where a version can hold a step without it (a
+# Lightning step file uploaded before the first ``last.ckpt`` was written: a complete checkpoint, but
+# not one ``ckpt_path="last"`` finds)
+FOUND_BY = {"lightning": "last.ckpt", "overwrite": "checkpoint.pt"}
+
+
+def _has_checkpoint(folder: RunFolder, layout: str) -> bool:
+    """A version holds a checkpoint the framework's rule finds after a restore."""
     found = manifests(folder)
-    return any(
-        m.step is not None or any(f["path"] == "checkpoint.pt" for f in m.files) for m in found.values()
-    )
+    if layout in FOUND_BY:
+        return any(any(f["path"] == FOUND_BY[layout] for f in m.files) for m in found.values())
+    return any(m.step is not None for m in found.values())
 
 
 def _resumed(agent: Agent) -> int:
@@ -104,7 +110,9 @@ def test_framework_layout_resumes_after_two_interruptions(
     # 1: stopped like a notice stops it, at a random point after a few saves
     first = Agent(emu, folder, tmp, scheme).start()
     assert _resumed(first) == 0
-    wait_for(lambda: len(_saves(first)) >= 3 and _has_checkpoint(folder), timeout=120, message="an upload")
+    wait_for(
+        lambda: len(_saves(first)) >= 3 and _has_checkpoint(folder, layout), timeout=120, message="an upload"
+    )
     time.sleep(rng.uniform(0, 0.3))  # a random point: maybe in the middle of a save
     assert first.proc is not None
     before = newest(folder)  # the final sync can only add a newer version to what is there
@@ -164,7 +172,7 @@ def test_a_job_killed_while_writing_restores_the_previous_version(
     first = Agent(emu, folder, tmp, scheme).start()
     every = PACE[scheme_layout][1]
     wait_for(lambda: len(_saves(first)) == 2, timeout=120, message="two saves")
-    wait_for(lambda: _has_checkpoint(folder), timeout=120, message="checkpoint.pt uploaded")
+    wait_for(lambda: _has_checkpoint(folder, scheme_layout), timeout=120, message="checkpoint.pt uploaded")
     gate.write_text("go")  # the third save may start now: it stops halfway
     wait_for(lambda: "paused in save" in first.job_log(), timeout=120, message="the job to pause in its save")
     saved = [s for s, _ in _saves(first)]

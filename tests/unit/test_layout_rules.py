@@ -190,6 +190,32 @@ def test_plan_waits_for_files_being_written() -> None:
     assert loose.keep == ["state.json"] and not loose.files  # the version the run folder has stays
 
 
+def test_a_lightning_step_file_newer_than_last_ckpt_is_not_its_step() -> None:
+    """ModelCheckpoint saves ``epoch=0-step=4.ckpt`` then rewrites ``last.ckpt``: seen between the
+    two, ``last.ckpt`` still holds step 2, which is what ``ckpt_path="last"`` resumes from."""
+    names = ["epoch=0-step=2.ckpt", "epoch=0-step=4.ckpt", "last.ckpt"]
+    written = {"epoch=0-step=2.ckpt": 1, "last.ckpt": 2, "epoch=0-step=4.ckpt": 3}
+    found = plan(names, lambda rel: True, lambda rel: None, mtime=written.get)
+    assert found.step == 2 and found.files == ["epoch=0-step=2.ckpt", "last.ckpt"]
+    assert [what for what, _ in found.pending] == ["epoch=0-step=4.ckpt"]
+    written["last.ckpt"] = 4  # rewritten: step 4 is in it
+    found = plan(names, lambda rel: True, lambda rel: None, mtime=written.get)
+    assert found.step == 4 and found.files == ["epoch=0-step=4.ckpt", "last.ckpt"]
+
+
+def test_restored_files_read_as_written_together(tmp_path: Path) -> None:
+    """A restore downloads in path order, not the order the framework wrote: it must not make a
+    restored step file look newer than the restored ``last.ckpt`` (names sorting after it)."""
+    local, folder = tmp_path / "job", MemoryFolder()
+    local.mkdir()
+    (local / "model-step=6.ckpt").write_bytes(job.blob(6))
+    (local / "last.ckpt").write_bytes(job.blob(6))
+    _sync(folder, local).sync()
+    again = _restore_into(folder, tmp_path / "new")
+    again.sync()
+    assert again.last_manifest is None  # the run folder already has exactly this: no new version
+
+
 def test_versions_in_the_run_folder_helpers() -> None:
     keys = ["checkpoints/2/MANIFEST.json", "checkpoints/2/a", "checkpoints/10/a", "checkpoints/LEFT_OUT.json"]
     assert runs.manifest_versions(keys) == [2]
