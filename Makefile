@@ -20,7 +20,7 @@ test: setup
 	.venv/bin/mypy
 	@# bytecode for our modules too: the agents and Airflow processes the tests start would compile them
 	.venv/bin/python -m compileall -q airflow_cloudtrain example_dags
-	.venv/bin/python -m pytest -p no:cacheprovider -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	.venv/bin/python -m pytest -p no:cacheprovider -q -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
 
 bench: setup
 	.venv/bin/python benchmarks/parse_cost.py
