@@ -10,6 +10,12 @@ ends the wait as it ends any step.
 
 The private address comes from the metadata service (IMDS ``local-ipv4``, GCE
 ``network-interfaces/0/ip``), else from the address the host would reach the network with.
+
+The hung-job watchdog of a gang (``GangIdle``, used by ``runner.Agent`` with ``idle_timeout_s``): a
+gang whose every node is idle is hung, one idle rank of a busy gang is not (a rank waiting on a
+collective the others are still computing towards uses no CPU). A node whose job has been idle for the
+timeout says so in ``nodes/idle/<rank>.json`` (``contract.gang.IdleRecord``) on every sample and
+stops its job only when every other rank's record says the same; being busy again rewrites the record.
 """
 
 from __future__ import annotations
@@ -123,8 +129,8 @@ def _record(
     """The record at ``key`` when it is a new, valid one of this gang (its rank's instance, if known)."""
     name = key.rsplit("/", 1)[-1]
     stem = name[: -len(".json")] if name.endswith(".json") else ""
-    if not stem.isdigit() or int(stem) in found or int(stem) >= n:
-        return None
+    if not stem.isdigit() or int(stem) in found or int(stem) >= n or key != gang.node_key(int(stem)):
+        return None  # not a barrier record (``nodes/idle/<rank>.json`` is listed under nodes/ too)
     text = folder.get_text(key)
     if not text:
         return None
@@ -135,3 +141,101 @@ def _record(
     if record.rank != int(stem) or (ranks is not None and ranks[record.rank] != record.instance_id):
         return None  # a record of an earlier gang in this run folder
     return record
+
+
+class GangIdle:
+    """One node's side of the gang's idle rule (module docstring): ``check`` on every watchdog sample.
+
+    A rank counts only through a record of the gang's own instance for it (read from the barrier
+    records once), so an earlier gang's records in the same run folder never make this one look idle.
+    Storage errors are noted once and count as "not idle": the safe side is to keep the job running.
+    """
+
+    def __init__(
+        self,
+        folder: RunFolder,
+        num_nodes: int,
+        rank: int,
+        instance_id: str,
+        timeout_s: float,
+        sample_interval_s: float,
+        note: Callable[[str], None],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.folder, self.n, self.rank, self.instance_id = folder, int(num_nodes), int(rank), instance_id
+        self.timeout_s = float(timeout_s)
+        self.stale_s = gang.idle_stale_s(sample_interval_s)
+        self.note, self.clock = note, clock
+        self.recorded = False  # our record says idle
+        self._members: list[str | None] | None = None  # instance id per rank, from the barrier records
+        self._noted: set[str] = set()
+
+    def check(self, idle: bool, idle_since: float) -> bool:
+        """``idle``: this node's job used no CPU/GPU for the timeout, since ``idle_since`` (unix time).
+        Records it (or, busy again, clears it); True once every rank of the gang is idle too."""
+        now = self.clock()
+        if not idle:
+            if self.recorded and self._write(None, now):
+                self.recorded = False
+                self._noted.discard("waiting")
+            return False
+        self.recorded = self._write(idle_since, now) or self.recorded
+        busy = self._busy_rank(now)
+        if busy is None:
+            return True
+        self._note_once(
+            "waiting",
+            f"idle_timeout: no CPU or GPU use for {self.timeout_s:g} s on this node, but rank {busy} of the "
+            "gang is busy: not stopping (a gang is stopped only when every node is idle)",
+        )
+        return False
+
+    def ended(self) -> None:
+        """This node's job exited: it does nothing any more, so it counts as idle for the others'
+        rule from now on (a finished rank never keeps a hung gang alive). Never raises."""
+        now = self.clock()
+        self._write(now, now, ended=True)
+
+    def _write(self, idle_since: float | None, now: float, ended: bool = False) -> bool:
+        record = gang.IdleRecord(self.rank, self.instance_id, idle_since, now, ended)
+        try:
+            self.folder.put_text(gang.idle_key(self.rank), record.to_json())
+            return True
+        except Exception as err:
+            self._note_once("write", f"idle_timeout: writing {gang.idle_key(self.rank)} failed: {err}")
+            return False
+
+    def _busy_rank(self, now: float) -> int | None:
+        """The first other rank that is not idle for the timeout; None when every one is."""
+        for rank in range(self.n):
+            if rank == self.rank:
+                continue
+            try:
+                members = self._gang_members()
+                text = self.folder.get_text(gang.idle_key(rank))
+                record = gang.IdleRecord.from_json(text) if text else None
+            except Exception as err:  # storage hiccup or a malformed record: busy, for now
+                self._note_once("read", f"idle_timeout: reading the gang's idle records failed: {err}")
+                return rank
+            if record is None or record.rank != rank or record.instance_id != members[rank]:
+                return rank
+            if not record.idle_for(now, self.timeout_s, self.stale_s):
+                return rank
+        return None
+
+    def _gang_members(self) -> list[str | None]:
+        """Each rank's instance id, from its barrier record (``nodes/<rank>.json``), read once."""
+        if self._members is not None:
+            return self._members
+        members: list[str | None] = []
+        for rank in range(self.n):
+            text = self.folder.get_text(gang.node_key(rank))
+            members.append(gang.NodeRecord.from_json(text).instance_id if text else None)
+        if None not in members:  # every node passed the barrier: read again next time otherwise
+            self._members = members
+        return members
+
+    def _note_once(self, what: str, message: str) -> None:
+        if what not in self._noted:
+            self._noted.add(what)
+            self.note(message)

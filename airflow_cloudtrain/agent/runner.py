@@ -37,7 +37,9 @@ is rewritten as the agent gets there: the notice, then ``job_stopped_at`` when t
 
 Hung jobs (``spec.idle_timeout_s``; see ``agent.idle``): while the job runs, a chore samples its
 process tree's CPU time (and, with GPUs, ``nvidia-smi``); once it used neither for the timeout the
-job is stopped like any other stop (checkpoints synced) and the run ends as ``idle``.
+job is stopped like any other stop (checkpoints synced) and the run ends as ``idle``. A gang's node
+(``num_nodes`` > 1) records that in the run folder and stops only once every node of the gang is idle
+(``agent.gang.GangIdle``): one idle rank of a busy gang is waiting on the others, not hung.
 
 Work items (``agent.worker``): a worker runs one ``Agent`` per item, given the item's spec, its folder
 (``items/<id>/``) and the attempt name as ``instance_id`` (``<instance-id>.<delivery>``), without a
@@ -126,6 +128,8 @@ class Agent:
         self._interruption: dict[str, object] | None = None  # what status.json's record holds
         self._interruption_lock = threading.Lock()  # the watcher and the main thread both add to it
         self._checkpoint: dict[str, float | int | None] | None = None  # RunStatus.checkpoint
+        self._node_rank: int | None = None  # a gang node's rank, once past the barrier
+        self._gang_idle: gang.GangIdle | None = None  # a gang node's side of the idle rule
 
     # -- the run ---------------------------------------------------------------------------------
     def run(self) -> int:
@@ -202,6 +206,7 @@ class Agent:
             )
             if ended:
                 return ended
+            self._node_rank = spec.node_rank
         argv, extra = build_job_command(spec, str(workdir), volumes, self.resumed_step, agent_zip, resumed)
         self._update(state=runs.RUNNING, job_started_at=time.time())
         interval = float(spec.checkpoint_interval_s or 0)
@@ -222,6 +227,8 @@ class Agent:
             ),
         )
         self._stop_chore("idle")
+        if self._gang_idle is not None:  # a rank whose job ended keeps no hung gang alive
+            self._gang_idle.ended()
         if stop:
             self._job_exited()
         if stop and spec.image:  # a killed `docker run` client leaves its container running
@@ -457,15 +464,39 @@ class Agent:
                 container=container_name(spec) if spec.image else None,
             )
             interval = sample_interval(watch.timeout_s)
+            if spec.num_nodes > 1 and self._node_rank is not None:
+                assert self.folder is not None and self.instance_id is not None
+                self._gang_idle = gang.GangIdle(
+                    self.folder,
+                    spec.num_nodes,
+                    self._node_rank,
+                    self.instance_id,
+                    watch.timeout_s,
+                    interval,
+                    self._note,
+                )
             self._chores["idle"] = Periodic("idle", interval, lambda: self._check_idle(watch)).start()
         except Exception as err:
             self._note(f"idle_timeout: could not start the watchdog: {type(err).__name__}: {err}")
 
     def _check_idle(self, watch: IdleWatch) -> None:
-        """Idle chore: once the job used no CPU (nor GPU) for the timeout, stop it as ``idle``."""
-        if self._stop is not None or not watch.poll():
+        """Idle chore: once the job used no CPU (nor GPU) for the timeout, stop it as ``idle``; a
+        gang's node only once every node of the gang is idle too (``gang.GangIdle``)."""
+        if self._stop is not None:
             return
-        message = f"no CPU or GPU use for {watch.timeout_s:g} s (idle_timeout): stopped the hung job"
+        idle = watch.poll()
+        gang_idle = self._gang_idle
+        if gang_idle is not None:
+            if not gang_idle.check(idle, time.time() - watch.idle_for):
+                return
+            message = (
+                f"no CPU or GPU use for {watch.timeout_s:g} s on all {gang_idle.n} nodes of the gang "
+                "(idle_timeout): stopped the hung job"
+            )
+        elif not idle:
+            return
+        else:
+            message = f"no CPU or GPU use for {watch.timeout_s:g} s (idle_timeout): stopped the hung job"
         assert self.spec is not None
         grace = self.spec.stop_grace_s if self.spec.stop_grace_s is not None else TIMEOUT_GRACE_S
         if self.request_stop(StopRequest(runs.IDLE, message, max(0.0, float(grace)))):

@@ -7,11 +7,19 @@ its private address: the barrier, through the run folder (``agent.gang``)::
                             knows the gang's instances (a launch gives identical user data to every
                             node, so a node learns its rank here, by its instance id)
     nodes/<rank>.json       agent: NodeRecord (rank, instance id, private address), written on arrival
+    nodes/idle/<rank>.json  agent, with ``idle_timeout_s``: IdleRecord, rewritten every watchdog sample
+                            once the node's job has been idle for the timeout (``idle_since`` None
+                            when it is busy again; ``ended`` once its job exited)
 
 A node's record counts only when its instance id is the one ``ranks.json`` names for that rank, so
 records of an earlier gang in the same run folder (a relaunch) never pass the barrier. A spec that
 carries its own ``node_rank`` (an agent handed a node's spec) skips ``ranks.json``; the engine then
 clears ``nodes/`` before it launches a gang.
+
+The hung-job watchdog of a gang (``agent.gang.gang_idle``): a gang whose every node is idle is hung,
+one idle rank of a busy gang is not (it may wait on the others). A node stops its job only once every
+rank's idle record says idle for the timeout; a record not rewritten for ``idle_stale_s`` (a node that
+died, or one of an earlier gang) counts as busy, unless it says the rank's job ended.
 
 Stdlib only: the agent imports it on the instance.
 """
@@ -25,11 +33,56 @@ NODES_PREFIX = "nodes/"
 RANKS_KEY = "nodes/ranks.json"
 DEFAULT_MASTER_PORT = 29500  # torchrun's default
 DEFAULT_BARRIER_TIMEOUT_S = 600.0
+IDLE_PREFIX = "nodes/idle/"
+IDLE_STALE_SAMPLES = 3  # an idle record not rewritten for this many sample intervals counts as busy
+IDLE_STALE_MIN_S = 10.0  # ... and never sooner than this (a slow storage write is not a busy node)
 
 
 def node_key(rank: int) -> str:
     """The run-folder key of a node's barrier record."""
     return f"{NODES_PREFIX}{int(rank)}.json"
+
+
+def idle_key(rank: int) -> str:
+    """The run-folder key of a node's idle record (the gang's hung-job watchdog)."""
+    return f"{IDLE_PREFIX}{int(rank)}.json"
+
+
+def idle_stale_s(sample_interval_s: float) -> float:
+    """How old an idle record may be and still count: a couple of samples, at least 10 s."""
+    return max(IDLE_STALE_MIN_S, IDLE_STALE_SAMPLES * float(sample_interval_s))
+
+
+@dataclass(frozen=True)
+class IdleRecord:
+    """A node's watchdog verdict, rewritten every sample while its job has been idle for the timeout."""
+
+    rank: int
+    instance_id: str
+    idle_since: float | None  # unix time the job was last busy; None: busy again
+    at: float  # unix time of this write (a record older than ``idle_stale_s`` counts as busy)
+    ended: bool = False  # the rank's job exited: it does nothing any more, however old the record
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> IdleRecord:
+        data = json.loads(text)
+        since = data.get("idle_since")
+        return cls(
+            int(data["rank"]),
+            str(data["instance_id"]),
+            None if since is None else float(since),
+            float(data["at"]),
+            bool(data.get("ended", False)),
+        )
+
+    def idle_for(self, now: float, timeout_s: float, stale_s: float) -> bool:
+        """Whether this rank counts as idle for ``timeout_s`` at ``now`` (see the module docstring)."""
+        if self.idle_since is None or now - self.idle_since < timeout_s:
+            return False
+        return self.ended or now - self.at <= stale_s
 
 
 @dataclass(frozen=True)

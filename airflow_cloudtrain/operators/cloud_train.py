@@ -78,6 +78,8 @@ class CloudTrainOperator(RunArgsOperator):
     :param live_prices: Refresh prices from the cloud's own APIs (cached) before choosing.
     :param startup_timeout: How long the agent may take to report after launch.
     :param heartbeat_timeout: How long the agent may stay silent before the run is declared lost.
+    :param idle_timeout: Stop a job whose processes used no CPU (and no GPU) for this long (the
+        hung-job watchdog; a duration, default None: off); the run ends ``idle`` and the task fails.
     """
 
     template_fields: Sequence[str] = TEMPLATED
@@ -85,6 +87,13 @@ class CloudTrainOperator(RunArgsOperator):
     ui_color = "#e8f4fd"
     operator_extra_links = (CloudInstanceLink(), RunFolderLink())
     _attempt: RunAttempt | None = None  # the current attempt (the resume loop's too)
+    idle_timeout_s: float | None = None
+
+    def __init__(self, *, idle_timeout: Any = None, **kwargs: Any) -> None:
+        from airflow_cloudtrain.operators.checks import parse_duration
+
+        super().__init__(**kwargs)
+        self.idle_timeout_s = parse_duration(idle_timeout, "idle_timeout")
 
     def _run_context(self, config: RunConfig, context: Context) -> RunContext:
         """The run's context from the rendered ``config``; ``secret_env`` is parsed here, on the
@@ -93,7 +102,12 @@ class CloudTrainOperator(RunArgsOperator):
         from airflow_cloudtrain.operators.secret_env import parse_secret_env
 
         secret_env = parse_secret_env(getattr(self, "secret_env", None), config.cloud, config.env)
-        return RunContext.for_task(config, self, context, self.launch_options, self.wait, secret_env)
+        ctx = RunContext.for_task(config, self, context, self.launch_options, self.wait, secret_env)
+        if self.idle_timeout_s:  # the hung-job watchdog (CheckpointResumeOperator sets its own job)
+            from airflow_cloudtrain.lifecycle.prepare import JobOptions
+
+            ctx.job = JobOptions(idle_timeout_s=self.idle_timeout_s)
+        return ctx
 
     def _new_attempt(self, context: Context) -> RunAttempt:
         from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt

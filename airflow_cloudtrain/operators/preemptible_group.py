@@ -26,7 +26,8 @@ class PreemptibleGroupOperator(WorkQueueOperator):
     ``env``, ``max_runtime``, ``project_id``, ``zone`` / ``region``, ``gcp_conn_id``,
     ``provisioning`` = ``"spot"`` (default) or ``"preemptible"``, ...) and the work-queue arguments of
     ``SpotFleetOperator`` (``work_items``, ``num_workers``, ``item_timeout``, ``max_item_attempts``,
-    ``lease_timeout``, ``checkpoint_dir``, ``checkpoint_interval``, ``allow_failed_items``).
+    ``lease_timeout``, ``checkpoint_dir``, ``checkpoint_interval``, ``allow_failed_items``,
+    ``idle_timeout``).
     ``num_workers`` is the group's constant size (preempted VMs are recreated; workers with no work
     left remove themselves). There is no ``max_workers`` and no ``bid``: a MIG does not scale with the
     queue here, and Spot VMs have no bid. Returns the same XCom as ``SpotFleetOperator``.
@@ -49,6 +50,9 @@ class PreemptibleGroupOperator(WorkQueueOperator):
     :param checkpoint_snapshots: keep files of that directory that match no framework layout too, each
         at its newest stable version (default True; see docs/checkpoints.md).
     :param allow_failed_items: succeed even when items failed for good (they are listed in the XCom).
+    :param idle_timeout: the hung-job watchdog, per item (a duration; default None: off): an item whose
+        job used no CPU (and no GPU) for this long is stopped and counts as a failed attempt of that
+        item (retried up to ``max_item_attempts``); the worker goes on with the queue.
 
     Arguments shared with ``CloudTrainOperator`` (see its description for each; all templated ones
     are templated here too):

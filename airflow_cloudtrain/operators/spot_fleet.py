@@ -22,7 +22,8 @@ class SpotFleetOperator(WorkQueueOperator):
     (each item's ``max_runtime``), ``max_item_attempts`` (deliveries before an item is failed and
     dead-lettered), ``lease_timeout`` (how soon a vanished worker's item reappears),
     ``checkpoint_dir`` / ``checkpoint_interval`` (per-item checkpoint sync, restored when an item
-    moves to another worker) and ``allow_failed_items``. Returns the XCom dict described in the README
+    moves to another worker), ``idle_timeout`` (the hung-job watchdog, per item) and
+    ``allow_failed_items``. Returns the XCom dict described in the README
     (``items_total``, ``items_succeeded``, ``items_failed``, ``items``, ``workers_launched``,
     ``interruptions``, ``cost_usd``, ``cost_basis``, ...); fails listing the items that failed for
     good.
@@ -44,6 +45,9 @@ class SpotFleetOperator(WorkQueueOperator):
     :param checkpoint_snapshots: keep files of that directory that match no framework layout too, each
         at its newest stable version (default True; see docs/checkpoints.md).
     :param allow_failed_items: succeed even when items failed for good (they are listed in the XCom).
+    :param idle_timeout: the hung-job watchdog, per item (a duration; default None: off): an item whose
+        job used no CPU (and no GPU) for this long is stopped and counts as a failed attempt of that
+        item (retried up to ``max_item_attempts``); the worker goes on with the queue.
 
     Arguments shared with ``CloudTrainOperator`` (see its description for each; all templated ones
     are templated here too):

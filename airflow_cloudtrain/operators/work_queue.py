@@ -52,6 +52,7 @@ class WorkQueueOperator(RunArgsOperator):
         checkpoint_interval: Any = 60,
         checkpoint_snapshots: bool = True,
         allow_failed_items: bool = False,
+        idle_timeout: Any = None,
         **kwargs: Any,
     ) -> None:
         from airflow_cloudtrain.operators.checks import check_bool, check_path
@@ -76,6 +77,8 @@ class WorkQueueOperator(RunArgsOperator):
         self.checkpoint_dir = check_path(checkpoint_dir, "checkpoint_dir", "/tmp/checkpoints")
         self.checkpoint_interval_s = parse_duration(checkpoint_interval, "checkpoint_interval") or 0.0
         self.checkpoint_snapshots = check_bool(checkpoint_snapshots, "checkpoint_snapshots")
+        # the hung-job watchdog, per item: an item whose job idles this long is a failed attempt
+        self.idle_timeout_s = parse_duration(idle_timeout, "idle_timeout")
         self._fleet: FleetRun | None = None
         parse_fleet_args(self.fleet_args, None, self.max_lease_s, self.lease_limit)
         if not is_deferred_value(work_items):
@@ -114,6 +117,7 @@ class WorkQueueOperator(RunArgsOperator):
             checkpoint_dir=self.checkpoint_dir,
             checkpoint_interval_s=self.checkpoint_interval_s,
             checkpoint_snapshots=self.checkpoint_snapshots,
+            idle_timeout_s=self.idle_timeout_s,
         )
         ctx = FleetContext(
             config=config,
