@@ -48,7 +48,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
     :param deadline: With ``deadline``: when the job must be done (a duration from the start).
     :param expected_duration: With ``deadline``: the job's compute time without interruptions.
     :param stop_grace: Time the job gets to checkpoint after an interruption notice.
-    :param idle_timeout: Stop a job that writes no log and no checkpoint for this long.
+    :param idle_timeout: Stop a job that used no CPU (and no GPU) for this long (the hung-job watchdog).
 
     Every ``CloudTrainOperator`` parameter applies too.
     """
