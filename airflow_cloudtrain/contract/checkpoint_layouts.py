@@ -55,6 +55,8 @@ FILES = "files"  # the snapshot of files that match no layout
 TF_STATE = "checkpoint"
 HF_STATE = "trainer_state.json"
 ORBAX_FINISHED = ("_CHECKPOINT_METADATA", "commit_success.txt")
+# Orbax's temporary directory suffix; orbax-checkpoint 0.12 adds no ``-<timestamp>`` (docs/gpu_checks.md)
+ORBAX_TMP = ".orbax-checkpoint-tmp"
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's, written last (a rename)
 
 _TF_INDEX = re.compile(r"^(?P<prefix>.+)\.index$")
@@ -63,9 +65,6 @@ _LIGHTNING_LAST = re.compile(r"^last(-v\d+)?\.ckpt$")
 _LIGHTNING_STEP = re.compile(r"step=(\d+)")
 _HF_DIR = re.compile(r"^checkpoint-(\d+)$")
 _ORBAX_DIR = re.compile(r"^(?:[A-Za-z][A-Za-z0-9_.-]*_)?(\d+)$")  # ``CheckpointManager(step_prefix=...)``
-
-
-ORBAX_TMP = ".orbax-checkpoint-tmp"  # orbax-checkpoint 0.12 adds no ``-<timestamp>`` (seen, docs/gpu_checks.md)
 
 
 def temporary(name: str) -> bool:
