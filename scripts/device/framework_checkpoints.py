@@ -70,6 +70,7 @@ def versions() -> dict[str, str]:
 
 
 def check(framework: str, work: Path, rng: random.Random, steps: int, every: int, step_s: float) -> dict:
+    """One framework: train, sync, kill, last sync, restore into a fresh directory, resume; a row."""
     ckpt = work / framework / "ckpt"
     ckpt.mkdir(parents=True)
     log = work / f"{framework}.log"
@@ -134,6 +135,7 @@ def check(framework: str, work: Path, rng: random.Random, steps: int, every: int
 
 
 def judge(row: dict, saves: list[tuple[int, float]], ended: float, done: list[int], steps: int) -> None:
+    """What a user would check after the relaunch; every failed check is a problem in the row."""
     problems = row["problems"]
     framework, got = row["framework"], row["resumed"]
     if row["resume_rc"] != 0 or got is None:
