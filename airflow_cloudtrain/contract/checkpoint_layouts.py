@@ -6,7 +6,7 @@ in the agent zip), so every rule is testable without a cloud. The rules, each th
 notion of "complete" (docs/checkpoints.md has them with the framework's restore call):
 
 - **Temporary names are never taken**: hidden names, ``*.tmp`` (``checkpoint.save``), TensorFlow's
-  ``*.tmp<hex>`` / ``*_temp*`` / ``*.tempstate<N>``, Orbax's ``<step>.orbax-checkpoint-tmp-<ts>``,
+  ``*.tmp<hex>`` / ``*_temp*`` / ``*.tempstate<N>``, Orbax's ``<step>.orbax-checkpoint-tmp[-<ts>]``,
   Hugging Face's ``tmp-checkpoint-<N>``. They do not count as steps either. Inside an Orbax step
   directory under its final name every file is Orbax's (zarr's ``.zarray`` too).
 - **TensorFlow** (``tf.train.CheckpointManager`` / ``Checkpoint.save``): ``<prefix>-N.index`` with
@@ -19,6 +19,9 @@ notion of "complete" (docs/checkpoints.md has them with the framework's restore 
   complete.
 - **Hugging Face** ``Trainer``: ``checkpoint-N/`` is complete once it holds ``trainer_state.json``
   and its files are stable; the step is the state's ``global_step``.
+- **PyTorch DCP** (``torch.distributed.checkpoint.save`` to a step directory): ``<dir>/*.distcp``
+  data files, then ``.metadata`` (through ``.metadata.tmp`` and a rename), which makes the directory
+  complete; ``.metadata`` is DCP's, so it is taken although its name is hidden.
 - **Our convention** (``contract.checkpoint``): a top-level file whose name carries its step, or a
   step directory with its ``.complete`` marker or a later step directory beside it.
 - **Everything else** (``checkpoint.pt`` overwritten every epoch, ``state.json``, tokenizer files):
@@ -46,11 +49,15 @@ TENSORFLOW = "tensorflow"
 LIGHTNING = "lightning"
 ORBAX = "orbax"
 HUGGINGFACE = "huggingface"
+DCP = "dcp"
 FILES = "files"  # the snapshot of files that match no layout
 
 TF_STATE = "checkpoint"
 HF_STATE = "trainer_state.json"
 ORBAX_FINISHED = ("_CHECKPOINT_METADATA", "commit_success.txt")
+# Orbax's temporary directory suffix; orbax-checkpoint 0.12 adds no ``-<timestamp>`` (docs/gpu_checks.md)
+ORBAX_TMP = ".orbax-checkpoint-tmp"
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's, written last (a rename)
 
 _TF_INDEX = re.compile(r"^(?P<prefix>.+)\.index$")
 _TF_SHARD = re.compile(r"^(?P<prefix>.+)\.data-(?P<k>\d{5})-of-(?P<n>\d{5})$")
@@ -62,8 +69,9 @@ _ORBAX_DIR = re.compile(r"^(?:[A-Za-z][A-Za-z0-9_.-]*_)?(\d+)$")  # ``Checkpoint
 
 def temporary(name: str) -> bool:
     """Whether one path component is a name frameworks (or ``checkpoint.save``) write before the
-    final rename: never taken, never a step (``contract.checkpoint.skipped``)."""
-    return skipped(name)
+    final rename: never taken, never a step (``contract.checkpoint.skipped``, and Orbax's
+    ``<step>.orbax-checkpoint-tmp`` without the timestamp older releases added)."""
+    return skipped(name) or name.endswith(ORBAX_TMP)
 
 
 @dataclass(frozen=True)
@@ -189,6 +197,7 @@ class _Families:
                 self.ignored.append((name, "a temporary name (being written)"))
         self._tensorflow()
         self._huggingface()
+        self._dcp()
         self._lightning()
         self._orbax()
         self._steps()
@@ -246,6 +255,23 @@ class _Families:
             else:
                 self.done(HUGGINGFACE, step, files, f"{name}/")
 
+    def _dcp(self) -> None:
+        for name, rels in self.tops.items():
+            if rels == [name] or name in self.claimed or not any(r.endswith(".distcp") for r in rels):
+                continue
+            self.claimed.add(name)
+            step = step_of(name)
+            sort_step = -1 if step is None else step
+            metadata = f"{name}/{DCP_METADATA}"
+            # DCP's hidden ``.metadata`` is its own; anything else temporary (``.metadata.tmp``) is not
+            files = sorted({*_inner(rels), *([metadata] if metadata in rels else [])})
+            if metadata not in files:
+                self.wait(DCP, sort_step, f"{name}/", f"no {DCP_METADATA} yet (DCP writes it last)")
+            elif moving := self.open(files):
+                self.wait(DCP, sort_step, moving[0], "still being written")
+            else:
+                self.done(DCP, step, files, f"{name}/")
+
     def _lightning(self) -> None:
         names = [
             n for n, rels in self.tops.items() if rels == [n] and n.endswith(".ckpt") and not temporary(n)
@@ -280,13 +306,13 @@ class _Families:
         self.done(LIGHTNING, newest[0] if newest else None, files, stable_last[0])
 
     def _orbax(self) -> None:
-        orbax_tmp = any(".orbax-checkpoint-tmp-" in name for name in self.tops)
+        orbax_tmp = any(ORBAX_TMP in name for name in self.tops)
         for name, rels in self.tops.items():
             m = _ORBAX_DIR.match(name)
             if m is None or rels == [name] or name in self.claimed:
                 continue
             # final-named by Orbax's rename: every file in it is Orbax's (zarr's ``.zarray`` too)
-            files = sorted(rel for rel in rels if ".orbax-checkpoint-tmp-" not in rel)
+            files = sorted(rel for rel in rels if ORBAX_TMP not in rel)
             finished = any(f"{name}/{marker}" in files for marker in ORBAX_FINISHED)
             if not (finished or orbax_tmp):
                 continue  # a plain step directory: our convention's rules

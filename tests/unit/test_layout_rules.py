@@ -219,3 +219,57 @@ def test_restored_files_read_as_written_together(tmp_path: Path) -> None:
 def test_versions_in_the_run_folder_helpers() -> None:
     keys = ["checkpoints/2/MANIFEST.json", "checkpoints/2/a", "checkpoints/10/a", "checkpoints/LEFT_OUT.json"]
     assert runs.manifest_versions(keys) == [2]
+
+
+def test_a_dcp_step_directory_is_restored_with_its_hidden_metadata(tmp_path: Path) -> None:
+    """``torch.distributed.checkpoint.save(sd, checkpoint_id="step-000040")`` as torch 2.11-2.13 writes
+    it (seen on the GPU machine, docs/gpu_checks.md): ``__0_0.distcp`` in place, then ``.metadata.tmp``
+    renamed to ``.metadata``, which ``dcp.load`` needs. The hidden name is DCP's, not a temporary one:
+    it must be uploaded and restored, and the directory is complete without our ``.complete`` marker."""
+    local, folder = tmp_path / "job", MemoryFolder()
+    sync = _sync(folder, local)
+    for step in (20, 40):
+        d = local / f"step-{step:06d}"
+        d.mkdir(parents=True)
+        (d / "__0_0.distcp").write_bytes(job.blob(step))
+        (d / ".metadata.tmp").write_bytes(b"pickled Metadata %d" % step)
+        if step == 40:  # seen before the rename: not complete yet, step 20 is
+            found = plan(job_files(local), lambda rel: True, lambda rel: None)
+            assert found.step == 20 and found.layouts == ["dcp"]
+            assert ("step-000040/", "no .metadata yet (DCP writes it last)") in found.pending
+        os.replace(d / ".metadata.tmp", d / ".metadata")
+    assert sync.sync() == 40
+    manifest = sync.last_manifest
+    assert manifest is not None and manifest.layout == "dcp"
+    assert [f["path"] for f in manifest.files] == ["step-000040/.metadata", "step-000040/__0_0.distcp"]
+    new = tmp_path / "new"
+    restored = _restore_into(folder, new)
+    assert restored.restored is not None and restored.restored.step == 40
+    assert sorted(p.name for p in (new / "step-000040").iterdir()) == [".metadata", "__0_0.distcp"]
+
+
+def job_files(root: Path) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+
+
+def test_orbax_0_12_temporary_directories_carry_no_timestamp(tmp_path: Path) -> None:
+    """orbax-checkpoint 0.12 writes ``<step>.orbax-checkpoint-tmp/`` (with ``default.orbax-checkpoint-tmp/``
+    inside, ``*.__lock`` files, and ``commit_success.txt`` last) and renames it to ``<step>/``; no
+    ``-<timestamp>`` (seen with the real CheckpointManager, docs/gpu_checks.md). The in-flight
+    directory is neither a step nor a loose file to snapshot."""
+    local, folder = tmp_path / "job", MemoryFolder()
+    final = ["_CHECKPOINT_METADATA", "commit_success.txt", "default/_METADATA", "default/manifest.ocdbt"]
+    final += ["default/ocdbt.process_0/d/2eaefe1dbb691115b94cee94e85c349c", "default/commit_success.txt"]
+    flight = ["_CHECKPOINT_METADATA", "default.orbax-checkpoint-tmp/_sharding.__lock"]
+    flight += ["default.orbax-checkpoint-tmp/ocdbt.process_0/d/af1b2523e677ebaefbcbf4e212c3ca77"]
+    for rel in [f"80/{n}" for n in final] + [f"100.orbax-checkpoint-tmp/{n}" for n in flight]:
+        (local / rel).parent.mkdir(parents=True, exist_ok=True)
+        (local / rel).write_bytes(rel.encode())
+    found = plan(job_files(local), lambda rel: True, lambda rel: None)
+    assert found.step == 80 and found.layouts == ["orbax"]
+    assert found.files == sorted(f"80/{n}" for n in final)
+    assert ("100.orbax-checkpoint-tmp", "a temporary name (being written)") in found.ignored
+    assert _sync(folder, local).sync() == 80
+    new = tmp_path / "new"
+    assert _restore_into(folder, new).restored is not None
+    assert sorted(p.name for p in new.iterdir()) == ["80"]

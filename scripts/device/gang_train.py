@@ -1,0 +1,84 @@
+"""One rank of ``torchrun_gang.py``'s gang: a small DDP model, deterministic, checkpointed by rank 0.
+
+Run by ``torchrun`` (it reads ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``).
+``GANG_BACKEND`` (``nccl`` or ``gloo``), ``GANG_CKPT`` (this rank's checkpoint directory),
+``GANG_FINAL`` (where rank 0 writes the final weights), ``GANG_STEPS``, ``GANG_EVERY``, ``GANG_STEP_S``.
+Rank 0 saves ``step-NNNNNN.pt`` every ``GANG_EVERY`` steps with our convention's helper
+(``airflow_cloudtrain.checkpoint.save``: a temporary name, then a rename); every rank resumes from
+``checkpoint.latest`` of its own directory (the restored head's checkpoint). The data of a step is a
+function of (step, rank) alone and the algorithms are deterministic, so an interrupted and resumed run
+ends with the same weights as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS, before CUDA starts
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+
+from airflow_cloudtrain import checkpoint
+
+
+def say(text: str) -> None:
+    print(f"[rank {os.environ.get('RANK')}] {text}", flush=True)
+
+
+def main() -> None:
+    backend = os.environ.get("GANG_BACKEND", "gloo")
+    steps, every = int(os.environ["GANG_STEPS"]), int(os.environ["GANG_EVERY"])
+    step_s = float(os.environ.get("GANG_STEP_S", "0.01"))
+    ckpt = os.environ["GANG_CKPT"]
+    use_gpu = torch.cuda.is_available() and not os.environ.get("DEVICE_CHECK_CPU")
+    device = torch.device("cuda:0" if use_gpu else "cpu")  # one GPU on this machine: both ranks share it
+    torch.use_deterministic_algorithms(True)
+    dist.init_process_group(backend)
+    rank = dist.get_rank()
+    say(f"pid {os.getpid()} backend {backend} device {device} world {dist.get_world_size()}")
+    if steps == 0:  # the backend probe: one all-reduce across the gang
+        probe = torch.ones(1, device=device)
+        dist.all_reduce(probe)
+        say(f"probe {probe.item():.0f}")
+        dist.destroy_process_group()
+        return
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 128), torch.nn.Tanh(), torch.nn.Linear(128, 128), torch.nn.Linear(128, 1)
+    ).to(device)
+    ddp = DistributedDataParallel(model, device_ids=[0] if use_gpu else None)
+    optim = torch.optim.SGD(ddp.parameters(), lr=1e-3, momentum=0.9)
+    start = 0
+    latest = checkpoint.latest(ckpt)
+    if latest is not None:
+        state = torch.load(latest, map_location=device)
+        model.load_state_dict(state["model"])
+        optim.load_state_dict(state["optim"])
+        start = int(state["step"])
+    say(f"resumed from step {start}")
+    for step in range(start + 1, steps + 1):
+        gen = torch.Generator().manual_seed(10_000 * step + rank)
+        x = torch.randn(32, 32, generator=gen).to(device)
+        y = x.sin().sum(dim=1, keepdim=True)
+        optim.zero_grad()
+        torch.nn.functional.mse_loss(ddp(x), y).backward()  # gradients all-reduced across the gang
+        optim.step()
+        time.sleep(step_s)
+        if rank == 0 and step % every == 0:
+            state = {"model": model.state_dict(), "optim": optim.state_dict(), "step": step}
+            checkpoint.save(
+                os.path.join(ckpt, f"step-{step:06d}.pt"), lambda tmp, s=state: torch.save(s, tmp)
+            )
+            say(f"saved {step} at {time.time():.3f}")
+    if rank == 0:
+        torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, os.environ["GANG_FINAL"])
+    dist.barrier()
+    say(f"done {steps}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
