@@ -135,7 +135,9 @@ def find_lightning(d: Path) -> int | None:
 
 # -- Orbax ------------------------------------------------------------------------------------------
 def save_orbax(d: Path, step: int, pause: bool) -> None:
-    tmp = d / f"{step}.orbax-checkpoint-tmp-{time.time_ns() // 1000}"
+    # orbax-checkpoint 0.12 names it ``N.orbax-checkpoint-tmp``; older releases add ``-<microseconds>``
+    suffix = "" if (step // 2) % 2 else f"-{time.time_ns() // 1000}"
+    tmp = d / f"{step}.orbax-checkpoint-tmp{suffix}"
     (tmp / "default").mkdir(parents=True)
     write_slowly(tmp / "default" / "params.bin", blob(step), pause)
     (tmp / "_CHECKPOINT_METADATA").write_text(json.dumps({"init_timestamp_nsecs": time.time_ns()}))
