@@ -131,6 +131,18 @@ def open_for_writing(root: Path) -> set[str]:
     return found
 
 
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie not yet reaped does not); True where ``/proc`` cannot tell."""
+    stat = Path("/proc") / str(pid) / "stat"
+    if not Path("/proc/self").is_dir():
+        return True
+    try:
+        state = stat.read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 def _safe_rel(path: str) -> bool:
     parts = Path(path).parts
     return bool(parts) and not Path(path).is_absolute() and ".." not in parts and "\\" not in path
@@ -180,12 +192,18 @@ class CheckpointSync:
         self._job_look: dict[str, Look] = {}  # the last look while the job was alive
         self._job_writing: set[str] = set()  # what it had open for writing then
         self._ended: tuple[float, bool] | None = None  # (when the job ended, whether it was killed)
+        self._job_pid: int | None = None  # the job's process, while it runs
+        self._unreported_end = False  # this round looked after the job died, before ``job_ended``
         self._left_out_text: str | None = None
         self._warned_ignored = False
         self._lock = threading.Lock()
 
     def uri(self, version: int) -> str:
         return runs.join(self.folder.uri, runs.checkpoint_prefix(version))
+
+    def job_started(self, pid: int) -> None:
+        """The job's process: a look is trusted only if the job was still alive after it."""
+        self._job_pid = pid
 
     def job_ended(self, at: float, killed: bool) -> None:
         """The job is gone: ``killed`` when a signal ended it (not its own exit), which may have left
@@ -210,6 +228,13 @@ class CheckpointSync:
             first = self._previous_look or {}
             second = look(self.local_dir)
             writing = open_for_writing(self.local_dir)
+        if self._ended is None and self._job_pid is not None and not process_alive(self._job_pid):
+            # The job died after the look before (or during this one) and ``job_ended`` has not come
+            # yet: a file it was writing is no longer open and may look stable, torn. This round
+            # uploads nothing; the sync after ``job_ended`` judges with what the job had open.
+            self._unreported_end = True
+            self._previous_look = second
+            return second, lambda rel: False, lambda rel: False, lambda rel: False
         if self._ended is None:
             self._job_look, self._job_writing = second, writing
         self._previous_look = second
@@ -272,9 +297,13 @@ class CheckpointSync:
         # Against the previous round's look first: files moved into place (or named complete by a
         # state file) need no wait; only a file written in place that changed since is looked at
         # again ``settle_s`` later.
+        self._unreported_end = False
         seen, found = self._plan(False, before)
-        if any("being written" in why for _, why in found.pending):
+        if any("being written" in why for _, why in found.pending) and not self._unreported_end:
             seen, found = self._plan(True, before)
+        if self._unreported_end:
+            log.info("checkpoint sync: the job just ended; the sync after it judges its files")
+            return None
         self._report_left_out(found, seen)
         if found.empty:
             return None

@@ -221,7 +221,7 @@ class Agent:
             str(workdir),
             self._sink,
             self.should_stop,
-            on_start=self._watch_idle,
+            on_start=self._job_started,
             on_exit=lambda killed: (
                 self.checkpoints.job_ended(time.time(), killed) if self.checkpoints else None
             ),
@@ -444,6 +444,12 @@ class Agent:
         """CheckpointSync wrote a manifest: the status tells the operator what a resume would keep."""
         self._checkpoint = {"step": manifest.step, "saved_at": manifest.saved_at, "uploaded_at": time.time()}
         self._update(checkpoint=dict(self._checkpoint))
+
+    def _job_started(self, pid: int) -> None:
+        """``run_process``'s on_start: the checkpoint sync learns the job's pid, the watchdog starts."""
+        if self.checkpoints is not None:
+            self.checkpoints.job_started(pid)
+        self._watch_idle(pid)
 
     # -- the hung-job watchdog ---------------------------------------------------------------------
     def _watch_idle(self, pid: int) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from pathlib import Path
 
 from test_checkpoint import MemoryFolder
@@ -222,3 +223,57 @@ def test_a_step_file_written_in_place_by_a_killed_job_is_not_taken(tmp_path: Pat
     other = _sync(MemoryFolder(), local)
     other.job_ended(time.time(), killed=False)
     assert other.sync() == 2
+
+
+def test_a_job_that_died_before_the_agent_knew_never_uploads_its_torn_file(tmp_path: Path) -> None:
+    """The job dies (SIGKILL) halfway through rewriting ``checkpoint.pt``; a periodic round looks
+    before the agent has seen the death: the file is no longer open and looks settled, but it is
+    torn. Nothing is uploaded then, and after ``job_ended`` the version the run folder had stays."""
+    import signal
+    import subprocess
+    import sys
+
+    from waiting import wait_for
+
+    folder, local = MemoryFolder(), tmp_path / "ckpt"
+    local.mkdir()
+    whole = b"W" * 200_000
+    (local / "checkpoint.pt").write_bytes(whole)
+    sync = _sync(folder, local)
+    sync.sync()
+    first = sync.last_manifest
+    assert first is not None
+    writer = (
+        "import sys, time\n"
+        "f = open(sys.argv[1], 'r+b')\n"
+        "f.write(b'T' * 50_000); f.flush()\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    job = subprocess.Popen(
+        [sys.executable, "-c", writer, str(local / "checkpoint.pt")], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert job.stdout is not None and job.stdout.readline().strip() == "ready"
+        sync.job_started(job.pid)
+        sync.sync()  # open for writing: the version the run folder has is kept
+        assert sync.last_manifest is first
+        job.send_signal(signal.SIGKILL)
+        wait_for(lambda: not _alive(job.pid), timeout=60, message="the job to die")
+        sync.sync()  # died, not reaped, not reported: a torn file that looks settled
+        assert sync.last_manifest is first
+    finally:
+        job.kill()
+        job.wait()
+    sync.job_ended(time.time(), True)
+    sync.sync()
+    newest = max(runs.manifest_versions(folder.list(runs.CHECKPOINTS_PREFIX + "/")))
+    manifest = runs.Manifest.from_json(str(folder.get_text(runs.manifest_key(newest))))
+    entry = next(e for e in manifest.files if e["path"] == "checkpoint.pt")
+    assert entry["sha256"] == hashlib.sha256(whole).hexdigest()
+
+
+def _alive(pid: int) -> bool:
+    from airflow_cloudtrain.agent.checkpoints import process_alive
+
+    return process_alive(pid)
