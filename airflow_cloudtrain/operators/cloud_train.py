@@ -78,13 +78,48 @@ class CloudTrainOperator(RunArgsOperator):
     :param live_prices: Refresh prices from the cloud's own APIs (cached) before choosing.
     :param startup_timeout: How long the agent may take to report after launch.
     :param heartbeat_timeout: How long the agent may stay silent before the run is declared lost.
+    :param num_nodes: Instances running ``command`` together as one job (a gang, README "Multi-node
+        training"): all of one offer in one zone, all or nothing, one outcome. Default 1.
+    :param placement: ``"cluster"``: the gang's nodes close together (an EC2 cluster placement group,
+        a GCE compact placement policy); None: the cloud places them.
+    :param log_nodes: ``"all"`` (every node's log in the task log, prefixed ``[rank N]``) or ``"head"``;
+        default ``"all"`` up to 8 nodes, ``"head"`` above.
     """
 
-    template_fields: Sequence[str] = TEMPLATED
+    template_fields: Sequence[str] = (*TEMPLATED, "num_nodes")
     template_fields_renderers = {"env": "json", "secret_env": "json", "setup_cmds": "py", "command": "bash"}
     ui_color = "#e8f4fd"
     operator_extra_links = (CloudInstanceLink(), RunFolderLink())
     _attempt: RunAttempt | None = None  # the current attempt (the resume loop's too)
+
+    def __init__(
+        self,
+        *,
+        num_nodes: int | str = 1,
+        placement: str | None = None,
+        log_nodes: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        from airflow_cloudtrain.operators.gang_config import parse_gang_args
+
+        super().__init__(**kwargs)
+        self.num_nodes = num_nodes
+        self.placement = placement
+        self.log_nodes = log_nodes
+        parse_gang_args(num_nodes, placement, log_nodes, self.cloud, getattr(self, "instance_type", None))
+
+    def _gang(self, config: RunConfig) -> GangOptions | None:
+        """The rendered gang arguments (checked again: ``num_nodes`` or the cloud may have been a
+        template); None for a single instance."""
+        from airflow_cloudtrain.lifecycle.prepare import GangOptions
+        from airflow_cloudtrain.operators.gang_config import parse_gang_args
+
+        args = parse_gang_args(
+            self.num_nodes, self.placement, self.log_nodes, config.cloud, config.instance_type
+        )
+        if args is None or args.num_nodes == 1:
+            return None
+        return GangOptions(args.num_nodes, args.placement, args.log_nodes)
 
     def _run_context(self, config: RunConfig, context: Context) -> RunContext:
         """The run's context from the rendered ``config``; ``secret_env`` is parsed here, on the
@@ -93,7 +128,9 @@ class CloudTrainOperator(RunArgsOperator):
         from airflow_cloudtrain.operators.secret_env import parse_secret_env
 
         secret_env = parse_secret_env(getattr(self, "secret_env", None), config.cloud, config.env)
-        return RunContext.for_task(config, self, context, self.launch_options, self.wait, secret_env)
+        ctx = RunContext.for_task(config, self, context, self.launch_options, self.wait, secret_env)
+        ctx.gang = self._gang(config)
+        return ctx
 
     def _new_attempt(self, context: Context) -> RunAttempt:
         from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt
@@ -156,6 +193,7 @@ def _attempts(engine: Engine[Any]) -> AttemptEngine:
 
 
 if TYPE_CHECKING:  # the run machinery's types (apart from the imports above: those are the parse's)
+    from airflow_cloudtrain.lifecycle.prepare import GangOptions
     from airflow_cloudtrain.lifecycle.run.attempt import RunContext
     from airflow_cloudtrain.lifecycle.run.engine import AttemptEngine
     from airflow_cloudtrain.spec import RunConfig
