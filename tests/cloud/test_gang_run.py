@@ -203,3 +203,30 @@ def test_killed_after_the_second_node_leaks_nothing(
     assert fired.is_set()
     assert task_states(run) == {"train": "failed"}
     nothing_left(emu, provider, dag_id, run)
+
+
+def test_deferrable_gang_all_reduces_in_the_triggerer(
+    emu: Any, airflow_db: Any, capfd: Any, tmp_path: Path
+) -> None:
+    """The same gang, deferred: the ``RunTrigger`` watches every node with the same decision, the
+    nodes' logs come with their rank, and the gang's end releases every node and its network."""
+    dag_id = "gang_defer_aws"
+    run = scenario(dag_id, "aws", job(tmp_path), deferrable=True, extra=", num_nodes=3").test()
+    out = capfd.readouterr().out
+    assert task_states(run) == {"train": "success"}, out[-3000:]
+    result = xcom(run, "train")
+    assert result["num_nodes"] == 3 and [n["exit_code"] for n in result["nodes"]] == [0, 0, 0]
+    for rank in range(3):  # shown by the trigger, not by a blocking wait
+        assert [x for x in rank_lines(out, rank, "sum 60") if "RunTrigger" in x], out[-3000:]
+    nothing_left(emu, "aws", dag_id, run)
+
+
+def test_deferrable_gang_names_the_failing_node(
+    emu: Any, airflow_db: Any, capfd: Any, tmp_path: Path
+) -> None:
+    dag_id = "gang_defer_fail_gcp"
+    run = scenario(dag_id, "gcp", job(tmp_path, fail_rank=1), deferrable=True, extra=", num_nodes=3").test()
+    out = capfd.readouterr().out
+    assert task_states(run) == {"train": "failed"}
+    assert "node rank 1 (" in out and ") exited with code 1" in out, out[-3000:]
+    assert len(nothing_left(emu, "gcp", dag_id, run)) == 3

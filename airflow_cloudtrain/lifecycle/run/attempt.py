@@ -431,6 +431,7 @@ class RunAttempt:
                 "deadline": self.deadline(),
                 "startup_timeout": self.ctx.wait.startup_timeout,
                 "heartbeat_timeout": self.ctx.wait.heartbeat_timeout,
+                "log_nodes": self.ctx.gang.log_nodes if self.ctx.gang else "all",
             },
         )
 
@@ -440,24 +441,31 @@ class RunAttempt:
         the scheduler applies the stale "success" of the defer exit to the resumed try and fails the
         task (apache/airflow#66374), so a run that is already over is finished in the worker, by
         ``wait``, as the Amazon provider's operators do. Never raises: when in doubt, defer."""
-        if launch.nodes:
-            self.log.info("A gang's wait runs in the worker: deferring a gang is not supported yet")
-            return True
-        iid = launch.instance_id
+        ids = launch.node_ids  # a gang: any node already over ends the gang soon
+
+        def final_of() -> str | None:
+            for iid in ids:
+                raw = self.folder.get_text(status_key(iid))
+                if raw and RunStatus.from_json(raw).final:
+                    return iid
+            return None
+
         try:
-            raw = call_with_retry(lambda: self.folder.get_text(status_key(iid)))
-            if raw and RunStatus.from_json(raw).final:
-                self.log.info("The job on %s already ended: finishing in the worker, not deferring", iid)
+            done = call_with_retry(final_of)
+            if done is not None:
+                self.log.info("The job on %s already ended: finishing in the worker, not deferring", done)
                 return True
-            instance = call_with_retry(lambda: self.ctx.backend.cloud.describe([iid]).get(iid))
+            described = call_with_retry(lambda: self.ctx.backend.cloud.describe(ids))
         except Exception as err:
-            self.log.warning("Could not check %s before deferring (%s); deferring", iid, err)
+            self.log.warning("Could not check %s before deferring (%s); deferring", ", ".join(ids), err)
             return False
-        if instance is not None and (instance.state in ENDED_STATES or instance.state == STOPPED):
-            self.log.info(
-                "Instance %s already %s: finishing in the worker, not deferring", iid, instance.state
-            )
-            return True
+        for iid in ids:
+            instance = described.get(iid)
+            if instance is not None and (instance.state in ENDED_STATES or instance.state == STOPPED):
+                self.log.info(
+                    "Instance %s already %s: finishing in the worker, not deferring", iid, instance.state
+                )
+                return True
         return False
 
     def wait(self, launch: LaunchRecord) -> Outcome:
