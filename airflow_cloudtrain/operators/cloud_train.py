@@ -106,7 +106,14 @@ class CloudTrainOperator(RunArgsOperator):
         self.num_nodes = num_nodes
         self.placement = placement
         self.log_nodes = log_nodes
-        parse_gang_args(num_nodes, placement, log_nodes, self.cloud, getattr(self, "instance_type", None))
+        gang = parse_gang_args(
+            num_nodes, placement, log_nodes, self.cloud, getattr(self, "instance_type", None)
+        )
+        if gang is not None and gang.num_nodes > 1 and self.launch_options.volume_id:
+            raise ValueError(
+                f"volume_id={self.launch_options.volume_id!r} is not valid with num_nodes={num_nodes!r}: one EBS "
+                "volume attaches to one instance; leave volume_id out of a gang (use code= or the bucket)"
+            )
 
     def _gang(self, config: RunConfig) -> GangOptions | None:
         """The rendered gang arguments (checked again: ``num_nodes`` or the cloud may have been a

@@ -96,3 +96,9 @@ def test_the_fleets_point_to_num_workers(cls: type, bucket: str) -> None:
     with pytest.raises(ValueError, match="num_nodes=4 is not valid on") as err:
         cls(**args, num_nodes=4)
     assert "num_workers" in str(err.value)
+
+
+def test_a_gang_takes_no_volume() -> None:
+    with pytest.raises(ValueError, match="volume_id='vol-0123abcd' is not valid with num_nodes=2"):
+        make(num_nodes=2, volume_id="vol-0123abcd")
+    make(num_nodes=1, volume_id="vol-0123abcd")
