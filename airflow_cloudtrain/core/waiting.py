@@ -7,6 +7,7 @@ cloud reports it. The instance ending without a final status means the agent nev
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from airflow_cloudtrain.contract.runs import INTERRUPTED, SUCCEEDED, RunStatus
@@ -149,9 +150,9 @@ class GangWatch:
 
     def decide(
         self,
-        statuses: list[RunStatus | None],
-        instances: list[Instance | None],
-        heartbeats: list[float | None] | None = None,
+        statuses: Sequence[RunStatus | None],
+        instances: Sequence[Instance | None],
+        heartbeats: Sequence[float | None] | None = None,
     ) -> Outcome | None:
         """None while the gang goes on, else its one outcome (``nodes``: every node's end so far)."""
         beats = heartbeats or [None] * len(self.node_ids)
