@@ -230,3 +230,46 @@ def test_deferrable_gang_names_the_failing_node(
     assert task_states(run) == {"train": "failed"}
     assert "node rank 1 (" in out and ") exited with code 1" in out, out[-3000:]
     assert len(nothing_left(emu, "gcp", dag_id, run)) == 3
+
+
+def test_a_retry_after_a_kill_launches_one_whole_new_gang(
+    emu: Any, airflow_db: Any, capfd: Any, tmp_path: Path
+) -> None:
+    """Killed while its three nodes run, the task's retry runs a whole new gang: the first gang is
+    gone before the second launches (never two gangs), and the retry's gang all-reduces."""
+    dag_id = "gang_killretry_aws"
+    mark = tmp_path / "first-gang-started"
+    script = tmp_path / "allreduce.py"
+    script.write_text(ALLREDUCE)
+    # the first gang's head blocks until the kill; the retry's (the mark is there) all-reduces
+    command = (
+        f"if [ \"$NODE_RANK\" = 0 ] && [ ! -e '{mark}' ]; then touch '{mark}'; echo started; sleep 600; fi; "
+        f"exec {sys.executable} {script}"
+    )
+    before = signal.getsignal(signal.SIGTERM)
+    fired = threading.Event()
+
+    def watch() -> None:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            if mark.exists():
+                fired.set()
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.05)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    try:
+        thread.start()
+        extra = ", num_nodes=3, retries=1, retry_delay=timedelta(seconds=0)"
+        run = scenario(dag_id, "aws", command, spot=False, extra=extra).test()
+        thread.join(5)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    out = capfd.readouterr().out
+    assert fired.is_set()
+    assert task_states(run) == {"train": "success"}, out[-3000:]
+    result = xcom(run, "train")
+    assert [n["exit_code"] for n in result["nodes"]] == [0, 0, 0]
+    ids = nothing_left(emu, "aws", dag_id, run)
+    assert len(ids) == 6 and set(ids) > {n["instance_id"] for n in result["nodes"]}
