@@ -67,6 +67,20 @@ class RunBackend(Protocol):
         """Before the run's first instance: what keeps it unreachable from outside (GCE: a firewall
         rule through the ledger; EC2: nothing, its security groups are the user's)."""
 
+    def gang_network(
+        self,
+        ledger: ResourceLedger,
+        digest: str,
+        options: Any,
+        placement: str | None,
+        check: Callable[[], None],
+        logger: Logger | None,
+    ) -> dict[str, Any]:
+        """Before a gang's first node: its nodes reach each other and nothing else reaches them, with
+        ``placement="cluster"`` close together; through the ledger. Returns the ``LaunchRequest``
+        fields every node gets (EC2: security groups, placement group; GCE: resource policies)."""
+        ...
+
     def secret_name(self, digest: str, var: str) -> tuple[str, str | None]:
         """(name, location) of the run secret for ``var``: known before it exists, so the ledger
         records it write-ahead."""

@@ -43,6 +43,8 @@ class LaunchRequest:
     network: str | None = None  # GCE: a network path (None: the default network)
     subnetwork: str | None = None  # GCE: a subnetwork name (in the launch's region) or path
     external_ip: bool = True  # GCE: a public IP (an ONE_TO_ONE_NAT access config)
+    placement_group: str | None = None  # EC2: a gang's cluster placement group (by name)
+    resource_policies: list[str] = field(default_factory=list)  # GCE: a gang's compact placement policy
 
 
 @dataclass
@@ -59,6 +61,7 @@ class Instance:
     preempted: bool = False  # the cloud itself says it took the instance back
     tags: dict[str, str] = field(default_factory=dict)
     missing: bool = False  # the cloud does not know this id (never existed, or long gone)
+    private_ip: str | None = None  # the address a gang's other nodes reach it on
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -58,3 +58,53 @@ def launch_with_failover(
                 continue
             return instance, offer, tried
     raise LaunchFailed(tried)
+
+
+def launch_gang_with_failover(
+    launch: Callable[[LaunchRequest], Instance],
+    release: Callable[[list[Instance]], None],
+    offers: Sequence[Offer],
+    build: Callable[[Offer, str | None, int, int], LaunchRequest],
+    zones_for: Callable[[Offer], Sequence[str | None]],
+    num_nodes: int,
+    max_attempts: int = 6,
+    logger: logging.Logger | None = None,
+) -> tuple[list[Instance], Offer, list[tuple[str, str, str]]]:
+    """``num_nodes`` instances of one offer in one zone, all or nothing: node by node, and on a
+    capacity or quota answer at node k the k nodes already running are ``release``d (the caller
+    waits until they are ending) and the gang moves to the next zone/offer as one unit.
+
+    ``build(offer, zone, attempt, rank)`` makes node ``rank``'s request of gang attempt ``attempt``
+    (each with its own client token). Nodes after the first go to the first node's zone: where the
+    cloud picks the zone (EC2 without ``zone=``), the gang still ends up in one. Any other error
+    propagates with the nodes in the caller's ledger, which releases them."""
+    logger = logger or log
+    tried: list[tuple[str, str, str]] = []
+    for offer in offers:
+        for zone in zones_for(offer):
+            if len(tried) >= max_attempts:
+                raise LaunchFailed(tried)
+            got: list[Instance] = []
+            try:
+                for rank in range(num_nodes):
+                    node_zone = zone or (got[0].zone if got else None)
+                    got.append(launch(build(offer, node_zone, len(tried), rank)))
+            except (CapacityUnavailable, QuotaExceeded) as err:
+                where = zone or (got[0].zone if got else None) or offer.region
+                code = err.code or type(err).__name__
+                why = f"{code} at node {len(got) + 1} of {num_nodes}"
+                tried.append((offer.instance_type, where, why))
+                logger.warning(
+                    "No capacity for %d x %s in %s (%s); releasing the %d node(s) launched and trying "
+                    "the next zone or offer",
+                    num_nodes,
+                    offer.instance_type,
+                    where,
+                    why,
+                    len(got),
+                )
+                if got:
+                    release(got)
+                continue
+            return got, offer, tried
+    raise LaunchFailed(tried)

@@ -39,6 +39,18 @@ class LaunchRecord:
     try_number: int = 1
     requested_at: float | None = None  # when the first create call of this launch was sent
     live_uri: str | None = None  # the bucket's live index the agent publishes to (runs.Beacon)
+    # a gang (num_nodes > 1): every node in rank order, {rank, instance_id, zone, private_ip};
+    # ``instance_id`` above is the head's (rank 0). Empty: one instance, no gang.
+    nodes: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, len(self.nodes))
+
+    @property
+    def node_ids(self) -> list[str]:
+        """Every node's instance id in rank order (the one instance of a single run)."""
+        return [str(n["instance_id"]) for n in self.nodes] if self.nodes else [self.instance_id]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -69,6 +81,8 @@ class Outcome:
     instance: dict[str, Any] | None = None
     ended_at: float | None = None  # when the agent reported the end (unix time), if it did
     seen_ended_at: float | None = None  # when the wait first saw the instance ended (unix time)
+    # a gang: what each node's end was when the gang's outcome was decided, {rank, exit_code, state}
+    nodes: list[dict[str, Any]] | None = None
 
     @property
     def ok(self) -> bool:
@@ -135,4 +149,32 @@ class Attempt:
             "interruptions": int(outcome.interruptions or 0),
             "adopted": bool(launch.adopted),
             "failover": launch.failover,
+            "num_nodes": launch.num_nodes,
+            "nodes": self.nodes(),
         }
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """XCom ``nodes``: per node rank, instance id, zone, private address and exit code (None for a
+        node stopped by the gang's end before its job said)."""
+        launch, outcome = self.launch, self.outcome
+        if not launch.nodes:
+            return [
+                {
+                    "rank": 0,
+                    "instance_id": launch.instance_id,
+                    "zone": launch.zone,
+                    "private_ip": None,
+                    "exit_code": outcome.exit_code,
+                }
+            ]
+        codes = {int(n["rank"]): n.get("exit_code") for n in outcome.nodes or []}
+        return [
+            {
+                "rank": int(n["rank"]),
+                "instance_id": n["instance_id"],
+                "zone": n.get("zone"),
+                "private_ip": n.get("private_ip"),
+                "exit_code": codes.get(int(n["rank"])),
+            }
+            for n in launch.nodes
+        ]

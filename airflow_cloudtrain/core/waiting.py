@@ -7,6 +7,7 @@ cloud reports it. The instance ending without a final status means the agent nev
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from airflow_cloudtrain.contract.runs import INTERRUPTED, SUCCEEDED, RunStatus
@@ -118,6 +119,87 @@ class RunWatch:
                     f"(heartbeat_timeout={self.heartbeat_timeout:.0f}s)",
                 )
         return None
+
+
+class GangWatch:
+    """The one outcome of a gang (``num_nodes`` > 1), shared by the blocking wait and the trigger.
+
+    Each node has its own ``RunWatch`` (final status, instance state, silent agent, deadline). The gang
+    succeeds when every node's job has ended with success; the first node whose job fails, whose
+    instance ends without a final status or whose agent goes silent ends the gang: the outcome names
+    that node's rank, instance and exit code, and the caller's release stops the other nodes (their
+    agents get SIGTERM and upload their logs and checkpoints). A node that finished first just waits
+    for the others: its success is remembered, its instance may already be gone.
+    """
+
+    def __init__(
+        self,
+        node_ids: list[str],
+        deadline: float | None,
+        launched_at: float | None = None,
+        startup_timeout: float | None = None,
+        heartbeat_timeout: float | None = None,
+        clock: Any = None,
+        wall: Any = None,
+    ) -> None:
+        self.node_ids = list(node_ids)
+        self.watches = [
+            RunWatch(deadline, launched_at, startup_timeout, heartbeat_timeout, clock, wall) for _ in node_ids
+        ]
+        self.done: dict[int, Outcome] = {}  # rank -> its successful end
+
+    def decide(
+        self,
+        statuses: Sequence[RunStatus | None],
+        instances: Sequence[Instance | None],
+        heartbeats: Sequence[float | None] | None = None,
+    ) -> Outcome | None:
+        """None while the gang goes on, else its one outcome (``nodes``: every node's end so far)."""
+        beats = heartbeats or [None] * len(self.node_ids)
+        for rank, watch in enumerate(self.watches):
+            if rank in self.done:
+                continue
+            event = watch.decide(statuses[rank], instances[rank], beats[rank])
+            if event is None:
+                continue
+            if event.ok:
+                self.done[rank] = event
+                continue
+            return self._failed(rank, event)
+        if len(self.done) < len(self.node_ids):
+            return None
+        head = self.done[0]
+        return Outcome(
+            status=SUCCESS,
+            state=head.state,
+            exit_code=head.exit_code,
+            message=f"all {len(self.node_ids)} nodes succeeded",
+            instance=head.instance,
+            ended_at=max((e.ended_at or 0.0 for e in self.done.values()), default=0.0) or None,
+            nodes=self._nodes(),
+        )
+
+    def _failed(self, rank: int, event: Outcome) -> Outcome:
+        iid = self.node_ids[rank]
+        if event.exit_code is not None:
+            what = f"exited with code {event.exit_code}" + (f" ({event.message})" if event.message else "")
+        else:
+            what = event.message or event.state
+        event.message = f"node rank {rank} ({iid}) {what}; the gang's other nodes were stopped"
+        event.nodes = self._nodes({rank: event})
+        return event
+
+    def _nodes(self, extra: dict[int, Outcome] | None = None) -> list[dict[str, Any]]:
+        ends = {**self.done, **(extra or {})}
+        return [
+            {
+                "rank": rank,
+                "instance_id": iid,
+                "exit_code": ends[rank].exit_code if rank in ends else None,
+                "state": ends[rank].state if rank in ends else "stopped",
+            }
+            for rank, iid in enumerate(self.node_ids)
+        ]
 
 
 def parse_heartbeat(raw: bytes | str | None) -> float | None:

@@ -450,13 +450,15 @@ class Emulator:
         ``restartJobOnWorkerRestart``); the job stays RUNNING. ValueError for a job not on SPOT."""
         self.vertex.preempt_replica(job, replica)
 
-    def fail_capacity(self, instance_type: str, zone: str | None = None) -> None:
-        """From now on launches of this type (in this zone, or anywhere) find no capacity."""
+    def fail_capacity(self, instance_type: str, zone: str | None = None, after: int = 0) -> None:
+        """From now on launches of this type (in this zone, or anywhere) find no capacity; with
+        ``after`` the next that many launches still succeed first (room for only N, e.g. 2 of a gang of 3)."""
         if "." not in instance_type:  # GCE machine types have no dot: n1-standard-4, custom-8-32768
-            self.gce.fail_capacity(instance_type, zone)
+            self.gce.fail_capacity(instance_type, zone, after)
             return
         with self.moto.middleware.lock:
             self.moto.middleware.capacity_faults.add((instance_type, zone))
+            self.moto.middleware.capacity_after[(instance_type, zone)] = int(after)
 
     def throttle(self, rate: float, api: str | Sequence[str] | None = None, seed: int | None = 0) -> None:
         """From now on refuse ``rate`` (0..1) of the requests ``api`` selects as throttled (module doc);
@@ -469,6 +471,7 @@ class Emulator:
         self._throttle.clear()
         with self.moto.middleware.lock:
             self.moto.middleware.capacity_faults.clear()
+            self.moto.middleware.capacity_after.clear()
 
     def request_counts(self) -> dict[str, int]:
         """Requests per operation made by anyone but the emulator itself, since start or reset; those

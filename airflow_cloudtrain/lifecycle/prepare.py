@@ -73,6 +73,18 @@ class JobOptions:
 
 
 @dataclass
+class GangOptions:
+    """A gang (``num_nodes`` > 1): its size, placement, whose logs stream, and the barrier's settings
+    the agents read from the spec (``contract.gang``)."""
+
+    num_nodes: int
+    placement: str | None = None
+    log_nodes: str = "all"
+    gang_timeout_s: float = 600.0  # every node at the barrier within this long, or the run fails
+    master_port: int = 29500  # torchrun's default
+
+
+@dataclass
 class WaitSettings:
     """How a wait polls, and when it stops trusting a silent agent."""
 
@@ -138,12 +150,15 @@ def write_run_folder(
     worker: dict[str, Any] | None = None,
     live_uri: str | None = None,
     secret_env: dict[str, str] | None = None,
+    gang: GangOptions | None = None,
 ) -> None:
     """The spec, the agent and (for a local ``code`` folder) the code tarball, before any launch.
 
     ``secret_env``: the spec's ``{VAR: cloud secret reference}`` (``lifecycle.run_secrets``).
 
     ``live_uri``: the bucket's live index, where the agent publishes its beacon for triggers.
+
+    ``gang``: every node's agent reads the gang's size, barrier timeout and port from the spec.
 
     ``worker`` (``workqueue.WorkerSettings`` as a dict) makes it a fleet's spec: every instance
     launched with it runs items from the queue instead of one job."""
@@ -179,6 +194,10 @@ def write_run_folder(
     spec.worker = worker
     spec.live_uri = live_uri
     spec.secret_env = dict(secret_env or {})
+    if gang is not None:
+        spec.num_nodes = gang.num_nodes
+        spec.gang_timeout_s = gang.gang_timeout_s
+        spec.master_port = gang.master_port
     call_with_retry(lambda: folder.put_text(SPEC_KEY, spec.to_json()))
     agent = build_agent_zip()
     call_with_retry(lambda: folder.put_bytes(AGENT_KEY, agent))

@@ -206,10 +206,12 @@ class RunArgsOperator(EngineOperator):
         from airflow_cloudtrain.lifecycle.prepare import LaunchOptions, WaitSettings
         from airflow_cloudtrain.operators.checks import check_bool, check_seconds
         from airflow_cloudtrain.operators.config import parse_duration
+        from airflow_cloudtrain.operators.gang_config import refuse_num_nodes
         from airflow_cloudtrain.operators.launch_config import check_connection_args, parse_launch_args
         from airflow_cloudtrain.operators.network_config import apply_network_args
         from airflow_cloudtrain.operators.secret_env import check_secret_env
 
+        refuse_num_nodes(type(self).__name__, kwargs)  # CloudTrainOperator took its own already
         super().__init__(**kwargs)
         for name in TEMPLATED:
             setattr(self, name, locals()[name])

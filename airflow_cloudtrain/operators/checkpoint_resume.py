@@ -53,7 +53,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
     Every ``CloudTrainOperator`` parameter applies too.
     """
 
-    template_fields: Sequence[str] = (*TEMPLATED, "resume_from", "checkpoint_dir")
+    template_fields: Sequence[str] = (*TEMPLATED, "resume_from", "checkpoint_dir", "num_nodes")
     ui_color = "#fdf3e8"
 
     def __init__(
@@ -77,6 +77,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
         from airflow_cloudtrain.operators.resume_config import parse_resume_args
 
         super().__init__(**kwargs)
+        refuse_gang_resume(self.num_nodes)
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_snapshots = check_bool(checkpoint_snapshots, "checkpoint_snapshots")
         self.resume_from = resume_from
@@ -103,6 +104,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
         from airflow_cloudtrain.operators.resume_config import parse_resume_from
 
         config = self._config()  # rendered: every check again, the cloud-dependent ones too
+        refuse_gang_resume(self.num_nodes)
         args = self.resume
         job = JobOptions(
             checkpoint_dir=self.checkpoint_dir or None,
@@ -155,3 +157,17 @@ class CheckpointResumeOperator(CloudTrainOperator):
     def wait_complete(self, context: Context, event: Any = None) -> Any:
         """Back from a timer the previous release deferred on: ``execute_complete``."""
         return self.execute_complete(context, event)
+
+
+def refuse_gang_resume(num_nodes: Any) -> None:
+    """Gangs that relaunch together after an interruption are not built yet (issue 25): a gang here
+    would be resumed node by node, which is wrong, so it fails at parse time instead."""
+    from airflow_cloudtrain.operators.checks import is_deferred_value
+    from airflow_cloudtrain.operators.gang_config import parse_num_nodes
+
+    if not is_deferred_value(num_nodes) and parse_num_nodes(num_nodes) > 1:
+        raise ValueError(
+            f"num_nodes={num_nodes!r} is not supported by CheckpointResumeOperator yet: a gang that relaunches "
+            "together from its last checkpoint is not built; use CloudTrainOperator(num_nodes=...) for a "
+            "multi-node job without relaunches, or num_nodes=1 here"
+        )

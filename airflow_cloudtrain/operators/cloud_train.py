@@ -80,20 +80,59 @@ class CloudTrainOperator(RunArgsOperator):
     :param heartbeat_timeout: How long the agent may stay silent before the run is declared lost.
     :param idle_timeout: Stop a job whose processes used no CPU (and no GPU) for this long (the
         hung-job watchdog; a duration, default None: off); the run ends ``idle`` and the task fails.
+    :param num_nodes: Instances running ``command`` together as one job (a gang, README "Multi-node
+        training"): all of one offer in one zone, all or nothing, one outcome. Default 1.
+    :param placement: ``"cluster"``: the gang's nodes close together (an EC2 cluster placement group,
+        a GCE compact placement policy); None: the cloud places them.
+    :param log_nodes: ``"all"`` (every node's log in the task log, prefixed ``[rank N]``) or ``"head"``;
+        default ``"all"`` up to 8 nodes, ``"head"`` above.
     """
 
-    template_fields: Sequence[str] = TEMPLATED
+    template_fields: Sequence[str] = (*TEMPLATED, "num_nodes")
     template_fields_renderers = {"env": "json", "secret_env": "json", "setup_cmds": "py", "command": "bash"}
     ui_color = "#e8f4fd"
     operator_extra_links = (CloudInstanceLink(), RunFolderLink())
     _attempt: RunAttempt | None = None  # the current attempt (the resume loop's too)
     idle_timeout_s: float | None = None
 
-    def __init__(self, *, idle_timeout: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        idle_timeout: Any = None,
+        num_nodes: int | str = 1,
+        placement: str | None = None,
+        log_nodes: str | None = None,
+        **kwargs: Any,
+    ) -> None:
         from airflow_cloudtrain.operators.checks import parse_duration
+        from airflow_cloudtrain.operators.gang_config import parse_gang_args
 
         super().__init__(**kwargs)
         self.idle_timeout_s = parse_duration(idle_timeout, "idle_timeout")
+        self.num_nodes = num_nodes
+        self.placement = placement
+        self.log_nodes = log_nodes
+        gang = parse_gang_args(
+            num_nodes, placement, log_nodes, self.cloud, getattr(self, "instance_type", None)
+        )
+        if gang is not None and gang.num_nodes > 1 and self.launch_options.volume_id:
+            raise ValueError(
+                f"volume_id={self.launch_options.volume_id!r} is not valid with num_nodes={num_nodes!r}: one EBS "
+                "volume attaches to one instance; leave volume_id out of a gang (use code= or the bucket)"
+            )
+
+    def _gang(self, config: RunConfig) -> GangOptions | None:
+        """The rendered gang arguments (checked again: ``num_nodes`` or the cloud may have been a
+        template); None for a single instance."""
+        from airflow_cloudtrain.lifecycle.prepare import GangOptions
+        from airflow_cloudtrain.operators.gang_config import parse_gang_args
+
+        args = parse_gang_args(
+            self.num_nodes, self.placement, self.log_nodes, config.cloud, config.instance_type
+        )
+        if args is None or args.num_nodes == 1:
+            return None
+        return GangOptions(args.num_nodes, args.placement, args.log_nodes)
 
     def _run_context(self, config: RunConfig, context: Context) -> RunContext:
         """The run's context from the rendered ``config``; ``secret_env`` is parsed here, on the
@@ -107,6 +146,7 @@ class CloudTrainOperator(RunArgsOperator):
             from airflow_cloudtrain.lifecycle.prepare import JobOptions
 
             ctx.job = JobOptions(idle_timeout_s=self.idle_timeout_s)
+        ctx.gang = self._gang(config)
         return ctx
 
     def _new_attempt(self, context: Context) -> RunAttempt:
@@ -170,6 +210,7 @@ def _attempts(engine: Engine[Any]) -> AttemptEngine:
 
 
 if TYPE_CHECKING:  # the run machinery's types (apart from the imports above: those are the parse's)
+    from airflow_cloudtrain.lifecycle.prepare import GangOptions
     from airflow_cloudtrain.lifecycle.run.attempt import RunContext
     from airflow_cloudtrain.lifecycle.run.engine import AttemptEngine
     from airflow_cloudtrain.spec import RunConfig

@@ -84,6 +84,7 @@ class RunTrigger(BaseTrigger):
     :param startup_timeout: Seconds the agent may take to report after launch.
     :param heartbeat_timeout: Seconds the agent may stay silent before the run is declared lost.
     :param next_log_seq: The first log chunk not yet shown in the task log.
+    :param log_nodes: A gang's (``launch["nodes"]``): whose logs reach the task log, ``"all"`` or ``"head"``.
     """
 
     def __init__(
@@ -96,6 +97,7 @@ class RunTrigger(BaseTrigger):
         startup_timeout: float | None = None,
         heartbeat_timeout: float | None = None,
         next_log_seq: int = 0,
+        log_nodes: str = "all",
     ) -> None:
         super().__init__()
         self.launch = launch
@@ -106,6 +108,7 @@ class RunTrigger(BaseTrigger):
         self.startup_timeout = startup_timeout
         self.heartbeat_timeout = heartbeat_timeout
         self.next_log_seq = next_log_seq
+        self.log_nodes = log_nodes
         self._warned = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -120,6 +123,7 @@ class RunTrigger(BaseTrigger):
                 "startup_timeout": self.startup_timeout,
                 "heartbeat_timeout": self.heartbeat_timeout,
                 "next_log_seq": self.next_log_seq,
+                "log_nodes": self.log_nodes,
             },
         )
 
@@ -129,7 +133,10 @@ class RunTrigger(BaseTrigger):
         follower = LogFollower(launch.instance_id, self.next_log_seq)
         try:
             live_uri = launch.live_uri or await asyncio.to_thread(self._live_uri_from_spec, launch)
-            result = await self._wait(launch, live_uri, follower)
+            if launch.nodes:
+                result = await self._wait_gang(launch, live_uri, follower)
+            else:
+                result = await self._wait(launch, live_uri, follower)
         except asyncio.CancelledError as err:
             if not (err.args and err.args[0] == USER_ACTION_CANCEL):  # on_kill speaks for that case
                 self.log.warning(STOPPING_LINE, launch.instance_id)
@@ -278,6 +285,53 @@ class RunTrigger(BaseTrigger):
             await self._show(index, launch, follower, beacon, None)
         return result
 
+    async def _wait_gang(self, launch: LaunchRecord, live_uri: str | None, head: LogFollower) -> Outcome:
+        """A gang (``num_nodes`` > 1): the blocking wait's decision (``core.waiting.GangWatch``) over
+        every node. The nodes' instances come from the shared describe (one per region per poll,
+        whatever the number of nodes); each poll reads the nodes' status and heartbeats, and their
+        new log lines (``[rank N]``), in a worker thread. ``head`` carries the task log's cursor."""
+        from airflow_cloudtrain.contract.runs import beat_name
+        from airflow_cloudtrain.core.waiting import GangWatch
+
+        ids = launch.node_ids
+        instances: dict[str, Instance | None] = {}
+        failed: list[BaseException] = []
+        watcher = asyncio.ensure_future(self._follow_instance(launch, instances, failed, ids))
+        watch = GangWatch(
+            ids, self.deadline, launch.launched_at, self.startup_timeout, self.heartbeat_timeout
+        )
+        folder = await asyncio.to_thread(self._folder, launch)
+        live = await asyncio.to_thread(self._backend(launch).run_folder, live_uri) if live_uri else None
+        followed = ids if self.log_nodes == "all" else ids[:1]
+        followers = [(0, head)] + [(rank, LogFollower(iid)) for rank, iid in enumerate(followed) if rank]
+
+        def read() -> tuple[list[RunStatus | None], list[float | None]]:
+            for rank, follower in followers:
+                for line in follower.poll(folder.list, folder.get_bytes):
+                    self.log.info("[rank %d] %s", rank, render_line(line))
+            statuses, beats = [], []
+            for iid in ids:
+                status, beat = self._folder_state(launch, folder, iid)
+                live_beat = parse_heartbeat(live.get_text(beat_name(iid))) if live is not None else None
+                statuses.append(status)
+                beats.append(max((b for b in (beat, live_beat) if b is not None), default=None))
+            return statuses, beats
+
+        async def poll() -> Outcome | None:
+            if failed:  # the instance watch gave up (after its own retries): so does the wait
+                return Outcome(ERROR, "wait_failed", message=f"waiting for the gang failed: {failed[0]}")
+            statuses, beats = await asyncio.to_thread(read)
+            return watch.decide(statuses, [instances.get(iid) for iid in ids], beats)
+
+        def transient(err: BaseException, delay: float) -> None:
+            self.log.warning("Transient error reading the gang's state (%s); retrying", err)
+
+        try:
+            return await apoll_until(poll, self.poll_interval, on_transient=transient)
+        finally:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+
     def _backend(self, launch: LaunchRecord) -> RunBackend:
         from airflow_cloudtrain.clouds.registry import backend_for
 
@@ -293,12 +347,14 @@ class RunTrigger(BaseTrigger):
         return self._backend(launch).run_folder(launch.run_uri)
 
     def _folder_state(
-        self, launch: LaunchRecord, folder: RunFolder | None = None
+        self, launch: LaunchRecord, folder: RunFolder | None = None, instance_id: str | None = None
     ) -> tuple[RunStatus | None, float | None]:
-        """Blocking: ``status.json`` and the heartbeat file of the run folder."""
+        """Blocking: ``status.json`` and the heartbeat file of the run folder (of the head, or of
+        ``instance_id``, a gang's node)."""
         folder = folder or self._folder(launch)
-        raw = folder.get_text(status_key(launch.instance_id))
-        beat = parse_heartbeat(folder.get_text(heartbeat_key(launch.instance_id)))
+        iid = instance_id or launch.instance_id
+        raw = folder.get_text(status_key(iid))
+        beat = parse_heartbeat(folder.get_text(heartbeat_key(iid)))
         return (RunStatus.from_json(raw) if raw else None), beat
 
     async def _folder_views(
@@ -320,16 +376,21 @@ class RunTrigger(BaseTrigger):
             await asyncio.sleep(self.poll_interval)
 
     async def _follow_instance(
-        self, launch: LaunchRecord, out: dict[str, Instance | None], failed: list[BaseException]
+        self,
+        launch: LaunchRecord,
+        out: dict[str, Instance | None],
+        failed: list[BaseException],
+        ids: list[str] | None = None,
     ) -> None:
-        """Keeps ``out`` at the latest shared snapshot of the instance (only when it stopped or
-        ended, on EC2); a lasting describe error is handed to the wait."""
+        """Keeps ``out`` at the latest shared snapshot of the instance (or of a gang's ``ids``; only
+        when it stopped or ended, on EC2); a lasting describe error is handed to the wait."""
+        ids = ids or [launch.instance_id]
         stream = (  # an async generator: aclosing closes it
             watch_instances(
                 launch.cloud,
                 self.conn_id,
                 launch.location,
-                [launch.instance_id],
+                ids,
                 self.poll_interval,
                 self.project_id,
                 ended_only=True,
@@ -338,7 +399,8 @@ class RunTrigger(BaseTrigger):
         try:
             async with aclosing(stream):
                 async for snapshot in stream:
-                    out[launch.instance_id] = snapshot.get(launch.instance_id)
+                    for iid in ids:
+                        out[iid] = snapshot.get(iid)
         except asyncio.CancelledError:
             raise
         except Exception as err:
@@ -387,8 +449,13 @@ class RunTrigger(BaseTrigger):
 
         launch = LaunchRecord.from_dict(self.launch)
         backend = self._backend(launch)
+        nodes = [(n["instance_id"], n.get("zone")) for n in launch.nodes] or [(launch.instance_id, None)]
         ledger = ResourceLedger(
-            launch.run_key, entries=[Resource("instance", launch.instance_id, launch.location)]
+            launch.run_key,
+            entries=[
+                Resource("instance", iid, backend.location(zone) if zone else launch.location)
+                for iid, zone in nodes
+            ],
         )
         released = abandon_run(
             backend,

@@ -291,6 +291,17 @@ BAD: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("qds", {"region": "mars"}, "region", "'mars'"),
     ("qds", {**ABSENT("max_depth")}, "max_depth", None),
     ("qds", {"min_depth": 5}, "min_depth", "5"),
+    # gangs (issue 25)
+    ("ec2", {"num_nodes": 0}, "num_nodes", "0"),
+    ("ec2", {"num_nodes": True}, "num_nodes", "True"),
+    ("ec2", {"num_nodes": 2.5}, "num_nodes", "2.5"),
+    ("ec2", {"num_nodes": 65}, "max_num_nodes", "65"),
+    ("gce", {"placement": "spread"}, "placement", "'spread'"),
+    ("ec2", {"placement": "cluster", "instance_type": "t3.large"}, "placement", "'t3.large'"),
+    ("ec2", {"num_nodes": 2, "log_nodes": "tail"}, "log_nodes", "'tail'"),
+    ("resume", {"num_nodes": 3}, "num_nodes", "3"),
+    ("fleet", {"num_nodes": 3}, "num_workers", "3"),
+    ("group", {"num_nodes": 3}, "num_workers", "3"),
 ]
 
 # (base, changes): legal values at the edges of what is accepted

@@ -269,6 +269,10 @@ def _other_cloud(name: str, own: list[Any]) -> Callable[[Family], list[Any]]:
 
 # CloudTrainOperator and the operators that take its arguments
 TRAIN_ROWS: dict[str, Row] = {
+    # gangs (issue 25): CloudTrainOperator and CheckpointResumeOperator
+    "num_nodes": [None, 0, -1, True, 2.5, NAN, "x", "   ", "", [2], 65, 10**6, "3\x00"],
+    "placement": ["", "   ", "Cluster", "spread", " cluster", 5, True, ["cluster"], "cluster\x00"],
+    "log_nodes": ["", "   ", "tail", "ALL", " head", 5, True, ["all"], "all\x00"],
     "command": [None, "", "   ", "\n", 5, True, ["python", "train.py"], "python train.py\x00"],
     "bucket": _by_family(bucket_bad("s3", "gs"), bucket_bad("gs", "s3")),
     "cloud": [

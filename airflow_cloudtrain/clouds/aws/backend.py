@@ -44,6 +44,33 @@ class AwsRunBackend:
             self.region = region
             self._cloud = None
 
+    def gang_network(
+        self,
+        ledger: ResourceLedger,
+        digest: str,
+        options: Any,
+        placement: str | None,
+        check: Callable[[], None],
+        logger: logging.Logger | None,
+    ) -> dict[str, Any]:
+        """A gang's network before its first node (``clouds.aws.gang_net``), through the ledger; the
+        ``LaunchRequest`` fields every node gets: the run's group (and the user's), the placement group."""
+        net = aws_gang_net.ensure_gang_network(
+            self,
+            ledger,
+            digest,
+            subnet_id=options.subnet_id,
+            peer_groups=list(options.security_group_ids),
+            placement=placement,
+            check=check,
+            logger=logger,
+        )
+        groups = [
+            net.security_group_id,
+            *[g for g in options.security_group_ids if g != net.security_group_id],
+        ]
+        return {"security_group_ids": groups, "placement_group": net.placement_group}
+
     def run_folder(self, run_uri: str) -> RunFolder:
         from airflow_cloudtrain.storage import open_run_folder
 

@@ -96,6 +96,7 @@ def to_instance(raw: dict[str, Any]) -> Instance:
         state_reason=reason,
         preempted=reason in SPOT_INTERRUPTION_REASONS,
         tags={t["Key"]: t["Value"] for t in raw.get("Tags", [])},
+        private_ip=raw.get("PrivateIpAddress") or None,
     )
 
 
@@ -149,6 +150,8 @@ class AwsCloud(Cloud):
         }
         if request.zone:
             kwargs["Placement"] = {"AvailabilityZone": request.zone}
+        if request.placement_group:  # a gang's cluster placement group (``clouds.aws.gang_net``)
+            kwargs.setdefault("Placement", {})["GroupName"] = request.placement_group
         if request.subnet_id:
             kwargs["SubnetId"] = request.subnet_id
         if offer.is_spot:

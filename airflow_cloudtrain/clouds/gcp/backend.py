@@ -61,6 +61,31 @@ class GcpRunBackend:
         SSH rule ``ssh_source_ranges`` asks for), made through the ledger."""
         gcp_firewall.protect_run(self, ledger, digest, options, self.region, check, logger)
 
+    def gang_network(
+        self,
+        ledger: ResourceLedger,
+        digest: str,
+        options: Any,
+        placement: str | None,
+        check: Callable[[], None],
+        logger: logging.Logger | None,
+    ) -> dict[str, Any]:
+        """A gang's network before its first VM (``clouds.gcp.gang_net``), through the ledger: the
+        tag-to-tag allow rule (the run's tag is on every VM already) and the compact placement policy,
+        which every node's ``LaunchRequest`` names."""
+        net = gcp_gang_net.ensure_gang_network(
+            self,
+            ledger,
+            digest,
+            self.region or "",
+            network=options.network,
+            subnetwork=options.subnetwork,
+            placement=placement,
+            check=check,
+            logger=logger,
+        )
+        return {"resource_policies": [net.placement_policy] if net.placement_policy else []}
+
     def run_folder(self, run_uri: str) -> RunFolder:
         return self.hook.run_folder(run_uri)
 

@@ -165,6 +165,8 @@ def instance_properties(r: LaunchRequest, zone: str | None) -> dict[str, Any]:
             "enable_integrity_monitoring": True,
         },
     }
+    if r.resource_policies:  # a gang's compact placement policy (``clouds.gcp.gang_net``)
+        body["resource_policies"] = list(r.resource_policies)
     if offer.attach_gpus:
         accelerator = ACCELERATOR_TYPES[offer.gpu_type or ""]
         body["guest_accelerators"] = [
@@ -320,4 +322,11 @@ def to_instance(raw: Any) -> Instance:
         launch_time=launch,
         state_reason=status,
         tags=dict(raw.labels),
+        private_ip=_private_ip(raw),
     )
+
+
+def _private_ip(raw: Any) -> str | None:
+    """The VM's first NIC's internal address (``networkIP``), once assigned."""
+    nics = list(getattr(raw, "network_interfaces", []) or [])
+    return (getattr(nics[0], "network_i_p", "") or None) if nics else None

@@ -45,6 +45,7 @@ class FaultsAndCounts:
         self.throttle = throttle or Throttle()
         self.lock = threading.Lock()
         self.capacity_faults: set[tuple[str, str | None]] = set()
+        self.capacity_after: dict[tuple[str, str | None], int] = {}  # launches still let through
         self.placement_groups = placement.PlacementGroups()  # moto has none (``placement``)
         self.counts: Counter[str] = Counter()
 
@@ -87,9 +88,11 @@ class FaultsAndCounts:
             itype = (form.get("InstanceType") or [""])[0]
             zone = next(iter(form.get("Placement.AvailabilityZone") or []), None)
             with self.lock:
-                hit = (itype, None) in self.capacity_faults or (
-                    zone is not None and (itype, zone) in self.capacity_faults
-                )
+                keys = [k for k in ((itype, zone), (itype, None)) if k in self.capacity_faults]
+                hit = bool(keys)
+                if hit and self.capacity_after.get(keys[0], 0) > 0:  # room for a few more first
+                    self.capacity_after[keys[0]] -= 1
+                    hit = False
             if hit:
                 return self._send(start_response, wire.capacity_error(itype, zone))
             group = next(iter(form.get("Placement.GroupName") or []), None)

@@ -250,10 +250,10 @@ class GceServer(GoogleRestServer):
             for state in self._projects.values():
                 getattr(state, method)(*args)
 
-    def fail_capacity(self, machine_type: str, zone: str | None = None) -> None:
+    def fail_capacity(self, machine_type: str, zone: str | None = None, after: int = 0) -> None:
         """From now on inserts of this type (in this zone, or anywhere) end in ZONE_RESOURCE_POOL_EXHAUSTED,
-        in every project."""
-        self._fault("fail_capacity", machine_type, zone)
+        in every project (``after``: the next that many inserts still get a VM)."""
+        self._fault("fail_capacity", machine_type, zone, after)
 
     def fail_quota(
         self,

@@ -75,14 +75,28 @@ class ComputeState:
         self._ops: dict[tuple[str, str], Operation] = {}
         self._requests: dict[tuple[str, str, str], str] = {}  # (zone, method, requestId) -> op name
         self._capacity: set[tuple[str, str | None]] = set()
+        self._capacity_after: dict[tuple[str, str | None], int] = {}  # inserts still let through
         self._quota: dict[tuple[str | None, str | None], tuple[str | None, bool]] = {}
 
     # --- the testing / cloud-side API ------------------------------------------------------------
 
-    def fail_capacity(self, machine_type: str, zone: str | None = None) -> None:
-        """From now on inserts of this type (in this zone, or anywhere) end in ZONE_RESOURCE_POOL_EXHAUSTED."""
+    def fail_capacity(self, machine_type: str, zone: str | None = None, after: int = 0) -> None:
+        """From now on inserts of this type (in this zone, or anywhere) end in ZONE_RESOURCE_POOL_EXHAUSTED;
+        with ``after`` the next that many inserts still get a VM first (a zone with room for N)."""
         with self._lock:
             self._capacity.add((machine_type, zone))
+            self._capacity_after[(machine_type, zone)] = int(after)
+
+    def _capacity_left(self, mtype: str, zone: str | None) -> bool:
+        """Is this insert refused for capacity? (one of the inserts ``after`` lets through is used up)"""
+        with self._lock:
+            keys = [k for k in ((mtype, zone), (mtype, None)) if k in self._capacity]
+            if not keys:
+                return False
+            if self._capacity_after.get(keys[0], 0) > 0:
+                self._capacity_after[keys[0]] -= 1
+                return False
+            return True
 
     def fail_quota(
         self,
@@ -99,6 +113,7 @@ class ComputeState:
     def clear_faults(self) -> None:
         with self._lock:
             self._capacity.clear()
+            self._capacity_after.clear()
             self._quota.clear()
 
     def alive(self) -> list[dict[str, Any]]:
@@ -300,7 +315,7 @@ class ComputeState:
                 "httpErrorStatusCode": 403,
                 "httpErrorMessage": "FORBIDDEN",
             }
-        if (mtype, None) in self._capacity or (mtype, zone) in self._capacity:
+        if self._capacity_left(mtype, zone):
             message = (
                 f"The zone 'projects/{self.project}/zones/{zone}' does not have enough resources available "
                 "to fulfill the request.  Try a different zone, or try again later."

@@ -25,6 +25,7 @@ from airflow_cloudtrain.core.records import Attempt, LaunchRecord, Outcome
 from airflow_cloudtrain.core.retry import TransientBudget, call_with_retry
 from airflow_cloudtrain.core.waiting import RunWatch, outcome, parse_heartbeat
 from airflow_cloudtrain.lifecycle.prepare import (
+    GangOptions,
     JobOptions,
     LaunchOptions,
     WaitSettings,
@@ -35,6 +36,7 @@ from airflow_cloudtrain.lifecycle.prepare import (
 from airflow_cloudtrain.lifecycle.run.abandon import abandon_run, delivered, mark_delivered
 
 if TYPE_CHECKING:
+    from airflow_cloudtrain.catalog.offers import Offer
     from airflow_cloudtrain.contract.runs import RunKey
     from airflow_cloudtrain.core.backend import RunBackend
     from airflow_cloudtrain.core.cloud import Instance, LaunchRequest
@@ -67,6 +69,7 @@ class RunContext:
     job: JobOptions | None = None  # checkpoint / watchdog settings for the spec (None: defaults)
     folder_uri: str | None = None  # another run folder to use (``resume_from``), else the key's own
     secret_env: dict[str, str] | None = None  # {VAR: reference}, parsed by the operator
+    gang: GangOptions | None = None  # num_nodes > 1: launched, watched and released as one (``gang``)
 
     @property
     def run_uri(self) -> str:
@@ -157,7 +160,8 @@ class RunAttempt:
         if backend.region is None:  # nothing asked, nothing configured: the cheapest region it is
             backend.bind_region(offers_for(self.ctx.config, None, self.log)[0].region)
         # Reads are retried; an error here releases nothing: an adoptable instance must survive it.
-        found = call_with_retry(self._earlier)
+        # A gang is never adopted: what an earlier try left goes, and one whole gang is launched.
+        found = call_with_retry(self._earlier if self.ctx.gang is None else self._earlier_gang)
         if found is not None:
             return found
         try:
@@ -204,6 +208,16 @@ class RunAttempt:
             self.ledger.release(backend, sweep=False, only=[known[i] for i in extra])
         self.log.info("Adopting instance %s launched by an earlier try of this task", chosen)
         return self._adopted(states[chosen], chosen), None
+
+    def _earlier_gang(self) -> None:
+        """A gang whose earlier try left nodes (a worker killed mid-launch or mid-run): release them
+        all (network too), so the run never holds two gangs; the launch then starts a whole one."""
+        self.ledger.sweep(self.ctx.backend, ["instance"])
+        left = [r.id for r in self.ledger.of_kind("instance") if r.id]
+        if left:
+            self.log.warning("Releasing the %d node(s) an earlier try of this gang left: %s", len(left), left)
+            self.abandon()
+        return None
 
     def _status(self, instance_id: str) -> RunStatus | None:
         raw = self.folder.get_text(status_key(instance_id))
@@ -267,10 +281,13 @@ class RunAttempt:
             ctx.job,
             live_uri=ctx.live_uri,
             secret_env=self._secret_env(),
+            gang=ctx.gang,
         )
         build = request_builder(ctx.config, ctx.key, ctx.run_uri, ctx.options, ctx.try_number)
         self._protect_network()
         requested_at = time.time()
+        if ctx.gang is not None:
+            return self._launch_gang(offers, build, requested_at)
         instance, offer, tried = launch_with_failover(
             self._create_instance,
             offers,
@@ -302,6 +319,54 @@ class RunAttempt:
         if ctx.options.volume_id:  # a failure here is released by start(), as any launch error
             device = backend.cloud.attach_volume(instance.id, ctx.options.volume_id)
             self.log.info("Attached volume %s as %s", ctx.options.volume_id, device)
+        return launch
+
+    def _launch_gang(self, offers: list[Offer], build: Any, requested_at: float) -> LaunchRecord:
+        """``num_nodes`` instances, all or nothing (``lifecycle.run.gang``); the record's
+        ``instance_id`` is the head's, ``nodes`` every node's."""
+        from airflow_cloudtrain.lifecycle.run.gang import Gang
+
+        ctx, backend = self.ctx, self.ctx.backend
+        assert ctx.gang is not None
+        gang = Gang(backend, self.folder, self.ledger, self.log, ctx.gang)
+        extra = gang.prepare(ctx.key.digest, ctx.options, self._check_killed)
+        nodes, offer, tried = gang.launch(
+            self._create_instance,
+            gang.usable(offers, ctx.config.cloud),
+            build,
+            lambda o: backend.zones_for(ctx.config.zone, o),
+            ctx.options.max_launch_attempts,
+            extra,
+        )
+        head = nodes[0]
+        launch = LaunchRecord(
+            run_id=ctx.key.short_id,
+            run_uri=ctx.run_uri,
+            live_uri=ctx.live_uri,
+            cloud=ctx.config.cloud,
+            region=backend.region,
+            instance_id=head.id,
+            instance_type=offer.instance_type,
+            zone=head.zone,
+            spot=offer.is_spot,
+            hourly_usd=offer.hourly,
+            launched_at=time.time(),
+            failover=[list(t) for t in tried],
+            run_key=ctx.key.digest,
+            location=backend.location(head.zone),
+            try_number=ctx.try_number,
+            requested_at=requested_at,
+            nodes=gang.node_records(nodes),
+        )
+        store_set(ctx.store, LAUNCH_KEY, launch.to_dict())
+        gang.publish_ranks(nodes)
+        self.log.info(
+            "Launched a gang of %d x %s in %s: %s",
+            len(nodes),
+            offer.instance_type,
+            head.zone,
+            ", ".join(f"rank {n['rank']} {n['instance_id']} ({n['private_ip']})" for n in launch.nodes),
+        )
         return launch
 
     def _secret_env(self) -> dict[str, str]:
@@ -366,6 +431,7 @@ class RunAttempt:
                 "deadline": self.deadline(),
                 "startup_timeout": self.ctx.wait.startup_timeout,
                 "heartbeat_timeout": self.ctx.wait.heartbeat_timeout,
+                "log_nodes": self.ctx.gang.log_nodes if self.ctx.gang else "all",
             },
         )
 
@@ -375,21 +441,31 @@ class RunAttempt:
         the scheduler applies the stale "success" of the defer exit to the resumed try and fails the
         task (apache/airflow#66374), so a run that is already over is finished in the worker, by
         ``wait``, as the Amazon provider's operators do. Never raises: when in doubt, defer."""
-        iid = launch.instance_id
+        ids = launch.node_ids  # a gang: any node already over ends the gang soon
+
+        def final_of() -> str | None:
+            for iid in ids:
+                raw = self.folder.get_text(status_key(iid))
+                if raw and RunStatus.from_json(raw).final:
+                    return iid
+            return None
+
         try:
-            raw = call_with_retry(lambda: self.folder.get_text(status_key(iid)))
-            if raw and RunStatus.from_json(raw).final:
-                self.log.info("The job on %s already ended: finishing in the worker, not deferring", iid)
+            done = call_with_retry(final_of)
+            if done is not None:
+                self.log.info("The job on %s already ended: finishing in the worker, not deferring", done)
                 return True
-            instance = call_with_retry(lambda: self.ctx.backend.cloud.describe([iid]).get(iid))
+            described = call_with_retry(lambda: self.ctx.backend.cloud.describe(ids))
         except Exception as err:
-            self.log.warning("Could not check %s before deferring (%s); deferring", iid, err)
+            self.log.warning("Could not check %s before deferring (%s); deferring", ", ".join(ids), err)
             return False
-        if instance is not None and (instance.state in ENDED_STATES or instance.state == STOPPED):
-            self.log.info(
-                "Instance %s already %s: finishing in the worker, not deferring", iid, instance.state
-            )
-            return True
+        for iid in ids:
+            instance = described.get(iid)
+            if instance is not None and (instance.state in ENDED_STATES or instance.state == STOPPED):
+                self.log.info(
+                    "Instance %s already %s: finishing in the worker, not deferring", iid, instance.state
+                )
+                return True
         return False
 
     def wait(self, launch: LaunchRecord) -> Outcome:
@@ -397,6 +473,8 @@ class RunAttempt:
         (``core.engine.poll_until``), a kill ends the wait within a second."""
         from airflow_cloudtrain.core.logstream import LogFollower, render_line
 
+        if launch.nodes:
+            return self._wait_gang(launch)
         iid, folder, cloud = launch.instance_id, self.folder, self.ctx.backend.cloud
         settings = self.ctx.wait
         follower = LogFollower(iid)
@@ -423,15 +501,45 @@ class RunAttempt:
             self.log.info("%s", render_line(line))
         return event
 
-    def heartbeat(self, launch: LaunchRecord) -> float | None:
+    def _wait_gang(self, launch: LaunchRecord) -> Outcome:
+        from airflow_cloudtrain.core.waiting import GangWatch
+        from airflow_cloudtrain.lifecycle.prepare import GangOptions
+        from airflow_cloudtrain.lifecycle.run.gang import Gang
+
+        settings = self.ctx.wait
+        options = self.ctx.gang or GangOptions(launch.num_nodes)
+        gang = Gang(self.ctx.backend, self.folder, self.ledger, self.log, options)
+        watch = GangWatch(
+            launch.node_ids,
+            self.deadline(),
+            launch.launched_at,
+            settings.startup_timeout,
+            settings.heartbeat_timeout,
+        )
+
+        def check() -> None:
+            if self.killed:  # not transient: out of the loop at once
+                raise RunKilled(f"task killed: the gang's {launch.num_nodes} nodes were terminated")
+
+        return gang.wait(
+            launch,
+            watch,
+            settings.poll_interval,
+            check,
+            lambda: self.killed,
+            lambda iid: self.heartbeat(launch, iid),
+        )
+
+    def heartbeat(self, launch: LaunchRecord, instance_id: str | None = None) -> float | None:
         """The agent's last heartbeat: the live index's ``<instance>.beat`` (its unix time), or the
         run folder's heartbeat file (an agent without a live index, or one that could not write
         to it: the agent falls back to the file then)."""
         from airflow_cloudtrain.contract.runs import beat_name
 
-        beats = [parse_heartbeat(self.folder.get_text(heartbeat_key(launch.instance_id)))]
+        iid = instance_id or launch.instance_id
+        beats = [parse_heartbeat(self.folder.get_text(heartbeat_key(iid)))]
         if launch.live_uri:
-            beats.append(parse_heartbeat(self._live_folder(launch).get_text(beat_name(launch.instance_id))))
+            beats.append(parse_heartbeat(self._live_folder(launch).get_text(beat_name(iid))))
         return max((b for b in beats if b is not None), default=None)
 
     def _spec_live_uri(self) -> str | None:
@@ -459,10 +567,10 @@ class RunAttempt:
 
         if not launch.live_uri:
             return
-        iid = launch.instance_id
         try:
-            for name in (end_name(iid), beacon_name(iid), beat_name(iid)):
-                self._live_folder(launch).delete_key(name)
+            for iid in launch.node_ids:
+                for name in (end_name(iid), beacon_name(iid), beat_name(iid)):
+                    self._live_folder(launch).delete_key(name)
         except Exception as err:
             self.log.warning("Could not remove %s from the live index: %s", launch.instance_id, err)
 
@@ -474,8 +582,11 @@ class RunAttempt:
         if launch.region:  # resumed in a fresh worker: work where the instance was launched
             backend.bind_region(launch.region)
         self.ledger.add("instance", launch.instance_id, launch.location or backend.location(launch.zone))
+        for node in launch.nodes[1:]:  # a gang: every node goes, and each is marked
+            self.ledger.add("instance", node["instance_id"], backend.location(node.get("zone")))
         self.release()
-        self._mark_delivered(launch.instance_id, result.state)
+        for iid in launch.node_ids:
+            self._mark_delivered(iid, result.state)
         try:
             self.last_heartbeat = call_with_retry(lambda: self.heartbeat(launch))
         except Exception as err:  # only for the ledger's row
@@ -485,7 +596,8 @@ class RunAttempt:
         if launch.adopted and result.ended_at:  # an earlier try's job: billed until its agent powered off
             ended = min(ended, result.ended_at)
         duration = ended - float(launch.launched_at or ended)
-        cost, basis = billed_cost(launch.hourly_usd, duration)
+        hourly = launch.hourly_usd * launch.num_nodes if launch.hourly_usd is not None else None
+        cost, basis = billed_cost(hourly, duration)  # a gang's: every node, for the same time
         attempt = Attempt(launch, result, ended, duration, cost, basis)
         self.log.info(
             "Run %s ended: %s, exit code %s, %.0f s, cost $%s (%s)",
