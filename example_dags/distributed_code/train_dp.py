@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_cloudtrain import checkpoint
+from airflow_cloudtrain.contract import checkpoint  # the same module as airflow_cloudtrain.checkpoint
 
 ROWS = 240  # divisible by 1..6 and 8: every rank's shard has the same size for those gang sizes
 FEATURES = 3
@@ -223,7 +223,7 @@ def main() -> int:
     try:
         if rank == 0:
             step, weights = restore(ckpt_dir)
-            peers = accept_peers(head, port, n, args.timeout)
+            peers = accept_peers(head, port, n, args.timeout) if n > 1 else []
             for peer in peers:  # the state every rank starts from: the head's checkpoint
                 peer.send({"step": step, "weights": weights})
         else:
