@@ -50,7 +50,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 SCRIPT = ROOT / "example_dags" / "distributed_code" / "train_dp.py"
-FAST = {"log_interval_s": 0.5, "heartbeat_interval_s": 1.0, "metadata_poll_s": 0.5}
+FAST: dict[str, Any] = {"log_interval_s": 0.5, "heartbeat_interval_s": 1.0, "metadata_poll_s": 0.5}
 DEADLINE_S = 300.0  # one wait's bound on a loaded machine; it never times the product
 STEP_RE = re.compile(r"^step (\d+) loss ", re.MULTILINE)
 RESUMED_RE = re.compile(r"^resumed from step (\d+)", re.MULTILINE)
