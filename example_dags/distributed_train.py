@@ -1,13 +1,16 @@
-"""Data-parallel training on a gang of three spot instances that survives losing any one of them.
+"""Data-parallel training on a gang of three spot instances.
 
-The training task is a ``CheckpointResumeOperator`` with ``num_nodes=3``: three instances of one offer
-in one zone run the same command once every node is up, each told its rank and the head's address
-(``NODE_RANK``, ``NNODES``, ``MASTER_ADDR``, ``MASTER_PORT``; see docs/gangs.md). The job
-(``distributed_code/train_dp.py``, standard library only) exchanges gradients with the head over TCP
-each step; the head checkpoints every few steps. When the cloud takes any node back, the others' jobs
-end ("peer lost"), the head's checkpoint goes up, every node is released, and the whole gang is
-launched again and resumes from the newest complete checkpoint. The evaluation task prints the gang's
-attempts from the XCom and checks the model.
+The training task is a ``CloudTrainOperator`` with ``num_nodes=3``: three instances of one offer in
+one zone, launched all or nothing, run the same command once every node is up, each told its rank and
+the head's address (``NODE_RANK``, ``NNODES``, ``MASTER_ADDR``, ``MASTER_PORT``; see docs/gangs.md).
+The job (``distributed_code/train_dp.py``, standard library only) exchanges gradients with the head
+over TCP each step; the head checkpoints every few steps. The gang has one outcome: if any node's job
+fails or its instance is lost, the others are stopped, every node is released and the task fails
+naming the node (Airflow's task retries launch a whole new gang). The evaluation task prints the
+gang's nodes from the XCom and checks the model.
+
+Relaunching a gang from its checkpoint after losing a node (``CheckpointResumeOperator(num_nodes=...)``)
+is not built yet: that operator refuses ``num_nodes`` > 1 at parse time.
 
 A PyTorch job would run ``torchrun --nnodes=$NNODES --node_rank=$NODE_RANK --master_addr=$MASTER_ADDR
 --master_port=$MASTER_PORT train.py`` as its command instead.
@@ -15,7 +18,7 @@ A PyTorch job would run ``torchrun --nnodes=$NNODES --node_rank=$NODE_RANK --mas
 Runs as is on the emulated clouds (``make demo``). On a real account set CLOUDTRAIN_BUCKET and an
 instance profile that can read and write it (``iam_instance_profile``). For GCP set
 CLOUDTRAIN_SPOT_CLOUD=gcspot and a gs:// CLOUDTRAIN_BUCKET (and CLOUDTRAIN_SPOT_REGION). The training
-task defers between attempts (CLOUDTRAIN_DEFERRABLE=false: it waits in its slot). Trigger it with
+task defers while the gang runs (CLOUDTRAIN_DEFERRABLE=false: it waits in its slot). Trigger it with
 ``{"steps": 400}`` to train longer (the form's fields are the DAG's params).
 """
 
@@ -27,7 +30,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Param, task
 
-from airflow_cloudtrain.operators import CheckpointResumeOperator
+from airflow_cloudtrain.operators import CloudTrainOperator
 
 CLOUD = os.environ.get("CLOUDTRAIN_SPOT_CLOUD", "ec2spot")
 GCP = CLOUD in ("gcspot", "gcloud")
@@ -64,7 +67,7 @@ with DAG(
         "every": Param(10, type="integer", minimum=1, description="the head checkpoints every N steps"),
     },
 ) as dag:
-    train = CheckpointResumeOperator(
+    train = CloudTrainOperator(
         task_id="train",
         cloud=CLOUD,
         num_nodes=NUM_NODES,  # one job over three instances: same offer, same zone, same command
@@ -77,8 +80,6 @@ with DAG(
             "python3 train_dp.py --steps {{ params.steps }} --every {{ params.every }} --sleep 0.2 --timeout 120"
         ),
         bucket=BUCKET,
-        checkpoint_interval=2,  # seconds between checkpoint uploads (real jobs: minutes)
-        max_restarts=5,  # gang relaunches tolerated; a lost node counts as one interruption
         max_runtime="20m",
         poll_interval=1,
         deferrable=DEFERRABLE,
@@ -86,15 +87,9 @@ with DAG(
 
     @task
     def evaluate(result: dict, params: dict | None = None) -> dict:
-        """Print the gang's attempts and nodes, read the head's result.json, check the model learned."""
+        """Print the gang's nodes, read the head's result.json, check the model learned."""
         import json
 
-        for row in result.get("attempts", []):
-            print(
-                f"attempt {row.get('attempt')}: {row.get('ended')} on {row.get('instance_id')}"
-                f" restored step {row.get('restored_step')}, checkpoint step {row.get('checkpoint_step')},"
-                f" ${row.get('cost_usd', 0.0):.6f}"
-            )
         for node in result.get("nodes", []):
             print(f"node {node['rank']}: {node['instance_id']} in {node['zone']} at {node['private_ip']}")
         model = json.loads(get_text(f"{result['results_uri']}/result.json"))
@@ -109,6 +104,6 @@ with DAG(
             abs(w - t) > 0.1 for w, t in zip(model["weights"], TRUE_WEIGHTS, strict=True)
         ):
             raise ValueError(f"the model did not learn {TRUE_WEIGHTS}: {model['weights']}")
-        return {"model": model, "attempts": len(result.get("attempts", [])), "cost_usd": result["cost_usd"]}
+        return {"model": model, "nodes": len(result.get("nodes", [])), "cost_usd": result["cost_usd"]}
 
     evaluate(train.output)

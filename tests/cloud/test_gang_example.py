@@ -202,26 +202,3 @@ def test_a_lost_node_stops_the_gang_and_a_relaunch_resumes_from_the_checkpoint(
     )
     _, final = newest(folder)
     assert final.step == steps and final.instance_id == second[0].iid
-
-
-def _operator_takes_num_nodes() -> bool:
-    import inspect
-
-    from airflow_cloudtrain.operators import CheckpointResumeOperator
-
-    return "num_nodes" in inspect.signature(CheckpointResumeOperator.__init__).parameters
-
-
-@pytest.mark.skipif(
-    not _operator_takes_num_nodes(), reason="CheckpointResumeOperator has no num_nodes yet (issue 25's gang)"
-)
-def test_the_example_dag_parses_with_its_gang_of_three() -> None:
-    from airflow.dag_processing.dagbag import DagBag
-
-    bag = DagBag(dag_folder=str(REPO / "example_dags" / "distributed_train.py"))
-    assert bag.import_errors == {}
-    dag = bag.dags["distributed_train"]
-    assert {t.task_id for t in dag.tasks} == {"train", "evaluate"}
-    train: Any = dag.get_task("train")
-    assert "train_dp.py --steps {{ params.steps }}" in train.command
-    assert Path(train.code).resolve() == SCRIPT.parent
