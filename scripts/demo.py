@@ -14,6 +14,10 @@ was uploaded (``spot_interrupter.FleetInterrupter``). The demo prints how many t
 trial that moved (from which worker to which, and the step it resumed from), the workers launched,
 the cost and the best config.
 
+``distributed_train`` (a ``CloudTrainOperator`` gang: ``num_nodes=3``) trains a model data-parallel
+over three emulated spot instances that talk TCP to each other; the demo prints each node's rank,
+instance, zone and address, the gang's cost and the learned weights.
+
 ``mlengine_train`` (the ``MLEngineTrainOperator`` example on the emulated Vertex AI) trains on a
 ``STANDARD_1`` cluster, evaluates the trained folder with a second job, and resumes the first job; the
 demo prints each job's replicas, state, folder, estimated cost, the step the resume continued from, and
@@ -330,6 +334,20 @@ def summarize_mlengine(run) -> None:
         say(f"  evaluation   : {metrics}")
 
 
+def summarize_gang(run) -> None:
+    """The gang's nodes (rank, instance, address) and what the head's model learned."""
+    result = run.get_task_instance("train").xcom_pull(task_ids="train") or {}
+    for node in result.get("nodes", []):
+        say(
+            f"  node rank {node['rank']}  : {node['instance_id']} in {node['zone']} at {node['private_ip']}"
+            f" (exit code {node['exit_code']})"
+        )
+    say(f"  gang cost    : ${result.get('cost_usd')} for {result.get('num_nodes')} nodes")
+    model = (run.get_task_instance("evaluate").xcom_pull(task_ids="evaluate") or {}).get("model") or {}
+    if model:
+        say(f"  model        : weights {model.get('weights')} after {model.get('steps')} steps")
+
+
 def main() -> int:
     say(f"Airflow's own log lines, the task logs and the emulator's output: {LOG}")
     try:
@@ -348,7 +366,14 @@ def run_demo() -> int:
     prepare_airflow_home()
     from airflow_cloudtrain.emulator import Emulator
 
-    dags = sys.argv[1:] or ["ec2_train", "gce_train", "retrain_spot", "spot_sweep", "mlengine_train"]
+    dags = sys.argv[1:] or [
+        "ec2_train",
+        "gce_train",
+        "retrain_spot",
+        "spot_sweep",
+        "mlengine_train",
+        "distributed_train",
+    ]
     failed = 0
     with Emulator() as emu:
         for name in dags:
@@ -377,7 +402,10 @@ def run_one(emu: Any, name: str) -> bool:
         run, moved = run_sweep(emu, name)
         return run.state == "success" and moved
     run = load_dag(name).test()
-    if name == "mlengine_train":
+    if name == "distributed_train":
+        summarize(name, run)
+        summarize_gang(run)
+    elif name == "mlengine_train":
         summarize_mlengine(run)
     else:
         summarize(name, run)
