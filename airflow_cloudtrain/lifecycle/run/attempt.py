@@ -296,7 +296,26 @@ class RunAttempt:
             ctx.options.max_launch_attempts,
             self.log,
         )
-        launch = LaunchRecord(
+        launch = self._record(instance, offer, tried, requested_at)
+        store_set(ctx.store, LAUNCH_KEY, launch.to_dict())
+        self.log.info("Launched instance %s (%s in %s)", instance.id, offer.instance_type, instance.zone)
+        if ctx.options.volume_id:  # a failure here is released by start(), as any launch error
+            device = backend.cloud.attach_volume(instance.id, ctx.options.volume_id)
+            self.log.info("Attached volume %s as %s", ctx.options.volume_id, device)
+        return launch
+
+    def _record(
+        self,
+        instance: Instance,
+        offer: Offer,
+        tried: Any,
+        requested_at: float,
+        nodes: list[dict[str, Any]] | None = None,
+    ) -> LaunchRecord:
+        """The launch just made (a gang's: ``instance`` is the head, ``nodes`` every node)."""
+        ctx, backend = self.ctx, self.ctx.backend
+        extra: dict[str, Any] = {} if nodes is None else {"nodes": nodes}
+        return LaunchRecord(
             run_id=ctx.key.short_id,
             run_uri=ctx.run_uri,
             live_uri=ctx.live_uri,
@@ -313,13 +332,8 @@ class RunAttempt:
             location=backend.location(instance.zone),
             try_number=ctx.try_number,
             requested_at=requested_at,
+            **extra,
         )
-        store_set(ctx.store, LAUNCH_KEY, launch.to_dict())
-        self.log.info("Launched instance %s (%s in %s)", instance.id, offer.instance_type, instance.zone)
-        if ctx.options.volume_id:  # a failure here is released by start(), as any launch error
-            device = backend.cloud.attach_volume(instance.id, ctx.options.volume_id)
-            self.log.info("Attached volume %s as %s", ctx.options.volume_id, device)
-        return launch
 
     def _launch_gang(self, offers: list[Offer], build: Any, requested_at: float) -> LaunchRecord:
         """``num_nodes`` instances, all or nothing (``lifecycle.run.gang``); the record's
@@ -339,25 +353,7 @@ class RunAttempt:
             extra,
         )
         head = nodes[0]
-        launch = LaunchRecord(
-            run_id=ctx.key.short_id,
-            run_uri=ctx.run_uri,
-            live_uri=ctx.live_uri,
-            cloud=ctx.config.cloud,
-            region=backend.region,
-            instance_id=head.id,
-            instance_type=offer.instance_type,
-            zone=head.zone,
-            spot=offer.is_spot,
-            hourly_usd=offer.hourly,
-            launched_at=time.time(),
-            failover=[list(t) for t in tried],
-            run_key=ctx.key.digest,
-            location=backend.location(head.zone),
-            try_number=ctx.try_number,
-            requested_at=requested_at,
-            nodes=gang.node_records(nodes),
-        )
+        launch = self._record(head, offer, tried, requested_at, gang.node_records(nodes))
         store_set(ctx.store, LAUNCH_KEY, launch.to_dict())
         gang.publish_ranks(nodes)
         self.log.info(
