@@ -19,18 +19,26 @@ is played here: ``spec.json`` with ``num_nodes=N``, then ``nodes/ranks.json``. M
   steps redone       the head's last step before the loss - the step the new gang resumed from (the
                      head saves the gang's last completed step when it stops or loses a peer: 0)
 
-Not measured here (no instances are launched: the agents run on this host): the operator-level rows,
-task start -> every node running and describe calls per poll. ``operator_rows`` is their hook, filled
-once ``num_nodes`` is on the operators (issue 25's goal: a gang's start within 20% of a single node's
-plus the barrier; one describe per region per poll whatever N).
+The operator-level rows (``--levels operator``; ``operator_rows``): ``CloudTrainOperator(num_nodes=N)``
+in ``dag.test()`` (blocking) on the emulated EC2 / GCE, the job ``sleep 5``, after one unreported
+1-node run per cloud (the first run in a process pays one-off costs):
 
-    python benchmarks/gangs.py [--sizes 1 2 4 8] [--clouds s3 gs]
+  task start -> all running   the task instance's start_date -> the last node's ``job_started_at``
+  barrier                     the last node's barrier record -> that (0 for one node)
+  1 node + barrier            the 1-node row's figure plus this row's barrier: issue 25's goal is a
+                              gang's start within 20% of it ("ratio" is ours over it)
+  describes / poll            DescribeInstances (EC2) or instances.list + instances.get (GCE) requests
+                              the emulator served between the wait's first and last poll, divided by
+                              the polls (goal: one per region per poll whatever N)
+
+    python benchmarks/gangs.py [--sizes 1 2 4 8] [--clouds s3 gs] [--levels agent operator] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import logging
 import os
 import re
 import shutil
@@ -217,29 +225,221 @@ def measure(emu: Any, scheme: str, n: int, tmp: Path) -> Row:
     )
 
 
-def operator_rows(sizes: list[int], clouds: list[str]) -> list[dict[str, Any]]:
-    """TODO(issue 25, after the gang operator is merged): the operator-level rows, per cloud and size:
-    task start -> the job running on every node (``CheckpointResumeOperator(num_nodes=N)`` in
-    ``dag.test()`` on the emulator), that against a single node's start plus the barrier above (goal:
-    within 20%), and DescribeInstances / instances.list calls per poll (``emu.request_counts()``; goal:
-    one per region per poll whatever N). Return one dict per row (``cloud``, ``nodes``,
-    ``task_to_all_running_s``, ``describes_per_poll``); ``main`` prints them after the agent table."""
-    return []
+OPERATOR_CLOUDS = {  # run-folder scheme -> (cloud, bucket, region)
+    "s3": ("ec2spot", "s3://cloudtrain-emulated/gang-bench", "us-east-1"),
+    "gs": ("gcspot", "gs://cloudtrain-emulated/gang-bench", "us-central1"),
+}
+DESCRIBE_CALLS = {"s3": ("DescribeInstances",), "gs": ("instances.list", "instances.get")}
+OPERATOR_JOB_S = 5.0  # the job sleeps this long: long enough for several polls of a running gang
+OPERATOR_POLL_S = 0.5
+
+
+@dataclass
+class OperatorRow:
+    cloud: str
+    nodes: int
+    task_to_all_running_s: float  # the task instance's start_date -> the last node's job_started_at
+    barrier_s: float  # the last node's barrier record -> the last job_started_at (0 for one node)
+    polls: int
+    describes_per_poll: float
+    operations_per_poll: float  # GCE only: zoneOperations.list calls (describe's preemption check)
+    state: str
+
+
+class PollCounter:
+    """Counts the wait's polls and the describe calls between them: wraps ``decide`` of the gang's
+    watch (one call per poll; a single node's wait calls ``RunWatch.decide`` once per poll) and
+    snapshots the emulator's request counts at each, so describes made while the gang runs, divided
+    by the polls in between, is the figure (the launch's and the release's calls are outside)."""
+
+    def __init__(self, emu: Any) -> None:
+        from airflow_cloudtrain.core import waiting
+
+        self.emu, self.waiting = emu, waiting
+        self.gang: list[dict[str, int]] = []
+        self.single: list[dict[str, int]] = []
+        self._saved = (waiting.GangWatch.decide, waiting.RunWatch.decide)
+        gang_decide, run_decide = self._saved
+        inside = {"gang": 0}
+
+        def on_gang(watch: Any, *args: Any, **kwargs: Any) -> Any:
+            self.gang.append(emu.request_counts())
+            inside["gang"] += 1
+            try:
+                return gang_decide(watch, *args, **kwargs)
+            finally:
+                inside["gang"] -= 1
+
+        def on_run(watch: Any, *args: Any, **kwargs: Any) -> Any:
+            if not inside["gang"]:
+                self.single.append(emu.request_counts())
+            return run_decide(watch, *args, **kwargs)
+
+        waiting.GangWatch.decide = on_gang  # type: ignore[method-assign]
+        waiting.RunWatch.decide = on_run  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        self.waiting.GangWatch.decide, self.waiting.RunWatch.decide = self._saved  # type: ignore[method-assign]
+
+    def per_poll(self, names: tuple[str, ...]) -> tuple[int, float]:
+        """(polls, calls of ``names`` per poll) between the first and the last poll."""
+        snaps = self.gang or self.single
+        if len(snaps) < 2:
+            return len(snaps), float("nan")
+        calls = sum(snaps[-1].get(n, 0) - snaps[0].get(n, 0) for n in names)
+        return len(snaps), calls / (len(snaps) - 1)
+
+
+def operator_dag(dags: Path, dag_id: str, scheme: str, n: int) -> Any:
+    import importlib.util
+
+    cloud, bucket, region = OPERATOR_CLOUDS[scheme]
+    path = dags / f"{dag_id}.py"
+    path.write_text(
+        "from datetime import datetime\n"
+        "from airflow.sdk import DAG\n"
+        "from airflow_cloudtrain.operators import CloudTrainOperator\n"
+        f"with DAG({dag_id!r}, schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:\n"
+        f"    CloudTrainOperator(task_id='train', cloud={cloud!r}, cpus=2, ram='4g', region={region!r},\n"
+        f"        command='sleep {OPERATOR_JOB_S:g}', bucket={bucket!r}, num_nodes={n},\n"
+        f"        poll_interval={OPERATOR_POLL_S}, live_prices=False)\n"
+    )
+    spec = importlib.util.spec_from_file_location(f"gang_bench_{dag_id}", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.dag
+
+
+def measure_operator(emu: Any, dags: Path, scheme: str, n: int) -> OperatorRow:
+    """One ``dag.test()`` of ``CloudTrainOperator(num_nodes=n)`` running ``sleep``, blocking."""
+    from airflow_cloudtrain.contract import runs
+    from airflow_cloudtrain.storage import open_run_folder
+
+    cloud, bucket, _ = OPERATOR_CLOUDS[scheme]
+    dag_id = f"gang_bench_{scheme}_{n}_{uuid.uuid4().hex[:6]}"
+    dag = operator_dag(dags, dag_id, scheme, n)
+    counter = PollCounter(emu)
+    try:
+        run = dag.test()
+    finally:
+        counter.close()
+    ti = run.get_task_instance("train")
+    result = ti.xcom_pull(task_ids="train") or {}
+    ids = [node["instance_id"] for node in result.get("nodes") or []] or [result.get("instance_id")]
+    key = runs.RunKey(dag_id, "train", run.run_id, -1, bucket)
+    folder = open_run_folder(runs.join(bucket, key.path()))
+    started = []
+    for iid in ids:
+        text = folder.get_text(runs.status_key(iid)) if iid else None
+        status = runs.RunStatus.from_json(text) if text else None
+        if status is None or status.job_started_at is None:
+            raise RuntimeError(f"{cloud} x{n}: node {iid} never reported its job started ({ti.state})")
+        started.append(float(status.job_started_at))
+    all_running = max(started)
+    arrived = last_arrival(folder, n) if n > 1 else all_running
+    polls, describes = counter.per_poll(DESCRIBE_CALLS[scheme])
+    _, operations = counter.per_poll(("zoneOperations.list",))
+    left = [i["id"] for i in emu.running_instances()]
+    if left:
+        raise RuntimeError(f"{cloud} x{n}: instances left running: {left}")
+    return OperatorRow(
+        cloud=scheme,
+        nodes=n,
+        task_to_all_running_s=all_running - ti.start_date.timestamp(),
+        barrier_s=all_running - arrived,
+        polls=polls,
+        describes_per_poll=describes,
+        operations_per_poll=operations if scheme == "gs" else 0.0,
+        state=str(ti.state),
+    )
+
+
+def prepare_dags_folder() -> Path:
+    """A DAGs folder in the AIRFLOW_HOME and a migrated metadata DB (``dag.test()`` needs both)."""
+    home = Path(os.environ["AIRFLOW_HOME"])
+    dags = home / "dags"
+    dags.mkdir(exist_ok=True)
+    os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(dags)
+    os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+    os.environ.setdefault("AIRFLOW__LOGGING__LOGGING_LEVEL", "WARNING")  # the table, not the task logs
+    os.environ.setdefault("CLOUDTRAIN_CACHE_DIR", str(home / "cache"))
+    from airflow.utils import db
+
+    db.initdb()
+    return dags
+
+
+def operator_rows(emu: Any, dags: Path, sizes: list[int], clouds: list[str]) -> list[OperatorRow]:
+    """Issue 25's operator-level rows, per cloud and size, printed as they come: task start -> the
+    job running on every node, against a single node's start plus the barrier (goal: within 20%),
+    and describe calls per poll (goal: one per region per poll whatever N)."""
+    print(
+        f"\nGangs at the operator level: CloudTrainOperator(num_nodes=N) in dag.test() (blocking, "
+        f"poll_interval={OPERATOR_POLL_S:g} s), the job `sleep {OPERATOR_JOB_S:g}`; seconds, wall time; "
+        "goal: N nodes within 20% of (1 node + the barrier), one describe per poll\n"
+    )
+    print(
+        "| cloud   | nodes | task start -> all running | barrier | 1 node + barrier | ratio "
+        "| polls | describes / poll | zoneOperations.list / poll | task    |"
+    )
+    print(
+        "|---------|------:|--------------------------:|--------:|-----------------:|------:"
+        "|------:|-----------------:|---------------------------:|---------|"
+    )
+    rows: list[OperatorRow] = []
+    for scheme in clouds:
+        # one run first, not reported: the first in a process also pays one-off costs (the agent's
+        # zip, the catalog, imports), 20-40 s here, which would make the 1-node baseline meaningless
+        measure_operator(emu, dags, scheme, 1)
+        base: float | None = None
+        for n in sizes:
+            row = measure_operator(emu, dags, scheme, n)
+            rows.append(row)
+            if n == 1:
+                base = row.task_to_all_running_s
+            goal = base + row.barrier_s if base is not None else None
+            ratio = f"{row.task_to_all_running_s / goal:>5.2f}" if goal else "    -"
+            ops = f"{row.operations_per_poll:.2f}" if scheme == "gs" else "-"
+            print(
+                f"| {'EC2' if scheme == 's3' else 'GCE':<7} | {n:>5} | {row.task_to_all_running_s:>25.2f} "
+                f"| {row.barrier_s:>7.2f} | {goal if goal is not None else float('nan'):>16.2f} | {ratio} "
+                f"| {row.polls:>5} | {row.describes_per_poll:>16.2f} | {ops:>26} | {row.state:<7} |",
+                flush=True,
+            )
+    return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8])
     parser.add_argument("--clouds", nargs="+", default=["s3", "gs"], choices=["s3", "gs"])
+    parser.add_argument("--levels", nargs="+", default=["agent", "operator"], choices=["agent", "operator"])
+    parser.add_argument("--quick", action="store_true", help="sizes 1 and 2 only")
     args = parser.parse_args()
+    if args.quick:
+        args.sizes = [1, 2]
     if "AIRFLOW_HOME" not in os.environ:  # a home of its own, removed at the end
         os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="cloudtrain-bench-")
         atexit.register(shutil.rmtree, os.environ["AIRFLOW_HOME"], ignore_errors=True)
+    dags = prepare_dags_folder() if "operator" in args.levels else None
 
     from airflow_cloudtrain.emulator import Emulator
 
     tmp = Path(tempfile.mkdtemp(prefix="cloudtrain-gangs-"))
     atexit.register(shutil.rmtree, tmp, ignore_errors=True)
+    with Emulator() as emu:
+        # the GCS emulator logs every read of a missing object (each status poll before the agent
+        # wrote one) at ERROR; it would bury the tables
+        logging.getLogger("gcp_storage_emulator.storage").setLevel(logging.CRITICAL)
+        if "agent" in args.levels:
+            agent_rows(emu, tmp, args.sizes, args.clouds)
+        if dags is not None:
+            operator_rows(emu, dags, args.sizes, args.clouds)
+    return 0
+
+
+def agent_rows(emu: Any, tmp: Path, sizes: list[int], clouds: list[str]) -> None:
     print(
         "Gangs at the agent level: N agents on one run folder, the example's TCP data-parallel job; "
         "seconds, wall time\n"
@@ -252,22 +452,15 @@ def main() -> int:
         "|---------|------:|----------------:|------------:|--------:|-------------:|--------------:"
         "|-------------:|"
     )
-    with Emulator() as emu:
-        for scheme in args.clouds:
-            for n in args.sizes:
-                row = measure(emu, scheme, n, tmp)
-                print(
-                    f"| {'EC2/S3' if scheme == 's3' else 'GCE/GCS':<7} | {n:>5} | {row.last_at_barrier_s:>15.2f} "
-                    f"| {row.all_running_s:>11.2f} | {row.barrier_s:>7.2f} | {row.gang_stopped_s:>12.2f} "
-                    f"| {row.running_again_s:>13.2f} | {row.steps_redone:>12} |",
-                    flush=True,
-                )
-    rows = operator_rows(args.sizes, args.clouds)
-    if not rows:
-        print("\noperator-level rows (task start -> every node running; describes per poll): not yet")
-    for item in rows:
-        print(item)
-    return 0
+    for scheme in clouds:
+        for n in sizes:
+            row = measure(emu, scheme, n, tmp)
+            print(
+                f"| {'EC2/S3' if scheme == 's3' else 'GCE/GCS':<7} | {n:>5} | {row.last_at_barrier_s:>15.2f} "
+                f"| {row.all_running_s:>11.2f} | {row.barrier_s:>7.2f} | {row.gang_stopped_s:>12.2f} "
+                f"| {row.running_again_s:>13.2f} | {row.steps_redone:>12} |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
