@@ -1,0 +1,120 @@
+"""A deferred ``CloudTrainOperator`` gang of three whose triggerer dies mid-run (SIGKILL: no cleanup code
+of ours runs), then the DAG run goes on in this process: the task ends with the gang's outcome, the
+run never holds two gangs (at most three of its instances alive at any moment) and nothing is left.
+
+Try 1 runs ``dag.test()`` in a subprocess (its triggerer is in that process) and is killed once the
+task has deferred to its ``RunTrigger`` and all three nodes run the job; the same DAG run then goes on
+here (the pattern of ``test_resume_killed``'s triggerer test). EC2 only: the kill and the wait are the
+same code for both clouds (``RunTrigger``, ``GangWatch``); the gang tests in ``test_gang_run`` cover
+GCE's launch and release.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from dag_helpers import load_example, start_first_try, task_states, xcom
+from test_gang_barrier import ALLREDUCE
+from test_gang_run import nothing_left
+from test_runs import scenario
+from waiting import wait_for
+
+PREAMBLE = """
+import os
+
+
+class MarkingTrain(CloudTrainOperator):
+    def defer(self, **kwargs):
+        mark = os.environ.get("CLOUDTRAIN_TEST_MARK")
+        if mark:  # tells the test that the gang's trigger is about to run
+            with open(mark, "a") as out:
+                out.write(type(kwargs["trigger"]).__name__ + "\\n")
+        super().defer(**kwargs)
+"""
+
+
+class AliveSampler(threading.Thread):
+    """The most instances alive at once in the emulated clouds, sampled until stopped (a sample can
+    miss a moment, never invent one: a count over three is two gangs)."""
+
+    def __init__(self, emu: Any) -> None:
+        super().__init__(daemon=True)
+        self.emu, self.most, self.seen = emu, 0, set[str]()
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            alive = {i["id"] for i in self.emu.running_instances()}
+            self.most, self.seen = max(self.most, len(alive)), self.seen | alive
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(10)
+
+
+def test_triggerer_killed_mid_gang_ends_with_one_gang_and_leaves_nothing(
+    emu: Any, airflow_db: Any, capfd: Any, tmp_path: Path
+) -> None:
+    dag_id = "gang_trigger_killed_aws"
+    script, release = tmp_path / "allreduce.py", tmp_path / "first-try-killed"
+    script.write_text(ALLREDUCE)
+    # the first gang holds (its nodes start before the kill) until it is stopped, so only the next try
+    # can end it; a gang started after the kill all-reduces. Bounded at 10 minutes if the test fails
+    command = (
+        f"if [ ! -e '{release}' ]; then echo holding; for i in $(seq 1 3000); do sleep 0.2; done; exit 3; fi; "
+        f"exec {sys.executable} {script}"
+    )
+    scenario(
+        dag_id,
+        "aws",
+        command,
+        deferrable=True,
+        extra=", num_nodes=3",
+        operator="MarkingTrain",
+        preamble=PREAMBLE,
+    )
+    when = datetime(2026, 4, 1, tzinfo=timezone.utc)
+    mark = tmp_path / "deferred"
+    assert emu.running_instances() == []
+    sampler = AliveSampler(emu)
+    sampler.start()
+    try:
+        proc = start_first_try(dag_id, when, {"CLOUDTRAIN_TEST_MARK": str(mark)})
+
+        def deferred_and_holding() -> list[str] | None:
+            if not mark.exists() or "RunTrigger" not in mark.read_text():
+                return None
+            holding = [i["id"] for i in emu.running_instances() if "holding" in emu.agent_log(i["id"])]
+            return holding if len(holding) == 3 else None
+
+        first_gang = wait_for(deferred_and_holding, timeout=240)
+        proc.kill()
+        proc.wait(timeout=60)
+        alive = {i["id"] for i in emu.running_instances()}
+        assert set(first_gang) <= alive  # the gang runs on without its triggerer
+        release.touch()
+
+        run = load_example(dag_id).test(logical_date=when, run_after=when)
+    finally:
+        sampler.stop()
+    out = capfd.readouterr().out
+    assert task_states(run) == {"train": "success"}, out[-3000:]
+    # the run goes on as a new try of the task (``dag.test()`` has no separate triggerer to hand the
+    # trigger to): a gang is never adopted, so the first gang goes before a whole new one launches
+    (line,) = [x for x in out.splitlines() if "Releasing the 3 node(s) an earlier try of this gang left" in x]
+    assert all(iid in line for iid in first_gang), line
+    result = xcom(run, "train")
+    assert result["num_nodes"] == 3 and result["state"] == "succeeded"
+    assert [n["rank"] for n in result["nodes"]] == [0, 1, 2]
+    assert [n["exit_code"] for n in result["nodes"]] == [0, 0, 0]
+    second_gang = {n["instance_id"] for n in result["nodes"]}
+    assert not second_gang & set(first_gang)
+    assert sampler.most <= 3, f"{sampler.most} instances alive at once: two gangs"
+    ids = nothing_left(emu, "aws", dag_id, run)
+    assert set(ids) == set(first_gang) | second_gang == sampler.seen  # six instances in all, none left
