@@ -275,8 +275,8 @@ class PollCounter:
                 self.single.append(emu.request_counts())
             return run_decide(watch, *args, **kwargs)
 
-        waiting.GangWatch.decide = on_gang  # type: ignore[method-assign]
-        waiting.RunWatch.decide = on_run  # type: ignore[method-assign]
+        waiting.GangWatch.decide = on_gang  # type: ignore[method-assign,assignment]
+        waiting.RunWatch.decide = on_run  # type: ignore[method-assign,assignment]
 
     def close(self) -> None:
         self.waiting.GangWatch.decide, self.waiting.RunWatch.decide = self._saved  # type: ignore[method-assign]
