@@ -7,6 +7,11 @@ task has deferred to its ``RunTrigger`` and all three nodes run the job; the sam
 here (the pattern of ``test_resume_killed``'s triggerer test). EC2 only: the kill and the wait are the
 same code for both clouds (``RunTrigger``, ``GangWatch``); the gang tests in ``test_gang_run`` cover
 GCE's launch and release.
+
+In ``dag.test()`` the run goes on as the task run again (as in ``test_resume_killed``): a gang is never
+adopted, so that try releases the first gang's three nodes (their job still holds) and only then
+launches a whole new gang, whose all-reduce is the task's outcome. A trigger handed to another live
+triggerer (re-created from its serialized kwargs) is not covered here.
 """
 
 from __future__ import annotations
