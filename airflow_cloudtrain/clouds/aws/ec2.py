@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_cloudtrain.clouds.aws.errors import map_client_error
 from airflow_cloudtrain.contract.errors import InvalidRequest
-from airflow_cloudtrain.contract.runs import TAG_RUN, TAG_RUN_KEY
+from airflow_cloudtrain.contract.runs import TAG_PRICE, TAG_RUN, TAG_RUN_KEY, TAG_RUN_URI
 from airflow_cloudtrain.core.cloud import (
     ALIVE_STATES,
     ENDED_STATES,
@@ -19,6 +19,7 @@ from airflow_cloudtrain.core.cloud import (
     Instance,
     LaunchRequest,
 )
+from airflow_cloudtrain.core.inventory import Tagged, price_of, register_lister
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
@@ -303,3 +304,40 @@ def describe_instances(ec2: Any, ids: list[str]) -> dict[str, Instance]:
             found = [i for filters in id_filters(chunk) for i in _instances(ec2, Filters=filters)]
         out.update((i.id, i) for i in found)
     return with_missing(ids, out)
+
+
+# --- cloudtrain gc: every instance of ours in the region, whatever its run -----------------------
+
+
+class _Ec2Backend(Protocol):
+    """What the lister needs of ``AwsRunBackend`` (named here: the backend module imports this one)."""
+
+    @property
+    def cloud(self) -> AwsCloud: ...
+
+
+def list_tagged(backend: _Ec2Backend) -> list[Tagged]:
+    """Every instance carrying the run key tag, any run, not yet terminated (a stopped one still
+    bills its volumes): one paginated DescribeInstances."""
+    cloud = backend.cloud
+    states = sorted(ALIVE_STATES | {STOPPING, STOPPED, "shutting-down"})
+    filters = [
+        {"Name": "tag-key", "Values": [TAG_RUN_KEY]},
+        {"Name": "instance-state-name", "Values": states},
+    ]
+    return [
+        Tagged(
+            "instance",
+            i.id,
+            cloud.region,
+            i.tags.get(TAG_RUN_KEY),
+            i.tags.get(TAG_RUN_URI) or None,
+            i.launch_time,
+            i.state,
+            price_of(i.tags, TAG_PRICE),
+        )
+        for i in _instances(cloud.ec2, Filters=filters)
+    ]
+
+
+register_lister("aws", "instance", list_tagged)

@@ -20,8 +20,9 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.clouds.aws.ec2 import _tag_list, instance_shape, map_client_error, to_instance
-from airflow_cloudtrain.contract.runs import TAG_RUN_KEY
+from airflow_cloudtrain.contract.runs import TAG_RUN_KEY, TAG_RUN_URI
 from airflow_cloudtrain.core.fleet import Depth, FleetMaking, FleetQueues, GroupPlan, GroupState, WorkerPlace
+from airflow_cloudtrain.core.inventory import Tagged, digest_in_name, register_lister, timestamp
 from airflow_cloudtrain.core.ledger import RELEASE_FIRST, Resource, ResourceKind, register_kind
 
 if TYPE_CHECKING:
@@ -433,3 +434,91 @@ def _delete_groups(backend: AwsRunBackend, resources: list[Resource]) -> None:
 SQS_QUEUE = register_kind(ResourceKind("sqs_queue", _find_queues, _delete_queues))
 LAUNCH_TEMPLATE = register_kind(ResourceKind("launch_template", _find_templates, _delete_templates))
 ASG = register_kind(ResourceKind("asg", _find_groups, _delete_groups, release_order=RELEASE_FIRST))
+
+
+# --- cloudtrain gc: every queue, template and group of ours in the region, whatever its run ---------
+
+
+def _tag(tags: Any, key: str) -> str | None:
+    """A tag's value from an API's tag list (``[{Key, Value}]``) or map."""
+    if isinstance(tags, dict):
+        return tags.get(key)
+    return next((t.get("Value") for t in tags or [] if t.get("Key") == key), None)
+
+
+def _list_queues(backend: AwsRunBackend) -> list[Tagged]:
+    """Every SQS queue named ``ct-...`` that carries the run key tag (or whose name holds a digest)."""
+    fleet, out = fleet_of(backend), []
+    for page in fleet.sqs.get_paginator("list_queues").paginate(QueueNamePrefix="ct-"):
+        for url in page.get("QueueUrls", []):
+            try:
+                tags = fleet.sqs.list_queue_tags(QueueUrl=url).get("Tags") or {}
+                attrs = fleet.sqs.get_queue_attributes(
+                    QueueUrl=url, AttributeNames=["CreatedTimestamp", "ApproximateNumberOfMessages"]
+                )["Attributes"]
+            except Exception as err:
+                if _missing(err):  # deleted between the listing and now
+                    continue
+                raise
+            digest = tags.get(TAG_RUN_KEY) or digest_in_name(url)
+            if digest:
+                depth = attrs.get("ApproximateNumberOfMessages", "?")
+                out.append(
+                    Tagged(
+                        "sqs_queue",
+                        url,
+                        fleet.region,
+                        digest,
+                        created_at=timestamp(attrs.get("CreatedTimestamp")),
+                        state=f"{depth} messages",
+                    )
+                )
+    return out
+
+
+def _list_templates(backend: AwsRunBackend) -> list[Tagged]:
+    fleet, out = fleet_of(backend), []
+    for page in fleet.ec2.get_paginator("describe_launch_templates").paginate():
+        for raw in page.get("LaunchTemplates", []):
+            name = str(raw["LaunchTemplateName"])
+            digest = _tag(raw.get("Tags"), TAG_RUN_KEY) or digest_in_name(name)
+            if digest:
+                out.append(
+                    Tagged(
+                        "launch_template",
+                        name,
+                        fleet.region,
+                        digest,
+                        _tag(raw.get("Tags"), TAG_RUN_URI),
+                        timestamp(raw.get("CreateTime")),
+                        f"version {raw.get('LatestVersionNumber', '?')}",
+                    )
+                )
+    return out
+
+
+def _list_groups(backend: AwsRunBackend) -> list[Tagged]:
+    fleet, out = fleet_of(backend), []
+    for page in fleet.autoscaling.get_paginator("describe_auto_scaling_groups").paginate():
+        for raw in page.get("AutoScalingGroups", []):
+            name = str(raw["AutoScalingGroupName"])
+            digest = _tag(raw.get("Tags"), TAG_RUN_KEY) or digest_in_name(name)
+            if digest:
+                members = len(raw.get("Instances", []))
+                out.append(
+                    Tagged(
+                        "asg",
+                        name,
+                        fleet.region,
+                        digest,
+                        _tag(raw.get("Tags"), TAG_RUN_URI),
+                        timestamp(raw.get("CreatedTime")),
+                        f"desired {raw.get('DesiredCapacity', 0)}, {members} members",
+                    )
+                )
+    return out
+
+
+register_lister("aws", "sqs_queue", _list_queues)
+register_lister("aws", "launch_template", _list_templates)
+register_lister("aws", "asg", _list_groups)

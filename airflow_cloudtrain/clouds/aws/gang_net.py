@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_cloudtrain.contract.errors import InvalidRequest
 from airflow_cloudtrain.contract.runs import TAG_MANAGED, TAG_RUN_KEY
+from airflow_cloudtrain.core.inventory import Tagged, register_lister
 from airflow_cloudtrain.core.ledger import RELEASE_LAST, Resource, ResourceKind, register_kind
 
 if TYPE_CHECKING:
@@ -299,3 +300,39 @@ SECURITY_GROUP = register_kind(
 PLACEMENT_GROUP = register_kind(
     ResourceKind(PG_KIND, _find_placements, _delete_placements, release_order=RELEASE_LAST)
 )
+
+
+# --- cloudtrain gc: every gang network of ours in the region, whatever its run --------------------
+
+
+def _run_tag(raw: dict[str, Any]) -> str | None:
+    return next((t["Value"] for t in raw.get("Tags", []) if t.get("Key") == TAG_RUN_KEY), None)
+
+
+def _list_groups(backend: GangNetBackend) -> list[Tagged]:
+    """Security groups carrying the run key tag (EC2 keeps no creation time for a group)."""
+    groups = _ec2(backend).describe_security_groups(Filters=[{"Name": "tag-key", "Values": [TAG_RUN_KEY]}])
+    return [
+        Tagged(SG_KIND, str(g["GroupId"]), backend.region, _run_tag(g), state=str(g.get("GroupName", "")))
+        for g in groups["SecurityGroups"]
+        if _run_tag(g)
+    ]
+
+
+def _list_placements(backend: GangNetBackend) -> list[Tagged]:
+    groups = _ec2(backend).describe_placement_groups()["PlacementGroups"]
+    return [
+        Tagged(
+            PG_KIND,
+            str(g["GroupName"]),
+            backend.region,
+            _run_tag(g) or _digest_of(str(g["GroupName"])),
+            state=f"{g.get('Strategy', '')} {g.get('State', '')}".strip(),
+        )
+        for g in groups
+        if _run_tag(g) or _digest_of(str(g["GroupName"]))
+    ]
+
+
+register_lister("aws", SG_KIND, _list_groups)
+register_lister("aws", PG_KIND, _list_placements)

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_cloudtrain.contract.secret_refs import ssm_ref
+from airflow_cloudtrain.core.inventory import Tagged, register_lister, timestamp
 from airflow_cloudtrain.core.ledger import Resource, ResourceKind, register_kind
 
 if TYPE_CHECKING:
@@ -95,3 +96,31 @@ def _delete(backend: SsmBackend, resources: list[Resource]) -> None:
 
 
 SSM_PARAMETER = register_kind(ResourceKind(KIND, _find, _delete))
+
+
+# --- cloudtrain gc: every run's parameters in the region ------------------------------------------
+
+
+def _list_tagged(backend: SsmBackend) -> list[Tagged]:
+    """Every parameter under ``/cloudtrain/``: the run key digest is the name's second part."""
+    pages = (
+        _ssm(backend)
+        .get_paginator("describe_parameters")
+        .paginate(ParameterFilters=[{"Key": "Name", "Option": "BeginsWith", "Values": ["/cloudtrain/"]}])
+    )
+    return [
+        Tagged(
+            KIND,
+            str(p["Name"]),
+            backend.region,
+            str(p["Name"]).split("/")[2] or None,
+            created_at=timestamp(p.get("LastModifiedDate")),
+            state=str(p.get("Tier") or "Standard"),
+        )
+        for page in pages
+        for p in page.get("Parameters", [])
+        if len(str(p["Name"]).split("/")) >= 4
+    ]
+
+
+register_lister("aws", KIND, _list_tagged)

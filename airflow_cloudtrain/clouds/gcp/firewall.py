@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_cloudtrain.contract.errors import CloudError, InvalidRequest
+from airflow_cloudtrain.core.inventory import Tagged, register_lister, timestamp
 from airflow_cloudtrain.core.ledger import Resource, ResourceKind, register_kind
 
 if TYPE_CHECKING:
@@ -309,3 +310,19 @@ def _delete(backend: FirewallBackend, resources: list[Resource]) -> None:
 
 
 FIREWALL = register_kind(ResourceKind(KIND, _find, _delete, release_last=True))
+
+
+# --- cloudtrain gc: every run's rules in the connection's project -------------------------------
+
+
+def _list_tagged(backend: FirewallBackend) -> list[Tagged]:
+    """Every rule named ``ct-<digest>-deny|ssh|ssh6`` in the connection's project (one list call)."""
+    project = backend.hook.project
+    return [
+        Tagged(KIND, str(r.name), project, digest, created_at=timestamp(r.creation_timestamp), state="rule")
+        for r in GcpFirewalls(backend.hook)._client("FirewallsClient").list(project=project)
+        if (digest := digest_of(str(r.name)))
+    ]
+
+
+register_lister("gcp", KIND, _list_tagged)

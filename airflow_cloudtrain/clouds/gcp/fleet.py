@@ -32,7 +32,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.clouds.gcp.gce import gcp_cloud, instance_properties, label_value, map_api_error
+from airflow_cloudtrain.contract.runs import TAG_RUN_KEY
 from airflow_cloudtrain.core.fleet import Depth, FleetMaking, FleetQueues, GroupPlan, GroupState, WorkerPlace
+from airflow_cloudtrain.core.inventory import Tagged, digest_in_name, register_lister, timestamp
 from airflow_cloudtrain.core.ledger import RELEASE_FIRST, Resource, ResourceKind, register_kind
 
 if TYPE_CHECKING:
@@ -527,3 +529,80 @@ PUBSUB_SUBSCRIPTION = register_kind(
 )
 INSTANCE_TEMPLATE = register_kind(ResourceKind("instance_template", _find_templates, _delete_templates))
 MIG = register_kind(ResourceKind("mig", _find_groups, _delete_groups, release_order=RELEASE_FIRST))
+
+
+# --- cloudtrain gc: every topic, subscription, template and group of ours, whatever its run ---------
+
+
+def _run_label(labels: Any) -> str | None:
+    return dict(labels or {}).get(label_value(TAG_RUN_KEY)) or None
+
+
+def _list_topics(backend: GcpRunBackend) -> list[Tagged]:
+    """Topics labelled with a run key (Pub/Sub keeps no creation time for a topic)."""
+    fleet = fleet_of(backend)
+    topics = fleet.publisher.list_topics(request={"project": f"projects/{fleet.project}"})
+    return [
+        Tagged("pubsub_topic", str(t.name), None, digest)
+        for t in topics
+        if (digest := _run_label(t.labels) or digest_in_name(str(t.name)))
+    ]
+
+
+def _list_subscriptions(backend: GcpRunBackend) -> list[Tagged]:
+    """Subscriptions labelled with a run key; their age is our creation label (milliseconds)."""
+    fleet = fleet_of(backend)
+    subs = fleet.subscriber.list_subscriptions(request={"project": f"projects/{fleet.project}"})
+    return [
+        Tagged(
+            "pubsub_subscription",
+            str(s.name),
+            None,
+            digest,
+            created_at=timestamp(dict(s.labels).get(CREATED_LABEL)),
+            state=f"topic {str(s.topic).rsplit('/', 1)[-1]}",
+        )
+        for s in subs
+        if (digest := _run_label(s.labels) or digest_in_name(str(s.name)))
+    ]
+
+
+def _template_uri(raw: Any) -> str | None:
+    from airflow_cloudtrain.contract.runs import TAG_RUN_URI
+
+    items = getattr(getattr(raw.properties, "metadata", None), "items", None) or []
+    return next((str(i.value) for i in items if i.key == TAG_RUN_URI and i.value), None)
+
+
+def _list_templates(backend: GcpRunBackend) -> list[Tagged]:
+    fleet = fleet_of(backend)
+    return [
+        Tagged(
+            "instance_template",
+            str(t.name),
+            None,
+            digest,
+            _template_uri(t),
+            timestamp(t.creation_timestamp),
+            "global",
+        )
+        for t in fleet._client("templates").list(project=fleet.project)
+        if (digest := _run_label(t.properties.labels) or digest_in_name(str(t.name)))
+    ]
+
+
+def _list_groups(backend: GcpRunBackend) -> list[Tagged]:
+    """Managed instance groups named from a run key, in each zone of the region."""
+    fleet, out = fleet_of(backend), []
+    for zone in fleet.zones:
+        for g in fleet._client("groups").list(project=fleet.project, zone=zone):
+            if digest := digest_in_name(str(g.name)):
+                created = timestamp(g.creation_timestamp)
+                out.append(Tagged("mig", str(g.name), zone, digest, None, created, f"size {g.target_size}"))
+    return out
+
+
+register_lister("gcp", "pubsub_topic", _list_topics)
+register_lister("gcp", "pubsub_subscription", _list_subscriptions)
+register_lister("gcp", "instance_template", _list_templates)
+register_lister("gcp", "mig", _list_groups)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.clouds.gcp import firewall as gcp_firewall
+from airflow_cloudtrain.core.inventory import Tagged, register_lister, timestamp
 from airflow_cloudtrain.core.ledger import RELEASE_LAST, Resource, ResourceKind, register_kind
 
 if TYPE_CHECKING:
@@ -264,3 +265,32 @@ GANG_FIREWALL = register_kind(ResourceKind(FW_KIND, _find_rules, _delete_rules, 
 PLACEMENT_POLICY = register_kind(
     ResourceKind(POLICY_KIND, _find_policies, _delete_policies, release_order=RELEASE_LAST)
 )
+
+
+# --- cloudtrain gc: every gang's rule and policy, whatever its run -----------------------------------
+
+
+def _list_rules(backend: FirewallBackend) -> list[Tagged]:
+    project = backend.hook.project
+    return [
+        Tagged(
+            FW_KIND, str(r.name), project, digest, created_at=timestamp(r.creation_timestamp), state="rule"
+        )
+        for r in _client(backend, "FirewallsClient").list(project=project)
+        if (digest := _digest_of(str(r.name)))
+    ]
+
+
+def _list_policies(backend: FirewallBackend) -> list[Tagged]:
+    region = getattr(backend, "region", None)
+    if not region:
+        return []
+    return [
+        Tagged(POLICY_KIND, str(p.name), region, digest, created_at=timestamp(p.creation_timestamp))
+        for p in _policies_client(backend).list(project=backend.hook.project, region=region)
+        if (digest := _digest_of(str(p.name)))
+    ]
+
+
+register_lister("gcp", FW_KIND, _list_rules)
+register_lister("gcp", POLICY_KIND, _list_policies)

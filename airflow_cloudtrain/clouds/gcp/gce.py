@@ -11,13 +11,13 @@ from __future__ import annotations
 import re
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_cloudtrain.catalog.gce import ACCELERATOR_TYPES
 from airflow_cloudtrain.clouds.gcp.errors import map_api_error, map_code
 from airflow_cloudtrain.clouds.gcp.firewall import network_tag
 from airflow_cloudtrain.contract.errors import InvalidRequest
-from airflow_cloudtrain.contract.runs import TAG_RUN, TAG_RUN_KEY, TAG_RUN_URI
+from airflow_cloudtrain.contract.runs import TAG_PRICE, TAG_RUN, TAG_RUN_KEY, TAG_RUN_URI
 from airflow_cloudtrain.core.cloud import (
     PENDING,
     RUNNING,
@@ -28,6 +28,7 @@ from airflow_cloudtrain.core.cloud import (
     Instance,
     LaunchRequest,
 )
+from airflow_cloudtrain.core.inventory import Tagged, price_of, register_lister
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
@@ -330,3 +331,46 @@ def _private_ip(raw: Any) -> str | None:
     """The VM's first NIC's internal address (``networkIP``), once assigned."""
     nics = list(getattr(raw, "network_interfaces", []) or [])
     return (getattr(nics[0], "network_i_p", "") or None) if nics else None
+
+
+# --- cloudtrain gc: every VM of ours in the region's zones, whatever its run -----------------------
+
+
+class _GceBackend(Protocol):
+    """What the lister needs of ``GcpRunBackend`` (named here: the backend module imports this one)."""
+
+    @property
+    def cloud(self) -> GcpCloud: ...
+
+
+def _metadata(raw: Any, key: str) -> str | None:
+    items = getattr(getattr(raw, "metadata", None), "items", None) or []
+    return next((str(i.value) for i in items if i.key == key and i.value), None)
+
+
+def list_tagged(backend: _GceBackend) -> list[Tagged]:
+    """Every VM labelled with a run key, any state but deleted (a TERMINATED VM still bills its
+    disks), in each zone of the region: one list call per zone."""
+    cloud, out = backend.cloud, []
+    for zone in cloud.zones:
+        for raw in cloud._list(zone):
+            labels = dict(raw.labels)
+            if TAG_RUN_KEY not in labels:
+                continue
+            inst = to_instance(raw)
+            out.append(
+                Tagged(
+                    "instance",
+                    inst.id,
+                    inst.zone,
+                    labels[TAG_RUN_KEY],
+                    _metadata(raw, TAG_RUN_URI),
+                    inst.launch_time,
+                    inst.state_reason or inst.state,
+                    price_of(labels, TAG_PRICE),
+                )
+            )
+    return out
+
+
+register_lister("gcp", "instance", list_tagged)

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_cloudtrain.contract.runs import TAG_MANAGED, TAG_RUN_KEY
 from airflow_cloudtrain.contract.secret_refs import gcp_ref
+from airflow_cloudtrain.core.inventory import Tagged, register_lister, timestamp
 from airflow_cloudtrain.core.ledger import Resource, ResourceKind, register_kind
 
 if TYPE_CHECKING:
@@ -96,3 +97,21 @@ def _delete(backend: SecretManagerBackend, resources: list[Resource]) -> None:
 
 
 GCP_SECRET = register_kind(ResourceKind(KIND, _find, _delete))
+
+
+# --- cloudtrain gc: every run's secrets in the project --------------------------------------------
+
+
+def _list_tagged(backend: SecretManagerBackend) -> list[Tagged]:
+    """Every secret labelled with a run key (one list call, filtered here: any label value)."""
+    pages = _client(backend).list_secrets(
+        request={"parent": f"projects/{backend.hook.project}"}, timeout=CALL_TIMEOUT_S
+    )
+    return [
+        Tagged(KIND, str(s.name), None, digest, created_at=timestamp(s.create_time), state="secret")
+        for s in pages
+        if (digest := dict(s.labels).get(TAG_RUN_KEY))
+    ]
+
+
+register_lister("gcp", KIND, _list_tagged)

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from airflow_cloudtrain.contract.runs import TAG_MANAGED, TAG_RUN_KEY
+from airflow_cloudtrain.core.inventory import Tagged, register_lister
 from airflow_cloudtrain.core.ledger import Resource, ResourceKind, register_kind
 
 log = logging.getLogger(__name__)
@@ -228,3 +229,17 @@ def _cancel_jobs(backend: VertexJobs, resources: list[Resource]) -> None:
 
 
 VERTEX_JOB = register_kind(ResourceKind(KIND, _find_jobs, _cancel_jobs))
+
+
+# --- cloudtrain gc: every job of ours not yet ended, whatever its run --------------------------------
+
+
+def _list_tagged(backend: VertexJobs) -> builtins.list[Tagged]:
+    """Active jobs labelled ``cloudtrain-managed``; the job folder (``output_dir``) holds the lease."""
+    return [
+        Tagged(KIND, j.name, j.region, j.labels.get(TAG_RUN_KEY), j.output_dir, j.created_at, j.state)
+        for j in backend.active_managed()
+    ]
+
+
+register_lister("vertex", KIND, _list_tagged)
