@@ -15,28 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from airflow_cloudtrain.lifecycle.gc import Leftover
-
-CLOUD_CHOICES = ("aws", "ec2", "ec2spot", "gcp", "gcloud", "gcspot")
-COLUMNS = ("kind", "id", "location", "run key", "age", "state", "$/h", "lease", "action")
+from typing import Any
 
 
 def older_than(text: str) -> float:
     """``--older-than``: a duration in the operators' forms (``90m``, ``1h``, ``2d``...), or 0."""
-    if text.strip() in ("0", "0s"):
-        return 0.0
-    from airflow_cloudtrain.operators.checks import parse_duration
+    from airflow_cloudtrain.operators.gc import older_than_seconds
 
     try:
-        seconds = parse_duration(text, "--older-than")
+        return older_than_seconds(text, "--older-than")
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
-    if seconds is None:
-        raise argparse.ArgumentTypeError("--older-than needs a duration, e.g. 1h, 90m or 0")
-    return seconds
 
 
 def add_gc_parser(sub: Any) -> None:
@@ -45,7 +34,7 @@ def add_gc_parser(sub: Any) -> None:
         help="list (and delete) what runs left on a cloud: instances, groups, queues, rules, secrets, jobs",
         description=__doc__.splitlines()[0].replace("``", ""),
     )
-    p.add_argument("--cloud", required=True, choices=CLOUD_CHOICES)
+    p.add_argument("--cloud", required=True, choices=("aws", "ec2", "ec2spot", "gcp", "gcloud", "gcspot"))
     p.add_argument("--region", default=None, help="default: the connection's region")
     p.add_argument("--zone", default=None, help="GCE: list only this zone's VMs and groups")
     p.add_argument("--project-id", default=None, help="GCP project (default: the connection's)")
@@ -73,7 +62,7 @@ def run_gc(args: argparse.Namespace) -> int:
     import os
 
     with contextlib.redirect_stdout(sys.stderr):  # Airflow's and the SDKs' logs: not into the table
-        from airflow_cloudtrain.lifecycle.gc import gc
+        from airflow_cloudtrain.lifecycle.gc import format_table, gc
 
         found = gc(
             args.cloud,
@@ -102,29 +91,3 @@ def run_gc(args: argparse.Namespace) -> int:
     for x in failed:
         print(f"  FAILED {x.kind} {x.id}: {x.result}", file=sys.stderr)
     return 1 if failed else 0
-
-
-def format_table(found: list[Leftover]) -> str:
-    """The listing: one row per resource, the action last (``delete: why`` / ``keep: why``)."""
-    from airflow_cloudtrain.lifecycle.gc import fmt_duration
-
-    if not found:
-        return "no resource of cloudtrain found"
-    rows = [
-        (
-            x.kind,
-            x.id,
-            x.location or "-",
-            (x.digest or "?")[:12],
-            "?" if x.age_s is None else fmt_duration(x.age_s),
-            x.state or "-",
-            "-" if x.hourly_usd is None else f"{x.hourly_usd:.4f}",
-            x.lease,
-            f"{x.action}: {x.why}",
-        )
-        for x in found
-    ]
-    widths = [max(len(str(r[i])) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
-    header = "  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True)).rstrip()
-    return "\n".join([header, *lines])

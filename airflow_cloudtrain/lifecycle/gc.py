@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 LIVE, LAPSED, FINISHED, UNKNOWN = "live", "lapsed", "finished", "unknown"
 DELETE, KEEP = "delete", "keep"
 DEFAULT_OLDER_THAN_S = 3600.0
+COLUMNS = ("kind", "id", "location", "run key", "age", "state", "$/h", "lease", "action")
 _STATUS = re.compile(r"^instances/([^/]+)/status\.json$")
 _LOOP_LEDGER = re.compile(r"^ledger/[^/]+\.json$")  # a CheckpointResumeOperator loop's ledger
 _LOOP_ENDED = frozenset({"succeeded", "failed"})
@@ -347,6 +348,30 @@ def gc(
     )
     sweep(found, dry_run=dry_run)
     return found
+
+
+def format_table(found: list[Leftover]) -> str:
+    """The listing: one row per resource, the action last (``delete: why`` / ``keep: why``)."""
+    if not found:
+        return "no resource of cloudtrain found"
+    rows = [
+        (
+            x.kind,
+            x.id,
+            x.location or "-",
+            (x.digest or "?")[:12],
+            "?" if x.age_s is None else fmt_duration(x.age_s),
+            x.state or "-",
+            "-" if x.hourly_usd is None else f"{x.hourly_usd:.4f}",
+            x.lease,
+            f"{x.action}: {x.why}",
+        )
+        for x in found
+    ]
+    widths = [max(len(str(r[i])) for r in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+    header = "  ".join(c.ljust(w) for c, w in zip(COLUMNS, widths, strict=True)).rstrip()
+    return "\n".join([header, *lines])
 
 
 # --- deleting ----------------------------------------------------------------------------------------

@@ -426,3 +426,50 @@ def test_a_bad_older_than_is_refused_naming_the_option(bad: str, capsys: Any) ->
     with pytest.raises(SystemExit):
         main(["gc", "--cloud", "aws", "--older-than", bad])
     assert "--older-than" in capsys.readouterr().err
+
+
+def test_the_operator_sweeps_in_a_dag_and_returns_the_listing(emu: Any, airflow_db: None) -> None:
+    """A daily DAG's ``CloudTrainGcOperator``: a finished run's secret goes, a live run's stays, and the
+    listing is the task's XCom."""
+    import boto3
+    from dag_helpers import task_states, write_dag, xcom
+
+    from airflow_cloudtrain.clouds.aws import secrets
+    from airflow_cloudtrain.clouds.registry import backend_for
+
+    bucket = f"gc-{uuid.uuid4().hex[:10]}"
+    boto3.client("s3", region_name=AWS_REGION).create_bucket(Bucket=bucket)
+    backend = backend_for("ec2", region=AWS_REGION)
+    names = {}
+    for state in ("finished", "live"):
+        k = key(f"s3://{bucket}", state)
+        write_run(f"s3://{bucket}", k, state, "ec2")
+        names[state] = secrets.put_secret(backend, k.digest, "TOKEN", "v")[0]
+    dag_id = f"gc_daily_{uuid.uuid4().hex[:6]}"
+    dag = write_dag(
+        f"""
+from datetime import datetime
+from airflow.sdk import DAG
+from airflow_cloudtrain.operators import CloudTrainGcOperator
+
+with DAG({dag_id!r}, schedule="@daily", start_date=datetime(2026, 1, 1), catchup=False) as dag:
+    CloudTrainGcOperator(task_id="gc", cloud="aws", region={AWS_REGION!r}, bucket="s3://{bucket}",
+                         older_than=0)
+""",
+        dag_id,
+    )
+    ssm = boto3.client("ssm", region_name=AWS_REGION)
+    try:
+        run = dag.test()
+        assert task_states(run) == {"gc": "success"}
+        rows = {r["id"]: r for r in xcom(run, "gc")}
+        assert (
+            rows[names["finished"]]["action"] == "delete" and rows[names["finished"]]["result"] == "deleted"
+        )
+        assert rows[names["live"]]["action"] == "keep" and rows[names["live"]]["lease"] == "live"
+        ours = [{"Key": "Name", "Option": "BeginsWith", "Values": ["/cloudtrain/"]}]
+        pages = ssm.get_paginator("describe_parameters").paginate(ParameterFilters=ours)
+        left = {p["Name"] for page in pages for p in page["Parameters"]}
+        assert names["live"] in left and names["finished"] not in left
+    finally:
+        ssm.delete_parameters(Names=list(names.values()))
