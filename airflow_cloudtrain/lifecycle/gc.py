@@ -266,8 +266,8 @@ def classify(
         created = t.created_at if t.created_at is not None else oldest.get(t.digest or "")
         age = None if created is None else max(0.0, now - created)
         action, why = decide(view.lease, age, older_than_s, has_run=uri is not None)
-        if action == DELETE and view.lease in (FINISHED, LAPSED) and view.why not in why:
-            why = f"{why} ({view.why})"
+        if action == DELETE and view.lease in (FINISHED, LAPSED) and view.why != why:
+            why = view.why if view.why.startswith(why) else f"{why} ({view.why})"
         out.append(
             Leftover(
                 t.kind,

@@ -21,14 +21,47 @@ CLOUDS = ("aws", "ec2", "ec2spot", "gcp", "gcloud", "gcspot")
 def older_than_seconds(value: Any, field_name: str = "older_than") -> float:
     """``older_than`` in seconds: any duration the operators take (``1h``, ``90m``, 3600, a
     timedelta), or 0 (every age); a clear ValueError naming the field otherwise."""
-    if value in (0, 0.0, "0", "0s") or (isinstance(value, timedelta) and not value):
-        return 0.0
     from airflow_cloudtrain.operators.checks import parse_duration
 
+    zero = not isinstance(value, bool) and isinstance(value, (int, float, str)) and value in (0, "0", "0s")
+    if zero or (isinstance(value, timedelta) and value == timedelta(0)):
+        return 0.0
     seconds = parse_duration(value, field_name, extra_forms=", or 0 (every age)")
     if seconds is None:
         raise ValueError(f"{field_name}={value!r} is not a valid duration: give e.g. 1h, 90m or 0")
     return seconds
+
+
+def check_arguments(
+    cloud: Any, region: Any, zone: Any, project_id: Any, bucket: Any, aws_conn_id: Any, gcp_conn_id: Any
+) -> None:
+    """The operators' own rules for each argument (a template is checked once rendered, at run time)."""
+    from airflow_cloudtrain.operators.checks import (
+        check_zone_in_region,
+        is_templated,
+        parse_region,
+        parse_zone,
+    )
+    from airflow_cloudtrain.operators.config import parse_bucket
+    from airflow_cloudtrain.operators.launch_config import check_connection_args
+
+    if not isinstance(cloud, str) or cloud not in CLOUDS:
+        raise ValueError(f"cloud={cloud!r} is not valid: use one of {', '.join(CLOUDS)}")
+    name = {"aws": "ec2", "gcp": "gcloud"}.get(cloud, cloud)  # the validators speak the cloud names
+    check_connection_args(aws_conn_id, gcp_conn_id, None if is_templated(project_id) else project_id, name)
+    if not is_templated(region):
+        parse_region(region, name)
+    if zone is not None and not is_templated(zone):
+        if name.startswith("ec2"):
+            raise ValueError(
+                f"zone={zone!r} is not valid with cloud={cloud!r}: EC2 is swept per region; give region= "
+                "(or leave both out for the connection's region)"
+            )
+        parse_zone(zone, name)
+        if not is_templated(region):
+            check_zone_in_region(name, region, zone)
+    if bucket is not None and not is_templated(bucket):
+        parse_bucket(bucket, name)
 
 
 class CloudTrainGcOperator(BaseOperator):
@@ -36,7 +69,17 @@ class CloudTrainGcOperator(BaseOperator):
 
     A resource goes when its run finished, its lease lapsed, or (no lease to read: a release
     without leases, or no run folder) by age alone; nothing younger than ``older_than`` and nothing
-    of a run whose lease is fresh is ever touched. ``dry_run=True`` only lists."""
+    of a run whose lease is fresh is ever touched. ``dry_run=True`` only lists.
+
+    :param cloud: ``aws`` / ``ec2`` / ``ec2spot`` or ``gcp`` / ``gcloud`` / ``gcspot``.
+    :param region: where to sweep (default: the connection's region) (templated).
+    :param zone: GCE only: sweep only this zone's VMs and groups (templated).
+    :param project_id: the Google Cloud project (default: the connection's) (templated).
+    :param bucket: where the run folders live: finds the run of a resource that carries only its run
+        key (templated).
+    :param dry_run: list only; nothing is changed.
+    :param older_than: touch nothing younger than this (default ``1h``; 0: every age).
+    """
 
     template_fields: Sequence[str] = ("region", "zone", "project_id", "bucket")
     ui_color = "#e8f0e0"
@@ -55,19 +98,16 @@ class CloudTrainGcOperator(BaseOperator):
         gcp_conn_id: str = "google_cloud_default",
         **kwargs: Any,
     ) -> None:
+        from airflow_cloudtrain.operators.checks import check_bool
+
         super().__init__(**kwargs)
-        if cloud not in CLOUDS:
-            raise ValueError(f"cloud={cloud!r} is not valid: use one of {', '.join(CLOUDS)}")
-        if bucket is not None and not str(bucket).startswith(("s3://", "gs://", "{{")):
-            raise ValueError(
-                f"bucket={bucket!r} is not valid: give the run folders' s3://... or gs://... URI"
-            )
+        check_arguments(cloud, region, zone, project_id, bucket, aws_conn_id, gcp_conn_id)
         self.cloud = cloud
         self.region = region
         self.zone = zone
         self.project_id = project_id
         self.bucket = bucket
-        self.gc_dry_run = bool(dry_run)  # not ``dry_run``: BaseOperator has a method of that name
+        self.gc_dry_run = check_bool(dry_run, "dry_run")  # not ``dry_run``: BaseOperator has that method
         self.older_than_s = older_than_seconds(older_than)
         self.aws_conn_id = aws_conn_id
         self.gcp_conn_id = gcp_conn_id

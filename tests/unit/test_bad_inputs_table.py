@@ -29,6 +29,7 @@ import pytest
 
 from airflow_cloudtrain.operators import (
     CheckpointResumeOperator,
+    CloudTrainGcOperator,
     CloudTrainOperator,
     MLEngineTrainOperator,
     PreemptibleGroupOperator,
@@ -82,6 +83,7 @@ BASES: dict[str, tuple[type, dict[str, Any], str]] = {
         "iss_gce",
     ),
     "qds": (QueueDepthSensor, {"queue": "my-queue", "max_depth": 0}, "qds"),
+    "gc": (CloudTrainGcOperator, {"cloud": "ec2", "region": "us-east-1", "bucket": "s3://bkt/p"}, "gc"),
 }
 
 
@@ -603,6 +605,20 @@ QDS_ROWS: dict[str, Row] = {
     "executor_queue": [5, True, ["q"], "   ", "q\x00"],
 }
 
+GC_ROWS: dict[str, Row] = {  # cloudtrain gc as a task (on cloud="ec2")
+    "cloud": ISS_ROWS["cloud"],
+    "region": [5, True, ["us-east-1"], "   ", "mars-1", "us-central1", " us-east-1", "us-east-1\x00"],
+    "zone": [5, True, "   ", "us-east-1a", "us-central1-a", "us-east-1a\x00"],  # EC2 is swept per region
+    "project_id": [*project_bad(), "my-project"],
+    "bucket": [v for v in bucket_bad("s3", "gs") if v not in (None, "")],  # optional
+    "dry_run": BOOL_BAD,
+    "older_than": [  # 0 is every age
+        v for v in duration_bad() if v is True or not (v == 0 or v == timedelta(0))
+    ],
+    "aws_conn_id": conn_bad(optional=True),
+    "gcp_conn_id": conn_bad(optional=False),
+}
+
 ROWS: dict[str, dict[str, Row]] = {
     "aws": TRAIN_ROWS,
     "gcp": TRAIN_ROWS,
@@ -610,6 +626,7 @@ ROWS: dict[str, dict[str, Row]] = {
     "iss": ISS_ROWS,
     "iss_gce": ISS_ROWS,
     "qds": QDS_ROWS,
+    "gc": GC_ROWS,
 }
 # Arguments with no bad values of their own (none yet): name -> why.
 NOT_APPLICABLE: dict[str, str] = {}
@@ -783,6 +800,8 @@ def test_values_valid_alone_are_refused_together(base: str, changes: dict[str, A
 
 # Legal values at the edges: accepted with no warning (decided in issue 22, documented in the README).
 VALID: list[tuple[str, dict[str, Any]]] = [
+    ("gc", {"older_than": 0}),
+    ("gc", {"cloud": "gcp", "region": None, "zone": "us-central1-a", "bucket": "gs://bkt/p"}),
     ("ct_ec2", {"max_runtime": "1h30m"}),
     ("ct_ec2", {"max_runtime": "2d12h"}),
     ("ct_ec2", {"max_runtime": "1h 30m"}),
@@ -960,6 +979,7 @@ def test_a_templated_argument_does_not_hide_a_bad_neighbour(base: str, name: str
         "iss": ("deferrable", "yes"),
         "iss_gce": ("deferrable", "yes"),
         "qds": ("poll_interval", "1h1h"),
+        "gc": ("older_than", "1h1h"),
     }[BASES[base][2]]
     if neighbour[0] == name:
         neighbour = ("deferrable", "yes")
