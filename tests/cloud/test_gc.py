@@ -111,9 +111,11 @@ def check_gc(
     planted: dict[str, set[tuple[str, str]]],
     live: str,
     describe: Callable[[], set[tuple[str, str]]],
+    leases: dict[str, str],
 ) -> None:
-    """The dry run lists exactly ``planted`` (digest -> (kind, id)), the live run's as keep, and
-    changes nothing; the real run deletes the others and leaves the live run's."""
+    """The dry run lists exactly ``planted`` (digest -> (kind, id)), each with its run's lease state
+    (``leases``: digest -> live/lapsed/finished/unknown), the live run's as keep, and changes nothing;
+    the real run deletes the others and leaves the live run's."""
     digests = set(planted)
     doomed = {r for d, rs in planted.items() if d != live for r in rs}
     before = describe()
@@ -123,6 +125,7 @@ def check_gc(
     rows = mine(listing(*args, "--dry-run"), digests)
     assert set(rows) == doomed | planted[live]
     for kind_id, row in rows.items():
+        assert row["lease"] == leases[row["digest"]], row
         if kind_id in planted[live]:
             assert (row["lease"], row["action"]) == ("live", "keep"), row
         else:
@@ -140,6 +143,22 @@ def check_gc(
     assert planted[live] <= describe()
     left = mine(listing(*args), digests)
     assert set(left) == planted[live]
+
+
+LEASES = {"finished": "finished", "lapsed": "lapsed", "orphaned": "lapsed", "none": "unknown", "live": "live"}
+
+
+def assert_gc_recorded_the_orphan(bucket_uri: str, task: str) -> None:
+    """``orphaned.json`` (ended by gc) in the run folder of the run whose lease lapsed."""
+    keys = [
+        k
+        for k in open_run_folder(join(bucket_uri, f"runs/gc_dag/{task}")).list("")
+        if k.endswith(ORPHANED_KEY)
+    ]
+    assert len(keys) == 1, keys
+    text = open_run_folder(join(bucket_uri, f"runs/gc_dag/{task}")).get_text(keys[0]) or ""
+    record = Orphaned.from_json(text)
+    assert record.ended_by == "gc" and record.lapsed_at < record.noticed_at
 
 
 # --- AWS ---------------------------------------------------------------------------------------------
@@ -227,6 +246,7 @@ def test_gc_on_aws_lists_the_planted_leftovers_and_deletes_them_but_not_the_live
         "live": ("live", {"instance", "ssm_parameter", "sqs_queue", "security_group"}),
     }
     planted: dict[str, set[tuple[str, str]]] = {}
+    leases: dict[str, str] = {}
     live = ""
     try:
         for name, (state, kinds) in runs.items():
@@ -234,11 +254,12 @@ def test_gc_on_aws_lists_the_planted_leftovers_and_deletes_them_but_not_the_live
             uri = write_run(bucket_uri, k, state, "ec2")
             planted[k.digest] = plant_aws(backend, k, uri, kinds)
             live = k.digest if name == "live" else live
+            leases[k.digest] = LEASES[state]
         args = ["--cloud", "aws", "--region", AWS_REGION, "--bucket", bucket_uri, "--older-than", "0"]
-        check_gc(emu, args, planted, live, aws_describe(backend, set(planted)))
-        # the queue of the lapsed run carried only its run key: its run was found under --bucket
-        lapsed = open_run_folder(join(bucket_uri, "runs/gc_dag/lapsed"))
-        assert any(k.endswith(ORPHANED_KEY) for k in lapsed.list(""))  # gc recorded what it ended
+        # the orphaned run's security group and parameter carry only its run key: its run folder is
+        # found under --bucket (its spec.json), so they are "lapsed", not "unknown"
+        check_gc(emu, args, planted, live, aws_describe(backend, set(planted)), leases)
+        assert_gc_recorded_the_orphan(bucket_uri, "lapsed")
     finally:
         for digest in planted:  # the live run's (and anything a failed assertion left)
             ledger = ResourceLedger(digest)
@@ -375,6 +396,7 @@ def test_gc_on_gcp_lists_the_planted_leftovers_and_deletes_them_but_not_the_live
         "live": ("live", {"instance", "firewall", "gcp_secret", "pubsub_topic", "vertex_job"}),
     }
     planted: dict[str, set[tuple[str, str]]] = {}
+    leases: dict[str, str] = {}
     live = ""
     try:
         for name, (state, kinds) in runs.items():
@@ -382,8 +404,10 @@ def test_gc_on_gcp_lists_the_planted_leftovers_and_deletes_them_but_not_the_live
             uri = write_run(bucket_uri, k, state, "gcloud")
             planted[k.digest] = plant_gcp(backend, vertex, k, uri, kinds)
             live = k.digest if name == "live" else live
+            leases[k.digest] = LEASES[state]
         args = ["--cloud", "gcp", "--region", GCP_REGION, "--bucket", bucket_uri, "--older-than", "0"]
-        check_gc(emu, args, planted, live, gcp_describe(backend, vertex, set(planted)))
+        check_gc(emu, args, planted, live, gcp_describe(backend, vertex, set(planted)), leases)
+        assert_gc_recorded_the_orphan(bucket_uri, "lapsed")  # its Vertex job was cancelled by gc
     finally:
         kinds = ["mig", "instance_template", "pubsub_subscription", "pubsub_topic", "gcp_secret", "instance",
                  "gang_firewall", "placement_policy", "firewall"]  # fmt: skip

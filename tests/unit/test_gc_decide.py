@@ -115,3 +115,41 @@ def test_to_dict_is_json_safe() -> None:
                  source=Source("aws", object(), object()), view=RunView("live", "w"))  # fmt: skip
     data: dict[str, Any] = x.to_dict()
     assert json.loads(json.dumps(data))["id"] == "i-1" and "source" not in data
+
+
+def test_names_made_from_a_run_key_give_it_back() -> None:
+    from airflow_cloudtrain.core.inventory import digest_in_name
+
+    d = "0123456789abcdef0123"
+    for name in (f"ct-{d}", f"ct-{d}-items", f"projects/p/topics/ct-{d}-dlq", f"https://sqs/1/ct-{d}-items"):
+        assert digest_in_name(name) == d
+    for name in ("ct-short", f"my-{d}", f"ct-{d.upper()}", "default-allow-ssh"):
+        assert digest_in_name(name) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "stamp"),
+    [
+        ("2026-11-27T05:00:00+00:00", 1795755600.0),
+        ("2026-11-27T05:00:00Z", 1795755600.0),
+        ("1795755600000", 1795755600.0),  # milliseconds, as SQS and our Pub/Sub label give them
+        (1795755600, 1795755600.0),
+        (None, None),
+        ("", None),
+        ("soon", None),
+    ],
+)
+def test_creation_times_in_every_form_the_apis_use(value: object, stamp: float | None) -> None:
+    from airflow_cloudtrain.core.inventory import timestamp
+
+    assert timestamp(value) == stamp
+
+
+def test_with_a_zone_only_that_zones_vms_and_groups_are_listed() -> None:
+    from airflow_cloudtrain.lifecycle.gc import _other_zone
+
+    assert _other_zone("us-central1-b", "us-central1-a")
+    assert not _other_zone("us-central1-a", "us-central1-a")
+    assert not _other_zone("us-central1", "us-central1-a")  # a regional policy
+    assert not _other_zone("my-project", "us-central1-a")  # a firewall rule (its project)
+    assert not _other_zone("us-central1-b", None)
