@@ -30,12 +30,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
+from airflow_cloudtrain.clouds.gcp.vertex import KIND as VERTEX_KIND
 from airflow_cloudtrain.contract.lease import LEASE_KEY, ORPHANED_KEY, Lease, Orphaned
 from airflow_cloudtrain.contract.runs import FINAL_STATES, SPEC_KEY
 from airflow_cloudtrain.core.inventory import Tagged, listers
 from airflow_cloudtrain.core.ledger import Resource, ResourceLedger
 
 if TYPE_CHECKING:
+    from airflow_cloudtrain.core.backend import RunBackend
     from airflow_cloudtrain.core.ledger import LedgerBackend
     from airflow_cloudtrain.storage import RunFolder
 
@@ -64,8 +66,8 @@ class Source:
     """One backend ``gc`` lists through: ``key`` names its listers (``aws``, ``gcp``, ``vertex``)."""
 
     key: str
-    backend: Any  # a RunBackend, or VertexJobs for "vertex" (each kind's deleter takes its own)
-    folders: Any  # the RunBackend whose clients read run folders
+    backend: LedgerBackend  # a RunBackend, or VertexJobs for "vertex" (each kind's deleter takes its own)
+    folders: RunBackend  # whose clients read the run folders
 
 
 @dataclass
@@ -266,6 +268,9 @@ def classify(
         created = t.created_at if t.created_at is not None else oldest.get(t.digest or "")
         age = None if created is None else max(0.0, now - created)
         action, why = decide(view.lease, age, older_than_s, has_run=uri is not None)
+        if t.kind == VERTEX_KIND and action == DELETE and view.lease != LAPSED:
+            # only active jobs are listed; an empty job folder is no sign that the job is over
+            action, why = KEEP, "a Vertex AI job is cancelled only when its lease lapsed"
         if action == DELETE and view.lease in (FINISHED, LAPSED) and view.why != why:
             why = view.why if view.why.startswith(why) else f"{why} ({view.why})"
         out.append(
@@ -293,18 +298,17 @@ def _other_zone(location: str | None, zone: str | None) -> bool:
     return bool(zone and location and re.fullmatch(r"[a-z]+-[a-z]+\d+-[a-z]", location) and location != zone)
 
 
-def _folder(backend: Any, uri: str) -> RunFolder:
+def _folder(backend: RunBackend, uri: str) -> RunFolder:
     """The run folder through the backend's clients when the bucket is its cloud's, else defaults."""
     scheme = uri.split("://", 1)[0]
-    if {"s3": "aws", "gs": "gcp"}.get(scheme) == getattr(backend, "provider", None):
-        folder: RunFolder = backend.run_folder(uri)
-        return folder
+    if {"s3": "aws", "gs": "gcp"}.get(scheme) == backend.provider:
+        return backend.run_folder(uri)
     from airflow_cloudtrain.storage import open_run_folder
 
     return open_run_folder(uri)
 
 
-def _uris_in_bucket(backend: Any, bucket: str, digests: set[str]) -> dict[str, str]:
+def _uris_in_bucket(backend: RunBackend, bucket: str, digests: set[str]) -> dict[str, str]:
     """Run folders under ``bucket`` whose ``spec.json`` names one of these runs (run id
     ``ct-<digest[:12]>``): for resources that carry only the run key (queues, groups, secrets)."""
     from airflow_cloudtrain.contract.runs import RunSpec, join

@@ -51,7 +51,7 @@ def write_run(bucket: str, k: RunKey, state: str, cloud: str) -> str:
     """The run folder of ``k`` saying ``state``: finished (a final status), lapsed (a lease not
     renewed for 2 h), orphaned (``orphaned.json``), live (a lease renewed now), none (no folder)."""
     uri = join(bucket, k.path())
-    if state == "none":
+    if state in ("none", "empty"):
         return uri
     folder = open_run_folder(uri)
     folder.put_text(SPEC_KEY, RunSpec(k.short_id, uri, cloud, "true").to_json())
@@ -109,25 +109,25 @@ def check_gc(
     emu: Any,
     args: list[str],
     planted: dict[str, set[tuple[str, str]]],
-    live: str,
+    kept: set[tuple[str, str]],
     describe: Callable[[], set[tuple[str, str]]],
     leases: dict[str, str],
 ) -> None:
     """The dry run lists exactly ``planted`` (digest -> (kind, id)), each with its run's lease state
-    (``leases``: digest -> live/lapsed/finished/unknown), the live run's as keep, and changes nothing;
-    the real run deletes the others and leaves the live run's."""
+    (``leases``: digest -> live/lapsed/finished/unknown), ``kept`` (the live run's) as keep, and changes
+    nothing; the real run deletes the others and leaves ``kept``."""
     digests = set(planted)
-    doomed = {r for d, rs in planted.items() if d != live for r in rs}
+    doomed = {r for rs in planted.values() for r in rs} - kept
     before = describe()
-    assert doomed | planted[live] <= before
+    assert doomed | kept <= before
 
     emu.reset_counts()
     rows = mine(listing(*args, "--dry-run"), digests)
-    assert set(rows) == doomed | planted[live]
+    assert set(rows) == doomed | kept
     for kind_id, row in rows.items():
         assert row["lease"] == leases[row["digest"]], row
-        if kind_id in planted[live]:
-            assert (row["lease"], row["action"]) == ("live", "keep"), row
+        if kind_id in kept:
+            assert row["action"] == "keep", row
         else:
             assert row["action"] == "delete" and row["lease"] != "live", row
     assert writes(emu.request_counts()) == {}
@@ -140,12 +140,19 @@ def check_gc(
     for kind, rid in doomed:
         assert f"  {kind} {rid}" in text
     wait_for(lambda: not (describe() & doomed), timeout=120, message="planted leftovers deleted")
-    assert planted[live] <= describe()
+    assert kept <= describe()
     left = mine(listing(*args), digests)
-    assert set(left) == planted[live]
+    assert set(left) == kept
 
 
-LEASES = {"finished": "finished", "lapsed": "lapsed", "orphaned": "lapsed", "none": "unknown", "live": "live"}
+LEASES = {
+    "finished": "finished",
+    "lapsed": "lapsed",
+    "orphaned": "lapsed",
+    "none": "unknown",  # no run folder known (the resource carries only its run key)
+    "empty": "finished",  # a run folder named but empty
+    "live": "live",
+}
 
 
 def assert_gc_recorded_the_orphan(bucket_uri: str, task: str) -> None:
@@ -258,7 +265,7 @@ def test_gc_on_aws_lists_the_planted_leftovers_and_deletes_them_but_not_the_live
         args = ["--cloud", "aws", "--region", AWS_REGION, "--bucket", bucket_uri, "--older-than", "0"]
         # the orphaned run's security group and parameter carry only its run key: its run folder is
         # found under --bucket (its spec.json), so they are "lapsed", not "unknown"
-        check_gc(emu, args, planted, live, aws_describe(backend, set(planted)), leases)
+        check_gc(emu, args, planted, planted[live], aws_describe(backend, set(planted)), leases)
         assert_gc_recorded_the_orphan(bucket_uri, "lapsed")
     finally:
         for digest in planted:  # the live run's (and anything a failed assertion left)
@@ -393,20 +400,24 @@ def test_gc_on_gcp_lists_the_planted_leftovers_and_deletes_them_but_not_the_live
         "lapsed": ("lapsed", {"instance", "gcp_secret", "pubsub_topic", "vertex_job"}),
         "orphaned": ("orphaned", {"gang_firewall", "firewall"}),
         "nofolder": ("none", {"gcp_secret"}),
+        # a job whose folder is still empty and that has no lease: kept (only a lapsed lease cancels)
+        "quiet": ("empty", {"vertex_job"}),
         "live": ("live", {"instance", "firewall", "gcp_secret", "pubsub_topic", "vertex_job"}),
     }
     planted: dict[str, set[tuple[str, str]]] = {}
     leases: dict[str, str] = {}
-    live = ""
+    live = quiet = ""
     try:
         for name, (state, kinds) in runs.items():
             k = key(bucket_uri, name)
             uri = write_run(bucket_uri, k, state, "gcloud")
             planted[k.digest] = plant_gcp(backend, vertex, k, uri, kinds)
             live = k.digest if name == "live" else live
+            quiet = k.digest if name == "quiet" else quiet
             leases[k.digest] = LEASES[state]
         args = ["--cloud", "gcp", "--region", GCP_REGION, "--bucket", bucket_uri, "--older-than", "0"]
-        check_gc(emu, args, planted, live, gcp_describe(backend, vertex, set(planted)), leases)
+        kept = planted[live] | planted[quiet]
+        check_gc(emu, args, planted, kept, gcp_describe(backend, vertex, set(planted)), leases)
         assert_gc_recorded_the_orphan(bucket_uri, "lapsed")  # its Vertex job was cancelled by gc
     finally:
         kinds = ["mig", "instance_template", "pubsub_subscription", "pubsub_topic", "gcp_secret", "instance",
