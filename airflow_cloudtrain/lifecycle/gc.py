@@ -129,15 +129,19 @@ def run_view(folder: RunFolder, now: float) -> RunView:
     keys = folder.list("")
     if not keys:
         return RunView(FINISHED, "run folder gone")
-    if ORPHANED_KEY in keys:
-        return RunView(LAPSED, "orphaned.json written")
     lease = None
     if LEASE_KEY in keys:
         try:
             lease = Lease.from_json(folder.get_text(LEASE_KEY) or "")
         except ValueError:
             lease = None  # a torn write: the next renewal fixes it; treat as no lease
-    if lease is not None and lease.orphan_timeout_s is not None and not lease.lapsed(now):
+    fresh = lease is not None and lease.orphan_timeout_s is not None and not lease.lapsed(now)
+    if ORPHANED_KEY in keys:
+        noticed = _orphaned_at(folder)
+        # a retry renewing the lease after the run was orphaned is a new, watched run
+        if not (fresh and lease is not None and noticed is not None and lease.renewed_at > noticed):
+            return RunView(LAPSED, "orphaned.json written")
+    if fresh and lease is not None:
         return RunView(LIVE, f"lease renewed {fmt_duration(now - lease.renewed_at)} ago")
     if _finished(folder, keys):
         return RunView(FINISHED, "run finished")
@@ -146,6 +150,14 @@ def run_view(folder: RunFolder, now: float) -> RunView:
             LAPSED, f"lease lapsed {fmt_duration(now - (lease.lapses_at() or now))} ago", lease.lapses_at()
         )
     return RunView(UNKNOWN, "no lease" if lease is None else "lease without orphan_timeout")
+
+
+def _orphaned_at(folder: RunFolder) -> float | None:
+    """When whoever ended the orphaned run noticed it (None: unreadable)."""
+    try:
+        return Orphaned.from_json(folder.get_text(ORPHANED_KEY) or "").noticed_at
+    except ValueError:
+        return None
 
 
 def _finished(folder: RunFolder, keys: list[str]) -> bool:

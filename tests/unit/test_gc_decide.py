@@ -59,6 +59,9 @@ SPEC = {SPEC_KEY: "{}"}
         ({**SPEC, **lease(1801)}, "lapsed"),
         ({**SPEC, **lease(1801), **status("succeeded")}, "finished"),
         ({**SPEC, **lease(60), ORPHANED_KEY: Orphaned(NOW - 10, "agent", NOW).to_json()}, "lapsed"),
+        # orphaned once, then a retry took the run over and renews its lease: watched again
+        ({**SPEC, **lease(60), ORPHANED_KEY: Orphaned(NOW - 900, "agent", NOW - 600).to_json()}, "live"),
+        ({**SPEC, ORPHANED_KEY: "{torn"}, "lapsed"),
         ({**SPEC, **lease(3 * HOUR, timeout=None)}, "unknown"),  # orphan_timeout=None: no lease at all
         ({**SPEC, LEASE_KEY: "{torn"}, "unknown"),
         (SPEC, "unknown"),  # a release without leases
