@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.contract.errors import CloudError
 from airflow_cloudtrain.contract.runs import RunStatus, heartbeat_key, join, status_key
-from airflow_cloudtrain.core.billing import billed_cost
 from airflow_cloudtrain.core.cloud import ALIVE_STATES, ENDED_STATES, STOPPED
 from airflow_cloudtrain.core.engine import poll_until
 from airflow_cloudtrain.core.ledger import ResourceLedger, store_get, store_set
@@ -32,8 +31,10 @@ from airflow_cloudtrain.lifecycle.prepare import (
     offers_for,
     price_from_tags,
     request_builder,
+    root_disk_gib,
 )
 from airflow_cloudtrain.lifecycle.run.abandon import abandon_run, delivered, mark_delivered
+from airflow_cloudtrain.lifecycle.run.cost import attempt_cost
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.catalog.offers import Offer
@@ -253,6 +254,7 @@ class RunAttempt:
             adopted=True,
             run_key=self.ctx.key.digest,
             try_number=self.ctx.try_number,
+            disk_gib=root_disk_gib(self.ctx.config),
         )
 
     def _launch(self) -> LaunchRecord:
@@ -332,6 +334,7 @@ class RunAttempt:
             location=backend.location(instance.zone),
             try_number=ctx.try_number,
             requested_at=requested_at,
+            disk_gib=root_disk_gib(ctx.config),
             **extra,
         )
 
@@ -592,8 +595,7 @@ class RunAttempt:
         if launch.adopted and result.ended_at:  # an earlier try's job: billed until its agent powered off
             ended = min(ended, result.ended_at)
         duration = ended - float(launch.launched_at or ended)
-        hourly = launch.hourly_usd * launch.num_nodes if launch.hourly_usd is not None else None
-        cost, basis = billed_cost(hourly, duration)  # a gang's: every node, for the same time
+        cost, basis = attempt_cost(backend, launch, duration, self.ctx.config.hardware.gpus, self.log)
         attempt = Attempt(launch, result, ended, duration, cost, basis)
         self.log.info(
             "Run %s ended: %s, exit code %s, %.0f s, cost $%s (%s)",
