@@ -91,6 +91,8 @@ class WaitSettings:
     poll_interval: float = 10.0
     startup_timeout: float | None = None
     heartbeat_timeout: float | None = None
+    max_cost_usd: float | None = None  # ``max_cost`` (``core.budget``)
+    spent_usd: float = 0.0  # what the run's earlier attempts cost (the resume loop sets it)
 
 
 def hard_stop_s(max_runtime_s: float | None) -> int | None:

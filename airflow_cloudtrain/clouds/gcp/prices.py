@@ -57,8 +57,8 @@ def _shape(instance_type: str) -> tuple[str, float, float, str] | None:
     custom = custom_shape_of(instance_type)
     if custom is not None:
         family, vcpus, mib = custom
-        series = FAMILIES["n1-standard-" if family.name == "N1" else "n2-standard-"]
-        return series, float(vcpus), mib / 1024, " (a custom shape, at its family's predefined rates)"
+        predefined = FAMILIES["n1-standard-" if family.name == "N1" else "n2-standard-"]
+        return predefined, float(vcpus), mib / 1024, " (a custom shape, at its family's predefined rates)"
     series = next((s for p, s in FAMILIES.items() if instance_type.startswith(p)), None)
     row = next(
         (r for r in snapshot_rows("gcp") if r.instance_type == instance_type and not r.accelerator), None

@@ -34,12 +34,13 @@ from airflow_cloudtrain.lifecycle.prepare import (
     root_disk_gib,
 )
 from airflow_cloudtrain.lifecycle.run.abandon import abandon_run, delivered, mark_delivered
-from airflow_cloudtrain.lifecycle.run.cost import attempt_cost
+from airflow_cloudtrain.lifecycle.run.cost import attempt_cost, hourly_usd
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.catalog.offers import Offer
     from airflow_cloudtrain.contract.runs import RunKey
     from airflow_cloudtrain.core.backend import RunBackend
+    from airflow_cloudtrain.core.budget import BudgetWatch
     from airflow_cloudtrain.core.cloud import Instance, LaunchRequest
     from airflow_cloudtrain.core.engine import TriggerSpec
     from airflow_cloudtrain.spec import RunConfig
@@ -431,6 +432,8 @@ class RunAttempt:
                 "startup_timeout": self.ctx.wait.startup_timeout,
                 "heartbeat_timeout": self.ctx.wait.heartbeat_timeout,
                 "log_nodes": self.ctx.gang.log_nodes if self.ctx.gang else "all",
+                "max_cost": self.ctx.wait.max_cost_usd,
+                "spent_usd": self.ctx.wait.spent_usd,
             },
         )
 
@@ -467,6 +470,16 @@ class RunAttempt:
                 return True
         return False
 
+    def budget(self, launch: LaunchRecord) -> BudgetWatch | None:
+        """The wait's ``max_cost`` check (``core.budget``), or None without a budget."""
+        from airflow_cloudtrain.core.budget import budget_watch
+
+        settings = self.ctx.wait
+        hourly = hourly_usd(launch)
+        return budget_watch(
+            settings.max_cost_usd, settings.spent_usd, hourly, launch.launched_at, settings.poll_interval
+        )
+
     def wait(self, launch: LaunchRecord) -> Outcome:
         """Block until the run ends, streaming the job's log; transient errors are waited out
         (``core.engine.poll_until``), a kill ends the wait within a second."""
@@ -480,6 +493,7 @@ class RunAttempt:
         watch = RunWatch(
             self.deadline(), launch.launched_at, settings.startup_timeout, settings.heartbeat_timeout
         )
+        watch.budget = self.budget(launch)
 
         def poll() -> Outcome | None:
             if self.killed:  # not transient: out of the loop at once
@@ -515,6 +529,7 @@ class RunAttempt:
             settings.startup_timeout,
             settings.heartbeat_timeout,
         )
+        watch.budget = self.budget(launch)
 
         def check() -> None:
             if self.killed:  # not transient: out of the loop at once

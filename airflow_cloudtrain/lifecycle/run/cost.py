@@ -12,7 +12,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from airflow_cloudtrain.catalog.volumes import root_volume_price
-from airflow_cloudtrain.core.billing import PriceHistory, billed_seconds, instance_cost
+from airflow_cloudtrain.contract.clouds import provider_of
+from airflow_cloudtrain.core.billing import HOURS_PER_MONTH, PriceHistory, billed_seconds, instance_cost
 from airflow_cloudtrain.core.retry import TransientBudget, call_with_retry
 
 if TYPE_CHECKING:
@@ -42,3 +43,13 @@ def attempt_cost(
     if launch.disk_gib and per_month is not None:
         disk = (float(launch.disk_gib), per_month)
     return instance_cost(launch.hourly_usd, start, seconds, launch.num_nodes, history, disk)
+
+
+def hourly_usd(launch: LaunchRecord) -> float | None:
+    """What the launch's instances cost together per hour at its price, root volumes included: what
+    a ``max_cost`` projection runs on (``core.budget``)."""
+    if launch.hourly_usd is None:
+        return None
+    per_month = root_volume_price(provider_of(launch.cloud), launch.region)
+    disk = float(launch.disk_gib or 0) * (per_month or 0.0) / HOURS_PER_MONTH
+    return (float(launch.hourly_usd) + disk) * launch.num_nodes
