@@ -99,3 +99,38 @@ def test_gce_spot_cost_from_the_billing_catalog(emu: Any, airflow_db: Any, tmp_p
     assert result["cost_usd"] == pytest.approx(offer.spot_price * billed / 3600.0 + disk, rel=0.01)
     assert "GCE Spot SKU prices (Cloud Billing Catalog)" in result["cost_basis"]
     assert launched("gcp", "charged_gce", run) == [result["instance_id"]]
+
+
+def test_cloudtrain_costs_adds_up_what_the_runs_cost(
+    emu: Any, airflow_db: Any, tmp_path: Path, capsys: Any
+) -> None:
+    import json as jsonlib
+
+    from test_runs import BUCKET
+
+    from airflow_cloudtrain.cli import main
+
+    costs = {}
+    for dag_id in ("costs_a", "costs_b"):
+        run = scenario(dag_id, "aws", "echo trained").test()
+        assert task_states(run) == {"train": "success"}
+        costs[dag_id] = xcom(run, "train")["cost_usd"]
+    capsys.readouterr()
+    assert main(["costs", "--bucket", BUCKET["aws"], "--by", "dag", "--json"]) == 0
+    report = jsonlib.loads(capsys.readouterr().out)
+    rows = {row["dag"]: row for row in report["rows"]}
+    for dag_id, cost in costs.items():  # other tests of this session may have runs in the bucket too
+        assert rows[dag_id]["cost_usd"] == pytest.approx(cost, abs=1e-6)
+        assert rows[dag_id]["runs"] == rows[dag_id]["attempts"] == 1
+    assert report["total"]["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in report["rows"]), abs=1e-5)
+    assert main(["costs", "--bucket", BUCKET["aws"], "--by", "day", "--since", "1d"]) == 0
+    table = capsys.readouterr().out
+    assert "TOTAL" in table and time_day() in table
+    assert main(["costs", "--bucket", BUCKET["aws"], "--by", "cloud", "--csv"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == "cloud,runs,attempts,interruptions,cost_usd"
+
+
+def time_day() -> str:
+    import time
+
+    return time.strftime("%Y-%m-%d", time.gmtime())

@@ -612,6 +612,7 @@ class RunAttempt:
         duration = ended - float(launch.launched_at or ended)
         cost, basis = attempt_cost(backend, launch, duration, self.ctx.config.hardware.gpus, self.log)
         attempt = Attempt(launch, result, ended, duration, cost, basis)
+        self._index_cost(attempt)
         self.log.info(
             "Run %s ended: %s, exit code %s, %.0f s, cost $%s (%s)",
             launch.run_id,
@@ -622,6 +623,13 @@ class RunAttempt:
             basis,
         )
         return attempt
+
+    def _index_cost(self, attempt: Attempt) -> None:
+        """The attempt's row in the bucket's cost index (``lifecycle.cost_index``; best effort)."""
+        from airflow_cloudtrain.lifecycle.cost_index import CostRecord, write_record
+
+        bucket = self.ctx.backend.run_folder(self.ctx.config.bucket)
+        write_record(bucket, CostRecord.of(attempt, self.ctx.key), self.log)
 
     def release(self, sweep: bool = True) -> None:
         """Every resource of the run, through the ledger (and the tag sweep, unless just done)."""
