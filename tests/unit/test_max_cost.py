@@ -82,3 +82,22 @@ def test_no_launch_once_the_budget_is_spent_and_an_over_budget_end_is_final() ->
 )
 def test_max_cost_forms(value: object, usd: float | None) -> None:
     assert parse_max_cost(value) == usd
+
+
+def test_a_fleet_grows_only_by_the_workers_its_budget_covers_then_ends() -> None:
+    from dataclasses import replace
+
+    from test_fleet_core import LAUNCH, watch_of
+
+    from airflow_cloudtrain.lifecycle.fleet.watch import FleetFailed
+
+    alive = Instance("i-1", "running", "c5.large", "us-east-1a", True, launch_time=LAUNCH)
+    watch = watch_of({"c5.large": 3.6}, [alive])  # $0.06 a worker-minute
+    watch.handle = replace(watch.handle, max_cost_usd=0.2, poll_interval=10.0, max_workers=10)
+    # at 30 s: $0.06 billed (the minimum) + 10 s ahead $0.01 = $0.07; $0.13 left buys 2 more workers
+    assert watch.within_budget(target=10, desired=1, now=LAUNCH + 30) == 3
+    assert watch.within_budget(target=1, desired=1, now=LAUNCH + 30) == 1
+    with pytest.raises(FleetFailed, match=r"max_cost=\$0.2 reached"):
+        watch.within_budget(target=1, desired=1, now=LAUNCH + 191)  # 0.191 + 0.01 by the next poll
+    watch.handle = replace(watch.handle, max_cost_usd=None)
+    assert watch.within_budget(target=10, desired=1, now=LAUNCH + 10_000) == 10
