@@ -8,6 +8,9 @@ It uses only the local catalog (snapshot plus any fresh live cache): no network 
 folder (``ledger/<run_id>.json``): every attempt, how it ended, what it cost, the step it restored
 and the work it lost. It needs the bucket's credentials, not Airflow.
 
+``cloudtrain costs [--bucket B] [--since 7d] [--by dag|task|day|cloud] [--json|--csv]`` adds up what
+training cost from the bucket's cost index (``cli_costs``).
+
 ``cloudtrain jobs list [--running]`` and ``cloudtrain jobs logs JOB_ID [--follow --polling-interval S]``
 show Vertex AI training jobs (``cli_jobs``).
 """
@@ -182,6 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--bucket", default=None, help="the operator's bucket (default: $CLOUDTRAIN_BUCKET)")
     show.add_argument("--json", action="store_true")
     show.set_defaults(func=_runs_show)
+    from airflow_cloudtrain.cli_costs import add_costs_parser
+
+    add_costs_parser(sub)  # cloudtrain costs
     from airflow_cloudtrain.cli_jobs import add_jobs_parser
 
     add_jobs_parser(sub)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from logging import Logger
 
     from airflow_cloudtrain.catalog.offers import Offer
+    from airflow_cloudtrain.core.billing import PriceHistory
     from airflow_cloudtrain.core.cloud import Cloud
     from airflow_cloudtrain.core.ledger import ResourceLedger
     from airflow_cloudtrain.storage import RunFolder
@@ -79,6 +80,14 @@ class RunBackend(Protocol):
         """Before a gang's first node: its nodes reach each other and nothing else reaches them, with
         ``placement="cluster"`` close together; through the ledger. Returns the ``LaunchRequest``
         fields every node gets (EC2: security groups, placement group; GCE: resource policies)."""
+        ...
+
+    def charged_prices(
+        self, instance_type: str, zone: str | None, spot: bool, gpus: int, start: float, end: float
+    ) -> PriceHistory | None:
+        """The hourly prices an instance of ``instance_type`` in ``zone`` was charged from ``start`` to
+        ``end`` (EC2 spot: the zone's spot price history; GCE Spot without GPUs: the Billing catalog's
+        current SKU price), or None when its launch price is what was charged (on-demand)."""
         ...
 
     def secret_name(self, digest: str, var: str) -> tuple[str, str | None]:

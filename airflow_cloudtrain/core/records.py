@@ -42,6 +42,7 @@ class LaunchRecord:
     # a gang (num_nodes > 1): every node in rank order, {rank, instance_id, zone, private_ip};
     # ``instance_id`` above is the head's (rank 0). Empty: one instance, no gang.
     nodes: list[dict[str, Any]] = field(default_factory=list)
+    disk_gib: int | None = None  # each instance's root volume, priced with the instance
 
     @property
     def num_nodes(self) -> int:
@@ -143,6 +144,8 @@ class Attempt:
             "spot": bool(launch.spot),
             "exit_code": outcome.exit_code,
             "state": outcome.state,
+            "launched_at": launch.launched_at,
+            "released_at": self.released_at,
             "duration_s": round(self.duration_s, 3),
             "cost_usd": self.cost_usd,
             "cost_basis": self.cost_basis,

@@ -8,11 +8,14 @@ cloud reports it. The instance ending without a final status means the agent nev
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.contract.runs import INTERRUPTED, SUCCEEDED, RunStatus
 from airflow_cloudtrain.core.cloud import ENDED_STATES, STOPPED, Instance
 from airflow_cloudtrain.core.records import ERROR, SUCCESS, Outcome
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.core.budget import BudgetWatch
 
 
 def outcome(status: RunStatus | None, instance: Instance | None, ended_grace_over: bool) -> Outcome | None:
@@ -60,6 +63,8 @@ class RunWatch:
     operator terminates it. It also gives up at the deadline (``max_runtime`` plus a margin).
     """
 
+    budget: BudgetWatch | None = None  # ``max_cost``: set by the caller (``core.budget``)
+
     def __init__(
         self,
         deadline: float | None,
@@ -92,6 +97,8 @@ class RunWatch:
             event = self._agent_silent(status, heartbeat_at)
         if event is None and self.deadline is not None and self.wall() > self.deadline:
             event = Outcome.lost("timed_out", "max_runtime passed and the agent did not stop the job")
+        if event is None and self.budget is not None:
+            event = self.budget.check(self.wall())
         if event is not None:
             event.instance = instance.to_dict() if instance else None
             event.seen_ended_at = self.ended_seen_at
@@ -132,6 +139,8 @@ class GangWatch:
     for the others: its success is remembered, its instance may already be gone.
     """
 
+    budget: BudgetWatch | None = None  # ``max_cost``, for every node together (``core.budget``)
+
     def __init__(
         self,
         node_ids: list[str],
@@ -156,6 +165,9 @@ class GangWatch:
     ) -> Outcome | None:
         """None while the gang goes on, else its one outcome (``nodes``: every node's end so far)."""
         beats = heartbeats or [None] * len(self.node_ids)
+        if self.budget is not None and (over := self.budget.check(self.watches[0].wall())) is not None:
+            over.nodes = self._nodes()
+            return over
         for rank, watch in enumerate(self.watches):
             if rank in self.done:
                 continue

@@ -20,6 +20,7 @@
         emu.preempt_replica(job, "workerpool0-0")   # a SPOT job's replica is reclaimed and restarts
         emu.fail_capacity("g5.xlarge", zone=None)   # InsufficientInstanceCapacity (EC2) or
         emu.fail_capacity("n1-standard-4", zone="us-central1-a")  # ZONE_RESOURCE_POOL_EXHAUSTED (GCE)
+        emu.set_spot_price("m5.large", "us-east-1a", 0.2)  # EC2 spot price history moves from now on
         emu.throttle(0.3, api="DescribeInstances")  # 30 % of those calls refused as throttled
         emu.clear_faults()                          # no capacity faults, no throttling
         emu.request_counts()              # {"DescribeInstances": 12, "throttled:DescribeInstances": 4, ...}
@@ -459,6 +460,15 @@ class Emulator:
         with self.moto.middleware.lock:
             self.moto.middleware.capacity_faults.add((instance_type, zone))
             self.moto.middleware.capacity_after[(instance_type, zone)] = int(after)
+
+    def set_spot_price(self, instance_type: str, zone: str, usd_per_hour: float) -> float:
+        """From now on an EC2 spot ``instance_type`` in ``zone`` (a zone name, e.g. us-east-1a) costs
+        ``usd_per_hour``: DescribeSpotPriceHistory shows the change from this moment, which it returns."""
+        return float(self.moto.middleware.spot_prices.set(instance_type, zone, usd_per_hour))
+
+    def spot_price_changes(self, instance_type: str, zone: str) -> list[tuple[float, float]]:
+        """The changes ``set_spot_price`` made for (type, zone): (from unix time, USD/h), in order."""
+        return list(self.moto.middleware.spot_prices.of(instance_type, zone))
 
     def throttle(self, rate: float, api: str | Sequence[str] | None = None, seed: int | None = 0) -> None:
         """From now on refuse ``rate`` (0..1) of the requests ``api`` selects as throttled (module doc);

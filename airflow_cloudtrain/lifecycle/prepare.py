@@ -91,6 +91,8 @@ class WaitSettings:
     poll_interval: float = 10.0
     startup_timeout: float | None = None
     heartbeat_timeout: float | None = None
+    max_cost_usd: float | None = None  # ``max_cost`` (``core.budget``)
+    spent_usd: float = 0.0  # what the run's earlier attempts cost (the resume loop sets it)
 
 
 def hard_stop_s(max_runtime_s: float | None) -> int | None:
@@ -246,7 +248,7 @@ def request_builder(
             user_data=user_data,
             tags={**tags, **price},
             client_token=f"{key.digest}-{try_number}-{attempt + 1000 * options.sequence}"[:64],
-            disk_gib=config.hardware.hdd_gib or 50,
+            disk_gib=root_disk_gib(config),
             max_price=max_price,
             image_id=options.image_id,
             key_name=options.key_name,
@@ -271,3 +273,11 @@ def price_from_tags(tags: dict[str, str]) -> float | None:
         return int(tags[TAG_PRICE]) / 1e6
     except (KeyError, ValueError):
         return None
+
+
+DEFAULT_DISK_GIB = 50
+
+
+def root_disk_gib(config: RunConfig) -> int:
+    """The root (boot) volume every instance of the run gets: ``hdd``, else 50 GiB."""
+    return int(config.hardware.hdd_gib or DEFAULT_DISK_GIB)

@@ -124,6 +124,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
             expected_duration_s=args.expected_duration_s,
             relaunch_wait_s=min(300.0, max(5.0, 10 * self.poll_interval)),
             spot_price_ratio=self._price_ratio(config) if args.policy == "deadline" else 0.32,
+            **self._budget_prices(config, ctx.wait.max_cost_usd, ctx.gang.num_nodes if ctx.gang else 1),
         )
         loop = RecoveryLoop(ctx, settings, job, parse_resume_from(self.resume_from, config.cloud))
         # a deadline given as a timedelta counts from the loop's first start, kept in its history
@@ -139,6 +140,27 @@ class CheckpointResumeOperator(CloudTrainOperator):
         if offer.spot_price and offer.price:
             return float(offer.spot_price) / float(offer.price)
         return 0.32
+
+    def _budget_prices(self, config: Any, max_cost: float | None, nodes: int) -> dict[str, Any]:
+        """With ``max_cost``: the budget and what the next spot / on-demand launch costs per hour (the
+        catalog's cheapest offers, every node), for the loop's budget rule (``recovery.within_budget``)."""
+        if max_cost is None:
+            return {}
+        from airflow_cloudtrain.lifecycle.prepare import offers_for
+        from airflow_cloudtrain.lifecycle.resume.recovery import ON_DEMAND_OF, SPOT_OF
+
+        def hourly(cloud: str) -> float | None:
+            try:
+                offer = offers_for(replace(config, cloud=cloud), None, self.log)[0]
+            except ValueError:  # nothing on that side fits: the rule then has no price to go by
+                return None
+            return None if offer.hourly is None else float(offer.hourly) * nodes
+
+        return {
+            "max_cost_usd": max_cost,
+            "spot_hourly_usd": hourly(SPOT_OF[config.cloud]),
+            "on_demand_hourly_usd": hourly(ON_DEMAND_OF[config.cloud]),
+        }
 
     def new_engine(self, context: Context) -> Engine[Any]:
         """The loop (``lifecycle.resume.engine.ResumeRun``), built from the saved history on first

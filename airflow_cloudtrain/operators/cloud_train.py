@@ -6,8 +6,10 @@ wait, outcome, release through the resource ledger, cost), which later operators
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, cast
 
 from airflow_cloudtrain.links.run import CloudInstanceLink, RunFolderLink
 from airflow_cloudtrain.operators.base import (  # noqa: F401  (re-exported: their home before operators.base)
@@ -86,9 +88,12 @@ class CloudTrainOperator(RunArgsOperator):
         a GCE compact placement policy); None: the cloud places them.
     :param log_nodes: ``"all"`` (every node's log in the task log, prefixed ``[rank N]``) or ``"head"``;
         default ``"all"`` up to 8 nodes, ``"head"`` above.
+    :param max_cost: A budget in USD (README "What a run costs"): the run is stopped before its cost
+        (every node, earlier attempts of a resume run included) would pass it, and the task fails
+        naming it. Default None: no budget.
     """
 
-    template_fields: Sequence[str] = (*TEMPLATED, "num_nodes")
+    template_fields: Sequence[str] = (*TEMPLATED, "num_nodes", "max_cost")
     template_fields_renderers = {"env": "json", "secret_env": "json", "setup_cmds": "py", "command": "bash"}
     ui_color = "#e8f4fd"
     operator_extra_links = (CloudInstanceLink(), RunFolderLink())
@@ -102,6 +107,7 @@ class CloudTrainOperator(RunArgsOperator):
         num_nodes: int | str = 1,
         placement: str | None = None,
         log_nodes: str | None = None,
+        max_cost: Any = None,
         **kwargs: Any,
     ) -> None:
         from airflow_cloudtrain.operators.checks import parse_duration
@@ -120,6 +126,25 @@ class CloudTrainOperator(RunArgsOperator):
                 f"volume_id={self.launch_options.volume_id!r} is not valid with num_nodes={num_nodes!r}: one EBS "
                 "volume attaches to one instance; leave volume_id out of a gang (use code= or the bucket)"
             )
+        self.max_cost = max_cost
+        self._check_max_cost(gang.num_nodes if gang is not None else None)
+
+    def _check_max_cost(self, nodes: int | None) -> float | None:
+        """``max_cost`` parsed, and (once the request and ``num_nodes`` are known) compared with a
+        minute of the cheapest offer; a template is checked when the task runs."""
+        from airflow_cloudtrain.operators.budget_config import check_covers_a_minute, parse_max_cost
+        from airflow_cloudtrain.operators.config import check_run_args, is_templated
+
+        if is_templated(self.max_cost):
+            return None
+        budget = parse_max_cost(self.max_cost)
+        config = check_run_args(self._args()) if budget is not None and nodes is not None else None
+        if budget is not None and config is not None and nodes is not None:
+            from airflow_cloudtrain.lifecycle.prepare import offers_for
+
+            offers = offers_for(config, None, cast("logging.Logger", self.log))
+            check_covers_a_minute(budget, offers, nodes, self.max_cost)
+        return budget
 
     def _gang(self, config: RunConfig) -> GangOptions | None:
         """The rendered gang arguments (checked again: ``num_nodes`` or the cloud may have been a
@@ -147,6 +172,9 @@ class CloudTrainOperator(RunArgsOperator):
 
             ctx.job = JobOptions(idle_timeout_s=self.idle_timeout_s)
         ctx.gang = self._gang(config)
+        budget = self._check_max_cost(ctx.gang.num_nodes if ctx.gang else 1)  # rendered by now
+        if budget is not None:
+            ctx.wait = replace(ctx.wait, max_cost_usd=budget)
         return ctx
 
     def _new_attempt(self, context: Context) -> RunAttempt:

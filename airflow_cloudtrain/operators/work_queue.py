@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 class WorkQueueOperator(RunArgsOperator):
     """Run ``command`` once per item of ``work_items`` on a group of workers (see the subclasses)."""
 
-    template_fields: Sequence[str] = (*TEMPLATED, "work_items")
+    template_fields: Sequence[str] = (*TEMPLATED, "work_items", "max_cost")
     lease_limit = "12 h"
     template_fields_renderers = {"env": "json", "setup_cmds": "py", "command": "bash", "work_items": "json"}
     ui_color = "#fde8f4"
@@ -53,6 +53,7 @@ class WorkQueueOperator(RunArgsOperator):
         checkpoint_snapshots: bool = True,
         allow_failed_items: bool = False,
         idle_timeout: Any = None,
+        max_cost: Any = None,
         **kwargs: Any,
     ) -> None:
         from airflow_cloudtrain.operators.checks import check_bool, check_path
@@ -80,12 +81,32 @@ class WorkQueueOperator(RunArgsOperator):
         # the hung-job watchdog, per item: an item whose job idles this long is a failed attempt
         self.idle_timeout_s = parse_duration(idle_timeout, "idle_timeout")
         self._fleet: FleetRun | None = None
+        self.max_cost = max_cost
+        self._max_cost_usd()
         parse_fleet_args(self.fleet_args, None, self.max_lease_s, self.lease_limit)
         if not is_deferred_value(work_items):
             parse_work_items(work_items)
 
     def _check_cloud(self, cloud: Any, bid: Any) -> None:
         raise NotImplementedError
+
+    def _max_cost_usd(self) -> float | None:
+        """``max_cost`` parsed, compared with a minute of the cheapest offer once the request is known
+        (one worker: the fleet starts with at least one); a template is checked when the task runs."""
+        from airflow_cloudtrain.operators.budget_config import check_covers_a_minute, parse_max_cost
+        from airflow_cloudtrain.operators.config import check_run_args, is_templated
+
+        if is_templated(self.max_cost):
+            return None
+        budget = parse_max_cost(self.max_cost)
+        config = check_run_args(self._args()) if budget is not None else None
+        if budget is not None and config is not None:
+            from airflow_cloudtrain.lifecycle.prepare import offers_for
+
+            check_covers_a_minute(
+                budget, offers_for(config, None, cast("logging.Logger", self.log)), 1, self.max_cost
+            )
+        return budget
 
     @property
     def max_lease_s(self) -> float:
@@ -109,6 +130,7 @@ class WorkQueueOperator(RunArgsOperator):
         items = parse_work_items(self.work_items)
         settings = parse_fleet_args(self.fleet_args, items, self.max_lease_s, self.lease_limit)
         settings.poll_interval = self.poll_interval
+        settings.max_cost_usd = self._max_cost_usd()
         from airflow_cloudtrain.operators.secret_env import parse_secret_env  # the engines never import it
 
         secret_env = parse_secret_env(getattr(self, "secret_env", None), config.cloud, config.env)

@@ -38,6 +38,7 @@ from airflow_cloudtrain.triggers.run_index import LOG_EVERY, LiveIndex, LiveView
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.core.backend import RunBackend
+    from airflow_cloudtrain.core.budget import BudgetWatch
     from airflow_cloudtrain.storage import RunFolder
 
 
@@ -85,6 +86,9 @@ class RunTrigger(BaseTrigger):
     :param heartbeat_timeout: Seconds the agent may stay silent before the run is declared lost.
     :param next_log_seq: The first log chunk not yet shown in the task log.
     :param log_nodes: A gang's (``launch["nodes"]``): whose logs reach the task log, ``"all"`` or ``"head"``.
+    :param max_cost: ``max_cost`` in USD (``core.budget``): the wait ends ``over_budget`` before the run
+        passes it. None: no budget.
+    :param spent_usd: What the run's earlier attempts cost (the resume loop's ledger).
     """
 
     def __init__(
@@ -98,6 +102,8 @@ class RunTrigger(BaseTrigger):
         heartbeat_timeout: float | None = None,
         next_log_seq: int = 0,
         log_nodes: str = "all",
+        max_cost: float | None = None,
+        spent_usd: float = 0.0,
     ) -> None:
         super().__init__()
         self.launch = launch
@@ -109,6 +115,8 @@ class RunTrigger(BaseTrigger):
         self.heartbeat_timeout = heartbeat_timeout
         self.next_log_seq = next_log_seq
         self.log_nodes = log_nodes
+        self.max_cost = max_cost
+        self.spent_usd = spent_usd
         self._warned = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -124,8 +132,17 @@ class RunTrigger(BaseTrigger):
                 "heartbeat_timeout": self.heartbeat_timeout,
                 "next_log_seq": self.next_log_seq,
                 "log_nodes": self.log_nodes,
+                "max_cost": self.max_cost,
+                "spent_usd": self.spent_usd,
             },
         )
+
+    def _budget(self, launch: LaunchRecord) -> BudgetWatch | None:
+        from airflow_cloudtrain.core.budget import budget_watch
+        from airflow_cloudtrain.lifecycle.run.cost import hourly_usd
+
+        hourly = hourly_usd(launch)
+        return budget_watch(self.max_cost, self.spent_usd, hourly, launch.launched_at, self.poll_interval)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         freeze_long_lived()  # once per process: see triggers.heap
@@ -186,6 +203,7 @@ class RunTrigger(BaseTrigger):
         failed: list[BaseException] = []
         watcher = asyncio.ensure_future(self._follow_instance(launch, instances, failed))
         watch = RunWatch(self.deadline, launch.launched_at, self.startup_timeout, self.heartbeat_timeout)
+        watch.budget = self._budget(launch)
         status: RunStatus | None = None
         stream = self._views(launch, live_uri, follower)
         LOG_EVERY[iid] = self.poll_interval
@@ -300,6 +318,7 @@ class RunTrigger(BaseTrigger):
         watch = GangWatch(
             ids, self.deadline, launch.launched_at, self.startup_timeout, self.heartbeat_timeout
         )
+        watch.budget = self._budget(launch)
         folder = await asyncio.to_thread(self._folder, launch)
         live = await asyncio.to_thread(self._backend(launch).run_folder, live_uri) if live_uri else None
         followed = ids if self.log_nodes == "all" else ids[:1]

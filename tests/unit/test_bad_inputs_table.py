@@ -275,6 +275,8 @@ TRAIN_ROWS: dict[str, Row] = {
     "num_nodes": [None, 0, -1, True, 2.5, NAN, "x", "   ", "", [2], 65, 10**6, "3\x00"],
     "placement": ["", "   ", "Cluster", "spread", " cluster", 5, True, ["cluster"], "cluster\x00"],
     "log_nodes": ["", "   ", "tail", "ALL", " head", 5, True, ["all"], "all\x00"],
+    # budgets (issue 27): a positive amount of USD that buys at least a minute of the cheapest offer
+    "max_cost": [0, -1, -0.5, True, NAN, INF, "x", "", "   ", "0", "-3", "$", [5], "5\x00", 1e-9, "0.00001"],
     "command": [None, "", "   ", "\n", 5, True, ["python", "train.py"], "python train.py\x00"],
     "bucket": _by_family(bucket_bad("s3", "gs"), bucket_bad("gs", "s3")),
     "cloud": [

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from airflow_cloudtrain.catalog.offers import Offer
+    from airflow_cloudtrain.core.billing import PriceHistory
     from airflow_cloudtrain.core.ledger import ResourceLedger
     from airflow_cloudtrain.storage import RunFolder
 
@@ -85,6 +86,17 @@ class AwsRunBackend:
         pricing = self.hook.client("pricing", region="us-east-1", config=quick)  # Pricing lives in us-east-1
         region = self.region or self.hook.conn_region_name  # always set: the connection's at least
         refresh_aws(region, self.hook.client("ec2", config=quick), pricing)
+
+    def charged_prices(
+        self, instance_type: str, zone: str | None, spot: bool, gpus: int, start: float, end: float
+    ) -> PriceHistory | None:
+        """A spot instance: its zone's spot price history over its lifetime (``clouds.aws.prices``)."""
+        if not spot or not zone:
+            return None
+        from airflow_cloudtrain.clouds.aws.prices import spot_price_history
+
+        history = spot_price_history(self.hook.client("ec2"), instance_type, zone, start, end)
+        return history if history.points else None
 
     def zones_for(self, zone: str | None, offer: Offer) -> list[str | None]:
         """EC2 places the instance itself when no zone is asked for; a capacity error moves on."""

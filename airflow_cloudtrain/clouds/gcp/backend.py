@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from airflow_cloudtrain.catalog.offers import Offer
+    from airflow_cloudtrain.core.billing import PriceHistory
     from airflow_cloudtrain.core.ledger import ResourceLedger
     from airflow_cloudtrain.storage import RunFolder
 
@@ -116,6 +117,20 @@ class GcpRunBackend:
             billing_url=self.hook._get_field("billing_endpoint") or BILLING_URL,
             clients=clients,
         )
+
+    def charged_prices(
+        self, instance_type: str, zone: str | None, spot: bool, gpus: int, start: float, end: float
+    ) -> PriceHistory | None:
+        """A Spot VM without GPUs: the Billing catalog's current Spot SKU price (``clouds.gcp.prices``)."""
+        region = self.region or (zone.rsplit("-", 1)[0] if zone else None)
+        if not spot or gpus or not region:
+            return None
+        from airflow_cloudtrain.catalog.live_gcp import BILLING_URL, billing_session
+        from airflow_cloudtrain.clouds.gcp.prices import spot_sku_history
+
+        session = billing_session(self.hook._client_kwargs("compute_endpoint")["credentials"])
+        url = self.hook._get_field("billing_endpoint") or BILLING_URL
+        return spot_sku_history(session, url, region, instance_type, start)
 
     def zones_for(self, zone: str | None, offer: Offer) -> list[str | None]:
         """A capacity error in one zone tries the offer's other zones before the next offer."""

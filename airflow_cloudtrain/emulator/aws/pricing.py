@@ -9,8 +9,12 @@ prices the snapshot has.
   and ``NextToken`` paging; ``DescribeServices``. Another operation is answered as the service
   does not know it.
 - EC2 ``DescribeSpotPriceHistory``, whose moto answer is a placeholder price for every type: one
-  current Linux/UNIX record per zone of the snapshot's row (the first zone at ``SpotMin``, the others at
-  ``SpotMax``), filtered by ``InstanceType.N`` and ``ProductDescription.N``.
+  Linux/UNIX record per zone of the snapshot's row (the first zone at ``SpotMin``, the others at
+  ``SpotMax``), stamped when this module was loaded less an hour, then the changes a test made
+  (``SpotPrices``, ``Emulator.set_spot_price``), filtered as EC2 filters them: ``InstanceType.N``,
+  ``ProductDescription.N``, ``AvailabilityZone``, and ``StartTime``/``EndTime`` (a record counts when
+  its price was in effect at some moment of the window: the last one before ``StartTime`` too, which
+  is how a caller learns the price at its window's start).
 - EC2 ``DescribeInstanceTypeOfferings`` by zone id (``LocationType=availability-zone-id``, what the
   refresh asks): the snapshot's zones of each type, filtered by ``instance-type`` (moto's own list
   differs from the snapshot's, and lacks some types); other location types are moto's.
@@ -22,6 +26,7 @@ world stays the one the snapshot describes.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import uuid
 import zlib
@@ -141,27 +146,66 @@ def _zone_name(region: str, zone: str) -> str:
     return region + chr(ord("a") + int(digits) - 1) if digits.isdigit() else zone
 
 
-def spot_price_history(region: str | None, form: dict[str, list[str]]) -> Reply:
-    """EC2's DescribeSpotPriceHistory in ``region`` from the snapshot (module doc)."""
+BASE_PRICES_AT = time.time() - 3600.0  # the snapshot's prices were in effect before anything ran
+
+
+class SpotPrices:
+    """Spot price changes made during a run (``Emulator.set_spot_price``): per (type, zone name), the
+    prices in effect from each moment on, after the snapshot's."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.changes: dict[tuple[str, str], list[tuple[float, float]]] = {}
+
+    def set(self, instance_type: str, zone: str, usd_per_hour: float, at: float | None = None) -> float:
+        """From ``at`` (now) on, ``instance_type`` costs ``usd_per_hour`` on spot in ``zone``; returns ``at``."""
+        moment = time.time() if at is None else float(at)
+        with self.lock:
+            points = self.changes.setdefault((instance_type, zone), [])
+            points.append((moment, float(usd_per_hour)))
+            points.sort()
+        return moment
+
+    def of(self, instance_type: str, zone: str) -> list[tuple[float, float]]:
+        with self.lock:
+            return list(self.changes.get((instance_type, zone), []))
+
+
+def spot_price_history(
+    region: str | None, form: dict[str, list[str]], changes: SpotPrices | None = None
+) -> Reply:
+    """EC2's DescribeSpotPriceHistory in ``region`` from the snapshot and ``changes`` (module doc)."""
     from airflow_cloudtrain.catalog.snapshot import snapshot_rows
 
     region = region or "us-east-1"
     types = {v for k, vs in form.items() if k.startswith("InstanceType.") for v in vs}
     products = {v for k, vs in form.items() if k.startswith("ProductDescription.") for v in vs}
+    wanted_zone = next(iter(form.get("AvailabilityZone") or []), None)
+    start = _form_time(form, "StartTime")
+    end = _form_time(form, "EndTime")
     items = []
     if not products or PRODUCT_DESCRIPTION in products:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime())
         for row in snapshot_rows("aws"):
             if row.region != region or row.spot_min is None or (types and row.instance_type not in types):
                 continue
             for i, zone in enumerate(row.zones or (f"{region}a",)):
+                name = _zone_name(region, zone)
+                if wanted_zone and name != wanted_zone:
+                    continue
                 price = row.spot_min if i == 0 or row.spot_max is None else row.spot_max
-                items.append(
-                    f"<item><instanceType>{escape(row.instance_type)}</instanceType>"
-                    f"<productDescription>{PRODUCT_DESCRIPTION}</productDescription>"
-                    f"<spotPrice>{price:.6f}</spotPrice><timestamp>{stamp}</timestamp>"
-                    f"<availabilityZone>{escape(_zone_name(region, zone))}</availabilityZone></item>"
-                )
+                points = [(BASE_PRICES_AT, price)]
+                if changes is not None:
+                    points += changes.of(row.instance_type, name)
+                for at, usd in _in_window(points, start, end):
+                    stamp = (
+                        time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(at)) + f".{int(at % 1 * 1000):03d}Z"
+                    )
+                    items.append(
+                        f"<item><instanceType>{escape(row.instance_type)}</instanceType>"
+                        f"<productDescription>{PRODUCT_DESCRIPTION}</productDescription>"
+                        f"<spotPrice>{usd:.6f}</spotPrice><timestamp>{stamp}</timestamp>"
+                        f"<availabilityZone>{escape(name)}</availabilityZone></item>"
+                    )
     body = (
         '<?xml version="1.0" encoding="UTF-8"?>\n'
         '<DescribeSpotPriceHistoryResponse xmlns="http://ec2.amazonaws.com/doc/2016-11-15/">'
@@ -169,6 +213,32 @@ def spot_price_history(region: str | None, form: dict[str, list[str]]) -> Reply:
         "</DescribeSpotPriceHistoryResponse>"
     )
     return _reply("200 OK", "text/xml;charset=UTF-8", body.encode())
+
+
+def _form_time(form: dict[str, list[str]], name: str) -> float | None:
+    """A query timestamp (ISO 8601, as botocore sends it) as unix time."""
+    from datetime import datetime, timezone
+
+    raw = next(iter(form.get(name) or []), None)
+    if not raw:
+        return None
+    moment = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+def _in_window(
+    points: list[tuple[float, float]], start: float | None, end: float | None
+) -> list[tuple[float, float]]:
+    """The records in effect at some moment of [start, end]: those inside it, and the last before it."""
+    ordered = sorted(points)
+    if end is not None:
+        ordered = [p for p in ordered if p[0] <= end]
+    if start is None:
+        return ordered
+    before = [p for p in ordered if p[0] <= start]
+    return before[-1:] + [p for p in ordered if p[0] > start]
 
 
 def _filter_values(form: dict[str, list[str]], name: str) -> set[str]:

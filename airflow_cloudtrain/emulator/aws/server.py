@@ -47,6 +47,7 @@ class FaultsAndCounts:
         self.capacity_faults: set[tuple[str, str | None]] = set()
         self.capacity_after: dict[tuple[str, str | None], int] = {}  # launches still let through
         self.placement_groups = placement.PlacementGroups()  # moto has none (``placement``)
+        self.spot_prices = pricing.SpotPrices()  # ``Emulator.set_spot_price``
         self.counts: Counter[str] = Counter()
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
@@ -75,7 +76,9 @@ class FaultsAndCounts:
                 start_response, pricing.pricing(call.operation, body)
             )  # moto has no Pricing API
         if call.operation == "DescribeSpotPriceHistory" and call.protocol == "ec2":
-            return self._send(start_response, pricing.spot_price_history(_region(environ), form))
+            return self._send(
+                start_response, pricing.spot_price_history(_region(environ), form, self.spot_prices)
+            )
         if call.operation == "DescribeInstanceTypeOfferings" and pricing.wants_zone_offerings(form):
             return self._send(start_response, pricing.zone_offerings(_region(environ), form))
         if call.protocol == "ec2" and call.operation in placement.OPERATIONS:

@@ -20,6 +20,7 @@ class FleetSettings:
     lease_s: int = 120
     allow_failed_items: bool = False
     poll_interval: float = 10.0
+    max_cost_usd: float | None = None  # ``max_cost``: the group stops growing, then ends, at the budget
 
 
 @dataclass
@@ -42,6 +43,8 @@ class FleetHandle:
     started_at: float
     try_number: int = 1
     zone: str | None = None  # the managed instance group's zone (GCP)
+    max_cost_usd: float | None = None  # ``max_cost`` (``FleetWatch.within_budget``)
+    poll_interval: float = 10.0  # the wait's: how far ahead the budget looks
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

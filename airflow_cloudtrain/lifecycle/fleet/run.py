@@ -217,6 +217,8 @@ class FleetRun:
             started_at=started_at,
             try_number=ctx.try_number,
             zone=cloud.zone,
+            max_cost_usd=ctx.fleet.max_cost_usd,
+            poll_interval=ctx.fleet.poll_interval,
         )
 
     def _secret_env(self) -> dict[str, str]:

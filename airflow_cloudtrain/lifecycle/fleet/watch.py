@@ -140,7 +140,7 @@ class FleetWatch:
                 return True
             backlog = depth.backlog
             waiting = f"{depth.visible} item(s) waiting, {depth.in_flight} running"
-        target = min(handle.max_workers, backlog)
+        target = self.within_budget(min(handle.max_workers, backlog), group.desired, now)
         if target > group.desired:
             cloud.set_desired(handle.group, target)
             self.log.info("Scaling %s to %d worker(s): %s", handle.group, target, waiting)
@@ -150,6 +150,39 @@ class FleetWatch:
                 f"{backlog} item(s) waited (capacity, quota or a bid below the spot price?)"
             )
         return False
+
+    def within_budget(self, target: int, desired: int, now: float) -> int:
+        """``max_cost``: the run ends (``FleetFailed``, which deletes the group: its workers get SIGTERM and
+        checkpoint their items) once its cost by the next poll would pass the budget, and the group grows
+        only by the workers whose first (billed) minute the budget still covers."""
+        budget, handle = self.handle.max_cost_usd, self.handle
+        if budget is None:
+            return target
+        spent, _ = self.cost({}, now)
+        alive = [m for m in self.members.values() if m.state in ALIVE_STATES]
+        running = fsum(handle.prices.get(m.instance_type, 0.0) for m in alive)
+        projected = spent + running * handle.poll_interval / 3600.0
+        if projected >= budget:
+            raise FleetFailed(
+                f"max_cost=${budget:g} reached: ${spent:.4f} spent by the fleet's workers, {len(alive)} running at "
+                f"${running:g}/h would pass it by the next poll; the group is deleted (its workers checkpoint "
+                "their items) and the items without an outcome are left undone"
+            )
+        price = max(handle.prices.values(), default=0.0)
+        if target <= desired or price <= 0:
+            return target
+        affordable = int((budget - projected) // billed_usd(price, INSTANCE_MINIMUM_S))
+        if desired + affordable < target:
+            self.log.warning(
+                "Not growing %s past %d worker(s): max_cost=$%g leaves $%.4f, and a worker bills at least $%.4f",
+                handle.group,
+                desired + affordable,
+                budget,
+                budget - projected,
+                billed_usd(price, INSTANCE_MINIMUM_S),
+            )
+            return desired + affordable
+        return target
 
     def _fail_dead_letters(self, letters: list[tuple[str, int]]) -> None:
         """Items that reached the dead-letter subscription without an outcome fail for good (first

@@ -32,6 +32,7 @@ IDLE = "idle"  # the hung-job watchdog stopped it
 LOST = "lost"  # the agent went silent or the instance ended for another reason
 TIMED_OUT = "timed_out"  # max_runtime
 ABANDONED = "abandoned"  # the task was killed or its wait failed: released, not reported by the agent
+OVER_BUDGET = "over_budget"  # max_cost: stopped before the run's cost would pass it (core.budget)
 # Spot interruptions (the XCom's ``interruptions``); with a capacity loss they spend ``max_restarts``.
 # A silent agent (a broken bootstrap, no bucket access) is not the cloud's doing: it spends the
 # error budget, so a bad image is not relaunched ten times.

@@ -156,7 +156,8 @@ class RecoveryLoop:
             sequence=self.history.launch_seq,
         )
         job = replace(self.job, restarts=self.history.restarts)
-        attempt = RunAttempt(replace(ctx, config=config, options=options, job=job))
+        wait = replace(ctx.wait, spent_usd=float(self.history.totals()["cost_usd"]))  # for ``max_cost``
+        attempt = RunAttempt(replace(ctx, config=config, options=options, job=job, wait=wait))
         attempt.killed = self.killed
         return attempt
 

@@ -26,6 +26,7 @@ from airflow_cloudtrain.lifecycle.resume.history import (
     INTERRUPTED_NO_NOTICE,
     JOB_ERROR,
     LOST,
+    OVER_BUDGET,
     TIMED_OUT,
     AttemptRow,
     RunHistory,
@@ -57,6 +58,9 @@ class RecoverySettings:
     expected_duration_s: float | None = None
     relaunch_wait_s: float = 60.0  # after no offer had capacity; the deadline policy's tick
     spot_price_ratio: float = 0.32  # spot / on-demand of the chosen offer, for the policy
+    max_cost_usd: float | None = None  # ``max_cost``: no launch, and no on-demand, that would pass it
+    spot_hourly_usd: float | None = None  # the next launch's price per hour, every node (catalog)
+    on_demand_hourly_usd: float | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +80,15 @@ def next_step(history: RunHistory, settings: RecoverySettings, try_number: int, 
         return Step("done", reason="the job finished")
     if last is not None and last.ended == TIMED_OUT and last.try_number == try_number:
         return Step("fail", reason=f"attempt {last.attempt} ran past max_runtime: {last.message}")
+    if last is not None and last.ended == OVER_BUDGET:
+        return Step("fail", reason=f"attempt {last.attempt} was stopped at the budget: {last.message}")
+    step = _next_step(history, settings, try_number, now, last)
+    return within_budget(step, history, settings)
+
+
+def _next_step(
+    history: RunHistory, settings: RecoverySettings, try_number: int, now: float, last: AttemptRow | None
+) -> Step:
     losses = history.capacity_losses(try_number)
     if losses > settings.max_restarts:
         return Step(
@@ -169,7 +182,40 @@ def ending_of(state: str, interrupted: bool, notice: bool) -> str:
         return FINISHED
     if interrupted or state == "interrupted":
         return INTERRUPTED if notice else INTERRUPTED_NO_NOTICE
-    return {"failed": JOB_ERROR, "idle": IDLE, "timed_out": TIMED_OUT}.get(state, LOST)
+    return {"failed": JOB_ERROR, "idle": IDLE, "timed_out": TIMED_OUT, OVER_BUDGET: OVER_BUDGET}.get(
+        state, LOST
+    )
+
+
+def within_budget(step: Step, history: RunHistory, settings: RecoverySettings) -> Step:
+    """``max_cost`` over a launch step: no launch that cannot run its first (billed) minute within what
+    is left of the budget, and no on-demand launch whose price for the work left would pass it: the loop
+    stays on spot then, saying why (README "What a run costs")."""
+    budget, cloud = settings.max_cost_usd, step.cloud
+    if budget is None or step.kind != "launch" or cloud is None:
+        return step
+    from airflow_cloudtrain.core.billing import INSTANCE_MINIMUM_S, billed_usd
+
+    spent = float(history.totals()["cost_usd"])
+    on_demand = cloud == ON_DEMAND_OF[cloud]
+    if on_demand and settings.on_demand_hourly_usd is not None:
+        left_s = max((settings.expected_duration_s or 0.0) - history.work_done_s, INSTANCE_MINIMUM_S)
+        needed = billed_usd(settings.on_demand_hourly_usd, left_s)
+        if spent + needed > budget:
+            why = (
+                f"on-demand would pass max_cost=${budget:g} (${spent:.4f} spent + ${needed:.4f} for "
+                f"{left_s:.0f} s at ${settings.on_demand_hourly_usd:g}/h): staying on spot"
+            )
+            step = Step("launch", SPOT_OF[cloud], reason=f"{step.reason}; {why}")
+            on_demand = False
+    hourly = settings.on_demand_hourly_usd if on_demand else settings.spot_hourly_usd
+    if hourly is not None and spent + billed_usd(hourly, INSTANCE_MINIMUM_S) > budget:
+        return Step(
+            "fail",
+            reason=f"max_cost=${budget:g} is spent: ${spent:.4f} so far, and another launch bills at least "
+            f"${billed_usd(hourly, INSTANCE_MINIMUM_S):.4f}",
+        )
+    return step
 
 
 def row_for(

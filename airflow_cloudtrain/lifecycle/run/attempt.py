@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.contract.errors import CloudError
 from airflow_cloudtrain.contract.runs import RunStatus, heartbeat_key, join, status_key
-from airflow_cloudtrain.core.billing import billed_cost
 from airflow_cloudtrain.core.cloud import ALIVE_STATES, ENDED_STATES, STOPPED
 from airflow_cloudtrain.core.engine import poll_until
 from airflow_cloudtrain.core.ledger import ResourceLedger, store_get, store_set
@@ -32,13 +31,16 @@ from airflow_cloudtrain.lifecycle.prepare import (
     offers_for,
     price_from_tags,
     request_builder,
+    root_disk_gib,
 )
 from airflow_cloudtrain.lifecycle.run.abandon import abandon_run, delivered, mark_delivered
+from airflow_cloudtrain.lifecycle.run.cost import attempt_cost, hourly_usd
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.catalog.offers import Offer
     from airflow_cloudtrain.contract.runs import RunKey
     from airflow_cloudtrain.core.backend import RunBackend
+    from airflow_cloudtrain.core.budget import BudgetWatch
     from airflow_cloudtrain.core.cloud import Instance, LaunchRequest
     from airflow_cloudtrain.core.engine import TriggerSpec
     from airflow_cloudtrain.spec import RunConfig
@@ -253,6 +255,7 @@ class RunAttempt:
             adopted=True,
             run_key=self.ctx.key.digest,
             try_number=self.ctx.try_number,
+            disk_gib=root_disk_gib(self.ctx.config),
         )
 
     def _launch(self) -> LaunchRecord:
@@ -332,6 +335,7 @@ class RunAttempt:
             location=backend.location(instance.zone),
             try_number=ctx.try_number,
             requested_at=requested_at,
+            disk_gib=root_disk_gib(ctx.config),
             **extra,
         )
 
@@ -428,6 +432,8 @@ class RunAttempt:
                 "startup_timeout": self.ctx.wait.startup_timeout,
                 "heartbeat_timeout": self.ctx.wait.heartbeat_timeout,
                 "log_nodes": self.ctx.gang.log_nodes if self.ctx.gang else "all",
+                "max_cost": self.ctx.wait.max_cost_usd,
+                "spent_usd": self.ctx.wait.spent_usd,
             },
         )
 
@@ -464,6 +470,16 @@ class RunAttempt:
                 return True
         return False
 
+    def budget(self, launch: LaunchRecord) -> BudgetWatch | None:
+        """The wait's ``max_cost`` check (``core.budget``), or None without a budget."""
+        from airflow_cloudtrain.core.budget import budget_watch
+
+        settings = self.ctx.wait
+        hourly = hourly_usd(launch)
+        return budget_watch(
+            settings.max_cost_usd, settings.spent_usd, hourly, launch.launched_at, settings.poll_interval
+        )
+
     def wait(self, launch: LaunchRecord) -> Outcome:
         """Block until the run ends, streaming the job's log; transient errors are waited out
         (``core.engine.poll_until``), a kill ends the wait within a second."""
@@ -477,6 +493,7 @@ class RunAttempt:
         watch = RunWatch(
             self.deadline(), launch.launched_at, settings.startup_timeout, settings.heartbeat_timeout
         )
+        watch.budget = self.budget(launch)
 
         def poll() -> Outcome | None:
             if self.killed:  # not transient: out of the loop at once
@@ -512,6 +529,7 @@ class RunAttempt:
             settings.startup_timeout,
             settings.heartbeat_timeout,
         )
+        watch.budget = self.budget(launch)
 
         def check() -> None:
             if self.killed:  # not transient: out of the loop at once
@@ -592,9 +610,9 @@ class RunAttempt:
         if launch.adopted and result.ended_at:  # an earlier try's job: billed until its agent powered off
             ended = min(ended, result.ended_at)
         duration = ended - float(launch.launched_at or ended)
-        hourly = launch.hourly_usd * launch.num_nodes if launch.hourly_usd is not None else None
-        cost, basis = billed_cost(hourly, duration)  # a gang's: every node, for the same time
+        cost, basis = attempt_cost(backend, launch, duration, self.ctx.config.hardware.gpus, self.log)
         attempt = Attempt(launch, result, ended, duration, cost, basis)
+        self._index_cost(attempt)
         self.log.info(
             "Run %s ended: %s, exit code %s, %.0f s, cost $%s (%s)",
             launch.run_id,
@@ -605,6 +623,13 @@ class RunAttempt:
             basis,
         )
         return attempt
+
+    def _index_cost(self, attempt: Attempt) -> None:
+        """The attempt's row in the bucket's cost index (``lifecycle.cost_index``; best effort)."""
+        from airflow_cloudtrain.lifecycle.cost_index import CostRecord, write_record
+
+        bucket = self.ctx.backend.run_folder(self.ctx.config.bucket)
+        write_record(bucket, CostRecord.of(attempt, self.ctx.key), self.log)
 
     def release(self, sweep: bool = True) -> None:
         """Every resource of the run, through the ledger (and the tag sweep, unless just done)."""

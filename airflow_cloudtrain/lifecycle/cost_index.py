@@ -1,0 +1,128 @@
+"""The bucket's cost index: one small record per attempt, what ``cloudtrain costs`` adds up.
+
+Every attempt that ran an instance (a single run, each launch of a checkpoint-resume run, a gang's
+nodes together) writes, when it is released and priced, one JSON record under its bucket::
+
+    _cloudtrain/costs/<YYYY-MM-DD>/<run id>-<instance id>.json     (the day it ended, UTC)
+
+so totals per DAG, task, day or cloud come from listing the days asked for, without Airflow's
+database and without reading every run folder. Written best effort: a bucket that refuses the write
+costs the index one row, never the run. The run folder's own ledger stays the full account.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.contract.runs import RunKey
+    from airflow_cloudtrain.core.records import Attempt
+    from airflow_cloudtrain.storage import RunFolder
+
+COSTS_PREFIX = "_cloudtrain/costs/"
+BY = ("dag", "task", "day", "cloud")
+
+
+@dataclass(frozen=True)
+class CostRecord:
+    """One attempt's cost, with what a team filters and groups by."""
+
+    dag_id: str
+    task_id: str
+    airflow_run_id: str
+    map_index: int
+    run_id: str  # ct-...
+    run_uri: str
+    cloud: str
+    instance_id: str
+    instance_type: str | None
+    num_nodes: int
+    spot: bool
+    state: str
+    interrupted: bool
+    launched_at: float | None
+    released_at: float
+    cost_usd: float | None
+    cost_basis: str
+
+    @property
+    def day(self) -> str:
+        return time.strftime("%Y-%m-%d", time.gmtime(self.released_at))
+
+    def key(self) -> str:
+        return f"{COSTS_PREFIX}{self.day}/{self.run_id}-{self.instance_id}.json"
+
+    @classmethod
+    def of(cls, attempt: Attempt, key: RunKey) -> CostRecord:
+        launch, outcome = attempt.launch, attempt.outcome
+        return cls(
+            dag_id=key.dag_id,
+            task_id=key.task_id,
+            airflow_run_id=key.run_id,
+            map_index=key.map_index,
+            run_id=launch.run_id,
+            run_uri=launch.run_uri,
+            cloud=launch.cloud,
+            instance_id=launch.instance_id,
+            instance_type=launch.instance_type,
+            num_nodes=launch.num_nodes,
+            spot=bool(launch.spot),
+            state=outcome.state,
+            interrupted=bool(outcome.interrupted),
+            launched_at=launch.launched_at,
+            released_at=attempt.released_at,
+            cost_usd=attempt.cost_usd,
+            cost_basis=attempt.cost_basis,
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> CostRecord:
+        data = json.loads(text)
+        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+
+
+def write_record(bucket: RunFolder, record: CostRecord, log: logging.Logger) -> None:
+    """Best effort: the index loses a row, the run goes on."""
+    try:
+        bucket.put_text(record.key(), json.dumps(asdict(record), sort_keys=True))
+    except Exception as err:
+        log.warning("Could not add the attempt to the bucket's cost index (%s)", err)
+
+
+def read_records(bucket: RunFolder, since: float, until: float | None = None) -> list[CostRecord]:
+    """The records of the days from ``since`` to ``until`` (unix times; the days' whole records)."""
+    first = time.strftime("%Y-%m-%d", time.gmtime(since))
+    last = time.strftime("%Y-%m-%d", time.gmtime(until if until is not None else time.time()))
+    out = []
+    for key in sorted(bucket.list(COSTS_PREFIX)):
+        day = key[len(COSTS_PREFIX) :].split("/", 1)[0]
+        if not first <= day <= last or not key.endswith(".json"):
+            continue
+        text = bucket.get_text(key)
+        if text:
+            out.append(CostRecord.from_json(text))
+    return out
+
+
+def totals(records: Iterable[CostRecord], by: str) -> list[dict[str, Any]]:
+    """Rows per ``by`` (dag, task, day or cloud): attempts, runs, interruptions, cost; costliest first."""
+    groups: dict[str, dict[str, Any]] = {}
+    for r in records:
+        name = {"dag": r.dag_id, "task": f"{r.dag_id}.{r.task_id}", "day": r.day, "cloud": r.cloud}[by]
+        row = groups.setdefault(
+            name, {by: name, "runs": set(), "attempts": 0, "interruptions": 0, "cost_usd": 0.0}
+        )
+        row["runs"].add(r.run_id)
+        row["attempts"] += 1
+        row["interruptions"] += int(r.interrupted)
+        row["cost_usd"] += float(r.cost_usd or 0.0)
+    rows = [
+        {**row, "runs": len(row["runs"]), "cost_usd": round(row["cost_usd"], 6)} for row in groups.values()
+    ]
+    key = (lambda row: row[by]) if by == "day" else (lambda row: -row["cost_usd"])
+    return sorted(rows, key=key)
