@@ -33,6 +33,8 @@ class VertexWait:
     conn_id: str
     poll_interval: float
     log_polling_interval: float
+    max_cost_usd: float | None = None  # ``max_cost`` (``core.budget.replicas_over_budget``)
+    hourly_usd: float | None = None  # every replica of every pool together, at list prices
 
 
 class VertexEngine:
@@ -66,11 +68,22 @@ class VertexEngine:
                 "poll_interval": self.settings.poll_interval,
                 "log_polling_interval": self.settings.log_polling_interval,
                 "job_dir": handle.output_dir,
+                "max_cost": self.settings.max_cost_usd,
+                "hourly_usd": self.settings.hourly_usd,
             },
         )
 
     def wait(self, handle: JobRecord) -> JobRecord:
-        return self.run.wait(handle, self.settings.poll_interval, self.settings.log_polling_interval)
+        from airflow_cloudtrain.core.budget import replicas_over_budget
+
+        settings = self.settings
+
+        def budget(job: JobRecord, now: float) -> str | None:
+            return replicas_over_budget(
+                settings.max_cost_usd, settings.hourly_usd, job.started_at, now, settings.poll_interval
+            )
+
+        return self.run.wait(handle, settings.poll_interval, settings.log_polling_interval, budget)
 
     def advance(self, handle: JobRecord, outcome: JobRecord) -> Step[JobRecord]:
         """The job ended (``outcome``: its final record): report it; raise unless it succeeded."""
