@@ -85,11 +85,26 @@ class VertexEngine:
 
         return self.run.wait(handle, settings.poll_interval, settings.log_polling_interval, budget)
 
+    def _index_cost(self, result: dict[str, Any]) -> None:
+        """The job's row in the bucket's cost index (``lifecycle.cost_index``; best effort)."""
+        import time
+
+        from airflow_cloudtrain.lifecycle.cost_index import vertex_record, write_record
+
+        run = self.run
+        try:
+            bucket = run.folder(run.config.bucket)
+        except Exception as err:
+            run.log.warning("Could not add the job to the bucket's cost index (%s)", err)
+            return
+        write_record(bucket, vertex_record(result, run.key, time.time()), run.log)
+
     def advance(self, handle: JobRecord, outcome: JobRecord) -> Step[JobRecord]:
         """The job ended (``outcome``: its final record): report it; raise unless it succeeded."""
         from airflow_cloudtrain.core.engine import Step
 
         result = self.run.finish(outcome)
+        self._index_cost(result)
         self.run.log.info(
             "Vertex AI job %s %s in %ss; estimated cost $%s (%s)",
             result["job_id"],
