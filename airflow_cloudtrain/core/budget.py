@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from airflow_cloudtrain.core.billing import billed_usd
+from airflow_cloudtrain.core.billing import INSTANCE_MINIMUM_S, VERTEX_MINIMUM_S, billed_usd
 from airflow_cloudtrain.core.records import ERROR, Outcome
 
 OVER_BUDGET = "over_budget"
@@ -31,17 +31,19 @@ class BudgetWatch:
     hourly_usd: float
     launched_at: float
     lookahead_s: float  # the poll interval: the check must come before the budget is passed
+    minimum_s: float = INSTANCE_MINIMUM_S  # what every instance bills at least (Vertex replicas: none)
 
     def projected_usd(self, now: float) -> float:
         """The run's cost by the next poll (this attempt billed per second, 60 s minimum)."""
-        return self.spent_usd + billed_usd(self.hourly_usd, now - self.launched_at + self.lookahead_s)
+        seconds = now - self.launched_at + self.lookahead_s
+        return self.spent_usd + billed_usd(self.hourly_usd, seconds, minimum_s=self.minimum_s)
 
     def check(self, now: float) -> Outcome | None:
         """None while the next poll stays within the budget, else the ``over_budget`` outcome."""
         projected = self.projected_usd(now)
         if projected < self.max_usd:
             return None
-        spent = self.spent_usd + billed_usd(self.hourly_usd, now - self.launched_at)
+        spent = self.spent_usd + billed_usd(self.hourly_usd, now - self.launched_at, minimum_s=self.minimum_s)
         earlier = f", ${self.spent_usd:.4f} of it before this attempt" if self.spent_usd else ""
         return Outcome(
             status=ERROR,
@@ -65,4 +67,22 @@ def budget_watch(
         return None
     return BudgetWatch(
         float(max_usd), float(spent_usd), float(hourly_usd), float(launched_at), float(lookahead_s)
+    )
+
+
+def replicas_over_budget(
+    max_usd: float | None, hourly_usd: float | None, started_at: float | None, now: float, lookahead_s: float
+) -> str | None:
+    """A Vertex AI job's check (every replica at ``hourly_usd`` together, from the job's start, no
+    minimum): the ``over_budget`` message once its cost by the next poll would pass ``max_usd``."""
+    if max_usd is None or hourly_usd is None or started_at is None:
+        return None
+    watch = BudgetWatch(
+        float(max_usd), 0.0, float(hourly_usd), float(started_at), lookahead_s, VERTEX_MINIMUM_S
+    )
+    over = watch.check(now)
+    return (
+        None
+        if over is None
+        else over.message.replace("the job was stopped and everything released", "the job was cancelled")
     )

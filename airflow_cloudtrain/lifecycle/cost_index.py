@@ -126,3 +126,50 @@ def totals(records: Iterable[CostRecord], by: str) -> list[dict[str, Any]]:
     ]
     key = (lambda row: row[by]) if by == "day" else (lambda row: -row["cost_usd"])
     return sorted(rows, key=key)
+
+
+def fleet_record(result: dict[str, Any], key: RunKey, ended_at: float) -> CostRecord:
+    """A fleet's (or group's) whole run as one record: its group stands in for the instance."""
+    return CostRecord(
+        dag_id=key.dag_id,
+        task_id=key.task_id,
+        airflow_run_id=key.run_id,
+        map_index=key.map_index,
+        run_id=str(result["run_id"]),
+        run_uri=str(result.get("run_uri") or ""),
+        cloud=str(result.get("cloud") or ""),
+        instance_id=str(result.get("group") or "group"),
+        instance_type=result.get("instance_type"),
+        num_nodes=int(result.get("workers_launched") or 0),
+        spot=str(result.get("cloud") or "").endswith("spot"),
+        state="failed" if result.get("items_failed") else "succeeded",
+        interrupted=bool(result.get("interruptions")),
+        launched_at=ended_at - float(result.get("duration_s") or 0.0),
+        released_at=ended_at,
+        cost_usd=result.get("cost_usd"),
+        cost_basis=str(result.get("cost_basis") or ""),
+    )
+
+
+def vertex_record(result: dict[str, Any], key: RunKey, ended_at: float) -> CostRecord:
+    """A Vertex AI job as one record: its replicas stand in for the instances (an estimate)."""
+    replicas = result.get("replicas") or []
+    return CostRecord(
+        dag_id=key.dag_id,
+        task_id=key.task_id,
+        airflow_run_id=key.run_id,
+        map_index=key.map_index,
+        run_id=str(result.get("job_id") or ""),
+        run_uri=str(result.get("job_dir") or ""),
+        cloud="vertex",
+        instance_id=str(result.get("job_id") or "job"),
+        instance_type=(replicas[0].get("machine_type") if replicas else None),
+        num_nodes=sum(int(r.get("count") or 0) for r in replicas),
+        spot=bool(result.get("spot")),
+        state=str(result.get("state") or ""),
+        interrupted=False,
+        launched_at=ended_at - float(result.get("duration_s") or 0.0),
+        released_at=ended_at,
+        cost_usd=result.get("cost_usd"),
+        cost_basis=str(result.get("cost_basis") or ""),
+    )

@@ -149,6 +149,7 @@ class MLEngineTrainOperator(EngineOperator):
         deferrable: bool = conf.getboolean("operators", "default_deferrable", fallback=False),
         poll_interval: float = 30.0,
         log_polling_interval: float = 30.0,
+        max_cost: Any = None,
         **kwargs: Any,
     ) -> None:
         from airflow_cloudtrain.operators.checks import check_bool, check_conn_id, parse_duration
@@ -164,6 +165,32 @@ class MLEngineTrainOperator(EngineOperator):
         self.log_polling_interval = parse_duration(log_polling_interval, "log_polling_interval") or 30.0
         self._run: VertexJobRun | None = None
         check_job_args(self._args())  # each known argument now; templated ones once rendered
+        self.max_cost = max_cost
+        self._budget()
+
+    def _budget(self) -> tuple[float | None, float | None]:
+        """(``max_cost``, every replica's USD per hour together): the budget checked against one
+        minute of the job's replicas once every argument is known (a template: when the task runs)."""
+        from airflow_cloudtrain.operators.budget_config import parse_max_cost
+        from airflow_cloudtrain.operators.config import is_templated
+
+        if is_templated(self.max_cost):
+            return None, None
+        budget = parse_max_cost(self.max_cost)
+        args = self._args()
+        if budget is None or any(is_templated(v) for v in args.values()):
+            return budget, None
+        from airflow_cloudtrain.lifecycle.vertex.cost import estimate_cost
+        from airflow_cloudtrain.operators.mlengine_config import parse_job_config
+
+        config = parse_job_config(args)
+        hourly, _ = estimate_cost(config.pools, config.region, config.spot, 3600.0)
+        if hourly is not None and budget < hourly / 60:
+            raise ValueError(
+                f"max_cost={self.max_cost!r} (USD) buys less than one minute of the job's replicas (${hourly:g}/h "
+                f"together, list prices): ${hourly / 60:.4f}; raise max_cost or leave it out"
+            )
+        return budget, hourly
 
     def _args(self) -> dict[str, Any]:
         args = {name: getattr(self, name) for name in TEMPLATED}
@@ -189,7 +216,8 @@ class MLEngineTrainOperator(EngineOperator):
         from airflow_cloudtrain.lifecycle.vertex.engine import VertexEngine, VertexWait
 
         conn_id = self.gcp_conn_id or "google_cloud_default"  # never None: checked at construction
-        wait = VertexWait(conn_id, self.poll_interval, self.log_polling_interval)
+        budget, hourly = self._budget()  # rendered by now
+        wait = VertexWait(conn_id, self.poll_interval, self.log_polling_interval, budget, hourly)
         return VertexEngine(self._new_run(context), wait)
 
     def on_handle(self, context: Context, engine: Engine[Any], handle: JobRecord) -> None:

@@ -23,12 +23,14 @@ import asyncio
 import functools
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Hashable
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_cloudtrain.clouds.gcp.vertex import JobRecord
+from airflow_cloudtrain.core.budget import replicas_over_budget
 from airflow_cloudtrain.core.engine import apoll_until
 from airflow_cloudtrain.core.retry import TransientBudget
 from airflow_cloudtrain.triggers import shared_poll
@@ -139,6 +141,9 @@ class VertexJobTrigger(BaseTrigger):
     :param log_polling_interval: seconds between reads of the job's Cloud Logging lines.
     :param job_dir: the job folder (gs://), where the log cursor is kept across triggerer restarts;
         None: lines are not remembered.
+    :param max_cost: ``max_cost`` in USD: the wait ends (an ``error`` event the task cancels the job on)
+        before the job's cost would pass it; None: no budget.
+    :param hourly_usd: every replica of the job together, USD per hour (list prices).
     """
 
     def __init__(
@@ -149,6 +154,8 @@ class VertexJobTrigger(BaseTrigger):
         poll_interval: float = 30.0,
         log_polling_interval: float = 30.0,
         job_dir: str | None = None,
+        max_cost: float | None = None,
+        hourly_usd: float | None = None,
     ) -> None:
         super().__init__()
         self.job_name = job_name
@@ -157,6 +164,8 @@ class VertexJobTrigger(BaseTrigger):
         self.poll_interval = poll_interval
         self.log_polling_interval = log_polling_interval
         self.job_dir = job_dir
+        self.max_cost = max_cost
+        self.hourly_usd = hourly_usd
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -168,6 +177,8 @@ class VertexJobTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "log_polling_interval": self.log_polling_interval,
                 "job_dir": self.job_dir,
+                "max_cost": self.max_cost,
+                "hourly_usd": self.hourly_usd,
             },
         )
 
@@ -257,6 +268,11 @@ class VertexJobTrigger(BaseTrigger):
                 logs.tail = await logs.aguard(asyncio.to_thread, self._tail)
             if job.terminal:
                 return {"status": "done", "job": job.to_dict()}
+            over = replicas_over_budget(
+                self.max_cost, self.hourly_usd, job.started_at, time.time(), self.poll_interval
+            )
+            if over is not None:  # the task cancels the job on an "error" event, then fails with this
+                return {"status": "error", "message": over}
             if logs.due():
                 await logs.aguard(asyncio.to_thread, self._show, logs.tail)
             return None

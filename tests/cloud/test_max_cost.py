@@ -50,3 +50,30 @@ def test_a_run_stops_at_its_budget_with_its_checkpoint(
     # release took after the last poll (generous: the machine may be busy)
     assert 0.9 * budget <= row["cost_usd"] <= budget + hourly * 30 / 3600, (row["cost_usd"], budget)
     assert not [i for i in emu.running_instances() if i["cloud"] == provider]
+
+
+@pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])
+def test_a_vertex_job_is_cancelled_at_its_budget(
+    emu: Any, airflow_db: Any, capfd: Any, deferrable: bool
+) -> None:
+    from test_mlengine_train import active_jobs, job_dag
+
+    from airflow_cloudtrain.lifecycle.vertex.cost import estimate_cost
+    from airflow_cloudtrain.mlengine.tiers import resolve_pools
+
+    pools = resolve_pools("BASIC")
+    hourly, _ = estimate_cost(pools, "us-central1", False, 3600.0)
+    assert hourly
+    budget = round(hourly * RUN_FOR_S / 3600, 9)
+    job_id = f"budget_{int(deferrable)}"
+    extra = (
+        f"scale_tier='BASIC', job_id={job_id!r}, max_cost={budget}, "
+        "training_args=['--steps', '100000', '--step-s', '0.25']"
+    )
+    run = job_dag(f"vertex_budget_{int(deferrable)}", {"train": extra}, deferrable=deferrable).test()
+    out = capfd.readouterr().out
+    assert task_states(run) == {"train": "failed"}
+    assert f"max_cost=${budget:g} reached" in out and "the job was cancelled" in out, out[-3000:]
+    (job,) = [j for j in emu.vertex.jobs() if j["displayName"] == job_id]
+    assert job["state"] in ("JOB_STATE_CANCELLED", "JOB_STATE_CANCELLING")  # cancelled by the task
+    assert job["name"] not in {j["name"] for j in active_jobs(emu) if j["state"] != "JOB_STATE_CANCELLING"}

@@ -85,6 +85,9 @@ def test_a_custom_cluster_runs_its_replicas_with_one_tf_config(emu, airflow_db, 
     assert (
         result["cost_usd"] > 0 and result["cost_is_estimate"] and "estimate" in result["cost_basis"].lower()
     )
+    from test_spot_fleet import indexed_cost  # what cloudtrain costs says the DAG cost
+
+    assert indexed_cost(BUCKET, "vertex_custom") == result["cost_usd"]
     assert result["console_url"].startswith(
         "https://console.cloud.google.com/vertex-ai/locations/us-central1/"
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import pytest
 from dag_helpers import fleet_nothing_left as nothing_left
 from dag_helpers import task_states, write_dag, xcom
 
@@ -104,6 +105,21 @@ def test_twelve_items_on_one_to_four_workers_each_run_once(emu, airflow_db, capf
     assert result["cost_usd"] > 0 and result["interruptions"] == 0
     assert emu.request_counts().get("CreateAutoScalingGroup") == 1
     nothing_left(digest_of(dag_id, run))
+    assert indexed_cost(BUCKET, dag_id) == pytest.approx(result["cost_usd"], abs=1e-6)  # cloudtrain costs
+
+
+def indexed_cost(bucket: str, dag_id: str) -> float:
+    """What ``cloudtrain costs --by dag`` says ``dag_id`` cost."""
+    import contextlib
+    import io
+
+    from airflow_cloudtrain.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["costs", "--bucket", bucket, "--by", "dag", "--json"]) == 0
+    rows = {row["dag"]: row for row in json.loads(out.getvalue())["rows"]}
+    return float(rows[dag_id]["cost_usd"])
 
 
 def test_idle_workers_leave_and_a_busy_one_is_never_scaled_in(emu, airflow_db) -> None:

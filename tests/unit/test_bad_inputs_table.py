@@ -497,6 +497,7 @@ GROUP_ONLY: dict[str, list[Any]] = {"max_workers": [1, 3, "3"], "bid": ["0.5", 0
 RESUME_DEADLINE = {"policy": "deadline", "deadline": "6h", "expected_duration": "1h"}
 
 ML_ROWS: dict[str, Row] = {
+    "max_cost": [0, -1, True, NAN, INF, "x", "", "   ", "0", [5], "5\x00", 1e-9],
     "region": [
         None,
         "",

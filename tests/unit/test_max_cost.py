@@ -101,3 +101,13 @@ def test_a_fleet_grows_only_by_the_workers_its_budget_covers_then_ends() -> None
         watch.within_budget(target=1, desired=1, now=LAUNCH + 191)  # 0.191 + 0.01 by the next poll
     watch.handle = replace(watch.handle, max_cost_usd=None)
     assert watch.within_budget(target=10, desired=1, now=LAUNCH + 10_000) == 10
+
+
+def test_a_vertex_job_has_no_minimum_and_its_message_says_cancelled() -> None:
+    from airflow_cloudtrain.core.budget import replicas_over_budget
+
+    assert replicas_over_budget(None, 3.6, T0, T0 + 1e6, 1.0) is None
+    assert replicas_over_budget(0.1, 3.6, None, T0, 1.0) is None  # not started: nothing billed yet
+    assert replicas_over_budget(0.1, 3.6, T0, T0 + 10.0, 1.0) is None  # no 60 s minimum on replicas
+    message = replicas_over_budget(0.1, 3.6, T0, T0 + 99.0, 1.0)
+    assert message is not None and "max_cost=$0.1 reached" in message and "the job was cancelled" in message

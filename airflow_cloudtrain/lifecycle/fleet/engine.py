@@ -127,6 +127,20 @@ class FleetEngine:
     def kill(self) -> None:
         self.fleet.kill()
 
+    def _index_cost(self, result: dict[str, Any]) -> None:
+        """The fleet's row in the bucket's cost index (``lifecycle.cost_index``; best effort)."""
+        import time
+
+        from airflow_cloudtrain.lifecycle.cost_index import fleet_record, write_record
+
+        ctx = self.fleet.ctx
+        try:
+            bucket = ctx.backend.run_folder(ctx.config.bucket)
+        except Exception as err:
+            self.log.warning("Could not add the fleet to the bucket's cost index (%s)", err)
+            return
+        write_record(bucket, fleet_record(result, ctx.key, time.time()), self.log)
+
     def deliver(self, watch: FleetWatch) -> dict[str, Any]:
         from airflow.exceptions import AirflowException
 
@@ -134,6 +148,7 @@ class FleetEngine:
         watch.refresh()  # workers launched after the last poll count too
         fleet.release()
         result = watch.result()
+        self._index_cost(result)
         self.log.info(
             "Fleet %s: %d/%d item(s) succeeded on %d worker(s), %d interruption(s), $%.6f",
             result["run_id"],

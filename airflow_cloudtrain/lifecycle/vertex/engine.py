@@ -33,6 +33,8 @@ class VertexWait:
     conn_id: str
     poll_interval: float
     log_polling_interval: float
+    max_cost_usd: float | None = None  # ``max_cost`` (``core.budget.replicas_over_budget``)
+    hourly_usd: float | None = None  # every replica of every pool together, at list prices
 
 
 class VertexEngine:
@@ -66,17 +68,43 @@ class VertexEngine:
                 "poll_interval": self.settings.poll_interval,
                 "log_polling_interval": self.settings.log_polling_interval,
                 "job_dir": handle.output_dir,
+                "max_cost": self.settings.max_cost_usd,
+                "hourly_usd": self.settings.hourly_usd,
             },
         )
 
     def wait(self, handle: JobRecord) -> JobRecord:
-        return self.run.wait(handle, self.settings.poll_interval, self.settings.log_polling_interval)
+        from airflow_cloudtrain.core.budget import replicas_over_budget
+
+        settings = self.settings
+
+        def budget(job: JobRecord, now: float) -> str | None:
+            return replicas_over_budget(
+                settings.max_cost_usd, settings.hourly_usd, job.started_at, now, settings.poll_interval
+            )
+
+        return self.run.wait(handle, settings.poll_interval, settings.log_polling_interval, budget)
+
+    def _index_cost(self, result: dict[str, Any]) -> None:
+        """The job's row in the bucket's cost index (``lifecycle.cost_index``; best effort)."""
+        import time
+
+        from airflow_cloudtrain.lifecycle.cost_index import vertex_record, write_record
+
+        run = self.run
+        try:
+            bucket = run.folder(run.config.bucket)
+        except Exception as err:
+            run.log.warning("Could not add the job to the bucket's cost index (%s)", err)
+            return
+        write_record(bucket, vertex_record(result, run.key, time.time()), run.log)
 
     def advance(self, handle: JobRecord, outcome: JobRecord) -> Step[JobRecord]:
         """The job ended (``outcome``: its final record): report it; raise unless it succeeded."""
         from airflow_cloudtrain.core.engine import Step
 
         result = self.run.finish(outcome)
+        self._index_cost(result)
         self.run.log.info(
             "Vertex AI job %s %s in %ss; estimated cost $%s (%s)",
             result["job_id"],

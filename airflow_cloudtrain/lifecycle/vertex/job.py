@@ -25,6 +25,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +44,10 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.storage import RunFolder
 
 STORE_KEY = "cloudtrain_vertex"  # task_state_store: the job id chosen by the first try
+
+
+class OverBudget(RuntimeError):
+    """``max_cost``: the job's cost by the next poll would pass the budget (the task fails saying so)."""
 
 
 class JobKilled(RuntimeError):
@@ -255,7 +260,13 @@ class VertexJobRun:
     def _transient(self, err: BaseException, delay: float) -> None:
         self.log.warning("Transient error polling Vertex AI (%s); retrying in %.0f s", err, delay)
 
-    def wait(self, job: JobRecord, poll_interval: float, log_interval: float) -> JobRecord:
+    def wait(
+        self,
+        job: JobRecord,
+        poll_interval: float,
+        log_interval: float,
+        budget: Callable[[JobRecord, float], str | None] | None = None,
+    ) -> JobRecord:
         """Poll the job until it ends, showing its log lines; cancelled with the task (``kill``). A failed
         log read never fails the wait (``LogStream``). The job is read every ``poll_interval`` and its
         log every ``log_interval``: ``poll_until`` ticks at the shorter of the two."""
@@ -276,6 +287,9 @@ class VertexJobRun:
                 if fresh.terminal:
                     logs.drain(lambda: show_lines(self.log, logs.tail))
                     return fresh
+                over = budget(fresh, time.time()) if budget is not None else None
+                if over is not None:  # the engine's abandon cancels the job through the ledger
+                    raise OverBudget(over)
             if logs.due():
                 logs.guard(show_lines, self.log, logs.tail)
             return None
