@@ -8,6 +8,7 @@ instance; GCE is checked for powered-off VMs too, which still bill for their dis
 
 from __future__ import annotations
 
+import subprocess
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -94,7 +95,13 @@ with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=Fal
 def first_try_dies(dag_id: str, step: str, logical_date: datetime) -> None:
     """Run try 1 in a subprocess that SIGKILLs itself at ``step``."""
     proc = start_first_try(dag_id, logical_date, {"CLOUDTRAIN_TEST_DIE_AT": step})
-    _, err = proc.communicate(timeout=240)
+    try:
+        _, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        # never left running: a try 1 that launches after its test gave up fails the next test's counts
+        proc.kill()
+        proc.communicate()
+        raise
     assert proc.returncode == -9, f"try 1 did not die at {step}: rc={proc.returncode}\n{err[-3000:]}"
 
 
