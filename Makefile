@@ -1,5 +1,5 @@
 # Every target sets itself up from a fresh machine: scripts/bootstrap.sh installs the locked versions.
-.PHONY: setup demo test lint bench airflow
+.PHONY: setup demo test faults lint bench airflow
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -12,15 +12,23 @@ airflow: setup
 
 # The suite runs in TEST_WORKERS processes (pytest-xdist; each has its own Airflow home, DB and
 # emulator): most tests wait on emulated instances, so more workers than cores pays. PYTEST_ARGS
-# narrows it, e.g. `make test PYTEST_ARGS=tests/cloud/test_runs.py`.
+# narrows it, e.g. `make test PYTEST_ARGS=tests/cloud/test_runs.py`. The duplicate cases of the long
+# fault campaigns (marker `faults`, docs/testing.md) run in `make faults`, not here.
 TEST_WORKERS ?= 4
+PYTEST = .venv/bin/python -m pytest -p no:cacheprovider -q -n $(TEST_WORKERS) --dist worksteal
 test: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check airflow_cloudtrain tests benchmarks example_dags
 	.venv/bin/mypy
 	@# bytecode for our modules too: the agents and Airflow processes the tests start would compile them
 	.venv/bin/python -m compileall -q airflow_cloudtrain example_dags
-	.venv/bin/python -m pytest -p no:cacheprovider -q -n $(TEST_WORKERS) --dist worksteal --durations=15 $(PYTEST_ARGS)
+	$(PYTEST) --durations=15 -m "not faults" $(PYTEST_ARGS)
+
+# The long campaigns: every kill point on the second cloud or in the second mode, the whole real
+# deployment. Not in CI's `make test`; run it before a release or after touching the run machinery.
+faults: setup
+	.venv/bin/python -m compileall -q airflow_cloudtrain example_dags
+	$(PYTEST) --durations=15 -m faults $(PYTEST_ARGS)
 
 bench: setup
 	.venv/bin/python benchmarks/parse_cost.py

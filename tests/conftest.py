@@ -133,28 +133,37 @@ def _running_jobs(emulator: Any) -> list[dict[str, Any]]:
 # Makefile runs ``--dist worksteal``: each worker starts on its share in this order, and a worker that
 # runs dry takes half of another's remaining queue, so no worker is left alone with a long tail). The deployment
 # test (a real ``cloudtrain up``) runs beside the others from the start. The order is measured
-# (``make test PYTEST_ARGS=--durations=120``: the files by their tests' total time); a file not listed
+# (``make test PYTEST_ARGS=--durations=0``: the files by their tests' total time, docs/testing.md); a file not listed
 # keeps its place after these, and the order inside a file is kept.
 HEAVY_FIRST = (
-    "tests/deployment/",
-    "tests/cloud/test_worker_killed.py",
-    "tests/cloud/test_mlengine_killed.py",
-    "tests/cloud/test_resume_killed.py",
-    "tests/cloud/test_runs.py",
-    "tests/cloud/test_checkpoint_resume.py",
+    "tests/deployment/",  # one test of ~4 minutes under load: it must not start last
     "tests/cloud/test_fleet_killed.py",
-    "tests/cloud/test_agent.py",
-    "tests/cloud/test_secrets.py",
-    "tests/dags/test_retrain_spot.py",
-    "tests/unit/test_cli.py",
-    "tests/cloud/test_old_release_adoption.py",
-    "tests/dags/test_spot_sweep.py",
-    "tests/dags/test_demo_output.py",
+    "tests/cloud/test_checkpoint_resume.py",
+    "tests/cloud/test_resume_killed.py",
+    "tests/cloud/test_worker_killed.py",
+    "tests/cloud/test_runs.py",
+    "tests/cloud/test_mlengine_killed.py",
+    "tests/cloud/test_checkpoint_layouts.py",
     "tests/cloud/test_agent_worker.py",
+    "tests/cloud/test_emulator_groups.py",
+    "tests/cloud/test_secrets.py",
     "tests/cloud/test_spot_fleet.py",
+    "tests/cloud/test_old_release_adoption.py",
+    "tests/cloud/test_gce_firewall.py",
+    "tests/cloud/test_gang_killed.py",
+    "tests/cloud/test_gang_run.py",
     "tests/cloud/test_sensor.py",
     "tests/cloud/test_run_trigger_scale.py",
-    "tests/cloud/test_links_live.py",
+    "tests/cloud/test_emulator_sessions.py",
+    "tests/cloud/test_gang_example.py",
+    "tests/cloud/test_agent.py",
+    "tests/cloud/test_emulator_cli.py",
+    "tests/dags/test_example_dags.py",
+    "tests/cloud/test_agent_checkpoints.py",
+    "tests/dags/test_retrain_spot.py",
+    "tests/dags/test_spot_sweep.py",
+    "tests/dags/test_demo_output.py",
+    "tests/unit/test_cli.py",
 )
 
 

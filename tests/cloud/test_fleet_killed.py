@@ -182,7 +182,10 @@ with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=Fal
 """
 
 
-@pytest.mark.parametrize("step", STEPS)
+# queue_created and group_created find the queues and the group by the provider's own calls: both
+# clouds keep them. mid_sweep adds the sweep's progress (the run folder's results, provider-neutral)
+# to what group_created already finds: kept on EC2 (the SpotFleetOperator case), GCE in ``make faults``.
+@pytest.mark.parametrize("step", [*STEPS[:2], pytest.param("mid_sweep", marks=pytest.mark.faults)])
 def test_group_worker_killed_at_each_step_leaves_one_group_and_nothing_after(
     emu, airflow_db, step: str
 ) -> None:

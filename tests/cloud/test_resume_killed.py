@@ -108,8 +108,17 @@ def job_step(emu: Any, instance_id: str) -> int:
     return int(steps[-1]) if steps else 0
 
 
-@pytest.mark.parametrize("die_at", ["finishing", "between_attempts"])
-@pytest.mark.parametrize("provider", ["aws", "gcp"])
+# The loop's kill points are in provider-neutral code (lifecycle/resume/loop.py): each stays in
+# ``make test`` on one cloud, the two clouds between them; the other cloud runs in ``make faults``.
+@pytest.mark.parametrize(
+    ("provider", "die_at"),
+    [
+        pytest.param("aws", "finishing", id="aws-finishing"),
+        pytest.param("aws", "between_attempts", id="aws-between_attempts", marks=pytest.mark.faults),
+        pytest.param("gcp", "finishing", id="gcp-finishing", marks=pytest.mark.faults),
+        pytest.param("gcp", "between_attempts", id="gcp-between_attempts"),
+    ],
+)
 def test_worker_killed_around_a_relaunch_continues_the_loop(
     emu, airflow_db, provider: str, die_at: str
 ) -> None:
@@ -122,14 +131,19 @@ def test_worker_killed_around_a_relaunch_continues_the_loop(
     )
     emu.reset_counts()
     proc = first_try(dag_id, when, die_at)
-    first = wait_for(
-        lambda: next((i["id"] for i in emu.running_instances() if checkpointed(emu, i["id"])), None),
-        timeout=180,
-    )
-    # what its agent has said it uploaded (the step's manifest is in the bucket) when it vanishes
-    uploaded = max(int(n) for n in re.findall(r"checkpoint step (\d+) uploaded to", emu.agent_log(first)))
-    emu.interrupt(first, notice_s=0)
-    assert proc.wait(timeout=240) == -9, proc.stderr.read()[-3000:] if proc.stderr else ""
+    try:  # deadlines for a machine at load 20+ (a full suite beside a benchmark took 180 s and 240 s)
+        first = wait_for(
+            lambda: next((i["id"] for i in emu.running_instances() if checkpointed(emu, i["id"])), None),
+            timeout=300,
+        )
+        # what its agent has said it uploaded (the step's manifest is in the bucket) when it vanishes
+        uploaded = max(int(n) for n in re.findall(r"checkpoint step (\d+) uploaded to", emu.agent_log(first)))
+        emu.interrupt(first, notice_s=0)
+        assert proc.wait(timeout=300) == -9, proc.stderr.read()[-3000:] if proc.stderr else ""
+    finally:  # never left running: a try 1 that relaunches later would land in the next test
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
     assert emu.request_counts().get(LAUNCH_CALL[provider]) == 1  # it died before relaunching
 
     run = load_example(dag_id).test(logical_date=when, run_after=when)
@@ -145,7 +159,9 @@ def test_worker_killed_around_a_relaunch_continues_the_loop(
     assert result["totals"]["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in rows))
 
 
-@pytest.mark.parametrize("provider", ["aws", "gcp"])
+# The adoption after a lost trigger is provider-neutral; adopting a GCE VM found by its labels is
+# kept in ``make test`` by test_worker_killed[gcp-create_call-tags].
+@pytest.mark.parametrize("provider", ["aws", pytest.param("gcp", marks=pytest.mark.faults)])
 def test_triggerer_and_worker_killed_mid_attempt_adopt_the_running_instance(
     emu, airflow_db, tmp_path: Path, provider: str
 ) -> None:

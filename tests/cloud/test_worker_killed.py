@@ -8,6 +8,7 @@ instance; GCE is checked for powered-off VMs too, which still bill for their dis
 
 from __future__ import annotations
 
+import subprocess
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -94,7 +95,13 @@ with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=Fal
 def first_try_dies(dag_id: str, step: str, logical_date: datetime) -> None:
     """Run try 1 in a subprocess that SIGKILLs itself at ``step``."""
     proc = start_first_try(dag_id, logical_date, {"CLOUDTRAIN_TEST_DIE_AT": step})
-    _, err = proc.communicate(timeout=240)
+    try:
+        _, err = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        # never left running: a try 1 that launches after its test gave up fails the next test's counts
+        proc.kill()
+        proc.communicate()
+        raise
     assert proc.returncode == -9, f"try 1 did not die at {step}: rc={proc.returncode}\n{err[-3000:]}"
 
 
@@ -113,14 +120,34 @@ def leftovers(provider: str, dag_id: str, run: Any) -> list[Any]:
     return cloud.find(digest, ended=True)
 
 
-@pytest.mark.parametrize("forget_store", [False, True], ids=["store", "tags"])
-@pytest.mark.parametrize("step", STEPS)
-@pytest.mark.parametrize("provider", ["aws", "gcp"])
+# Every step stays in ``make test``; each case below marked ``faults`` repeats a kept one on the other
+# cloud where that step's recovery is provider-neutral (the ledger's store, the release), or with
+# the store lost where the other cloud already finds the run by its tags (docs/testing.md).
+# ``inside_create`` (found only by tags, after a lost create answer) stays on both clouds.
+# The store is consulted differently only once an instance exists: "tags" only for those steps.
+FAULTS = pytest.mark.faults
+CASES = [
+    pytest.param("aws", "ledger_entry", False, id="aws-ledger_entry-store", marks=FAULTS),
+    pytest.param("aws", "inside_create", False, id="aws-inside_create-store"),
+    pytest.param("aws", "create_call", False, id="aws-create_call-store"),
+    pytest.param("aws", "create_call", True, id="aws-create_call-tags", marks=FAULTS),
+    pytest.param("aws", "waiting", False, id="aws-waiting-store", marks=FAULTS),
+    pytest.param("aws", "waiting", True, id="aws-waiting-tags"),
+    pytest.param("aws", "teardown", False, id="aws-teardown-store", marks=FAULTS),
+    pytest.param("gcp", "ledger_entry", False, id="gcp-ledger_entry-store"),
+    pytest.param("gcp", "inside_create", False, id="gcp-inside_create-store"),
+    pytest.param("gcp", "create_call", False, id="gcp-create_call-store", marks=FAULTS),
+    pytest.param("gcp", "create_call", True, id="gcp-create_call-tags"),
+    pytest.param("gcp", "waiting", False, id="gcp-waiting-store"),
+    pytest.param("gcp", "waiting", True, id="gcp-waiting-tags", marks=FAULTS),
+    pytest.param("gcp", "teardown", False, id="gcp-teardown-store"),
+]
+
+
+@pytest.mark.parametrize(("provider", "step", "forget_store"), CASES)
 def test_worker_killed_at_each_step_leaks_nothing_and_runs_the_job_once(
     emu, airflow_db, monkeypatch, provider: str, step: str, forget_store: bool
 ) -> None:
-    if forget_store and step in ("ledger_entry", "inside_create", "teardown"):
-        pytest.skip("the store is not consulted differently at this step")
     dag_id = f"killed_{provider}_{step}_{int(forget_store)}"
     write_dag(
         DAG_SOURCE.format(

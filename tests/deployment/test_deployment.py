@@ -4,8 +4,11 @@ SIGKILLed mid-run and restarted by ``cloudtrain up`` itself, a deferred task mar
 outside, ``cloudtrain up`` stopped and started again with a run deferred (the run finishes), and
 nothing left at the end.
 
-One test, in steps, on one deployment: starting the processes is most of the cost, and a test
-scheduler that spreads tests over workers (pytest-xdist) then cannot start a deployment per step."""
+Two tests, each in steps on one deployment (starting the processes is most of the cost): the first,
+in ``make test``, is the one end-to-end path (start, the CLI, one DAG run through the REST API and
+the real scheduler, triggerer and executor, the stop); the second, the faults of a deployment (a
+killed triggerer, a task failed from outside, a stop and a start with a run deferred), is marked
+``faults`` and runs in ``make faults`` (docs/testing.md)."""
 
 from __future__ import annotations
 
@@ -169,7 +172,15 @@ def _a_run_deferred_when_up_stops_finishes_after_the_next_start(deployment: Depl
     assert up.running_instances() == []
 
 
-@pytest.mark.timeout(1800)  # two starts of the deployment included; each wait below has its own deadline
+def _stopping_leaves_nothing(up: Up) -> None:
+    assert up.stop() == 0, up.stderr()[-3000:]
+    assert up.left_running() == []
+    assert "Stopped." in up.stdout()
+    # the JWT key is long enough for HS512: Airflow does not warn about it
+    assert "HMAC key" not in (up.home / "logs" / "api-server.out").read_text(errors="replace")
+
+
+@pytest.mark.timeout(900)  # one start of the deployment included; each wait below has its own deadline
 def test_the_example_dags_in_a_real_deployment(deployment: Deployment) -> None:
     up = deployment.up
     # the CLI's environment is in the Airflow home, and the start says how to use it
@@ -178,12 +189,13 @@ def test_the_example_dags_in_a_real_deployment(deployment: Deployment) -> None:
         done = up.cli(*args)
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
     _ui_train_from_the_rest_api_with_params(deployment)
+    _stopping_leaves_nothing(up)
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(1800)  # two starts of the deployment included; each wait below has its own deadline
+def test_a_real_deployment_survives_its_faults(deployment: Deployment) -> None:
     _a_killed_triggerer_is_restarted_and_the_run_ends_on_the_same_instance(deployment)
     _marking_a_deferred_task_failed_terminates_its_instance(deployment)
     _a_run_deferred_when_up_stops_finishes_after_the_next_start(deployment)
-    # stopping leaves no process of the deployment
-    assert up.stop() == 0, up.stderr()[-3000:]
-    assert up.left_running() == []
-    assert "Stopped." in up.stdout()
-    # the JWT key is long enough for HS512: Airflow does not warn about it
-    assert "HMAC key" not in (up.home / "logs" / "api-server.out").read_text(errors="replace")
+    _stopping_leaves_nothing(deployment.up)
