@@ -431,7 +431,9 @@ def test_interrupted_item_is_sent_again_and_resumes_from_its_checkpoint(
     fleet = fleets(provider, command=command, checkpoint_interval_s=0.5, max_item_attempts=1)
     (item_id,) = fleet.send(["train"])
     poweroff = tmp_path / "powered-off"
-    first = fleet.worker(poweroff=poweroff)
+    # the first delivery holds after step 5 until it is stopped: on a busy machine the notice must not
+    # lose the race to the item finishing first (steps.py's STEPS_HOLD_AT, first delivery only)
+    first = fleet.worker(poweroff=poweroff, env={"STEPS_HOLD_AT": "5"})
     attempt = workqueue.attempt_name(first.iid, 1)
     wait_for(lambda: "step 2 at" in fleet.log(item_id, attempt), message="step 2")
     fleet.interrupt(first.iid)
