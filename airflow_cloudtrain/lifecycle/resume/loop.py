@@ -43,8 +43,10 @@ from airflow_cloudtrain.lifecycle.resume.recovery import (
     RecoverySettings,
     Step,
     capacity_row,
+    gang_rows,
     launch_fields,
     next_step,
+    node_rows,
     row_for,
 )
 from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt, RunContext
@@ -168,7 +170,7 @@ class RecoveryLoop:
 
     def launch_failed(self, cloud: str, err: Exception) -> None:
         """No offer had capacity: a ledger row (it spends the interruption budget) and no cost."""
-        row = capacity_row(len(self.history.attempts) + 1, self.ctx.try_number, cloud, str(err), time.time())
+        row = capacity_row(self.history.next_attempt, self.ctx.try_number, cloud, str(err), time.time())
         self.history.attempts.append(row)
         self.save()
         self.log.warning("Attempt %d found no capacity: %s", row.attempt, err)
@@ -202,9 +204,10 @@ class RecoveryLoop:
         if self.history.has(launch.instance_id):
             return
         now = time.time()
-        cost, _ = billed_cost(launch.hourly_usd, now - float(launch.launched_at or now))
+        hourly = launch.hourly_usd * launch.num_nodes if launch.hourly_usd is not None else None
+        cost, _ = billed_cost(hourly, now - float(launch.launched_at or now))  # a gang: every node
         row = AttemptRow(
-            attempt=len(self.history.attempts) + 1,
+            attempt=self.history.next_attempt,
             try_number=self.ctx.try_number,
             ended=ABANDONED,
             **launch_fields(launch),
@@ -212,7 +215,7 @@ class RecoveryLoop:
             cost_usd=float(cost or 0.0),
             message=reason,
         )
-        self.history.attempts.append(row)
+        self.history.attempts.extend(node_rows(launch, row))
         self.history.pending = None
         try:
             self.save(strict=False)
@@ -220,13 +223,18 @@ class RecoveryLoop:
             self.log.warning("Could not record the abandoned attempt in the ledger: %s", err)
 
     def _finish(self, attempt: RunAttempt, launch: LaunchRecord, outcome: Outcome) -> AttemptRow:
+        """The attempt's row (a gang's: a row per node, ``recovery.gang_rows``; returns the head's)."""
         done = attempt.finish(launch, outcome)
-        folder, iid = attempt.folder, launch.instance_id
-        status = attempt_status(folder, iid)
-        beat = attempt.last_heartbeat
-        row = row_for(done, status, len(self.history.attempts) + 1, self.ctx.try_number, beat)
+        folder, number, beat = attempt.folder, self.history.next_attempt, attempt.last_heartbeat
+        if launch.nodes:
+            statuses = [attempt_status(folder, iid) for iid in launch.node_ids]
+            rows = gang_rows(done, statuses, number, self.ctx.try_number, beat)
+        else:
+            status = attempt_status(folder, launch.instance_id)
+            rows = [row_for(done, status, number, self.ctx.try_number, beat)]
+        row = rows[0]
         if not self.history.has(launch.instance_id):
-            self.history.attempts.append(row)
+            self.history.attempts.extend(rows)
             if row.restore_note:
                 self._progress_lost(row)
             else:
@@ -239,8 +247,8 @@ class RecoveryLoop:
     def _restored_older(self, row: AttemptRow) -> None:
         """The attempt restored an older checkpoint than the previous one uploaded last (its newest
         failed verification, or was never complete): the previous attempt lost that much more."""
-        rows = self.history.attempts
-        previous = rows[-2] if len(rows) > 1 else None
+        earlier = [r for r in self.history.heads if r.attempt < row.attempt]
+        previous = earlier[-1] if earlier else None
         if previous is None or row.restored_saved_at is None or previous.checkpoint_saved_at is None:
             return
         extra = previous.checkpoint_saved_at - row.restored_saved_at
@@ -254,8 +262,8 @@ class RecoveryLoop:
         self.log.warning(
             "Attempt %d restored no checkpoint and ran from the beginning: %s", row.attempt, row.restore_note
         )
-        for earlier in self.history.attempts[:-1]:
-            if earlier.progress_s:
+        for earlier in self.history.attempts:
+            if earlier.attempt != row.attempt and earlier.progress_s:
                 earlier.work_lost_s = round((earlier.work_lost_s or 0.0) + earlier.progress_s, 3)
                 earlier.progress_s = 0.0
 
@@ -283,7 +291,7 @@ class RecoveryLoop:
         run's totals and the ledger."""
         history = self.history
         totals = history.totals()
-        last = next((r for r in reversed(history.attempts) if r.instance_id), None)
+        last = next((r for r in reversed(history.heads) if r.instance_id), None)
         per_attempt: dict[str, Any] = {}
         if last is not None:
             per_attempt = {
@@ -297,6 +305,7 @@ class RecoveryLoop:
                 "spot": last.spot,
                 "exit_code": last.exit_code,
                 "state": "succeeded" if last.ended == "finished" else last.ended,
+                **last_nodes(history, last),
             }
         return {
             **per_attempt,
@@ -312,6 +321,25 @@ class RecoveryLoop:
             "totals": totals,
             "attempts": [r.to_dict() for r in history.attempts],
         }
+
+
+def last_nodes(history: RunHistory, head: AttemptRow) -> dict[str, Any]:
+    """XCom ``num_nodes`` and ``nodes`` (rank, instance id, zone, private address, exit code) of the
+    attempt whose head row is ``head``, as ``CloudTrainOperator`` gives them."""
+    rows = [r for r in history.attempts if r.attempt == head.attempt and r.instance_id]
+    if head.rank is None:  # one instance
+        rows = [head]
+    nodes = [
+        {
+            "rank": r.rank or 0,
+            "instance_id": r.instance_id,
+            "zone": r.zone,
+            "private_ip": r.private_ip,
+            "exit_code": r.exit_code,
+        }
+        for r in rows
+    ]
+    return {"num_nodes": len(nodes), "nodes": nodes}
 
 
 def attempt_status(folder: RunFolder, instance_id: str) -> RunStatus | None:
