@@ -57,6 +57,9 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.storage import RunFolder
 
 
+HEAD_SYNC_WAIT_S = 60.0  # a stopped gang's head uploads its last checkpoint before the relaunch
+
+
 class ResumeSourceNotFound(ValueError):
     """``resume_from`` names no run this bucket knows."""
 
@@ -227,6 +230,8 @@ class RecoveryLoop:
         done = attempt.finish(launch, outcome)
         folder, number, beat = attempt.folder, self.history.next_attempt, attempt.last_heartbeat
         if launch.nodes:
+            if not outcome.ok and outcome.rank != 0:
+                self._await_head_sync(folder, launch.instance_id)
             statuses = [attempt_status(folder, iid) for iid in launch.node_ids]
             rows = gang_rows(done, statuses, number, self.ctx.try_number, beat)
         else:
@@ -243,6 +248,29 @@ class RecoveryLoop:
         self.save()
         self.log.info("Ledger so far:\n%s", self.history.table())
         return row
+
+    def _await_head_sync(self, folder: RunFolder, head_id: str) -> None:
+        """A gang stopped because another node was lost: its head's agent got SIGTERM with the
+        release and is uploading the job's last checkpoint. The next gang's nodes each restore the
+        newest complete checkpoint when they boot, so they must not boot while that upload may still
+        complete (two ranks would restore different steps): wait for the head's final status, which
+        the agent writes after its last sync, at most ``HEAD_SYNC_WAIT_S``."""
+        deadline = time.monotonic() + HEAD_SYNC_WAIT_S
+        while time.monotonic() < deadline:
+            try:
+                raw = folder.get_text(status_key(head_id))
+            except Exception as err:  # the bucket hiccuped: the next round reads again
+                self.log.warning("Could not read the head's status (%s); retrying", err)
+                raw = None
+            if raw and RunStatus.from_json(raw).final:
+                return
+            time.sleep(0.5)
+        self.log.warning(
+            "The gang's head %s did not report its end within %.0f s; relaunching with the checkpoints "
+            "complete now",
+            head_id,
+            HEAD_SYNC_WAIT_S,
+        )
 
     def _restored_older(self, row: AttemptRow) -> None:
         """The attempt restored an older checkpoint than the previous one uploaded last (its newest
