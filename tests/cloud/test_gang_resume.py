@@ -186,3 +186,44 @@ def test_a_gang_that_loses_a_node_resumes_whole_from_the_heads_checkpoint(
         )
 
     wait_for(all_gone, timeout=120, message="the gangs' instances and network to be gone")
+
+
+def manifest_writers(run_uri: str, base: str) -> set[str | None]:
+    """Which instances wrote the checkpoint versions under ``base`` of the run folder."""
+    folder = open_run_folder(f"{run_uri}/{base}" if base else run_uri)
+    keys = folder.list(CHECKPOINTS_PREFIX + "/")
+    return {
+        Manifest.from_json(folder.get_text(manifest_key(v)) or "").instance_id
+        for v in manifest_versions(list(keys))
+    }
+
+
+def test_checkpoint_ranks_all_keeps_and_restores_each_ranks_own(
+    emu: Any, airflow_db: Any, capfd: Any, tmp_path: Path
+) -> None:
+    """``checkpoint_ranks="all"``: every rank's agent uploads its own directory (rank r >= 1 under
+    ``ranks/<r>/``) and, after rank 1 is lost with a notice, every rank of the new gang restores the
+    newest checkpoint its own rank uploaded (the ranks' jobs count independently here, so the steps
+    may differ between ranks)."""
+    done = tmp_path / "interrupted"
+    interrupter = GangInterrupter(emu, [(4, 30.0, 1)], done)
+    command = f'echo "node rank $NODE_RANK"; STEPS_FINISH_AFTER={done} python3 steps.py 24 2 0.25'
+    extra = 'num_nodes=3, checkpoint_ranks="all"'
+    run = resume_dag("gang_resume_all", "aws", command, extra=extra).test()
+    interrupter.join()
+    out = capfd.readouterr().out
+    assert task_states(run) == {"train": "success"}, out[-4000:]
+    result = xcom(run, "train")
+    rows = result["attempts"]
+    assert [(r["attempt"], r["rank"], r["ended"]) for r in rows] == [
+        (a, k, e) for a, e in ((1, "interrupted"), (2, "finished")) for k in range(3)
+    ], rows
+    first, second = rows[:3], rows[3:]
+    for rank in range(3):
+        step = first[rank]["checkpoint_step"]
+        assert step is not None and second[rank]["restored_step"] == step, (first[rank], second[rank])
+        assert f"resumed from step {step}" in emu.agent_log(second[rank]["instance_id"])
+        base = f"ranks/{rank}" if rank else ""
+        writers = manifest_writers(result["run_uri"], base)
+        assert writers and writers <= {first[rank]["instance_id"], second[rank]["instance_id"]}
+    assert result["interruptions"] == 1 and result["totals"]["error_restarts"] == 0

@@ -95,6 +95,10 @@ def test_a_gang_attempt_is_a_row_per_node_and_one_interruption() -> None:
     # the budgets count the gang's attempts: max_restarts=2 lets a third gang launch, 1 does not
     assert next_step(history, RecoverySettings("ec2spot", max_restarts=2), 1, 2000.0).kind == "launch"
     assert next_step(history, RecoverySettings("ec2spot", max_restarts=1), 1, 2000.0).kind == "fail"
+    # on_demand_after counts gang attempts too: after 2, the whole next gang is on-demand
+    after_two = next_step(history, RecoverySettings("ec2spot", on_demand_after=2), 1, 2000.0)
+    assert (after_two.kind, after_two.cloud) == ("launch", "ec2")
+    assert next_step(history, RecoverySettings("ec2spot", on_demand_after=3), 1, 2000.0).cloud == "ec2spot"
 
     table = history.table()
     assert "2 attempt(s) (6 node rows), 2 interruption(s) (a gang's attempt counts once" in table

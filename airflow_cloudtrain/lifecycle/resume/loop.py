@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.storage import RunFolder
 
 
-HEAD_SYNC_WAIT_S = 60.0  # a stopped gang's head uploads its last checkpoint before the relaunch
+HEAD_SYNC_WAIT_S = 60.0  # a stopped gang's uploading nodes sync their last checkpoint before a relaunch
 
 
 class ResumeSourceNotFound(ValueError):
@@ -230,8 +230,8 @@ class RecoveryLoop:
         done = attempt.finish(launch, outcome)
         folder, number, beat = attempt.folder, self.history.next_attempt, attempt.last_heartbeat
         if launch.nodes:
-            if not outcome.ok and outcome.rank != 0:
-                self._await_head_sync(folder, launch.instance_id)
+            if not outcome.ok:
+                self._await_uploads(folder, launch, outcome.rank)
             statuses = [attempt_status(folder, iid) for iid in launch.node_ids]
             rows = gang_rows(done, statuses, number, self.ctx.try_number, beat)
         else:
@@ -249,28 +249,39 @@ class RecoveryLoop:
         self.log.info("Ledger so far:\n%s", self.history.table())
         return row
 
-    def _await_head_sync(self, folder: RunFolder, head_id: str) -> None:
-        """A gang stopped because another node was lost: its head's agent got SIGTERM with the
-        release and is uploading the job's last checkpoint. The next gang's nodes each restore the
-        newest complete checkpoint when they boot, so they must not boot while that upload may still
-        complete (two ranks would restore different steps): wait for the head's final status, which
-        the agent writes after its last sync, at most ``HEAD_SYNC_WAIT_S``."""
+    def _await_uploads(self, folder: RunFolder, launch: LaunchRecord, lost: int | None) -> None:
+        """A gang stopped because a node was lost (or failed): the agents of the nodes that upload
+        checkpoints (the head; every rank with ``checkpoint_ranks="all"``) got SIGTERM with the
+        release and are uploading the job's last checkpoint. The next gang's nodes each restore the
+        newest complete checkpoint when they boot, so they must not boot while such an upload may
+        still complete (two ranks would restore different steps): wait for those agents' final
+        statuses, which each writes after its last sync, at most ``HEAD_SYNC_WAIT_S``. The node that
+        ended the gang is not waited for: it already reported, or it vanished."""
+        from airflow_cloudtrain.contract.gang import uploads
+
+        ranks = self.job.checkpoint_ranks
+        waiting = [
+            iid
+            for rank, iid in enumerate(launch.node_ids)
+            if rank != lost and uploads(rank, launch.num_nodes, ranks)
+        ]
         deadline = time.monotonic() + HEAD_SYNC_WAIT_S
-        while time.monotonic() < deadline:
+        while waiting and time.monotonic() < deadline:
             try:
-                raw = folder.get_text(status_key(head_id))
+                raws = {iid: folder.get_text(status_key(iid)) for iid in waiting}
             except Exception as err:  # the bucket hiccuped: the next round reads again
-                self.log.warning("Could not read the head's status (%s); retrying", err)
-                raw = None
-            if raw and RunStatus.from_json(raw).final:
-                return
-            time.sleep(0.5)
-        self.log.warning(
-            "The gang's head %s did not report its end within %.0f s; relaunching with the checkpoints "
-            "complete now",
-            head_id,
-            HEAD_SYNC_WAIT_S,
-        )
+                self.log.warning("Could not read the gang's statuses (%s); retrying", err)
+                raws = {}
+            waiting = [i for i in waiting if not ((raw := raws.get(i)) and RunStatus.from_json(raw).final)]
+            if waiting:
+                time.sleep(0.5)
+        if waiting:
+            self.log.warning(
+                "Node(s) %s did not report their end within %.0f s; relaunching the gang with the "
+                "checkpoints complete now",
+                ", ".join(waiting),
+                HEAD_SYNC_WAIT_S,
+            )
 
     def _restored_older(self, row: AttemptRow) -> None:
         """The attempt restored an older checkpoint than the previous one uploaded last (its newest
