@@ -17,6 +17,7 @@ import json
 import os
 import random
 import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -227,3 +228,52 @@ def test_checkpoint_ranks_all_keeps_and_restores_each_ranks_own(
         writers = manifest_writers(result["run_uri"], base)
         assert writers and writers <= {first[rank]["instance_id"], second[rank]["instance_id"]}
     assert result["interruptions"] == 1 and result["totals"]["error_restarts"] == 0
+
+
+def test_a_resuming_gang_killed_mid_run_leaves_nothing_and_bills_every_node(
+    emu: Any, airflow_db: Any, capfd: Any
+) -> None:
+    """The task killed (SIGTERM: Airflow's ``on_kill``) while its gang runs: every node and the gang's
+    security group go, and the ledger in the run folder has the attempt as one ``abandoned`` row per
+    node, whose shares add up to what the gang cost."""
+    dag_id = "gang_resume_killed"
+    before = signal.getsignal(signal.SIGTERM)
+    fired = threading.Event()
+
+    def watch() -> None:  # once the head's agent uploaded a checkpoint: the gang runs its job
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            for inst in emu.running_instances():
+                log = emu.agent_log(inst["id"])
+                if rank_of(log) == 0 and UPLOADED.search(log):
+                    fired.set()
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    try:
+        thread.start()
+        command = 'echo "node rank $NODE_RANK"; STEPS_HOLD_AT=4 python3 steps.py 24 2 0.25'
+        run = resume_dag(dag_id, "aws", command, extra="num_nodes=3").test()
+        thread.join(5)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert fired.is_set()
+    assert task_states(run) == {"train": "failed"}
+    key = RunKey(dag_id, "train", run.run_id, -1, BUCKET["aws"])
+    folder = open_run_folder(f"{BUCKET['aws']}/{key.path()}")
+    ledger = json.loads(folder.get_text(f"ledger/{key.short_id}.json") or "{}")
+    rows = ledger["attempts"]
+    assert [(r["attempt"], r["rank"], r["ended"]) for r in rows] == [(1, k, "abandoned") for k in range(3)]
+    assert ledger["totals"]["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in rows))
+    assert all(r["cost_usd"] > 0 for r in rows)
+    ids = [r["instance_id"] for r in rows]
+
+    def all_gone() -> bool:
+        states = cloud_of("aws").describe(ids)
+        return all(s.state == "terminated" for s in states.values()) and not gang_resources(
+            emu, "aws", key.digest
+        )
+
+    wait_for(all_gone, timeout=120, message="the gang's instances and network to be gone")
