@@ -33,7 +33,8 @@ class CheckpointResumeOperator(CloudTrainOperator):
     its run folder), ``policy`` (``"spot_first"`` or ``"deadline"``), ``on_demand_after``,
     ``deadline`` and ``expected_duration`` (for ``"deadline"``), ``stop_grace`` and ``idle_timeout``.
     The XCom adds ``attempts`` (the per-attempt cost ledger), ``totals``, ``restarts``,
-    ``resumed_step`` and ``ledger_uri``; ``cost_usd`` is the sum over the attempts.
+    ``resumed_step``, ``ledger_uri``, and ``num_nodes`` / ``nodes`` of the last attempt; ``cost_usd``
+    is the sum over the ledger's rows (a gang's: one per node of each attempt).
 
     :param checkpoint_dir: Directory on the instance the job writes checkpoints to (synced to the run folder).
     :param checkpoint_interval: How often the agent syncs checkpoints (seconds or ``"5m"``).
