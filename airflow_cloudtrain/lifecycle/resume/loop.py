@@ -266,7 +266,7 @@ class RecoveryLoop:
             if rank != lost and uploads(rank, launch.num_nodes, ranks)
         ]
         deadline = time.monotonic() + HEAD_SYNC_WAIT_S
-        while waiting and time.monotonic() < deadline:
+        while waiting and time.monotonic() < deadline and not self.killed:
             try:
                 raws = {iid: folder.get_text(status_key(iid)) for iid in waiting}
             except Exception as err:  # the bucket hiccuped: the next round reads again
