@@ -386,7 +386,15 @@ def run_gang(emu: Any, name: str):
         run = dag.test()
     finally:
         injected = interrupter.stop()
-    summarize(name, run)
+    say(f"\n=== {name}: dag run {run.state} ===")
+    for ti in sorted(run.get_task_instances(), key=lambda t: t.start_date or t.end_date):
+        say(f"  task {ti.task_id:<14} {ti.state}")
+    result = run.get_task_instance("train").xcom_pull(task_ids="train") or {}
+    if result:
+        say(
+            f"  offer chosen : {result['num_nodes']} x {result['instance_type']} in "
+            f"{result['region']}/{result['zone']} ({'spot' if result['spot'] else 'on-demand'})"
+        )
     for item in injected:
         say(
             f"  interruption : rank {item['rank']} ({item['instance_id']}) with a 10 s notice, once the head "
