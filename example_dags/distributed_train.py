@@ -1,16 +1,15 @@
-"""Data-parallel training on a gang of three spot instances.
+"""Data-parallel training on a gang of three spot instances that survives losing one.
 
-The training task is a ``CloudTrainOperator`` with ``num_nodes=3``: three instances of one offer in
-one zone, launched all or nothing, run the same command once every node is up, each told its rank and
-the head's address (``NODE_RANK``, ``NNODES``, ``MASTER_ADDR``, ``MASTER_PORT``; see docs/gangs.md).
+The training task is a ``CheckpointResumeOperator`` with ``num_nodes=3``: three instances of one offer
+in one zone, launched all or nothing, run the same command once every node is up, each told its rank
+and the head's address (``NODE_RANK``, ``NNODES``, ``MASTER_ADDR``, ``MASTER_PORT``; see docs/gangs.md).
 The job (``distributed_code/train_dp.py``, standard library only) exchanges gradients with the head
-over TCP each step; the head checkpoints every few steps. The gang has one outcome: if any node's job
-fails or its instance is lost, the others are stopped, every node is released and the task fails
-naming the node (Airflow's task retries launch a whole new gang). The evaluation task prints the
-gang's nodes from the XCom and checks the model.
-
-Relaunching a gang from its checkpoint after losing a node (``CheckpointResumeOperator(num_nodes=...)``)
-is not built yet: that operator refuses ``num_nodes`` > 1 at parse time.
+over TCP each step; the head checkpoints every few steps and its agent uploads them. When a node is
+interrupted (with or without notice) the gang is stopped (the head saves and uploads its last step),
+every node is released, and a whole new gang is launched; every rank restores the head's newest
+checkpoint and the job goes on from that step. A lost node counts as one interruption of the gang
+(``max_restarts``), never as the job's error. The evaluation task prints the gang's attempts from the
+ledger in the XCom (per attempt: nodes, restored step, why it ended) and checks the model.
 
 A PyTorch job would run ``torchrun --nnodes=$NNODES --node_rank=$NODE_RANK --master_addr=$MASTER_ADDR
 --master_port=$MASTER_PORT train.py`` as its command instead.
@@ -30,7 +29,7 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Param, task
 
-from airflow_cloudtrain.operators import CloudTrainOperator
+from airflow_cloudtrain.operators import CheckpointResumeOperator
 
 CLOUD = os.environ.get("CLOUDTRAIN_SPOT_CLOUD", "ec2spot")
 GCP = CLOUD in ("gcspot", "gcloud")
@@ -67,10 +66,13 @@ with DAG(
         "every": Param(10, type="integer", minimum=1, description="the head checkpoints every N steps"),
     },
 ) as dag:
-    train = CloudTrainOperator(
+    train = CheckpointResumeOperator(
         task_id="train",
         cloud=CLOUD,
         num_nodes=NUM_NODES,  # one job over three instances: same offer, same zone, same command
+        checkpoint_ranks="head",  # rank 0 uploads; every rank of a relaunched gang restores the head's
+        checkpoint_interval=2,
+        max_restarts=5,
         cpus=2,
         ram="4g",
         bid="60%" if CLOUD == "ec2spot" else None,
@@ -87,9 +89,15 @@ with DAG(
 
     @task
     def evaluate(result: dict, params: dict | None = None) -> dict:
-        """Print the gang's nodes, read the head's result.json, check the model learned."""
+        """Print the gang's attempts and nodes, read the head's result.json, check the model learned."""
         import json
 
+        for number in sorted({row["attempt"] for row in result["attempts"]}):
+            rows = [row for row in result["attempts"] if row["attempt"] == number]
+            print(
+                f"attempt {number}: {rows[0]['ended']}, {len(rows)} node(s), restored step "
+                f"{rows[0]['restored_step']}; {rows[0]['message'] or ''}"
+            )
         for node in result.get("nodes", []):
             print(f"node {node['rank']}: {node['instance_id']} in {node['zone']} at {node['private_ip']}")
         model = json.loads(get_text(f"{result['results_uri']}/result.json"))
@@ -104,6 +112,11 @@ with DAG(
             abs(w - t) > 0.1 for w, t in zip(model["weights"], TRUE_WEIGHTS, strict=True)
         ):
             raise ValueError(f"the model did not learn {TRUE_WEIGHTS}: {model['weights']}")
-        return {"model": model, "nodes": len(result.get("nodes", [])), "cost_usd": result["cost_usd"]}
+        return {
+            "model": model,
+            "nodes": len(result.get("nodes", [])),
+            "cost_usd": result["cost_usd"],
+            "interruptions": result["interruptions"],
+        }
 
     evaluate(train.output)

@@ -14,9 +14,12 @@ was uploaded (``spot_interrupter.FleetInterrupter``). The demo prints how many t
 trial that moved (from which worker to which, and the step it resumed from), the workers launched,
 the cost and the best config.
 
-``distributed_train`` (a ``CloudTrainOperator`` gang: ``num_nodes=3``) trains a model data-parallel
-over three emulated spot instances that talk TCP to each other; the demo prints each node's rank,
-instance, zone and address, the gang's cost and the learned weights.
+``distributed_train`` (a ``CheckpointResumeOperator`` gang: ``num_nodes=3``) trains a model
+data-parallel over three emulated spot instances that talk TCP to each other; once the head has
+uploaded a checkpoint a quarter of the way in, rank 1 is interrupted with a 10 s notice
+(``GangInterrupter``): the gang is stopped and relaunched whole from the head's checkpoint. The demo
+prints the gang's attempts (per attempt: its nodes, the step every rank restored, why it ended), each
+node of the last gang, the cost and the learned weights.
 
 ``mlengine_train`` (the ``MLEngineTrainOperator`` example on the emulated Vertex AI) trains on a
 ``STANDARD_1`` cluster, evaluates the trained folder with a second job, and resumes the first job; the
@@ -39,8 +42,11 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
@@ -334,9 +340,91 @@ def summarize_mlengine(run) -> None:
         say(f"  evaluation   : {metrics}")
 
 
-def summarize_gang(run) -> None:
-    """The gang's nodes (rank, instance, address) and what the head's model learned."""
+GANG_STEPS = 200  # distributed_train's default steps
+GANG_LOSE_AT = GANG_STEPS // 4  # rank 1 is interrupted once the head uploaded a checkpoint this far
+
+
+class GangInterrupter(threading.Thread):
+    """Interrupts rank 1 of the first gang (a 10 s notice) once its head's agent uploaded a checkpoint
+    of step >= ``at`` (the job prints ``rank R of N`` first; the agent logs each upload)."""
+
+    def __init__(self, emu: Any, at: int, notice_s: float = 10.0, timeout_s: float = 600.0) -> None:
+        super().__init__(name="gang-interrupter", daemon=True)
+        self.emu, self.at, self.notice_s, self.timeout_s = emu, at, notice_s, timeout_s
+        self.done: list[dict[str, Any]] = []
+        self._stopping = threading.Event()
+
+    def run(self) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        while not self.done and not self._stopping.is_set() and time.monotonic() < deadline:
+            ranks: dict[int, str] = {}
+            for inst in self.emu.running_instances():
+                found = re.search(r"rank (\d+) of (\d+)", self.emu.agent_log(inst["id"]))
+                if found:
+                    ranks[int(found.group(1))] = inst["id"]
+            if 0 in ranks and 1 in ranks:
+                uploaded = re.findall(r"checkpoint step (\d+) uploaded to", self.emu.agent_log(ranks[0]))
+                if uploaded and int(uploaded[-1]) >= self.at:
+                    step = int(uploaded[-1])
+                    self.done.append({"instance_id": ranks[1], "rank": 1, "uploaded_step": step})
+                    self.emu.interrupt(ranks[1], notice_s=self.notice_s)
+                    break
+            self._stopping.wait(0.2)
+
+    def stop(self, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+        self._stopping.set()
+        self.join(timeout_s)
+        return self.done
+
+
+def run_gang(emu: Any, name: str):
+    """dag.test() of distributed_train while rank 1 of its first gang is interrupted."""
+    interrupter = GangInterrupter(emu, GANG_LOSE_AT)
+    dag = load_dag(name)
+    interrupter.start()
+    try:
+        run = dag.test()
+    finally:
+        injected = interrupter.stop()
+    say(f"\n=== {name}: dag run {run.state} ===")
+    for ti in sorted(run.get_task_instances(), key=lambda t: t.start_date or t.end_date):
+        say(f"  task {ti.task_id:<14} {ti.state}")
     result = run.get_task_instance("train").xcom_pull(task_ids="train") or {}
+    if result:
+        say(
+            f"  offer chosen : {result['num_nodes']} x {result['instance_type']} in "
+            f"{result['region']}/{result['zone']} ({'spot' if result['spot'] else 'on-demand'})"
+        )
+    for item in injected:
+        say(
+            f"  interruption : rank {item['rank']} ({item['instance_id']}) with a 10 s notice, once the head "
+            f"had uploaded step {item['uploaded_step']}"
+        )
+    if not injected:
+        say("  the interruption was not injected")
+    summarize_gang(run)
+    return run, bool(injected)
+
+
+def summarize_gang(run) -> None:
+    """The gang's attempts (nodes, restored step, end), the last gang's nodes and the learned model."""
+    result = run.get_task_instance("train").xcom_pull(task_ids="train") or {}
+    rows = result.get("attempts", [])
+    for number in sorted({r["attempt"] for r in rows}):
+        gang = [r for r in rows if r["attempt"] == number]
+        restored = sorted({r["restored_step"] for r in gang}, key=lambda s: -1 if s is None else s)
+        say(
+            f"  attempt {number}    : {gang[0]['ended']:<22} {len(gang)} nodes "
+            f"({', '.join(str(r['instance_id']) for r in gang)}), every rank restored step "
+            f"{'/'.join('-' if s is None else str(s) for s in restored)}, ${sum(r['cost_usd'] for r in gang):.6f}"
+        )
+        if gang[0]["ended"] != "finished" and gang[0].get("message"):
+            say(f"                  {gang[0]['message'][:140]}")
+    if rows:
+        say(
+            f"  ledger       : {result['totals']['attempts']} attempts, {len(rows)} node rows, "
+            f"{result['interruptions']} interruption(s) (a gang's counts once), {result['restarts']} restart(s)"
+        )
     for node in result.get("nodes", []):
         say(
             f"  node rank {node['rank']}  : {node['instance_id']} in {node['zone']} at {node['private_ip']}"
@@ -401,11 +489,11 @@ def run_one(emu: Any, name: str) -> bool:
     if name == "spot_sweep":
         run, moved = run_sweep(emu, name)
         return run.state == "success" and moved
-    run = load_dag(name).test()
     if name == "distributed_train":
-        summarize(name, run)
-        summarize_gang(run)
-    elif name == "mlengine_train":
+        run, injected = run_gang(emu, name)
+        return run.state == "success" and injected
+    run = load_dag(name).test()
+    if name == "mlengine_train":
         summarize_mlengine(run)
     else:
         summarize(name, run)

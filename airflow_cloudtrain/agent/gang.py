@@ -66,29 +66,9 @@ def join(
     (the spec, how the run ends) on a timeout, a stop, or a gang this node is not part of."""
     n = int(spec.num_nodes)
     deadline = clock() + float(spec.gang_timeout_s)
-    ranks: list[str] | None = None
-    rank = spec.node_rank
-    if rank is None:
-        while True:
-            try:
-                text = folder.get_text(gang.RANKS_KEY)
-            except Exception as err:  # a storage hiccup: the next round reads again
-                note(f"gang: reading {gang.RANKS_KEY} failed ({type(err).__name__}: {err}); retrying")
-                text = None
-            if text:
-                ranks = gang.parse_ranks(text)
-                break
-            if stop := should_stop():
-                return spec, (stop.state, None, stop.message)
-            if clock() >= deadline:
-                message = f"gang barrier: no {gang.RANKS_KEY} after {spec.gang_timeout_s:g} s"
-                return spec, (runs.FAILED, None, message)
-            time.sleep(POLL_S)
-        if instance_id not in ranks:
-            return spec, (runs.FAILED, None, f"gang barrier: {instance_id} is not a node of {ranks}")
-        if len(ranks) != n:
-            return spec, (runs.FAILED, None, f"gang barrier: {len(ranks)} node(s) ranked, num_nodes is {n}")
-        rank = ranks.index(instance_id)
+    rank, ranks, ended = _find_rank(spec, folder, instance_id, note, should_stop, clock, deadline)
+    if ended is not None or rank is None:
+        return spec, ended or (runs.FAILED, None, "gang barrier: no rank")
     if not 0 <= rank < n:
         return spec, (runs.FAILED, None, f"gang barrier: node_rank {rank} is not in 0..{n - 1}")
     ip = private_ip(metadata)
@@ -121,6 +101,70 @@ def join(
     note(f"gang: all {n} nodes up; head {ips[0]}:{spec.master_port}")
     env = gang.node_env(rank, ips, spec.gpus, spec.master_port)
     return replace(spec, env={**spec.env, **env}, node_rank=rank), None
+
+
+def checkpoint_folder(folder: RunFolder, spec: runs.RunSpec, rank: int | None) -> RunFolder:
+    """The folder a node's checkpoints sync with (``contract.gang.checkpoint_base``)."""
+    base = gang.checkpoint_base(rank, spec.checkpoint_ranks) if spec.num_nodes > 1 else None
+    return folder.at(runs.join(folder.uri, base)) if base else folder
+
+
+def uploads_checkpoints(spec: runs.RunSpec, rank: int | None) -> bool:
+    """Whether this node uploads its checkpoint_dir (``contract.gang.uploads``)."""
+    return gang.uploads(rank, int(spec.num_nodes), spec.checkpoint_ranks)
+
+
+def find_rank(
+    spec: runs.RunSpec,
+    folder: RunFolder,
+    instance_id: str,
+    note: Callable[[str], None],
+    should_stop: Callable[[], StopRequest | None],
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[int | None, Ended | None]:
+    """This node's rank (``spec.node_rank``, else its place in ``nodes/ranks.json``, waited for up to
+    ``spec.gang_timeout_s``), or how the run ends. ``checkpoint_ranks="all"`` needs it before the
+    restore: each rank restores its own rank's checkpoints."""
+    deadline = clock() + float(spec.gang_timeout_s)
+    rank, _, ended = _find_rank(spec, folder, instance_id, note, should_stop, clock, deadline)
+    return rank, ended
+
+
+def _find_rank(
+    spec: runs.RunSpec,
+    folder: RunFolder,
+    instance_id: str,
+    note: Callable[[str], None],
+    should_stop: Callable[[], StopRequest | None],
+    clock: Callable[[], float],
+    deadline: float,
+) -> tuple[int | None, list[str] | None, Ended | None]:
+    n = int(spec.num_nodes)
+    ranks: list[str] | None = None
+    rank = spec.node_rank
+    if rank is None:
+        while True:
+            try:
+                text = folder.get_text(gang.RANKS_KEY)
+            except Exception as err:  # a storage hiccup: the next round reads again
+                note(f"gang: reading {gang.RANKS_KEY} failed ({type(err).__name__}: {err}); retrying")
+                text = None
+            if text:
+                ranks = gang.parse_ranks(text)
+                break
+            if stop := should_stop():
+                return None, None, (stop.state, None, stop.message)
+            if clock() >= deadline:
+                message = f"gang barrier: no {gang.RANKS_KEY} after {spec.gang_timeout_s:g} s"
+                return None, None, (runs.FAILED, None, message)
+            time.sleep(POLL_S)
+        if instance_id not in ranks:
+            return None, None, (runs.FAILED, None, f"gang barrier: {instance_id} is not a node of {ranks}")
+        if len(ranks) != n:
+            message = f"gang barrier: {len(ranks)} node(s) ranked, num_nodes is {n}"
+            return None, None, (runs.FAILED, None, message)
+        rank = ranks.index(instance_id)
+    return rank, ranks, None
 
 
 def _record(

@@ -167,8 +167,15 @@ class Agent:
         local_checkpoints = Path(checkpoint_dir(spec, str(workdir)))
         local_checkpoints.mkdir(parents=True, exist_ok=True)
         assert self.instance_id is not None
+        checkpoints_in = folder
+        if spec.num_nodes > 1 and spec.checkpoint_ranks == "all":  # each rank restores its own
+            rank, ended = gang.find_rank(spec, folder, self.instance_id, self._note, self.should_stop)
+            if ended:
+                return ended
+            self._node_rank = rank
+            checkpoints_in = gang.checkpoint_folder(folder, spec, rank)
         self.checkpoints = CheckpointSync(
-            folder,
+            checkpoints_in,
             local_checkpoints,
             self.instance_id,
             note=self._note,
@@ -292,7 +299,7 @@ class Agent:
             return
         if self.notice is not None and "job_stopped_at" not in (self._interruption or {}):
             self._job_exited()  # stopped before the job ran, or it ended as the notice came
-        if self.checkpoints is not None:  # what the job saved last (also when a notice stopped it)
+        if self.checkpoints is not None and self._uploads():  # what the job saved last (notice too)
             self._read_resume_report()
             try:
                 self.checkpoints.sync()
@@ -526,9 +533,13 @@ class Agent:
     # -- small helpers -----------------------------------------------------------------------------
     def _sync_checkpoints(self) -> None:
         """The periodic chore: upload the newest complete checkpoint if it is new or changed."""
-        if self.checkpoints is not None:
+        if self.checkpoints is not None and self._uploads():
             self._read_resume_report()
             self.checkpoints.sync()
+
+    def _uploads(self) -> bool:
+        """A gang's node uploads only with ``checkpoint_ranks="all"`` or as the head (``agent.gang``)."""
+        return self.spec is None or gang.uploads_checkpoints(self.spec, self._node_rank)
 
     def _update(self, **changes: Any) -> None:
         if self.writer is not None:

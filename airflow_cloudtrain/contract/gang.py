@@ -7,6 +7,8 @@ its private address: the barrier, through the run folder (``agent.gang``)::
                             knows the gang's instances (a launch gives identical user data to every
                             node, so a node learns its rank here, by its instance id)
     nodes/<rank>.json       agent: NodeRecord (rank, instance id, private address), written on arrival
+    ranks/<r>/checkpoints/  agent, with ``checkpoint_ranks="all"``: rank r's checkpoint versions
+                            (rank 0's stay in ``checkpoints/``; ``checkpoint_base``)
     nodes/idle/<rank>.json  agent, with ``idle_timeout_s``: IdleRecord, rewritten every watchdog sample
                             once the node's job has been idle for the timeout (``idle_since`` None
                             when it is busy again; ``ended`` once its job exited)
@@ -36,6 +38,27 @@ DEFAULT_BARRIER_TIMEOUT_S = 600.0
 IDLE_PREFIX = "nodes/idle/"
 IDLE_STALE_SAMPLES = 3  # an idle record not rewritten for this many sample intervals counts as busy
 IDLE_STALE_MIN_S = 10.0  # ... and never sooner than this (a slow storage write is not a busy node)
+
+
+RANKS_DIR = "ranks/"  # checkpoint_ranks="all": rank r >= 1 keeps its checkpoints under ranks/<r>/
+
+
+def checkpoint_base(rank: int | None, checkpoint_ranks: str) -> str | None:
+    """Where (relative to the run folder) a node's checkpoints live: None for the run folder itself
+    (the head, every rank's restore with ``"head"``, a single run), ``ranks/<r>`` for rank r >= 1 with
+    ``"all"``. Rank 0 keeps the run folder's own ``checkpoints/`` either way, so the ledger, ``runs
+    show`` and ``resume_from`` read the head's checkpoints where a single run's are."""
+    if checkpoint_ranks != "all" or not rank:
+        return None
+    return f"{RANKS_DIR}{int(rank)}"
+
+
+def uploads(rank: int | None, num_nodes: int, checkpoint_ranks: str) -> bool:
+    """Does this node upload its checkpoint_dir? Every node with ``"all"``; with ``"head"`` rank 0
+    only, so N agents never race on one checkpoint prefix (a rank not yet past the barrier: no)."""
+    if num_nodes <= 1 or checkpoint_ranks == "all":
+        return True
+    return rank == 0
 
 
 def node_key(rank: int) -> str:

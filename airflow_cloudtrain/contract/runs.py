@@ -343,6 +343,10 @@ class RunSpec:
     node_rank: int | None = None
     gang_timeout_s: float = 600.0
     master_port: int = 29500
+    # A gang's checkpoints (``contract.gang.checkpoint_folder``): "head" (rank 0 uploads its
+    # checkpoint_dir to checkpoints/, every rank restores from there) or "all" (rank r uploads to and
+    # restores from ``ranks/<r>/checkpoints/``, rank 0 still at checkpoints/). Older specs: "head".
+    checkpoint_ranks: str = "head"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

@@ -84,6 +84,7 @@ class Outcome:
     seen_ended_at: float | None = None  # when the wait first saw the instance ended (unix time)
     # a gang: what each node's end was when the gang's outcome was decided, {rank, exit_code, state}
     nodes: list[dict[str, Any]] | None = None
+    rank: int | None = None  # a gang that did not succeed: the rank whose end ended it
 
     @property
     def ok(self) -> bool:

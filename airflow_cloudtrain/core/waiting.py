@@ -134,7 +134,9 @@ class GangWatch:
     Each node has its own ``RunWatch`` (final status, instance state, silent agent, deadline). The gang
     succeeds when every node's job has ended with success; the first node whose job fails, whose
     instance ends without a final status or whose agent goes silent ends the gang: the outcome names
-    that node's rank, instance and exit code, and the caller's release stops the other nodes (their
+    that node's rank (``Outcome.rank``), instance and exit code; a node interrupted (with notice: its
+    agent reports it; without: the cloud took the instance) makes the gang's outcome ``interrupted``
+    even when another node's job failed first because of it (``_cause``), and the caller's release stops the other nodes (their
     agents get SIGTERM and upload their logs and checkpoints). A node that finished first just waits
     for the others: its success is remembered, its instance may already be gone.
     """
@@ -165,9 +167,7 @@ class GangWatch:
     ) -> Outcome | None:
         """None while the gang goes on, else its one outcome (``nodes``: every node's end so far)."""
         beats = heartbeats or [None] * len(self.node_ids)
-        if self.budget is not None and (over := self.budget.check(self.watches[0].wall())) is not None:
-            over.nodes = self._nodes()
-            return over
+        failed: list[tuple[int, Outcome]] = []
         for rank, watch in enumerate(self.watches):
             if rank in self.done:
                 continue
@@ -177,8 +177,13 @@ class GangWatch:
             if event.ok:
                 self.done[rank] = event
                 continue
-            return self._failed(rank, event)
+            failed.append((rank, event))
+        if failed:
+            return self._failed(*self._cause(failed, statuses, instances))
         if len(self.done) < len(self.node_ids):
+            if self.budget is not None and (over := self.budget.check(self.watches[0].wall())) is not None:
+                over.nodes = self._nodes()
+                return over
             return None
         head = self.done[0]
         return Outcome(
@@ -191,6 +196,38 @@ class GangWatch:
             nodes=self._nodes(),
         )
 
+    def _cause(
+        self,
+        failed: list[tuple[int, Outcome]],
+        statuses: Sequence[RunStatus | None],
+        instances: Sequence[Instance | None],
+    ) -> tuple[int, Outcome]:
+        """The node that ended the gang. A lost node is an interruption, never the job's error: when
+        one node is interrupted, the others' jobs often fail right after (their peer's sockets close),
+        sometimes within the same poll, or before the cloud reports the lost instance ended. So an
+        interrupted node wins over a failed one, and so does a node that got a notice (its agent is
+        still stopping) or whose instance the cloud took back (still within the ended grace)."""
+        for rank, event in failed:
+            if event.interrupted:
+                return rank, event
+        for rank in range(len(self.node_ids)):
+            if rank in self.done:
+                continue
+            status, instance = statuses[rank], instances[rank]
+            noticed = bool(status is not None and status.interruption)
+            taken = instance is not None and instance.preempted
+            if noticed or taken:
+                what = "got an interruption notice" if noticed else "was taken back by the cloud"
+                return rank, Outcome(
+                    status=ERROR,
+                    state="interrupted",
+                    message=f"a spot interruption: instance {self.node_ids[rank]} {what}",
+                    interrupted=True,
+                    interruptions=1,
+                    instance=instance.to_dict() if instance else None,
+                )
+        return failed[0]
+
     def _failed(self, rank: int, event: Outcome) -> Outcome:
         iid = self.node_ids[rank]
         if event.exit_code is not None:
@@ -199,6 +236,7 @@ class GangWatch:
             what = event.message or event.state
         event.message = f"node rank {rank} ({iid}) {what}; the gang's other nodes were stopped"
         event.nodes = self._nodes({rank: event})
+        event.rank = rank
         return event
 
     def _nodes(self, extra: dict[int, Outcome] | None = None) -> list[dict[str, Any]]:

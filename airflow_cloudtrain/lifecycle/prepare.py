@@ -70,6 +70,7 @@ class JobOptions:
     restarts: int = 0
     stop_grace_s: float | None = None
     idle_timeout_s: float | None = None
+    checkpoint_ranks: str = "head"  # a gang: whose checkpoint_dir is synced ("head" or "all")
 
 
 @dataclass
@@ -193,6 +194,7 @@ def write_run_folder(
         spec.restarts = job.restarts
         spec.stop_grace_s = job.stop_grace_s
         spec.idle_timeout_s = job.idle_timeout_s
+        spec.checkpoint_ranks = job.checkpoint_ranks
     spec.worker = worker
     spec.live_uri = live_uri
     spec.secret_env = dict(secret_env or {})

@@ -33,7 +33,8 @@ class CheckpointResumeOperator(CloudTrainOperator):
     its run folder), ``policy`` (``"spot_first"`` or ``"deadline"``), ``on_demand_after``,
     ``deadline`` and ``expected_duration`` (for ``"deadline"``), ``stop_grace`` and ``idle_timeout``.
     The XCom adds ``attempts`` (the per-attempt cost ledger), ``totals``, ``restarts``,
-    ``resumed_step`` and ``ledger_uri``; ``cost_usd`` is the sum over the attempts.
+    ``resumed_step``, ``ledger_uri``, and ``num_nodes`` / ``nodes`` of the last attempt; ``cost_usd``
+    is the sum over the ledger's rows (a gang's: one per node of each attempt).
 
     :param checkpoint_dir: Directory on the instance the job writes checkpoints to (synced to the run folder).
     :param checkpoint_interval: How often the agent syncs checkpoints (seconds or ``"5m"``).
@@ -49,6 +50,13 @@ class CheckpointResumeOperator(CloudTrainOperator):
     :param expected_duration: With ``deadline``: the job's compute time without interruptions.
     :param stop_grace: Time the job gets to checkpoint after an interruption notice.
     :param idle_timeout: Stop a job that used no CPU (and no GPU) for this long (the hung-job watchdog).
+    :param checkpoint_ranks: With ``num_nodes`` > 1, whose ``checkpoint_dir`` is synced: ``"head"``
+        (default: rank 0's only; on a relaunch every rank restores the head's newest complete
+        checkpoint, so data-parallel ranks start from the same weights) or ``"all"`` (every rank syncs
+        its own under its own prefix and restores its own rank's; for sharded state).
+
+    A gang (``num_nodes`` > 1) is stopped, released and relaunched whole when any node is lost (with or
+    without notice): one interruption per gang attempt; the ledger has a row per node of each attempt.
 
     Every ``CloudTrainOperator`` parameter applies too.
     """
@@ -71,13 +79,14 @@ class CheckpointResumeOperator(CloudTrainOperator):
         expected_duration: Any = None,
         stop_grace: Any = None,
         idle_timeout: Any = None,
+        checkpoint_ranks: str = "head",
         **kwargs: Any,
     ) -> None:
         from airflow_cloudtrain.operators.checks import check_bool
-        from airflow_cloudtrain.operators.resume_config import parse_resume_args
+        from airflow_cloudtrain.operators.resume_config import parse_checkpoint_ranks, parse_resume_args
 
         super().__init__(**kwargs)
-        refuse_gang_resume(self.num_nodes)
+        self.checkpoint_ranks = parse_checkpoint_ranks(checkpoint_ranks)
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_snapshots = check_bool(checkpoint_snapshots, "checkpoint_snapshots")
         self.resume_from = resume_from
@@ -104,7 +113,6 @@ class CheckpointResumeOperator(CloudTrainOperator):
         from airflow_cloudtrain.operators.resume_config import parse_resume_from
 
         config = self._config()  # rendered: every check again, the cloud-dependent ones too
-        refuse_gang_resume(self.num_nodes)
         args = self.resume
         job = JobOptions(
             checkpoint_dir=self.checkpoint_dir or None,
@@ -112,6 +120,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
             checkpoint_snapshots=self.checkpoint_snapshots,
             stop_grace_s=args.stop_grace_s,
             idle_timeout_s=args.idle_timeout_s,
+            checkpoint_ranks=self.checkpoint_ranks,
         )
         ctx = self._run_context(config, context)
         ctx.job = job
@@ -179,17 +188,3 @@ class CheckpointResumeOperator(CloudTrainOperator):
     def wait_complete(self, context: Context, event: Any = None) -> Any:
         """Back from a timer the previous release deferred on: ``execute_complete``."""
         return self.execute_complete(context, event)
-
-
-def refuse_gang_resume(num_nodes: Any) -> None:
-    """Gangs that relaunch together after an interruption are not built yet (issue 25): a gang here
-    would be resumed node by node, which is wrong, so it fails at parse time instead."""
-    from airflow_cloudtrain.operators.checks import is_deferred_value
-    from airflow_cloudtrain.operators.gang_config import parse_num_nodes
-
-    if not is_deferred_value(num_nodes) and parse_num_nodes(num_nodes) > 1:
-        raise ValueError(
-            f"num_nodes={num_nodes!r} is not supported by CheckpointResumeOperator yet: a gang that relaunches "
-            "together from its last checkpoint is not built; use CloudTrainOperator(num_nodes=...) for a "
-            "multi-node job without relaunches, or num_nodes=1 here"
-        )

@@ -16,6 +16,7 @@ from airflow_cloudtrain.operators.checks import RUN_ID_RE, check_path, check_who
 from airflow_cloudtrain.operators.config import is_templated, parse_duration
 
 MAX_RESTARTS = 1000  # more is a typo: each restart is a launch, and the history keeps every one
+CHECKPOINT_RANKS = ("head", "all")  # whose checkpoint_dir a gang syncs (contract.runs.RunSpec)
 MAX_STOP_GRACE_S = 115.0  # AWS gives two minutes of notice, GCE about 30 s; the sync needs some
 
 
@@ -56,6 +57,17 @@ def _deadline(value: Any) -> timedelta | datetime:
             "seconds), or a datetime to finish by"
         )
     return timedelta(seconds=seconds)
+
+
+def parse_checkpoint_ranks(value: Any) -> str:
+    """``"head"`` (rank 0 syncs, every rank restores the head's) or ``"all"`` (each rank its own);
+    with one node both mean the same."""
+    if isinstance(value, str) and value in CHECKPOINT_RANKS:
+        return value
+    raise ValueError(
+        f"checkpoint_ranks={value!r} is not valid: use 'head' (rank 0 syncs its checkpoint_dir and every "
+        "rank restores the head's checkpoint, the default) or 'all' (every rank syncs and restores its own)"
+    )
 
 
 def parse_resume_from(value: Any, cloud: str | None) -> str | None:

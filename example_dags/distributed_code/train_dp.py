@@ -12,9 +12,12 @@ back, so every rank holds the head's weights, bit for bit. The same float operat
 on every run: an interrupted and resumed run ends with exactly the weights of one that was not.
 
 - Checkpoints: only the head writes them, every ``--every`` steps, into $CLOUDTRAIN_CHECKPOINT_DIR as
-  ``ckpt-<step>.json`` with ``checkpoint.save`` (a temp name, then a rename: never half a file). On
-  start the head loads ``checkpoint.latest(...)`` (the agent restored it on a relaunch) and sends the
-  step and weights to the other ranks in its first message, so only the head's directory matters.
+  ``ckpt-<step>.json`` with ``checkpoint.save`` (a temp name, then a rename: never half a file); only
+  the head's agent uploads them (``checkpoint_ranks="head"``). On a relaunch the agent of EVERY rank
+  restores the head's newest complete checkpoint into that rank's directory, so every rank loads
+  ``checkpoint.latest(...)`` on start; the head also sends its step and weights in its first message,
+  and a rank whose own copy differs (it cannot with ``CheckpointResumeOperator``, which relaunches
+  only once the stopped head has uploaded) says so and follows the head.
 - SIGTERM (a spot notice, a stop): the step in progress finishes, the head saves a checkpoint, and the
   process exits 143. A peer that vanishes (its connection closes, or nothing comes within
   ``--timeout`` seconds) ends every other rank promptly with exit code 3 ("peer lost"); the head
@@ -221,8 +224,8 @@ def main() -> int:
     step, weights = 0, [0.0] * (FEATURES + 1)
     resumed_from = -1  # the step this attempt started from, once known
     try:
+        step, weights = restore(ckpt_dir)  # every rank: the agent restored the head's checkpoint here
         if rank == 0:
-            step, weights = restore(ckpt_dir)
             peers = accept_peers(head, port, n, args.timeout) if n > 1 else []
             for peer in peers:  # the state every rank starts from: the head's checkpoint
                 peer.send({"step": step, "weights": weights})
@@ -230,7 +233,12 @@ def main() -> int:
             peers = [connect_head(head, port, ips[rank] if rank < len(ips) else "", args.timeout)]
             peers[0].send({"rank": rank})
             start = peers[0].receive()
+            own = (step, weights)
             step, weights = int(start["step"]), [float(w) for w in start["weights"]]
+            if own != (step, weights):
+                print(
+                    f"rank {rank}: restored step {own[0]}, the head's is {step}: using the head's", flush=True
+                )
             print(f"resumed from step {step} (the head's)" if step else "fresh start", flush=True)
         resumed_from = step
         while step < args.steps:

@@ -1,10 +1,12 @@
-"""example_dags/distributed_train.py inside real Airflow (dag.test()) on the emulated EC2: a gang of
-three spot instances runs the standard-library data-parallel job. What a user checks: the model
+"""example_dags/distributed_train.py inside real Airflow (dag.test()) on the emulated EC2: a
+``CheckpointResumeOperator`` gang of three spot instances runs the standard-library data-parallel job
+(uninterrupted here; tests/cloud/test_gang_resume.py loses nodes). What a user checks: the model
 learned the true weights on three nodes, the XCom lists the three nodes with their ranks and
-addresses, the cost sums every node, and no instance of the run is left."""
+addresses, the ledger has one row per node, the cost sums them, and no instance of the run is left."""
 
 from __future__ import annotations
 
+import pytest
 from dag_helpers import load_example, task_states, xcom
 from waiting import wait_for
 
@@ -21,6 +23,10 @@ def test_distributed_train_runs_on_a_gang_of_three(emu, airflow_db, monkeypatch)
     assert len({n["instance_id"] for n in nodes}) == 3 and len({n["private_ip"] for n in nodes}) == 3
     assert len({n["zone"] for n in nodes}) == 1 and all(n["exit_code"] == 0 for n in nodes)
     assert result["instance_id"] == nodes[0]["instance_id"]  # the head's
+    rows = result["attempts"]
+    assert [(r["attempt"], r["rank"], r["ended"]) for r in rows] == [(1, k, "finished") for k in range(3)]
+    assert result["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in rows)) and result["cost_usd"] > 0
+    assert result["interruptions"] == 0
     evaluated = xcom(run, "evaluate")
     assert evaluated["model"]["nodes"] == 3 and evaluated["model"]["steps"] == 120
     ids = {n["instance_id"] for n in nodes}

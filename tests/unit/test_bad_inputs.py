@@ -299,13 +299,17 @@ BAD: list[tuple[str, dict[str, Any], str, str | None]] = [
     ("gce", {"placement": "spread"}, "placement", "'spread'"),
     ("ec2", {"placement": "cluster", "instance_type": "t3.large"}, "placement", "'t3.large'"),
     ("ec2", {"num_nodes": 2, "log_nodes": "tail"}, "log_nodes", "'tail'"),
-    ("resume", {"num_nodes": 3}, "num_nodes", "3"),
+    ("resume", {"num_nodes": 0}, "num_nodes", "0"),
+    ("resume", {"num_nodes": 3, "checkpoint_ranks": "every"}, "checkpoint_ranks", "'every'"),
+    ("resume", {"checkpoint_ranks": "HEAD"}, "checkpoint_ranks", "'HEAD'"),
     ("fleet", {"num_nodes": 3}, "num_workers", "3"),
     ("group", {"num_nodes": 3}, "num_workers", "3"),
 ]
 
 # (base, changes): legal values at the edges of what is accepted
 VALID: list[tuple[str, dict[str, Any]]] = [
+    ("resume", {"num_nodes": 3, "checkpoint_ranks": "all"}),
+    ("resume", {"checkpoint_ranks": "all"}),  # one node: a no-op
     ("ec2", {"ram": 512}),
     ("ec2", {"ram": "0.5g"}),
     ("ec2", {"hdd": 65536}),

@@ -473,6 +473,7 @@ TRAIN_ROWS: dict[str, Row] = {
     # CheckpointResumeOperator
     "max_restarts": count_bad(0, optional=False),
     "max_restarts_on_errors": count_bad(0, optional=False),
+    "checkpoint_ranks": [None, "", "   ", "every", "HEAD", " head", "all ", 0, True, ["head"], "head\x00"],
     "resume_from": [
         5,
         True,

@@ -80,10 +80,13 @@ def test_log_nodes_defaults_to_every_node_up_to_eight() -> None:
     assert parse_gang_args(9, None, None, "ec2", None).log_nodes == "head"  # type: ignore[union-attr]
 
 
-def test_checkpoint_resume_refuses_a_gang_until_it_can_relaunch_one() -> None:
-    CheckpointResumeOperator(**{**BASE, "cloud": "ec2spot"}, num_nodes=1)
-    with pytest.raises(ValueError, match="num_nodes=3 is not supported by CheckpointResumeOperator yet"):
-        CheckpointResumeOperator(**{**BASE, "cloud": "ec2spot"}, num_nodes=3)
+def test_checkpoint_resume_takes_a_gang_with_the_same_checks() -> None:
+    op = CheckpointResumeOperator(**{**BASE, "cloud": "ec2spot"}, num_nodes=3, log_nodes="head")
+    assert op.num_nodes == 3 and op.checkpoint_ranks == "head"
+    with pytest.raises(ValueError, match="num_nodes=0"):
+        CheckpointResumeOperator(**{**BASE, "cloud": "ec2spot"}, num_nodes=0)
+    with pytest.raises(ValueError, match="log_nodes='tail'"):
+        CheckpointResumeOperator(**{**BASE, "cloud": "ec2spot"}, num_nodes=3, log_nodes="tail")
 
 
 @pytest.mark.parametrize(

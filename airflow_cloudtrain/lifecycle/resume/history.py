@@ -56,9 +56,12 @@ _load = load_known  # rows written by another release load: unknown keys are ign
 
 @dataclass
 class AttemptRow:
-    """One attempt in the ledger. Times are unix seconds; ``work_lost_s`` is the compute done after
-    the last complete checkpoint (what the next attempt redoes); ``progress_s`` the compute this
-    attempt added to the checkpointed work (what the deadline policy counts as done)."""
+    """One attempt in the ledger, or one node of a gang's attempt (``num_nodes`` > 1: a row per node,
+    all with the attempt's number and ``ended``, each with its ``rank``, instance and share of the
+    cost). Times are unix seconds; ``work_lost_s`` is the compute done after the last complete
+    checkpoint (what the next attempt redoes); ``progress_s`` the compute this attempt added to the
+    checkpointed work (what the deadline policy counts as done): a gang's are on its head's row
+    (rank 0) only, the gang's work being one job's, so the totals add up over the rows."""
 
     attempt: int
     try_number: int
@@ -87,6 +90,16 @@ class AttemptRow:
     # when the job wrote the checkpoint this attempt restored (what the earlier attempt's work lost
     # is measured from when it is not the checkpoint that attempt uploaded last)
     restored_saved_at: float | None = None
+    # a gang's node (None: a single-instance attempt, or a ledger from before gangs)
+    rank: int | None = None
+    num_nodes: int = 1
+    private_ip: str | None = None
+    node_state: str | None = None  # the node's own end when the gang's was decided (GangWatch)
+
+    @property
+    def is_head(self) -> bool:
+        """The attempt's own row: the only one of a single run, rank 0 of a gang."""
+        return not self.rank
 
     @property
     def duration_s(self) -> float:
@@ -124,33 +137,45 @@ class RunHistory:
     version: int = 1
 
     # -- budgets ---------------------------------------------------------------------------------
+    # Counted per attempt, not per row: a gang's attempt (a row per node) that lost one node is one
+    # interruption, and the budgets apply to the gang as they do to one instance.
+    @property
+    def heads(self) -> list[AttemptRow]:
+        """One row per attempt: the attempt's own (a gang's rank 0)."""
+        return [r for r in self.attempts if r.is_head]
+
+    @property
+    def next_attempt(self) -> int:
+        """The number the next attempt's row(s) get."""
+        return max((r.attempt for r in self.attempts), default=0) + 1
+
     def interruptions(self) -> int:
-        """Spot interruptions (reclaims, preemptions), with or without notice."""
-        return sum(1 for r in self.attempts if r.ended in SPOT_ENDINGS)
+        """Spot interruptions (reclaims, preemptions), with or without notice; a gang's counts once."""
+        return sum(1 for r in self.heads if r.ended in SPOT_ENDINGS)
 
     def capacity_losses(self, try_number: int | None = None) -> int:
         """What ``max_restarts`` counts: interruptions and launches with no capacity anywhere."""
         return sum(
             1
-            for r in self.attempts
+            for r in self.heads
             if r.ended in INTERRUPTION_ENDINGS and (try_number is None or r.try_number == try_number)
         )
 
     def error_restarts(self, try_number: int | None = None) -> int:
         return sum(
             1
-            for r in self.attempts
+            for r in self.heads
             if r.ended in ERROR_ENDINGS and (try_number is None or r.try_number == try_number)
         )
 
     @property
     def launches(self) -> int:
-        return sum(1 for r in self.attempts if r.instance_id)
+        return sum(1 for r in self.heads if r.instance_id)
 
     @property
     def restarts(self) -> int:
         """Relaunches so far (what the next job sees as ``CLOUDTRAIN_RESTARTS``)."""
-        return sum(1 for r in self.attempts if r.instance_id and r.ended != FINISHED)
+        return sum(1 for r in self.heads if r.instance_id and r.ended != FINISHED)
 
     def has(self, instance_id: str) -> bool:
         return any(r.instance_id == instance_id for r in self.attempts)
@@ -162,8 +187,8 @@ class RunHistory:
 
     def changeover_s(self, default_s: float) -> float:
         """The measured cost of one (re)launch of this run: startup plus the work lost per attempt."""
-        startups = [s for r in self.attempts if (s := r.startup_s) is not None]
-        lost = [r.work_lost_s for r in self.attempts if r.work_lost_s is not None]
+        startups = [s for r in self.heads if (s := r.startup_s) is not None]
+        lost = [r.work_lost_s for r in self.heads if r.work_lost_s is not None]
         if not startups:
             return default_s
         return sum(startups) / len(startups) + (sum(lost) / len(lost) if lost else 0.0)
@@ -175,7 +200,8 @@ class RunHistory:
         lost = [r.work_lost_s for r in rows if r.work_lost_s is not None]
         end = max((r.ended_at for r in rows if r.ended_at), default=None) or time.time()
         return {
-            "attempts": len(rows),
+            "attempts": len(self.heads),
+            "rows": len(rows),
             "launches": self.launches,
             "interruptions": self.interruptions(),
             "error_restarts": self.error_restarts(),
@@ -221,23 +247,32 @@ def format_ledger(data: dict[str, Any]) -> str:
     ]
     if data.get("resumed_from"):
         lines.append(f"resumed from {data['resumed_from']}")
+    gang = any(r.get("rank") is not None for r in data.get("attempts", []))  # a node column
+    width = 6 if gang else 0
     header = (
-        f"{'#':>2} {'ended':<22}{'instance type':<16}{'mode':<10}{'zone':<16}{'start':>9}{'end':>9}"
-        f"{'$/h':>9}{'cost $':>10}{'restored':>9}{'ckpt':>6}{'lost s':>8}"
+        f"{'#':>2} {'node' if gang else '':<{width}}{'ended':<22}{'instance type':<16}{'mode':<10}"
+        f"{'zone':<16}{'start':>9}{'end':>9}{'$/h':>9}{'cost $':>10}{'restored':>9}{'ckpt':>6}{'lost s':>8}"
     )
     lines.append(header)
     for r in data.get("attempts", []):
         mode = "-" if not r.get("instance_id") else ("spot" if r.get("spot") else "on-demand")
+        node = f"{r['rank']}/{r.get('num_nodes', 1)}" if r.get("rank") is not None else "-"
         lines.append(
-            f"{r['attempt']:>2} {r['ended']:<22}{_fmt(r.get('instance_type')):<16}{mode:<10}"
+            f"{r['attempt']:>2} {node if gang else '':<{width}}{r['ended']:<22}"
+            f"{_fmt(r.get('instance_type')):<16}{mode:<10}"
             f"{_fmt(r.get('zone')):<16}{_clock(r.get('launched_at')):>9}{_clock(r.get('ended_at')):>9}"
             f"{_fmt(r.get('hourly_usd'), '{:.4f}'):>9}{r.get('cost_usd', 0.0):>10.6f}"
             f"{_fmt(r.get('restored_step')):>9}{_fmt(r.get('checkpoint_step')):>6}"
             f"{_fmt(r.get('work_lost_s'), '{:.1f}'):>8}"
+            + (f"  {r['instance_id']} {r.get('node_state') or ''}".rstrip() if gang else "")
         )
     t = data.get("totals") or {}
     lines.append(
-        f"total: {t.get('attempts', 0)} attempt(s), {t.get('interruptions', 0)} interruption(s), "
+        f"total: {t.get('attempts', 0)} attempt(s)"
+        + (f" ({t.get('rows', 0)} node rows)" if gang else "")
+        + f", {t.get('interruptions', 0)} interruption(s)"
+        + (" (a gang's attempt counts once, whichever node was lost)" if gang else "")
+        + ", "
         f"{t.get('error_restarts', 0)} error restart(s), ${t.get('cost_usd', 0.0):.6f} "
         f"(spot ${t.get('spot_cost_usd', 0.0):.6f}, on-demand ${t.get('on_demand_cost_usd', 0.0):.6f}), "
         f"{t.get('work_lost_s', 0.0):.1f} s of work lost, {t.get('waited_s', 0.0):.0f} s waited, "

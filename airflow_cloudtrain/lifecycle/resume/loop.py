@@ -43,8 +43,10 @@ from airflow_cloudtrain.lifecycle.resume.recovery import (
     RecoverySettings,
     Step,
     capacity_row,
+    gang_rows,
     launch_fields,
     next_step,
+    node_rows,
     row_for,
 )
 from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt, RunContext
@@ -53,6 +55,9 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.core.backend import RunBackend
     from airflow_cloudtrain.core.records import LaunchRecord, Outcome
     from airflow_cloudtrain.storage import RunFolder
+
+
+HEAD_SYNC_WAIT_S = 60.0  # a stopped gang's uploading nodes sync their last checkpoint before a relaunch
 
 
 class ResumeSourceNotFound(ValueError):
@@ -169,7 +174,7 @@ class RecoveryLoop:
 
     def launch_failed(self, cloud: str, err: Exception) -> None:
         """No offer had capacity: a ledger row (it spends the interruption budget) and no cost."""
-        row = capacity_row(len(self.history.attempts) + 1, self.ctx.try_number, cloud, str(err), time.time())
+        row = capacity_row(self.history.next_attempt, self.ctx.try_number, cloud, str(err), time.time())
         self.history.attempts.append(row)
         self.save()
         self.log.warning("Attempt %d found no capacity: %s", row.attempt, err)
@@ -203,9 +208,10 @@ class RecoveryLoop:
         if self.history.has(launch.instance_id):
             return
         now = time.time()
-        cost, _ = billed_cost(launch.hourly_usd, now - float(launch.launched_at or now))
+        hourly = launch.hourly_usd * launch.num_nodes if launch.hourly_usd is not None else None
+        cost, _ = billed_cost(hourly, now - float(launch.launched_at or now))  # a gang: every node
         row = AttemptRow(
-            attempt=len(self.history.attempts) + 1,
+            attempt=self.history.next_attempt,
             try_number=self.ctx.try_number,
             ended=ABANDONED,
             **launch_fields(launch),
@@ -213,7 +219,7 @@ class RecoveryLoop:
             cost_usd=float(cost or 0.0),
             message=reason,
         )
-        self.history.attempts.append(row)
+        self.history.attempts.extend(node_rows(launch, row))
         self.history.pending = None
         try:
             self.save(strict=False)
@@ -221,13 +227,20 @@ class RecoveryLoop:
             self.log.warning("Could not record the abandoned attempt in the ledger: %s", err)
 
     def _finish(self, attempt: RunAttempt, launch: LaunchRecord, outcome: Outcome) -> AttemptRow:
+        """The attempt's row (a gang's: a row per node, ``recovery.gang_rows``; returns the head's)."""
         done = attempt.finish(launch, outcome)
-        folder, iid = attempt.folder, launch.instance_id
-        status = attempt_status(folder, iid)
-        beat = attempt.last_heartbeat
-        row = row_for(done, status, len(self.history.attempts) + 1, self.ctx.try_number, beat)
+        folder, number, beat = attempt.folder, self.history.next_attempt, attempt.last_heartbeat
+        if launch.nodes:
+            if not outcome.ok:
+                self._await_uploads(folder, launch, outcome.rank)
+            statuses = [attempt_status(folder, iid) for iid in launch.node_ids]
+            rows = gang_rows(done, statuses, number, self.ctx.try_number, beat)
+        else:
+            status = attempt_status(folder, launch.instance_id)
+            rows = [row_for(done, status, number, self.ctx.try_number, beat)]
+        row = rows[0]
         if not self.history.has(launch.instance_id):
-            self.history.attempts.append(row)
+            self.history.attempts.extend(rows)
             if row.restore_note:
                 self._progress_lost(row)
             else:
@@ -237,11 +250,45 @@ class RecoveryLoop:
         self.log.info("Ledger so far:\n%s", self.history.table())
         return row
 
+    def _await_uploads(self, folder: RunFolder, launch: LaunchRecord, lost: int | None) -> None:
+        """A gang stopped because a node was lost (or failed): the agents of the nodes that upload
+        checkpoints (the head; every rank with ``checkpoint_ranks="all"``) got SIGTERM with the
+        release and are uploading the job's last checkpoint. The next gang's nodes each restore the
+        newest complete checkpoint when they boot, so they must not boot while such an upload may
+        still complete (two ranks would restore different steps): wait for those agents' final
+        statuses, which each writes after its last sync, at most ``HEAD_SYNC_WAIT_S``. The node that
+        ended the gang is not waited for: it already reported, or it vanished."""
+        from airflow_cloudtrain.contract.gang import uploads
+
+        ranks = self.job.checkpoint_ranks
+        waiting = [
+            iid
+            for rank, iid in enumerate(launch.node_ids)
+            if rank != lost and uploads(rank, launch.num_nodes, ranks)
+        ]
+        deadline = time.monotonic() + HEAD_SYNC_WAIT_S
+        while waiting and time.monotonic() < deadline and not self.killed:
+            try:
+                raws = {iid: folder.get_text(status_key(iid)) for iid in waiting}
+            except Exception as err:  # the bucket hiccuped: the next round reads again
+                self.log.warning("Could not read the gang's statuses (%s); retrying", err)
+                raws = {}
+            waiting = [i for i in waiting if not ((raw := raws.get(i)) and RunStatus.from_json(raw).final)]
+            if waiting:
+                time.sleep(0.5)
+        if waiting:
+            self.log.warning(
+                "Node(s) %s did not report their end within %.0f s; relaunching the gang with the "
+                "checkpoints complete now",
+                ", ".join(waiting),
+                HEAD_SYNC_WAIT_S,
+            )
+
     def _restored_older(self, row: AttemptRow) -> None:
         """The attempt restored an older checkpoint than the previous one uploaded last (its newest
         failed verification, or was never complete): the previous attempt lost that much more."""
-        rows = self.history.attempts
-        previous = rows[-2] if len(rows) > 1 else None
+        earlier = [r for r in self.history.heads if r.attempt < row.attempt]
+        previous = earlier[-1] if earlier else None
         if previous is None or row.restored_saved_at is None or previous.checkpoint_saved_at is None:
             return
         extra = previous.checkpoint_saved_at - row.restored_saved_at
@@ -255,8 +302,8 @@ class RecoveryLoop:
         self.log.warning(
             "Attempt %d restored no checkpoint and ran from the beginning: %s", row.attempt, row.restore_note
         )
-        for earlier in self.history.attempts[:-1]:
-            if earlier.progress_s:
+        for earlier in self.history.attempts:
+            if earlier.attempt != row.attempt and earlier.progress_s:
                 earlier.work_lost_s = round((earlier.work_lost_s or 0.0) + earlier.progress_s, 3)
                 earlier.progress_s = 0.0
 
@@ -284,7 +331,7 @@ class RecoveryLoop:
         run's totals and the ledger."""
         history = self.history
         totals = history.totals()
-        last = next((r for r in reversed(history.attempts) if r.instance_id), None)
+        last = next((r for r in reversed(history.heads) if r.instance_id), None)
         per_attempt: dict[str, Any] = {}
         if last is not None:
             per_attempt = {
@@ -298,6 +345,7 @@ class RecoveryLoop:
                 "spot": last.spot,
                 "exit_code": last.exit_code,
                 "state": "succeeded" if last.ended == "finished" else last.ended,
+                **last_nodes(history, last),
             }
         return {
             **per_attempt,
@@ -313,6 +361,25 @@ class RecoveryLoop:
             "totals": totals,
             "attempts": [r.to_dict() for r in history.attempts],
         }
+
+
+def last_nodes(history: RunHistory, head: AttemptRow) -> dict[str, Any]:
+    """XCom ``num_nodes`` and ``nodes`` (rank, instance id, zone, private address, exit code) of the
+    attempt whose head row is ``head``, as ``CloudTrainOperator`` gives them."""
+    rows = [r for r in history.attempts if r.attempt == head.attempt and r.instance_id]
+    if head.rank is None:  # one instance
+        rows = [head]
+    nodes = [
+        {
+            "rank": r.rank or 0,
+            "instance_id": r.instance_id,
+            "zone": r.zone,
+            "private_ip": r.private_ip,
+            "exit_code": r.exit_code,
+        }
+        for r in rows
+    ]
+    return {"num_nodes": len(nodes), "nodes": nodes}
 
 
 def attempt_status(folder: RunFolder, instance_id: str) -> RunStatus | None:

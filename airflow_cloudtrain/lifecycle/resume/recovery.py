@@ -15,7 +15,7 @@ ledger and deadline) with fresh ``max_restarts`` / ``max_restarts_on_errors``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.lifecycle.resume.history import (
@@ -75,7 +75,8 @@ class Step:
 
 def next_step(history: RunHistory, settings: RecoverySettings, try_number: int, now: float) -> Step:
     """What the loop does now; the reasons end up in the task log."""
-    last = history.attempts[-1] if history.attempts else None
+    heads = history.heads  # one row per attempt (a gang's rank 0)
+    last = heads[-1] if heads else None
     if last is not None and last.ended == FINISHED:
         return Step("done", reason="the job finished")
     if last is not None and last.ended == TIMED_OUT and last.try_number == try_number:
@@ -152,7 +153,7 @@ def policy_state(
     expected = settings.expected_duration_s or 0.0
     deadline = (settings.deadline_at or now) - history.started_at
     done = history.work_done_s
-    spot_rows = [r for r in history.attempts if r.spot and r.instance_id]
+    spot_rows = [r for r in history.heads if r.spot and r.instance_id]  # a gang's attempt once
     tick = settings.relaunch_wait_s
     return PolicyState(
         elapsed=(now - history.started_at) / hour,
@@ -167,7 +168,7 @@ def policy_state(
         interruptions=history.interruptions(),
         launches=history.launches,
         spot_hours=sum(r.duration_s for r in spot_rows) / hour,
-        on_demand_hours=sum(r.duration_s for r in history.attempts if not r.spot) / hour,
+        on_demand_hours=sum(r.duration_s for r in history.heads if not r.spot) / hour,
         seen_available_hours=sum(r.duration_s for r in spot_rows) / hour,
         seen_unavailable_hours=sum(max(0.0, w["to"] - w["from"]) for w in history.waits) / hour,
         spot_spells=len(spot_rows),
@@ -262,6 +263,77 @@ def row_for(
         progress_s=round(progress, 3),
         message=outcome.message,
     )
+
+
+def gang_rows(
+    attempt: Attempt,
+    statuses: list[RunStatus | None],
+    number: int,
+    try_number: int,
+    last_beat: float | None = None,
+) -> list[AttemptRow]:
+    """A gang's attempt as one row per node (``statuses`` in rank order): every row has the attempt's
+    number and the gang's ``ended`` (from the rank that ended it: interrupted with or without notice,
+    the job's error, ...); each its node's rank, instance, zone, exit code, restored step and an equal
+    share of the cost (the nodes were launched and released together, so the shares sum to the
+    attempt's cost). The head's row carries the gang's progress and work lost (``AttemptRow``)."""
+    launch, outcome = attempt.launch, attempt.outcome
+    n = launch.num_nodes
+    cause = outcome.rank if outcome.rank is not None and 0 <= outcome.rank < n else 0
+    status = statuses[cause]
+    notice = bool(status and status.interruption and status.interruption.get("notice_at"))
+    ended = ending_of(outcome.state, outcome.interrupted, notice)
+    head = row_for(attempt, statuses[0], number, try_number, last_beat)
+    states = {int(e["rank"]): e for e in outcome.nodes or []}
+    share = float(attempt.cost_usd or 0.0) / n
+    rows = []
+    for node in launch.nodes:
+        rank = int(node["rank"])
+        own = statuses[rank]
+        checkpoint = (own.checkpoint if own else None) or {}
+        base = head if rank == 0 else replace(head, work_lost_s=None, progress_s=0.0)
+        rows.append(
+            replace(
+                base,
+                ended=ended,
+                rank=rank,
+                num_nodes=n,
+                instance_id=str(node["instance_id"]),
+                zone=node.get("zone") or launch.zone,
+                private_ip=node.get("private_ip"),
+                node_state=(states.get(rank) or {}).get("state"),
+                cost_usd=share,
+                exit_code=(states.get(rank) or {}).get("exit_code"),
+                job_started_at=own.job_started_at if own else None,
+                restored_step=own.restored_step if own else None,
+                restore_note=((own.restore or {}).get("note") if own else None),
+                restored_saved_at=((own.restore or {}).get("saved_at") if own else None),
+                checkpoint_step=checkpoint.get("step") if rank else head.checkpoint_step,
+                checkpoint_saved_at=checkpoint.get("saved_at") if rank else head.checkpoint_saved_at,
+                message=outcome.message,
+            )
+        )
+    return rows
+
+
+def node_rows(launch: LaunchRecord, row: AttemptRow) -> list[AttemptRow]:
+    """``row`` (an attempt with no agent's word: abandoned) as one row per node of a gang's launch,
+    the cost shared equally; a single launch's row as it is."""
+    if not launch.nodes:
+        return [row]
+    n = launch.num_nodes
+    return [
+        replace(
+            row,
+            rank=int(node["rank"]),
+            num_nodes=n,
+            instance_id=str(node["instance_id"]),
+            zone=node.get("zone") or launch.zone,
+            private_ip=node.get("private_ip"),
+            cost_usd=row.cost_usd / n,
+        )
+        for node in launch.nodes
+    ]
 
 
 def launch_fields(launch: LaunchRecord) -> dict[str, Any]:

@@ -1,0 +1,285 @@
+"""``CheckpointResumeOperator(num_nodes=3)`` on the emulated EC2 and GCE, inside real Airflow: a gang
+that survives losing a node, as a user would check it.
+
+Every rank runs the checkpoint-resume job (``jobs/steps.py``: a step every 0.25 s, a checkpoint every
+two steps and on SIGTERM, resuming from the newest complete checkpoint it finds). Once the head has
+uploaded a checkpoint a few steps past where its gang started (the run folder has it: the agent logs
+the upload after the manifest is written), rank 1 is interrupted WITH a notice; in the next gang,
+rank 2 WITHOUT one. Each time the whole gang is stopped, released and relaunched, and every rank of
+the new gang restores the head's last checkpoint (the one the stopped head uploaded on its SIGTERM);
+the ledger has three rows per attempt whose totals add up; the two losses are two interruptions and
+no error restart; only heads uploaded checkpoints; nothing is left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dag_helpers import task_states, xcom
+from test_checkpoint_resume import BUCKET, job_steps, resume_dag
+from test_gang_run import gang_resources
+from test_runs import cloud_of
+from waiting import wait_for
+
+from airflow_cloudtrain.contract.runs import (
+    CHECKPOINTS_PREFIX,
+    Manifest,
+    RunKey,
+    manifest_key,
+    manifest_versions,
+)
+from airflow_cloudtrain.storage import open_run_folder
+
+UPLOADED = re.compile(r"checkpoint step (\d+) uploaded to")
+
+
+def rank_of(log: str) -> int | None:
+    found = re.search(r"node rank (\d+)", log)
+    return int(found.group(1)) if found else None
+
+
+class GangInterrupter:
+    """For each planned loss (steps past the gang's start, notice seconds, rank): waits for a gang of
+    three instances not seen before whose head has uploaded a checkpoint that many steps past the step
+    it restored, then interrupts that rank's instance. Remembers each gang's ids and victim."""
+
+    def __init__(self, emu: Any, plan: list[tuple[int, float, int]], done_flag: Path, last: int) -> None:
+        self.emu, self.plan, self.done_flag = emu, plan, done_flag
+        self.last = last  # the job's last checkpoint before it holds (at STEPS - 1): always reachable
+        self.done: list[dict[str, Any]] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _gang(self, used: set[str]) -> dict[int, str] | None:
+        ranks: dict[int, str] = {}
+        for inst in self.emu.running_instances():
+            if inst["id"] not in used and (rank := rank_of(self.emu.agent_log(inst["id"]))) is not None:
+                ranks[rank] = inst["id"]
+        return ranks if len(ranks) == 3 else None
+
+    def _run(self) -> None:
+        used: set[str] = set()
+        deadline = time.monotonic() + 400
+        try:
+            for steps, notice_s, rank in self.plan:
+                while time.monotonic() < deadline:
+                    gang = self._gang(used)
+                    if gang is not None:
+                        log = self.emu.agent_log(gang[0])
+                        start = re.search(r"resumed from step (\d+)", log)
+                        base = int(start.group(1)) if start else 0
+                        uploaded = [int(n) for n in UPLOADED.findall(log)]
+                        if uploaded and uploaded[-1] >= min(base + steps, self.last):
+                            self.done.append({"gang": gang, "victim": gang[rank], "uploaded": uploaded[-1]})
+                            used |= set(gang.values())
+                            self.emu.interrupt(gang[rank], notice_s=notice_s)
+                            break
+                    time.sleep(0.1)
+        finally:
+            self.done_flag.touch()  # the jobs may take their last step
+
+    def join(self) -> None:
+        self.thread.join(10)
+
+
+def head_manifests(run_uri: str) -> set[str | None]:
+    """Which instances wrote the checkpoint versions the run folder holds."""
+    folder = open_run_folder(run_uri)
+    keys = folder.list(CHECKPOINTS_PREFIX + "/")
+    return {
+        Manifest.from_json(folder.get_text(manifest_key(v)) or "").instance_id
+        for v in manifest_versions(list(keys))
+    }
+
+
+CASES = [("aws", False), ("gcp", True)]
+if os.environ.get("CLOUDTRAIN_GANG_RESUME_ALL"):  # the other two combinations, on demand
+    CASES += [("aws", True), ("gcp", False)]
+
+
+@pytest.mark.parametrize(
+    ("provider", "deferrable"), CASES, ids=[f"{p}-{'deferrable' if d else 'blocking'}" for p, d in CASES]
+)
+def test_a_gang_that_loses_a_node_resumes_whole_from_the_heads_checkpoint(
+    emu: Any, airflow_db: Any, capfd: Any, tmp_path: Path, provider: str, deferrable: bool
+) -> None:
+    seed = int(os.environ.get("CLOUDTRAIN_TEST_SEED") or random.randrange(10_000))  # to replay one
+    rng = random.Random(seed)
+    at = [rng.randint(2, 5) * 2, rng.randint(2, 5) * 2]  # checkpoints come every two steps
+    print(f"seed {seed}: interrupting {at} steps past each gang's start")
+    done = tmp_path / "interrupted"
+    # rank 1 with a notice (the agent polls the metadata every 5 s: 30 s leave a loaded machine time),
+    # then rank 2 without one
+    # 80 steps: a job told of its interruption late (a loaded machine) still leaves the next gang room
+    interrupter = GangInterrupter(emu, [(at[0], 30.0, 1), (at[1], 0.0, 2)], done, last=78)
+    command = f'echo "node rank $NODE_RANK"; STEPS_FINISH_AFTER={done} python3 steps.py 80 2 0.25'
+    dag_id = f"gang_resume_{provider}_{int(deferrable)}"
+    run = resume_dag(dag_id, provider, command, deferrable, extra="num_nodes=3").test()
+    interrupter.join()
+    out = capfd.readouterr().out
+    assert task_states(run) == {"train": "success"}, out[-4000:]
+    assert len(interrupter.done) == 2
+    result = xcom(run, "train")
+    rows = result["attempts"]
+
+    # three rows per attempt, one per rank, the attempt's number and end shared by its rows
+    assert [(r["attempt"], r["rank"]) for r in rows] == [(a, k) for a in (1, 2, 3) for k in range(3)], rows
+    ended = [[r["ended"] for r in rows if r["attempt"] == a] for a in (1, 2, 3)]
+    assert ended == [["interrupted"] * 3, ["interrupted_no_notice"] * 3, ["finished"] * 3]
+    for number, lost in ((1, interrupter.done[0]), (2, interrupter.done[1])):
+        gang = {r["rank"]: r["instance_id"] for r in rows if r["attempt"] == number}
+        assert gang == lost["gang"]
+        victim = next(r for r in rows if r["instance_id"] == lost["victim"])
+        assert victim["node_state"] == "interrupted" and f"rank {victim['rank']}" in victim["message"]
+
+    # every rank of a relaunched gang restored the head's last checkpoint of the gang before: the one
+    # the stopped head uploaded on its SIGTERM, past where the interrupter saw it
+    heads = [r for r in rows if r["rank"] == 0]
+    for before, attempt in ((heads[0], 2), (heads[1], 3)):
+        restored = {r["restored_step"] for r in rows if r["attempt"] == attempt}
+        assert restored == {before["checkpoint_step"]}, (restored, before)
+        reached = max(job_steps(emu.agent_log(before["instance_id"])))
+        step = before["checkpoint_step"]
+        assert interrupter.done[attempt - 2]["uploaded"] <= step <= reached
+        for r in rows:
+            if r["attempt"] == attempt:  # the job's own word, on every rank
+                assert f"resumed from step {step}" in emu.agent_log(r["instance_id"])
+    # only heads uploaded (with checkpoint_ranks="head" no rank races the head on checkpoints/)
+    assert head_manifests(result["run_uri"]) <= {r["instance_id"] for r in heads}
+    assert all(r["checkpoint_step"] is None for r in rows if r["rank"])
+
+    # the totals are the rows' sums; a lost node is one interruption of the gang, not an error
+    totals = result["totals"]
+    assert totals["attempts"] == 3 and totals["rows"] == 9
+    assert totals["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in rows))
+    assert result["cost_usd"] == totals["cost_usd"] and all(r["cost_usd"] > 0 for r in rows)
+    assert result["interruptions"] == totals["interruptions"] == 2
+    assert totals["error_restarts"] == 0 and result["restarts"] == 2
+    assert "(a gang's attempt counts once" in out
+    folder = open_run_folder(result["run_uri"])
+    stored = json.loads(folder.get_text(f"ledger/{result['run_id']}.json"))
+    assert [(r["attempt"], r["rank"], r["instance_id"]) for r in stored["attempts"]] == [
+        (r["attempt"], r["rank"], r["instance_id"]) for r in rows
+    ]
+
+    # the XCom's gang keys are the last attempt's; its head finished all 80 steps
+    assert result["num_nodes"] == 3
+    assert [n["rank"] for n in result["nodes"]] == [0, 1, 2]
+    assert result["instance_id"] == result["nodes"][0]["instance_id"] == heads[2]["instance_id"]
+    assert all(n["exit_code"] == 0 and n["private_ip"] for n in result["nodes"])
+    assert folder.get_text(f"results/{heads[2]['instance_id']}/final.json") == '{"step": 80}'
+
+    # nothing left: all nine instances ended, no security group / firewall rule of the run
+    ids = [r["instance_id"] for r in rows]
+    digest = RunKey(dag_id, "train", run.run_id, -1, BUCKET[provider]).digest
+
+    def all_gone() -> bool:
+        states = cloud_of(provider).describe(ids)
+        return all(s.state == "terminated" for s in states.values()) and not gang_resources(
+            emu, provider, digest
+        )
+
+    wait_for(all_gone, timeout=120, message="the gangs' instances and network to be gone")
+
+
+def manifest_writers(run_uri: str, base: str) -> set[str | None]:
+    """Which instances wrote the checkpoint versions under ``base`` of the run folder."""
+    folder = open_run_folder(f"{run_uri}/{base}" if base else run_uri)
+    keys = folder.list(CHECKPOINTS_PREFIX + "/")
+    return {
+        Manifest.from_json(folder.get_text(manifest_key(v)) or "").instance_id
+        for v in manifest_versions(list(keys))
+    }
+
+
+def test_checkpoint_ranks_all_keeps_and_restores_each_ranks_own(
+    emu: Any, airflow_db: Any, capfd: Any, tmp_path: Path
+) -> None:
+    """``checkpoint_ranks="all"``: every rank's agent uploads its own directory (rank r >= 1 under
+    ``ranks/<r>/``) and, after rank 1 is lost with a notice, every rank of the new gang restores the
+    newest checkpoint its own rank uploaded (the ranks' jobs count independently here, so the steps
+    may differ between ranks)."""
+    done = tmp_path / "interrupted"
+    interrupter = GangInterrupter(emu, [(4, 30.0, 1)], done, last=22)
+    command = f'echo "node rank $NODE_RANK"; STEPS_FINISH_AFTER={done} python3 steps.py 24 2 0.25'
+    extra = 'num_nodes=3, checkpoint_ranks="all"'
+    run = resume_dag("gang_resume_all", "aws", command, extra=extra).test()
+    interrupter.join()
+    out = capfd.readouterr().out
+    assert task_states(run) == {"train": "success"}, out[-4000:]
+    result = xcom(run, "train")
+    rows = result["attempts"]
+    assert [(r["attempt"], r["rank"], r["ended"]) for r in rows] == [
+        (a, k, e) for a, e in ((1, "interrupted"), (2, "finished")) for k in range(3)
+    ], rows
+    first, second = rows[:3], rows[3:]
+    for rank in range(3):
+        # its own rank's newest complete checkpoint: at least what its agent reported uploading last,
+        # never beyond what its own job reached
+        step, restored = first[rank]["checkpoint_step"], second[rank]["restored_step"]
+        reached = max(job_steps(emu.agent_log(first[rank]["instance_id"])))
+        assert step is not None and restored is not None, (first[rank], second[rank])
+        assert step <= restored <= reached, (rank, step, restored, reached)
+        assert f"resumed from step {restored}" in emu.agent_log(second[rank]["instance_id"])
+        base = f"ranks/{rank}" if rank else ""
+        writers = manifest_writers(result["run_uri"], base)
+        assert writers and writers <= {first[rank]["instance_id"], second[rank]["instance_id"]}
+    assert result["interruptions"] == 1 and result["totals"]["error_restarts"] == 0
+
+
+def test_a_resuming_gang_killed_mid_run_leaves_nothing_and_bills_every_node(
+    emu: Any, airflow_db: Any, capfd: Any
+) -> None:
+    """The task killed (SIGTERM: Airflow's ``on_kill``) while its gang runs: every node and the gang's
+    security group go, and the ledger in the run folder has the attempt as one ``abandoned`` row per
+    node, whose shares add up to what the gang cost."""
+    dag_id = "gang_resume_killed"
+    before = signal.getsignal(signal.SIGTERM)
+    fired = threading.Event()
+
+    def watch() -> None:  # once the head's agent uploaded a checkpoint: the gang runs its job
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            for inst in emu.running_instances():
+                log = emu.agent_log(inst["id"])
+                if rank_of(log) == 0 and UPLOADED.search(log):
+                    fired.set()
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+            time.sleep(0.1)
+
+    thread = threading.Thread(target=watch, daemon=True)
+    try:
+        thread.start()
+        command = 'echo "node rank $NODE_RANK"; STEPS_HOLD_AT=4 python3 steps.py 24 2 0.25'
+        run = resume_dag(dag_id, "aws", command, extra="num_nodes=3").test()
+        thread.join(5)
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert fired.is_set()
+    assert task_states(run) == {"train": "failed"}
+    key = RunKey(dag_id, "train", run.run_id, -1, BUCKET["aws"])
+    folder = open_run_folder(f"{BUCKET['aws']}/{key.path()}")
+    ledger = json.loads(folder.get_text(f"ledger/{key.short_id}.json") or "{}")
+    rows = ledger["attempts"]
+    assert [(r["attempt"], r["rank"], r["ended"]) for r in rows] == [(1, k, "abandoned") for k in range(3)]
+    assert ledger["totals"]["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in rows))
+    assert all(r["cost_usd"] > 0 for r in rows)
+    ids = [r["instance_id"] for r in rows]
+
+    def all_gone() -> bool:
+        states = cloud_of("aws").describe(ids)
+        return all(s.state == "terminated" for s in states.values()) and not gang_resources(
+            emu, "aws", key.digest
+        )
+
+    wait_for(all_gone, timeout=120, message="the gang's instances and network to be gone")
