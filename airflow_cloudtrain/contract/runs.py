@@ -343,6 +343,10 @@ class RunSpec:
     node_rank: int | None = None
     gang_timeout_s: float = 600.0
     master_port: int = 29500
+    # The run's lease (``contract.lease``): the agent ends the run once ``lease.json`` was not renewed
+    # for this long (or, never written, this long after it started). None: no lease (a spec of a
+    # release without leases, or ``orphan_timeout=None``): the run depends on ``max_runtime`` alone.
+    orphan_timeout_s: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

@@ -109,6 +109,7 @@ class WorkQueueOperator(RunArgsOperator):
         items = parse_work_items(self.work_items)
         settings = parse_fleet_args(self.fleet_args, items, self.max_lease_s, self.lease_limit)
         settings.poll_interval = self.poll_interval
+        settings.orphan_timeout_s = self._wait_settings(config).orphan_timeout  # the fleet's lease
         from airflow_cloudtrain.operators.secret_env import parse_secret_env  # the engines never import it
 
         secret_env = parse_secret_env(getattr(self, "secret_env", None), config.cloud, config.env)
