@@ -27,6 +27,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_cloudtrain.contract.runs import SPEC_KEY, STARTING, RunSpec, RunStatus, heartbeat_key, status_key
 from airflow_cloudtrain.core.cloud import ENDED_STATES, STOPPED, Instance
 from airflow_cloudtrain.core.engine import apoll_until
+from airflow_cloudtrain.core.lease import LeaseRenewer
 from airflow_cloudtrain.core.logstream import LogFollower, render_line
 from airflow_cloudtrain.core.records import ERROR, LaunchRecord, Outcome
 from airflow_cloudtrain.core.retry import TransientBudget
@@ -34,6 +35,7 @@ from airflow_cloudtrain.core.waiting import RunWatch, parse_heartbeat
 from airflow_cloudtrain.triggers import shared_poll
 from airflow_cloudtrain.triggers.heap import freeze_long_lived
 from airflow_cloudtrain.triggers.instances import watch_instances
+from airflow_cloudtrain.triggers.leases import BY, LEASES
 from airflow_cloudtrain.triggers.run_index import LOG_EVERY, LiveIndex, LiveView
 
 if TYPE_CHECKING:
@@ -98,6 +100,7 @@ class RunTrigger(BaseTrigger):
         heartbeat_timeout: float | None = None,
         next_log_seq: int = 0,
         log_nodes: str = "all",
+        orphan_timeout: float | None = None,
     ) -> None:
         super().__init__()
         self.launch = launch
@@ -109,6 +112,7 @@ class RunTrigger(BaseTrigger):
         self.heartbeat_timeout = heartbeat_timeout
         self.next_log_seq = next_log_seq
         self.log_nodes = log_nodes
+        self.orphan_timeout = orphan_timeout  # renewed while waiting (``triggers.leases``); None: none
         self._warned = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -124,6 +128,7 @@ class RunTrigger(BaseTrigger):
                 "heartbeat_timeout": self.heartbeat_timeout,
                 "next_log_seq": self.next_log_seq,
                 "log_nodes": self.log_nodes,
+                "orphan_timeout": self.orphan_timeout,
             },
         )
 
@@ -189,6 +194,8 @@ class RunTrigger(BaseTrigger):
         status: RunStatus | None = None
         stream = self._views(launch, live_uri, follower)
         LOG_EVERY[iid] = self.poll_interval
+        if self.orphan_timeout is not None:  # the index's poll renews it (a run folder's: ``_folder_views``)
+            LEASES[iid] = (launch.run_uri, float(self.orphan_timeout))
 
         async def poll() -> Outcome | None:
             nonlocal status
@@ -219,6 +226,7 @@ class RunTrigger(BaseTrigger):
                 return await apoll_until(poll, 0.0, on_transient=transient)
         finally:
             LOG_EVERY.pop(iid, None)
+            LEASES.pop(iid, None)
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
 
@@ -302,10 +310,12 @@ class RunTrigger(BaseTrigger):
         )
         folder = await asyncio.to_thread(self._folder, launch)
         live = await asyncio.to_thread(self._backend(launch).run_folder, live_uri) if live_uri else None
+        lease = LeaseRenewer(folder, self.orphan_timeout, BY)  # every node reads the same lease
         followed = ids if self.log_nodes == "all" else ids[:1]
         followers = [(0, head)] + [(rank, LogFollower(iid)) for rank, iid in enumerate(followed) if rank]
 
         def read() -> tuple[list[RunStatus | None], list[float | None]]:
+            lease.renew()  # when due
             for rank, follower in followers:
                 for line in follower.poll(folder.list, folder.get_bytes):
                     self.log.info("[rank %d] %s", rank, render_line(line))
@@ -363,8 +373,10 @@ class RunTrigger(BaseTrigger):
         """A run without a live index: its own run folder each poll (chunks listed, status and
         heartbeat read), in a worker thread; fine for the few runs an upgrade leaves behind."""
         folder = await asyncio.to_thread(self._folder, launch)
+        lease = LeaseRenewer(folder, self.orphan_timeout, BY)
 
         def read() -> LiveView:
+            lease.renew()  # when due
             for line in follower.poll(folder.list, folder.get_bytes):
                 self.log.info("%s", render_line(line))
             status, beat = self._folder_state(launch, folder)

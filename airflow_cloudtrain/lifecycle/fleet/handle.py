@@ -20,6 +20,7 @@ class FleetSettings:
     lease_s: int = 120
     allow_failed_items: bool = False
     poll_interval: float = 10.0
+    orphan_timeout_s: float | None = None  # the fleet's lease (``core.lease``); None: none
 
 
 @dataclass
@@ -42,6 +43,7 @@ class FleetHandle:
     started_at: float
     try_number: int = 1
     zone: str | None = None  # the managed instance group's zone (GCP)
+    orphan_timeout_s: float | None = None  # the fleet's lease, renewed by its watch (None: none)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -180,7 +180,11 @@ class FleetRun:
             ctx.job,
             settings.to_dict(),
             secret_env=secret_env,
+            orphan_timeout_s=ctx.fleet.orphan_timeout_s,
         )
+        from airflow_cloudtrain.core.lease import LeaseRenewer  # before any worker: a task killed now
+
+        LeaseRenewer(self.folder, ctx.fleet.orphan_timeout_s, "fleet", self.log).renew(force=True)
         started_at, pending = self._enqueue(queues.queue, queues.send_to)
         self._check()
         request = request_builder(ctx.config, ctx.key, ctx.run_uri, ctx.options, ctx.try_number, worker=True)(
@@ -217,6 +221,7 @@ class FleetRun:
             started_at=started_at,
             try_number=ctx.try_number,
             zone=cloud.zone,
+            orphan_timeout_s=ctx.fleet.orphan_timeout_s,
         )
 
     def _secret_env(self) -> dict[str, str]:

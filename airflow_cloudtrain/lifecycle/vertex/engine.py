@@ -21,6 +21,7 @@ from airflow_cloudtrain.clouds.gcp.vertex import JobRecord
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.core.engine import Step, TriggerSpec
+    from airflow_cloudtrain.core.lease import LeaseRenewer
     from airflow_cloudtrain.lifecycle.vertex.job import VertexJobRun
 
 TRIGGER = "airflow_cloudtrain.triggers.vertex_job.VertexJobTrigger"  # stored in Airflow's DB: keep it
@@ -33,6 +34,17 @@ class VertexWait:
     conn_id: str
     poll_interval: float
     log_polling_interval: float
+    orphan_timeout: float | None = None  # the job's lease (``core.lease``), in its job folder
+
+    def lease(self, run: VertexJobRun, job: JobRecord) -> LeaseRenewer:
+        """The job's lease: no agent of ours reads it; ``cloudtrain gc`` cancels a job whose lease
+        lapsed (a Vertex job whose watcher is gone)."""
+        from airflow_cloudtrain.core.lease import LeaseRenewer
+
+        output = job.output_dir
+        return LeaseRenewer(
+            lambda: run.folder(output or ""), self.orphan_timeout if output else None, "vertex", run.log
+        )
 
 
 class VertexEngine:
@@ -49,6 +61,7 @@ class VertexEngine:
         if job.terminal:  # an earlier try's job ended while nobody watched: its last lines, its result
             self.run.show_rest(job)
             return self.advance(job, job)
+        self.settings.lease(self.run, job).renew(force=True)  # a task killed before its first poll
         return Step.waiting(job)
 
     def over(self, handle: JobRecord) -> bool:
@@ -66,11 +79,15 @@ class VertexEngine:
                 "poll_interval": self.settings.poll_interval,
                 "log_polling_interval": self.settings.log_polling_interval,
                 "job_dir": handle.output_dir,
+                "orphan_timeout": self.settings.orphan_timeout,
             },
         )
 
     def wait(self, handle: JobRecord) -> JobRecord:
-        return self.run.wait(handle, self.settings.poll_interval, self.settings.log_polling_interval)
+        lease = self.settings.lease(self.run, handle)
+        return self.run.wait(
+            handle, self.settings.poll_interval, self.settings.log_polling_interval, renew=lease.renew
+        )
 
     def advance(self, handle: JobRecord, outcome: JobRecord) -> Step[JobRecord]:
         """The job ended (``outcome``: its final record): report it; raise unless it succeeded."""

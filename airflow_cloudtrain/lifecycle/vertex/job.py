@@ -25,6 +25,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
 
@@ -255,7 +256,13 @@ class VertexJobRun:
     def _transient(self, err: BaseException, delay: float) -> None:
         self.log.warning("Transient error polling Vertex AI (%s); retrying in %.0f s", err, delay)
 
-    def wait(self, job: JobRecord, poll_interval: float, log_interval: float) -> JobRecord:
+    def wait(
+        self,
+        job: JobRecord,
+        poll_interval: float,
+        log_interval: float,
+        renew: Callable[[], object] | None = None,
+    ) -> JobRecord:
         """Poll the job until it ends, showing its log lines; cancelled with the task (``kill``). A failed
         log read never fails the wait (``LogStream``). The job is read every ``poll_interval`` and its
         log every ``log_interval``: ``poll_until`` ticks at the shorter of the two."""
@@ -266,6 +273,8 @@ class VertexJobRun:
         def ended() -> JobRecord | None:
             if self.killed.is_set():
                 raise JobKilled(f"the task was killed while waiting for {name}")
+            if renew is not None:
+                renew()  # the job's lease, when due (``core.lease``)
             if time.monotonic() >= next_read[0]:
                 fresh = self.jobs.get(name)  # a transient error: backed off in ``poll_until``
                 next_read[0] = time.monotonic() + poll_interval
