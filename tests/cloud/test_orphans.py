@@ -1,0 +1,145 @@
+"""Runs nobody watches end themselves: ``orphan_timeout`` (issue 26).
+
+Try 1 of each DAG runs in a subprocess that SIGKILLs itself once the run is launched (no ``on_kill``,
+no trigger, no retry: what a task marked failed before any triggerer ran its trigger, a lost worker,
+or a dropped Airflow database leave behind). Nothing renews the run's lease after that, so the agent
+must end the run by itself: ``orphaned.json`` in the run folder, the job's checkpoint synced, a final
+status naming the lapsed lease, the instance terminated. A watcher that keeps renewing (and one that
+stops for less than the timeout) keeps the run alive. Timeouts are short (6 s with 1 s polls); every
+wait is on a condition, with a generous deadline.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from dag_helpers import load_example, start_first_try, task_states, write_dag, xcom
+from waiting import wait_for
+
+from airflow_cloudtrain.contract.lease import LEASE_KEY, ORPHANED_KEY, Lease, Orphaned, check_interval_s
+from airflow_cloudtrain.contract.runs import RunKey, RunStatus, join, status_key
+from airflow_cloudtrain.storage import open_run_folder
+
+BUCKET = "s3://cloudtrain-emulated/orphans"
+TIMEOUT_S = 6.0
+
+DAG_SOURCE = """
+import os
+import signal
+import threading
+import time
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_cloudtrain.operators import CloudTrainOperator
+
+DIE = os.environ.get("CLOUDTRAIN_TEST_DIE")  # set only in the process that plays the lost task
+PAUSE = float(os.environ.get("CLOUDTRAIN_TEST_PAUSE", "0"))
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)  # no finally, no on_kill, no trigger
+
+
+class LostTaskOperator(CloudTrainOperator):
+    def defer(self, *args, **kwargs):  # deferred: lost before any triggerer ran its trigger
+        if DIE == "defer":
+            die()
+        return super().defer(*args, **kwargs)
+
+    def _new_attempt(self, context):
+        attempt = super()._new_attempt(context)
+        wait = attempt.wait
+
+        def wait_then_die(launch):
+            if DIE == "wait":  # blocking: the worker is lost a couple of polls into the wait
+                threading.Timer(2.5, die).start()
+            if PAUSE:  # a watcher that renewed, stops for a while (a triggerer restart), then resumes
+                attempt.lease.renew(force=True)
+                time.sleep(PAUSE)
+            return wait(launch)
+
+        attempt.wait = wait_then_die
+        return attempt
+
+
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+    LostTaskOperator(task_id="train", cloud="ec2", cpus=2, ram="4g", bucket="{bucket}",
+                     region="us-east-1", poll_interval=1, live_prices=False, deferrable={deferrable},
+                     orphan_timeout={timeout}, command={command!r})
+"""
+
+# a job that checkpoints once, then runs far longer than the test: only the lease can end it
+LONG_JOB = 'echo step-7 > "$CLOUDTRAIN_CHECKPOINT_DIR/state.json"; echo started; sleep 600'
+
+
+def _dag(dag_id: str, deferrable: bool, command: str, timeout: float | None = TIMEOUT_S) -> None:
+    source = DAG_SOURCE.format(
+        dag_id=dag_id, bucket=BUCKET, deferrable=deferrable, timeout=timeout, command=command
+    )
+    write_dag(source, dag_id)
+
+
+def _folder(dag_id: str, when: datetime) -> Any:
+    run_id = f"manual__{when.isoformat()}"
+    return open_run_folder(join(BUCKET, RunKey(dag_id, "train", run_id, -1, BUCKET).path()))
+
+
+def _alive(emu: Any, folder: Any) -> list[dict[str, Any]]:
+    ids = {k.split("/")[1] for k in folder.list("instances/") if k.count("/") >= 2}
+    return [i for i in emu.running_instances() if i["id"] in ids]
+
+
+def _status(folder: Any) -> RunStatus | None:
+    keys = [k for k in folder.list("instances/") if k.endswith("/status.json")]
+    raw = folder.get_text(keys[0]) if keys else None
+    return RunStatus.from_json(raw) if raw else None
+
+
+@pytest.mark.parametrize("mode", ["deferred", "blocking"])
+def test_a_run_nobody_watches_ends_itself(emu, airflow_db, mode: str) -> None:
+    """(a) deferred, lost before any triggerer ran its trigger; (b) blocking, its worker SIGKILLed
+    and never retried: the agent ends the run within orphan_timeout + one check of its lease."""
+    dag_id = f"orphan_{mode}"
+    _dag(dag_id, deferrable=mode == "deferred", command=LONG_JOB)
+    when = datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(hours=1 if mode == "deferred" else 2)
+    proc = start_first_try(dag_id, when, {"CLOUDTRAIN_TEST_DIE": "defer" if mode == "deferred" else "wait"})
+    _, err = proc.communicate(timeout=240)
+    assert proc.returncode == -9, f"try 1 did not die: rc={proc.returncode}\n{err[-3000:]}"
+    folder = _folder(dag_id, when)
+    lease = Lease.from_json(folder.get_text(LEASE_KEY) or "")  # written before the launch
+    assert lease.orphan_timeout_s == TIMEOUT_S and lease.by == "worker"
+
+    record = Orphaned.from_json(wait_for(lambda: folder.get_text(ORPHANED_KEY), message="orphaned.json"))
+    assert record.ended_by == "agent"
+    assert record.lapsed_at >= lease.renewed_at + TIMEOUT_S - 0.01  # the first lease, or a later one
+    # noticed within one check of the lapse (plus what a loaded machine adds to a 1 s timer)
+    assert 0 <= record.noticed_at - record.lapsed_at <= check_interval_s(TIMEOUT_S) + 15.0
+    status = wait_for(lambda: (s := _status(folder)) and s.final and s, message="the final status")
+    assert status.state == "failed"
+    assert status.message.startswith("orphaned: no watcher renewed the lease since ")
+    assert status.checkpoint is not None  # the job's checkpoint went up before the power-off
+    manifests = [k for k in folder.list("checkpoints/") if k.endswith("/MANIFEST.json")]
+    assert manifests, "no checkpoint synced"
+    wait_for(lambda: not _alive(emu, folder), message="the instance terminated")
+
+
+def test_a_renewing_watcher_keeps_the_run_alive_past_several_timeouts(emu, airflow_db, monkeypatch) -> None:
+    """(c) A blocking wait renews the lease: a 20 s job outlives three 6 s timeouts; the watcher
+    first stops renewing for 4 s (less than the timeout: a triggerer restart at small scale)."""
+    dag_id = "orphan_renewed"
+    _dag(dag_id, deferrable=False, command="echo started; sleep 20; echo done")
+    when = datetime(2026, 1, 1, 3, tzinfo=timezone.utc)
+    monkeypatch.setenv("CLOUDTRAIN_TEST_PAUSE", "4")
+    run = load_example(dag_id).test(logical_date=when, run_after=when)
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    assert result["state"] == "succeeded" and result["duration_s"] > 3 * TIMEOUT_S
+    folder = _folder(dag_id, when)
+    assert folder.get_text(ORPHANED_KEY) is None
+    assert Lease.from_json(folder.get_text(LEASE_KEY) or "").by == "worker"
+    assert json.loads(folder.get_text(status_key(result["instance_id"])) or "{}")["state"] == "succeeded"
