@@ -1,6 +1,6 @@
 """Runs nobody watches end themselves: ``orphan_timeout`` (issue 26).
 
-Try 1 of each DAG runs in a subprocess that SIGKILLs itself once the run is launched (no ``on_kill``,
+Try 1 of each DAG runs in a subprocess that SIGKILLs itself once the job runs (no ``on_kill``,
 no trigger, no retry: what a task marked failed before any triggerer ran its trigger, a lost worker,
 or a dropped Airflow database leave behind). Nothing renews the run's lease after that, so the agent
 must end the run by itself: ``orphaned.json`` in the run folder, the job's checkpoint synced, a final
@@ -12,6 +12,7 @@ wait is on a condition, with a generous deadline.
 from __future__ import annotations
 
 import json
+import time
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -19,6 +20,7 @@ import pytest
 from dag_helpers import load_example, start_first_try, task_states, write_dag, xcom
 from waiting import wait_for
 
+from airflow_cloudtrain.cli import main
 from airflow_cloudtrain.contract.lease import LEASE_KEY, ORPHANED_KEY, Lease, Orphaned, check_interval_s
 from airflow_cloudtrain.contract.runs import RunKey, RunStatus, join, status_key
 from airflow_cloudtrain.storage import open_run_folder
@@ -45,9 +47,25 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)  # no finally, no on_kill, no trigger
 
 
+def until_running(attempt):
+    # the lost task goes only once the job runs (it checkpoints first thing): an instance's boot on a
+    # loaded test machine can take longer than the 6 s timeout, which a real one (30 min) never does
+    from airflow_cloudtrain.contract.runs import RunStatus
+
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        attempt.lease.renew()
+        for key in attempt.folder.list("instances/"):
+            raw = attempt.folder.get_text(key) if key.endswith("/status.json") else None
+            if raw and RunStatus.from_json(raw).state == "running":
+                return
+        time.sleep(0.2)
+
+
 class LostTaskOperator(CloudTrainOperator):
     def defer(self, *args, **kwargs):  # deferred: lost before any triggerer ran its trigger
         if DIE == "defer":
+            until_running(self._engine.attempt)
             die()
         return super().defer(*args, **kwargs)
 
@@ -56,8 +74,8 @@ class LostTaskOperator(CloudTrainOperator):
         wait = attempt.wait
 
         def wait_then_die(launch):
-            if DIE == "wait":  # blocking: the worker is lost a couple of polls into the wait
-                threading.Timer(2.5, die).start()
+            if DIE == "wait":  # blocking: the worker is lost once the job runs
+                threading.Thread(target=lambda: (until_running(attempt), die()), daemon=True).start()
             if PAUSE:  # a watcher that renewed, stops for a while (a triggerer restart), then resumes
                 attempt.lease.renew(force=True)
                 time.sleep(PAUSE)
@@ -101,7 +119,7 @@ def _status(folder: Any) -> RunStatus | None:
 
 
 @pytest.mark.parametrize("mode", ["deferred", "blocking"])
-def test_a_run_nobody_watches_ends_itself(emu, airflow_db, mode: str) -> None:
+def test_a_run_nobody_watches_ends_itself(emu, airflow_db, capsys, mode: str) -> None:
     """(a) deferred, lost before any triggerer ran its trigger; (b) blocking, its worker SIGKILLed
     and never retried: the agent ends the run within orphan_timeout + one check of its lease."""
     dag_id = f"orphan_{mode}"
@@ -113,6 +131,7 @@ def test_a_run_nobody_watches_ends_itself(emu, airflow_db, mode: str) -> None:
     folder = _folder(dag_id, when)
     lease = Lease.from_json(folder.get_text(LEASE_KEY) or "")  # written before the launch
     assert lease.orphan_timeout_s == TIMEOUT_S and lease.by == "worker"
+    assert _status(folder).state == "running"  # the job runs on: nobody will renew its lease
 
     record = Orphaned.from_json(wait_for(lambda: folder.get_text(ORPHANED_KEY), message="orphaned.json"))
     assert record.ended_by == "agent"
@@ -126,6 +145,13 @@ def test_a_run_nobody_watches_ends_itself(emu, airflow_db, mode: str) -> None:
     manifests = [k for k in folder.list("checkpoints/") if k.endswith("/MANIFEST.json")]
     assert manifests, "no checkpoint synced"
     wait_for(lambda: not _alive(emu, folder), message="the instance terminated")
+    lapsed = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(record.lapsed_at))
+    assert main(["runs", "show", folder.uri]) == 0  # the operator of the deployment sees it
+    assert f"lease: orphaned: its lease lapsed at {lapsed}; ended by agent" in capsys.readouterr().out
+    assert main(["runs", "list", "--bucket", BUCKET, "--orphaned", "--json"]) == 0
+    listed = {row["run_uri"]: row for row in json.loads(capsys.readouterr().out)}
+    assert listed[folder.uri]["state"] == "orphaned"
+    assert listed[folder.uri]["lapsed_at"] == record.lapsed_at
 
 
 def test_a_renewing_watcher_keeps_the_run_alive_past_several_timeouts(emu, airflow_db, monkeypatch) -> None:
