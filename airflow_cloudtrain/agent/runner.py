@@ -41,6 +41,11 @@ job is stopped like any other stop (checkpoints synced) and the run ends as ``id
 (``num_nodes`` > 1) records that in the run folder and stops only once every node of the gang is idle
 (``agent.gang.GangIdle``): one idle rank of a busy gang is waiting on the others, not hung.
 
+Orphaned runs (``spec.orphan_timeout_s``; see ``agent.lease``): a chore reads the run folder's
+``lease.json``; once no watcher renewed it for the timeout the job is stopped like at ``max_runtime``
+(checkpoints synced), ``orphaned.json`` is written and the run ends ``failed`` with a message naming
+the lapsed lease, then powers off. Item agents of a worker have no lease (the worker watches its fleet's).
+
 Work items (``agent.worker``): a worker runs one ``Agent`` per item, given the item's spec, its folder
 (``items/<id>/``) and the attempt name as ``instance_id`` (``<instance-id>.<delivery>``), without a
 power-off; everything above holds per item. ``outcome`` is the run's final (state, exit code, message).

@@ -28,6 +28,11 @@ status, checkpoints (restored before the job, synced during and after it) and re
   fails, it runs the power-off command (quietly when the fleet's teardown came first: no longer a
   member, or the group gone, ``out_of_group``). ``workers/<instance-id>.json`` records what it did.
 
+- Orphaned fleets: the worker reads its fleet's ``lease.json`` (``agent.lease``) between items and
+  during one; once no watcher renewed it for ``orphan_timeout`` it writes ``orphaned.json``, stops the
+  running item like a notice (checkpoint synced, sent again), takes no more work and leaves the group
+  as above, so the group drains to 0. The group, queues and template are ``cloudtrain gc``'s to delete.
+
 The queue and group are small objects (``agent.queue_sqs``: SQS + Auto Scaling); another cloud is
 another pair of classes with the same methods. An item's exception never ends the loop: it is logged
 and the item's lease released. A deleted queue means the fleet is over: the worker leaves.
