@@ -5,9 +5,10 @@ for as long as it waits, as it does in ``run_index.LOG_EVERY``. Each poll of a b
 (``run_index.LiveIndex``, one per bucket and triggerer) hands the runs it watches to its
 ``LeaseBook``, which writes the leases that are due (each run at most every
 ``renew_interval_s(orphan_timeout)``: one small PUT per run per 5 minutes at the default 30 minutes)
-in a thread of its own, one round at a time, through the index's storage client: never on the event
-loop, never delaying the poll that notices ends. At 1,000 deferred runs that is about 3.3 writes a
-second (``benchmarks/triggerer_scale.py``, docs/benchmarks.md).
+on ``WRITERS`` threads of its own (a run's write is never queued twice), through the index's storage
+client: never on the event loop, never delaying the poll that notices ends. At 1,000 deferred runs
+that is about 3.3 writes a second, plus one write per run when a triggerer (re)starts and picks the
+runs up (``benchmarks/triggerer_scale.py``, docs/benchmarks.md).
 
 A triggerer that restarts renews every run it picks up in its first round; one that stays down
 longer than ``orphan_timeout`` lets the runs end themselves, which is the point. A failed write is
@@ -29,6 +30,8 @@ from airflow_cloudtrain.contract.runs import join, split_uri
 log = logging.getLogger(__name__)
 
 BY = "triggerer"
+WRITERS = 4  # a triggerer picking up 1,000 runs renews them all at once: a few PUTs side by side
+FAILURE_LOG_S = 60.0  # a failing store is logged at most this often
 # instance -> (run folder URI, orphan_timeout_s): set by a trigger while it waits on that run
 LEASES: dict[str, tuple[str, float]] = {}
 
@@ -46,8 +49,9 @@ class LeaseBook:
         self.renewed: dict[str, float] = {}  # instance -> when this group last wrote its lease
         self.writes = 0  # lease writes made (the benchmark counts them)
         self._lock = threading.Lock()
-        self._round: Future[None] | None = None
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="cloudtrain-leases")
+        self._inflight: dict[str, Future[None]] = {}  # instance -> its queued or running write
+        self._failed_logged = 0.0
+        self._executor = ThreadPoolExecutor(WRITERS, thread_name_prefix="cloudtrain-leases")
 
     def due(self, ids: Iterable[str], now: float) -> list[tuple[str, str, float]]:
         """(instance, lease key in this bucket, timeout) of the watched runs whose renewal is due."""
@@ -55,7 +59,7 @@ class LeaseBook:
         with self._lock:
             for iid in ids:
                 entry = LEASES.get(iid)
-                if entry is None:
+                if entry is None or iid in self._inflight:
                     continue
                 run_uri, timeout = entry
                 last = self.renewed.get(iid)
@@ -70,39 +74,38 @@ class LeaseBook:
         return out
 
     def start_round(self, ids: Iterable[str], now: float | None = None) -> None:
-        """Write the due leases in the writer thread, unless the last round is still writing (its
-        runs are due again at the next poll). Never blocks, never raises."""
-        if self._round is not None and not self._round.done():
-            return
-        due = self.due(ids, time.time() if now is None else now)
-        if due:
-            with contextlib.suppress(RuntimeError):  # shut down: the group is closing
-                self._round = self._executor.submit(self._write, due)
+        """Queue the due leases' writes for the writer threads (a run whose write is still queued
+        is not queued again). Never blocks, never raises."""
+        for iid, key, timeout in self.due(ids, time.time() if now is None else now):
+            with self._lock, contextlib.suppress(RuntimeError):  # shut down: the group is closing
+                self._inflight[iid] = self._executor.submit(self._write, iid, key, timeout)
 
-    def _write(self, due: list[tuple[str, str, float]]) -> None:
-        failed: BaseException | None = None
-        for iid, key, timeout in due:
-            now = time.time()
-            try:
-                self.put(key, Lease(renewed_at=now, orphan_timeout_s=timeout, by=BY).to_json().encode())
-            except Exception as err:  # retried at the next poll
-                failed = err
-                continue
+    def _write(self, iid: str, key: str, timeout: float) -> None:
+        now = time.time()
+        try:
+            self.put(key, Lease(renewed_at=now, orphan_timeout_s=timeout, by=BY).to_json().encode())
+        except Exception as err:  # retried at the next poll
+            if now - self._failed_logged >= FAILURE_LOG_S:
+                self._failed_logged = now
+                log.warning("Could not renew runs' leases (retrying at the next poll): %s", err)
             with self._lock:
-                self.renewed[iid] = now
-                self.writes += 1
-        if failed is not None:
-            log.warning("Could not renew some runs' leases (retrying at the next poll): %s", failed)
+                self._inflight.pop(iid, None)
+            return
+        with self._lock:
+            self.renewed[iid] = now
+            self.writes += 1
+            self._inflight.pop(iid, None)
 
     def forget(self, instance_id: str) -> None:
         with self._lock:
             self.renewed.pop(instance_id, None)
 
     def wait_round(self, timeout: float = 60.0) -> None:
-        """Tests and the benchmark: until the round under way wrote its leases."""
-        round_ = self._round
-        if round_ is not None:
-            round_.result(timeout)
+        """Tests: until the writes queued so far are done."""
+        with self._lock:
+            pending = list(self._inflight.values())
+        for future in pending:
+            future.result(timeout)
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False)
+        self._executor.shutdown(wait=False, cancel_futures=True)  # queued renewals: the next group
