@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -169,3 +170,95 @@ def test_a_renewing_watcher_keeps_the_run_alive_past_several_timeouts(emu, airfl
     assert folder.get_text(ORPHANED_KEY) is None
     assert Lease.from_json(folder.get_text(LEASE_KEY) or "").by == "worker"
     assert json.loads(folder.get_text(status_key(result["instance_id"])) or "{}")["state"] == "succeeded"
+
+
+FLEET_BUCKET = "s3://cloudtrain-emulated/orphan-fleet"
+JOBS = str(Path(__file__).parent / "jobs")
+FLEET_DAG = """
+import os
+import signal
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_cloudtrain.operators import SpotFleetOperator
+
+
+class LostFleetOperator(SpotFleetOperator):
+    def new_engine(self, context):
+        engine = super().new_engine(context)
+        watch_of = engine.watch
+
+        def watch(handle):  # the operator is lost once a worker runs an item: nobody watches the fleet
+            found = watch_of(handle)
+            poll = found.poll
+
+            def poll_then_die():
+                done = poll()
+                if any(k.endswith("/status.json") for k in found.folder.list("items/")):
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return done
+
+            found.poll = poll_then_die
+            return found
+
+        engine.watch = watch
+        return engine
+
+
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+    LostFleetOperator(
+        task_id="sweep", cloud="ec2spot", cpus=2, ram="4g", code="{jobs}", command="python3 item.py",
+        bucket="{bucket}", region="us-east-1", poll_interval=1, live_prices=False, lease_timeout=10,
+        orphan_timeout={timeout}, num_workers=2, max_workers=2,
+        work_items=[{{"steps": 600, "step_s": 0.5, "n": n}} for n in range(4)])
+"""
+
+
+def _sweep_gc(digest: str) -> None:
+    """What ``cloudtrain gc`` deletes of a drained fleet (its helper builds it): the group at 0, the
+    queues and the template, so that nothing of the test stays in the emulator."""
+    import boto3
+
+    asg, sqs, ec2 = boto3.client("autoscaling"), boto3.client("sqs"), boto3.client("ec2")
+    asg.delete_auto_scaling_group(AutoScalingGroupName=f"ct-{digest}", ForceDelete=True)
+    for url in sqs.list_queues(QueueNamePrefix=f"ct-{digest}").get("QueueUrls", []):
+        sqs.delete_queue(QueueUrl=url)
+    for template in ec2.describe_launch_templates(
+        Filters=[{"Name": "launch-template-name", "Values": [f"ct-{digest}"]}]
+    )["LaunchTemplates"]:
+        ec2.delete_launch_template(LaunchTemplateId=template["LaunchTemplateId"])
+
+
+def test_a_fleet_whose_operator_is_gone_drains(emu, airflow_db) -> None:
+    """(d) The workers see the fleet's lease lapse, stop their items (checkpoint synced, the items
+    back in the queue), and leave the group with its desired capacity decremented: it goes to 0."""
+    import boto3
+
+    dag_id = "orphan_fleet"
+    write_dag(FLEET_DAG.format(dag_id=dag_id, jobs=JOBS, bucket=FLEET_BUCKET, timeout=TIMEOUT_S), dag_id)
+    when = datetime(2026, 1, 1, 5, tzinfo=timezone.utc)
+    proc = start_first_try(dag_id, when, {})
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == -9, f"try 1 did not die: rc={proc.returncode}\n{err[-3000:]}"
+    key = RunKey(dag_id, "sweep", f"manual__{when.isoformat()}", -1, FLEET_BUCKET)
+    folder = open_run_folder(join(FLEET_BUCKET, key.path()))
+    asg = boto3.client("autoscaling")
+    try:
+        record = Orphaned.from_json(wait_for(lambda: folder.get_text(ORPHANED_KEY), message="orphaned.json"))
+        assert record.ended_by == "worker"
+
+        def drained() -> bool:
+            groups = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[f"ct-{key.digest}"])
+            group = groups["AutoScalingGroups"][0]
+            members = [i for i in emu.running_instances() if i.get("group") == f"ct-{key.digest}"]
+            return group["DesiredCapacity"] == 0 and not members
+
+        wait_for(drained, timeout=180, message="the group drained to 0")
+        records = [
+            json.loads(folder.get_text(k) or "{}") for k in folder.list("workers/") if k.endswith(".json")
+        ]
+        assert records and all(r["state"] == "left" for r in records)
+        assert not [k for k in folder.list("outcomes/")]  # no item ran to its end: they wait for a rerun
+    finally:
+        _sweep_gc(key.digest)
