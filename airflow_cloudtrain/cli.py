@@ -138,10 +138,10 @@ def _runs_show(args: argparse.Namespace) -> int:
         return 1
     ledgers = [json.loads(folder.get_text(k) or "{}") for k in keys]
     if args.json:
-        found = ledgers if len(ledgers) > 1 else (ledgers[0] if ledgers else {})
-        print(
-            json.dumps(found if lease is None else {"lease": lease_state(folder), "ledger": found}, indent=2)
-        )
+        if lease is not None:  # each ledger as before, with the run's lease beside its attempts
+            state = lease_state(folder)
+            ledgers = [{**ledger, "lease": state} for ledger in ledgers] or [{"lease": state}]
+        print(json.dumps(ledgers if len(ledgers) > 1 else ledgers[0], indent=2))
         return 0
     print("\n\n".join([*(format_ledger(ledger) for ledger in ledgers), *([lease] if lease else [])]))
     return 0
