@@ -185,6 +185,10 @@ class FleetRun:
         from airflow_cloudtrain.core.lease import LeaseRenewer  # before any worker: a task killed now
 
         LeaseRenewer(self.folder, ctx.fleet.orphan_timeout_s, "fleet", self.log).renew(force=True)
+        if ctx.fleet.orphan_timeout_s is None:
+            self.log.info(
+                "orphan_timeout=None: no lease; if nobody watches this fleet, only max_runtime ends it"
+            )
         started_at, pending = self._enqueue(queues.queue, queues.send_to)
         self._check()
         request = request_builder(ctx.config, ctx.key, ctx.run_uri, ctx.options, ctx.try_number, worker=True)(

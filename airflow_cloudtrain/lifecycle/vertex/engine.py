@@ -62,6 +62,10 @@ class VertexEngine:
             self.run.show_rest(job)
             return self.advance(job, job)
         self.settings.lease(self.run, job).renew(force=True)  # a task killed before its first poll
+        if self.settings.orphan_timeout is None:
+            self.run.log.info(
+                "orphan_timeout=None: no lease; cloudtrain gc never cancels this job as orphaned"
+            )
         return Step.waiting(job)
 
     def over(self, handle: JobRecord) -> bool:
