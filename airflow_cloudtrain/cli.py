@@ -129,18 +129,24 @@ def _runs_show(args: argparse.Namespace) -> int:
             print(f"cloudtrain runs show: no run {run_id} under {bucket}", file=sys.stderr)
             return 1
         target = json.loads(raw)["run_uri"]
+    from airflow_cloudtrain.cli_leases import lease_state, orphaned_line
+
     folder = open_run_folder(target)
     keys = [k for k in folder.list(f"{LEDGER_PREFIX}/") if k.endswith(".json")]
     if run_id is not None:  # that run's ledger first, then earlier runs that wrote to the folder
         keys.sort(key=lambda k: k != f"{LEDGER_PREFIX}/{run_id}.json")
-    if not keys:
+    lease = orphaned_line(folder)  # orphaned (and when its lease lapsed), lapsed, or watched
+    if not keys and lease is None:
         print(f"cloudtrain runs show: no ledger in {target}", file=sys.stderr)
         return 1
     ledgers = [json.loads(folder.get_text(k) or "{}") for k in keys]
     if args.json:
+        if lease is not None:  # each ledger as before, with the run's lease beside its attempts
+            state = lease_state(folder)
+            ledgers = [{**ledger, "lease": state} for ledger in ledgers] or [{"lease": state}]
         print(json.dumps(ledgers if len(ledgers) > 1 else ledgers[0], indent=2))
         return 0
-    print("\n\n".join(format_ledger(ledger) for ledger in ledgers))
+    print("\n\n".join([*(format_ledger(ledger) for ledger in ledgers), *([lease] if lease else [])]))
     return 0
 
 
@@ -188,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     from airflow_cloudtrain.cli_costs import add_costs_parser
 
     add_costs_parser(sub)  # cloudtrain costs
+    __import__("airflow_cloudtrain.cli_leases").cli_leases.add_runs_list(runs)  # cloudtrain runs list
     from airflow_cloudtrain.cli_jobs import add_jobs_parser
 
     add_jobs_parser(sub)

@@ -601,7 +601,7 @@ def measure(spec: dict[str, Any]) -> None:
         counts, clients = emulator_counts(), sum(probe.clients.values())
         rss, cpu = proc.memory_info().rss, time.process_time()
         samples.append({"t": time.monotonic(), "cpu": cpu, "counts": counts, "clients": clients, "rss": rss,
-                        "lags": len(lags), "events": len(events)})  # fmt: skip
+                        "lags": len(lags), "events": len(events), "leases": lease_writes()})  # fmt: skip
 
     async def run_trigger(i: int, trigger: Any) -> None:  # as TriggerRunner.run_trigger
         await greenback.ensure_portal()
@@ -676,6 +676,16 @@ def measure(spec: dict[str, Any]) -> None:
     asyncio.run(main())
 
 
+def lease_writes() -> int:
+    """The run triggers' lease renewals so far in this process (``triggers.leases``): one PUT per run
+    per renew interval, batched per bucket, beside the index's other writes."""
+    if "airflow_cloudtrain.triggers.run" not in sys.modules:
+        return 0
+    from airflow_cloudtrain.triggers.run import INDEXES
+
+    return sum(index.leases.writes for index in list(INDEXES._items.values()))
+
+
 def summarize(spec: dict[str, Any], probe: Probe, samples: list[dict[str, Any]], lags: list[float],
               events: dict[int, Any], stacks: Counter[str], built: float, closed: bool) -> dict[str, Any]:  # fmt: skip
     """The row's numbers from what ``measure`` gathered (see the module doc)."""
@@ -697,6 +707,7 @@ def summarize(spec: dict[str, Any], probe: Probe, samples: list[dict[str, Any]],
         lag = lags[a["lags"] : b["lags"]]
         windows.append({"requests": dict(b["counts"] - a["counts"]), "cpu": b["cpu"] - a["cpu"],
                         "clients": b["clients"] - a["clients"], "events": b["events"] - a["events"],
+                        "leases": b.get("leases", 0) - a.get("leases", 0),
                         "lag": [pct(lag, 0.5), pct(lag, 0.99), max(lag, default=0.0)]})  # fmt: skip
     return {
         "n": n,
@@ -752,7 +763,8 @@ def trigger_kwargs(classpath: str, runs_: list[list[str]], spec: dict[str, Any],
             behind = rng.randint(0, 2)  # deferred a moment ago: a chunk or two not shown yet
             out.append({"launch": launch.to_dict(), "conn_id": conn, "project_id": project,
                         "poll_interval": spec["interval"], "deadline": None, "startup_timeout": None,
-                        "heartbeat_timeout": None, "next_log_seq": max(0, seqs[iid] - behind)})  # fmt: skip
+                        "heartbeat_timeout": None, "next_log_seq": max(0, seqs[iid] - behind),
+                        "orphan_timeout": 1800.0})  # fmt: skip  # the default: a lease per run per 5 min
     return out
 
 
@@ -869,6 +881,9 @@ def print_tables(side: str, results: list[dict[str, Any]], args: argparse.Namesp
             base, built_, frozen = (r["gc_tracked"] + [0])[:3]
             notes.append(f"objects a full collection walks: {base} before the triggers, {built_} once "
                          f"built ({(built_ + frozen - base) / r['n']:.0f} per trigger; {frozen} frozen)")  # fmt: skip
+        if any(w.get("leases") for w in r["windows"]):
+            notes.append(f"lease renewals per window: {[w.get('leases', 0) for w in r['windows']]} (each run's "
+                         "lease once at its trigger's start, then once per 300 s: orphan_timeout 30 min)")  # fmt: skip
         if "job_end" in r:
             notes.append(
                 f"ended runs: {r['outcomes']}, whole log shown for {r['log_complete']} of {r['job_end'][3]}"

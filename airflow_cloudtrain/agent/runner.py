@@ -41,6 +41,11 @@ job is stopped like any other stop (checkpoints synced) and the run ends as ``id
 (``num_nodes`` > 1) records that in the run folder and stops only once every node of the gang is idle
 (``agent.gang.GangIdle``): one idle rank of a busy gang is waiting on the others, not hung.
 
+Orphaned runs (``spec.orphan_timeout_s``; see ``agent.lease``): a chore reads the run folder's
+``lease.json``; once no watcher renewed it for the timeout the job is stopped like at ``max_runtime``
+(checkpoints synced), ``orphaned.json`` is written and the run ends ``failed`` with a message naming
+the lapsed lease, then powers off. Item agents of a worker have no lease (the worker watches its fleet's).
+
 Work items (``agent.worker``): a worker runs one ``Agent`` per item, given the item's spec, its folder
 (``items/<id>/``) and the attempt name as ``instance_id`` (``<instance-id>.<delivery>``), without a
 power-off; everything above holds per item. ``outcome`` is the run's final (state, exit code, message).
@@ -76,6 +81,7 @@ from airflow_cloudtrain.agent.jobs import (
     resume_report,
     run_process,
 )
+from airflow_cloudtrain.agent.lease import LeaseWatch
 from airflow_cloudtrain.agent.logs import LogStreamer, Periodic
 from airflow_cloudtrain.agent.status import StatusWriter
 from airflow_cloudtrain.agent.watcher import FOLDER_CLOUD, AwsMetadata, GceMetadata, Notice, metadata_for
@@ -283,6 +289,11 @@ class Agent:
         self._chores["logs"] = Periodic("logs", self.spec.log_interval_s, self._flush_logs, run_first=False)
         if self.metadata is not None:
             self._chores["metadata"] = Periodic("metadata", self.spec.metadata_poll_s, self._watch)
+        lease = LeaseWatch(self.folder, self.spec.orphan_timeout_s, self.started_at)
+        if lease.interval_s is not None:  # nobody renewing it for orphan_timeout ends the run
+            self._chores["lease"] = Periodic(
+                "lease", lease.interval_s, lambda: self._check_lease(lease), run_first=False
+            )
         for chore in self._chores.values():
             chore.start()
         self.workdir = self.workdir or default_workdir(self.instance_id)
@@ -291,6 +302,7 @@ class Agent:
     def _finish(self, state: str, exit_code: int | None, message: str) -> None:
         """Results, last log chunk, final status: in this order, each attempted whatever failed before."""
         self._stop_chore("metadata")
+        self._stop_chore("lease")
         self._stop_chore("idle")
         self._stop_chore("checkpoints", timeout=600.0)  # a round in progress finishes its upload
         writer = self.writer
@@ -392,6 +404,20 @@ class Agent:
         self.request_stop(StopRequest(runs.INTERRUPTED, message, grace))
         self._note(f"{message}: stopping the job, {grace:.1f} s grace of {max(left, 0):.1f} s left")
         self._record_interruption()
+
+    def _check_lease(self, lease: LeaseWatch) -> None:
+        """Lease chore (``agent.lease``): a lapsed lease stops the job as ``max_runtime`` does; the
+        run ends ``failed`` with a message naming the lapse, and ``orphaned.json`` records it."""
+        if self._stop is not None:
+            return
+        message = lease.check()
+        if message is None:
+            return
+        assert self.spec is not None
+        grace = self.spec.stop_grace_s if self.spec.stop_grace_s is not None else TIMEOUT_GRACE_S
+        if self.request_stop(StopRequest(runs.FAILED, message, max(0.0, float(grace)))):
+            lease.record("agent")
+            self._note(f"{message}: stopping the job ({float(grace):g} s grace), then powering off")
 
     def _record_interruption(self, **fields: object) -> None:
         """Add ``fields`` to the interruption record and write it; under a lock, so the last write

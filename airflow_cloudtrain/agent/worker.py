@@ -28,6 +28,11 @@ status, checkpoints (restored before the job, synced during and after it) and re
   fails, it runs the power-off command (quietly when the fleet's teardown came first: no longer a
   member, or the group gone, ``out_of_group``). ``workers/<instance-id>.json`` records what it did.
 
+- Orphaned fleets: the worker reads its fleet's ``lease.json`` (``agent.lease``) between items and
+  during one; once no watcher renewed it for ``orphan_timeout`` it writes ``orphaned.json``, stops the
+  running item like a notice (checkpoint synced, sent again), takes no more work and leaves the group
+  as above, so the group drains to 0. The group, queues and template are ``cloudtrain gc``'s to delete.
+
 The queue and group are small objects (``agent.queue_sqs``: SQS + Auto Scaling); another cloud is
 another pair of classes with the same methods. An item's exception never ends the loop: it is logged
 and the item's lease released. A deleted queue means the fleet is over: the worker leaves.
@@ -46,7 +51,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from airflow_cloudtrain.agent.jobs import checkpoint_dir
+from airflow_cloudtrain.agent.jobs import StopRequest, checkpoint_dir
+from airflow_cloudtrain.agent.lease import LeaseWatch
 from airflow_cloudtrain.agent.logs import Periodic
 from airflow_cloudtrain.agent.queue_sqs import AutoScalingGroup, Lease, QueueGone, SqsQueue
 from airflow_cloudtrain.agent.runner import Agent, power_off
@@ -137,6 +143,10 @@ class Worker:
         self._signal: str | None = None
         self._protected = False
         self._lock = threading.Lock()
+        # the fleet's lease (``agent.lease``): lapsed, the worker stops taking items and leaves
+        self.lease = LeaseWatch(folder, spec.orphan_timeout_s, time.time())
+        self.orphaned: str | None = None
+        self._lease_checked = 0.0
 
     # -- the loop ------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -150,6 +160,9 @@ class Worker:
             ending = self._loop()
         except Exception:
             log.exception("worker error; leaving")
+        if ending == INTERRUPTED and self.orphaned:  # nobody watches the fleet: leave, the group drains
+            log.info("the fleet's lease lapsed: leaving the group (%s)", self.orphaned)
+            ending = LEFT
         self.record.state, self.record.ended_at = ending, time.time()
         self._write_record(final=True)
         if ending == INTERRUPTED:  # the cloud is taking the machine: no power-off, no leaving
@@ -236,6 +249,7 @@ class Worker:
             run_uri=item_uri,
             run_id=f"{self.spec.run_id}-{item_id}",
             worker=None,
+            orphan_timeout_s=None,  # the worker watches the fleet's lease; items have none
             live_uri=None,  # items are watched through their outcomes, not the live index
             env=env,
             max_runtime_s=settings.item_timeout_s,
@@ -254,12 +268,20 @@ class Worker:
         lease_chore = Periodic(
             "lease", settings.heartbeat_s, lambda: self.queue.extend(lease), run_first=False
         )
+        interval = self.lease.interval_s
+        fleet_lease = Periodic(
+            "fleet-lease", interval or 3600.0, lambda: self._stop_if_orphaned(agent), run_first=False
+        )
         started = time.time()
         try:
             lease_chore.start()
+            if interval is not None:
+                fleet_lease.start()
             agent.run()
         finally:
             lease_chore.stop()
+            if interval is not None:
+                fleet_lease.stop()
             with self._lock:
                 self.current = None
             # results and checkpoints are up (a retry restores from the run folder): free the disk
@@ -305,9 +327,29 @@ class Worker:
         if agent is not None:
             agent.stop_for_signal(name)
 
+    def _orphaned(self) -> bool:
+        """Has the fleet's lease lapsed (read at most every check interval)? Recorded once."""
+        interval = self.lease.interval_s
+        if self.orphaned or interval is None or time.time() - self._lease_checked < interval:
+            return bool(self.orphaned)
+        self._lease_checked = time.time()
+        message = self.lease.check()
+        if message is not None:
+            self.orphaned = message
+            log.warning("%s: taking no more items", message)
+            self.lease.record("worker")
+        return bool(self.orphaned)
+
+    def _stop_if_orphaned(self, agent: Agent) -> None:
+        """During an item: a lapsed fleet lease stops it like a notice (checkpoint synced, the item
+        sent again for whoever runs the fleet next); the worker then leaves."""
+        if self._orphaned() and self.orphaned:
+            agent.request_stop(StopRequest(runs.INTERRUPTED, self.orphaned, 10.0))
+
     def _stopping(self) -> bool:
-        """Signalled, or the metadata service announces an interruption (asked between items)."""
-        if self._signal is not None or self.notice is not None:
+        """Signalled, the metadata service announces an interruption, or the fleet's lease lapsed
+        (asked between items)."""
+        if self._signal is not None or self.notice is not None or self._orphaned():
             return True
         if self.metadata is not None:
             try:

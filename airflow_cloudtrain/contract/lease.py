@@ -104,3 +104,30 @@ class Orphaned:
             return cls(float(data["lapsed_at"]), str(data["ended_by"]), float(data["noticed_at"]))
         except (TypeError, KeyError, AttributeError, json.JSONDecodeError) as err:
             raise ValueError(f"not an orphaned record: {err}") from err
+
+
+MAX_CHECK_INTERVAL_S = 60.0  # the agent reads the lease at least once a minute
+CHECK_FRACTION = 6  # ... and at least 6 times per timeout: it ends a run within 1/6 past the lapse
+
+
+def check_interval_s(orphan_timeout_s: float) -> float:
+    """How often the agent reads the lease: a sixth of the timeout, at most a minute (one GET)."""
+    return min(MAX_CHECK_INTERVAL_S, float(orphan_timeout_s) / CHECK_FRACTION)
+
+
+def lapsed_at(lease: Lease | None, started_at: float, orphan_timeout_s: float | None) -> float | None:
+    """When the run's lease lapsed (or lapses): ``lapsed``'s rule as a time; None when it never does."""
+    if lease is not None:
+        return lease.lapses_at()
+    return None if orphan_timeout_s is None else started_at + float(orphan_timeout_s)
+
+
+def orphaned_message(last_renewed: float | None, orphan_timeout_s: float | None) -> str:
+    """The final status message of a run its agent ended for a lapsed lease."""
+    import time
+
+    timeout = f"{float(orphan_timeout_s):g} s" if orphan_timeout_s is not None else "the orphan_timeout"
+    if last_renewed is None:
+        return f"orphaned: no watcher wrote the run's lease within orphan_timeout ({timeout}) of its start"
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(last_renewed))
+    return f"orphaned: no watcher renewed the lease since {when} (orphan_timeout {timeout})"

@@ -347,6 +347,10 @@ class RunSpec:
     # checkpoint_dir to checkpoints/, every rank restores from there) or "all" (rank r uploads to and
     # restores from ``ranks/<r>/checkpoints/``, rank 0 still at checkpoints/). Older specs: "head".
     checkpoint_ranks: str = "head"
+    # The run's lease (``contract.lease``): the agent ends the run once ``lease.json`` was not renewed
+    # for this long (or, never written, this long after it started). None: no lease (a spec of a
+    # release without leases, or ``orphan_timeout=None``): the run depends on ``max_runtime`` alone.
+    orphan_timeout_s: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

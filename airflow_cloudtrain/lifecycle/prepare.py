@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from airflow_cloudtrain.contract.lease import DEFAULT_ORPHAN_TIMEOUT_S
 from airflow_cloudtrain.contract.runs import (
     AGENT_KEY,
     CODE_KEY,
@@ -94,6 +95,9 @@ class WaitSettings:
     heartbeat_timeout: float | None = None
     max_cost_usd: float | None = None  # ``max_cost`` (``core.budget``)
     spent_usd: float = 0.0  # what the run's earlier attempts cost (the resume loop sets it)
+    # the run's lease (``core.lease``): the wait renews it, the agent ends the run once it lapsed;
+    # None: no lease (``orphan_timeout=None``)
+    orphan_timeout: float | None = DEFAULT_ORPHAN_TIMEOUT_S
 
 
 def hard_stop_s(max_runtime_s: float | None) -> int | None:
@@ -154,6 +158,7 @@ def write_run_folder(
     live_uri: str | None = None,
     secret_env: dict[str, str] | None = None,
     gang: GangOptions | None = None,
+    orphan_timeout_s: float | None = None,
 ) -> None:
     """The spec, the agent and (for a local ``code`` folder) the code tarball, before any launch.
 
@@ -196,6 +201,7 @@ def write_run_folder(
         spec.idle_timeout_s = job.idle_timeout_s
         spec.checkpoint_ranks = job.checkpoint_ranks
     spec.worker = worker
+    spec.orphan_timeout_s = orphan_timeout_s  # the agent's lease check (``agent.lease``)
     spec.live_uri = live_uri
     spec.secret_env = dict(secret_env or {})
     if gang is not None:

@@ -114,6 +114,7 @@ TEMPLATED = (
     "region",
     "zone",
     "max_runtime",
+    "orphan_timeout",
 )
 
 
@@ -157,6 +158,7 @@ class RunArgsOperator(EngineOperator):
     cloud: str
     bid: str | float | None
     project_id: str | None
+    orphan_timeout: Any  # a duration or None (``operators.lease_config``), maybe a template
 
     def __init__(
         self,
@@ -201,6 +203,7 @@ class RunArgsOperator(EngineOperator):
         live_prices: bool = True,
         startup_timeout: Any = "30m",
         heartbeat_timeout: Any = "10m",
+        orphan_timeout: Any = "30m",
         **kwargs: Any,
     ) -> None:
         from airflow_cloudtrain.lifecycle.prepare import LaunchOptions, WaitSettings
@@ -247,6 +250,9 @@ class RunArgsOperator(EngineOperator):
             heartbeat_timeout=parse_duration(heartbeat_timeout, "heartbeat_timeout"),
         )
         check_secret_env(secret_env, cloud, env)  # references only; the values are read at run time
+        from airflow_cloudtrain.operators.lease_config import check_orphan_timeout
+
+        check_orphan_timeout(orphan_timeout, self.poll_interval, max_runtime)  # a run nobody watches
         with no_gcspot_bid_warning() if parsing_for_a_task() else contextlib.nullcontext():
             self._check_parse_time()
 
@@ -280,3 +286,13 @@ class RunArgsOperator(EngineOperator):
 
     def _args(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in TEMPLATED}
+
+    def _wait_settings(self, config: Any) -> Any:
+        """``self.wait`` with the rendered ``orphan_timeout`` (checked again against the rendered
+        ``max_runtime``): what the run's waits renew and its spec tells the agent."""
+        from dataclasses import replace
+
+        from airflow_cloudtrain.operators.lease_config import parse_orphan_timeout
+
+        timeout = parse_orphan_timeout(self.orphan_timeout, self.poll_interval, config.max_runtime_s)
+        return replace(self.wait, orphan_timeout=timeout)

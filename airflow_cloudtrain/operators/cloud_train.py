@@ -80,6 +80,9 @@ class CloudTrainOperator(RunArgsOperator):
     :param live_prices: Refresh prices from the cloud's own APIs (cached) before choosing.
     :param startup_timeout: How long the agent may take to report after launch.
     :param heartbeat_timeout: How long the agent may stay silent before the run is declared lost.
+    :param orphan_timeout: A run nobody has watched for this long ends itself (the agent stops the job,
+        syncs its checkpoint and powers off; README "Runs nobody watches"); default 30 minutes, at
+        least 3 x ``poll_interval``; None: no lease, the run depends on ``max_runtime`` alone (templated).
     :param idle_timeout: Stop a job whose processes used no CPU (and no GPU) for this long (the
         hung-job watchdog; a duration, default None: off); the run ends ``idle`` and the task fails.
     :param num_nodes: Instances running ``command`` together as one job (a gang, README "Multi-node
@@ -166,7 +169,8 @@ class CloudTrainOperator(RunArgsOperator):
         from airflow_cloudtrain.operators.secret_env import parse_secret_env
 
         secret_env = parse_secret_env(getattr(self, "secret_env", None), config.cloud, config.env)
-        ctx = RunContext.for_task(config, self, context, self.launch_options, self.wait, secret_env)
+        wait = self._wait_settings(config)  # orphan_timeout, rendered and checked
+        ctx = RunContext.for_task(config, self, context, self.launch_options, wait, secret_env)
         if self.idle_timeout_s:  # the hung-job watchdog (CheckpointResumeOperator sets its own job)
             from airflow_cloudtrain.lifecycle.prepare import JobOptions
 

@@ -51,6 +51,7 @@ TEMPLATED = (
     "spot",
     "max_runtime",
     "service_account",
+    "orphan_timeout",
 )
 
 
@@ -107,9 +108,12 @@ class MLEngineTrainOperator(EngineOperator):
     :param deferrable: wait in the triggerer instead of holding a worker slot.
     :param poll_interval: how often the job's state is read (seconds, or a duration such as ``"1m"``).
     :param log_polling_interval: how often the job's Cloud Logging lines are read into the task log.
+    :param orphan_timeout: the wait renews the job's lease in its job folder; ``cloudtrain gc`` cancels a
+        job whose lease lapsed this long ago (default 30 minutes; None: no lease).
     """
 
     template_fields: Sequence[str] = TEMPLATED
+    orphan_timeout: Any  # a duration or None (``operators.lease_config``), maybe a template
     template_fields_renderers = {"env": "json", "training_args": "py", "command": "bash"}
     operator_extra_links = (VertexJobLink(),)
     ui_color = "#e8f0fe"
@@ -150,6 +154,7 @@ class MLEngineTrainOperator(EngineOperator):
         poll_interval: float = 30.0,
         log_polling_interval: float = 30.0,
         max_cost: Any = None,
+        orphan_timeout: Any = "30m",
         **kwargs: Any,
     ) -> None:
         from airflow_cloudtrain.operators.checks import check_bool, check_conn_id, parse_duration
@@ -165,6 +170,9 @@ class MLEngineTrainOperator(EngineOperator):
         self.log_polling_interval = parse_duration(log_polling_interval, "log_polling_interval") or 30.0
         self._run: VertexJobRun | None = None
         check_job_args(self._args())  # each known argument now; templated ones once rendered
+        from airflow_cloudtrain.operators.lease_config import check_orphan_timeout
+
+        check_orphan_timeout(orphan_timeout, self.poll_interval, max_runtime)  # gc cancels it past that
         self.max_cost = max_cost
         self._budget()
 
@@ -193,7 +201,7 @@ class MLEngineTrainOperator(EngineOperator):
         return budget, hourly
 
     def _args(self) -> dict[str, Any]:
-        args = {name: getattr(self, name) for name in TEMPLATED}
+        args = {name: getattr(self, name) for name in TEMPLATED if name != "orphan_timeout"}
         args["restart_job_on_worker_restart"] = self.restart_job_on_worker_restart
         return args
 
@@ -214,10 +222,14 @@ class MLEngineTrainOperator(EngineOperator):
 
     def new_engine(self, context: Context) -> Engine[Any]:
         from airflow_cloudtrain.lifecycle.vertex.engine import VertexEngine, VertexWait
+        from airflow_cloudtrain.operators.lease_config import parse_orphan_timeout
+        from airflow_cloudtrain.operators.mlengine_config import parse_job_config
 
         conn_id = self.gcp_conn_id or "google_cloud_default"  # never None: checked at construction
         budget, hourly = self._budget()  # rendered by now
-        wait = VertexWait(conn_id, self.poll_interval, self.log_polling_interval, budget, hourly)
+        max_runtime_s = parse_job_config(self._args()).max_runtime_s
+        orphan = parse_orphan_timeout(self.orphan_timeout, self.poll_interval, max_runtime_s)
+        wait = VertexWait(conn_id, self.poll_interval, self.log_polling_interval, budget, hourly, orphan)
         return VertexEngine(self._new_run(context), wait)
 
     def on_handle(self, context: Context, engine: Engine[Any], handle: JobRecord) -> None:

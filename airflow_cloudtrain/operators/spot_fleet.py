@@ -89,6 +89,8 @@ class SpotFleetOperator(WorkQueueOperator):
     :param live_prices: refresh shapes and prices from the cloud before choosing.
     :param startup_timeout: how long items may wait with no worker running before the task fails.
     :param heartbeat_timeout: how long a silent agent is trusted.
+    :param orphan_timeout: the fleet's watch renews its lease; once nobody did for this long its workers
+        stop taking items and leave, so the group drains to 0 (default 30 minutes; None: off).
     """
 
     def __init__(self, *, work_items: Any, cloud: str = "ec2spot", **kwargs: Any) -> None:

@@ -131,6 +131,7 @@ class WorkQueueOperator(RunArgsOperator):
         settings = parse_fleet_args(self.fleet_args, items, self.max_lease_s, self.lease_limit)
         settings.poll_interval = self.poll_interval
         settings.max_cost_usd = self._max_cost_usd()
+        settings.orphan_timeout_s = self._wait_settings(config).orphan_timeout  # the fleet's lease
         from airflow_cloudtrain.operators.secret_env import parse_secret_env  # the engines never import it
 
         secret_env = parse_secret_env(getattr(self, "secret_env", None), config.cloud, config.env)

@@ -27,6 +27,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_cloudtrain.contract.runs import SPEC_KEY, STARTING, RunSpec, RunStatus, heartbeat_key, status_key
 from airflow_cloudtrain.core.cloud import ENDED_STATES, STOPPED, Instance
 from airflow_cloudtrain.core.engine import apoll_until
+from airflow_cloudtrain.core.lease import LeaseRenewer
 from airflow_cloudtrain.core.logstream import LogFollower, render_line
 from airflow_cloudtrain.core.records import ERROR, LaunchRecord, Outcome
 from airflow_cloudtrain.core.retry import TransientBudget
@@ -34,6 +35,7 @@ from airflow_cloudtrain.core.waiting import RunWatch, parse_heartbeat
 from airflow_cloudtrain.triggers import shared_poll
 from airflow_cloudtrain.triggers.heap import freeze_long_lived
 from airflow_cloudtrain.triggers.instances import watch_instances
+from airflow_cloudtrain.triggers.leases import BY, LEASES
 from airflow_cloudtrain.triggers.run_index import LOG_EVERY, LiveIndex, LiveView
 
 if TYPE_CHECKING:
@@ -104,6 +106,7 @@ class RunTrigger(BaseTrigger):
         log_nodes: str = "all",
         max_cost: float | None = None,
         spent_usd: float = 0.0,
+        orphan_timeout: float | None = None,
     ) -> None:
         super().__init__()
         self.launch = launch
@@ -117,6 +120,7 @@ class RunTrigger(BaseTrigger):
         self.log_nodes = log_nodes
         self.max_cost = max_cost
         self.spent_usd = spent_usd
+        self.orphan_timeout = orphan_timeout  # renewed while waiting (``triggers.leases``); None: none
         self._warned = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -134,6 +138,7 @@ class RunTrigger(BaseTrigger):
                 "log_nodes": self.log_nodes,
                 "max_cost": self.max_cost,
                 "spent_usd": self.spent_usd,
+                "orphan_timeout": self.orphan_timeout,
             },
         )
 
@@ -207,6 +212,8 @@ class RunTrigger(BaseTrigger):
         status: RunStatus | None = None
         stream = self._views(launch, live_uri, follower)
         LOG_EVERY[iid] = self.poll_interval
+        if self.orphan_timeout is not None:  # the index's poll renews it (a run folder's: ``_folder_views``)
+            LEASES[iid] = (launch.run_uri, float(self.orphan_timeout))
 
         async def poll() -> Outcome | None:
             nonlocal status
@@ -237,6 +244,7 @@ class RunTrigger(BaseTrigger):
                 return await apoll_until(poll, 0.0, on_transient=transient)
         finally:
             LOG_EVERY.pop(iid, None)
+            LEASES.pop(iid, None)
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
 
@@ -321,10 +329,12 @@ class RunTrigger(BaseTrigger):
         watch.budget = self._budget(launch)
         folder = await asyncio.to_thread(self._folder, launch)
         live = await asyncio.to_thread(self._backend(launch).run_folder, live_uri) if live_uri else None
+        lease = LeaseRenewer(folder, self.orphan_timeout, BY)  # every node reads the same lease
         followed = ids if self.log_nodes == "all" else ids[:1]
         followers = [(0, head)] + [(rank, LogFollower(iid)) for rank, iid in enumerate(followed) if rank]
 
         def read() -> tuple[list[RunStatus | None], list[float | None]]:
+            lease.renew()  # when due
             for rank, follower in followers:
                 for line in follower.poll(folder.list, folder.get_bytes):
                     self.log.info("[rank %d] %s", rank, render_line(line))
@@ -382,8 +392,10 @@ class RunTrigger(BaseTrigger):
         """A run without a live index: its own run folder each poll (chunks listed, status and
         heartbeat read), in a worker thread; fine for the few runs an upgrade leaves behind."""
         folder = await asyncio.to_thread(self._folder, launch)
+        lease = LeaseRenewer(folder, self.orphan_timeout, BY)
 
         def read() -> LiveView:
+            lease.renew()  # when due
             for line in follower.poll(folder.list, folder.get_bytes):
                 self.log.info("%s", render_line(line))
             status, beat = self._folder_state(launch, folder)

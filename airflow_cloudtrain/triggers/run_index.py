@@ -54,6 +54,7 @@ from airflow_cloudtrain.contract.runs import (
     split_uri,
 )
 from airflow_cloudtrain.core.provider import LiveStore, Provider
+from airflow_cloudtrain.triggers.leases import LeaseBook
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +158,8 @@ class LiveIndex:
         self._end_reader = ThreadPoolExecutor(END_READERS, thread_name_prefix="cloudtrain-live-ends")
         self._reading: Future[None] | None = None
         self._closing = False
+        # the watched runs' leases, renewed when due in a thread of their own (``triggers.leases``)
+        self.leases = LeaseBook(self.scheme, self.bucket, self._put)
 
     # -- storage ---------------------------------------------------------------------------------
     def _storage(self) -> LiveStore:
@@ -234,6 +237,7 @@ class LiveIndex:
                 table.pop(instance_id, None)
             self.final_beacons.pop(instance_id, None)
             self.known.discard(instance_id)
+        self.leases.forget(instance_id)
 
     def _drop_unwatched(self, wanted: set[str], now: float) -> None:
         """State of instances no trigger waits on any more (killed, timed out, moved): dropped at
@@ -289,6 +293,8 @@ class LiveIndex:
         now = time.time() if now is None else now
         wanted = set(ids)
         self._drop_unwatched(wanted, now)
+        if not self._closing:
+            self.leases.start_round(wanted)  # the due leases, in the lease thread (real time)
         new = wanted - self.known
         if new:
             self._load_cursors(new)  # a trigger (re)started: where did its task log get to?
@@ -459,6 +465,7 @@ class LiveIndex:
             self._reader.shutdown(wait=True)
             self.executor.shutdown(wait=True)
             self._end_reader.shutdown(wait=True)
+            self.leases.close()
             self._best_effort("saving the log cursors", self.save_cursors)
         finally:
             self._clients.close()

@@ -32,6 +32,7 @@ from airflow.triggers.base import BaseTrigger, TriggerEvent
 from airflow_cloudtrain.clouds.gcp.vertex import JobRecord
 from airflow_cloudtrain.core.budget import replicas_over_budget
 from airflow_cloudtrain.core.engine import apoll_until
+from airflow_cloudtrain.core.lease import LeaseRenewer
 from airflow_cloudtrain.core.retry import TransientBudget
 from airflow_cloudtrain.triggers import shared_poll
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.clouds.gcp.vertex import VertexJobs
     from airflow_cloudtrain.hooks.follow import Following
     from airflow_cloudtrain.lifecycle.vertex.logs import JobLogTail
+    from airflow_cloudtrain.storage import RunFolder
 
 _ENDED_KEPT = 1000
 T = TypeVar("T")
@@ -156,6 +158,7 @@ class VertexJobTrigger(BaseTrigger):
         job_dir: str | None = None,
         max_cost: float | None = None,
         hourly_usd: float | None = None,
+        orphan_timeout: float | None = None,
     ) -> None:
         super().__init__()
         self.job_name = job_name
@@ -166,6 +169,7 @@ class VertexJobTrigger(BaseTrigger):
         self.job_dir = job_dir
         self.max_cost = max_cost
         self.hourly_usd = hourly_usd
+        self.orphan_timeout = orphan_timeout  # the job's lease, renewed while waiting (``core.lease``)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -179,12 +183,20 @@ class VertexJobTrigger(BaseTrigger):
                 "job_dir": self.job_dir,
                 "max_cost": self.max_cost,
                 "hourly_usd": self.hourly_usd,
+                "orphan_timeout": self.orphan_timeout,
             },
         )
 
     @property
     def region(self) -> str:
         return self.job_name.split("/")[3]
+
+    def _job_folder(self) -> RunFolder:
+        from airflow_cloudtrain.hooks.vertex import VertexHook
+
+        hook = VertexHook(gcp_conn_id=self.conn_id, project_id=self.project_id)
+        folder: RunFolder = hook.run_folder(self.job_dir or "")
+        return folder
 
     def _tail(self) -> JobLogTail:
         from airflow_cloudtrain.hooks.vertex import VertexHook
@@ -241,6 +253,7 @@ class VertexJobTrigger(BaseTrigger):
 
         logs = LogStream(cast(logging.Logger, self.log), self.log_polling_interval)  # Airflow's task logger
         key = self._key()
+        lease = LeaseRenewer(self._job_folder, self.orphan_timeout if self.job_dir else None, "vertex")
         stream: list[AsyncIterator[dict[str, JobRecord]]] = []  # the open watch, if any
 
         async def close_stream() -> None:
@@ -252,6 +265,8 @@ class VertexJobTrigger(BaseTrigger):
         async def ended() -> dict[str, Any] | None:
             """One shared snapshot: the event once the job ended or is gone, else None. A failed
             describe leaves the group before ``apoll_until`` backs off (or gives up)."""
+            if lease.due():  # the job's lease, in a worker thread (``core.lease``)
+                await asyncio.to_thread(lease.renew)
             if not stream:
                 stream.append(self._watch(key))
             try:

@@ -491,6 +491,7 @@ TRAIN_ROWS: dict[str, Row] = {
     "expected_duration": duration_bad(),
     "stop_grace": [*duration_bad(), 300, "5m"],
     "idle_timeout": duration_bad(),
+    "orphan_timeout": [*duration_bad(), ""],  # None is valid: no lease
 }
 # PreemptibleGroupOperator: no max_workers, no bid (refused whatever the value)
 GROUP_ONLY: dict[str, list[Any]] = {"max_workers": [1, 3, "3"], "bid": ["0.5", 0.5, "60%"]}
@@ -552,6 +553,7 @@ ML_ROWS: dict[str, Row] = {
     "deferrable": BOOL_BAD,
     "poll_interval": duration_bad(),
     "log_polling_interval": duration_bad(),
+    "orphan_timeout": [*duration_bad(), ""],
 }
 
 ISS_ROWS: dict[str, Row] = {
@@ -791,6 +793,10 @@ COMBOS: list[tuple[str, dict[str, Any], str]] = [
     ("iss", {"instance_ids": None}, "instance_ids"),
     ("iss_gce", {"region": "us-east1"}, "zone"),
     ("qds", {"min_depth": 5, "max_depth": 0}, "min_depth"),
+    # the lease is renewed from the polls: a timeout of fewer than 3 of them ends healthy runs
+    ("ct_ec2", {"orphan_timeout": 20, "poll_interval": 10}, "orphan_timeout"),
+    ("fleet", {"orphan_timeout": "1m", "poll_interval": "30s"}, "orphan_timeout"),
+    ("ml", {"orphan_timeout": "2m", "poll_interval": "1m"}, "orphan_timeout"),
     ("qds", {"queue": "https://sqs.us-east-1.amazonaws.com/123456789012/q", "region": "eu-west-1"}, "region"),
 ]
 
@@ -834,6 +840,11 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("ct_ec2", {"region": "", "zone": "", "gpu_type": "", "instance_type": ""}),  # forms send "" for unset
     ("ct_ec2", {"aws_conn_id": None}),
     ("ct_ec2", {"aws_conn_id": "aws-prod.eu_1"}),
+    ("ct_ec2", {"orphan_timeout": None}),  # no lease: max_runtime alone
+    ("ct_ec2", {"orphan_timeout": timedelta(minutes=10), "max_runtime": "6h"}),
+    ("ct_ec2", {"max_runtime": 90}),  # shorter than the default orphan_timeout: no warning
+    ("ct_ec2", {"poll_interval": "15m"}),  # the default orphan_timeout fits 3 polls itself
+    ("resume", {"orphan_timeout": "1h30m"}),
     ("resume", {"checkpoint_interval": "1h30m", "stop_grace": "1m30s", "idle_timeout": "2h"}),
     ("resume", {"policy": "deadline", "deadline": "2d12h", "expected_duration": "1d"}),
     ("resume", {"policy": "deadline", "deadline": timedelta(hours=6), "expected_duration": "1h"}),

@@ -21,6 +21,7 @@ class FleetSettings:
     allow_failed_items: bool = False
     poll_interval: float = 10.0
     max_cost_usd: float | None = None  # ``max_cost``: the group stops growing, then ends, at the budget
+    orphan_timeout_s: float | None = None  # the fleet's lease (``core.lease``); None: none
 
 
 @dataclass
@@ -45,6 +46,7 @@ class FleetHandle:
     zone: str | None = None  # the managed instance group's zone (GCP)
     max_cost_usd: float | None = None  # ``max_cost`` (``FleetWatch.within_budget``)
     poll_interval: float = 10.0  # the wait's: how far ahead the budget looks
+    orphan_timeout_s: float | None = None  # the fleet's lease, renewed by its watch (None: none)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

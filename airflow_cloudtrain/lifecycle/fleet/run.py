@@ -180,7 +180,15 @@ class FleetRun:
             ctx.job,
             settings.to_dict(),
             secret_env=secret_env,
+            orphan_timeout_s=ctx.fleet.orphan_timeout_s,
         )
+        from airflow_cloudtrain.core.lease import LeaseRenewer  # before any worker: a task killed now
+
+        LeaseRenewer(self.folder, ctx.fleet.orphan_timeout_s, "fleet", self.log).renew(force=True)
+        if ctx.fleet.orphan_timeout_s is None:
+            self.log.info(
+                "orphan_timeout=None: no lease; if nobody watches this fleet, only max_runtime ends it"
+            )
         started_at, pending = self._enqueue(queues.queue, queues.send_to)
         self._check()
         request = request_builder(ctx.config, ctx.key, ctx.run_uri, ctx.options, ctx.try_number, worker=True)(
@@ -219,6 +227,7 @@ class FleetRun:
             zone=cloud.zone,
             max_cost_usd=ctx.fleet.max_cost_usd,
             poll_interval=ctx.fleet.poll_interval,
+            orphan_timeout_s=ctx.fleet.orphan_timeout_s,
         )
 
     def _secret_env(self) -> dict[str, str]:

@@ -42,6 +42,7 @@ from airflow_cloudtrain.contract.runs import log_prefix, log_seq, split_stamp
 from airflow_cloudtrain.contract.workqueue import ItemOutcome, WorkerRecord
 from airflow_cloudtrain.core.billing import INSTANCE_MINIMUM_S, billed_seconds, billed_usd
 from airflow_cloudtrain.core.cloud import ALIVE_STATES
+from airflow_cloudtrain.core.lease import LeaseRenewer
 from airflow_cloudtrain.lifecycle.fleet.handle import FleetHandle
 
 if TYPE_CHECKING:
@@ -110,6 +111,8 @@ class FleetWatch:
         self.ended_seen: dict[str, float] = {}
         self.empty_polls = 0
         self.last_progress = clock()
+        # the fleet's lease: its workers leave once nobody renewed it (``agent.worker``)
+        self.lease = LeaseRenewer(folder, handle.orphan_timeout_s, "fleet", log)
 
     # --- one poll --------------------------------------------------------------------------------
 
@@ -117,6 +120,7 @@ class FleetWatch:
         """One round; True when the run is over. Raises ``FleetFailed`` when it cannot finish."""
         handle, cloud = self.handle, self.cloud
         now = self.clock()
+        self.lease.renew()  # when due
         depth = cloud.depth(handle.queue)
         group = cloud.group(handle.group)
         if group is None:

@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.spec import RunConfig
 
 TIMER_TRIGGER = "airflow.providers.standard.triggers.temporal.DateTimeTrigger"
+PAUSE_RENEW_S = 30.0  # a blocking pause wakes this often to renew the run's lease when due
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,10 @@ class ResumeRun:
         if isinstance(handle, Pause):  # on_kill may come while we sleep
             from airflow_cloudtrain.core.engine import sleep_unless
 
-            sleep_unless(handle.until - time.time(), lambda: self.killed)
+            lease = self._current().lease  # still wanted between attempts (``core.lease``)
+            while not self.killed and time.time() < handle.until:
+                lease.renew()
+                sleep_unless(min(handle.until - time.time(), PAUSE_RENEW_S), lambda: self.killed)
             return None
         return self._current().wait(handle)
 

@@ -19,6 +19,7 @@ from airflow_cloudtrain.contract.errors import CloudError
 from airflow_cloudtrain.contract.runs import RunStatus, heartbeat_key, join, status_key
 from airflow_cloudtrain.core.cloud import ALIVE_STATES, ENDED_STATES, STOPPED
 from airflow_cloudtrain.core.engine import poll_until
+from airflow_cloudtrain.core.lease import LeaseRenewer, say_orphaned
 from airflow_cloudtrain.core.ledger import ResourceLedger, store_get, store_set
 from airflow_cloudtrain.core.records import Attempt, LaunchRecord, Outcome
 from airflow_cloudtrain.core.retry import TransientBudget, call_with_retry
@@ -140,6 +141,8 @@ class RunAttempt:
         self.killed = False
         self._folder: RunFolder | None = None
         self._live: RunFolder | None = None  # the live index, opened on first use
+        # the run's lease (``core.lease``): written before the launch, renewed by every wait
+        self.lease = LeaseRenewer(lambda: self.folder, ctx.wait.orphan_timeout, "worker", ctx.log)
         self.last_heartbeat: float | None = None  # read by ``finish``, before the entries go
         stored = store_get(ctx.store, LAUNCH_KEY)
         self.stored = (
@@ -182,6 +185,7 @@ class RunAttempt:
         ids = sorted(set(known) | in_folder)
         if not ids:
             return None
+        say_orphaned(self.folder, self.log)  # an earlier try's run that ended itself, unwatched
         states = backend.cloud.describe(ids)
         for iid in ids:
             status = self._status(iid)
@@ -285,7 +289,9 @@ class RunAttempt:
             live_uri=ctx.live_uri,
             secret_env=self._secret_env(),
             gang=ctx.gang,
+            orphan_timeout_s=ctx.wait.orphan_timeout,
         )
+        self._first_lease()
         build = request_builder(ctx.config, ctx.key, ctx.run_uri, ctx.options, ctx.try_number)
         self._protect_network()
         requested_at = time.time()
@@ -369,6 +375,24 @@ class RunAttempt:
         )
         return launch
 
+    def _first_lease(self) -> None:
+        """Right before the launch: a task killed before its first poll still leaves a lease, whose
+        lapse ends the run; with ``orphan_timeout=None``, say once what the run then relies on."""
+        if self.ctx.wait.orphan_timeout is None:
+            self.log.info(
+                "orphan_timeout=None: no lease; if nobody watches this run any more, only max_runtime "
+                "(%s) ends it",
+                f"{self.ctx.config.max_runtime_s:g} s" if self.ctx.config.max_runtime_s else "unlimited",
+            )
+            return
+        from airflow_cloudtrain.contract.lease import ORPHANED_KEY
+
+        try:  # an earlier try's record describes that try's end, not this launch
+            self.folder.delete_key(ORPHANED_KEY)
+        except Exception as err:
+            self.log.debug("could not remove an old %s: %s", ORPHANED_KEY, err)
+        self.lease.renew(force=True)
+
     def _secret_env(self) -> dict[str, str]:
         """The spec's ``secret_env``: ``airflow_*`` references stored as the run's secrets first."""
         from airflow_cloudtrain.lifecycle.run_secrets import spec_secret_env
@@ -434,6 +458,7 @@ class RunAttempt:
                 "log_nodes": self.ctx.gang.log_nodes if self.ctx.gang else "all",
                 "max_cost": self.ctx.wait.max_cost_usd,
                 "spent_usd": self.ctx.wait.spent_usd,
+                "orphan_timeout": self.ctx.wait.orphan_timeout,
             },
         )
 
@@ -498,6 +523,7 @@ class RunAttempt:
         def poll() -> Outcome | None:
             if self.killed:  # not transient: out of the loop at once
                 raise RunKilled(f"task killed: instance {iid} was terminated")
+            self.lease.renew()  # when due: at most every renew_interval_s
             for line in follower.poll(folder.list, folder.get_bytes):
                 self.log.info("%s", render_line(line))
             raw = folder.get_text(status_key(iid))
@@ -534,6 +560,7 @@ class RunAttempt:
         def check() -> None:
             if self.killed:  # not transient: out of the loop at once
                 raise RunKilled(f"task killed: the gang's {launch.num_nodes} nodes were terminated")
+            self.lease.renew()  # every node reads the same lease
 
         return gang.wait(
             launch,

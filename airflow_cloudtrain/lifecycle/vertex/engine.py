@@ -21,6 +21,7 @@ from airflow_cloudtrain.clouds.gcp.vertex import JobRecord
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.core.engine import Step, TriggerSpec
+    from airflow_cloudtrain.core.lease import LeaseRenewer
     from airflow_cloudtrain.lifecycle.vertex.job import VertexJobRun
 
 TRIGGER = "airflow_cloudtrain.triggers.vertex_job.VertexJobTrigger"  # stored in Airflow's DB: keep it
@@ -35,6 +36,17 @@ class VertexWait:
     log_polling_interval: float
     max_cost_usd: float | None = None  # ``max_cost`` (``core.budget.replicas_over_budget``)
     hourly_usd: float | None = None  # every replica of every pool together, at list prices
+    orphan_timeout: float | None = None  # the job's lease (``core.lease``), in its job folder
+
+    def lease(self, run: VertexJobRun, job: JobRecord) -> LeaseRenewer:
+        """The job's lease: no agent of ours reads it; ``cloudtrain gc`` cancels a job whose lease
+        lapsed (a Vertex job whose watcher is gone)."""
+        from airflow_cloudtrain.core.lease import LeaseRenewer
+
+        output = job.output_dir
+        return LeaseRenewer(
+            lambda: run.folder(output or ""), self.orphan_timeout if output else None, "vertex", run.log
+        )
 
 
 class VertexEngine:
@@ -51,6 +63,11 @@ class VertexEngine:
         if job.terminal:  # an earlier try's job ended while nobody watched: its last lines, its result
             self.run.show_rest(job)
             return self.advance(job, job)
+        self.settings.lease(self.run, job).renew(force=True)  # a task killed before its first poll
+        if self.settings.orphan_timeout is None:
+            self.run.log.info(
+                "orphan_timeout=None: no lease; cloudtrain gc never cancels this job as orphaned"
+            )
         return Step.waiting(job)
 
     def over(self, handle: JobRecord) -> bool:
@@ -70,6 +87,7 @@ class VertexEngine:
                 "job_dir": handle.output_dir,
                 "max_cost": self.settings.max_cost_usd,
                 "hourly_usd": self.settings.hourly_usd,
+                "orphan_timeout": self.settings.orphan_timeout,
             },
         )
 
@@ -83,7 +101,10 @@ class VertexEngine:
                 settings.max_cost_usd, settings.hourly_usd, job.started_at, now, settings.poll_interval
             )
 
-        return self.run.wait(handle, settings.poll_interval, settings.log_polling_interval, budget)
+        lease = settings.lease(self.run, handle)
+        return self.run.wait(
+            handle, settings.poll_interval, settings.log_polling_interval, budget, renew=lease.renew
+        )
 
     def _index_cost(self, result: dict[str, Any]) -> None:
         """The job's row in the bucket's cost index (``lifecycle.cost_index``; best effort)."""

@@ -266,6 +266,7 @@ class VertexJobRun:
         poll_interval: float,
         log_interval: float,
         budget: Callable[[JobRecord, float], str | None] | None = None,
+        renew: Callable[[], object] | None = None,
     ) -> JobRecord:
         """Poll the job until it ends, showing its log lines; cancelled with the task (``kill``). A failed
         log read never fails the wait (``LogStream``). The job is read every ``poll_interval`` and its
@@ -277,6 +278,8 @@ class VertexJobRun:
         def ended() -> JobRecord | None:
             if self.killed.is_set():
                 raise JobKilled(f"the task was killed while waiting for {name}")
+            if renew is not None:
+                renew()  # the job's lease, when due (``core.lease``)
             if time.monotonic() >= next_read[0]:
                 fresh = self.jobs.get(name)  # a transient error: backed off in ``poll_until``
                 next_read[0] = time.monotonic() + poll_interval
