@@ -123,3 +123,50 @@ def test_triggerer_killed_mid_gang_ends_with_one_gang_and_leaves_nothing(
     assert sampler.most <= 3, f"{sampler.most} instances alive at once: two gangs"
     ids = nothing_left(emu, "aws", dag_id, run)
     assert set(ids) == set(first_gang) | second_gang == sampler.seen  # six instances in all, none left
+
+
+def test_worker_killed_after_two_of_three_nodes_ends_with_one_gang_and_leaves_nothing(
+    emu: Any, airflow_db: Any, capfd: Any, tmp_path: Path
+) -> None:
+    """A blocking gang's worker SIGKILLed (no ``on_kill``, no cleanup of ours) once two of its three
+    nodes exist: the next try releases what the first left (the third node too, if its create call went
+    out before the kill) before it launches one whole new gang; never more than three alive at once."""
+    dag_id = "gang_worker_killed_aws"
+    script, release = tmp_path / "allreduce.py", tmp_path / "first-try-killed"
+    script.write_text(ALLREDUCE)
+    # the first try's nodes hold (a quick job could end before the kill, leaving nothing to release);
+    # a gang started after the kill all-reduces. Bounded at 10 minutes if the test fails
+    command = (
+        f"if [ ! -e '{release}' ]; then echo holding; for i in $(seq 1 3000); do sleep 0.2; done; exit 3; fi; "
+        f"exec {sys.executable} {script}"
+    )
+    scenario(dag_id, "aws", command, extra=", num_nodes=3")
+    when = datetime(2026, 4, 2, tzinfo=timezone.utc)
+    assert emu.running_instances() == []
+    sampler = AliveSampler(emu)
+    sampler.start()
+    try:
+        proc = start_first_try(dag_id, when, {})
+        first = wait_for(
+            lambda: [i["id"] for i in emu.running_instances()] if len(emu.running_instances()) >= 2 else None,
+            timeout=240,
+        )
+        proc.kill()
+        proc.wait(timeout=60)
+        left = {i["id"] for i in emu.running_instances()}
+        assert set(first) <= left  # nothing of ours ran after the kill: the partial gang is still there
+        release.touch()
+        run = load_example(dag_id).test(logical_date=when, run_after=when)
+    finally:
+        sampler.stop()
+    out = capfd.readouterr().out
+    assert task_states(run) == {"train": "success"}, out[-3000:]
+    (line,) = [x for x in out.splitlines() if "an earlier try of this gang left" in x]
+    assert all(iid in line for iid in left), line
+    result = xcom(run, "train")
+    assert [n["exit_code"] for n in result["nodes"]] == [0, 0, 0]
+    second_gang = {n["instance_id"] for n in result["nodes"]}
+    assert not second_gang & left
+    assert sampler.most <= 3, f"{sampler.most} instances alive at once: two gangs"
+    ids = nothing_left(emu, "aws", dag_id, run)
+    assert set(ids) == left | second_gang
