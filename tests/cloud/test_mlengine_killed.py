@@ -50,9 +50,9 @@ def create(self, body):
     return job
 
 
-def wait(self, job, *args):
+def wait(self, job, *args, **kwargs):
     die("waiting")
-    return _wait(self, job, *args)
+    return _wait(self, job, *args, **kwargs)
 
 
 def show(self, tail):
