@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pytest
 from dag_helpers import load_example, start_first_try, task_states, xcom
 from test_gang_barrier import ALLREDUCE
 from test_gang_run import nothing_left
@@ -125,6 +126,7 @@ def test_triggerer_killed_mid_gang_ends_with_one_gang_and_leaves_nothing(
     assert set(ids) == set(first_gang) | second_gang == sampler.seen  # six instances in all, none left
 
 
+@pytest.mark.faults  # flaked once in a full run: the retry's release named 2 of the 3 nodes alive at the kill
 def test_worker_killed_after_two_of_three_nodes_ends_with_one_gang_and_leaves_nothing(
     emu: Any, airflow_db: Any, capfd: Any, tmp_path: Path
 ) -> None:
