@@ -273,6 +273,26 @@ class RunArgsOperator(EngineOperator):
                 config, None, cast("logging.Logger", self.log)
             )  # a request nothing satisfies fails here
 
+    max_cost: Any = None  # set by the operators that take a budget, before they check it
+
+    def _max_cost_usd(self, nodes: int | None = 1) -> float | None:
+        """``max_cost`` parsed, and (once the request and ``nodes`` are known: a gang's ``num_nodes``, a
+        fleet's first worker) compared with a minute of the cheapest offer; a template is checked when
+        the task runs."""
+        from airflow_cloudtrain.operators.budget_config import check_covers_a_minute, parse_max_cost
+        from airflow_cloudtrain.operators.config import check_run_args, is_templated
+
+        if is_templated(self.max_cost):
+            return None
+        budget = parse_max_cost(self.max_cost)
+        config = check_run_args(self._args()) if budget is not None and nodes is not None else None
+        if budget is not None and config is not None and nodes is not None:
+            from airflow_cloudtrain.lifecycle.prepare import offers_for
+
+            offers = offers_for(config, None, cast("logging.Logger", self.log))
+            check_covers_a_minute(budget, offers, nodes, self.max_cost)
+        return budget
+
     def _config(self) -> Any:
         """The rendered arguments, all checked (the same checks as at parse time)."""
         from airflow_cloudtrain.operators.config import parse_config

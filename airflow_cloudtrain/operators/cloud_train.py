@@ -6,7 +6,6 @@ wait, outcome, release through the resource ledger, cost), which later operators
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, cast
@@ -130,24 +129,7 @@ class CloudTrainOperator(RunArgsOperator):
                 "volume attaches to one instance; leave volume_id out of a gang (use code= or the bucket)"
             )
         self.max_cost = max_cost
-        self._check_max_cost(gang.num_nodes if gang is not None else None)
-
-    def _check_max_cost(self, nodes: int | None) -> float | None:
-        """``max_cost`` parsed, and (once the request and ``num_nodes`` are known) compared with a
-        minute of the cheapest offer; a template is checked when the task runs."""
-        from airflow_cloudtrain.operators.budget_config import check_covers_a_minute, parse_max_cost
-        from airflow_cloudtrain.operators.config import check_run_args, is_templated
-
-        if is_templated(self.max_cost):
-            return None
-        budget = parse_max_cost(self.max_cost)
-        config = check_run_args(self._args()) if budget is not None and nodes is not None else None
-        if budget is not None and config is not None and nodes is not None:
-            from airflow_cloudtrain.lifecycle.prepare import offers_for
-
-            offers = offers_for(config, None, cast("logging.Logger", self.log))
-            check_covers_a_minute(budget, offers, nodes, self.max_cost)
-        return budget
+        self._max_cost_usd(gang.num_nodes if gang is not None else None)
 
     def _gang(self, config: RunConfig) -> GangOptions | None:
         """The rendered gang arguments (checked again: ``num_nodes`` or the cloud may have been a
@@ -176,7 +158,7 @@ class CloudTrainOperator(RunArgsOperator):
 
             ctx.job = JobOptions(idle_timeout_s=self.idle_timeout_s)
         ctx.gang = self._gang(config)
-        budget = self._check_max_cost(ctx.gang.num_nodes if ctx.gang else 1)  # rendered by now
+        budget = self._max_cost_usd(ctx.gang.num_nodes if ctx.gang else 1)  # rendered by now
         if budget is not None:
             ctx.wait = replace(ctx.wait, max_cost_usd=budget)
         return ctx
@@ -236,7 +218,6 @@ class CloudTrainOperator(RunArgsOperator):
 def _attempts(engine: Engine[Any]) -> AttemptEngine:
     """The engines of ``CloudTrainOperator`` and its subclasses run attempts (``SingleRun``,
     ``ResumeRun``): their configuration and current attempt."""
-    from typing import cast
 
     return cast("AttemptEngine", engine)
 

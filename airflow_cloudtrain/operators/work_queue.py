@@ -90,24 +90,6 @@ class WorkQueueOperator(RunArgsOperator):
     def _check_cloud(self, cloud: Any, bid: Any) -> None:
         raise NotImplementedError
 
-    def _max_cost_usd(self) -> float | None:
-        """``max_cost`` parsed, compared with a minute of the cheapest offer once the request is known
-        (one worker: the fleet starts with at least one); a template is checked when the task runs."""
-        from airflow_cloudtrain.operators.budget_config import check_covers_a_minute, parse_max_cost
-        from airflow_cloudtrain.operators.config import check_run_args, is_templated
-
-        if is_templated(self.max_cost):
-            return None
-        budget = parse_max_cost(self.max_cost)
-        config = check_run_args(self._args()) if budget is not None else None
-        if budget is not None and config is not None:
-            from airflow_cloudtrain.lifecycle.prepare import offers_for
-
-            check_covers_a_minute(
-                budget, offers_for(config, None, cast("logging.Logger", self.log)), 1, self.max_cost
-            )
-        return budget
-
     @property
     def max_lease_s(self) -> float:
         """The queue's longest lease (SQS's longest visibility timeout): ``contract.workqueue``'s, the
