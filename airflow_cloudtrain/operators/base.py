@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
     from airflow.sdk import Context
 
+    from airflow_cloudtrain.catalog.offers import Offer
     from airflow_cloudtrain.core.engine import Engine, Step
 
 
@@ -259,19 +260,13 @@ class RunArgsOperator(EngineOperator):
     def _check_parse_time(self) -> None:
         """Each argument known now, and each combination of known ones; a templated argument is
         checked (with its combinations) when the task runs, by ``_config``."""
-        from airflow_cloudtrain.operators.config import check_run_args, is_templated
+        from airflow_cloudtrain.operators.config import is_templated
         from airflow_cloudtrain.operators.launch_config import check_launch_for_cloud
         from airflow_cloudtrain.spec import parse_cloud
 
-        config = check_run_args(self._args())
         if not is_templated(self.cloud):
             check_launch_for_cloud(parse_cloud(self.cloud), self.launch_options)
-        if config is not None:
-            from airflow_cloudtrain.lifecycle.prepare import offers_for
-
-            offers_for(
-                config, None, cast("logging.Logger", self.log)
-            )  # a request nothing satisfies fails here
+        self._known_offers()  # a request nothing satisfies fails here
 
     max_cost: Any = None  # set by the operators that take a budget, before they check it
 
@@ -280,18 +275,35 @@ class RunArgsOperator(EngineOperator):
         fleet's first worker) compared with a minute of the cheapest offer; a template is checked when
         the task runs."""
         from airflow_cloudtrain.operators.budget_config import check_covers_a_minute, parse_max_cost
-        from airflow_cloudtrain.operators.config import check_run_args, is_templated
+        from airflow_cloudtrain.operators.config import is_templated
 
         if is_templated(self.max_cost):
             return None
         budget = parse_max_cost(self.max_cost)
-        config = check_run_args(self._args()) if budget is not None and nodes is not None else None
-        if budget is not None and config is not None and nodes is not None:
-            from airflow_cloudtrain.lifecycle.prepare import offers_for
-
-            offers = offers_for(config, None, cast("logging.Logger", self.log))
+        offers = self._known_offers() if budget is not None and nodes is not None else None
+        if budget is not None and offers is not None and nodes is not None:
             check_covers_a_minute(budget, offers, nodes, self.max_cost)
         return budget
+
+    def _known_offers(self) -> list[Offer] | None:
+        """The offers that meet the request, once every argument they depend on is known (None
+        while one is templated). Computed once per set of argument values: the parse-time checks
+        and the ``max_cost`` check share it instead of filtering the catalog twice."""
+        from airflow_cloudtrain.operators.config import check_run_args
+
+        args = self._args()
+        key = repr(sorted(args.items()))
+        cached: tuple[str, list[Offer] | None] | None = self.__dict__.get("_offers_cache")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        config = check_run_args(args)
+        offers = None
+        if config is not None:
+            from airflow_cloudtrain.lifecycle.prepare import offers_for
+
+            offers = list(offers_for(config, None, cast("logging.Logger", self.log)))
+        self.__dict__["_offers_cache"] = (key, offers)
+        return offers
 
     def _config(self) -> Any:
         """The rendered arguments, all checked (the same checks as at parse time)."""

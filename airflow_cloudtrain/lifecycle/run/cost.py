@@ -39,7 +39,7 @@ def attempt_cost(
                 "Could not read the prices %s was charged (%s); costing at its launch price", itype, err
             )
     disk = None
-    per_month = root_volume_price(backend.provider, launch.region)
+    per_month = _volume_price(launch)
     if launch.disk_gib and per_month is not None:
         disk = (float(launch.disk_gib), per_month)
     return instance_cost(launch.hourly_usd, start, seconds, launch.num_nodes, history, disk)
@@ -50,6 +50,11 @@ def hourly_usd(launch: LaunchRecord) -> float | None:
     a ``max_cost`` projection runs on (``core.budget``)."""
     if launch.hourly_usd is None:
         return None
-    per_month = root_volume_price(provider_of(launch.cloud), launch.region)
+    per_month = _volume_price(launch)
     disk = float(launch.disk_gib or 0) * (per_month or 0.0) / HOURS_PER_MONTH
     return (float(launch.hourly_usd) + disk) * launch.num_nodes
+
+
+def _volume_price(launch: LaunchRecord) -> float | None:
+    """USD per GiB-month of the launch's root volumes (None where the catalog has no price)."""
+    return root_volume_price(provider_of(launch.cloud), launch.region)
