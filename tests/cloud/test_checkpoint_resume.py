@@ -71,7 +71,9 @@ class Interrupter:
 
     def _run(self) -> None:
         seen: set[str] = set()
-        deadline = time.monotonic() + 300
+        # bounds a hang only (then the job is let finish): at load 50-80 a worker's first test took 586 s,
+        # and a 300 s deadline let the job finish uninterrupted
+        deadline = time.monotonic() + 540
         while len(self.done) < len(self.at) and time.monotonic() < deadline:
             for inst in self.emu.running_instances():
                 if inst["id"] in seen:
