@@ -173,3 +173,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return next((n for n, prefix in enumerate(HEAVY_FIRST) if path.startswith(prefix)), len(HEAVY_FIRST))
 
     items.sort(key=rank)  # stable: the order inside a rank is collection's
+
+
+# Per-test CPU, for benchmarks/suite_cost.py: with CLOUDTRAIN_TEST_CPU_LOG set, each worker appends one
+# JSON line per test: its wall seconds, this process's CPU (every thread: the test, the emulator's servers,
+# dag.test()'s task and triggers) and its reaped children's (the agents and jobs the emulator ran,
+# dag.test() subprocesses) during the test's setup, call and teardown.
+_CPU_LOG = os.environ.get("CLOUDTRAIN_TEST_CPU_LOG")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    if not _CPU_LOG:
+        yield
+        return
+    import json
+    import resource
+
+    def children() -> float:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+
+    wall, own, kids = time.monotonic(), time.process_time(), children()
+    yield
+    line = {
+        "test": item.nodeid,
+        "wall_s": round(time.monotonic() - wall, 3),
+        "cpu_s": round(time.process_time() - own, 3),
+        "children_cpu_s": round(children() - kids, 3),
+        "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"),
+    }
+    with open(_CPU_LOG, "a") as out:
+        out.write(json.dumps(line) + "\n")

@@ -232,7 +232,7 @@ def test_lines_are_stamped_and_the_end_marker_comes_last(
     at_end: dict[str, Any] = {}
 
     def observe() -> None:  # what a triggerer listing the live index sees when the end shows up
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 500
         while not at_end and time.monotonic() < deadline:
             if run.live.get_bytes(runs.end_name(run.iid)) is not None:
                 at_end["beacon"] = run.beacon()

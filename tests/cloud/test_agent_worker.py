@@ -746,7 +746,7 @@ def test_worker_in_a_managed_instance_group_leaves_it(fleets: Any, tmp_path: Pat
             "networkInterfaces": [{"network": "global/networks/default"}],
         }
         template = compute_v1.InstanceTemplate.from_json(json.dumps({"name": name, "properties": properties}))
-        templates.insert(project=PROJECT, instance_template_resource=template).result(timeout=10)
+        templates.insert(project=PROJECT, instance_template_resource=template).result(timeout=120)
         manager = compute_v1.InstanceGroupManager(
             name=name,
             base_instance_name=name,
@@ -754,7 +754,7 @@ def test_worker_in_a_managed_instance_group_leaves_it(fleets: Any, tmp_path: Pat
             target_size=1,
         )
         groups.insert(project=PROJECT, zone=GROUP_ZONE, instance_group_manager_resource=manager).result(
-            timeout=10
+            timeout=120
         )
 
         def group() -> compute_v1.InstanceGroupManager:
@@ -784,9 +784,7 @@ def test_worker_in_a_managed_instance_group_leaves_it(fleets: Any, tmp_path: Pat
         outcome = fleet.outcome(item_id)
         assert outcome is not None and outcome.state == workqueue.SUCCEEDED and outcome.instance_id == member
         assert group().target_size == 0
-        wait_for(
-            lambda: vm_status(member) is None and not members(), timeout=30, message="the VM to be deleted"
-        )
+        wait_for(lambda: vm_status(member) is None and not members(), message="the VM to be deleted")
         holds(
             "the group does not recreate it", lambda: vm_status(member) is None and not members(), for_s=2.0
         )

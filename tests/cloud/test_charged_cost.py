@@ -68,7 +68,7 @@ def test_ec2_spot_cost_follows_the_price_history(emu: Any, airflow_db: Any, tmp_
     helper = threading.Thread(target=double_halfway, daemon=True)
     helper.start()
     run = scenario("charged_ec2", "aws", job(tmp_path)).test()
-    helper.join(timeout=5)
+    helper.join(timeout=60)
     assert task_states(run) == {"train": "success"}
     result = xcom(run, "train")
     assert changed, "the price never changed: the job did not run"

@@ -115,7 +115,7 @@ def gce_launch(compute: compute_v1.InstancesClient, uri: str) -> str:
         metadata={"items": [{"key": "startup-script", "value": render_user_data(uri, "gcloud")}]},
         scheduling={"automatic_restart": False, "on_host_maintenance": "TERMINATE"},
     )
-    compute.insert(project=GCP_PROJECT, zone=ZONE, instance_resource=body).result(timeout=30)
+    compute.insert(project=GCP_PROJECT, zone=ZONE, instance_resource=body).result(timeout=120)
     return name
 
 
@@ -178,4 +178,4 @@ def test_instances_have_their_own_addresses_and_talk_over_tcp(emu: Any, tmp_path
         wait_for(lambda r=role: succeeded(r), timeout=60, message=f"the {role} agent's final status")
     if cloud == "gcp":  # powered off (TERMINATED) VMs stay until deleted
         for name in ids.values():
-            compute.delete(project=GCP_PROJECT, zone=ZONE, instance=name).result(timeout=30)
+            compute.delete(project=GCP_PROJECT, zone=ZONE, instance=name).result(timeout=120)

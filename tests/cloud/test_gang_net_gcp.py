@@ -78,7 +78,7 @@ def vm(name: str, tag: str, policy_path: str | None = None) -> compute_v1.Instan
 
 def test_a_placement_policy_is_created_read_listed_and_deleted(emu: Any) -> None:
     api, name = policies(emu), f"pp-{uuid.uuid4().hex[:8]}"
-    api.insert(project=GCP_PROJECT, region=REGION, resource_policy_resource=policy(name)).result(timeout=30)
+    api.insert(project=GCP_PROJECT, region=REGION, resource_policy_resource=policy(name)).result(timeout=120)
     got = api.get(project=GCP_PROJECT, region=REGION, resource_policy=name)
     assert got.group_placement_policy.collocation == "COLLOCATED" and got.region.endswith(f"regions/{REGION}")
     request = compute_v1.ListResourcePoliciesRequest(
@@ -87,7 +87,7 @@ def test_a_placement_policy_is_created_read_listed_and_deleted(emu: Any) -> None
     assert [p.name for p in api.list(request=request)] == [name]
     with pytest.raises(gexc.Conflict):
         api.insert(project=GCP_PROJECT, region=REGION, resource_policy_resource=policy(name))
-    api.delete(project=GCP_PROJECT, region=REGION, resource_policy=name).result(timeout=30)
+    api.delete(project=GCP_PROJECT, region=REGION, resource_policy=name).result(timeout=120)
     with pytest.raises(gexc.NotFound):
         api.get(project=GCP_PROJECT, region=REGION, resource_policy=name)
     with pytest.raises(gexc.NotFound):
@@ -118,14 +118,16 @@ def test_the_api_refuses_what_gce_refuses(emu: Any, body: dict[str, Any], words:
 
 def test_a_policy_a_vm_names_cannot_be_deleted_until_the_vm_is_gone(emu: Any) -> None:
     api, name = policies(emu), f"pp-{uuid.uuid4().hex[:8]}"
-    api.insert(project=GCP_PROJECT, region=REGION, resource_policy_resource=policy(name)).result(timeout=30)
+    api.insert(project=GCP_PROJECT, region=REGION, resource_policy_resource=policy(name)).result(timeout=120)
     vms, vm_name = client(emu, "InstancesClient"), f"vm-{uuid.uuid4().hex[:8]}"
     path = f"projects/{GCP_PROJECT}/regions/{REGION}/resourcePolicies/{name}"
-    vms.insert(project=GCP_PROJECT, zone=ZONE, instance_resource=vm(vm_name, "ct-x", path)).result(timeout=30)
+    vms.insert(project=GCP_PROJECT, zone=ZONE, instance_resource=vm(vm_name, "ct-x", path)).result(
+        timeout=120
+    )
     assert list(vms.get(project=GCP_PROJECT, zone=ZONE, instance=vm_name).resource_policies)[0].endswith(path)
     with pytest.raises(gexc.BadRequest, match="already being used"):
         api.delete(project=GCP_PROJECT, region=REGION, resource_policy=name)
-    vms.delete(project=GCP_PROJECT, zone=ZONE, instance=vm_name).result(timeout=30)
+    vms.delete(project=GCP_PROJECT, zone=ZONE, instance=vm_name).result(timeout=120)
     api.delete(project=GCP_PROJECT, region=REGION, resource_policy=name).result(timeout=60)
 
 
@@ -159,7 +161,7 @@ def test_the_gang_rule_and_policy_are_made_once_and_go_after_the_vms(emu: Any) -
     # a node of the gang naming the policy: the teardown deletes it first, then the rule and the policy
     vms, name = client(emu, "InstancesClient"), f"node-{uuid.uuid4().hex[:8]}"
     vms.insert(project=GCP_PROJECT, zone=ZONE, instance_resource=vm(name, tag, net.placement_policy)).result(
-        timeout=30
+        timeout=120
     )
     ledger.release(run)
     assert rules_of(emu, digest) == {} and policies_of(emu, digest) == []
@@ -209,10 +211,10 @@ def test_a_create_whose_answer_was_lost_is_found_by_its_name(emu: Any) -> None:
     ledger.intend(FW_KIND, GCP_PROJECT, token=resource_name(digest))
     ledger.intend(POLICY_KIND, REGION, token=resource_name(digest))
     body = compute_v1.Firewall(rule_body(digest, "global/networks/default"))
-    client(emu, "FirewallsClient").insert(project=GCP_PROJECT, firewall_resource=body).result(timeout=30)
+    client(emu, "FirewallsClient").insert(project=GCP_PROJECT, firewall_resource=body).result(timeout=120)
     policies(emu).insert(
         project=GCP_PROJECT, region=REGION, resource_policy_resource=policy(resource_name(digest))
-    ).result(timeout=30)
+    ).result(timeout=120)
     released = ledger.release(run)
     assert sorted(r.kind for r in released) == sorted([FW_KIND, POLICY_KIND])
     assert rules_of(emu, digest) == {} and policies_of(emu, digest) == []

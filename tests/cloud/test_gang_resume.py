@@ -259,7 +259,7 @@ def test_a_resuming_gang_killed_mid_run_leaves_nothing_and_bills_every_node(
     fired = threading.Event()
 
     def watch() -> None:  # once the head's agent uploaded a checkpoint: the gang runs its job
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 500
         while time.monotonic() < deadline:
             for inst in emu.running_instances():
                 log = emu.agent_log(inst["id"])

@@ -183,7 +183,7 @@ def test_killed_after_the_second_node_leaks_nothing(
     fired = threading.Event()
 
     def watch() -> None:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 500
         while time.monotonic() < deadline:
             if len(emu.running_instances()) >= 2:
                 fired.set()
@@ -254,7 +254,7 @@ def test_a_retry_after_a_kill_launches_one_whole_new_gang(
     fired = threading.Event()
 
     def watch() -> None:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 500
         while time.monotonic() < deadline:
             if mark.exists():
                 fired.set()

@@ -488,7 +488,7 @@ def test_capacity_error_arrives_in_the_operation(gce: Gce, unique: Callable[[str
             gce.get(name)
         # The client's extended-operation API surfaces it as an exception when waited on.
         with pytest.raises(gexc.ServiceUnavailable) as info:
-            gce.insert(gce.body(unique("vm"), "g2-standard-8")).result(timeout=10)
+            gce.insert(gce.body(unique("vm"), "g2-standard-8")).result(timeout=120)
         assert info.value.errors[0].code == "ZONE_RESOURCE_POOL_EXHAUSTED"
         # Another zone still has the type.
         other = unique("vm")
@@ -500,7 +500,7 @@ def test_capacity_error_arrives_in_the_operation(gce: Gce, unique: Callable[[str
     finally:
         gce.server.clear_faults()
     name = unique("vm")
-    gce.insert(gce.body(name, "g2-standard-8")).result(timeout=10)
+    gce.insert(gce.body(name, "g2-standard-8")).result(timeout=120)
     gce.delete(name)
 
 
@@ -514,7 +514,7 @@ def test_quota_errors_in_the_operation_or_at_once(gce: Gce, unique: Callable[[st
         assert done.error.errors[0].code == "QUOTA_EXCEEDED" and done.http_error_status_code == 403
         assert "Quota 'PREEMPTIBLE_NVIDIA_T4_GPUS' exceeded" in done.error.errors[0].message
         with pytest.raises(gexc.Forbidden, match="Quota 'CPUS' exceeded"):
-            gce.insert(gce.body(tried[1], "n1-standard-8")).result(timeout=10)
+            gce.insert(gce.body(tried[1], "n1-standard-8")).result(timeout=120)
         gce.server.fail_quota(zone=ZONE, metric="CPUS", synchronous=True)
         with pytest.raises(gexc.Forbidden) as info:
             gce.insert(gce.body(tried[2], "n1-standard-2"))

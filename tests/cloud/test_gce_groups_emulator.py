@@ -76,7 +76,7 @@ class Gce:
             project=self.project, instance_template_resource=body, request_id=request_id
         )
         op = self.templates.insert(request=request)
-        op.result(timeout=10)
+        op.result(timeout=120)
         return op
 
     def group(self, name: str, template: str, size: int, base: str | None = None) -> None:
@@ -87,7 +87,7 @@ class Gce:
             target_size=size,
         )
         op = self.groups.insert(project=self.project, zone=ZONE, instance_group_manager_resource=body)
-        op.result(timeout=10)
+        op.result(timeout=120)
 
     def get(self, group: str) -> compute_v1.InstanceGroupManager:
         return self.groups.get(project=self.project, zone=ZONE, instance_group_manager=group)
@@ -138,7 +138,7 @@ class Gce:
             zone=ZONE,
             instance_group_manager=group,
             instance_group_managers_delete_instances_request_resource=request,
-        ).result(timeout=10)
+        ).result(timeout=120)
 
     def ops(self, kind: str) -> list[compute_v1.Operation]:
         """The zone's operations of that type."""
@@ -149,8 +149,8 @@ class Gce:
 
     def drop(self, group: str, template: str) -> None:
         """Delete the group, then its template."""
-        self.groups.delete(project=self.project, zone=ZONE, instance_group_manager=group).result(timeout=10)
-        self.templates.delete(project=self.project, instance_template=template).result(timeout=10)
+        self.groups.delete(project=self.project, zone=ZONE, instance_group_manager=group).result(timeout=120)
+        self.templates.delete(project=self.project, instance_template=template).result(timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -192,7 +192,7 @@ def test_template_insert_get_list_delete(gce: Gce, unique: Callable[[str], str])
 
     with pytest.raises(gexc.Conflict, match=f"instanceTemplates/{name}' already exists"):
         gce.template(name)
-    gce.templates.delete(project=gce.project, instance_template=name).result(timeout=10)
+    gce.templates.delete(project=gce.project, instance_template=name).result(timeout=120)
     with pytest.raises(gexc.NotFound, match=f"global/instanceTemplates/{name}' was not found"):
         gce.templates.get(project=gce.project, instance_template=name)
     with pytest.raises(gexc.NotFound):
@@ -367,7 +367,7 @@ def test_member_deleted_outside_the_group_is_recreated_with_its_name(
     gce.group(group, template, 2)
     name = sorted(gce.running(group, 2))[0]
     old_id = gce.vm(name).id
-    gce.instances.delete(project=gce.project, zone=ZONE, instance=name).result(timeout=10)
+    gce.instances.delete(project=gce.project, zone=ZONE, instance=name).result(timeout=120)
     seen = {gce.managed(group)[name].current_action}  # repaired: RECREATING until it runs again
     members = wait_for(lambda: (seen.add(gce.managed(group)[name].current_action), gce.running(group, 2))[1])
     assert "RECREATING" in seen
@@ -403,12 +403,12 @@ def test_deleting_the_group_deletes_every_member(gce: Gce, unique: Callable[[str
     gce.group(group, template, 3)
     names = list(gce.running(group, 3))
     op = gce.groups.delete(project=gce.project, zone=ZONE, instance_group_manager=group)
-    op.result(timeout=10)
+    op.result(timeout=120)
     with pytest.raises(gexc.NotFound):
         gce.get(group)
     assert gce.server.group(ZONE, group) is None
     wait_for(lambda: all(gce.vm_gone(n) for n in names), message="members outlived their group")
-    gce.templates.delete(project=gce.project, instance_template=template).result(timeout=10)  # unused now
+    gce.templates.delete(project=gce.project, instance_template=template).result(timeout=120)  # unused now
 
 
 def test_members_without_capacity_stay_creating(gce: Gce, unique: Callable[[str], str]) -> None:
@@ -475,7 +475,7 @@ def test_recreated_member_gets_an_agent_once_the_old_machine_is_down(
     runner.agents[name], runner.machines = object(), {name}
     old_id = gce.vm(name).id
     metadata.set_preempted(name)
-    gce.instances.delete(project=gce.project, zone=ZONE, instance=name).result(timeout=10)
+    gce.instances.delete(project=gce.project, zone=ZONE, instance=name).result(timeout=120)
     wait_for(lambda: gce.vm_id(name) not in (None, old_id), message="not recreated")
     assert name not in {s.id for s in gcp.seen()}  # the old machine still runs here: held back
     del runner.agents[name]

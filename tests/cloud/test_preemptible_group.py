@@ -78,7 +78,7 @@ def test_a_preempted_member_is_recreated_and_its_item_resumes(emu, airflow_db, t
     recreated: list[str] = []
 
     def preempt_one() -> None:  # the first worker whose item uploaded a checkpoint past step 4
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 500
         while not preempted and time.monotonic() < deadline:
             for inst in emu.running_instances():
                 log = emu.agent_log(inst["id"])

@@ -93,7 +93,7 @@ def status_of(provider: str, dag_id: str, run: Any, instance_id: str) -> RunStat
     return RunStatus.from_json(text)
 
 
-def when_running(emu: Any, action: Any, timeout: float = 240) -> threading.Thread:
+def when_running(emu: Any, action: Any, timeout: float = 500) -> threading.Thread:
     """In the background: once an instance of ours runs and its job has printed, act on it (the
     deadline is for a loaded machine: parsing, launch and agent start come first)."""
 

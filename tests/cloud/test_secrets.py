@@ -176,7 +176,7 @@ def user_data_watch(emu: Any, provider: str, mark: Any) -> tuple[threading.Threa
     seen: dict[str, str] = {}
 
     def watch() -> None:
-        deadline = time.monotonic() + 240  # a loaded machine: parsing, launch and agent start first
+        deadline = time.monotonic() + 500  # a loaded machine: parsing, launch and agent start first
         while time.monotonic() < deadline and not seen:
             for inst in emu.running_instances():
                 if provider == "gcp":

@@ -155,7 +155,7 @@ def test_deferrable_fleet_with_a_reclaimed_worker_resumes_the_item_elsewhere(
     reclaimed: list[str] = []
 
     def reclaim_one() -> None:  # the first worker whose item uploaded a checkpoint past step 4
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 500
         while not reclaimed and time.monotonic() < deadline:
             for inst in emu.running_instances():
                 log = emu.agent_log(inst["id"])

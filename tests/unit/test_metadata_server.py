@@ -139,7 +139,7 @@ def test_a_client_going_away_mid_request_is_not_an_error(
         sock.sendall(request.encode())
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # reset, not FIN
         sock.close()
-    deadline = time.monotonic() + 5
+    deadline = time.monotonic() + 60  # bounds a hang only
     while _call(f"{server.endpoint_for('i-0abc')}/latest/meta-data/instance-id")[0] != 401:
         assert time.monotonic() < deadline  # still answering
     server.stop()  # joins the handler threads, those of the dropped connections too

@@ -152,7 +152,7 @@ def _run_script(
 
 def _agent_argv(shim_log: Path) -> list[str]:
     """The argv the detached agent was started with (it runs in the background: wait for it)."""
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 120  # a process start on a loaded machine
     record = shim_log / "agent-argv"
     while not record.exists():
         assert time.monotonic() < deadline, "the agent was not started"
