@@ -67,16 +67,16 @@ def _one_zone(zs: ZoneSet, z: int) -> ZoneSet:
     return ZoneSet(zs.group, zs.gap_hours, zs.zones[z : z + 1], zs.regions[z : z + 1], zs.counts[z : z + 1])
 
 
-def _exact_cost(t: ZoneTask) -> float:
-    """Rough state-ticks of the exact program for this cell (see :data:`EXACT_BUDGET`)."""
-    gap, slack = t.zone_set.gap_hours, t.deadline - t.job
-    unit = 1.0 / 3600.0
-    for u in (gap, gap / 2, gap / 4, gap / 5, gap / 10, gap / 20, gap / 60):
-        if abs(t.changeover / u - round(t.changeover / u)) < 1e-9:
+def exact_is_cheap(gap: float, changeover: float, deadline: float, job: float, runs: int) -> bool:
+    """Whether the exact program's rough state-ticks (rows x slack steps x ticks x runs) fit
+    :data:`EXACT_BUDGET`; at 10-minute ticks they do, at 15-second ticks they are ~10^4 x more."""
+    unit = gap / 60
+    for u in (gap, gap / 2, gap / 3, gap / 4, gap / 5, gap / 6, gap / 10, gap / 12, gap / 20, gap / 30):
+        if abs(changeover / u - round(changeover / u)) < 1e-9:
             unit = u
             break
-    rows = 1 + 2 * (t.changeover / gap + 2)
-    return rows * (slack / unit) * (t.deadline / gap) * len(t.starts)
+    rows = 1 + 2 * (changeover / gap + 2)
+    return rows * ((deadline - job) / unit) * (deadline / gap) * runs <= EXACT_BUDGET
 
 
 def run_zone_task(t: ZoneTask) -> tuple[ZoneTask, list[tuple[float, bool, int | None, int | None]]]:
@@ -91,9 +91,8 @@ def run_zone_task(t: ZoneTask) -> tuple[ZoneTask, list[tuple[float, bool, int | 
     zs = t.zone_set if t.zone is None else _one_zone(t.zone_set, t.zone)
     if t.what in (OPT_SINGLE, OPT_MULTI):
         rows = zs.available(t.nodes)
-        exact = t.what == OPT_SINGLE and (
-            t.optimum == "exact" or (t.optimum == "auto" and _exact_cost(t) <= EXACT_BUDGET)
-        )
+        cheap = exact_is_cheap(zs.gap_hours, t.changeover, t.deadline, t.job, len(t.starts))
+        exact = t.what == OPT_SINGLE and (t.optimum == "exact" or (t.optimum == "auto" and cheap))
         if exact:
             costs = optimal_costs(rows[0], t.starts, gap_hours=zs.gap_hours, **kw)
         else:
@@ -123,7 +122,7 @@ def add_zone_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--optimum", choices=("auto", "exact", "bound"), default="auto", help="single-zone optimum"
     )
-    g.add_argument("--optimum-rounds", type=int, default=5, help="bisection rounds of the bound")
+    g.add_argument("--optimum-rounds", type=int, default=4, help="bisection rounds of the bound")
 
 
 def moves_of(args: argparse.Namespace) -> Moves:

@@ -39,6 +39,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from .bounds_c import run_pass
+
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import numpy as np
 
@@ -52,6 +54,10 @@ class Moves:
     restore_hours: float = 0.0
     transfer_hours: float = 0.0
     egress_usd: float = 0.0
+
+
+NO_MOVES = Moves()
+"""One zone, or moves for free."""
 
 
 @dataclass(frozen=True)
@@ -98,6 +104,7 @@ class _Program:
         spot_price: float,
         on_demand_price: float,
         moves: Moves,
+        zone_of_run: Sequence[int] | None,
     ) -> None:
         np_ = _np()
         self.np = np_
@@ -117,105 +124,115 @@ class _Program:
         padded[:, : data.shape[1]] = data != 0
         self.avail = padded.astype(bool)
         self.runlen = _run_lengths(np_, padded)
-        names = list(dict.fromkeys(regions))
-        self.region_of = np_.asarray([names.index(r) for r in regions])
+        if zone_of_run is None:  # every run may use every zone
+            self.rows = np_.repeat(np_.arange(data.shape[0])[:, None], len(self.starts), axis=1)
+            names = list(dict.fromkeys(regions))
+            self.region_of = np_.asarray([names.index(r) for r in regions])
+        else:  # independent single-zone runs batched together: run b sees only its own zone
+            self.rows = np_.asarray(zone_of_run, dtype=np_.int64)[None, :]
+            names, self.region_of = ["region"], np_.zeros(1, dtype=np_.int64)
         self.n_regions = len(names)
 
     def run(self, lam: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One pass for prices ``lam`` (runs x prices): min of cost - lam * work, and the billed
-        cost of each minimising schedule (inf where its work falls short of the job)."""
+        cost of each minimising schedule (inf where its work falls short of the job).
+
+        Each state is one array ``(4, zones, runs, prices)``: value, cost, work, and the bill (the
+        cost when the work reached the job), so that keeping the better of two is one ``where``.
+        """
+        compiled = run_pass(self, lam)
+        if compiled is not None:
+            return compiled
         np_, gap, job = self.np, self.gap, self.job
-        zones, runs, prices = self.avail.shape[0], len(self.starts), lam.shape[1]
-        shape = (zones, runs, prices)
+        zones, runs, prices = self.rows.shape[0], len(self.starts), lam.shape[1]
         inf = np_.inf
         ring = max(self.lengths) + 1
         lam_ = lam[None]
-        # value, cost, work, cost at the moment the work reached the job (the bill), per state
-        fields = 4
 
-        def full(v: float) -> list[np.ndarray]:
-            return [np_.full(shape, v), np_.zeros(shape), np_.zeros(shape), np_.full(shape, inf)]
-
-        idle, spot, od = full(0.0), full(inf), full(inf)
-        arr_spot = [full(inf) for _ in range(ring)]
-        arr_od = [full(inf) for _ in range(ring)]
-
-        def better(a: list[np.ndarray], b: list[np.ndarray]) -> list[np.ndarray]:
-            take = b[0] < a[0]
-            return [np_.where(take, y, x) for x, y in zip(a, b, strict=True)]
-
-        def add(s: list[np.ndarray], price: float, hours: float, work: float, usd: float = 0.0):
-            value = s[0] + (price * hours + usd) - lam_ * work
-            cost, done = s[1] + price * hours + usd, s[2] + work
-            crossed = (s[2] < job - TOLERANCE) & (done >= job - TOLERANCE)
-            bill = np_.where(crossed, cost - price * (done - job), s[3])
-            return [value, cost, done, bill]
-
-        def mask(s: list[np.ndarray], ok: np.ndarray) -> list[np.ndarray]:
-            return [np_.where(ok[..., None], s[0], inf), *s[1:]]
-
-        def region_min(s: list[np.ndarray]) -> list[list[np.ndarray]]:
-            out = []
-            for r in range(self.n_regions):
-                members = [z for z in range(zones) if self.region_of[z] == r]
-                best = [f[members[0]] for f in s]
-                for z in members[1:]:
-                    best = better(best, [f[z] for f in s])
-                out.append(best)
+        def full(v: float) -> np.ndarray:
+            out = np_.zeros((4, zones, runs, prices))
+            out[0], out[3] = v, inf
             return out
 
-        def launch_spot(src: list[np.ndarray], k: int) -> None:
-            pos = self.starts + k
-            per_region = region_min(src)
+        def better(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+            return np_.where((b[0] < a[0])[None], b, a)
+
+        def add(s: np.ndarray, price: float, hours: float, work: float, usd: float = 0.0) -> np.ndarray:
+            out = np_.empty_like(s)
+            out[0] = s[0] + (price * hours + usd) - lam_ * work
+            out[1] = s[1] + (price * hours + usd)
+            out[2] = s[2] + work
+            crossed = (s[2] < job - TOLERANCE) & (out[2] >= job - TOLERANCE)
+            out[3] = np_.where(crossed, out[1] - price * (out[2] - job), s[3])
+            return out
+
+        def mask(s: np.ndarray, ok: np.ndarray) -> np.ndarray:
+            out = s.copy()
+            out[0][~ok] = inf
+            return out
+
+        members = [[z for z in range(zones) if self.region_of[z] == r] for r in range(self.n_regions)]
+
+        def launch_spot(src: np.ndarray, k: int) -> None:
+            pos = self.starts[None, :] + k
+            per_region = []
+            for group in members:
+                best = src[:, group[0]]
+                for z in group[1:]:
+                    best = better(best, src[:, z])
+                per_region.append(best)
             for kind, (setup, length) in enumerate(zip(self.setups, self.lengths, strict=True)):
                 if kind == 2 and self.n_regions < 2:
                     break
                 if kind == 1 and self.n_regions == zones:
                     continue  # no region has two zones: a same-region move is impossible
-                ok = self.runlen[:, pos] >= length  # zones x runs
+                ok = self.runlen[self.rows, pos] >= length  # zones x runs
                 if not ok.any():
                     continue
                 if kind == 0:
                     cand = src
                 else:
-                    rows = []
+                    picked = []
                     for z in range(zones):
                         r = self.region_of[z]
                         if kind == 1:
-                            rows.append(per_region[r])
-                        else:
-                            others = [per_region[q] for q in range(self.n_regions) if q != r]
-                            best = others[0]
-                            for o in others[1:]:
-                                best = better(best, o)
-                            rows.append(best)
-                    cand = [np_.stack([row[f] for row in rows]) for f in range(fields)]
+                            picked.append(per_region[r])
+                            continue
+                        others = [per_region[q] for q in range(self.n_regions) if q != r]
+                        best = others[0]
+                        for o in others[1:]:
+                            best = better(best, o)
+                        picked.append(best)
+                    cand = np_.stack(picked, axis=1)
                 usd = self.egress if kind == 2 else 0.0
-                cand = add(cand, self.ps, length * gap, length * gap - setup, usd)
+                cand = mask(add(cand, self.ps, length * gap, length * gap - setup, usd), ok)
                 slot = (k + length) % ring
-                arr_spot[slot] = better(arr_spot[slot], mask(cand, ok))
+                arr_spot[slot] = better(arr_spot[slot], cand)
 
+        idle, spot, od = full(0.0), full(inf), full(inf)
+        arr_spot = [full(inf) for _ in range(ring)]
+        arr_od = [full(inf) for _ in range(ring)]
+        od_len, od_setup = self.lengths[0], self.setups[0]
         for k in range(self.ticks):
             slot = k % ring
             spot, od = better(spot, arr_spot[slot]), better(od, arr_od[slot])
             arr_spot[slot], arr_od[slot] = full(inf), full(inf)
-            up = self.avail[:, self.starts + k]  # zones x runs
+            up = self.avail[self.rows, self.starts[None, :] + k]  # zones x runs
             if not up.all():  # preemption: a spot instance on a 0 tick is gone, for nothing
                 idle = better(idle, mask(spot, ~up))
                 spot = mask(spot, up)
             launch_spot(better(idle, od), k)
-            length = self.lengths[0]
-            cand = add(better(idle, spot), self.po, length * gap, length * gap - self.setups[0])
-            arr_od[(k + length) % ring] = better(arr_od[(k + length) % ring], cand)
+            cand = add(better(idle, spot), self.po, od_len * gap, od_len * gap - od_setup)
+            arr_od[(k + od_len) % ring] = better(arr_od[(k + od_len) % ring], cand)
             idle = better(idle, better(spot, od))
             spot = add(spot, self.ps, gap, gap)
             od = add(od, self.po, gap, gap)
         last = self.ticks % ring
         spot, od = better(spot, arr_spot[last]), better(od, arr_od[last])
         final = better(idle, better(spot, od))
-        best = [f[0] for f in final]
+        best = final[:, 0]
         for z in range(1, zones):
-            best = better(best, [f[z] for f in final])
+            best = better(best, final[:, z])
         return best[0], np_.where(best[2] >= job - TOLERANCE, best[3], inf)
 
 
@@ -230,10 +247,11 @@ def optimum_bounds(
     spot_price: float,
     on_demand_price: float,
     regions: Sequence[str] | None = None,
-    moves: Moves = Moves(),
-    rounds: int = 3,
+    moves: Moves = NO_MOVES,
+    zone_of_run: Sequence[int] | None = None,
+    rounds: int = 4,
     prices_per_round: int = 4,
-    batch: int = 2048,
+    batch: int = 4096,
 ) -> Bounds:
     """Certified bounds on the offline optimum for each start tick, over zones ``data[z]``.
 
@@ -241,12 +259,16 @@ def optimum_bounds(
     ``gap_hours`` apart); ``regions[z]`` names each zone's region (default: all one region).
     Each run may use any zone, paying ``moves`` to take its checkpoint elsewhere. With one zone
     this bounds :func:`.optimum.optimal_cost`. ``rounds`` x ``prices_per_round`` narrows the
-    price of work by bisection per run: more rounds, tighter bounds.
+    price of work by bisection per run: more rounds, tighter bounds. With ``zone_of_run`` (one
+    zone index per start) the runs are independent single-zone runs, each in its own zone, batched
+    together for speed.
     """
     np_ = _np()
     rows = np_.atleast_2d(np_.asarray(data))
     if regions is None:
         regions = ["region"] * rows.shape[0]
+    if zone_of_run is not None and len(zone_of_run) != len(starts):
+        raise ValueError("zone_of_run must give one zone per start")
     if len(regions) != rows.shape[0]:
         raise ValueError("regions must name one region per zone row of data")
     if deadline_hours < job_hours + changeover_hours - TOLERANCE:
@@ -257,6 +279,7 @@ def optimum_bounds(
             rows,
             regions,
             starts[first : first + batch],
+            zone_of_run=None if zone_of_run is None else zone_of_run[first : first + batch],
             job=job_hours,
             deadline=deadline_hours,
             changeover=changeover_hours,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .base import EPSILON_HOURS, ON_DEMAND, SPOT, WAIT, Decision, PolicyState, must_run_on_demand
-from .bounds import Moves
+from .bounds import NO_MOVES, Moves
 from .deadline import ours
 from .simulate import SimulationError
 from .zones import ZoneEvent, rank_zones
@@ -123,7 +123,7 @@ def simulate_zones(
     changeover_hours: float,
     spot_price: float,
     on_demand_price: float,
-    moves: Moves = Moves(),
+    moves: Moves = NO_MOVES,
     nodes: int = 1,
     start: int = 0,
     max_hours: float | None = None,
