@@ -62,7 +62,8 @@ NO_MOVES = Moves()
 
 @dataclass(frozen=True)
 class Bounds:
-    """Per run: ``lower <= optimum <= upper`` (numpy arrays; inf upper if nothing met the deadline)."""
+    """Per run: ``lower <= optimum <= upper`` (numpy arrays). ``upper`` is inf where no schedule seen
+    met the deadline, and everywhere when the deadline is not a whole number of ticks."""
 
     lower: np.ndarray
     upper: np.ndarray
@@ -108,7 +109,11 @@ class _Program:
     ) -> None:
         np_ = _np()
         self.np = np_
-        self.ticks = int(math.floor(deadline / gap + 1e-9))
+        # through the end of the tick holding the deadline: a schedule finishing mid-tick fits. If
+        # that tick ends after the deadline the horizon is a relaxation: lower stays valid, and
+        # upper (whose finish is not tracked) is not reported.
+        self.ticks = int(math.ceil(deadline / gap - 1e-9))
+        self.whole = abs(self.ticks * gap - deadline) <= 1e-9
         self.job, self.gap = job, gap
         self.ps, self.po = spot_price, on_demand_price
         setups = [changeover, changeover + moves.restore_hours]
@@ -315,4 +320,6 @@ def _search(np_: Any, program: _Program, rounds: int, per_round: int) -> tuple[n
         enough = np_.isfinite(bill)
         hi = np_.minimum(hi, np_.where(enough, lam, np_.inf).min(axis=1))
         lo = np_.minimum(np_.maximum(lo, np_.where(enough, 0.0, lam).max(axis=1)), hi)
+    if not program.whole:
+        upper[:] = np_.inf
     return lower, np_.maximum(upper, lower)

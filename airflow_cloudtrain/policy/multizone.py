@@ -31,7 +31,11 @@ from .base import EPSILON_HOURS, ON_DEMAND, SPOT, WAIT, Decision, PolicyState, m
 from .bounds import NO_MOVES, Moves
 from .deadline import ours
 from .simulate import SimulationError
-from .zones import ZoneEvent, rank_zones
+from .zones import TROUBLE_HALF_LIFE_HOURS, ZoneEvent, rank_zones
+
+FORGET_HALF_LIVES = 24
+"""Events older than this many half-lives weigh < 1e-7 in the ranking; dropping them keeps each
+tick's ranking cheap (the list would otherwise grow by one per tick of a long outage)."""
 
 ZoneDecideFn = Callable[[PolicyState, int], Decision]
 """A zone-aware policy: ``decide(state, zones)``; ``state.spot_available`` is about the zone tried."""
@@ -143,17 +147,26 @@ def simulate_zones(
     setup_left = running_hours = seen_up = seen_down = spell = 0.0
     launches = interruptions = n_moves = spells = 0
     prev: bool | None = None
+    forget = FORGET_HALF_LIVES * TROUBLE_HALF_LIFE_HOURS
+
+    def best_zone(now: float) -> str:
+        if len(names) == 1:
+            return names[0]
+        if events and events[0].at < now - forget:
+            events[:] = [e for e in events if e.at >= now - forget]
+        return rank_zones(names, events, now)[0]
+
     for k in range(max_ticks):
         i, now = start + k, k * gap
-        probe = run_zone if running == SPOT and run_zone else rank_zones(names, events, now)[0]
+        probe = run_zone if running == SPOT and run_zone else best_zone(now)
         avail = 0 <= i < n and rows[names.index(probe)][i] == 1
         if running == SPOT and not avail:
             events.append(ZoneEvent(probe, "preempted", now))
             running, run_zone, setup_left, running_hours = None, None, 0.0, 0.0
             interruptions += 1
-            probe = rank_zones(names, events, now)[0]
+            probe = best_zone(now)  # relaunch: try the best-ranked zone now
             avail = 0 <= i < n and rows[names.index(probe)][i] == 1
-        elif not avail:
+        if not avail and (not events or events[-1] != ZoneEvent(probe, "preempted", now)):
             events.append(ZoneEvent(probe, "capacity_error", now))
         if prev is None or avail != prev:
             spell, spells = 0.0, spells + avail
