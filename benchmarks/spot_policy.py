@@ -49,6 +49,7 @@ from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -142,7 +143,7 @@ def run_task(task: Task) -> tuple[Task, list[tuple[float, bool, int | None]]]:
     trace = task.trace
     baseline = task.on_demand_price * (task.job + task.changeover)
     if task.policy == OPTIMUM:
-        kw = {
+        kw: dict[str, Any] = {
             "job_hours": task.job,
             "deadline_hours": task.deadline,
             "changeover_hours": task.changeover,
@@ -229,11 +230,11 @@ def main(argv: list[str] | None = None) -> int:
             pr = price_for(f"zone_{group}", prices)
             return pr.spot, pr.on_demand
 
-        report = zone_report(args, price_of, deadlines)
+        zones_report = zone_report(args, price_of, deadlines)
         if args.json:
-            print(json.dumps(report, indent=2))
+            print(json.dumps(zones_report, indent=2))
         else:
-            print_zone_report(report, trace_header(args.traces, len(list(args.traces.glob("*.json")))))
+            print_zone_report(zones_report, trace_header(args.traces, len(list(args.traces.glob("*.json")))))
         return 0
     paths = sorted(args.traces.glob("*.json"))
     if args.exclude_k80:

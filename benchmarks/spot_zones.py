@@ -103,7 +103,7 @@ def run_zone_task(t: ZoneTask) -> tuple[ZoneTask, list[tuple[float, bool, int | 
             costs = [float(x) for x in b.lower]
         return t, [(c, True, None, None) for c in costs]
     decide = ours_zones if t.what == MULTI else single_zone(POLICIES[t.what])
-    out = []
+    out: list[tuple[float, bool, int | None, int | None]] = []
     for s in t.starts:
         r = simulate_zones(zs, decide, moves=t.moves, nodes=t.nodes, start=s, **kw)
         out.append((r.cost, r.met_deadline, r.launches, r.moves))
