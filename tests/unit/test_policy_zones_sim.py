@@ -197,3 +197,13 @@ def test_benchmark_table_names_the_folder_it_read(tmp_path: Path) -> None:
     folder.mkdir()
     out = run_zones_json(folder)
     assert "folder my-traces-2031" in str(out) and "aws-10-26-2022" not in str(out)
+
+
+def test_with_one_zone_ours_zones_is_ours() -> None:
+    trace = load_trace(TRACES / "aws-10-26-2022" / "us-west-2a_k80_8.json")
+    one = ZoneSet("k80_8", trace.gap_hours, ("us-west-2a",), ("us-west-2",), (trace.data,))
+    args = dict(ARGS, job_hours=24.0, deadline_hours=30.0)
+    for start in (0, 1500):
+        assert simulate_zones(one, ours_zones, start=start, **args) == simulate_zones(
+            one, single_zone(ours), start=start, **args
+        )
