@@ -29,18 +29,13 @@ from pathlib import Path
 
 from .base import EPSILON_HOURS, ON_DEMAND, SPOT, WAIT, Decision, PolicyState, must_run_on_demand
 from .bounds import NO_MOVES, Moves
-from .deadline import ours, waiting_budget
+from .deadline import ours
 from .simulate import SimulationError
 from .zones import TROUBLE_HALF_LIFE_HOURS, ZoneEvent, rank_zones
 
 FORGET_HALF_LIVES = 24
 """Events older than this many half-lives weigh < 1e-7 in the ranking; dropping them keeps each
 tick's ranking cheap (the list would otherwise grow by one per tick of a long outage)."""
-
-EXTRA_WAIT_CHANGEOVERS = 4.0
-"""With several zones, idle waits this many changeovers of slack past ``ours``' waiting budget
-before on-demand: spot is back somewhere sooner than in one zone (0.5-4 points cheaper at 52 h on
-the shipped zone sets, within a point at 72 h; docs/spot_policy.md)."""
 
 ZoneDecideFn = Callable[[PolicyState, int], Decision]
 """A zone-aware policy: ``decide(state, zones)``; ``state.spot_available`` is about the zone tried."""
@@ -98,18 +93,16 @@ def ours_zones(state: PolicyState, zones: int) -> Decision:
 
     ``state.spell_hours`` is how long the zones tried have all been without spot; while that is
     under one tick per other zone, some zone is still untried, so we wait (the try is the wait)
-    unless the deadline's safety net fires. After that, idle, it keeps waiting (and trying) while
-    ``ours``' waiting budget is above ``-EXTRA_WAIT_CHANGEOVERS`` changeovers, then runs on-demand.
+    unless the deadline's safety net fires; after that it is ``ours`` (waiting longer before
+    on-demand, 4 changeovers past ``ours``' budget, was tried and cost more: docs/spot_policy.md).
     A running on-demand instance is kept meanwhile (leaving it is ``ours``' decision, made when a
     zone with spot is found).
     """
     if must_run_on_demand(state):
         return ON_DEMAND
-    if zones > 1 and not state.spot_available and state.running != ON_DEMAND:
-        trying = state.spell_hours < (zones - 1) * state.tick - EPSILON_HOURS
-        if trying or waiting_budget(state) > -EXTRA_WAIT_CHANGEOVERS * state.changeover:
-            return WAIT
-        return ON_DEMAND
+    trying = not state.spot_available and state.spell_hours < (zones - 1) * state.tick - EPSILON_HOURS
+    if trying and state.running != ON_DEMAND:
+        return WAIT
     return ours(state)
 
 
