@@ -120,7 +120,10 @@ def add_zone_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bandwidth-gbps", type=float, default=1.0, help="cross-region transfer (default 1)")
     g.add_argument("--egress-usd-per-gb", type=float, default=0.02, help="cross-region (default 0.02)")
     g.add_argument(
-        "--optimum", choices=("auto", "exact", "bound"), default="auto", help="single-zone optimum"
+        "--optimum",
+        choices=("auto", "exact", "bound"),
+        default="auto",
+        help="single-zone optimum: exact, bound, auto",
     )
     g.add_argument("--optimum-rounds", type=int, default=4, help="bisection rounds of the bound")
 
