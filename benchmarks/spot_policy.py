@@ -14,7 +14,26 @@ package's ``catalog/data/aws.csv``: on-demand ``Price``, and for spot the mean o
 of the p3 type with the same GPU count (only the ratio matters: costs are reported relative to
 on-demand), or left out with ``--exclude-k80``.
 
-Usage: python benchmarks/spot_policy.py [--traces DIR] [--deadline-hours D] [--no-optimum] [--json]
+With ``--zones`` it runs the multi-zone benchmark instead (``benchmarks/spot_zones.py``): the
+single-zone policies in each zone, the zone-aware ``ours_zones`` over all zones of a set, and both
+optima (options ``--nodes``, ``--restore-hours``, ``--checkpoint-gb``, ``--bandwidth-gbps``,
+``--egress-usd-per-gb``, ``--optimum``, ``--optimum-rounds``).
+
+``--json`` prints one object, and its shape is kept stable (tests/unit/test_policy_simulator.py):
+
+* default: ``{"policies": {NAME: ROW}, "optimum": ROW}`` (``"optimum"`` absent with ``--no-optimum``),
+  NAME in on_demand, greedy, uniform_progress, ours; ROW = ``{"cost_vs_on_demand", "deadlines_met",
+  "mean_changeovers" (null for the optimum), "runs", "by_deadline": {"52": cost, ...}}`` plus, for
+  policies when the optimum ran, ``"gap_to_optimum"`` and ``"gap_by_deadline"``.
+* ``--zones``: ``{"mode": "zones", "traces", "zone_sets": {GROUP: [zones]}, "nodes", "moves":
+  {"restore_hours", "transfer_hours", "egress_usd"}, "policies": {NAME: ROW}, "nodes_free":
+  {ZONE_GROUP or any_GROUP: share of ticks}, "wall_seconds"}``; NAME in on_demand, greedy,
+  uniform_progress, ours, ours_zones, optimum_single_zone, optimum_multi_zone; ROW =
+  ``{"zones": "single"|"multi", "cost_vs_on_demand", "deadlines_met", "runs"}`` plus for policies
+  ``"changeovers_per_run"``, ``"moves_per_run"``, ``"gap_to_single_zone_optimum"``, and for all but
+  the multi-zone optimum ``"gap_to_multi_zone_optimum"``.
+
+Usage: python benchmarks/spot_policy.py [--traces DIR] [--deadline-hours D] [--no-optimum] [--zones] [--json]
 """
 
 from __future__ import annotations
@@ -30,6 +49,7 @@ from collections import defaultdict
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -37,7 +57,13 @@ if str(REPO_ROOT) not in sys.path:
 
 from airflow_cloudtrain.policy import POLICIES, Trace, load_trace, optimal_costs, simulate  # noqa: E402
 
-TRACE_SOURCE = "github.com/skypilot-org/spot-traces (NSDI 2024 'Can't Be Late'), aws-10-26-2022"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from spot_zones import add_zone_args, exact_is_cheap, print_zone_report, zone_report  # noqa: E402
+
+from airflow_cloudtrain.policy.bounds import optimum_bounds  # noqa: E402
+
+TRACE_SOURCE = "github.com/skypilot-org/spot-traces (NSDI 2024 'Can't Be Late')"
+"""Credited in the table header, followed by the folder actually read (``--traces``)."""
 # shipped in the package, with their source and licence in SOURCE.md beside them
 DEFAULT_TRACES = REPO_ROOT / "airflow_cloudtrain" / "policy" / "data" / "traces" / "aws-10-26-2022"
 CATALOG = REPO_ROOT / "airflow_cloudtrain" / "catalog" / "data" / "aws.csv"
@@ -99,6 +125,8 @@ class Task:
     spot_price: float
     on_demand_price: float
     start_every: int
+    optimum: str = "auto"
+    rounds: int = 4
 
 
 def starts_of(task: Task) -> range:
@@ -115,15 +143,22 @@ def run_task(task: Task) -> tuple[Task, list[tuple[float, bool, int | None]]]:
     trace = task.trace
     baseline = task.on_demand_price * (task.job + task.changeover)
     if task.policy == OPTIMUM:
-        costs = optimal_costs(
-            trace,
-            starts_of(task),
-            job_hours=task.job,
-            deadline_hours=task.deadline,
-            changeover_hours=task.changeover,
-            spot_price=task.spot_price,
-            on_demand_price=task.on_demand_price,
-        )
+        kw: dict[str, Any] = {
+            "job_hours": task.job,
+            "deadline_hours": task.deadline,
+            "changeover_hours": task.changeover,
+            "spot_price": task.spot_price,
+            "on_demand_price": task.on_demand_price,
+        }
+        starts = starts_of(task)
+        cheap = exact_is_cheap(trace.gap_hours, task.changeover, task.deadline, task.job, len(starts))
+        if task.optimum == "exact" or (task.optimum == "auto" and cheap):
+            costs = optimal_costs(trace, starts, **kw)
+        else:  # the certified lower bound (policy/bounds.py): minutes, not hours, at 15 s ticks
+            bounds = optimum_bounds(
+                [trace.data], list(starts), gap_hours=trace.gap_hours, rounds=task.rounds, **kw
+            )
+            costs = [float(x) for x in bounds.lower]
         return task, [(cost / baseline, cost < float("inf"), None) for cost in costs]
     decide = POLICIES[task.policy]
     rows: list[tuple[float, bool, int | None]] = []
@@ -165,9 +200,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--no-optimum", action="store_true", help="skip the offline optimum and the gaps to it")
     p.add_argument(
-        "--json", action="store_true", help='print {"policies": {NAME: {...}}, "optimum": {...}} only'
+        "--json", action="store_true", help="print the JSON report only (shape: see the docstring)"
     )
+    add_zone_args(p)
     return p.parse_args(argv)
+
+
+def trace_header(traces: Path, count: int) -> str:
+    """The first line of the table: the source, and the folder really read (not a fixed name)."""
+    where = traces.resolve()
+    where = where.relative_to(REPO_ROOT) if where.is_relative_to(REPO_ROOT) else where
+    return f"Traces: {TRACE_SOURCE}, folder {where.name} ({count} files from {where})"
 
 
 def mean_gap(costs: list[float], optimum: list[float]) -> float:
@@ -179,6 +222,20 @@ def main(argv: list[str] | None = None) -> int:
     """Run every policy (and the optimum) on every (trace, deadline, start); print table or JSON."""
     args = parse_args(argv)
     began = time.monotonic()
+    deadlines = (args.deadline_hours,) if args.deadline_hours else DEFAULT_DEADLINES
+    if args.zones:
+        prices = read_prices()
+
+        def price_of(group: str) -> tuple[float, float]:
+            pr = price_for(f"zone_{group}", prices)
+            return pr.spot, pr.on_demand
+
+        zones_report = zone_report(args, price_of, deadlines)
+        if args.json:
+            print(json.dumps(zones_report, indent=2))
+        else:
+            print_zone_report(zones_report, trace_header(args.traces, len(list(args.traces.glob("*.json")))))
+        return 0
     paths = sorted(args.traces.glob("*.json"))
     if args.exclude_k80:
         paths = [p for p in paths if "_k80_" not in p.name]
@@ -186,7 +243,6 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"no *.json traces in {args.traces}")
     traces = [load_trace(p) for p in paths]
     prices = read_prices()
-    deadlines = (args.deadline_hours,) if args.deadline_hours else DEFAULT_DEADLINES
     with_optimum = not args.no_optimum
     if with_optimum and min(deadlines) < args.job_hours + args.changeover_hours:
         print("no optimum: a deadline is shorter than the job plus one changeover", file=sys.stderr)
@@ -203,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             price_for(tr.name, prices).spot,
             price_for(tr.name, prices).on_demand,
             max(1, round(args.start_every_hours / tr.gap_hours)),
+            args.optimum,
+            args.optimum_rounds,
         )
         for name in order
         for tr in traces
@@ -253,9 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     used = sorted({price_for(t.name, prices).instance for t in traces})
-    where = args.traces.resolve()
-    where = where.relative_to(REPO_ROOT) if where.is_relative_to(REPO_ROOT) else where
-    print(f"Traces: {TRACE_SOURCE} ({len(traces)} files from {where})")
+    print(trace_header(args.traces, len(traces)))
     print(
         f"Job {args.job_hours:g} h, changeover {args.changeover_hours:g} h, deadlines "
         f"{', '.join(f'{d:g}' for d in deadlines)} h, a start every {args.start_every_hours:g} h: "
