@@ -31,7 +31,8 @@ class CheckpointResumeOperator(CloudTrainOperator):
     ``max_restarts`` (interruptions tolerated), ``max_restarts_on_errors`` (relaunches after the job
     itself failed), ``resume_from`` (an earlier run id or run URI: continue from its checkpoints, in
     its run folder), ``policy`` (``"spot_first"`` or ``"deadline"``), ``on_demand_after``,
-    ``deadline`` and ``expected_duration`` (for ``"deadline"``), ``stop_grace`` and ``idle_timeout``.
+    ``deadline`` and ``expected_duration`` (for ``"deadline"``), ``stop_grace``, ``idle_timeout`` and
+    ``zones`` (the zones of one region a spot relaunch may move between).
     The XCom adds ``attempts`` (the per-attempt cost ledger), ``totals``, ``restarts``,
     ``resumed_step``, ``ledger_uri``, and ``num_nodes`` / ``nodes`` of the last attempt; ``cost_usd``
     is the sum over the ledger's rows (a gang's: one per node of each attempt).
