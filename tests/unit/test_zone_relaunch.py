@@ -68,6 +68,7 @@ def test_one_zone_on_demand_and_a_cloud_placed_launch_are_left_as_they_were() ->
     assert order(h, (A,)) == [A]  # one zone allowed: relaunched there, as zone=A always did
     assert order(h, spot=False) == [A, B, C]  # on-demand: the user's order, no ranking
     assert launch_order(h, (), True, EC2, [None], T0, LOG) == [None]  # EC2 without zones: EC2 places it
+    assert launch_order(h, (), True, GCE, [A, B], T0, LOG) == [A, B]  # no zones argument: zones_for's order
 
 
 def test_the_users_zones_restrict_every_offer_and_the_offers_zones_restrict_them() -> None:

@@ -12,7 +12,8 @@ zones exactly as the loop before it did. Pure: no cloud calls.
 - ``allowed_zones``: the zones an offer may launch in: the user's ``zones`` it is sold in (in the
   user's order), else what the backend's ``zones_for`` gives (today's behaviour).
 - ``launch_order``: those zones ranked by ``policy.zones.rank_zones`` for a spot launch with two or
-  more named zones; one zone (or none: EC2 placing the instance itself) is left exactly as it was.
+  more of the user's zones; one zone, or no ``zones`` argument (the offers' own zones, EC2 placing the
+  instance itself) is left exactly as it was.
 - ``note_move``: an attempt that ran in another zone than the attempt before gets ``moved_from`` and
   ``move_reason`` (the ledger's table prints it, the XCom's ``attempts`` carry it).
 """
@@ -82,11 +83,12 @@ def launch_order(
     now: float,
     log: logging.Logger | None = None,
 ) -> list[str | None]:
-    """The zones to try ``offer`` in, in order: for spot with two or more named zones, least recent
-    trouble first (ties keep the allowed order, so a run that saw nothing launches as before)."""
+    """The zones to try ``offer`` in, in order: for spot with two or more of the user's ``zones``, least
+    recent trouble first (ties keep the allowed order, so a run that saw nothing launches as before).
+    Without ``zones`` the order is ``zones_for``'s, as before this module: moving is opted into."""
     allowed = allowed_zones(zones, offer, default)
     named = [z for z in allowed if z]
-    if not spot or len(named) < 2 or len(named) != len(allowed):
+    if not zones or not spot or len(named) < 2 or len(named) != len(allowed):
         return allowed
     events = zone_events(history)
     at = _hours(history, now)
