@@ -31,7 +31,8 @@ class CheckpointResumeOperator(CloudTrainOperator):
     ``max_restarts`` (interruptions tolerated), ``max_restarts_on_errors`` (relaunches after the job
     itself failed), ``resume_from`` (an earlier run id or run URI: continue from its checkpoints, in
     its run folder), ``policy`` (``"spot_first"`` or ``"deadline"``), ``on_demand_after``,
-    ``deadline`` and ``expected_duration`` (for ``"deadline"``), ``stop_grace`` and ``idle_timeout``.
+    ``deadline`` and ``expected_duration`` (for ``"deadline"``), ``stop_grace``, ``idle_timeout`` and
+    ``zones`` (the zones of one region a spot relaunch may move between).
     The XCom adds ``attempts`` (the per-attempt cost ledger), ``totals``, ``restarts``,
     ``resumed_step``, ``ledger_uri``, and ``num_nodes`` / ``nodes`` of the last attempt; ``cost_usd``
     is the sum over the ledger's rows (a gang's: one per node of each attempt).
@@ -50,6 +51,11 @@ class CheckpointResumeOperator(CloudTrainOperator):
     :param expected_duration: With ``deadline``: the job's compute time without interruptions.
     :param stop_grace: Time the job gets to checkpoint after an interruption notice.
     :param idle_timeout: Stop a job that used no CPU (and no GPU) for this long (the hung-job watchdog).
+    :param zones: The zones of one region every launch may use, e.g. ``["us-east-1a", "us-east-1b"]``
+        (default: the offers' own zones, as ``zone``/``region`` pick them). A spot (re)launch tries them
+        least-recently-troubled first (preemptions, capacity errors), so after a preemption the run
+        moves to another zone and resumes there from its checkpoint in the bucket; the ledger row says
+        ``moved_from`` and ``move_reason``. Not with ``zone`` or ``subnet_id``; no moves across regions.
     :param checkpoint_ranks: With ``num_nodes`` > 1, whose ``checkpoint_dir`` is synced: ``"head"``
         (default: rank 0's only; on a relaunch every rank restores the head's newest complete
         checkpoint, so data-parallel ranks start from the same weights) or ``"all"`` (every rank syncs
@@ -80,12 +86,24 @@ class CheckpointResumeOperator(CloudTrainOperator):
         stop_grace: Any = None,
         idle_timeout: Any = None,
         checkpoint_ranks: str = "head",
+        zones: Sequence[str] | None = None,
         **kwargs: Any,
     ) -> None:
         from airflow_cloudtrain.operators.checks import check_bool
-        from airflow_cloudtrain.operators.resume_config import parse_checkpoint_ranks, parse_resume_args
+        from airflow_cloudtrain.operators.resume_config import (
+            parse_checkpoint_ranks,
+            parse_resume_args,
+            parse_zones,
+        )
 
         super().__init__(**kwargs)
+        self.zones = parse_zones(
+            zones,
+            kwargs.get("cloud", "ec2"),
+            kwargs.get("region"),
+            kwargs.get("zone"),
+            kwargs.get("subnet_id"),
+        )
         self.checkpoint_ranks = parse_checkpoint_ranks(checkpoint_ranks)
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_snapshots = check_bool(checkpoint_snapshots, "checkpoint_snapshots")
@@ -110,9 +128,11 @@ class CheckpointResumeOperator(CloudTrainOperator):
         from airflow_cloudtrain.lifecycle.prepare import JobOptions
         from airflow_cloudtrain.lifecycle.resume.loop import RecoveryLoop
         from airflow_cloudtrain.lifecycle.resume.recovery import RecoverySettings
-        from airflow_cloudtrain.operators.resume_config import parse_resume_from
+        from airflow_cloudtrain.operators.resume_config import parse_resume_from, zones_region
 
         config = self._config()  # rendered: every check again, the cloud-dependent ones too
+        if self.zones:  # the offers and the backend are those of the zones' region
+            config = replace(config, region=config.region or zones_region(self.zones, config.cloud))
         args = self.resume
         job = JobOptions(
             checkpoint_dir=self.checkpoint_dir or None,
@@ -134,6 +154,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
             relaunch_wait_s=min(300.0, max(5.0, 10 * self.poll_interval)),
             spot_price_ratio=self._price_ratio(config) if args.policy == "deadline" else 0.32,
             **self._budget_prices(config, ctx.wait.max_cost_usd, ctx.gang.num_nodes if ctx.gang else 1),
+            zones=self.zones,
         )
         loop = RecoveryLoop(ctx, settings, job, parse_resume_from(self.resume_from, config.cloud))
         # a deadline given as a timedelta counts from the loop's first start, kept in its history

@@ -70,6 +70,65 @@ def parse_checkpoint_ranks(value: Any) -> str:
     )
 
 
+def parse_zones(
+    value: Any, cloud: Any, region: Any = None, zone: Any = None, subnet_id: Any = None
+) -> tuple[str, ...]:
+    """``zones``: the zones of one region every launch may use, in the order of preference (a spot
+    relaunch ranks them by the trouble the run saw: ``lifecycle.resume.zones``). None: the offers'
+    own zones, as before. Moving across regions is not supported (the instance image, network and
+    prices are per region): every zone must be of one region, ``region``'s when given."""
+    from airflow_cloudtrain.operators.checks import parse_zone, zone_region
+
+    if value is None:
+        return ()
+    forms = "a list of zone names of one region, e.g. zones=['us-east-1a', 'us-east-1b'] (EC2) or " + (
+        "['us-central1-a', 'us-central1-b'] (GCE)"
+    )
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"zones={value!r} is not valid: use {forms}")
+    known = cloud if isinstance(cloud, str) and cloud in CLOUDS else None
+    zones: list[str] = []
+    for item in value:
+        if item is None or item == "":
+            raise ValueError(f"zones={value!r} has an empty zone: use {forms}")
+        try:
+            zones.append(str(parse_zone(item, known)))
+        except ValueError as err:
+            raise ValueError(f"zones={value!r}: {err}".replace("zone=", "zone ")) from None
+    if len(set(zones)) != len(zones):
+        raise ValueError(f"zones={value!r} names a zone twice: use {forms}, each zone once")
+    clouds = [known] if known else [c for c in ("ec2", "gcloud") if zone_region(c, zones[0])]
+    regions = {zone_region(clouds[0], z) for z in zones} if clouds else set()
+    if len(regions) > 1:
+        raise ValueError(
+            f"zones={value!r} spans regions {', '.join(sorted(map(str, regions)))}: moving a run across "
+            "regions is not supported; use zones of one region"
+        )
+    where = next(iter(regions), None)
+    if isinstance(region, str) and region and where and region != where:
+        raise ValueError(
+            f"zones={value!r} are in {where}, not in region={region!r}: use zones of {region} or leave region out"
+        )
+    if zone not in (None, ""):
+        raise ValueError(
+            f"zones={value!r} and zone={zone!r} both given: use zone= for one zone or zones= for several, "
+            "not both"
+        )
+    if subnet_id not in (None, ""):
+        raise ValueError(
+            f"zones={value!r} cannot be used with subnet_id={subnet_id!r}: an EC2 subnet is in one zone; "
+            "leave subnet_id out to let the run move between zones, or use zone= for the subnet's zone"
+        )
+    return tuple(zones)
+
+
+def zones_region(zones: tuple[str, ...], cloud: str) -> str | None:
+    """The region of ``zones`` (parsed: all of one region), or None without zones."""
+    from airflow_cloudtrain.operators.checks import zone_region
+
+    return zone_region(cloud, zones[0]) if zones else None
+
+
 def parse_resume_from(value: Any, cloud: str | None) -> str | None:
     """A run id (``ct-`` and 12 hex digits, as in the XCom) or a run URI of the same cloud (of
     either cloud while ``cloud`` is still a template: checked again once it is rendered)."""

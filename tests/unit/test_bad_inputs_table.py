@@ -492,6 +492,22 @@ TRAIN_ROWS: dict[str, Row] = {
     "stop_grace": [*duration_bad(), 300, "5m"],
     "idle_timeout": duration_bad(),
     "orphan_timeout": [*duration_bad(), ""],  # None is valid: no lease
+    "zones": [  # CheckpointResumeOperator: the zones of one region a run may move between
+        5,
+        True,
+        "us-east-1a",
+        [],
+        [None],
+        [""],
+        [5],
+        ["us-east-1a", "us-east-1a"],
+        ["us-east-1a", "us-west-2a"],
+        ["us-central1-a"],
+        ["us-east-1z"],
+        [" us-east-1a"],
+        ["us-east-1a\x00"],
+        [f"us-{CYRILLIC_E}ast-1a"],
+    ],
 }
 # PreemptibleGroupOperator: no max_workers, no bid (refused whatever the value)
 GROUP_ONLY: dict[str, list[Any]] = {"max_workers": [1, 3, "3"], "bid": ["0.5", 0.5, "60%"]}
@@ -765,6 +781,9 @@ COMBOS: list[tuple[str, dict[str, Any], str]] = [
     ("resume", {**RESUME_DEADLINE, "expected_duration": "7h"}, "expected_duration"),
     ("resume", {**RESUME_DEADLINE, "on_demand_after": 2}, "on_demand_after"),
     ("resume", {"resume_from": "gs://bkt/runs/ct-0123456789ab"}, "resume_from"),
+    ("resume", {"zones": ["us-east-1a", "us-east-1b"], "zone": "us-east-1a"}, "zones"),
+    ("resume", {"zones": ["us-east-1a", "us-east-1b"], "region": "us-west-2"}, "zones"),
+    ("resume", {"zones": ["us-east-1a", "us-east-1b"], "subnet_id": "subnet-0123abcd"}, "zones"),
     ("fleet", {"num_workers": 5, "max_workers": 2}, "max_workers"),
     ("fleet", {"cloud": "ec2", "bid": "0.5"}, "bid"),
     ("fleet", {"cloud": "gcspot"}, "cloud"),
@@ -848,6 +867,8 @@ VALID: list[tuple[str, dict[str, Any]]] = [
     ("resume", {"checkpoint_interval": "1h30m", "stop_grace": "1m30s", "idle_timeout": "2h"}),
     ("resume", {"policy": "deadline", "deadline": "2d12h", "expected_duration": "1d"}),
     ("resume", {"policy": "deadline", "deadline": timedelta(hours=6), "expected_duration": "1h"}),
+    ("resume", {"zones": ["us-east-1a", "us-east-1b"], "region": "us-east-1"}),
+    ("resume", {"zones": ("us-east-1c",)}),
     ("fleet", {"item_timeout": "1h30m", "lease_timeout": "5m", "checkpoint_interval": "10m"}),
     ("group", {"lease_timeout": "10m"}),
     ("ml", {"max_runtime": "1h30m", "poll_interval": "1m", "log_polling_interval": "30s"}),

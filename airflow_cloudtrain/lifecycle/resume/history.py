@@ -95,6 +95,13 @@ class AttemptRow:
     num_nodes: int = 1
     private_ip: str | None = None
     node_state: str | None = None  # the node's own end when the gang's was decided (GangWatch)
+    # zones whose spot or on-demand launch answered "no capacity" while this attempt was launched (the
+    # launcher's failover; every zone tried for a ``capacity_error`` row): the resume loop's zone
+    # ranking counts them (``lifecycle.resume.zones``)
+    no_capacity_in: list[str] = field(default_factory=list)
+    # a relaunch in another zone than the attempt before ran in: that zone, and why the loop moved
+    moved_from: str | None = None
+    move_reason: str | None = None
 
     @property
     def is_head(self) -> bool:
@@ -266,6 +273,10 @@ def format_ledger(data: dict[str, Any]) -> str:
             f"{_fmt(r.get('work_lost_s'), '{:.1f}'):>8}"
             + (f"  {r['instance_id']} {r.get('node_state') or ''}".rstrip() if gang else "")
         )
+        if r.get("moved_from") and not r.get("rank"):  # once per attempt: a gang moves as one
+            lines.append(
+                f"   moved from {r['moved_from']} to {_fmt(r.get('zone'))}: {r.get('move_reason') or '-'}"
+            )
     t = data.get("totals") or {}
     lines.append(
         f"total: {t.get('attempts', 0)} attempt(s)"

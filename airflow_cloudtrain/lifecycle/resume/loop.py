@@ -49,9 +49,11 @@ from airflow_cloudtrain.lifecycle.resume.recovery import (
     node_rows,
     row_for,
 )
+from airflow_cloudtrain.lifecycle.resume.zones import launch_order, no_capacity_zones, note_move
 from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt, RunContext
 
 if TYPE_CHECKING:
+    from airflow_cloudtrain.catalog.offers import Offer
     from airflow_cloudtrain.core.backend import RunBackend
     from airflow_cloudtrain.core.records import LaunchRecord, Outcome
     from airflow_cloudtrain.storage import RunFolder
@@ -162,7 +164,10 @@ class RecoveryLoop:
         )
         job = replace(self.job, restarts=self.history.restarts)
         wait = replace(ctx.wait, spent_usd=float(self.history.totals()["cost_usd"]))  # for ``max_cost``
-        attempt = RunAttempt(replace(ctx, config=config, options=options, job=job, wait=wait))
+        order = functools.partial(self.zone_order, spot)
+        attempt = RunAttempt(
+            replace(ctx, config=config, options=options, job=job, wait=wait, zone_order=order)
+        )
         attempt.killed = self.killed
         return attempt
 
@@ -172,9 +177,19 @@ class RecoveryLoop:
         self.save()
         return self.attempt(cloud)
 
+    def zone_order(self, spot: bool, offer: Offer, zones: list[str | None]) -> list[str | None]:
+        """The zones an attempt tries ``offer`` in (``RunContext.zone_order``): the allowed ones, a
+        spot launch's least recent trouble first (``lifecycle.resume.zones``)."""
+        return launch_order(self.history, self.settings.zones, spot, offer, zones, time.time(), self.log)
+
     def launch_failed(self, cloud: str, err: Exception) -> None:
         """No offer had capacity: a ledger row (it spends the interruption budget) and no cost."""
-        row = capacity_row(self.history.next_attempt, self.ctx.try_number, cloud, str(err), time.time())
+        from airflow_cloudtrain.core.launcher import LaunchFailed
+
+        tried = no_capacity_zones(err.tried, self.ctx.backend.region) if isinstance(err, LaunchFailed) else []
+        row = capacity_row(
+            self.history.next_attempt, self.ctx.try_number, cloud, str(err), time.time(), tried
+        )
         self.history.attempts.append(row)
         self.save()
         self.log.warning("Attempt %d found no capacity: %s", row.attempt, err)
@@ -219,7 +234,9 @@ class RecoveryLoop:
             cost_usd=float(cost or 0.0),
             message=reason,
         )
-        self.history.attempts.extend(node_rows(launch, row))
+        rows = node_rows(launch, row)
+        note_move(self.history, rows)
+        self.history.attempts.extend(rows)
         self.history.pending = None
         try:
             self.save(strict=False)
@@ -240,6 +257,7 @@ class RecoveryLoop:
             rows = [row_for(done, status, number, self.ctx.try_number, beat)]
         row = rows[0]
         if not self.history.has(launch.instance_id):
+            note_move(self.history, rows)
             self.history.attempts.extend(rows)
             if row.restore_note:
                 self._progress_lost(row)

@@ -27,10 +27,12 @@ from airflow_cloudtrain.lifecycle.resume.history import (
     JOB_ERROR,
     LOST,
     OVER_BUDGET,
+    SPOT_ENDINGS,
     TIMED_OUT,
     AttemptRow,
     RunHistory,
 )
+from airflow_cloudtrain.lifecycle.resume.zones import no_capacity_zones
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.contract.runs import RunStatus
@@ -61,6 +63,7 @@ class RecoverySettings:
     max_cost_usd: float | None = None  # ``max_cost``: no launch, and no on-demand, that would pass it
     spot_hourly_usd: float | None = None  # the next launch's price per hour, every node (catalog)
     on_demand_hourly_usd: float | None = None
+    zones: tuple[str, ...] = ()  # ``zones``: the zones every launch may use (none: the offers' own)
 
 
 @dataclass(frozen=True)
@@ -131,6 +134,12 @@ def _deadline_step(history: RunHistory, settings: RecoverySettings, now: float, 
         f"deadline policy: {decision} (slack {state.slack * 3600:.0f} s, work left "
         f"{state.work_remaining * 3600:.0f} s, changeover {state.changeover * 3600:.0f} s)"
     )
+    last = history.heads[-1] if history.heads else None
+    if spot_failed and last is not None:  # why spot counts as unavailable: every zone tried said so
+        where = ", ".join(last.no_capacity_in) or "the zone the cloud chose"
+        why += f"; no spot capacity in any allowed zone tried ({where})"
+    elif decision == "spot" and last is not None and last.ended in SPOT_ENDINGS and len(settings.zones) > 1:
+        why += f"; spot again after a preemption in {last.zone}, in the zones least troubled first"
     if decision == "wait":
         return Step("wait", seconds=settings.relaunch_wait_s, reason=why)
     cloud = SPOT_OF[settings.cloud] if decision == "spot" else ON_DEMAND_OF[settings.cloud]
@@ -348,6 +357,7 @@ def launch_fields(launch: LaunchRecord) -> dict[str, Any]:
         "requested_at": launch.requested_at,
         "launched_at": launch.launched_at,
         "hourly_usd": launch.hourly_usd,
+        "no_capacity_in": no_capacity_zones(launch.failover, launch.region),
     }
 
 
@@ -367,8 +377,11 @@ def _stopped_at(status: RunStatus | None, attempt: Attempt, last_beat: float | N
     return float(min(bounds))
 
 
-def capacity_row(number: int, try_number: int, cloud: str, message: str, now: float) -> AttemptRow:
-    """A relaunch that found no capacity anywhere: nothing ran, nothing was paid."""
+def capacity_row(
+    number: int, try_number: int, cloud: str, message: str, now: float, zones: list[str] | None = None
+) -> AttemptRow:
+    """A relaunch that found no capacity anywhere: nothing ran, nothing was paid. ``zones``: every
+    zone it tried (the zone ranking counts a capacity error in each)."""
     return AttemptRow(
         attempt=number,
         try_number=try_number,
@@ -378,4 +391,5 @@ def capacity_row(number: int, try_number: int, cloud: str, message: str, now: fl
         launched_at=now,
         ended_at=now,
         message=message,
+        no_capacity_in=list(zones or []),
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,9 @@ class RunContext:
     folder_uri: str | None = None  # another run folder to use (``resume_from``), else the key's own
     secret_env: dict[str, str] | None = None  # {VAR: reference}, parsed by the operator
     gang: GangOptions | None = None  # num_nodes > 1: launched, watched and released as one (``gang``)
+    # ``(offer, zones_for's zones) -> the zones to try, in order``: the resume loop's zone ranking
+    # (``lifecycle.resume.zones``); None: ``zones_for``'s order, as a single run launches
+    zone_order: Callable[[Offer, list[str | None]], list[str | None]] | None = None
 
     @property
     def run_uri(self) -> str:
@@ -301,7 +305,7 @@ class RunAttempt:
             self._create_instance,
             offers,
             build,
-            lambda o: backend.zones_for(ctx.config.zone, o),
+            self._zones,
             ctx.options.max_launch_attempts,
             self.log,
         )
@@ -312,6 +316,12 @@ class RunAttempt:
             device = backend.cloud.attach_volume(instance.id, ctx.options.volume_id)
             self.log.info("Attached volume %s as %s", ctx.options.volume_id, device)
         return launch
+
+    def _zones(self, offer: Offer) -> list[str | None]:
+        """The zones to try ``offer`` in: the backend's (``zones_for``), in the context's order."""
+        zones = self.ctx.backend.zones_for(self.ctx.config.zone, offer)
+        order = self.ctx.zone_order
+        return order(offer, zones) if order is not None else zones
 
     def _record(
         self,
@@ -358,7 +368,7 @@ class RunAttempt:
             self._create_instance,
             gang.usable(offers, ctx.config.cloud),
             build,
-            lambda o: backend.zones_for(ctx.config.zone, o),
+            self._zones,
             ctx.options.max_launch_attempts,
             extra,
         )
