@@ -18,12 +18,18 @@ h1{font-size:20px;margin:0 0 8px} h2{font-size:16px;margin:18px 0 6px}
 table{border-collapse:collapse;margin-bottom:8px} td,th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:left}
 th{background:#f3f4f6} td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 tr.total td{font-weight:bold;border-top:2px solid #999} .muted{color:#666} .bar{fill:#3b7dd8}
-form{margin:6px 0 10px} input{font-size:13px} .interrupted{color:#d62728;font-weight:bold}
+td.basis{font-size:12px;max-width:320px} form{margin:6px 0 10px} input{font-size:13px} .interrupted{color:#d62728;font-weight:bold}
 """
 
 
 def _usd(value: Any) -> str:
     return "?" if value is None else f"${float(value):.4f}"
+
+
+def _basis(texts: list[str]) -> str:
+    """A short name for each price basis (up to its first colon), the whole text as the tooltip."""
+    short = ", ".join(dict.fromkeys(t.split(":", 1)[0] for t in texts))
+    return f"<td class='muted basis' title='{escape('; '.join(texts))}'>{escape(short)}</td>"
 
 
 def _frame(title: str, body: str) -> str:
@@ -86,7 +92,7 @@ def runs_page(
             f"<td class='num'>{r['nodes']}</td><td class='num'>{r['attempts']}</td>"
             f"<td class='num'>{r['interruptions']}</td><td>{escape(r['state'])}</td>"
             f"<td class='muted'>{day(r['ended_at'])}</td><td class='num cost'>{_usd(r['cost_usd'])}</td>"
-            f"<td class='muted'>{escape(', '.join(r['basis']))}</td>"
+            f"{_basis(r['basis'])}"
             f"<td><a class='ct-open' href='run/{quote(r['key'], safe='')}'>timeline</a></td></tr>"
         )
     table = (
@@ -128,7 +134,7 @@ def run_page(detail: dict[str, Any], back: str) -> str:
             f"<td class='num'>{a['nodes']}</td><td>{'spot' if a['spot'] else 'on-demand'}</td>"
             f"<td>{day(a['launched_at']) if a['launched_at'] else '?'}</td><td>{day(a['released_at'])}</td>"
             f"<td>{ended}</td><td class='num cost'>{_usd(a['cost_usd'])}</td>"
-            f"<td class='muted'>{escape(a['basis'])}</td></tr>"
+            f"{_basis([a['basis']] if a['basis'] else [])}</tr>"
         )
     body = (
         f"<p><a href='{escape(back)}'>&larr; all runs</a></p>"
