@@ -15,9 +15,9 @@ the test is skipped only when it cannot be installed. Screenshots go to the test
 ``$CLOUDTRAIN_UI_SCREENSHOTS`` when set (``docs/img`` holds the committed ones:
 ``CLOUDTRAIN_UI_SCREENSHOTS=docs/img make test PYTEST_ARGS=tests/deployment/test_ui_page.py``).
 
-Its time (2 cores shared with five other test suites): 14 minutes, about 4 to start the deployment
-and parse the DAGs, 4.5 for the two DAG runs (three spot attempts), 5 in the browser (Airflow's UI
-loads slowly on a loaded machine); most of it is waiting, not CPU of its own.
+Its time (2 cores shared with five other test suites, load average 50-70): 9 to 14 minutes, about
+4 to start the deployment and parse the DAGs, 2.5 to 4.5 for the two DAG runs (three spot attempts),
+the rest in the browser (Airflow's UI loads slowly on a loaded machine); mostly waiting.
 """
 
 from __future__ import annotations
