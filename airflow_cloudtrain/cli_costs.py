@@ -33,7 +33,7 @@ def parse_since(value: str, now: float | None = None) -> float:
 
 
 def _costs(args: argparse.Namespace) -> int:
-    from airflow_cloudtrain.lifecycle.cost_index import read_records, totals
+    from airflow_cloudtrain.lifecycle.cost_index import grand_total, read_records, totals
     from airflow_cloudtrain.storage import open_run_folder
 
     bucket = args.bucket or os.environ.get("CLOUDTRAIN_BUCKET")
@@ -42,13 +42,7 @@ def _costs(args: argparse.Namespace) -> int:
         return 2
     records = read_records(open_run_folder(bucket), args.since)
     rows = totals(records, args.by)
-    total: dict[str, Any] = {
-        args.by: "TOTAL",
-        "runs": len({r.run_id for r in records}),
-        "attempts": len(records),
-        "interruptions": sum(int(r.interrupted) for r in records),
-        "cost_usd": round(sum(float(r.cost_usd or 0.0) for r in records), 6),
-    }
+    total = grand_total(records, args.by)
     if args.json:
         print(json.dumps({"by": args.by, "rows": rows, "total": total}, indent=2))
         return 0

@@ -38,6 +38,15 @@ from pathlib import Path
 from typing import Any
 
 EXAMPLE_DAGS = Path(__file__).resolve().parents[1] / "example_dags"
+# Where the example DAGs write (their bucket defaults): what the Cloud training page shows
+EXAMPLE_BUCKETS = tuple(
+    f"{scheme}://cloudtrain-emulated/{name}"
+    for scheme, names in (
+        ("s3", ("retrain", "ui-train", "ec2-train", "examples", "distributed")),
+        ("gs", ("gce-train", "ui-train", "examples", "mlengine")),
+    )
+    for name in names
+)
 DEFAULT_HOME = Path(".airflow_home")
 PROCESSES = ("api-server", "scheduler", "dag-processor", "triggerer")
 USER = "admin"
@@ -162,6 +171,9 @@ def airflow_env(
             # the task and trigger log servers: free ports, so a second deployment (or a test) can run
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+            # the Cloud training page (airflow_cloudtrain.ui) reads these buckets' cost index
+            "AIRFLOW__CLOUDTRAIN__UI_BUCKETS": os.environ.get("CLOUDTRAIN_BUCKET")
+            or " ".join(EXAMPLE_BUCKETS),
         }
     )
     env.update(extra or {})
@@ -228,6 +240,7 @@ class LocalAirflow:
             proc = subprocess.Popen(
                 self._command(name),
                 env=self.env,
+                cwd=self.home,  # not the caller's: a source checkout's *.egg-info would load our plugin twice
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,

@@ -54,6 +54,8 @@ from typing import Any, TextIO
 ROOT = Path(__file__).resolve().parents[1]
 DAGS = ROOT / "example_dags"
 LOG = Path(os.environ.get("CLOUDTRAIN_DEMO_LOG") or ROOT / ".demo" / "demo.log")
+TIMELINE = LOG.parent / "timeline.svg"  # retrain_spot's attempts, as the Cloud training page shows them
+WRITTEN: list[Path] = []  # files the demo wrote, named at the end
 TAIL_LINES = 40  # of the log file, printed after a failed run
 JOB_LOG_LINES = 12  # of a job's log, in the story
 
@@ -217,6 +219,24 @@ def summarize_spot(run, injected: list[dict]) -> None:
     if evaluation:
         m = evaluation["model"]
         say(f"  model        : w={m['w']:.3f} b={m['b']:.3f} loss={m['loss']:.5f} after {m['steps']} steps")
+    write_timeline(result)
+
+
+def write_timeline(result: dict) -> None:
+    """The run's attempts as the Cloud training page draws them (airflow_cloudtrain.ui), from the same
+    cost index, to ``TIMELINE``; ``main`` names the file at the end."""
+    from airflow_cloudtrain.cli_costs import parse_since
+    from airflow_cloudtrain.ui.runs import load_records, run_detail, timeline_of
+
+    bucket = load_module("retrain_spot").BUCKET  # the DAG's bucket, whose cost index the page reads
+    detail = run_detail(load_records([bucket], parse_since("1d")), result["run_id"])
+    if detail is None:
+        say("  timeline     : the bucket's cost index has no attempt of this run")
+        return
+    TIMELINE.parent.mkdir(parents=True, exist_ok=True)
+    TIMELINE.write_text(timeline_of(detail))
+    WRITTEN.append(TIMELINE)
+    say(f"  timeline     : {TIMELINE} ({detail['attempts']} attempts, {detail['interruptions']} interrupted)")
 
 
 def run_spot(emu, name: str):
@@ -446,6 +466,8 @@ def main() -> int:
         say(f"The full log (Airflow, the tasks, the emulator): {LOG}")
         raise
     say(f"\nThe full log (Airflow, the tasks, the emulator): {LOG}")
+    for path in WRITTEN:
+        say(f"retrain_spot's timeline (open it in a browser): {path}")
     return code
 
 

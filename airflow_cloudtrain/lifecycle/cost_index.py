@@ -128,6 +128,19 @@ def totals(records: Iterable[CostRecord], by: str) -> list[dict[str, Any]]:
     return sorted(rows, key=key)
 
 
+def grand_total(records: Iterable[CostRecord], by: str) -> dict[str, Any]:
+    """The TOTAL row under ``totals``: what ``cloudtrain costs`` prints last and the Cloud training page
+    shows (one function, so the two agree)."""
+    records = list(records)
+    return {
+        by: "TOTAL",
+        "runs": len({r.run_id for r in records}),
+        "attempts": len(records),
+        "interruptions": sum(int(r.interrupted) for r in records),
+        "cost_usd": round(sum(float(r.cost_usd or 0.0) for r in records), 6),
+    }
+
+
 def fleet_record(result: dict[str, Any], key: RunKey, ended_at: float) -> CostRecord:
     """A fleet's (or group's) whole run as one record: its group stands in for the instance."""
     return CostRecord(

@@ -8,7 +8,8 @@ S3/GCS, big files in parts: stdlib + the storage SDKs, imported when a folder is
 ``catalog``, ``policy``, ``mlengine``  3. ``hooks`` (SDK + Airflow connection)  4. ``core`` (what
 every engine shares: the cloud interface and its protocols, the ledger, retries, billing, records)
 5. ``clouds`` (one module tree per provider, and the registry)  6. ``lifecycle`` (the engines)
-7. ``triggers``  8. ``operators``, ``sensors``, ``links``  9. the command line.
+7. ``triggers``  8. ``operators``, ``sensors``, ``links``  9. the command line and ``ui`` (the Cloud
+training page's Airflow plugin, which reads the cost index as ``cloudtrain costs`` does).
 
 Beside them: the ``agent`` (runs on the instance) imports only ``contract``, ``storage`` and itself;
 the ``emulator`` (the local clouds) imports nothing of the Airflow side. Every import counts, at the
@@ -33,7 +34,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("lifecycle",),
     ("triggers",),
     ("operators", "sensors", "links"),
-    ("cli", "cli_emulator", "cli_errors", "cli_jobs", "cli_supervisor", "cli_up", "cli_gc"),
+    ("cli", "cli_emulator", "cli_errors", "cli_jobs", "cli_supervisor", "cli_up", "cli_gc", "ui"),
 ]
 FLOOR = {room: i for i, rooms in enumerate(FLOORS) for room in rooms}
 AGENT_MAY_IMPORT = {"agent", "contract", "storage", "transfer", "checkpoint", "__init__"}

@@ -1,0 +1,149 @@
+"""The runs the page shows, from the bucket's cost index: the records ``cloudtrain costs`` adds up,
+grouped by run, so the page's totals and the command's agree by construction (``grand_total`` and
+``totals`` are the command's own functions).
+
+A run is what one task instance's operator ran (its ``ct-...`` run id): a ``CloudTrainOperator``
+run has one attempt, a ``CheckpointResumeOperator`` run one record per launch (a gang's nodes
+together), a fleet or a Vertex AI job one record for the whole run.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from airflow_cloudtrain.lifecycle.cost_index import CostRecord, grand_total, read_records, totals
+from airflow_cloudtrain.ui.timeline import Bar, timeline_svg
+
+BUCKETS_ENV = "CLOUDTRAIN_BUCKET"
+
+
+def configured_buckets(setting: str | None) -> list[str]:
+    """``[cloudtrain] ui_buckets`` (comma or whitespace separated), else ``$CLOUDTRAIN_BUCKET``."""
+    text = setting or os.environ.get(BUCKETS_ENV, "")
+    return [b.strip().rstrip("/") for b in text.replace(",", " ").split() if b.strip()]
+
+
+def load_records(buckets: Iterable[str], since: float) -> list[CostRecord]:
+    """Every bucket's records of the days since ``since`` (what ``cloudtrain costs --bucket`` reads)."""
+    from airflow_cloudtrain.storage import open_run_folder
+
+    out: list[CostRecord] = []
+    for bucket in buckets:
+        out.extend(read_records(open_run_folder(bucket), since))
+    return out
+
+
+def _ordered(records: Iterable[CostRecord]) -> list[CostRecord]:
+    return sorted(records, key=lambda r: (r.launched_at or r.released_at, r.released_at, r.instance_id))
+
+
+def _run_row(run_id: str, attempts: list[CostRecord]) -> dict[str, Any]:
+    last = attempts[-1]
+    cost = sum(float(r.cost_usd or 0.0) for r in attempts)
+    return {
+        "key": run_id,
+        "dag_id": last.dag_id,
+        "task_id": last.task_id,
+        "airflow_run_id": last.airflow_run_id,
+        "map_index": last.map_index,
+        "cloud": last.cloud,
+        "instance_types": sorted({r.instance_type for r in attempts if r.instance_type}),
+        "nodes": max(int(r.num_nodes or 1) for r in attempts),
+        "attempts": len(attempts),
+        "interruptions": sum(int(r.interrupted) for r in attempts),
+        "spot": any(r.spot for r in attempts),
+        "state": last.state,
+        "started_at": min((r.launched_at or r.released_at) for r in attempts),
+        "ended_at": max(r.released_at for r in attempts),
+        "cost_usd": round(cost, 6),
+        "basis": sorted({r.cost_basis for r in attempts if r.cost_basis}),
+    }
+
+
+def list_runs(records: Iterable[CostRecord]) -> list[dict[str, Any]]:
+    """One row per run, newest first."""
+    by_run: dict[str, list[CostRecord]] = {}
+    for r in records:
+        by_run.setdefault(r.run_id, []).append(r)
+    rows = [_run_row(run_id, _ordered(attempts)) for run_id, attempts in by_run.items()]
+    return sorted(rows, key=lambda row: -row["ended_at"])
+
+
+def run_detail(records: Iterable[CostRecord], key: str) -> dict[str, Any] | None:
+    """A run's row and its attempts in launch order (None: the index has no record of it)."""
+    attempts = _ordered(r for r in records if r.run_id == key)
+    if not attempts:
+        return None
+    return {
+        **_run_row(key, attempts),
+        "attempts_detail": [
+            {
+                "attempt": i + 1,
+                "instance_id": r.instance_id,
+                "instance_type": r.instance_type,
+                "nodes": r.num_nodes,
+                "spot": r.spot,
+                "launched_at": r.launched_at,
+                "released_at": r.released_at,
+                "ended": r.state,
+                "interrupted": r.interrupted,
+                "cost_usd": r.cost_usd,
+                "basis": r.cost_basis,
+            }
+            for i, r in enumerate(attempts)
+        ],
+    }
+
+
+def find_task_run(
+    records: Iterable[CostRecord], dag_id: str, airflow_run_id: str, task_id: str, map_index: int
+) -> str | None:
+    """The run key of a task instance (its newest run when retries made several), for its tab."""
+    found = [
+        r
+        for r in records
+        if (r.dag_id, r.airflow_run_id, r.task_id, r.map_index)
+        == (dag_id, airflow_run_id, task_id, map_index)
+    ]
+    return max(found, key=lambda r: r.released_at).run_id if found else None
+
+
+def summary(records: list[CostRecord]) -> dict[str, Any]:
+    """Totals per DAG and per day and the grand total: ``cloudtrain costs``'s rows."""
+    return {
+        "by_dag": totals(records, "dag"),
+        "by_day": totals(records, "day"),
+        "total": grand_total(records, "dag"),
+    }
+
+
+def timeline_of(detail: dict[str, Any]) -> str:
+    """The run's attempts as SVG (``ui.timeline``)."""
+    bars = []
+    for a in detail["attempts_detail"]:
+        start = a["launched_at"] if a["launched_at"] is not None else a["released_at"]
+        cost = "?" if a["cost_usd"] is None else f"${float(a['cost_usd']):.4f}"
+        bars.append(
+            Bar(
+                label=f"#{a['attempt']} {a['instance_type'] or ''}".strip(),
+                start=float(start),
+                end=float(a["released_at"]),
+                spot=bool(a["spot"]),
+                interrupted=bool(a["interrupted"]),
+                detail=f"{a['instance_id']} {'spot' if a['spot'] else 'on-demand'}, {a['ended']}, "
+                f"{_duration(float(a['released_at']) - float(start))}, {cost}",
+            )
+        )
+    return timeline_svg(bars, f"{detail['dag_id']}.{detail['task_id']} {detail['key']}")
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0.0, seconds)
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
+
+
+def day(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(t))

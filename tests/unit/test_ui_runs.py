@@ -1,0 +1,96 @@
+"""The Cloud training page's data and timeline, from cost index records: runs grouped by run id with
+their attempts in launch order, the totals ``cloudtrain costs`` prints, and the SVG bars (spot or
+on-demand, interruptions marked). The page itself, in a browser against a real deployment, is
+tests/deployment/test_ui_page.py."""
+
+from __future__ import annotations
+
+import re
+
+from airflow_cloudtrain.lifecycle.cost_index import CostRecord, grand_total, totals
+from airflow_cloudtrain.ui.runs import configured_buckets, find_task_run, list_runs, run_detail, summary
+from airflow_cloudtrain.ui.timeline import Bar, timeline_svg
+
+T0 = 1_764_201_600.0  # 2025-11-27 00:00 UTC
+
+
+def rec(
+    run: str,
+    n: int,
+    start: float,
+    end: float,
+    spot: bool,
+    interrupted: bool,
+    cost: float,
+    dag: str = "retrain",
+    state: str = "interrupted",
+) -> CostRecord:
+    return CostRecord(
+        dag,
+        "train",
+        "manual__1",
+        -1,
+        run,
+        f"s3://b/{run}",
+        "ec2spot" if spot else "ec2",
+        f"i-{run}-{n}",
+        "m5.large",
+        1,
+        spot,
+        state,
+        interrupted,
+        start,
+        end,
+        cost,
+        "spot history",
+    )
+
+
+RECORDS = [
+    # launched in this order; the index lists them by key, so out of order here
+    rec("ct-a", 3, T0 + 200, T0 + 300, False, False, 0.30, state="succeeded"),
+    rec("ct-a", 1, T0 + 0, T0 + 90, True, True, 0.10),
+    rec("ct-a", 2, T0 + 100, T0 + 190, True, True, 0.20),
+    rec("ct-b", 1, T0 + 50, T0 + 80, False, False, 0.05, dag="ui", state="succeeded"),
+]
+
+
+def test_runs_group_attempts_in_launch_order_and_add_up_like_cloudtrain_costs() -> None:
+    runs = {r["key"]: r for r in list_runs(RECORDS)}
+    assert runs["ct-a"]["attempts"] == 3 and runs["ct-a"]["interruptions"] == 2
+    assert runs["ct-a"]["cost_usd"] == 0.6 and runs["ct-a"]["state"] == "succeeded"
+    assert runs["ct-b"]["cost_usd"] == 0.05
+    detail = run_detail(RECORDS, "ct-a")
+    assert detail is not None
+    assert [a["instance_id"] for a in detail["attempts_detail"]] == ["i-ct-a-1", "i-ct-a-2", "i-ct-a-3"]
+    assert [a["interrupted"] for a in detail["attempts_detail"]] == [True, True, False]
+    assert run_detail(RECORDS, "ct-none") is None
+    assert find_task_run(RECORDS, "retrain", "manual__1", "train", -1) == "ct-a"
+    assert find_task_run(RECORDS, "retrain", "manual__2", "train", -1) is None
+    totals_ = summary(RECORDS)
+    assert totals_["total"] == grand_total(RECORDS, "dag")
+    assert totals_["total"]["cost_usd"] == 0.65 and totals_["total"]["runs"] == 2
+    assert totals_["by_dag"] == totals(RECORDS, "dag")
+
+
+def test_the_timeline_draws_a_bar_per_attempt_and_marks_interruptions() -> None:
+    detail = run_detail(RECORDS, "ct-a")
+    assert detail is not None
+    bars = [
+        Bar(f"#{a['attempt']}", a["launched_at"], a["released_at"], a["spot"], a["interrupted"])
+        for a in detail["attempts_detail"]
+    ]
+    svg = timeline_svg(bars, "retrain.train")
+    found = re.findall(r'<rect class="ct-bar (\w+)" data-index="(\d)" x="([\d.]+)"', svg)
+    assert [(kind, int(i)) for kind, i, _ in found] == [("spot", 0), ("spot", 1), ("ondemand", 2)]
+    xs = [float(x) for _, _, x in found]
+    assert xs == sorted(xs) and xs[0] < xs[1] < xs[2]  # in time order on one axis
+    assert re.findall(r'class="ct-interruption" data-index="(\d)"', svg) == ["0", "1"]
+    assert "<script" not in svg and "http://www.w3.org/2000/svg" in svg  # self-contained
+    assert "no attempt" in timeline_svg([], "empty")
+
+
+def test_buckets_come_from_the_setting_or_the_environment(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("CLOUDTRAIN_BUCKET", "s3://env/x")
+    assert configured_buckets("s3://a/one, gs://b/two/") == ["s3://a/one", "gs://b/two"]
+    assert configured_buckets("") == ["s3://env/x"]
