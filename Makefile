@@ -1,5 +1,5 @@
 # Every target sets itself up from a fresh machine: scripts/bootstrap.sh installs the locked versions.
-.PHONY: setup demo test faults lint bench airflow
+.PHONY: setup demo test faults lint bench airflow permissions
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -37,3 +37,11 @@ bench: setup
 	.venv/bin/python benchmarks/spot_policy.py
 	.venv/bin/python benchmarks/recovery.py
 	.venv/bin/python benchmarks/fleet.py --quick
+
+# Re-record which API calls each operator's runs make (both clouds, both sides) and regenerate the
+# permission documents from them (README "Permissions"): the tests that run operators, with
+# CLOUDTRAIN_RECORD_CALLS set (tests/api_calls_hook.py), then the record is replaced by what they called.
+permissions: setup
+	@calls=$$(mktemp -d) && \
+	CLOUDTRAIN_RECORD_CALLS=$$calls $(PYTEST) -m "not faults" tests/dags tests/cloud tests/system $(PYTEST_ARGS); \
+	.venv/bin/python -m airflow_cloudtrain.permissions.generate --merge $$calls

@@ -200,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_jobs_parser(sub)
     __import__("airflow_cloudtrain.cli_up").cli_up.add_up_parser(sub)  # cloudtrain up
     __import__("airflow_cloudtrain.cli_gc").cli_gc.add_gc_parser(sub)  # cloudtrain gc
+    __import__("airflow_cloudtrain.cli_permissions").cli_permissions.add_permissions_parser(sub)
     emu = sub.add_parser(
         "emulator",
         help="run the emulated clouds in the foreground (Ctrl-C or SIGTERM stops them); "

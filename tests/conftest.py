@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from api_calls_hook import _api_calls  # noqa: F401  (each operator run's calls vs the permission documents)
 
 ROOT = Path(__file__).resolve().parents[1]
 _HOME = Path(tempfile.mkdtemp(prefix="cloudtrain-tests-"))

@@ -115,6 +115,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from airflow_cloudtrain.emulator import calls
 from airflow_cloudtrain.emulator.faults import Throttle
 from airflow_cloudtrain.emulator.runner import InstanceRunner, Seen
 
@@ -252,7 +253,7 @@ class Emulator:
             self.pubsub = PubSubServer(project=GCP_PROJECT, throttle=self._throttle)
             self.pubsub_endpoint = self._listen("pubsub", self.pubsub.start)
             # a replica's google.cloud.storage writes to the emulated GCS (its project is the job's)
-            replica_env = {"STORAGE_EMULATOR_HOST": self.gcs_endpoint}
+            replica_env = {"STORAGE_EMULATOR_HOST": calls.instance_url(self.gcs_endpoint)}
             self.vertex = VertexServer(self._throttle, self.workdir / "vertex", replica_env)
             self.vertex_endpoint = self._listen("vertex", lambda port: self.vertex.start(port=port))
             self.secretmanager = SecretManagerServer(GCP_PROJECT, self._throttle)
@@ -267,12 +268,13 @@ class Emulator:
         self._gcp = GcpInstances(
             self.gce,
             self.metadata,
-            self.gcs_endpoint,
-            # how an emulated VM's agent finds the emulated APIs (unset in production)
+            calls.instance_url(self.gcs_endpoint),
+            # how an emulated VM's agent finds the emulated APIs (unset in production), by the host
+            # that tells its calls from the Airflow side's (``calls``)
             extra_env={
-                "CLOUDTRAIN_PUBSUB_ENDPOINT": self.pubsub_endpoint,
-                "CLOUDTRAIN_COMPUTE_ENDPOINT": self.gce_endpoint,
-                "CLOUDTRAIN_SECRETMANAGER_ENDPOINT": self.secretmanager_endpoint,
+                "CLOUDTRAIN_PUBSUB_ENDPOINT": calls.instance_url(self.pubsub_endpoint),
+                "CLOUDTRAIN_COMPUTE_ENDPOINT": calls.instance_url(self.gce_endpoint),
+                "CLOUDTRAIN_SECRETMANAGER_ENDPOINT": calls.instance_url(self.secretmanager_endpoint),
             },
         )
         from airflow_cloudtrain.contract.botocore_logs import quiet_botocore
@@ -327,7 +329,7 @@ class Emulator:
         """The environment that points AWS clients and Airflow's aws_default at the emulator."""
         conn = {
             "conn_type": "aws",
-            "login": "testing",
+            "login": calls.AIRFLOW_ACCESS_KEY,  # the Airflow side's calls, told apart (``calls``)
             "password": "testing",
             "extra": {"region_name": self.region, "endpoint_url": self.aws_endpoint},
         }

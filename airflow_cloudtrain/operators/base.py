@@ -95,6 +95,13 @@ class EngineOperator(BaseOperator):
         if self._engine is not None:
             self._engine.kill()
 
+    def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
+        """OpenLineage (with Airflow's OpenLineage provider): the code and ``env`` URIs in, the results
+        and checkpoint folders out, a ``cloudtrain`` run facet (``operators.lineage``)."""
+        from airflow_cloudtrain.operators.lineage import facets_on_complete
+
+        return facets_on_complete(self, task_instance)
+
 
 TEMPLATED = (
     "cloud",

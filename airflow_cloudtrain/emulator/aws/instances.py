@@ -28,7 +28,7 @@ from typing import Any
 from botocore.exceptions import ClientError
 
 from airflow_cloudtrain.contract.botocore_logs import quiet_botocore
-from airflow_cloudtrain.emulator import addresses
+from airflow_cloudtrain.emulator import addresses, calls
 from airflow_cloudtrain.emulator.aws import groups
 from airflow_cloudtrain.emulator.aws.backend import SHUTDOWN, SPOT_TERMINATION, ec2_backend, end_instance
 from airflow_cloudtrain.emulator.faults import EMULATOR_USER_AGENT
@@ -126,6 +126,9 @@ class AwsInstances:
             env = {
                 "AWS_EC2_METADATA_SERVICE_ENDPOINT": self.metadata.endpoint_for(inst.id),
                 "AWS_DEFAULT_REGION": region,
+                # the instance profile's keys, which tell its calls from the Airflow side's (``calls``)
+                "AWS_ACCESS_KEY_ID": calls.INSTANCE_ACCESS_KEY,
+                "AWS_SECRET_ACCESS_KEY": "testing",
             }
             out.append(
                 Seen(

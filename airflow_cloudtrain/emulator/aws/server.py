@@ -1,6 +1,6 @@
 """moto's server on loopback, behind a WSGI layer that adds what moto cannot do by itself.
 
-The layer counts requests per operation (``DescribeInstances``, ``GetObject``, ...; the emulator's own
+The layer records which side made which call (``emulator.calls``), counts requests per operation (``DescribeInstances``, ``GetObject``, ...; the emulator's own
 excluded), answers the Pricing API and DescribeSpotPriceHistory from the price snapshot (``pricing``),
 refuses a share of them as throttled when asked (``RequestLimitExceeded`` for EC2,
 ``SlowDown`` for S3, ``Throttling``/``ThrottlingException`` elsewhere), answers RunInstances of a type
@@ -23,6 +23,7 @@ import urllib.parse
 from collections import Counter
 from typing import Any
 
+from airflow_cloudtrain.emulator import calls
 from airflow_cloudtrain.emulator.aws import groups, placement, pricing, ranges, wire
 from airflow_cloudtrain.emulator.faults import Throttle, is_own
 from airflow_cloudtrain.emulator.serving import InThread
@@ -61,6 +62,8 @@ class FaultsAndCounts:
                 form = urllib.parse.parse_qs(body.decode(errors="replace"))
         call = wire.classify(environ, form)
         if not is_own(environ.get("HTTP_USER_AGENT")):
+            side = calls.aws_side(environ.get("HTTP_AUTHORIZATION", ""), environ.get("QUERY_STRING", ""))
+            calls.record("aws", side, call.service, call.operation)  # which side calls what (``calls``)
             hit = self.throttle.hit(call.service, call.operation)
             with self.lock:
                 self.counts[call.operation] += 1

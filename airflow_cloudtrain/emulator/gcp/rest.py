@@ -2,13 +2,14 @@
 Pub/Sub with Monitoring, Secret Manager, Vertex AI with Logging), so that every server meets a client
 the same way:
 
-    route (method + path) -> own client? -> throttle -> count -> dispatch -> JSON, or Google's JSON error
+    route (method + path) -> own client? -> record -> throttle -> count -> dispatch -> JSON, or Google's JSON error
 
 * Route: a werkzeug ``Map`` whose endpoints are the API's method names (``instances.list``). A request
   no rule matches is answered by ``unknown_route`` (a 404 in the API's own words), never counted.
 * Own client: requests whose ``User-Agent`` or ``x-goog-api-client`` carries ``cloudtrain-emulator`` are
   the emulator's own polling: neither throttled nor counted (``faults.is_own``). The REST transports of
   the GAPIC clients put their ``client_info`` user agent in ``x-goog-api-client``, so both are read.
+* Record: which side (``emulator.calls.google_side``) called which method, for the permission documents.
 * Throttle: ``Throttle.hit(service, method)``; a hit is counted under ``throttled:<method>`` too and
   answered with ``throttled(service)`` (HTTP 429) before anything is done.
 * Dispatch: ``handle(op, request, args)``; by default the JSON body is parsed (400 when it is not an
@@ -33,6 +34,7 @@ from werkzeug.exceptions import HTTPException
 from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
+from airflow_cloudtrain.emulator import calls
 from airflow_cloudtrain.emulator.faults import Throttle, is_own
 from airflow_cloudtrain.emulator.serving import InThread, json_body
 
@@ -92,6 +94,7 @@ class Tally:
         throttled (then counted under ``throttled:<op>`` too)."""
         if is_own(headers.get("User-Agent"), headers.get("x-goog-api-client")):
             return False
+        calls.record("gcp", calls.google_side(headers.get("Host")), service, op)  # (``emulator.calls``)
         hit = self.throttle.hit(service, op)
         with self._lock:
             self._counts[op] += 1
