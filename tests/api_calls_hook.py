@@ -75,7 +75,9 @@ def _api_calls(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     if unknown:
         pytest.fail(
             "API calls that no permission document grants (run `make permissions` to regenerate "
-            "them from a full run, README "Permissions"):\n" + "\n".join(unknown)
+            "them from a full run, see the README's Permissions section):\n" + "\n".join(unknown)
         )
     for line in permissions.missing(rows):
-        warnings.warn(f"permission missing from its operator's document (run `make permissions`): {line}")
+        warnings.warn(
+            f"permission missing from its operator's document (run `make permissions`): {line}", stacklevel=2
+        )
