@@ -34,7 +34,18 @@ FLOORS: list[tuple[str, ...]] = [
     ("lifecycle",),
     ("triggers",),
     ("operators", "sensors", "links"),
-    ("cli", "cli_emulator", "cli_errors", "cli_jobs", "cli_supervisor", "cli_up", "cli_gc", "ui"),
+    (
+        "cli",
+        "cli_emulator",
+        "cli_errors",
+        "cli_jobs",
+        "cli_supervisor",
+        "cli_up",
+        "cli_gc",
+        "ui",
+        "permissions",
+        "cli_permissions",
+    ),
 ]
 FLOOR = {room: i for i, rooms in enumerate(FLOORS) for room in rooms}
 AGENT_MAY_IMPORT = {"agent", "contract", "storage", "transfer", "checkpoint", "__init__"}
