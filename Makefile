@@ -1,5 +1,5 @@
 # Every target sets itself up from a fresh machine: scripts/bootstrap.sh installs the locked versions.
-.PHONY: setup demo test faults lint bench airflow permissions
+.PHONY: setup demo test faults campaign lint bench airflow permissions
 
 setup:
 	@bash scripts/bootstrap.sh
@@ -26,9 +26,18 @@ test: setup
 
 # The long campaigns: every kill point on the second cloud or in the second mode, the whole real
 # deployment. Not in CI's `make test`; run it before a release or after touching the run machinery.
+# Then the randomized fault campaign (benchmarks/faults.py, docs/reliability.md): FAULT_SCENARIOS drawn
+# from FAULT_SEED, in FAULT_WORKERS processes (`make campaign` runs it alone).
+FAULT_SCENARIOS ?= 200
+FAULT_SEED ?= 1
+FAULT_WORKERS ?= 2
 faults: setup
 	.venv/bin/python -m compileall -q airflow_cloudtrain example_dags
 	$(PYTEST) --durations=15 -m faults $(PYTEST_ARGS)
+	.venv/bin/python benchmarks/faults.py --scenarios $(FAULT_SCENARIOS) --seed $(FAULT_SEED) --workers $(FAULT_WORKERS)
+
+campaign: setup
+	.venv/bin/python benchmarks/faults.py --scenarios $(FAULT_SCENARIOS) --seed $(FAULT_SEED) --workers $(FAULT_WORKERS)
 
 bench: setup
 	.venv/bin/python benchmarks/parse_cost.py

@@ -1,0 +1,558 @@
+"""The randomized fault campaign (issue 26): runs under random faults end as documented, leak nothing,
+and never run twice.
+
+    python benchmarks/faults.py --scenarios 200 --seed 7 [--workers 2] [--only s042] [--json]
+
+Each scenario is drawn from ``--seed`` and its number alone (``random.Random(f"{seed}/{n}")``), so
+``--only ID --seed S`` replays exactly the scenario a campaign reported as failing: an operator (single
+run, checkpoint-resume, a 2-node gang, spot fleet, preemptible group, Vertex AI), a cloud it allows, a
+mode (blocking / deferrable), and 1 to 3 faults from ``VOCABULARY`` (docs/reliability.md): at most one
+on the Airflow side (a worker SIGKILLed at a drawn point and retried, the triggerer lost with it, the
+watcher gone for good so the lease lapses) and the rest on the cloud side (a spot interruption with or
+without notice, no capacity at launch for a while, API throttling).
+
+A scenario runs through real Airflow: each try is ``dag.test()`` in a subprocess (as the kill tests
+do), against emulated clouds owned by the campaign's worker process (one ``Emulator`` and one Airflow
+home per worker: a throttle or a capacity fault touches only its own scenario). Afterwards it checks:
+
+    leaks       nothing carrying the run key is left on the emulated cloud (every kind ``cloudtrain gc``
+                lists: instances, VMs powered off or not, groups, templates, queues, topics, firewall
+                rules, secrets, Vertex AI jobs), once the run ended; a run whose lease lapsed gets one
+                ``cloudtrain gc`` sweep first (what a deployment schedules daily).
+    duplicates  never more live instances of the run at once than it may have (1, a gang's nodes, a
+                fleet's max_workers: sampled every half second through the cloud's API), and a single
+                run that was never interrupted launched one instance, however often its worker died.
+    outcome     the task's final state is what the faults imply: success, or a named failure
+                (``EXPECTED``), or for a lapsed lease: ``orphaned.json`` written (or the job done).
+
+The table counts scenarios per operator x fault; every failing scenario prints its id and seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from multiprocessing.util import Finalize
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+JOBS = str(ROOT / "tests" / "cloud" / "jobs")
+VERTEX_CODE = str(ROOT / "example_dags" / "mlengine_code")
+BUCKETS = {"aws": "s3://cloudtrain-emulated/faults", "gcp": "gs://cloudtrain-emulated/faults"}
+REGION = {"aws": "us-east-1", "gcp": "us-central1"}
+TYPE = {"aws": "t3.medium", "gcp": "n1-standard-2"}
+PROVIDER = {"ec2": "aws", "ec2spot": "aws", "gcloud": "gcp", "gcspot": "gcp", "vertex": "gcp"}
+SHORT_LEASE_S = 6.0  # the lease_lapse fault's orphan_timeout; other scenarios keep runs across retries
+LONG_LEASE_S = 600.0
+TRY_TIMEOUT_S = 600.0  # one try on a loaded 2-core machine: Airflow's start alone can take a minute
+
+# operator -> (clouds it runs on, the most live instances one run may have at once)
+OPERATORS: dict[str, tuple[tuple[str, ...], int]] = {
+    "train": (("ec2", "ec2spot", "gcloud", "gcspot"), 1),
+    "resume": (("ec2spot", "gcspot"), 1),
+    "gang": (("ec2spot", "gcspot"), 2),
+    "fleet": (("ec2spot",), 2),
+    "group": (("gcspot",), 2),
+    "vertex": (("vertex",), 0),
+}
+AIRFLOW_SIDE = ("kill_after_start", "kill_waiting", "kill_at_end", "triggerer_lost", "lease_lapse")
+CLOUD_SIDE = ("preempt_notice", "preempt_now", "capacity", "throttle")
+VOCABULARY = AIRFLOW_SIDE + CLOUD_SIDE
+# failures the faults may legitimately cause, by operator: (fault, regex the try's log must match)
+MAY_FAIL: dict[str, dict[str, str]] = {
+    "train": {
+        "preempt_notice": r"interrupt|preempt|reclaim",
+        "preempt_now": r"interrupt|preempt|reclaim|terminated|lost",
+        "capacity": r"capacity|ZONE_RESOURCE_POOL_EXHAUSTED|InsufficientInstanceCapacity",
+    },
+    "resume": {"capacity": r"capacity|ZONE_RESOURCE_POOL_EXHAUSTED|InsufficientInstanceCapacity"},
+    "gang": {"capacity": r"capacity|ZONE_RESOURCE_POOL_EXHAUSTED|InsufficientInstanceCapacity"},
+}
+
+
+@dataclass
+class Scenario:
+    id: str
+    seed: int
+    operator: str
+    cloud: str
+    deferrable: bool
+    faults: list[str]
+    kill_delay_s: float  # when a timed kill fires after the wait (or the deferral) began
+
+    @property
+    def provider(self) -> str:
+        return PROVIDER[self.cloud]
+
+    @property
+    def dag_id(self) -> str:
+        return f"faults_{self.seed}_{self.id}"
+
+
+def draw(seed: int, n: int) -> Scenario:
+    """Scenario ``n`` of campaign ``seed``: the same whatever else the campaign draws."""
+    rnd = random.Random(f"{seed}/{n}")
+    operator = rnd.choice(sorted(OPERATORS))
+    cloud = rnd.choice(OPERATORS[operator][0])
+    deferrable = rnd.random() < 0.5
+    airflow = [f for f in AIRFLOW_SIDE if deferrable or f != "triggerer_lost"]
+    clouds = [f for f in CLOUD_SIDE if operator != "vertex" or f == "throttle"]
+    if cloud in ("ec2", "gcloud"):  # on-demand: nothing to interrupt
+        clouds = [f for f in clouds if not f.startswith("preempt")]
+    count = rnd.randint(1, 3)
+    faults = [rnd.choice(airflow)] if rnd.random() < 0.7 else []
+    faults += rnd.sample(clouds, min(len(clouds), count - len(faults)))
+    faults = faults or [rnd.choice(airflow)]
+    return Scenario(
+        f"s{n:03d}", seed, operator, cloud, deferrable, sorted(faults), round(rnd.uniform(1, 6), 1)
+    )
+
+
+# --- the DAG each scenario runs ---------------------------------------------------------------------
+
+DAG_SOURCE = """
+import os
+import signal
+import threading
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_cloudtrain.operators import {cls}
+
+KILL = os.environ.get("CT_FAULT_KILL", "")  # set only in the try that plays the lost worker
+DELAY = float(os.environ.get("CT_FAULT_DELAY", "0"))
+
+
+def die():
+    os.kill(os.getpid(), signal.SIGKILL)  # no finally, no on_kill, no trigger cleanup
+
+
+def die_later():
+    timer = threading.Timer(DELAY, die)
+    timer.daemon = True
+    timer.start()
+
+
+class Faulty({cls}):
+    def new_engine(self, context):
+        engine = super().new_engine(context)
+        start, wait, advance, resume = engine.start, engine.wait, engine.advance, engine.resume
+
+        def start_():
+            step = start()
+            if KILL == "kill_after_start":  # launched; nobody waits on it yet
+                die()
+            return step
+
+        def wait_(handle):
+            if KILL in ("kill_waiting", "lease_lapse"):
+                die_later()
+            return wait(handle)
+
+        def advance_(handle, outcome):
+            if KILL == "kill_at_end":  # the run ended; its release never happened
+                die()
+            return advance(handle, outcome)
+
+        def resume_(event):
+            if KILL == "kill_at_end":
+                die()
+            return resume(event)
+
+        engine.start, engine.wait, engine.advance, engine.resume = start_, wait_, advance_, resume_
+        return engine
+
+    def defer(self, *args, **kwargs):
+        if KILL in ("triggerer_lost", "lease_lapse"):  # dag.test() runs the trigger in this process
+            die_later()
+        return super().defer(*args, **kwargs)
+
+
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+    Faulty(task_id="train", deferrable={deferrable}, {kwargs})
+"""
+
+TRY = """
+import json, os, sys
+from datetime import datetime
+import importlib.util
+spec = importlib.util.spec_from_file_location("scenario_dag", {path!r})
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+when = datetime.fromisoformat({when!r})
+run = module.dag.test(logical_date=when, run_after=when)
+ti = run.get_task_instance("train")
+try:
+    result = ti.xcom_pull(task_ids="train")
+except Exception:
+    result = None
+print("CT_FAULTS_RESULT " + json.dumps({{"state": str(ti.state), "xcom": result}}, default=str), flush=True)
+os._exit(0)  # the task's end is recorded: a try does not wait for threads the run left (a worker exits)
+"""
+
+
+def operator_kwargs(s: Scenario) -> tuple[str, str]:
+    """(operator class, its arguments as source) for a cheap run of the scenario's shape."""
+    bucket = BUCKETS[s.provider]
+    lease = SHORT_LEASE_S if "lease_lapse" in s.faults else LONG_LEASE_S
+    common = (
+        f"bucket={bucket!r}, region={REGION[s.provider]!r}, poll_interval=1, live_prices=False, "
+        f"orphan_timeout={lease}"
+    )
+    if s.operator == "vertex":
+        return "MLEngineTrainOperator", (
+            f"region='us-central1', bucket={bucket!r}, code={VERTEX_CODE!r}, python_module='trainer.task', "
+            f"scale_tier='BASIC', job_id={('ct_' + s.dag_id)!r}, poll_interval=1, log_polling_interval=1, "
+            "training_args=['--steps', '16', '--step-s', '0.25', '--checkpoint-every', '2']"
+        )
+    machine = f"cloud={s.cloud!r}, instance_type={TYPE[s.provider]!r}, {common}"
+    if s.operator == "train":
+        job = "echo started; sleep 5; echo trained > $CLOUDTRAIN_OUTPUT_DIR/model.txt"
+        return "CloudTrainOperator", f"{machine}, command={job!r}"
+    if s.operator in ("resume", "gang"):
+        nodes = ", num_nodes=2" if s.operator == "gang" else ""
+        return "CheckpointResumeOperator", (
+            f"{machine}, code={JOBS!r}, command='python3 steps.py 16 2 0.4', checkpoint_interval=1, "
+            f"max_restarts=4{nodes}"
+        )
+    items = [{"steps": 8, "step_s": 0.4, "n": n} for n in range(3)]
+    fleet = (
+        f"{machine}, code={JOBS!r}, command='python3 item.py', lease_timeout=10, checkpoint_interval=1, "
+        f"work_items={items!r}"
+    )
+    if s.operator == "fleet":
+        return "SpotFleetOperator", f"{fleet}, num_workers=2, max_workers=2"
+    return "PreemptibleGroupOperator", fleet
+
+
+def run_key(s: Scenario, when: datetime) -> Any:
+    from airflow_cloudtrain.contract.runs import RunKey
+
+    return RunKey(s.dag_id, "train", f"manual__{when.isoformat()}", -1, BUCKETS[s.provider])
+
+
+# --- one worker process: its own emulator and Airflow home ----------------------------------------
+
+_EMU: Any = None
+_HOME: Path | None = None
+
+
+def _start_worker() -> None:
+    """Called once per worker process: an Airflow home with a migrated DB, and the emulated clouds."""
+    global _EMU, _HOME
+    _HOME = Path(tempfile.mkdtemp(prefix="cloudtrain-faults-"))
+    (_HOME / "dags").mkdir()
+    image = _HOME / "home"
+    image.mkdir()
+    (image / ".bash_profile").write_text(f'export PATH="{os.path.dirname(sys.executable)}:$PATH"\n')
+    os.environ.update(
+        {
+            "AIRFLOW_HOME": str(_HOME / "airflow"),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(_HOME / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "True",
+            "AIRFLOW__CLOUDTRAIN__FREEZE_TRIGGERER_HEAP": "False",
+            "CLOUDTRAIN_CACHE_DIR": str(_HOME / "cache"),
+            "HOME": str(image),  # the jobs' login shell reads no dotfile of this machine's
+        }
+    )
+    for var in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "GOOGLE_APPLICATION_CREDENTIALS"):
+        os.environ.pop(var, None)
+    # migrated in a process of its own: this one then holds no connection to the tries' database
+    subprocess.run([sys.executable, "-c", "from airflow.utils import db; db.initdb()"], check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    from airflow_cloudtrain.emulator import Emulator
+
+    _EMU = Emulator(buckets=("cloudtrain-emulated",))
+    _EMU.start()
+    # a pool's worker exits through multiprocessing's finalizers (atexit does not run there): the
+    # emulator stops first (higher priority), then its Airflow home goes
+    Finalize(None, _EMU.stop, exitpriority=10)
+    Finalize(None, shutil.rmtree, args=(str(_HOME),), kwargs={"ignore_errors": True}, exitpriority=5)
+
+
+@dataclass
+class Outcome:
+    scenario: dict[str, Any]
+    passed: bool = False
+    leaks: list[str] = field(default_factory=list)
+    duplicates: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    tries: list[str] = field(default_factory=list)  # per try: killed / success / failed
+    seconds: float = 0.0
+
+
+class Sampler:
+    """Samples the run's live instances through the cloud's API every half second, and plays the
+    cloud-side faults that need a live instance (interruptions)."""
+
+    def __init__(self, s: Scenario, digest: str) -> None:
+        from airflow_cloudtrain.clouds.registry import backend_for
+
+        self.s, self.digest = s, digest
+        cloud = s.cloud if s.cloud != "vertex" else "gcspot"
+        self.cloud = backend_for(cloud, region=REGION[s.provider]).cloud
+        self.seen: set[str] = set()
+        self.most = 0
+        self.preempted: list[str] = []
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        pending = [f for f in self.s.faults if f.startswith("preempt")]
+        while not self._stop.wait(0.5):
+            try:
+                alive = [i for i in self.cloud.find(self.digest) if i.state in ("pending", "running")]
+            except Exception:
+                self.errors += 1  # throttled: the next sample counts
+                continue
+            self.seen.update(i.id for i in alive)
+            self.most = max(self.most, len(alive))
+            running = [i for i in alive if i.state == "running"]
+            if pending and running:
+                fault = pending.pop(0)
+                _EMU.interrupt(running[0].id, notice_s=2.0 if fault == "preempt_notice" else 0.0)
+                self.preempted.append(running[0].id)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+
+def _try(s: Scenario, path: Path, when: datetime, kill: str, number: int) -> tuple[str, str]:
+    """One try of the task: ("killed" | "hung" | the task state, its log). The log is kept next to
+    the scenario's DAG file (``<id>-try<n>.log``), to read while it runs or after it failed."""
+    env = {**os.environ, "CT_FAULT_KILL": kill, "CT_FAULT_DELAY": str(s.kill_delay_s)}
+    code = textwrap.dedent(TRY.format(path=str(path), when=when.isoformat()))
+    log_path = path.with_name(f"{s.dag_id}-try{number}.log")
+    with log_path.open("w") as sink:
+        proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=sink, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout=TRY_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    log = log_path.read_text(errors="replace")
+    found = re.findall(r"^CT_FAULTS_RESULT (.*)$", log, re.M)
+    if found:
+        return json.loads(found[-1])["state"], log
+    if proc.returncode == -signal.SIGKILL:
+        return ("killed" if kill else "hung"), log
+    return f"crashed rc={proc.returncode}", log
+
+
+def leftovers(s: Scenario, digest: str) -> list[Any]:
+    """What ``cloudtrain gc`` lists of this run (every kind, any age)."""
+    from airflow_cloudtrain.lifecycle.gc import find_leftovers
+
+    found = find_leftovers(s.provider, REGION[s.provider], bucket=BUCKETS[s.provider], older_than_s=0)
+    return [x for x in found if x.digest == digest]
+
+
+def _wait(condition: Any, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(1.0)
+
+
+def run_scenario(raw: dict[str, Any]) -> dict[str, Any]:
+    """Play one scenario in this worker process and check its invariants."""
+    s = Scenario(**raw)
+    out = Outcome(asdict(s))
+    started = time.monotonic()
+    try:
+        _play(s, out)
+    except Exception as err:  # a campaign bug or an unexpected error: the scenario fails, loudly
+        out.problems.append(f"error: {type(err).__name__}: {err}"[:500])
+    finally:
+        _EMU.clear_faults()
+    out.seconds = round(time.monotonic() - started, 1)
+    out.passed = not (out.leaks or out.duplicates or out.problems)
+    return asdict(out)
+
+
+def _play(s: Scenario, out: Outcome) -> None:
+    from airflow_cloudtrain.contract.lease import ORPHANED_KEY
+    from airflow_cloudtrain.contract.runs import join
+    from airflow_cloudtrain.storage import open_run_folder
+
+    assert _HOME is not None
+    cls, kwargs = operator_kwargs(s)
+    path = _HOME / "dags" / f"{s.dag_id}.py"
+    path.write_text(DAG_SOURCE.format(cls=cls, dag_id=s.dag_id, deferrable=s.deferrable, kwargs=kwargs))
+    when = datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(minutes=int(s.id[1:]))
+    key = run_key(s, when)
+    folder = open_run_folder(join(BUCKETS[s.provider], key.path()))
+    kill = next((f for f in s.faults if f in AIRFLOW_SIDE), "")
+    if "capacity" in s.faults:  # no capacity for this type at launch, for a while
+        _EMU.fail_capacity(TYPE[s.provider])
+        lift = threading.Timer(12.0, _lift_capacity, args=("throttle" in s.faults,))
+        lift.daemon = True
+        lift.start()
+    if "throttle" in s.faults:
+        _EMU.throttle(0.3, seed=s.seed)
+    with Sampler(s, key.digest) as sampler:
+        state, log = _try(s, path, when, kill, 1)
+        out.tries.append(state)
+        if state == "killed" and kill != "lease_lapse":  # the task's retry
+            state, log = _try(s, path, when, "", 2)
+            out.tries.append(state)
+        if kill == "lease_lapse":
+            ended = _wait(lambda: folder.get_text(ORPHANED_KEY) or _finished(folder), 240)
+            if not ended and s.operator != "vertex":
+                out.problems.append("the lease lapsed but the run did not end itself (no orphaned.json)")
+    _EMU.clear_faults()
+    # the outcome
+    if kill == "lease_lapse":
+        if state != "killed":
+            out.problems.append(f"the lost try was expected to die; it ended {state}")
+        _sweep(s)  # what a deployment's daily `cloudtrain gc` does
+    elif state != "success":
+        allowed = [MAY_FAIL.get(s.operator, {}).get(f) for f in s.faults]
+        if state != "failed" or not any(r and re.search(r, log, re.I) for r in allowed):
+            out.problems.append(f"task ended {state}, not success or a named failure: {_tail(log)}")
+    # duplicates
+    most = OPERATORS[s.operator][1]
+    if most and sampler.most > most:
+        out.duplicates.append(f"{sampler.most} live instances at once (at most {most})")
+    single = s.operator == "train" and not sampler.preempted and "lease_lapse" not in s.faults
+    if single and len(sampler.seen) > 1:
+        out.duplicates.append(f"{len(sampler.seen)} instances launched for one run: {sorted(sampler.seen)}")
+    # leaks: everything of the run gone once it ended (ends are asynchronous: a deadline for a busy machine)
+    left = _wait(lambda: not leftovers(s, key.digest), 180)
+    if not left:
+        out.leaks = [f"{x.kind} {x.id} ({x.state}, {x.lease})" for x in leftovers(s, key.digest)]
+        _sweep(s)  # one leak must not fail every later scenario of this worker
+
+
+def _lift_capacity(throttled: bool) -> None:
+    """Capacity is back; the throttle, if any, stays (GCE's clear_faults lifts the shared one too)."""
+    _EMU.gce.clear_faults()
+    if throttled:
+        _EMU.throttle(0.3, seed=None)
+    with _EMU.moto.middleware.lock:
+        _EMU.moto.middleware.capacity_faults.clear()
+        _EMU.moto.middleware.capacity_after.clear()
+
+
+def _finished(folder: Any) -> bool:
+    from airflow_cloudtrain.contract.runs import RunStatus
+
+    keys = [k for k in folder.list("instances/") if k.endswith("/status.json")]
+    statuses = [RunStatus.from_json(folder.get_text(k) or "{}") for k in keys]
+    return bool(statuses) and all(x.final for x in statuses)
+
+
+def _sweep(s: Scenario) -> None:
+    from airflow_cloudtrain.lifecycle.gc import gc
+
+    for _ in range(3):  # a lease that lapses a moment later is swept on the next round
+        found = gc(s.provider, REGION[s.provider], bucket=BUCKETS[s.provider], older_than_s=0)
+        if not [x for x in found if x.action == "delete" and x.result != "deleted"]:
+            return
+        time.sleep(2.0)
+
+
+def _tail(log: str) -> str:
+    lines = [x for x in log.splitlines() if re.search(r"error|fail|exception", x, re.I)]
+    return " | ".join(lines[-3:])[-600:]
+
+
+# --- the campaign -----------------------------------------------------------------------------------
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in results:
+        for fault in r["scenario"]["faults"]:
+            rows[(r["scenario"]["operator"], fault)].append(r)
+    lines = [
+        f"{'operator':<8} {'fault':<17} {'scenarios':>9} {'passed':>6} {'leaks':>5} {'dups':>4} {'seconds':>8}"
+    ]
+    for (op, fault), rs in sorted(rows.items()):
+        lines.append(
+            f"{op:<8} {fault:<17} {len(rs):>9} {sum(r['passed'] for r in rs):>6} "
+            f"{sum(bool(r['leaks']) for r in rs):>5} {sum(bool(r['duplicates']) for r in rs):>4} "
+            f"{sum(r['seconds'] for r in rs):>8.0f}"
+        )
+    total = len(results)
+    lines.append(
+        f"{'all':<8} {'(each once)':<17} {total:>9} {sum(r['passed'] for r in results):>6} "
+        f"{sum(bool(r['leaks']) for r in results):>5} {sum(bool(r['duplicates']) for r in results):>4} "
+        f"{sum(r['seconds'] for r in results):>8.0f}"
+    )
+    return "\n".join(lines)
+
+
+def campaign(seed: int, numbers: list[int], workers: int, echo: Any = print) -> list[dict[str, Any]]:
+    scenarios = [asdict(draw(seed, n)) for n in numbers]
+    results = []
+    with ProcessPoolExecutor(workers, initializer=_start_worker) as pool:
+        futures = [pool.submit(run_scenario, s) for s in scenarios]
+        for future in as_completed(futures):
+            r = future.result()
+            results.append(r)
+            sc = r["scenario"]
+            verdict = "ok  " if r["passed"] else "FAIL"
+            echo(
+                f"{verdict} {sc['id']} seed={sc['seed']} {sc['operator']}/{sc['cloud']}/"
+                f"{'deferrable' if sc['deferrable'] else 'blocking'} {'+'.join(sc['faults'])} "
+                f"tries={','.join(r['tries'])} {r['seconds']:.0f}s"
+                + ("" if r["passed"] else f"  {r['leaks'] + r['duplicates'] + r['problems']}")
+            )
+    return sorted(results, key=lambda r: r["scenario"]["id"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--scenarios", type=int, default=200)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--only", action="append", default=[], help="a scenario id (s042) to replay; repeatable")
+    p.add_argument("--json", action="store_true", help="the results as JSON on stdout (progress on stderr)")
+    args = p.parse_args(argv)
+    numbers = [int(x.lstrip("s")) for x in args.only] or list(range(args.scenarios))
+    started = time.monotonic()
+    results = campaign(
+        args.seed, numbers, args.workers, lambda line: print(line, file=sys.stderr, flush=True)
+    )
+    wall = time.monotonic() - started
+    failed = [r for r in results if not r["passed"]]
+    if args.json:
+        print(json.dumps({"seed": args.seed, "wall_s": round(wall), "results": results}, indent=2))
+    else:
+        print(table(results))
+        print(f"\n{len(results)} scenarios, seed {args.seed}, {args.workers} workers: {wall:.0f} s wall")
+    for r in failed:
+        print(f"FAILED {r['scenario']['id']}: replay with --seed {args.seed} --only {r['scenario']['id']}",
+              file=sys.stderr)  # fmt: skip
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
