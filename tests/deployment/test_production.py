@@ -6,6 +6,8 @@ In ``make test``: 40 deferred runs of mixed operators (CloudTrainOperator and Ch
 on both clouds, a sensor) spread over both triggerers, one triggerer SIGKILLed mid-run; every run ends
 well, no instance launched twice, nothing left. PostgreSQL and Redis come from the machine's packages:
 ``cloudtrain up --production`` installs them with apt-get when they are missing (CI runs as root).
+In ``make faults``: a Celery worker SIGKILLed during a blocking CheckpointResumeOperator run (the
+retry adopts the same instance).
 """
 
 from __future__ import annotations
@@ -32,11 +34,13 @@ from airflow_cloudtrain.contract.runs import TAG_RUN
 
 T = TypeVar("T")
 DAGS = Path(__file__).resolve().parent / "production_dags"
-DAG_IDS = ("prod_train", "prod_resume", "prod_sensor")
+DAG_IDS = ("prod_train", "prod_resume", "prod_sensor", "prod_blocking")
 SETTINGS = {
     "AIRFLOW__CORE__PARALLELISM": "32",
     # each triggerer takes at most 25 of the 40 triggers, so both must run some whatever their timing
     "AIRFLOW__TRIGGERER__CAPACITY": "25",
+    # a task whose worker was killed is failed (and retried) after 120 s without a heartbeat, not 300 s
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "120",
 }
 # 40 runs: (dag, cloud) -> how many
 MIX = {
@@ -242,3 +246,58 @@ def test_forty_deferred_runs_over_two_triggerers_one_killed(prod: Deployment) ->
     assert up.stop() == 0, up.stderr()[-3000:]
     assert up.left_running() == []
     assert "Stopped." in up.stdout()
+
+
+def _log_lines(api: Api, dag_id: str, run_id: str) -> list[str]:
+    """The task's first try's log, or nothing while it has none (not started, or no answer in time)."""
+    try:
+        return api.log_lines(dag_id, run_id, "train")
+    except (AssertionError, OSError):  # 404 until the task instance exists
+        return []
+
+
+def _task_process(up: Up, ti_id: str) -> psutil.Process | None:
+    """The process running task instance ``ti_id`` in a Celery worker (titled ``airflow worker -- <id>``)."""
+    for proc in up.children():
+        with contextlib.suppress(psutil.Error):
+            if " ".join(proc.cmdline()).startswith(f"airflow worker -- {ti_id}"):
+                return proc
+    return None
+
+
+def _worker_of(up: Up, proc: psutil.Process) -> str:
+    """Which of ``cloudtrain up``'s workers ``proc`` runs under (its session's ``<name>.out``)."""
+    leader = os.getsid(proc.pid)
+    for name in WORKERS:
+        if _process_by_output(up, name).pid == leader:
+            return name
+    raise AssertionError(f"{proc.pid} runs under no worker")
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(1800)
+def test_a_worker_killed_during_a_blocking_run_the_retry_adopts_the_instance(prod: Deployment) -> None:
+    up, api = prod.up, prod.api
+    command = "echo first-$((1+1)); sleep 120; echo done-$((2+2))"
+    run_id = _trigger(api, "prod_blocking", "blocking-1", {"cloud": "ec2spot", "command": command})
+    wait_for(
+        lambda: any("first-2" in line for line in _log_lines(api, "prod_blocking", run_id)),
+        timeout=600,
+        interval=2,
+        message="the job's first line in the blocking task's log",
+    )
+    instances = up.running_instances()
+    assert len(instances) == 1, instances
+    ti_id = str(api.task("prod_blocking", run_id, "train")["id"])
+    task = wait_for(lambda: _task_process(up, ti_id), timeout=60, interval=1, message="its task's process")
+    worker = _worker_of(up, task)
+    # SIGKILL the whole worker (the Celery worker, its pool, the task): as a lost machine would
+    for proc in [*_process_by_output(up, worker).children(recursive=True), _process_by_output(up, worker)]:
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    assert _wait_run(api, "prod_blocking", run_id, timeout=1200) == "success"
+    result = _xcom(api, "prod_blocking", run_id)
+    assert result["instance_id"] == instances[0]["id"] and result["exit_code"] == 0, result
+    assert _ec2_launches_per_run(up)[result["run_id"]] == 1  # one launch: the retry adopted it
+    assert api.task("prod_blocking", run_id, "train")["try_number"] >= 2
+    assert up.running_instances() == []

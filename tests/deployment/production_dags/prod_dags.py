@@ -65,3 +65,15 @@ with _dag("prod_sensor"):
         deferrable=True,
     )
     train >> watch
+
+with _dag("prod_blocking"):
+    CheckpointResumeOperator(
+        task_id="train",
+        cloud="{{ params.cloud }}",
+        command="{{ params.command }}",
+        bucket=BUCKET,
+        checkpoint_dir="/tmp/ckpt",
+        max_runtime="1h",
+        poll_interval=1,
+        deferrable=False,  # waits in its Celery worker's slot: the case of a worker lost mid-run
+    )
