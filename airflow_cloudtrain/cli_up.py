@@ -215,8 +215,22 @@ class LocalAirflow:
     def output(self, name: str) -> Path:
         return self.home / "logs" / f"{name}.out"
 
+    processes: tuple[str, ...] = PROCESSES  # what start_all starts (the production shape has more)
+
     def _command(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "airflow", *args]
+
+    def _process_command(self, name: str) -> list[str]:
+        """The command of process ``name`` (here ``airflow <name>``; ``--production`` adds others)."""
+        return self._command(name)
+
+    def _process_env(self, name: str) -> dict[str, str]:
+        """The environment of process ``name`` (here the same for all)."""
+        return self.env
+
+    def _process_user(self, name: str) -> str | None:
+        """The user process ``name`` runs as (None: ours; PostgreSQL's refuses root)."""
+        return None
 
     def migrate(self, timeout: float = 600.0) -> None:
         """``airflow db migrate``: creates or upgrades the SQLite metadata database."""
@@ -238,9 +252,11 @@ class LocalAirflow:
             raise UpError(f"port {self.port} is in use: pick another with --port")
         with self.output(name).open("ab") as out:
             proc = subprocess.Popen(
-                self._command(name),
-                env=self.env,
+                self._process_command(name),
+                env=self._process_env(name),
                 cwd=self.home,  # not the caller's: a source checkout's *.egg-info would load our plugin twice
+                user=self._process_user(name),
+                group=self._process_user(name),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -261,8 +277,8 @@ class LocalAirflow:
             if time.monotonic() > deadline:
                 raise UpError(f"the api-server did not answer within {timeout:.0f} s")
             time.sleep(0.5)
-        for name in PROCESSES:
-            if name != "api-server":
+        for name in self.processes:
+            if name not in self.procs:  # the api-server, and the production shape's database and broker
                 self.start(name)
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
@@ -412,12 +428,12 @@ def run_up(args: argparse.Namespace) -> int:
         if restored:
             print(f"Restored the emulated clouds from {state_dir}: {', '.join(restored)}", flush=True)
         print(f"Migrating the metadata database in {home.resolve()} ...", flush=True)
-        with local_airflow(home, Path(args.dags_folder), args.port, emu.env(), extra) as airflow:
+        with _deployment(args)(home, Path(args.dags_folder), args.port, emu.env(), extra) as airflow:
             password = home_secrets(home)["password"]
             print(
                 f"\nAirflow is up: {airflow.url}   login: {USER} / {password}\n"
                 f"DAGs folder: {Path(args.dags_folder).resolve()}   AIRFLOW_HOME: {home.resolve()}\n"
-                f"Processes: {', '.join(PROCESSES)} (output in {home.resolve() / 'logs'}/*.out); "
+                f"Processes: {', '.join(airflow.processes)} (output in {home.resolve() / 'logs'}/*.out); "
                 "one that dies is restarted\n"
                 f"Emulated clouds: AWS {emu.aws_endpoint}, GCE {emu.gce_endpoint}, buckets "
                 f"s3://{DEFAULT_BUCKET} and gs://{DEFAULT_BUCKET}; their state is kept in {state_dir}\n"
@@ -457,6 +473,15 @@ def run_up(args: argparse.Namespace) -> int:
             signal.signal(sig, handler)
 
 
+def _deployment(args: argparse.Namespace) -> Any:
+    """``local_airflow``, or with ``--production`` its PostgreSQL/Redis/Celery shape."""
+    if getattr(args, "production", False):
+        from airflow_cloudtrain.cli_up_production import production_airflow
+
+        return production_airflow
+    return local_airflow
+
+
 def _setting(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.startswith("AIRFLOW__"):
@@ -479,5 +504,11 @@ def add_up_parser(sub: Any) -> None:
         type=_setting,
         metavar="AIRFLOW__SECTION__KEY=VALUE",
         help="an Airflow setting for every process (repeatable)",
+    )
+    up.add_argument(
+        "--production",
+        action="store_true",
+        help="the production shape: PostgreSQL, Redis, CeleryExecutor with two workers, two triggerers "
+        "(installs postgresql and redis-server with apt-get when missing and root)",
     )
     up.set_defaults(func=run_up)

@@ -601,7 +601,8 @@ def measure(spec: dict[str, Any]) -> None:
         counts, clients = emulator_counts(), sum(probe.clients.values())
         rss, cpu = proc.memory_info().rss, time.process_time()
         samples.append({"t": time.monotonic(), "cpu": cpu, "counts": counts, "clients": clients, "rss": rss,
-                        "lags": len(lags), "events": len(events), "leases": lease_writes()})  # fmt: skip
+                        "lags": len(lags), "events": len(events), "leases": lease_writes(),
+                        "own": len(probe.requests)})  # fmt: skip
 
     async def run_trigger(i: int, trigger: Any) -> None:  # as TriggerRunner.run_trigger
         await greenback.ensure_portal()
@@ -708,6 +709,7 @@ def summarize(spec: dict[str, Any], probe: Probe, samples: list[dict[str, Any]],
         windows.append({"requests": dict(b["counts"] - a["counts"]), "cpu": b["cpu"] - a["cpu"],
                         "clients": b["clients"] - a["clients"], "events": b["events"] - a["events"],
                         "leases": b.get("leases", 0) - a.get("leases", 0),
+                        "own": b.get("own", 0) - a.get("own", 0),  # this process's requests (--triggerers)
                         "lag": [pct(lag, 0.5), pct(lag, 0.99), max(lag, default=0.0)]})  # fmt: skip
     return {
         "n": n,
@@ -769,7 +771,9 @@ def trigger_kwargs(classpath: str, runs_: list[list[str]], spec: dict[str, Any],
 
 
 def run_config(label: str, classpath: str, sim: Any, runs_: list[list[str]], spec: dict[str, Any]) -> Any:
-    """One fresh triggerer process for (implementation, N); with the run trigger, some runs end in it."""
+    """Fresh triggerer processes for (implementation, N): one, or with ``--triggerers K`` K at once, each
+    running every K-th of the N triggers (as Airflow spreads deferred tasks over its triggerers); with
+    the run trigger, some runs end in them. One result per process."""
     kwargs = trigger_kwargs(classpath, runs_, spec, ask(sim, {"op": "report"})["seqs"])
     rng = random.Random(len(runs_))
     ending = (
@@ -777,28 +781,49 @@ def run_config(label: str, classpath: str, sim: Any, runs_: list[list[str]], spe
         if classpath == OURS_RUN
         else []
     )
-    proc = child("measure")
-    t0 = ask(proc, {**spec, "classpath": classpath, "kwargs": kwargs, "expect": ending})["t0"]
+    k = max(1, int(spec.get("triggerers", 1)))
+    shares = [list(range(j, len(runs_), k)) for j in range(k)]
+    procs = [child("measure") for _ in shares]
+    for proc, share in zip(procs, shares, strict=True):  # all asked first: the processes start together
+        local = {g: i for i, g in enumerate(share)}
+        message = {**spec, "classpath": classpath, "kwargs": [kwargs[g] for g in share]}
+        proc.stdin.write(json.dumps({**message, "expect": [local[g] for g in ending if g in local]}) + "\n")  # type: ignore[union-attr]
+    t0s = [ask(proc)["t0"] for proc in procs]
     if ending:  # between 5 s in and one interval before the last window's end
         last = (spec["cycles"] - 1) * spec["interval"]
-        ask(sim, {"op": "end", "plan": {runs_[i][0]: t0 + rng.uniform(5.0, last) for i in ending}})
-    res = ask(proc)
-    proc.wait()
-    res["label"], res["sim"] = label, ask(sim, {"op": "report"})
-    if ending:
-        ended, got = res["sim"].pop("ended"), {int(i): v for i, v in res["events"].items()}
-        late = [got[i][0] - ended[runs_[i][0]][0] for i in ending if i in got and runs_[i][0] in ended]
-        wrote = sum(runs_[i][0] in ended for i in ending)  # a busy machine may leave the agents late
-        res["job_end"] = [pct(late, 0.5), pct(late, 0.95), len(late), wrote, len(ending)]
-        res["log_complete"] = sum(
-            got[i][1].get("next_log_seq") == ended[runs_[i][0]][1] for i in ending if i in got
-        )
-        res["outcomes"] = dict(
-            Counter(str(got[i][1].get("outcome", {}).get("state")) for i in ending if i in got)
-        )
-    res["sim"].pop("seqs")
-    res.pop("events")
-    return res
+        ask(sim, {"op": "end", "plan": {runs_[i][0]: min(t0s) + rng.uniform(5.0, last) for i in ending}})
+    results = [ask(proc) for proc in procs]
+    for proc in procs:
+        proc.wait()
+    report = ask(sim, {"op": "report"})
+    for j, (res, share) in enumerate(zip(results, shares, strict=True)):
+        res["label"] = label if k == 1 else f"{label} [triggerer {j + 1} of {k}]"
+        res["triggerers"] = k
+        res["sim"] = dict(report)
+        mine = [g for g in ending if g in set(share)]
+        if mine:
+            local = {g: i for i, g in enumerate(share)}
+            ended = report["ended"]
+            got = {int(i): v for i, v in res["events"].items()}
+            late = [
+                got[local[g]][0] - ended[runs_[g][0]][0]
+                for g in mine
+                if local[g] in got and runs_[g][0] in ended
+            ]
+            wrote = sum(runs_[g][0] in ended for g in mine)  # a busy machine may leave the agents late
+            res["job_end"] = [pct(late, 0.5), pct(late, 0.95), len(late), wrote, len(mine)]
+            res["log_complete"] = sum(
+                got[local[g]][1].get("next_log_seq") == ended[runs_[g][0]][1] for g in mine if local[g] in got
+            )
+            res["outcomes"] = dict(
+                Counter(
+                    str(got[local[g]][1].get("outcome", {}).get("state")) for g in mine if local[g] in got
+                )
+            )
+        res["sim"].pop("ended", None)
+        res["sim"].pop("seqs", None)
+        res.pop("events")
+    return results
 
 
 def fmt(value: float) -> str:
@@ -893,6 +918,23 @@ def print_tables(side: str, results: list[dict[str, Any]], args: argparse.Namesp
             print(f"    - loop late > 100 ms ({hits} x 50 ms) in: {stack}")
 
 
+def print_split(side: str, results: list[dict[str, Any]]) -> None:
+    """With ``--triggerers K``: each process's share side by side (its own requests, counted by its
+    probe, per cycle; the emulator's counts by API are the K processes' together)."""
+    split = [r for r in results if r.get("triggerers", 1) > 1]
+    if not split:
+        return
+    print(f"\n### {side}: the N triggers split over triggerer processes\n")
+    print("| triggerer | triggers | own requests per cycle | all processes' requests per cycle by API "
+          "| CPU s per cycle | loop lag ms p50 / p99 / max | job end (s) p50 / p95 |")  # fmt: skip
+    print("|---|--:|--:|---|--:|--:|--:|")
+    for r in split:
+        ms = " / ".join(f"{x * 1000:.0f}" for x in r["lag"])
+        end = f"{r['job_end'][0]:.1f} / {r['job_end'][1]:.1f}" if "job_end" in r else "-"
+        print(f"| {r['label']} | {r['n']} | {fmt(steady(r, 'own'))} | {fmt_requests(steady(r, 'requests'))} "
+              f"| {steady(r, 'cpu'):.2f} | {ms} | {end} |")  # fmt: skip
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 3000])
@@ -913,6 +955,12 @@ def main() -> int:
         "--max-writes", type=float, default=150.0, help="the agents' writes per second, at most"
     )
     parser.add_argument("--threads", type=int, default=8, help="the agents' writer threads")
+    parser.add_argument(
+        "--triggerers",
+        type=int,
+        default=1,
+        help="triggerer processes the N triggers are split over (each runs every K-th), at once",
+    )
     parser.add_argument("--json", default=None, help="also append each row to this file (JSON lines)")
     parser.add_argument("--from-json", default=None, help="only print the tables of the rows in this file")
     parser.add_argument("--role", default="main", help=argparse.SUPPRESS)
@@ -925,6 +973,7 @@ def main() -> int:
         rows = [json.loads(line) for line in Path(args.from_json).read_text().splitlines()]
         for side in args.clouds:
             print_tables(side, [r for r in rows if r["side"] == side], args)
+            print_split(side, [r for r in rows if r["side"] == side])
         return 0
     emulator = child("emulator")
     started = ask(emulator)
@@ -947,16 +996,18 @@ def main() -> int:
                 for label, classpath in IMPLS[side]:
                     if not args.impls or any(s.lower() in label.lower() for s in args.impls):
                         t1 = time.monotonic()
-                        results.append({**run_config(label, classpath, sim, runs_, spec), "side": side})
+                        rows = [{**r, "side": side} for r in run_config(label, classpath, sim, runs_, spec)]
+                        results += rows
                         took = time.monotonic() - t1
                         print(f"[{side} N={n} {label}: {took:.0f} s]", file=sys.stderr, flush=True)
                         if args.json:
                             with open(args.json, "a") as out:
-                                out.write(json.dumps({**results[-1], "took_s": took}) + "\n")
+                                out.writelines(json.dumps({**r, "took_s": took}) + "\n" for r in rows)
                 sim.stdin.close()  # type: ignore[union-attr]
                 sim.wait()
                 print(f"[{side} N={n}: {time.monotonic() - t:.0f} s in all]", file=sys.stderr, flush=True)
             print_tables(side, results, args)
+            print_split(side, results)
     finally:
         emulator.stdin.close()  # type: ignore[union-attr]
         emulator.wait()

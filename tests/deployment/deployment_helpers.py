@@ -105,6 +105,7 @@ class Up:
         self.proc: subprocess.Popen[bytes] | None = None
         self.pids: set[int] = set()  # every process seen under it, for the check that none is left
         self._ups = 0  # "Airflow is up" lines seen: one per start
+        self.extra_args: list[str] = []  # more `cloudtrain up` arguments (the production test's)
 
     def start(self) -> None:
         env = {
@@ -125,6 +126,7 @@ class Up:
                     "--port",
                     str(self.port),
                     *args,
+                    *self.extra_args,
                 ],
                 stdout=out,
                 stderr=err,
