@@ -316,6 +316,11 @@ class LocalAirflow:
         for name in STOP_ORDER:
             if name in self.procs:
                 self._wait_exit(self.procs[name], grace_s)
+        self._kill_what_is_left()
+
+    def _kill_what_is_left(self) -> None:
+        """SIGKILL every process still in one of the deployment's sessions (a task's children too),
+        then wait up to 30 s for them to be gone."""
         for sid in self.sessions:
             for pid in session_pids(sid):
                 with suppress(ProcessLookupError):

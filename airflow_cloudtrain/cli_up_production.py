@@ -309,13 +309,7 @@ class ProductionAirflow(LocalAirflow):
                         os.kill(pid, sig)
             for name in running:
                 self._wait_exit(self.procs[name], grace_s)
-        for sid in self.sessions:
-            for pid in session_pids(sid):
-                with suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 30
-        while self.left_running() and time.monotonic() < deadline:
-            time.sleep(0.2)
+        self._kill_what_is_left()
 
 
 @contextmanager

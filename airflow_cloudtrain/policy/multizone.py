@@ -30,7 +30,7 @@ from pathlib import Path
 from .base import EPSILON_HOURS, ON_DEMAND, SPOT, WAIT, Decision, PolicyState, must_run_on_demand
 from .bounds import NO_MOVES, Moves
 from .deadline import ours
-from .simulate import SimulationError
+from .simulate import SimulationError, tick_use
 from .zones import TROUBLE_HALF_LIFE_HOURS, ZoneEvent, rank_zones
 
 FORGET_HALF_LIVES = 24
@@ -221,10 +221,7 @@ def simulate_zones(
         if running is None:
             continue
         price = spot_price if running == SPOT else on_demand_price
-        setup_part = min(setup_left, gap)
-        work_part = gap - setup_part
-        finishing = done + work_part >= job_hours - 1e-12
-        used = setup_part + (job_hours - done) if finishing else gap
+        setup_part, work_part, used, finishing = tick_use(setup_left, gap, done, job_hours)
         cost += price * used
         if running == SPOT:
             spot_h += used

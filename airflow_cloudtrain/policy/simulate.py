@@ -47,6 +47,18 @@ def load_trace(path: str | Path) -> Trace:
     return Trace(name=path.stem, gap_hours=gap_seconds / 3600.0, data=data)
 
 
+def tick_use(
+    setup_left: float, gap: float, done: float, job_hours: float
+) -> tuple[float, float, float, bool]:
+    """One tick of a running instance: (changeover spent, work done, hours paid, whether the job ends in
+    it). The changeover is paid first; a job that ends mid-tick pays only up to its end (per second)."""
+    setup_part = min(setup_left, gap)
+    work_part = gap - setup_part
+    finishing = done + work_part >= job_hours - 1e-12
+    used = setup_part + (job_hours - done) if finishing else gap
+    return setup_part, work_part, used, finishing
+
+
 @dataclass(frozen=True)
 class RunResult:
     """Outcome of one simulated job. Hours and currency units as given to :func:`simulate`."""
@@ -163,10 +175,7 @@ def simulate(
             continue
 
         price = spot_price if running == SPOT else on_demand_price
-        setup_part = min(setup_left, gap)
-        work_part = gap - setup_part
-        finishing = done + work_part >= job_hours - 1e-12
-        used = setup_part + (job_hours - done) if finishing else gap
+        setup_part, work_part, used, finishing = tick_use(setup_left, gap, done, job_hours)
         cost += price * used
         if running == SPOT:
             spot_hours += used
