@@ -84,7 +84,9 @@ def _rented(operator: Any, result: dict[str, Any]) -> tuple[list[str], list[str]
         found = result.get("attempts")
         rows: list[dict[str, Any]] = found if isinstance(found, list) else []
         attempts = (
-            (result.get("totals") or {}).get("attempts") or len({r.get("attempt") for r in rows}) or None
+            (result.get("totals") or {}).get("attempts")
+            or len({r.get("attempt") for r in rows})
+            or (1 if result.get("instance_id") else None)  # one CloudTrainOperator run: one attempt
         )
         nodes = result.get("num_nodes") or (1 if result.get("instance_id") else None)
         types = sorted({r["instance_type"] for r in rows if r.get("instance_type")}) or (

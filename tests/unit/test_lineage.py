@@ -128,3 +128,13 @@ def test_no_result_still_reports_what_the_arguments_say() -> None:
     )
     lineage = op.get_openlineage_facets_on_complete(_TI({}))
     assert _names(lineage.inputs) == [("s3://d", "k")] and lineage.outputs == [] and lineage.run_facets == {}
+
+
+def test_a_single_run_is_one_attempt() -> None:
+    """CloudTrainOperator's XCom has no attempts list (one instance, adopted by a retry if need be)."""
+    op = CloudTrainOperator(
+        task_id="train", cloud="ec2", instance_type="t3.medium", command="true", bucket="s3://runs/team"
+    )
+    result = {"run_uri": "s3://runs/team/ct-1", "instance_id": "i-1", "instance_type": "t3.medium"}
+    facet = op.get_openlineage_facets_on_complete(_TI(result)).run_facets["cloudtrain"]
+    assert (facet.nodes, facet.attempts, facet.instanceTypes) == (1, 1, ["t3.medium"])
