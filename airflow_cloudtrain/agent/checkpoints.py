@@ -17,9 +17,11 @@ job has ended, also after an interruption notice or the agent's SIGTERM stopped 
    layout (TensorFlow, Lightning, Orbax, Hugging Face, our step names) and, with snapshots on, every
    other stable file.
 3. **Upload a version.** Files whose bytes the previous version already has are not sent again (the
-   manifest points at the old object); the rest go to ``checkpoints/<version>/``; the manifest is
-   written LAST. A file replaced while it was uploading makes the round skip the manifest; the next
-   round tries again. Then versions older than the two newest are deleted (``KEEP_VERSIONS``), except
+   manifest points at the old object); the rest go to ``checkpoints/<version>/``, read through hard
+   links to the files the plan judged (``.cloudtrain-upload-<version>/``, removed after the round), so
+   the job may prune them or save over their names meanwhile; the manifest is written LAST. A file
+   written in place while it was uploading makes the round skip the manifest; the next round tries
+   again. Then versions older than the two newest are deleted (``KEEP_VERSIONS``), except
    objects a kept manifest still points at. What was left out goes to ``checkpoints/LEFT_OUT.json``.
 
 Restore (``CheckpointSync.restore``, before the setup commands): versions with a manifest, newest
@@ -54,6 +56,8 @@ from airflow_cloudtrain.storage import RunFolder
 log = logging.getLogger("cloudtrain.agent")
 
 STAGING_PREFIX = ".cloudtrain-restore-"
+UPLOAD_PREFIX = ".cloudtrain-upload-"  # the hard links a round uploads from (see ``_pin``)
+OURS = (STAGING_PREFIX, UPLOAD_PREFIX)  # our own folders in the checkpoint directory: never looked at
 SETTLE_S = 1.0  # between the two looks of a round
 TORN_WINDOW_S = 2.0  # a killed job's files changed this close to its end are taken as torn
 KEEP_VERSIONS = 2  # complete versions kept in the run folder: the newest, and one to fall back to
@@ -98,7 +102,7 @@ def look(root: Path) -> dict[str, Look]:
     if not root.is_dir():
         return found
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if not d.startswith(STAGING_PREFIX)]
+        dirnames[:] = [d for d in dirnames if not d.startswith(OURS)]
         for name in filenames:
             path = Path(dirpath, name)
             with contextlib.suppress(OSError):  # gone between the listing and the stat
@@ -309,12 +313,60 @@ class CheckpointSync:
             return None
         self._known_versions()
         assert self._next is not None
+        pinned = self.local_dir / f"{UPLOAD_PREFIX}{self._next}"
+        for left in self.local_dir.glob(f"{UPLOAD_PREFIX}*"):  # an agent killed mid-round left them:
+            shutil.rmtree(left, ignore_errors=True)  # on a persistent volume they would hold the space
+        try:
+            return self._upload(began, previous, before, seen, found, pinned)
+        finally:
+            shutil.rmtree(pinned, ignore_errors=True)
+
+    def _pin(self, pinned: Path, rel: str, seen: Look | None) -> Path | None:
+        """A hard link to the version of ``rel`` the plan judged complete, which the round hashes and
+        uploads from: the job may then prune that checkpoint or move a newer one over its name while it
+        goes up (a Trainer with ``save_total_limit=1`` whose saves come faster than one upload would
+        otherwise never get one up). The file itself where no link can be made (another filesystem);
+        None when ``rel`` is gone or is no longer the file the plan saw: the next round."""
+        path = self.local_dir / rel
+        link = pinned / rel
+        link.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, link)
+        except FileNotFoundError:
+            return None
+        except OSError:  # EXDEV, EPERM, a filesystem without links: upload from the file itself
+            link = path
+        stat = link.stat()
+        if seen is not None and (stat.st_size, stat.st_mtime_ns, stat.st_ino) != (
+            seen.size,
+            seen.mtime_ns,
+            seen.inode,
+        ):
+            log.info("checkpoint sync: %s changed since it was judged complete; next round", rel)
+            return None
+        return link
+
+    def _upload(
+        self,
+        began: float,
+        previous: tuple[int, runs.Manifest] | None,
+        before: dict[str, Any],
+        seen: dict[str, Look],
+        found: Plan,
+        pinned: Path,
+    ) -> runs.Manifest | None:
+        """Upload ``found`` as the next version (files pinned under ``pinned``); its manifest last."""
+        assert self._next is not None
         version = self._next
         entries: list[dict[str, Any]] = []
         sends: list[tuple[str, Callable[[], None], Look | None]] = []
         saved_at: float | None = None
+        sources: dict[str, Path] = {}
         for rel in found.files:
-            path = self.local_dir / rel
+            path = self._pin(pinned, rel, seen.get(rel))
+            if path is None:
+                return None
+            sources[rel] = path
             stat = path.stat()
             now = Look(stat.st_size, stat.st_mtime_ns, stat.st_ino)
             saved_at = max(saved_at or 0.0, stat.st_mtime)
@@ -356,7 +408,7 @@ class CheckpointSync:
         for rel, _, sent in sends:
             if sent is None:
                 continue
-            after = (self.local_dir / rel).stat()
+            after = sources[rel].stat()  # a link: only a write in place changes it
             if (after.st_size, after.st_mtime_ns, after.st_ino) != (sent.size, sent.mtime_ns, sent.inode):
                 log.info("checkpoint %s changed while uploading; next round", rel)
                 self._hashes.pop(rel, None)
@@ -554,7 +606,7 @@ class CheckpointSync:
                 if (
                     not top
                     or checkpoint.skipped(top)
-                    or any(part.startswith(STAGING_PREFIX) for part in Path(rel).parts)
+                    or any(part.startswith(OURS) for part in Path(rel).parts)
                 ):
                     raise CheckpointInvalid(f"unsafe path {rel!r} in its manifest")
                 local = staging / rel

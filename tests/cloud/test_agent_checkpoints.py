@@ -37,7 +37,8 @@ from airflow_cloudtrain.storage import RunFolder, open_run_folder
 REPO = Path(__file__).resolve().parents[2]
 FAST = {"log_interval_s": 0.2, "heartbeat_interval_s": 0.5, "metadata_poll_s": 0.5}
 
-# The job: plain Python, pickled state, a checkpoint per step, the newest three kept. It runs with
+# The job: plain Python, pickled state, a checkpoint per step, the newest twenty kept (a checkpoint
+# lives for twenty steps: time enough for a round to take it on a loaded machine). It runs with
 # ``-S`` (no site-packages, so not the installed provider): ``airflow_cloudtrain.checkpoint`` comes
 # from the agent zip the agent put on PYTHONPATH. On SIGTERM it finishes the step it is in and exits.
 TRAIN = r"""
@@ -60,7 +61,7 @@ while state["step"] < total and not stopping:
     state["step"] += 1
     state["loss_sum"] += 1.0 / state["step"]
     checkpoint.save(ckpt_dir / f"ckpt-{state['step']:05d}.pkl", lambda tmp: tmp.write_bytes(pickle.dumps(state)))
-    for _, old in checkpoint.candidates(ckpt_dir)[:-3]:
+    for _, old in checkpoint.candidates(ckpt_dir)[:-20]:
         shutil.rmtree(old) if old.is_dir() else old.unlink()
     print("step", state["step"], flush=True)
     time.sleep(delay)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from test_checkpoint import MemoryFolder
@@ -277,3 +278,47 @@ def _alive(pid: int) -> bool:
     from airflow_cloudtrain.agent.checkpoints import process_alive
 
     return process_alive(pid)
+
+
+def test_a_checkpoint_pruned_or_replaced_while_it_uploads_still_goes_up_whole(tmp_path: Path) -> None:
+    """A job whose saves come faster than one upload (a Trainer with ``save_total_limit=1``, our
+    own ``checkpoint.save`` over one name) deletes or replaces the checkpoint the round is sending.
+    The round sends the version it judged complete (it holds a hard link to it) and writes its
+    manifest; nothing of the round is left in the checkpoint directory, nor what a killed agent's
+    round left there."""
+    folder, local = MemoryFolder(), tmp_path / "ckpt"
+    local.mkdir()
+    checkpoint.save(local / "ckpt-1.pt", lambda tmp: tmp.write_bytes(b"one"))
+    (local / ".cloudtrain-upload-7").mkdir()  # an agent killed in the middle of a round left it
+    (local / ".cloudtrain-upload-7" / "ckpt-0.pt").write_bytes(b"old")
+
+    def job_prunes_meanwhile(fn: Callable[[], object], what: str) -> object:
+        if what == "checkpoint upload" and (local / "ckpt-1.pt").exists():
+            checkpoint.save(local / "ckpt-2.pt", lambda tmp: tmp.write_bytes(b"two"))
+            (local / "ckpt-1.pt").unlink()
+        return fn()
+
+    sync = CheckpointSync(folder, local, "i-1", note=print, call=job_prunes_meanwhile, settle_s=0.0)
+    assert sync.sync() == 1
+    assert folder.objects[runs.join(runs.checkpoint_prefix(1), "ckpt-1.pt")] == b"one"
+    assert sync.sync() == 2  # the next round takes the newer one
+    assert runs.join(runs.checkpoint_prefix(1), "ckpt-0.pt") not in folder.objects
+
+    # one name saved over (an atomic rename) while it goes up: the bytes sent are the judged version
+    checkpoint.save(local / "state.pt", lambda tmp: tmp.write_bytes(b"epoch 1"))
+    folder2 = MemoryFolder()
+
+    def saved_over_meanwhile(fn: Callable[[], object], what: str) -> object:
+        if what == "checkpoint upload":
+            checkpoint.save(local / "state.pt", lambda tmp: tmp.write_bytes(b"epoch 2, longer"))
+        return fn()
+
+    sync2 = CheckpointSync(folder2, local, "i-2", note=print, call=saved_over_meanwhile, settle_s=0.0)
+    sync2.sync()  # the first look: state.pt is new, so it is looked at again (settle_s=0)
+    manifest = next(
+        runs.Manifest.from_json(v.decode()) for k, v in folder2.objects.items() if k.endswith("MANIFEST.json")
+    )
+    sent = {e["path"]: e for e in manifest.files}
+    key = runs.join(runs.checkpoint_prefix(1), "state.pt")
+    assert hashlib.sha256(folder2.objects[key]).hexdigest() == sent["state.pt"]["sha256"]
+    assert not [p for p in local.iterdir() if p.name.startswith(".cloudtrain-")]
