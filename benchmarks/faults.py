@@ -11,8 +11,9 @@ on the Airflow side (a worker SIGKILLed at a drawn point and retried, the trigge
 watcher gone for good so the lease lapses) and the rest on the cloud side (a spot interruption with or
 without notice, no capacity at launch for a while, API throttling).
 
-A scenario runs through real Airflow: each try is ``dag.test()`` in a subprocess (as the kill tests
-do), against emulated clouds owned by the campaign's worker process (one ``Emulator`` and one Airflow
+A scenario runs through real Airflow: each try is ``dag.test()`` in a process of its own, forked
+from a warm parent that paid Airflow's start once (``tests/first_try.py``, as the kill tests do),
+against emulated clouds owned by the campaign's worker process (one ``Emulator`` and one Airflow
 home per worker: a throttle or a capacity fault touches only its own scenario). Afterwards it checks:
 
     leaks       nothing carrying the run key is left on the emulated cloud (every kind ``cloudtrain gc``
@@ -26,6 +27,7 @@ home per worker: a throttle or a capacity fault touches only its own scenario). 
                 (``EXPECTED``), or for a lapsed lease: ``orphaned.json`` written (or the job done).
 
 The table counts scenarios per operator x fault; every failing scenario prints its id and seed.
+``CLOUDTRAIN_FAULTS_KEEP_LOGS=DIR`` keeps every try's log (``<time>-<dag_id>-try<n>.log``) in DIR.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from first_try import start_python  # noqa: E402  (tests/first_try.py: tries forked from a warm parent)
+
 JOBS = str(ROOT / "tests" / "cloud" / "jobs")
 VERTEX_CODE = str(ROOT / "example_dags" / "mlengine_code")
 BUCKETS = {"aws": "s3://cloudtrain-emulated/faults", "gcp": "gs://cloudtrain-emulated/faults"}
@@ -347,14 +352,16 @@ def _try(s: Scenario, path: Path, when: datetime, kill: str, number: int) -> tup
     env = {**os.environ, "CT_FAULT_KILL": kill, "CT_FAULT_DELAY": str(s.kill_delay_s)}
     code = textwrap.dedent(TRY.format(path=str(path), when=when.isoformat()))
     log_path = path.with_name(f"{s.dag_id}-try{number}.log")
-    with log_path.open("w") as sink:
-        proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=sink, stderr=subprocess.STDOUT)
-        try:
-            proc.wait(timeout=TRY_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    proc = start_python(code, env, output=log_path)  # a fork of a warm parent: Airflow's start paid once
+    try:
+        proc.wait(timeout=TRY_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
     log = log_path.read_text(errors="replace")
+    if keep := os.environ.get("CLOUDTRAIN_FAULTS_KEEP_LOGS"):  # the campaign's home is removed at its end
+        Path(keep).mkdir(parents=True, exist_ok=True)
+        shutil.copy(log_path, Path(keep) / f"{int(time.time())}-{log_path.name}")
     found = re.findall(r"^CT_FAULTS_RESULT (.*)$", log, re.M)
     if found:
         return json.loads(found[-1])["state"], log

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
-import textwrap
 import time
 from datetime import datetime
 from pathlib import Path
@@ -47,26 +44,12 @@ def xcom(run: Any, task_id: str) -> Any:
     return run.get_task_instance(task_id).xcom_pull(task_ids=task_id)
 
 
-def start_first_try(dag_id: str, logical_date: datetime, env: dict[str, str]) -> subprocess.Popen[str]:
-    """Start try 1 of a DAG run in a subprocess (``env`` added to ours: what makes it die)."""
-    tests = Path(__file__).resolve().parent
-    code = textwrap.dedent(
-        f"""
-        import sys
-        from datetime import datetime
-        sys.path.insert(0, {str(tests)!r})
-        from dag_helpers import load_example
-        when = datetime.fromisoformat({logical_date.isoformat()!r})
-        load_example({dag_id!r}).test(logical_date=when, run_after=when)
-        """
-    )
-    return subprocess.Popen(
-        [sys.executable, "-c", code],
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+def start_first_try(dag_id: str, logical_date: datetime, env: dict[str, str]) -> Any:
+    """Start try 1 of a DAG run in a process of its own (``env`` added to ours: what makes it die):
+    a fork of a warm parent with ``subprocess.Popen``'s face (``tests/first_try.py``)."""
+    import first_try
+
+    return first_try.start(dag_id, logical_date, env)
 
 
 def fleet_nothing_left(digest: str) -> None:

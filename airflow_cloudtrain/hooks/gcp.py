@@ -10,16 +10,60 @@ so one HTTP stack serves every Google API we call.
 
 SDK and connection only: ``clouds.gcp.gce.gcp_cloud(hook, region, zone)`` builds the ``Cloud`` on
 top of it, and ``clouds.gcp.pollers`` the triggerer's pollers.
+
+Compute Engine clients come with their reads asked again (``RetryingReads``): a busy project answers
+any call with 429 ``rateLimitExceeded``, and a run's sweep lists every zone and kind, so without it
+one refusal among a dozen lists failed the whole teardown. botocore does the same for EC2 by default.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.google.common.hooks.base_google import GoogleBaseHook
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.storage import RunFolder
+
+
+# Methods of a Compute client that only read or wait: safe to send again. Mutations are repeated by
+# their callers where that is safe (instances.insert carries a request id).
+READ_METHODS = frozenset({"get", "list", "aggregated_list", "wait"})
+READ_RETRY_S = 120.0  # how long one read rides out throttling and 5xx
+
+
+def _read_retry() -> Any:
+    from google.api_core import exceptions as gexc
+    from google.api_core.retry import Retry, if_exception_type
+
+    transient = (
+        gexc.TooManyRequests,
+        gexc.ServiceUnavailable,
+        gexc.InternalServerError,
+        gexc.BadGateway,
+        gexc.GatewayTimeout,
+    )
+    return Retry(predicate=if_exception_type(*transient), initial=0.5, maximum=15.0, timeout=READ_RETRY_S)
+
+
+class RetryingReads:
+    """A Compute client whose reads (``READ_METHODS``) retry throttling and 5xx with backoff, unless
+    the caller passes its own ``retry``; everything else is the client's own."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if name in READ_METHODS and callable(attr):
+            return functools.partial(_call_with_read_retry, attr)
+        return attr
+
+
+def _call_with_read_retry(method: Any, *args: Any, **kwargs: Any) -> Any:
+    kwargs.setdefault("retry", _read_retry())
+    return method(*args, **kwargs)
 
 
 class CloudTrainGcpHook(GoogleBaseHook):
@@ -64,25 +108,24 @@ class CloudTrainGcpHook(GoogleBaseHook):
             kwargs["client_options"] = {"api_endpoint": endpoint}
         return kwargs
 
-    def instances_client(self) -> Any:
+    def compute_client(self, name: str) -> Any:
+        """``google.cloud.compute_v1.<name>`` (e.g. ``"FirewallsClient"``) for this connection, its
+        reads retried (``RetryingReads``)."""
         from google.cloud import compute_v1
 
-        return compute_v1.InstancesClient(**self._client_kwargs("compute_endpoint"))
+        return RetryingReads(getattr(compute_v1, name)(**self._client_kwargs("compute_endpoint")))
+
+    def instances_client(self) -> Any:
+        return self.compute_client("InstancesClient")
 
     def operations_client(self) -> Any:
-        from google.cloud import compute_v1
-
-        return compute_v1.ZoneOperationsClient(**self._client_kwargs("compute_endpoint"))
+        return self.compute_client("ZoneOperationsClient")
 
     def templates_client(self) -> Any:
-        from google.cloud import compute_v1
-
-        return compute_v1.InstanceTemplatesClient(**self._client_kwargs("compute_endpoint"))
+        return self.compute_client("InstanceTemplatesClient")
 
     def groups_client(self) -> Any:
-        from google.cloud import compute_v1
-
-        return compute_v1.InstanceGroupManagersClient(**self._client_kwargs("compute_endpoint"))
+        return self.compute_client("InstanceGroupManagersClient")
 
     def publisher_client(self) -> Any:
         from google.pubsub_v1 import PublisherClient

@@ -388,6 +388,36 @@ def test_a_run_survives_30_percent_of_ec2_and_s3_calls_throttled(
     launched("aws", dag_id, run)
 
 
+@pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])
+def test_a_run_survives_30_percent_of_compute_engine_and_gcs_calls_throttled(
+    emu, airflow_db, capfd, deferrable: bool
+) -> None:
+    """GCE answers a busy project with 429 rateLimitExceeded, inserts included: the launch asks again
+    (the same request id: one VM), and so does every poll (found by the fault campaign, s009). The
+    VM's insert is refused twice for certain, then the rule is lifted; 30% of the rest throughout."""
+    dag_id = f"throttled_gcp_{int(deferrable)}"
+    emu.throttle(rate=0.3, api=("compute", "storage"), seed=3)
+    emu.throttle(rate=1.0, api="instances.insert", seed=None)
+
+    def lift_after_two_refusals() -> None:
+        wait_for(lambda: emu.request_counts().get("throttled:instances.insert", 0) >= 2, timeout=300)
+        emu.throttle(rate=0.0, api="instances.insert", seed=None)
+
+    lifter = threading.Thread(target=lift_after_two_refusals, daemon=True)
+    lifter.start()
+    try:
+        run = scenario(dag_id, "gcp", "echo started; sleep 3; echo job ran", deferrable=deferrable).test()
+        counts = emu.request_counts()
+    finally:
+        lifter.join(5)
+        emu.clear_faults()
+    assert task_states(run) == {"train": "success"}, capfd.readouterr().out[-3000:]
+    assert counts.get("throttled:instances.insert", 0) >= 2, counts
+    assert any(k.startswith("throttled:objects") and v for k, v in counts.items()), counts
+    assert "job ran" in capfd.readouterr().out
+    assert len(launched("gcp", dag_id, run)) == 1  # asked again, never a second VM
+
+
 def test_a_timeout_during_a_gce_insert_leaves_no_vm(emu, airflow_db, capfd) -> None:
     """execution_timeout fires while the insert operation is still running: the VM exists but the
     create call never returned its name to us, so only the ledger's tag sweep can find it."""

@@ -126,10 +126,7 @@ class GcpFirewalls:
 
     def _client(self, name: str) -> Any:
         if name not in self._clients:
-            from google.cloud import compute_v1
-
-            kwargs = self.hook._client_kwargs("compute_endpoint")
-            self._clients[name] = getattr(compute_v1, name)(**kwargs)
+            self._clients[name] = self.hook.compute_client(name)
         return self._clients[name]
 
     def network_of(self, network: str | None, subnetwork: str | None, region: str | None) -> tuple[str, str]:

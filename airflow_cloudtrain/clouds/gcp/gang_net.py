@@ -73,9 +73,7 @@ def rule_body(digest: str, network: str) -> dict[str, Any]:
 
 
 def _client(backend: FirewallBackend, name: str) -> Any:
-    from google.cloud import compute_v1
-
-    return getattr(compute_v1, name)(**backend.hook._client_kwargs("compute_endpoint"))
+    return backend.hook.compute_client(name)
 
 
 def _policies_client(backend: FirewallBackend) -> Any:

@@ -203,16 +203,25 @@ class GcpCloud(Cloud):
         insert = compute_v1.InsertInstanceRequest(
             project=self.project, zone=zone, instance_resource=resource, request_id=request_id
         )
-        try:
-            op = self.instances.insert(request=insert)
-        except gexc.Conflict:  # the same launch sent twice: it is ours
-            return self._get(zone, name)
-        except gexc.GoogleAPICallError as err:
-            raise map_api_error(err) from err
-        op = self._wait(zone, getattr(op, "name", None) or op.name)
-        if (error := _error_of(op)) is not None:
-            raise map_code(*error)
-        return self._get(zone, name)
+        from airflow_cloudtrain.core.retry import TransientBudget, call_with_retry
+
+        def insert_once() -> Any:  # None: the instance exists already (a launch sent twice is ours)
+            try:
+                return self.instances.insert(request=insert)
+            except gexc.Conflict:
+                return None
+            except gexc.GoogleAPICallError as err:
+                raise map_api_error(err) from err
+
+        # As EC2's launch: throttling (429 rateLimitExceeded) and 5xx are asked again within a budget;
+        # the request id makes a repeated insert the same operation, never a second VM.
+        budget = TransientBudget(budget_s=180.0)
+        op = call_with_retry(insert_once, budget)
+        if op is not None:
+            op = call_with_retry(lambda: self._wait(zone, getattr(op, "name", None) or op.name), budget)
+            if (error := _error_of(op)) is not None:
+                raise map_code(*error)
+        return call_with_retry(lambda: self._get(zone, name), budget)
 
     def _wait(self, zone: str, operation: str, timeout: float = 300) -> Any:
         deadline = time.monotonic() + timeout

@@ -1,0 +1,151 @@
+"""The warm parent of the kill tests' first tries (``tests/first_try.py``): run as a script, one per
+pytest worker.
+
+Every kill test runs try 1 of its DAG run in a process of its own, which the test or the try itself
+then SIGKILLs. A fresh ``python -c`` pays about 18 CPU-seconds before the DAG starts: importing
+Airflow, and building the in-process Execution API, whose Cadwyn app generates the routers of every
+API version on its first request. On 2 cores that start-up was a sixth of ``make test``. This process
+pays it once: it imports Airflow, our operators and the cloud clients, builds that app and its
+routers, then forks one child per request, which runs the request's code as ``python -c`` would.
+The fault campaign (``benchmarks/faults.py``) starts its tries the same way.
+
+Why a fork is safe here: this process is single-threaded when it forks (checked before every fork),
+has opened no database connection (the child's engine pool is disposed all the same) and has not
+created the in-process API's transport, whose event-loop thread each child starts for itself.
+
+The protocol, JSON lines: a request on stdin ``{"code", "env", "stdout", "stderr"}`` is
+answered on the stdout it was started with (whatever else prints goes to its stderr) by ``{"started": pid}``; every child's end by ``{"pid": pid, "returncode": rc}``
+(``rc`` as ``subprocess`` gives it: negative for a signal). When stdin closes, the children still
+running are SIGKILLed and this process exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+TESTS = Path(__file__).resolve().parent
+
+
+def warm() -> None:
+    """Pay, once, what every try would pay before its DAG runs."""
+    sys.path.insert(0, str(TESTS))
+    import airflow.sdk  # noqa: F401
+    from airflow.sdk.execution_time.supervisor import in_process_api_server
+
+    app = in_process_api_server().app  # the app; not its transport: that starts a thread
+    pending: list[Any] = [app]
+    seen: set[int] = set()
+    while pending:  # Cadwyn builds every version's routers on its first request: do it now
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if hasattr(current, "_cadwyn_initialize") and not current._cadwyn_initialized:
+            current._cadwyn_initialize()
+        pending.extend(r.app for r in getattr(current, "routes", []) if getattr(r, "app", None) is not None)
+    import botocore.session
+    import dag_helpers  # noqa: F401
+    import google.cloud.compute_v1  # noqa: F401
+    import google.cloud.storage  # noqa: F401
+
+    import airflow_cloudtrain.operators  # noqa: F401
+    import airflow_cloudtrain.sensors  # noqa: F401
+
+    botocore.session.get_session().get_service_model("ec2")  # the largest service model, parsed once
+
+
+def run_try(request: dict[str, Any]) -> None:
+    """In the forked child: ``request["code"]`` as ``python -c`` would run it, with the requester's
+    environment, stdout and stderr (file paths; no stdout: discarded); never returns."""
+    code = 1
+    try:
+        os.close(_CHANNEL[0])  # only the parent reports; the child must not hold the pipe open
+        os.environ.clear()
+        os.environ.update(request["env"])
+        null = os.open(os.devnull, os.O_RDWR)
+        err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        out = err if request.get("stdout") == request["stderr"] else null
+        if request.get("stdout") and out is null:
+            out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        from airflow import settings
+
+        if getattr(settings, "engine", None) is not None:
+            settings.engine.dispose(close=False)  # never a connection of the parent's pool
+        exec(compile(request["code"], "<first try>", "exec"), {"__name__": "__main__"})
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # as ``python -c`` would end; a thread Airflow left running does not hold it
+
+
+_CHANNEL: list[int] = []  # the fd the messages go to: the stdout this process was given
+
+
+def send(message: dict[str, Any]) -> None:
+    data = (json.dumps(message) + "\n").encode()
+    while data:
+        data = data[os.write(_CHANNEL[0], data) :]
+
+
+def reap(children: set[int]) -> None:
+    for pid in list(children):
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            children.discard(pid)
+            send({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
+
+
+def main() -> None:
+    _CHANNEL.append(os.dup(1))  # what anything prints (Airflow's start-up logs) goes to the log instead
+    os.dup2(2, 1)
+    warm()
+    send({"ready": os.getpid()})
+    children: set[int] = set()
+    stdin = sys.stdin.buffer
+    buffered = b""
+    while True:
+        readable, _, _ = select.select([stdin], [], [], 0.05)
+        reap(children)
+        if not readable:
+            continue
+        chunk = os.read(stdin.fileno(), 65536)
+        if not chunk:
+            break
+        buffered += chunk
+        while b"\n" in buffered:
+            line, buffered = buffered.split(b"\n", 1)
+            request = json.loads(line)
+            threads = threading.active_count()
+            tasks = len(os.listdir("/proc/self/task"))
+            if threads != 1 or tasks != 1:
+                raise RuntimeError(f"not single-threaded before a fork: {threads} threads, {tasks} tasks")
+            pid = os.fork()
+            if pid == 0:
+                run_try(request)
+            children.add(pid)
+            send({"started": pid})
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()
