@@ -24,6 +24,7 @@ Runs ``python -m pytest -p no:cacheprovider -q --durations=0 <args>``; give ``-n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import json
 import os
@@ -137,6 +138,29 @@ def _reap_all(grace_s: float) -> int:
             time.sleep(0.2)
 
 
+class Reaper(threading.Thread):
+    """Reaps the orphans that come to this subreaper while pytest runs, as init would: a test that waits
+    for a process it stopped to be gone (``psutil.pid_exists``) would otherwise see a zombie for ever.
+    ``keep`` (pytest itself) is left for ``Popen.wait``."""
+
+    def __init__(self, keep: int) -> None:
+        super().__init__(name="reaper", daemon=True)
+        self.keep = keep
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                info = None
+            if info is None or info.si_pid == self.keep:
+                self.done.wait(0.2)
+                continue
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(info.si_pid, 0)
+
+
 def _is_child(pid: int) -> bool:
     got = _stat(str(pid))
     return got is not None and got[0] == os.getpid()
@@ -200,7 +224,11 @@ def main() -> int:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
         sampler = Sampler(os.getpid(), opts.sample)
         sampler.start()
+        reaper = Reaper(proc.pid)
+        reaper.start()
         rc = proc.wait()
+        reaper.done.set()
+        reaper.join()
     wall = time.monotonic() - start
     left = _reap_all(grace_s=30.0)
     sampler.stop()

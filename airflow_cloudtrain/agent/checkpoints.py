@@ -195,6 +195,8 @@ class CheckpointSync:
         self._previous_look: dict[str, Look] | None = None
         self._job_look: dict[str, Look] = {}  # the last look while the job was alive
         self._job_writing: set[str] = set()  # what it had open for writing then
+        self._job_look_at = float("-inf")  # when that look began (monotonic)
+        self._alive_lock = threading.Lock()  # never the round's lock: a stop must not wait for an upload
         self._ended: tuple[float, bool] | None = None  # (when the job ended, whether it was killed)
         self._job_pid: int | None = None  # the job's process, while it runs
         self._unreported_end = False  # this round looked after the job died, before ``job_ended``
@@ -209,6 +211,21 @@ class CheckpointSync:
         """The job's process: a look is trusted only if the job was still alive after it."""
         self._job_pid = pid
 
+    def job_stopping(self) -> None:
+        """The agent is about to signal the job (a notice, a stop, max runtime): the last look while it
+        is alive is taken now. What it has open for writing at this moment is what a kill may tear; a
+        write it finished after the last round's look (Hugging Face's ``trainer_state.json`` of the
+        step just saved) is complete, not torn."""
+        taken = time.monotonic()
+        seen, writing = look(self.local_dir), open_for_writing(self.local_dir)
+        if self._job_pid is None or process_alive(self._job_pid):
+            self._remember_alive(taken, seen, writing)
+
+    def _remember_alive(self, taken: float, seen: dict[str, Look], writing: set[str]) -> None:
+        with self._alive_lock:  # the newer look wins, whichever thread finishes first
+            if taken >= self._job_look_at:
+                self._job_look_at, self._job_look, self._job_writing = taken, seen, writing
+
     def job_ended(self, at: float, killed: bool) -> None:
         """The job is gone: ``killed`` when a signal ended it (not its own exit), which may have left
         a file half-written."""
@@ -222,6 +239,7 @@ class CheckpointSync:
         what is closed (not open for writing, not torn open) and what the killed job changed in its
         last moments. ``settle``: the look before is taken ``settle_s`` earlier (else it is the
         previous round's, which is all a layout complete by its names needs: no wait)."""
+        taken = time.monotonic()
         if settle:
             first = look(self.local_dir)
             writing = open_for_writing(self.local_dir)
@@ -240,7 +258,7 @@ class CheckpointSync:
             self._previous_look = second
             return second, lambda rel: False, lambda rel: False, lambda rel: False
         if self._ended is None:
-            self._job_look, self._job_writing = second, writing
+            self._remember_alive(taken, second, writing)
         self._previous_look = second
         torn_open: set[str] = set()  # open for writing the last time the killed job was seen alive
         torn_recent: set[str] = set()  # changed by the killed job in its last moments

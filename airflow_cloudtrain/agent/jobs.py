@@ -12,6 +12,7 @@ last checkpoint and the agent's upload of it all fit inside the notice.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -22,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from airflow_cloudtrain.contract.runs import RunSpec
+
+log = logging.getLogger("cloudtrain.agent")
 
 CONTAINER_WORKDIR = "/workspace"
 
@@ -196,6 +199,7 @@ def run_process(
     tick: float = 0.05,
     on_start: Callable[[int], None] | None = None,
     on_exit: Callable[[bool], None] | None = None,
+    on_stopping: Callable[[], None] | None = None,
 ) -> tuple[int, StopRequest | None]:
     """Run to completion or until ``should_stop`` answers; returns (exit code, the stop that ended it).
 
@@ -203,6 +207,8 @@ def run_process(
     session id), e.g. to start watching its CPU use; if it raises, the process is killed.
     ``on_exit(killed)`` is called as soon as the process is gone: whether a signal ended it (the
     agent's SIGKILL, or one it did not handle), which may have left a file half-written.
+    ``on_stopping()`` is called just before the job gets its SIGTERM (the checkpoint sync's last look
+    at a live job); an error there never holds the stop back.
     """
     proc = subprocess.Popen(
         argv,
@@ -244,6 +250,11 @@ def run_process(
         if stop is None:
             stop = should_stop()
             if stop is not None:
+                if on_stopping is not None:
+                    try:
+                        on_stopping()
+                    except Exception as err:  # the stop matters more than the look
+                        log.warning("before stopping the job: %s: %s", type(err).__name__, err)
                 _signal_group(proc.pid, signal.SIGTERM)
                 kill_at = time.monotonic() + max(0.0, stop.grace_s)
         elif time.monotonic() >= kill_at:

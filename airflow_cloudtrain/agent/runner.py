@@ -238,6 +238,7 @@ class Agent:
             on_exit=lambda killed: (
                 self.checkpoints.job_ended(time.time(), killed) if self.checkpoints else None
             ),
+            on_stopping=self.checkpoints.job_stopping if self.checkpoints else None,
         )
         self._stop_chore("idle")
         if self._gang_idle is not None:  # a rank whose job ended keeps no hung gang alive

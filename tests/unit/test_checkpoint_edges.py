@@ -322,3 +322,37 @@ def test_a_checkpoint_pruned_or_replaced_while_it_uploads_still_goes_up_whole(tm
     key = runs.join(runs.checkpoint_prefix(1), "state.pt")
     assert hashlib.sha256(folder2.objects[key]).hexdigest() == sent["state.pt"]["sha256"]
     assert not [p for p in local.iterdir() if p.name.startswith(".cloudtrain-")]
+
+
+def test_a_write_finished_after_the_last_round_is_not_torn_by_the_stop(tmp_path: Path) -> None:
+    """A round looked while the Trainer was writing ``checkpoint-4/trainer_state.json`` (open for
+    writing); the write finished; then the agent stopped the job and it died of the signal. The look
+    ``job_stopping`` takes right before the signal shows the file closed: checkpoint-4 goes up. Without
+    that look the last one seen alive is the round's, and checkpoint-4 would count as torn."""
+    import subprocess
+    import sys
+
+    local = tmp_path / "ckpt"
+    for step in (2, 4):
+        (local / f"checkpoint-{step}").mkdir(parents=True)
+        (local / f"checkpoint-{step}" / "model.safetensors").write_bytes(b"w%d" % step)
+    (local / "checkpoint-2" / "trainer_state.json").write_text('{"global_step": 2}')
+    job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for stops in (True, False):
+            folder = MemoryFolder()
+            sync = _sync(folder, local)
+            sync.job_started(job.pid)
+            state = local / "checkpoint-4" / "trainer_state.json"
+            state.unlink(missing_ok=True)
+            with state.open("w") as writing:  # this process is "the job" writing it
+                writing.write('{"global_step": 4}')
+                writing.flush()
+                assert sync.sync() == 2  # checkpoint-4's state file is open: step 2 goes up
+            if stops:
+                sync.job_stopping()  # the agent's look right before its SIGTERM
+            sync.job_ended(time.time(), killed=True)
+            assert sync.sync() == (4 if stops else None), stops
+    finally:
+        job.kill()
+        job.wait()
