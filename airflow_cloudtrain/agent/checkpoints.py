@@ -9,7 +9,7 @@ job has ended, also after an interruption notice or the agent's SIGTERM stopped 
    writing (``/proc``); a layout complete by its names (a rename, a marker, a state file written
    last) needs only to be closed, so it goes up without waiting. After the
    job was killed (a signal, not its own exit) a file it had open for writing when last seen alive
-   is taken as torn, and so is a file written in place that it changed in its last ``TORN_WINDOW_S``
+   (a round's look, or ``job_stopping``'s right before the agent signals it) is taken as torn, and so is a file written in place that it changed in its last ``TORN_WINDOW_S``
    (a layout complete by its names, a rename or a state file written last, is not; a step-named
    file is, since its name cannot tell a rename from ``torch.save`` to the final name); the version
    the run folder has stays.
