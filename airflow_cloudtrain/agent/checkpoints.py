@@ -9,7 +9,8 @@ job has ended, also after an interruption notice or the agent's SIGTERM stopped 
    writing (``/proc``); a layout complete by its names (a rename, a marker, a state file written
    last) needs only to be closed, so it goes up without waiting. After the
    job was killed (a signal, not its own exit) a file it had open for writing when last seen alive
-   (a round's look, or ``job_stopping``'s right before the agent signals it) is taken as torn, and so is a file written in place that it changed in its last ``TORN_WINDOW_S``
+   (a round's look, or ``job_stopping``'s right before the agent signals it) is taken as torn, and
+   so is a file written in place that it changed in its last ``TORN_WINDOW_S``
    (a layout complete by its names, a rename or a state file written last, is not; a step-named
    file is, since its name cannot tell a rename from ``torch.save`` to the final name); the version
    the run folder has stays.
@@ -95,6 +96,11 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def look_of(stat: os.stat_result) -> Look:
+    """What of a file's stat tells that it changed (size, mtime, inode)."""
+    return Look(stat.st_size, stat.st_mtime_ns, stat.st_ino)
+
+
 def look(root: Path) -> dict[str, Look]:
     """Every file below ``root`` (symlinks followed: Lightning's ``save_last="link"``) by its posix
     path relative to ``root``, with what tells a changed file; the restore's staging folder left out."""
@@ -106,9 +112,7 @@ def look(root: Path) -> dict[str, Look]:
         for name in filenames:
             path = Path(dirpath, name)
             with contextlib.suppress(OSError):  # gone between the listing and the stat
-                stat = path.stat()
-                rel = path.relative_to(root).as_posix()
-                found[rel] = Look(stat.st_size, stat.st_mtime_ns, stat.st_ino)
+                found[path.relative_to(root).as_posix()] = look_of(path.stat())
     return found
 
 
@@ -339,12 +343,12 @@ class CheckpointSync:
         finally:
             shutil.rmtree(pinned, ignore_errors=True)
 
-    def _pin(self, pinned: Path, rel: str, seen: Look | None) -> Path | None:
+    def _pin(self, pinned: Path, rel: str, seen: Look | None) -> tuple[Path, os.stat_result] | None:
         """A hard link to the version of ``rel`` the plan judged complete, which the round hashes and
         uploads from: the job may then prune that checkpoint or move a newer one over its name while it
         goes up (a Trainer with ``save_total_limit=1`` whose saves come faster than one upload would
         otherwise never get one up). The file itself where no link can be made (another filesystem);
-        None when ``rel`` is gone or is no longer the file the plan saw: the next round."""
+        with its stat. None when ``rel`` is gone or is no longer the file the plan saw: the next round."""
         path = self.local_dir / rel
         link = pinned / rel
         link.parent.mkdir(parents=True, exist_ok=True)
@@ -355,14 +359,10 @@ class CheckpointSync:
         except OSError:  # EXDEV, EPERM, a filesystem without links: upload from the file itself
             link = path
         stat = link.stat()
-        if seen is not None and (stat.st_size, stat.st_mtime_ns, stat.st_ino) != (
-            seen.size,
-            seen.mtime_ns,
-            seen.inode,
-        ):
+        if seen is not None and look_of(stat) != seen:
             log.info("checkpoint sync: %s changed since it was judged complete; next round", rel)
             return None
-        return link
+        return link, stat
 
     def _upload(
         self,
@@ -381,12 +381,12 @@ class CheckpointSync:
         saved_at: float | None = None
         sources: dict[str, Path] = {}
         for rel in found.files:
-            path = self._pin(pinned, rel, seen.get(rel))
-            if path is None:
+            pin = self._pin(pinned, rel, seen.get(rel))
+            if pin is None:
                 return None
+            path, stat = pin
             sources[rel] = path
-            stat = path.stat()
-            now = Look(stat.st_size, stat.st_mtime_ns, stat.st_ino)
+            now = look_of(stat)
             saved_at = max(saved_at or 0.0, stat.st_mtime)
             cached = self._hashes.get(rel)
             sha = cached[1] if cached and cached[0] == now else sha256_file(path)
@@ -426,8 +426,7 @@ class CheckpointSync:
         for rel, _, sent in sends:
             if sent is None:
                 continue
-            after = sources[rel].stat()  # a link: only a write in place changes it
-            if (after.st_size, after.st_mtime_ns, after.st_ino) != (sent.size, sent.mtime_ns, sent.inode):
+            if look_of(sources[rel].stat()) != sent:  # a link: only a write in place changes it
                 log.info("checkpoint %s changed while uploading; next round", rel)
                 self._hashes.pop(rel, None)
                 return None
@@ -663,8 +662,7 @@ class CheckpointSync:
         for entry in manifest.files:  # what the run folder already has: not hashed or sent again
             with contextlib.suppress(OSError):
                 os.utime(self.local_dir / entry["path"], ns=(restored_ns, restored_ns))
-                stat = (self.local_dir / entry["path"]).stat()
-                seen = Look(stat.st_size, stat.st_mtime_ns, stat.st_ino)
+                seen = look_of((self.local_dir / entry["path"]).stat())
                 self._hashes[entry["path"]] = (seen, entry["sha256"])
 
 

@@ -33,6 +33,7 @@ READ_METHODS = frozenset({"get", "list", "aggregated_list", "wait"})
 READ_RETRY_S = 120.0  # how long one read rides out throttling and 5xx
 
 
+@functools.cache
 def _read_retry() -> Any:
     from google.api_core import exceptions as gexc
     from google.api_core.retry import Retry, if_exception_type

@@ -214,14 +214,14 @@ class GcpCloud(Cloud):
                 raise map_api_error(err) from err
 
         # As EC2's launch: throttling (429 rateLimitExceeded) and 5xx are asked again within a budget;
-        # the request id makes a repeated insert the same operation, never a second VM.
-        budget = TransientBudget(budget_s=180.0)
-        op = call_with_retry(insert_once, budget)
+        # the request id makes a repeated insert the same operation, never a second VM. The waits and
+        # the get below are reads, which the hook's clients retry themselves (``RetryingReads``).
+        op = call_with_retry(insert_once, TransientBudget(budget_s=180.0))
         if op is not None:
-            op = call_with_retry(lambda: self._wait(zone, getattr(op, "name", None) or op.name), budget)
+            op = self._wait(zone, getattr(op, "name", None) or op.name)
             if (error := _error_of(op)) is not None:
                 raise map_code(*error)
-        return call_with_retry(lambda: self._get(zone, name), budget)
+        return self._get(zone, name)
 
     def _wait(self, zone: str, operation: str, timeout: float = 300) -> Any:
         deadline = time.monotonic() + timeout
