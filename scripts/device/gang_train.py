@@ -1,7 +1,8 @@
 """One rank of ``torchrun_gang.py``'s gang: a small DDP model, deterministic, checkpointed by rank 0.
 
 Run by ``torchrun`` (it reads ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT``).
-``GANG_BACKEND`` (``nccl`` or ``gloo``), ``GANG_CKPT`` (this rank's checkpoint directory),
+``GANG_BACKEND`` (``nccl`` or ``gloo``), ``GANG_CKPT`` (this rank's checkpoint directory; under the
+agent, ``agent_gang.py``, the agent's ``CLOUDTRAIN_CHECKPOINT_DIR``),
 ``GANG_FINAL`` (where rank 0 writes the final weights), ``GANG_STEPS``, ``GANG_EVERY``, ``GANG_STEP_S``.
 Rank 0 saves ``step-NNNNNN.pt`` every ``GANG_EVERY`` steps with our convention's helper
 (``airflow_cloudtrain.checkpoint.save``: a temporary name, then a rename); every rank resumes from
@@ -32,7 +33,7 @@ def main() -> None:
     backend = os.environ.get("GANG_BACKEND", "gloo")
     steps, every = int(os.environ["GANG_STEPS"]), int(os.environ["GANG_EVERY"])
     step_s = float(os.environ.get("GANG_STEP_S", "0.01"))
-    ckpt = os.environ["GANG_CKPT"]
+    ckpt = os.environ.get("GANG_CKPT") or os.environ["CLOUDTRAIN_CHECKPOINT_DIR"]  # run by the agent: its dir
     use_gpu = torch.cuda.is_available() and not os.environ.get("DEVICE_CHECK_CPU")
     device = torch.device("cuda:0" if use_gpu else "cpu")  # one GPU on this machine: both ranks share it
     torch.use_deterministic_algorithms(True)
