@@ -1,4 +1,5 @@
-"""``cloudtrain costs``: what training cost, per DAG, task, day or cloud, from the bucket's cost index.
+"""``cloudtrain costs``: what training cost, per DAG, task, day, week or cloud, from the bucket's cost
+index; ``--dag``, ``--state`` and ``--cloud`` narrow it to some runs, as the Cloud training page does.
 
 Each attempt that ran writes one record when it is released and priced (``lifecycle.cost_index``);
 this adds them up for the days asked for. It needs the bucket's credentials, not Airflow.
@@ -33,14 +34,14 @@ def parse_since(value: str, now: float | None = None) -> float:
 
 
 def _costs(args: argparse.Namespace) -> int:
-    from airflow_cloudtrain.lifecycle.cost_index import grand_total, read_records, totals
+    from airflow_cloudtrain.lifecycle.cost_index import grand_total, read_records, select, totals
     from airflow_cloudtrain.storage import open_run_folder
 
     bucket = args.bucket or os.environ.get("CLOUDTRAIN_BUCKET")
     if not bucket:
         print("cloudtrain costs: give --bucket (or CLOUDTRAIN_BUCKET)", file=sys.stderr)
         return 2
-    records = read_records(open_run_folder(bucket), args.since)
+    records = select(read_records(open_run_folder(bucket), args.since), args.dag, args.state, args.cloud)
     rows = totals(records, args.by)
     total = grand_total(records, args.by)
     if args.json:
@@ -65,8 +66,10 @@ def _costs(args: argparse.Namespace) -> int:
 
 
 def add_costs_parser(sub: Any) -> None:
+    from airflow_cloudtrain.lifecycle.cost_index import BY  # stdlib only: cheap at parse time
+
     costs = sub.add_parser(
-        "costs", help="what training cost, per DAG, task, day or cloud (the bucket's cost index)"
+        "costs", help="what training cost, per DAG, task, day, week or cloud (the bucket's cost index)"
     )
     costs.add_argument("--bucket", default=None, help="the operators' bucket (default: $CLOUDTRAIN_BUCKET)")
     costs.add_argument(
@@ -75,7 +78,16 @@ def add_costs_parser(sub: Any) -> None:
         default=parse_since(DEFAULT_SINCE),
         help=f"a day (2026-11-20) or an age (7d, 36h); default {DEFAULT_SINCE}",
     )
-    costs.add_argument("--by", choices=("dag", "task", "day", "cloud"), default="dag")
+    costs.add_argument("--by", choices=BY, default="dag")
+    costs.add_argument("--dag", default="", help="only this DAG's runs")
+    costs.add_argument(
+        "--state",
+        default="",
+        help="only runs whose last attempt ended so (succeeded, failed, interrupted, ...)",
+    )
+    costs.add_argument(
+        "--cloud", default="", help="only runs with an attempt on this cloud (ec2spot, gcloud, ...)"
+    )
     form = costs.add_mutually_exclusive_group()
     form.add_argument("--json", action="store_true")
     form.add_argument("--csv", action="store_true")

@@ -5,7 +5,7 @@ nodes together) writes, when it is released and priced, one JSON record under it
 
     _cloudtrain/costs/<YYYY-MM-DD>/<run id>-<instance id>.json     (the day it ended, UTC)
 
-so totals per DAG, task, day or cloud come from listing the days asked for, without Airflow's
+so totals per DAG, task, day, ISO week or cloud come from listing the days asked for, without Airflow's
 database and without reading every run folder. Written best effort: a bucket that refuses the write
 costs the index one row, never the run. The run folder's own ledger stays the full account.
 """
@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.storage import RunFolder
 
 COSTS_PREFIX = "_cloudtrain/costs/"
-BY = ("dag", "task", "day", "cloud")
+BY = ("dag", "task", "day", "week", "cloud")
+CHRONOLOGICAL = ("day", "week")  # groups listed in time order; the others costliest first
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,11 @@ class CostRecord:
     @property
     def day(self) -> str:
         return time.strftime("%Y-%m-%d", time.gmtime(self.released_at))
+
+    @property
+    def week(self) -> str:
+        """The ISO week the attempt ended in (UTC), e.g. ``2026-W48``: Monday to Sunday."""
+        return time.strftime("%G-W%V", time.gmtime(self.released_at))
 
     def key(self) -> str:
         return f"{COSTS_PREFIX}{self.day}/{self.run_id}-{self.instance_id}.json"
@@ -109,11 +115,43 @@ def read_records(bucket: RunFolder, since: float, until: float | None = None) ->
     return out
 
 
+def select(
+    records: Iterable[CostRecord], dag: str = "", state: str = "", cloud: str = ""
+) -> list[CostRecord]:
+    """The records of the runs that match, whole: ``dag`` (the DAG id), ``state`` (how the run's last
+    attempt ended: ``succeeded``, ``failed``, ``interrupted``, ...) and ``cloud`` (a run matches when
+    any of its attempts ran there, so a spot run that fell back to on-demand is found under both,
+    and its totals keep every attempt). Empty: no filter. ``cloudtrain costs`` and the Cloud training
+    page both filter here, so their totals agree."""
+    records = list(records)
+    by_run: dict[str, list[CostRecord]] = {}
+    for r in records:
+        by_run.setdefault(r.run_id, []).append(r)
+    keep = set()
+    for run_id, attempts in by_run.items():
+        last = max(attempts, key=lambda r: (r.released_at, r.launched_at or 0.0))
+        if dag and last.dag_id != dag:
+            continue
+        if state and last.state != state:
+            continue
+        if cloud and all(r.cloud != cloud for r in attempts):
+            continue
+        keep.add(run_id)
+    return [r for r in records if r.run_id in keep]
+
+
 def totals(records: Iterable[CostRecord], by: str) -> list[dict[str, Any]]:
-    """Rows per ``by`` (dag, task, day or cloud): attempts, runs, interruptions, cost; costliest first."""
+    """Rows per ``by`` (dag, task, day, week or cloud): attempts, runs, interruptions, cost; costliest
+    first, or in time order for days and weeks."""
     groups: dict[str, dict[str, Any]] = {}
     for r in records:
-        name = {"dag": r.dag_id, "task": f"{r.dag_id}.{r.task_id}", "day": r.day, "cloud": r.cloud}[by]
+        name = {
+            "dag": r.dag_id,
+            "task": f"{r.dag_id}.{r.task_id}",
+            "day": r.day,
+            "week": r.week,
+            "cloud": r.cloud,
+        }[by]
         row = groups.setdefault(
             name, {by: name, "runs": set(), "attempts": 0, "interruptions": 0, "cost_usd": 0.0}
         )
@@ -124,7 +162,7 @@ def totals(records: Iterable[CostRecord], by: str) -> list[dict[str, Any]]:
     rows = [
         {**row, "runs": len(row["runs"]), "cost_usd": round(row["cost_usd"], 6)} for row in groups.values()
     ]
-    key = (lambda row: row[by]) if by == "day" else (lambda row: -row["cost_usd"])
+    key = (lambda row: row[by]) if by in CHRONOLOGICAL else (lambda row: -row["cost_usd"])
     return sorted(rows, key=key)
 
 

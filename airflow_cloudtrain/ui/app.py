@@ -6,8 +6,8 @@ keeps in its cookie (or an ``Authorization: Bearer`` header, as for the REST API
 without one is refused (401, 403 for a bad token), and a user sees only the runs of the DAGs the auth
 manager lets them read.
 
-    GET /            the page (HTML): totals per DAG and per day, every run
-    GET /runs        the same as JSON (``?since=7d&dag=...``)
+    GET /            the page (HTML): totals per DAG, day and week, every run
+    GET /runs        the same as JSON (``?since=7d&dag=...&state=...&cloud=...``)
     GET /runs/KEY    one run (its ``ct-...`` id) as JSON: its attempts in order
     GET /run/KEY     one run's page: the timeline and the attempts
     GET /ti          a task instance's run (``?dag_id&run_id&task_id&map_index``): its UI tab
@@ -24,6 +24,8 @@ from fastapi.responses import HTMLResponse
 
 from airflow_cloudtrain.ui import page
 from airflow_cloudtrain.ui.runs import (
+    Filters,
+    choices,
     configured_buckets,
     find_task_run,
     list_runs,
@@ -47,6 +49,7 @@ def _readable(user: Any, records: list[CostRecord]) -> list[CostRecord]:
 
 
 def _records(user: Any, since: str, dag: str = "") -> list[CostRecord]:
+    """The records of the period ``since`` that the user may read (of one DAG's runs when given)."""
     from airflow.configuration import conf
 
     from airflow_cloudtrain.cli_costs import parse_since
@@ -71,14 +74,28 @@ def create_app() -> FastAPI:
     app = FastAPI(title="Cloud training", description=__doc__)
 
     @app.get("/", response_class=HTMLResponse)
-    def index(user: GetUserDep, since: str = DEFAULT_SINCE, dag: str = "") -> str:
-        records = _records(user, since, dag)
-        return page.runs_page(list_runs(records), summary(records), since, dag, _buckets())
+    def index(
+        user: GetUserDep, since: str = DEFAULT_SINCE, dag: str = "", state: str = "", cloud: str = ""
+    ) -> str:
+        shown = Filters(since, dag, state, cloud)
+        period = _records(user, since)
+        records = shown.apply(period)
+        return page.runs_page(list_runs(records), summary(records), shown, choices(period), _buckets())
 
     @app.get("/runs")
-    def runs(user: GetUserDep, since: str = DEFAULT_SINCE, dag: str = "") -> dict[str, Any]:
-        records = _records(user, since, dag)
-        return {"since": since, "buckets": _buckets(), "runs": list_runs(records), **summary(records)}
+    def runs(
+        user: GetUserDep, since: str = DEFAULT_SINCE, dag: str = "", state: str = "", cloud: str = ""
+    ) -> dict[str, Any]:
+        records = Filters(since, dag, state, cloud).apply(_records(user, since))
+        return {
+            "since": since,
+            "dag": dag,
+            "state": state,
+            "cloud": cloud,
+            "buckets": _buckets(),
+            "runs": list_runs(records),
+            **summary(records),
+        }
 
     @app.get("/runs/{key}")
     def one_run(user: GetUserDep, key: str, since: str = DEFAULT_SINCE) -> dict[str, Any]:

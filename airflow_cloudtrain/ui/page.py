@@ -10,7 +10,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from airflow_cloudtrain.ui.runs import day, timeline_of
+from airflow_cloudtrain.ui.runs import Filters, day, timeline_of
 
 STYLE = """
 body{font-family:system-ui,sans-serif;font-size:14px;margin:16px;color:#222}
@@ -79,10 +79,24 @@ def _totals_table(rows: list[dict[str, Any]], by: str, total: dict[str, Any] | N
     return f"<table id='ct-by-{by}'>{head}{''.join(body)}</table>"
 
 
+def _select(name: str, label: str, chosen: str, values: list[str]) -> str:
+    """A filter's drop-down: "all", then the period's values (the chosen one kept even if absent)."""
+    options = ["<option value=''>all</option>"]
+    for value in sorted({*values, chosen} - {""}):
+        mark = " selected" if value == chosen else ""
+        options.append(f"<option value='{escape(value)}'{mark}>{escape(value)}</option>")
+    return f"{label} <select name='{name}'>{''.join(options)}</select> "
+
+
 def runs_page(
-    runs: list[dict[str, Any]], summary: dict[str, Any], since: str, dag: str, buckets: list[str]
+    runs: list[dict[str, Any]],
+    summary: dict[str, Any],
+    shown: Filters,
+    choices: dict[str, list[str]],
+    buckets: list[str],
 ) -> str:
-    """The list: the totals (per DAG with a bar chart, per day) and every run, newest first."""
+    """The list: the totals (per DAG with a bar chart, per week, per day) and every run, newest first,
+    for the period and filters of the form above them."""
     rows = []
     for r in runs:
         rows.append(
@@ -107,10 +121,15 @@ def runs_page(
         "<h1>Cloud training</h1>"
         f"<p class='muted'>From the cost index of {escape(', '.join(buckets) or 'no bucket (set [cloudtrain] ui_buckets)')}; "
         "the same totals as <code>cloudtrain costs</code>.</p>"
-        f"<form method='get'>since <input name='since' value='{escape(since)}' size='10'> "
-        f"DAG <input name='dag' value='{escape(dag)}' size='20'> <input type='submit' value='show'></form>"
+        f"<form method='get'>since <input name='since' value='{escape(shown.since)}' size='10'> "
+        + _select("dag", "DAG", shown.dag, choices["dag"])
+        + _select("state", "state", shown.state, choices["state"])
+        + _select("cloud", "cloud", shown.cloud, choices["cloud"])
+        + "<input type='submit' value='show'></form>"
         "<h2>Per DAG</h2>"
         + _totals_table(summary["by_dag"], "dag", summary["total"], chart=True)
+        + "<h2>Per week</h2>"
+        + _totals_table(summary["by_week"], "week", None, chart=True)
         + "<h2>Per day</h2>"
         + _totals_table(summary["by_day"], "day", None, chart=False)
         + f"<h2>Runs ({len(runs)})</h2>"

@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from airflow_cloudtrain.lifecycle.cost_index import CostRecord, grand_total, read_records, totals
+from airflow_cloudtrain.lifecycle.cost_index import CostRecord, grand_total, read_records, select, totals
 from airflow_cloudtrain.ui.timeline import Bar, timeline_svg
 
 BUCKETS_ENV = "CLOUDTRAIN_BUCKET"
@@ -24,6 +25,31 @@ def configured_buckets(setting: str | None) -> list[str]:
     """``[cloudtrain] ui_buckets`` (comma or whitespace separated), else ``$CLOUDTRAIN_BUCKET``."""
     text = setting or os.environ.get(BUCKETS_ENV, "")
     return [b.strip().rstrip("/") for b in text.replace(",", " ").split() if b.strip()]
+
+
+@dataclass(frozen=True)
+class Filters:
+    """What the page's form narrows to: the period and, when set, one DAG, state and cloud (the same
+    filters as ``cloudtrain costs --since --dag --state --cloud``, applied by the same function)."""
+
+    since: str
+    dag: str = ""
+    state: str = ""
+    cloud: str = ""
+
+    def apply(self, records: Iterable[CostRecord]) -> list[CostRecord]:
+        return select(records, self.dag, self.state, self.cloud)
+
+
+def choices(records: list[CostRecord]) -> dict[str, list[str]]:
+    """The values the form offers for each filter: those the period's runs have (a run's state is its
+    last attempt's; its clouds are every attempt's)."""
+    runs = list_runs(records)
+    return {
+        "dag": sorted({row["dag_id"] for row in runs}),
+        "state": sorted({row["state"] for row in runs}),
+        "cloud": sorted({r.cloud for r in records}),
+    }
 
 
 def load_records(buckets: Iterable[str], since: float) -> list[CostRecord]:
@@ -112,10 +138,11 @@ def find_task_run(
 
 
 def summary(records: list[CostRecord]) -> dict[str, Any]:
-    """Totals per DAG and per day and the grand total: ``cloudtrain costs``'s rows."""
+    """Totals per DAG, per day and per ISO week, and the grand total: ``cloudtrain costs``'s rows."""
     return {
         "by_dag": totals(records, "dag"),
         "by_day": totals(records, "day"),
+        "by_week": totals(records, "week"),
         "total": grand_total(records, "dag"),
     }
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import sys
 import threading
+import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -128,9 +129,14 @@ def test_cloudtrain_costs_adds_up_what_the_runs_cost(
     assert "TOTAL" in table and time_day() in table
     assert main(["costs", "--bucket", BUCKET["aws"], "--by", "cloud", "--csv"]) == 0
     assert capsys.readouterr().out.splitlines()[0] == "cloud,runs,attempts,interruptions,cost_usd"
+    # one DAG's runs, per ISO week: that DAG's cost alone
+    assert main(["costs", "--bucket", BUCKET["aws"], "--by", "week", "--dag", "costs_a", "--json"]) == 0
+    week = jsonlib.loads(capsys.readouterr().out)
+    assert week["total"]["cost_usd"] == pytest.approx(costs["costs_a"], abs=1e-6)
+    assert [row["week"] for row in week["rows"]] == [time.strftime("%G-W%V", time.gmtime())]
+    assert main(["costs", "--bucket", BUCKET["aws"], "--dag", "costs_a", "--state", "failed", "--json"]) == 0
+    assert jsonlib.loads(capsys.readouterr().out)["total"]["runs"] == 0  # it succeeded
 
 
 def time_day() -> str:
-    import time
-
     return time.strftime("%Y-%m-%d", time.gmtime())

@@ -7,7 +7,7 @@ import argparse
 import pytest
 
 from airflow_cloudtrain.cli_costs import parse_since
-from airflow_cloudtrain.lifecycle.cost_index import CostRecord, totals
+from airflow_cloudtrain.lifecycle.cost_index import CostRecord, grand_total, select, totals
 
 DAY = 1_764_201_600.0  # 2025-11-27 00:00 UTC
 
@@ -59,3 +59,35 @@ def test_since_takes_a_day_or_an_age() -> None:
     assert parse_since("36h", now=DAY) == DAY - 36 * 3600
     with pytest.raises(argparse.ArgumentTypeError, match="give a day"):
         parse_since("last week")
+
+
+def test_weeks_are_iso_weeks_in_time_order() -> None:
+    rows = [
+        record("a", "ct-1", 1.0, DAY + 5 * 86_400),  # Tuesday 2025-12-02: week 49
+        record("a", "ct-2", 0.5, DAY),  # Thursday 2025-11-27: week 48
+        record("b", "ct-3", 0.25, DAY + 3 * 86_400 + 10),  # Sunday 2025-11-30: still week 48
+    ]
+    weeks = totals(rows, "week")
+    assert [(r["week"], r["runs"], r["cost_usd"]) for r in weeks] == [
+        ("2025-W48", 2, 0.75),
+        ("2025-W49", 1, 1.0),
+    ]
+
+
+def test_select_keeps_whole_runs_by_dag_state_and_cloud() -> None:
+    spot_then_on_demand = [
+        record("a", "ct-1", 0.25, DAY + 10, interrupted=True),
+        record("a", "ct-1", 0.5, DAY + 20, cloud="ec2"),  # the on-demand fallback: the run's last
+    ]
+    failed = [
+        CostRecord(**{**record("b", "ct-2", 1.0, DAY + 30, cloud="gcspot").__dict__, "state": "failed"})
+    ]
+    rows = spot_then_on_demand + failed
+    assert select(rows) == rows
+    assert select(rows, dag="a") == spot_then_on_demand
+    assert select(rows, state="failed") == failed
+    assert select(rows, state="interrupted") == []  # ct-1 ended succeeded: its last attempt decides
+    # a run is found under every cloud it ran on, with all its attempts (its totals stay whole)
+    assert select(rows, cloud="ec2spot") == select(rows, cloud="ec2") == spot_then_on_demand
+    assert grand_total(select(rows, cloud="ec2spot"), "dag")["cost_usd"] == 0.75
+    assert select(rows, dag="a", cloud="gcspot") == []

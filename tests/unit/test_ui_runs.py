@@ -8,7 +8,16 @@ from __future__ import annotations
 import re
 
 from airflow_cloudtrain.lifecycle.cost_index import CostRecord, grand_total, totals
-from airflow_cloudtrain.ui.runs import configured_buckets, find_task_run, list_runs, run_detail, summary
+from airflow_cloudtrain.ui.page import runs_page
+from airflow_cloudtrain.ui.runs import (
+    Filters,
+    choices,
+    configured_buckets,
+    find_task_run,
+    list_runs,
+    run_detail,
+    summary,
+)
 from airflow_cloudtrain.ui.timeline import Bar, timeline_svg
 
 T0 = 1_764_201_600.0  # 2025-11-27 00:00 UTC
@@ -94,3 +103,22 @@ def test_buckets_come_from_the_setting_or_the_environment(monkeypatch) -> None: 
     monkeypatch.setenv("CLOUDTRAIN_BUCKET", "s3://env/x")
     assert configured_buckets("s3://a/one, gs://b/two/") == ["s3://a/one", "gs://b/two"]
     assert configured_buckets("") == ["s3://env/x"]
+
+
+def test_the_page_filters_by_dag_state_and_cloud_and_totals_per_week() -> None:
+    shown = Filters("7d", state="succeeded", cloud="ec2")
+    records = shown.apply(RECORDS)
+    assert {r.run_id for r in records} == {"ct-a", "ct-b"}  # both ended succeeded with an ec2 attempt
+    assert len(records) == 4  # ct-a whole, its spot attempts too
+    html = runs_page(list_runs(records), summary(records), shown, choices(RECORDS), ["s3://b"])
+    # the form keeps what was chosen and offers the period's values
+    assert "<option value='succeeded' selected>succeeded</option>" in html
+    assert "<option value='interrupted'>" not in html  # no run of the period ended interrupted
+    assert "<option value='ec2spot'>ec2spot</option>" in html
+    assert "<option value='ec2' selected>ec2</option>" in html
+    assert "<select name='dag'><option value=''>all</option>" in html
+    week = re.search(r"<table id='ct-by-week'>(.*?)</table>", html)
+    assert week is not None and "2025-W48" in week.group(1) and "$0.6500" in week.group(1)
+    only_ui = Filters("7d", dag="ui").apply(RECORDS)
+    assert summary(only_ui)["total"]["cost_usd"] == 0.05
+    assert Filters("7d", state="failed").apply(RECORDS) == []
