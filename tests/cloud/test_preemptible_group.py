@@ -7,6 +7,7 @@ fails the task by name and reaches the dead-letter topic, and nothing of the run
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 import threading
 import time
@@ -63,6 +64,9 @@ def test_six_items_on_a_group_of_three_each_run_once(emu, airflow_db, capfd) -> 
         assert item_output(item)["item"]["n"] == n
     assert "Created managed instance group" in capfd.readouterr().out
     assert 1 <= result["workers_launched"] <= 3 and result["cost_usd"] > 0
+    # the Spot members at the Spot SKU price the Billing catalog says they were charged
+    charged = re.search(r"(\d+) worker\(s\).*; (\d+) at the prices charged \(", result["cost_basis"])
+    assert charged is not None and charged[1] == charged[2], result["cost_basis"]
     assert emu.request_counts().get("instanceGroupManagers.insert") == 1
     gce_fleet_nothing_left(emu, digest_of(dag_id, run))
 

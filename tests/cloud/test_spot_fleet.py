@@ -7,6 +7,7 @@ and nothing of the run exists afterwards.
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 import threading
 import time
@@ -103,6 +104,11 @@ def test_twelve_items_on_one_to_four_workers_each_run_once(emu, airflow_db, capf
     assert max(recorder.members) <= 4
     assert 2 <= result["workers_launched"] <= 4 + 4  # a worker that left may be replaced by a new one
     assert result["cost_usd"] > 0 and result["interruptions"] == 0
+    # every worker was a spot instance, priced from its zone's spot price history as it was charged
+    charged = re.search(
+        r"(\d+) worker\(s\).*; (\d+) at the prices charged \(EC2 spot price history", result["cost_basis"]
+    )
+    assert charged is not None and charged[1] == charged[2], result["cost_basis"]
     assert emu.request_counts().get("CreateAutoScalingGroup") == 1
     nothing_left(digest_of(dag_id, run))
     assert indexed_cost(BUCKET, dag_id) == pytest.approx(result["cost_usd"], abs=1e-6)  # cloudtrain costs

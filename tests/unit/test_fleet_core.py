@@ -95,6 +95,42 @@ def test_a_worker_seen_ending_is_billed_to_then_and_an_unpriced_type_is_named() 
     assert basis.endswith("; 1 worker(s) of a type with no known price not counted")
 
 
+def test_spot_workers_are_costed_at_the_prices_they_were_charged() -> None:
+    """The delivered result prices each spot worker from its zone's history (a price that doubles
+    halfway through its life is integrated), and a worker whose prices cannot be read stays at the
+    group's price, without failing the result."""
+    from airflow_cloudtrain.core.billing import PriceHistory
+
+    doubling = PriceHistory(((LAUNCH - 3600, 0.04), (LAUNCH + 60, 0.08)), "EC2 spot price history")
+    asked: list[tuple[Any, ...]] = []
+
+    def charged(itype: str, zone: str | None, spot: bool, start: float, end: float) -> PriceHistory | None:
+        asked.append((itype, zone, spot, start, end))
+        if zone == "us-east-1b":
+            raise RuntimeError("DescribeSpotPriceHistory throttled")
+        return doubling
+
+    in_b = Instance("i-b", "terminated", "c5.large", "us-east-1b", True, launch_time=LAUNCH)
+    on_demand = Instance("i-od", "terminated", "c5.large", "us-east-1a", False, launch_time=LAUNCH)
+    watch = watch_of({"c5.large": 0.036}, [worker("i-a"), in_b, on_demand])
+    records = {
+        iid: WorkerRecord(iid, LAUNCH, "left", ended_at=LAUNCH + 120) for iid in ("i-a", "i-b", "i-od")
+    }
+    usd, basis = watch.cost(records, now=LAUNCH + 500, charged=charged)
+    # i-a: 60 s at 0.04 then 60 s at 0.08; i-b (no history) and the on-demand worker at the group's price
+    assert usd == round((60 * 0.04 + 60 * 0.08) / 3600 + 2 * 120 * 0.036 / 3600, 6)
+    assert asked == [
+        ("c5.large", "us-east-1a", True, LAUNCH, LAUNCH + 120),
+        ("c5.large", "us-east-1b", True, LAUNCH, LAUNCH + 120),
+    ]
+    assert basis == (
+        "3 worker(s), 360 s billed in all (each worker per second, 60 s minimum); 1 at the prices "
+        "charged (EC2 spot price history); 2 at the group's price for their type"
+    )
+    # the budget's projection during the run: the group's price, no price read
+    assert watch.cost(records, now=LAUNCH + 500)[0] == round(3 * 120 * 0.036 / 3600, 6)
+
+
 def test_ensure_finds_by_name_else_makes_under_a_write_ahead_entry() -> None:
     store = Store()
     ledger = ResourceLedger("k1", store)

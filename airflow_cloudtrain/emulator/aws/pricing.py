@@ -30,7 +30,7 @@ import threading
 import time
 import uuid
 import zlib
-from functools import lru_cache
+from functools import cache, lru_cache
 from typing import Any
 from xml.sax.saxutils import escape
 
@@ -141,9 +141,22 @@ def pricing(operation: str, body: bytes) -> Reply:
 
 
 def _zone_name(region: str, zone: str) -> str:
-    """``use1-az4`` -> ``us-east-1d``: a zone name in the region for a snapshot zone id."""
+    """The zone name in the region for a snapshot zone id, as moto's DescribeAvailabilityZones maps it
+    (``use1-az1`` -> ``us-east-1b``), so a price's zone is the zone an instance launched there reports;
+    a zone id moto does not know: by its number (``use1-az4`` -> ``us-east-1d``)."""
+    name = _moto_zone_names(region).get(zone)
+    if name:
+        return name
     digits = zone.rsplit("az", 1)[-1]
     return region + chr(ord("a") + int(digits) - 1) if digits.isdigit() else zone
+
+
+@cache
+def _moto_zone_names(region: str) -> dict[str, str]:
+    """Zone id -> zone name in ``region``, moto's fixed mapping (empty where moto has none)."""
+    from moto.ec2.models.availability_zones_and_regions import RegionsAndZonesBackend
+
+    return {z.zone_id: z.name for z in RegionsAndZonesBackend.zones.get(region, [])}
 
 
 BASE_PRICES_AT = time.time() - 3600.0  # the snapshot's prices were in effect before anything ran

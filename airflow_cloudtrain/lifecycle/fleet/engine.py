@@ -147,7 +147,12 @@ class FleetEngine:
         fleet = self.fleet
         watch.refresh()  # workers launched after the last poll count too
         fleet.release()
-        result = watch.result()
+        backend, gpus = fleet.ctx.backend, fleet.ctx.config.hardware.gpus
+        result = watch.result(
+            charged=lambda itype, zone, spot, start, end: backend.charged_prices(
+                itype, zone, spot, gpus, start, end
+            )
+        )
         self._index_cost(result)
         self.log.info(
             "Fleet %s: %d/%d item(s) succeeded on %d worker(s), %d interruption(s), $%.6f",

@@ -15,8 +15,11 @@ visible, in flight or delayed) on two polls in a row; an item without an outcome
 dead-letter queue after ``max_item_attempts`` deliveries whose workers vanished, and is failed.
 
 Cost: each worker's lifetime (its launch to its end: the worker's own record, else when the watch saw
-it end, else now) is billed on its own through ``core.billing.billed_usd`` (per second, 60 s minimum),
-at the price of its instance type in the market the group buys.
+it end, else now) is billed on its own (per second, 60 s minimum). The result delivered at the end
+prices a spot worker at what it was charged when the cloud can say (``charged``: EC2's spot price
+history of the worker's zone, GCE Spot's SKU price; ``core.billing.instance_cost``, the same function
+as a single run's attempts), else at the price of its instance type in the market the group buys (the
+budget's projection during the run always uses that price).
 
 An item that failed for good is logged with the last lines of its output (``item_log_tail``: one
 listing and the newest chunks of that item's log, read once), as a single run's task log shows its job's.
@@ -40,10 +43,19 @@ from typing import TYPE_CHECKING, Any
 from airflow_cloudtrain.contract import workqueue
 from airflow_cloudtrain.contract.runs import log_prefix, log_seq, split_stamp
 from airflow_cloudtrain.contract.workqueue import ItemOutcome, WorkerRecord
-from airflow_cloudtrain.core.billing import INSTANCE_MINIMUM_S, billed_seconds, billed_usd
+from airflow_cloudtrain.core.billing import (
+    INSTANCE_MINIMUM_S,
+    PriceHistory,
+    billed_seconds,
+    billed_usd,
+    instance_cost,
+)
 from airflow_cloudtrain.core.cloud import ALIVE_STATES
 from airflow_cloudtrain.core.lease import LeaseRenewer
 from airflow_cloudtrain.lifecycle.fleet.handle import FleetHandle
+
+# (instance type, zone, spot, start, end) -> the prices charged, or None: ``RunBackend.charged_prices``
+Charged = Callable[[str, "str | None", bool, float, float], "PriceHistory | None"]
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.core.cloud import Instance
@@ -259,8 +271,9 @@ class FleetWatch:
             self._members(self.cloud.members(self.handle.run_key), now)
         self.outcomes.update(read_outcomes(self.folder, set(self.outcomes)))
 
-    def result(self) -> dict[str, Any]:
-        """The XCom: per item outcome, worker count, interruptions and cost (price x billed time)."""
+    def result(self, charged: Charged | None = None) -> dict[str, Any]:
+        """The XCom: per item outcome, worker count, interruptions and cost (``cost``: with ``charged``,
+        each spot worker at the prices it was charged)."""
         handle, now = self.handle, self.clock()
         duplicates = Counter(
             key.split("/")[1]
@@ -302,7 +315,7 @@ class FleetWatch:
                 }
             )
         records = self._worker_records()
-        cost, basis = self.cost(records, now)
+        cost, basis = self.cost(records, now, charged)
         types = Counter(m.instance_type for m in self.members.values())
         return {
             "run_id": handle.run_id,
@@ -331,27 +344,54 @@ class FleetWatch:
             "group": handle.group,
         }
 
-    def cost(self, records: dict[str, WorkerRecord], now: float) -> tuple[float, str]:
-        """(USD, how it was counted): each worker's lifetime billed on its own (``billed_usd``: per
-        second, 60 s minimum), at its type's price; a worker whose type has no price counts nothing."""
+    def cost(
+        self, records: dict[str, WorkerRecord], now: float, charged: Charged | None = None
+    ) -> tuple[float, str]:
+        """(USD, how it was counted): each worker's lifetime billed on its own (per second, 60 s
+        minimum), at the prices ``charged`` says a spot worker was charged (None, or a failed read:
+        its type's price in the group's market); a worker whose type has no price counts nothing."""
         costs, billed, unpriced = [], 0.0, 0
+        sources: Counter[str] = Counter()
         for inst in self.members.values():
             start = inst.launch_time or self.handle.started_at
             record = records.get(inst.id)
             end = (record.ended_at if record else None) or self.ended_seen.get(inst.id) or now
             price = self.handle.prices.get(inst.instance_type)
-            if price is None:
+            history = self._charged(charged, inst, start, end) if charged and inst.spot else None
+            if history is not None:
+                usd, _ = instance_cost(price, start, end - start, 1, history)
+                sources[history.source] += 1
+            elif price is not None:
+                usd = billed_usd(price, end - start, 1, INSTANCE_MINIMUM_S)
+            else:
                 unpriced += 1
                 continue
-            costs.append(billed_usd(price, end - start, 1, INSTANCE_MINIMUM_S))
+            costs.append(float(usd or 0.0))
             billed += billed_seconds(end - start, INSTANCE_MINIMUM_S)
         basis = (
             f"{len(costs)} worker(s), {billed:.0f} s billed in all "
             f"(each worker per second, {INSTANCE_MINIMUM_S:.0f} s minimum)"
         )
+        if sources:
+            basis += f"; {sum(sources.values())} at the prices charged ({', '.join(sorted(sources))})"
+        if sources and len(costs) > sum(sources.values()):
+            basis += f"; {len(costs) - sum(sources.values())} at the group's price for their type"
         if unpriced:
             basis += f"; {unpriced} worker(s) of a type with no known price not counted"
         return round(fsum(costs), 6), basis
+
+    def _charged(self, charged: Charged, inst: Instance, start: float, end: float) -> PriceHistory | None:
+        """What ``inst`` was charged, or None (the group's price stands) when it cannot be read."""
+        try:
+            history = charged(inst.instance_type, inst.zone, True, start, start + billed_seconds(end - start))
+        except Exception as err:  # a price read is not a reason to fail the delivered result
+            self.log.warning(
+                "Could not read the prices worker %s was charged (%s); costing at its type's price",
+                inst.id,
+                err,
+            )
+            return None
+        return history if history is not None and history.points else None
 
     def _worker_records(self) -> dict[str, WorkerRecord]:
         out = {}
