@@ -8,6 +8,15 @@ nodes together) writes, when it is released and priced, one JSON record under it
 so totals per DAG, task, day, ISO week or cloud come from listing the days asked for, without Airflow's
 database and without reading every run folder. Written best effort: a bucket that refuses the write
 costs the index one row, never the run. The run folder's own ledger stays the full account.
+
+An attempt in flight has a record of its own from its launch to its release, with its price per hour
+and no cost yet, so the Cloud training page can show what runs now::
+
+    _cloudtrain/running/<run id>-<instance id>.json
+
+Released, it is deleted (after the priced record is written). One left by a task killed mid-way is
+told apart by the reader (``ui.runs.load_running``: the live index says its agent ended, or it never
+started one).
 """
 
 from __future__ import annotations
@@ -21,10 +30,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.contract.runs import RunKey
-    from airflow_cloudtrain.core.records import Attempt
+    from airflow_cloudtrain.core.records import Attempt, LaunchRecord
     from airflow_cloudtrain.storage import RunFolder
 
 COSTS_PREFIX = "_cloudtrain/costs/"
+RUNNING_PREFIX = "_cloudtrain/running/"
+RUNNING = "running"  # the state of an attempt in flight
 BY = ("dag", "task", "day", "week", "cloud")
 CHRONOLOGICAL = ("day", "week")  # groups listed in time order; the others costliest first
 
@@ -50,6 +61,7 @@ class CostRecord:
     released_at: float
     cost_usd: float | None
     cost_basis: str
+    hourly_usd: float | None = None  # every node's price per hour, root volumes included (in flight)
 
     @property
     def day(self) -> str:
@@ -61,7 +73,34 @@ class CostRecord:
         return time.strftime("%G-W%V", time.gmtime(self.released_at))
 
     def key(self) -> str:
+        if self.state == RUNNING:
+            return running_key(self.run_id, self.instance_id)
         return f"{COSTS_PREFIX}{self.day}/{self.run_id}-{self.instance_id}.json"
+
+    @classmethod
+    def in_flight(cls, launch: LaunchRecord, key: RunKey, hourly_usd: float | None) -> CostRecord:
+        """A launched attempt's record until it is released: no cost yet, its price per hour."""
+        started = float(launch.launched_at or time.time())
+        return cls(
+            dag_id=key.dag_id,
+            task_id=key.task_id,
+            airflow_run_id=key.run_id,
+            map_index=key.map_index,
+            run_id=launch.run_id,
+            run_uri=launch.run_uri,
+            cloud=launch.cloud,
+            instance_id=launch.instance_id,
+            instance_type=launch.instance_type,
+            num_nodes=launch.num_nodes,
+            spot=bool(launch.spot),
+            state=RUNNING,
+            interrupted=False,
+            launched_at=started,
+            released_at=started,
+            cost_usd=None,
+            cost_basis="",
+            hourly_usd=hourly_usd,
+        )
 
     @classmethod
     def of(cls, attempt: Attempt, key: RunKey) -> CostRecord:
@@ -98,6 +137,28 @@ def write_record(bucket: RunFolder, record: CostRecord, log: logging.Logger) -> 
         bucket.put_text(record.key(), json.dumps(asdict(record), sort_keys=True))
     except Exception as err:
         log.warning("Could not add the attempt to the bucket's cost index (%s)", err)
+
+
+def running_key(run_id: str, instance_id: str) -> str:
+    return f"{RUNNING_PREFIX}{run_id}-{instance_id}.json"
+
+
+def clear_running(bucket: RunFolder, run_id: str, instance_id: str, log: logging.Logger) -> None:
+    """The attempt was released: out of the in-flight records (best effort, as every index write)."""
+    try:
+        bucket.delete_key(running_key(run_id, instance_id))
+    except Exception as err:
+        log.warning("Could not take the attempt out of the bucket's running index (%s)", err)
+
+
+def read_running(bucket: RunFolder) -> list[CostRecord]:
+    """Every in-flight record of the bucket (some may be of attempts whose task was killed)."""
+    out = []
+    for key in sorted(bucket.list(RUNNING_PREFIX)):
+        text = bucket.get_text(key) if key.endswith(".json") else None
+        if text:
+            out.append(CostRecord.from_json(text))
+    return out
 
 
 def read_records(bucket: RunFolder, since: float, until: float | None = None) -> list[CostRecord]:

@@ -10,7 +10,7 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from airflow_cloudtrain.ui.runs import Filters, day, timeline_of
+from airflow_cloudtrain.ui.runs import Filters, day, duration, timeline_of
 
 STYLE = """
 body{font-family:system-ui,sans-serif;font-size:14px;margin:16px;color:#222}
@@ -18,7 +18,7 @@ h1{font-size:20px;margin:0 0 8px} h2{font-size:16px;margin:18px 0 6px}
 table{border-collapse:collapse;margin-bottom:8px} td,th{padding:3px 8px;border-bottom:1px solid #ddd;text-align:left}
 th{background:#f3f4f6} td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 tr.total td{font-weight:bold;border-top:2px solid #999} .muted{color:#666} .bar{fill:#3b7dd8}
-td.basis{font-size:12px;max-width:320px} form{margin:6px 0 10px} input{font-size:13px} .interrupted{color:#d62728;font-weight:bold}
+td.basis{font-size:12px;max-width:320px} pre.tail{background:#f6f8fa;padding:8px;max-height:360px;overflow:auto;font-size:12px} form{margin:6px 0 10px} input{font-size:13px} .interrupted{color:#d62728;font-weight:bold}
 """
 
 
@@ -79,6 +79,36 @@ def _totals_table(rows: list[dict[str, Any]], by: str, total: dict[str, Any] | N
     return f"<table id='ct-by-{by}'>{head}{''.join(body)}</table>"
 
 
+def _running_table(running: list[dict[str, Any]], link: bool) -> str:
+    """The attempts in flight: what each costs so far at its price per hour (every node)."""
+    if not running:
+        return ""
+    rows = []
+    for r in running:
+        open_link = (
+            f"<td><a class='ct-open' href='run/{quote(r['key'], safe='')}'>log</a></td>" if link else ""
+        )
+        rows.append(
+            f"<tr class='ct-live' data-key='{escape(r['key'])}' data-instance='{escape(r['instance_id'])}'>"
+            f"<td>{escape(r['dag_id'])}</td><td>{_ti_link(r)}</td><td>{escape(r['airflow_run_id'])}</td>"
+            f"<td>{escape(r['cloud'])}</td><td>{escape(r['instance_id'])}</td>"
+            f"<td>{escape(r['instance_type'] or '')}</td><td class='num'>{r['nodes']}</td>"
+            f"<td>{'spot' if r['spot'] else 'on-demand'}</td><td class='muted'>{day(r['launched_at'])}</td>"
+            f"<td class='num'>{duration(r['running_s'])}</td>"
+            f"<td class='num cost'>{_usd(r['cost_so_far_usd'])}</td>{open_link}</tr>"
+        )
+    return (
+        f"<h2>Running now ({len(running)})</h2><table id='ct-running'><tr><th>DAG</th><th>task</th>"
+        "<th>Airflow run</th><th>cloud</th><th>instance</th><th>type</th><th class='num'>nodes</th>"
+        "<th>market</th><th>launched (UTC)</th><th class='num'>running for</th>"
+        "<th class='num'>cost so far</th>"
+        + ("<th></th>" if link else "")
+        + "</tr>"
+        + "".join(rows)
+        + "</table>"
+    )
+
+
 def _select(name: str, label: str, chosen: str, values: list[str]) -> str:
     """A filter's drop-down: "all", then the period's values (the chosen one kept even if absent)."""
     options = ["<option value=''>all</option>"]
@@ -94,6 +124,7 @@ def runs_page(
     shown: Filters,
     choices: dict[str, list[str]],
     buckets: list[str],
+    running: list[dict[str, Any]] | None = None,
 ) -> str:
     """The list: the totals (per DAG with a bar chart, per week, per day) and every run, newest first,
     for the period and filters of the form above them."""
@@ -123,10 +154,11 @@ def runs_page(
         "the same totals as <code>cloudtrain costs</code>.</p>"
         f"<form method='get'>since <input name='since' value='{escape(shown.since)}' size='10'> "
         + _select("dag", "DAG", shown.dag, choices["dag"])
-        + _select("state", "state", shown.state, choices["state"])
+        + _select("state", "state", shown.state, [*choices["state"], "running"])
         + _select("cloud", "cloud", shown.cloud, choices["cloud"])
         + "<input type='submit' value='show'></form>"
-        "<h2>Per DAG</h2>"
+        + _running_table(running or [], link=True)
+        + "<h2>Per DAG</h2>"
         + _totals_table(summary["by_dag"], "dag", summary["total"], chart=True)
         + "<h2>Per week</h2>"
         + _totals_table(summary["by_week"], "week", None, chart=True)
@@ -138,8 +170,25 @@ def runs_page(
     return _frame("Cloud training", body)
 
 
-def run_page(detail: dict[str, Any], back: str) -> str:
-    """One run: its row, its attempts as a timeline, and the attempts' table."""
+def run_page(detail: dict[str, Any] | None, back: str, running: list[dict[str, Any]] | None = None) -> str:
+    """One run: the attempt running now with the tail of its job's log, then its released attempts
+    as a timeline and a table (a run whose first attempt still runs has only the former)."""
+    running = running or []
+    live = "".join(
+        f"<h2>Log of {escape(r['instance_id'])} (last {len(r.get('tail', []))} lines)</h2>"
+        f"<pre class='tail' id='ct-tail'>{escape(chr(10).join(r.get('tail', [])))}</pre>"
+        for r in running
+    )
+    if detail is None:
+        head = running[0]
+        body = (
+            f"<p><a href='{escape(back)}'>&larr; all runs</a></p>"
+            f"<h1>{escape(head['dag_id'])} &middot; {_ti_link(head)} &middot; "
+            f"<span class='muted'>{escape(head['airflow_run_id'])}</span></h1>"
+            f"<p id='ct-run-summary'>run <code>{escape(head['key'])}</code> on {escape(head['cloud'])}: "
+            "its first attempt is running.</p>" + _running_table(running, link=False) + live
+        )
+        return _frame(f"Cloud training: {head['key']}", body)
     rows = []
     for a in detail["attempts_detail"]:
         ended = (
@@ -163,7 +212,9 @@ def run_page(detail: dict[str, Any], back: str) -> str:
         f"{detail['attempts']} attempt(s), {detail['interruptions']} interruption(s), state "
         f"{escape(detail['state'])}, cost <b class='cost'>{_usd(detail['cost_usd'])}</b> "
         f"<span class='muted'>({escape(', '.join(detail['basis']))})</span></p>"
-        f"<h2>Timeline</h2>{timeline_of(detail)}"
+        + _running_table(running, link=False)
+        + live
+        + f"<h2>Timeline</h2>{timeline_of(detail)}"
         "<h2>Attempts</h2><table id='ct-attempts'><tr><th class='num'>#</th><th>instance</th><th>type</th>"
         "<th class='num'>nodes</th><th>market</th><th>launched (UTC)</th><th>released (UTC)</th>"
         "<th>ended</th><th class='num'>cost</th><th>basis</th></tr>" + "".join(rows) + "</table>"

@@ -15,10 +15,22 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_cloudtrain.lifecycle.cost_index import CostRecord, grand_total, read_records, select, totals
+from airflow_cloudtrain.core.billing import billed_usd
+from airflow_cloudtrain.lifecycle.cost_index import (
+    CostRecord,
+    grand_total,
+    read_records,
+    read_running,
+    select,
+    totals,
+)
 from airflow_cloudtrain.ui.timeline import Bar, timeline_svg
 
 BUCKETS_ENV = "CLOUDTRAIN_BUCKET"
+# an in-flight record whose agent never published to the live index: shown for this long after its
+# launch (the instance boots and its agent starts), then taken for one a killed task left behind
+STARTUP_GRACE_S = 1800.0
+TAIL_LINES = 40  # the lines of a running job's log the page shows
 
 
 def configured_buckets(setting: str | None) -> list[str]:
@@ -60,6 +72,70 @@ def load_records(buckets: Iterable[str], since: float) -> list[CostRecord]:
     for bucket in buckets:
         out.extend(read_records(open_run_folder(bucket), since))
     return out
+
+
+def load_running(buckets: Iterable[str], now: float | None = None) -> list[dict[str, Any]]:
+    """The attempts in flight of every bucket, newest first: the running index's records whose agent
+    has not ended (the live index has no end marker for the instance), each with its cost so far at
+    its price per hour (every node, per second with the 60 s minimum, as it will be billed)."""
+    from airflow_cloudtrain.contract.runs import BEACON, END, live_entry, live_index_uri
+    from airflow_cloudtrain.storage import open_run_folder
+
+    now = time.time() if now is None else now
+    rows = []
+    for bucket in buckets:
+        folder = open_run_folder(bucket)
+        records = read_running(folder)
+        if not records:
+            continue
+        seen: dict[str, set[str]] = {}
+        for name in folder.at(live_index_uri(bucket)).list(""):
+            entry = live_entry(name)
+            if entry is not None:
+                seen.setdefault(entry[1], set()).add(entry[0])
+        for r in records:
+            started = float(r.launched_at or r.released_at)
+            if r.instance_id in seen.get(END, set()):
+                continue  # its agent ended: released, or about to be (the next read drops it)
+            if r.instance_id not in seen.get(BEACON, set()) and now - started > STARTUP_GRACE_S:
+                continue  # no agent ever published: a launch a killed task left behind
+            running_s = max(0.0, now - started)
+            rows.append(
+                {
+                    "key": r.run_id,
+                    "dag_id": r.dag_id,
+                    "task_id": r.task_id,
+                    "airflow_run_id": r.airflow_run_id,
+                    "map_index": r.map_index,
+                    "cloud": r.cloud,
+                    "instance_id": r.instance_id,
+                    "instance_type": r.instance_type,
+                    "nodes": r.num_nodes,
+                    "spot": r.spot,
+                    "launched_at": started,
+                    "running_s": round(running_s, 1),
+                    "cost_so_far_usd": None
+                    if r.hourly_usd is None
+                    else round(billed_usd(float(r.hourly_usd), running_s), 6),
+                    "bucket": bucket,
+                    "live": r.instance_id in seen.get(BEACON, set()),
+                }
+            )
+    return sorted(rows, key=lambda row: -row["launched_at"])
+
+
+def live_tail(bucket: str, instance_id: str, lines: int = TAIL_LINES) -> list[str]:
+    """The last ``lines`` lines of a running job's log, from its agent's beacon in the live index
+    (one small read; the beacon carries the newest chunks)."""
+    from airflow_cloudtrain.contract.runs import Beacon, beacon_name, live_index_uri, strip_stamps
+    from airflow_cloudtrain.storage import open_run_folder
+
+    raw = open_run_folder(bucket).at(live_index_uri(bucket)).get_bytes(beacon_name(instance_id))
+    if not raw:
+        return []
+    beacon = Beacon.from_bytes(raw)
+    text = strip_stamps("".join(line + "\n" for line in beacon.lines_from(beacon.tail_from) or []))
+    return text.splitlines()[-lines:]
 
 
 def _ordered(records: Iterable[CostRecord]) -> list[CostRecord]:
@@ -161,13 +237,13 @@ def timeline_of(detail: dict[str, Any]) -> str:
                 spot=bool(a["spot"]),
                 interrupted=bool(a["interrupted"]),
                 detail=f"{a['instance_id']} {'spot' if a['spot'] else 'on-demand'}, {a['ended']}, "
-                f"{_duration(float(a['released_at']) - float(start))}, {cost}",
+                f"{duration(float(a['released_at']) - float(start))}, {cost}",
             )
         )
     return timeline_svg(bars, f"{detail['dag_id']}.{detail['task_id']} {detail['key']}")
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
     seconds = max(0.0, seconds)
     return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} min"
 

@@ -122,3 +122,44 @@ def test_the_page_filters_by_dag_state_and_cloud_and_totals_per_week() -> None:
     only_ui = Filters("7d", dag="ui").apply(RECORDS)
     assert summary(only_ui)["total"]["cost_usd"] == 0.05
     assert Filters("7d", state="failed").apply(RECORDS) == []
+
+
+RUNNING = {
+    "key": "ct-c",
+    "dag_id": "retrain",
+    "task_id": "train",
+    "airflow_run_id": "manual__2",
+    "map_index": -1,
+    "cloud": "gcspot",
+    "instance_id": "vm-c-1",
+    "instance_type": "e2-standard-2",
+    "nodes": 2,
+    "spot": True,
+    "launched_at": T0 + 1000,
+    "running_s": 150.0,
+    "cost_so_far_usd": 0.0042,
+    "bucket": "gs://b",
+    "live": True,
+    "tail": ["step 7 <ok>"],
+}
+
+
+def test_the_page_shows_what_runs_now_and_a_first_attempt_with_its_log_tail() -> None:
+    from airflow_cloudtrain.ui.page import run_page
+
+    html = runs_page([], summary([]), Filters("7d"), choices([]), ["gs://b"], [RUNNING])
+    live = re.search(r"<table id='ct-running'>(.*?)</table>", html)
+    assert live is not None and "Running now (1)" in html
+    assert all(x in live.group(1) for x in ("vm-c-1", "e2-standard-2", "2.5 min", "$0.0042", "run/ct-c"))
+    assert "<option value='running'>running</option>" in html  # the state filter offers it
+    assert "id='ct-running'" not in runs_page([], summary([]), Filters("7d"), choices([]), [], [])
+    # a run whose first attempt still runs: its page is that attempt and its log (escaped)
+    page = run_page(None, "../", [RUNNING])
+    assert (
+        "its first attempt is running" in page
+        and "<pre class='tail' id='ct-tail'>step 7 &lt;ok&gt;</pre>" in page
+    )
+    # a run with released attempts and one running: both
+    detail = run_detail(RECORDS, "ct-a")
+    both = run_page(detail, "../", [{**RUNNING, "key": "ct-a"}])
+    assert "id='ct-running'" in both and "id='ct-attempts'" in both and "id='ct-tail'" in both

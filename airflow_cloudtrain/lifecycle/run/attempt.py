@@ -174,10 +174,12 @@ class RunAttempt:
         if found is not None:
             return found
         try:
-            return self._launch(), None
+            launch = self._launch()
         except BaseException:  # a failed or timed-out launch: whatever it created goes (tag sweep too)
             self.abandon()
             raise
+        self._index_running(launch)
+        return launch, None
 
     def _earlier(self) -> tuple[LaunchRecord, Outcome | None] | None:
         """What earlier tries left: an unreported final status, else a live instance to adopt."""
@@ -662,11 +664,26 @@ class RunAttempt:
         return attempt
 
     def _index_cost(self, attempt: Attempt) -> None:
-        """The attempt's row in the bucket's cost index (``lifecycle.cost_index``; best effort)."""
-        from airflow_cloudtrain.lifecycle.cost_index import CostRecord, write_record
+        """The attempt's row in the bucket's cost index (``lifecycle.cost_index``; best effort), and
+        its in-flight record out."""
+        from airflow_cloudtrain.lifecycle.cost_index import CostRecord, clear_running, write_record
 
         bucket = self.ctx.backend.run_folder(self.ctx.config.bucket)
         write_record(bucket, CostRecord.of(attempt, self.ctx.key), self.log)
+        clear_running(bucket, attempt.launch.run_id, attempt.launch.instance_id, self.log)
+
+    def _index_running(self, launch: LaunchRecord) -> None:
+        """The launched attempt in the bucket's running index until it is released (best effort):
+        what the Cloud training page shows as running now."""
+        from airflow_cloudtrain.lifecycle.cost_index import CostRecord, write_record
+        from airflow_cloudtrain.lifecycle.run.cost import hourly_usd
+
+        try:
+            bucket = self.ctx.backend.run_folder(self.ctx.config.bucket)
+        except Exception as err:
+            self.log.warning("Could not add the attempt to the bucket's running index (%s)", err)
+            return
+        write_record(bucket, CostRecord.in_flight(launch, self.ctx.key, hourly_usd(launch)), self.log)
 
     def release(self, sweep: bool = True) -> None:
         """Every resource of the run, through the ledger (and the tag sweep, unless just done)."""

@@ -1,0 +1,113 @@
+"""What the Cloud training page shows as running now (``ui.runs.load_running``), for real: a run's
+attempt is in the bucket's running index from its launch, with its cost so far and the tail of its
+job's log from the live index, and leaves it at its release, when its priced record is written. An
+in-flight record a killed task left behind is not shown as running (its agent ended, or it never had
+one).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from dag_helpers import task_states, xcom
+from test_runs import BUCKET, scenario
+from waiting import wait_for
+
+from airflow_cloudtrain.contract.runs import end_name, live_index_uri
+from airflow_cloudtrain.lifecycle.cost_index import CostRecord, read_records, read_running, running_key
+from airflow_cloudtrain.storage import open_run_folder
+from airflow_cloudtrain.ui.runs import STARTUP_GRACE_S, live_tail, load_running
+
+JOB = """
+import pathlib, sys, time
+flags = pathlib.Path(sys.argv[1])
+print("training epoch 1 of 2", flush=True)
+(flags / "halfway").write_text("x")
+while not (flags / "go").exists():
+    time.sleep(0.1)
+print("done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp"])
+def test_a_running_attempt_is_listed_with_its_cost_so_far_and_log_tail_until_released(
+    emu: Any, airflow_db: Any, tmp_path: Path, provider: str
+) -> None:
+    script = tmp_path / "job.py"
+    script.write_text(JOB)
+    dag_id = f"running_now_{provider}"
+    seen: dict[str, Any] = {}
+    bucket = BUCKET[provider]
+
+    def look_while_running() -> None:
+        def mine() -> list[dict[str, Any]]:
+            return [r for r in load_running([bucket]) if r["dag_id"] == dag_id]
+
+        try:
+            wait_for(lambda: (tmp_path / "halfway").exists() and mine(), timeout=300, interval=0.5)
+            row = wait_for(lambda: next((r for r in mine() if r["live"]), None), timeout=120, interval=0.5)
+            seen["row"] = row
+            seen["tail"] = wait_for(
+                lambda: (t := live_tail(bucket, row["instance_id"])) and "training epoch 1 of 2" in t and t,
+                timeout=120,
+                interval=0.5,
+            )
+            later = wait_for(lambda: next((r for r in mine() if r["running_s"] > row["running_s"]), None))
+            seen["later"] = later
+        finally:
+            (tmp_path / "go").write_text("x")
+
+    helper = threading.Thread(target=look_while_running, daemon=True)
+    helper.start()
+    run = scenario(dag_id, provider, f"exec {sys.executable} {script} {tmp_path}").test()
+    helper.join(timeout=60)
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    row = seen.get("row")
+    assert row is not None, "the attempt never showed as running"
+    assert (row["key"], row["instance_id"], row["task_id"]) == (
+        result["run_id"],
+        result["instance_id"],
+        "train",
+    )
+    assert row["instance_type"] == result["instance_type"] and row["spot"] and row["nodes"] == 1
+    assert row["cost_so_far_usd"] is not None and row["cost_so_far_usd"] > 0
+    assert seen["later"]["cost_so_far_usd"] >= row["cost_so_far_usd"]  # it grows (60 s minimum first)
+    assert "training epoch 1 of 2" in seen["tail"]
+    # released: out of the running index, in the priced records
+    folder = open_run_folder(bucket)
+    assert [r for r in read_running(folder) if r.run_id == result["run_id"]] == []
+    assert not any(r["key"] == result["run_id"] for r in load_running([bucket]))
+    priced = [r for r in read_records(folder, time.time() - 86_400) if r.run_id == result["run_id"]]
+    assert [r.cost_usd for r in priced] == [result["cost_usd"]]
+
+
+def test_in_flight_records_a_killed_task_left_are_not_shown_as_running(emu: Any) -> None:
+    bucket = BUCKET["aws"]
+    folder = open_run_folder(bucket)
+    now = time.time()
+
+    def left(instance_id: str, launched_at: float) -> CostRecord:
+        record = CostRecord(
+            "killed_dag", "train", "manual__1", -1, f"ct-left-{instance_id}", f"{bucket}/x", "ec2spot",
+            instance_id, "m5.large", 1, True, "running", False, launched_at, launched_at, None, "", 0.1,
+        )  # fmt: skip
+        folder.put_text(running_key(record.run_id, instance_id), json.dumps(record.__dict__))
+        return record
+
+    left("i-booting", now - 60)  # launched a minute ago, no agent yet: it may still come
+    left("i-never", now - STARTUP_GRACE_S - 60)  # never had an agent: a launch its task abandoned
+    left("i-ended", now - 600)  # its agent ended (the live index's end marker): released or about to be
+    folder.at(live_index_uri(bucket)).put_text(end_name("i-ended"), "{}")
+    shown = {r["instance_id"]: r for r in load_running([bucket], now=now) if r["dag_id"] == "killed_dag"}
+    assert set(shown) == {"i-booting"}
+    assert shown["i-booting"]["live"] is False
+    assert shown["i-booting"]["cost_so_far_usd"] == round(0.1 * 60 / 3600, 6)  # the 60 s minimum
+    for iid in ("i-booting", "i-never", "i-ended"):
+        folder.delete_key(running_key(f"ct-left-{iid}", iid))
