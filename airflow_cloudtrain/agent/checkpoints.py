@@ -533,8 +533,9 @@ class CheckpointSync:
             log.info("checkpoint left-out record: %s: %s", type(err).__name__, err)
 
     # -- restore -----------------------------------------------------------------------------------
-    def restore(self) -> Restored | None:
-        """Put the newest verified checkpoint version of the run folder into the local directory."""
+    def restore(self, steps: set[int] | None = None) -> Restored | None:
+        """Put the newest verified checkpoint version of the run folder into the local directory;
+        with ``steps``, the newest of those steps (a gang's ranks agreeing on one, ``agent.gang``)."""
         self.local_dir.mkdir(parents=True, exist_ok=True)
         keys: Any = self.call(lambda: self.folder.list(runs.CHECKPOINTS_PREFIX + "/"), "checkpoint list")
         all_versions = [v for key in keys if (v := runs.checkpoint_version(key)) is not None]
@@ -544,6 +545,8 @@ class CheckpointSync:
         for version in versions:
             try:
                 manifest, text = self._read_manifest(version)
+                if steps is not None and manifest.step not in steps:
+                    continue  # a step some other rank lacks
                 if self._local_is_newer(manifest):
                     self.note(
                         f"the checkpoint directory {self.local_dir} already holds a checkpoint as new as "

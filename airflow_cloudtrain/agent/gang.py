@@ -109,6 +109,63 @@ def checkpoint_folder(folder: RunFolder, spec: runs.RunSpec, rank: int | None) -
     return folder.at(runs.join(folder.uri, base)) if base else folder
 
 
+def common_steps(folder: RunFolder, spec: runs.RunSpec, note: Callable[[str], None]) -> set[int] | None:
+    """``checkpoint_ranks="all"``: the steps of which every rank has a complete checkpoint version.
+
+    Each rank restores its own rank's checkpoints, and the gang must go on from one step: a rank
+    whose newest upload is older (it was the node lost, or its last upload did not finish) would
+    otherwise resume behind the others, and a data-parallel job would go on with ranks out of step.
+    Every node reads every rank's manifests (the same for all), so every node picks the same newest
+    common step. None: no rule applies (one node, ``"head"``, a layout without steps, or the
+    manifests could not be read: each rank then restores its own newest, as before, and says so).
+    """
+    if int(spec.num_nodes) <= 1 or spec.checkpoint_ranks != "all":
+        return None
+    per_rank: list[set[int]] = []
+    for rank in range(int(spec.num_nodes)):
+        try:
+            steps = _rank_steps(checkpoint_folder(folder, spec, rank))
+        except Exception as err:
+            note(
+                f"gang: could not read rank {rank}'s checkpoints ({type(err).__name__}: {err}); "
+                "each rank restores its own newest"
+            )
+            return None
+        if steps is None:
+            return None  # snapshots carry no step to agree on
+        per_rank.append(steps)
+    if not any(per_rank):
+        return None  # nothing uploaded yet: a first gang
+    common = set.intersection(*per_rank)
+    newest = [max(steps, default=None) for steps in per_rank]
+    if len(set(newest)) > 1:
+        chosen = max(common, default=None)
+        differ = ", ".join(f"rank {r}: {s}" for r, s in enumerate(newest))
+        then = (
+            f"every rank restores step {chosen}, the newest they all have"
+            if chosen is not None
+            else "no step is common to every rank: every rank starts without a checkpoint"
+        )
+        note(f"gang: the ranks' newest checkpoints differ ({differ}); {then}")
+    return common
+
+
+def _rank_steps(ranked: RunFolder) -> set[int] | None:
+    """The steps of one rank's complete checkpoint versions (None: one of them has no step)."""
+    keys = retry(lambda: ranked.list(runs.CHECKPOINTS_PREFIX + "/"), what="checkpoint list")
+    steps: set[int] = set()
+    for version in runs.manifest_versions(keys):
+        key = runs.manifest_key(version)
+        text = retry(lambda: ranked.get_text(key), what="checkpoint manifest")  # noqa: B023 (called at once)
+        if not text:
+            continue  # pruned since the listing
+        step = runs.Manifest.from_json(text).step
+        if step is None:
+            return None
+        steps.add(int(step))
+    return steps
+
+
 def uploads_checkpoints(spec: runs.RunSpec, rank: int | None) -> bool:
     """Whether this node uploads its checkpoint_dir (``contract.gang.uploads``)."""
     return gang.uploads(rank, int(spec.num_nodes), spec.checkpoint_ranks)

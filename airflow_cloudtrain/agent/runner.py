@@ -188,7 +188,7 @@ class Agent:
             on_uploaded=self._uploaded,
             snapshots=spec.checkpoint_snapshots,
         )
-        restored = self.checkpoints.restore()
+        restored = self.checkpoints.restore(gang.common_steps(folder, spec, self._note))
         self.resumed_step = restored.step if restored is not None else None
         self._report_file = Path(resume_report(str(workdir)))
         with contextlib.suppress(OSError):
