@@ -163,7 +163,10 @@ def test_succeeds_when_the_queue_drains(emu, q) -> None:
     drainer.start()
     result = sensor(queue=q.ref, max_depth=0).execute({})
     drainer.join()
-    assert reads(emu, q) >= 3
+    # The first read saw 3 items (the drain starts only once a second read has arrived), and the
+    # sensor kept polling until it saw 0. The second read may already see the drain (it is counted
+    # when it arrives, before it is answered), so two reads are all that is certain.
+    assert reads(emu, q) >= 2
     assert result == {"queue": q.id, "depth": 0, "visible": 0, "in_flight": 0, "delayed": 0}
 
 
