@@ -78,7 +78,10 @@ OPERATORS: dict[str, tuple[tuple[str, ...], int]] = {
 }
 AIRFLOW_SIDE = ("kill_after_start", "kill_waiting", "kill_at_end", "triggerer_lost", "lease_lapse")
 CLOUD_SIDE = ("preempt_notice", "preempt_now", "capacity", "throttle")
-VOCABULARY = AIRFLOW_SIDE + CLOUD_SIDE
+# drawn on its own after the rest, so a campaign's earlier draws stay what they were before it came:
+# a burst of server errors (5xx) on 30% of every cloud call for SERVER_ERRORS_S seconds
+SERVER_ERRORS, SERVER_ERRORS_P, SERVER_ERRORS_S = "server_errors", 0.2, 20.0
+VOCABULARY = AIRFLOW_SIDE + CLOUD_SIDE + (SERVER_ERRORS,)
 # failures the faults may legitimately cause, by operator: (fault, regex the try's log must match)
 MAY_FAIL: dict[str, dict[str, str]] = {
     "train": {
@@ -124,6 +127,8 @@ def draw(seed: int, n: int) -> Scenario:
     faults = [rnd.choice(airflow)] if rnd.random() < 0.7 else []
     faults += rnd.sample(clouds, min(len(clouds), count - len(faults)))
     faults = faults or [rnd.choice(airflow)]
+    if rnd.random() < SERVER_ERRORS_P:
+        faults.append(SERVER_ERRORS)
     return Scenario(
         f"s{n:03d}", seed, operator, cloud, deferrable, sorted(faults), round(rnd.uniform(1, 6), 1)
     )
@@ -423,6 +428,11 @@ def _play(s: Scenario, out: Outcome) -> None:
         lift.start()
     if "throttle" in s.faults:
         _EMU.throttle(0.3, seed=s.seed)
+    if SERVER_ERRORS in s.faults:  # a burst: the control plane's bad minutes, then it recovers
+        _EMU.unavailable(0.3, seed=s.seed + 1)
+        calm = threading.Timer(SERVER_ERRORS_S, _EMU.unavailable, args=(0.0,), kwargs={"seed": None})
+        calm.daemon = True
+        calm.start()
     with Sampler(s, key.digest) as sampler:
         state, log = _try(s, path, when, kill, 1)
         out.tries.append(state)

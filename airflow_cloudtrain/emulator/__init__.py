@@ -477,8 +477,17 @@ class Emulator:
         ``seed`` restarts the draws (None: go on with the current ones); rate 0 lifts that rule."""
         self._throttle.set(rate, api, seed)
 
+    def unavailable(self, rate: float, api: str | Sequence[str] | None = None, seed: int | None = 0) -> None:
+        """From now on answer ``rate`` (0..1) of the requests ``api`` selects with the API's server error
+        (EC2 503 ``Unavailable``, S3 500 ``InternalError``, other AWS APIs 500/503, Google APIs 503
+        ``backendError``); counted under ``"unavailable:<operation>"``. Selectors and ``seed`` as for
+        ``throttle`` (one draw per request serves both); rate 0 lifts that rule."""
+        from airflow_cloudtrain.emulator.faults import UNAVAILABLE
+
+        self._throttle.set(rate, api, seed, kind=UNAVAILABLE)
+
     def clear_faults(self) -> None:
-        """No capacity faults and no throttling any more, in every cloud."""
+        """No capacity faults, no throttling and no server errors any more, in every cloud."""
         self.gce.clear_faults()
         self._throttle.clear()
         with self.moto.middleware.lock:

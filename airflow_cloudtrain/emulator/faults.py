@@ -1,8 +1,12 @@
-"""Throttling shared by every emulated API: which requests fail as "slow down", drawn reproducibly.
+"""Request faults shared by every emulated API: which requests fail as "slow down" (throttled) or with
+a server error (unavailable: a 5xx), drawn reproducibly.
 
-One ``Throttle`` is handed to the moto middleware, the Compute Engine server and the GCS server; each
-asks ``hit(service, operation)`` for every request that is not the emulator's own (user agent with
-``cloudtrain-emulator``) and, on a hit, answers with that API's own throttling error.
+One ``Throttle`` is handed to the moto middleware and every emulated Google API; each asks
+``draw(service, operation)`` for every request that is not the emulator's own (user agent with
+``cloudtrain-emulator``) and, on a hit, answers with that API's own error: its throttling error for
+``THROTTLED`` (``set(rate, api)``), its server error for ``UNAVAILABLE`` (``set(rate, api,
+kind=UNAVAILABLE)``: EC2 503 ``Unavailable``, S3 500 ``InternalError``, the Google APIs 503
+``backendError``), as a region's control plane has bad minutes.
 
 Selectors (``api=``): a service (``"ec2"``, ``"s3"``, any other AWS service by its signing name such
 as ``"ssm"``, ``"compute"``, ``"storage"``), an operation (an EC2 action like ``"DescribeInstances"``,
@@ -18,6 +22,8 @@ from collections.abc import Iterable
 
 EMULATOR_USER_AGENT = "cloudtrain-emulator"
 ALL = "*"
+THROTTLED, UNAVAILABLE = "throttled", "unavailable"
+KINDS = (THROTTLED, UNAVAILABLE)
 
 
 def is_own(*user_agents: str | None) -> bool:
@@ -31,34 +37,57 @@ class Throttle:
 
     def __init__(self, seed: int = 0) -> None:
         self._lock = threading.Lock()
-        self._rates: dict[str, float] = {}
+        self._kinds: dict[str, dict[str, float]] = {kind: {} for kind in KINDS}
         self._random = random.Random(seed)
 
-    def set(self, rate: float, api: str | Iterable[str] | None = None, seed: int | None = 0) -> None:
-        """Fail ``rate`` (0..1) of the requests ``api`` selects; rate 0 lifts the rule. ``seed``
-        restarts the draws (None: go on with the current ones)."""
+    @property
+    def _rates(self) -> dict[str, float]:  # the throttling rules
+        return self._kinds[THROTTLED]
+
+    def set(
+        self, rate: float, api: str | Iterable[str] | None = None, seed: int | None = 0, kind: str = THROTTLED
+    ) -> None:
+        """Fail ``rate`` (0..1) of the requests ``api`` selects with ``kind``; rate 0 lifts the rule.
+        ``seed`` restarts the draws (None: go on with the current ones)."""
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"rate must be between 0 and 1; got {rate!r}")
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}; got {kind!r}")
         selectors = [ALL] if api is None else [api] if isinstance(api, str) else list(api)
         if not selectors or not all(isinstance(s, str) and s for s in selectors):
             raise ValueError(f"api must be a service or operation name, or a list of them; got {api!r}")
         with self._lock:
+            rates = self._kinds[kind]
             for selector in selectors:
                 if rate:
-                    self._rates[selector] = rate
+                    rates[selector] = rate
                 else:
-                    self._rates.pop(selector, None)
+                    rates.pop(selector, None)
             if seed is not None:
                 self._random.seed(seed)
 
     def clear(self) -> None:
         with self._lock:
-            self._rates.clear()
+            for rates in self._kinds.values():
+                rates.clear()
 
     def hit(self, service: str, operation: str) -> bool:
         """Draw for one request: True when it is to be refused as throttled."""
+        return self.draw(service, operation) == THROTTLED
+
+    def draw(self, service: str, operation: str) -> str | None:
+        """Draw for one request: the fault it meets (``THROTTLED``, ``UNAVAILABLE``) or None. One draw
+        per request: a throttling rate of t and an unavailable rate of u fail t and u of them."""
         with self._lock:
-            if not self._rates:
-                return False
-            rate = max(self._rates.get(key, 0.0) for key in (ALL, service, operation))
-            return rate > 0.0 and self._random.random() < rate
+            rates = [
+                max(table.get(key, 0.0) for key in (ALL, service, operation)) if table else 0.0
+                for table in self._kinds.values()
+            ]
+            if not any(rates):
+                return None
+            drawn = self._random.random()
+            for kind, rate in zip(KINDS, rates, strict=True):
+                if drawn < rate:
+                    return kind
+                drawn -= rate
+            return None

@@ -418,6 +418,39 @@ def test_a_run_survives_30_percent_of_compute_engine_and_gcs_calls_throttled(
     assert len(launched("gcp", dag_id, run)) == 1  # asked again, never a second VM
 
 
+@pytest.mark.parametrize("provider", PROVIDERS)
+def test_a_run_survives_server_errors_on_30_percent_of_its_calls(
+    emu, airflow_db, capfd, provider: str
+) -> None:
+    """A region's control plane has bad minutes: 30% of the EC2 and S3 calls (500/503), or of the
+    Compute Engine and GCS calls (503 backendError), fail with a server error, both the operator's and
+    the agent's; the launch is refused twice for certain. The run ends as it would have, on one
+    instance."""
+    dag_id = f"unavailable_{provider}"
+    create = "RunInstances" if provider == "aws" else "instances.insert"
+    emu.unavailable(rate=0.3, api=("ec2", "s3") if provider == "aws" else ("compute", "storage"), seed=5)
+    emu.unavailable(rate=1.0, api=create, seed=None)  # the launch itself: refused twice for certain
+
+    def lift_after_two_refusals() -> None:
+        wait_for(lambda: emu.request_counts().get(f"unavailable:{create}", 0) >= 2, timeout=300)
+        emu.unavailable(rate=0.0, api=create, seed=None)
+
+    lifter = threading.Thread(target=lift_after_two_refusals, daemon=True)
+    lifter.start()
+    try:
+        run = scenario(dag_id, provider, "echo started; sleep 3; echo job ran").test()
+        counts = emu.request_counts()
+    finally:
+        lifter.join(5)
+        emu.clear_faults()
+    assert task_states(run) == {"train": "success"}, capfd.readouterr().out[-3000:]
+    assert counts.get(f"unavailable:{create}", 0) >= 2, counts
+    refused = {k: v for k, v in counts.items() if k.startswith("unavailable:") and v}
+    assert len(refused) >= 3, counts  # several kinds of call really failed
+    assert "job ran" in capfd.readouterr().out
+    assert len(launched(provider, dag_id, run)) == 1
+
+
 def test_a_timeout_during_a_gce_insert_leaves_no_vm(emu, airflow_db, capfd) -> None:
     """execution_timeout fires while the insert operation is still running: the VM exists but the
     create call never returned its name to us, so only the ledger's tag sweep can find it."""

@@ -202,3 +202,30 @@ def test_every_google_server_takes_the_shared_pipeline(api: str) -> None:
         assert server.counts() == {op: 2, f"throttled:{op}": 1}
     finally:
         server.stop()
+
+
+def test_a_server_error_is_a_503_backend_error_counted_as_unavailable(things: _Things) -> None:
+    from airflow_cloudtrain.emulator.faults import UNAVAILABLE
+
+    things.throttle.set(1.0, "things.get", kind=UNAVAILABLE)
+    status, body = _call(f"{things.endpoint}/v1/things/a")
+    assert status == 503
+    assert body["error"]["status"] == "UNAVAILABLE" and body["error"]["errors"][0]["reason"] == "backendError"
+    things.throttle.set(0.0, "things.get", kind=UNAVAILABLE)
+    assert _call(f"{things.endpoint}/v1/things/a")[0] == 200
+    assert things.counts() == {"things.get": 2, "unavailable:things.get": 1}
+
+
+def test_one_draw_per_request_serves_throttling_and_server_errors() -> None:
+    from airflow_cloudtrain.emulator.faults import THROTTLED, UNAVAILABLE, Throttle
+
+    throttle = Throttle()
+    throttle.set(0.25, "ec2")
+    throttle.set(0.25, "ec2", kind=UNAVAILABLE)
+    drawn = [throttle.draw("ec2", "DescribeInstances") for _ in range(4000)]
+    assert 800 < drawn.count(THROTTLED) < 1200 and 800 < drawn.count(UNAVAILABLE) < 1200
+    assert throttle.draw("s3", "GetObject") is None  # another service: no rule
+    throttle.set(0.0, "ec2")
+    assert THROTTLED not in {throttle.draw("ec2", "RunInstances") for _ in range(200)}
+    throttle.clear()
+    assert {throttle.draw("ec2", "RunInstances") for _ in range(50)} == {None}

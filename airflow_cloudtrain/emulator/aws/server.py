@@ -25,7 +25,7 @@ from typing import Any
 
 from airflow_cloudtrain.emulator import calls
 from airflow_cloudtrain.emulator.aws import groups, placement, pricing, ranges, wire
-from airflow_cloudtrain.emulator.faults import Throttle, is_own
+from airflow_cloudtrain.emulator.faults import THROTTLED, Throttle, is_own
 from airflow_cloudtrain.emulator.serving import InThread
 
 
@@ -64,14 +64,15 @@ class FaultsAndCounts:
         if not is_own(environ.get("HTTP_USER_AGENT")):
             side = calls.aws_side(environ.get("HTTP_AUTHORIZATION", ""), environ.get("QUERY_STRING", ""))
             calls.record("aws", side, call.service, call.operation)  # which side calls what (``calls``)
-            hit = self.throttle.hit(call.service, call.operation)
+            fault = self.throttle.draw(call.service, call.operation)
             with self.lock:
                 self.counts[call.operation] += 1
-                if hit:
-                    self.counts[f"throttled:{call.operation}"] += 1
-            if hit:
+                if fault:
+                    self.counts[f"{fault}:{call.operation}"] += 1
+            if fault:
                 _read_body(environ)  # drain what the client sends before answering
-                return self._send(start_response, wire.throttled(call, environ.get("REQUEST_METHOD", "")))
+                answer = wire.throttled if fault == THROTTLED else wire.unavailable
+                return self._send(start_response, answer(call, environ.get("REQUEST_METHOD", "")))
         if call.protocol == "json" and environ.get("HTTP_X_AMZ_TARGET", "").startswith(
             "AWSPriceListService."
         ):

@@ -121,6 +121,47 @@ def throttled(call: Call, method: str) -> Reply:
     )
 
 
+def unavailable(call: Call, method: str) -> Reply:
+    """The server error AWS gives a request while the service has bad minutes, in the call's protocol
+    (botocore retries each of these in its standard mode)."""
+    rid = str(uuid.uuid4())
+    if call.protocol == "ec2":
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>Unavailable</Code>'
+            "<Message>The server is overloaded and can't handle the request.</Message></Error></Errors>"
+            f"<RequestID>{rid}</RequestID></Response>"
+        )
+        return _reply("503 Service Unavailable", "text/xml;charset=UTF-8", body.encode())
+    if call.protocol == "s3":
+        body = (
+            '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalError</Code><Message>We '
+            "encountered an internal error. Please try again.</Message>"
+            f"<RequestId>{rid}</RequestId><HostId>{rid}</HostId></Error>"
+        )
+        payload = b"" if method == "HEAD" else body.encode()
+        return _reply("500 Internal Server Error", "application/xml", payload, ("x-amz-request-id", rid))
+    if call.protocol == "query":
+        body = (
+            f'<ErrorResponse xmlns="https://{call.service}.amazonaws.com/doc/"><Error><Type>Receiver</Type>'
+            "<Code>ServiceUnavailable</Code><Message>Service is unavailable</Message></Error>"
+            f"<RequestId>{rid}</RequestId></ErrorResponse>"
+        )
+        return _reply("503 Service Unavailable", "text/xml", body.encode(), ("x-amzn-RequestId", rid))
+    if call.protocol == "json":
+        payload = json.dumps({"__type": "InternalFailure", "message": "Internal failure"}).encode()
+        return _reply(
+            "500 Internal Server Error", "application/x-amz-json-1.1", payload, ("x-amzn-RequestId", rid)
+        )
+    payload = json.dumps({"message": "Service unavailable"}).encode()
+    return _reply(
+        "503 Service Unavailable",
+        "application/json",
+        payload,
+        ("x-amzn-ErrorType", "ServiceUnavailableException"),
+        ("x-amzn-RequestId", rid),
+    )
+
+
 def capacity_error(instance_type: str, zone: str | None) -> Reply:
     """EC2's InsufficientInstanceCapacity for RunInstances (real EC2 sends it with HTTP 500)."""
     body = (

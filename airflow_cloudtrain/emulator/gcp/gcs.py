@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from airflow_cloudtrain.emulator.faults import Throttle
-from airflow_cloudtrain.emulator.gcp.rest import Tally
+from airflow_cloudtrain.emulator.faults import THROTTLED, Throttle
+from airflow_cloudtrain.emulator.gcp.rest import Tally, unavailable
 from airflow_cloudtrain.emulator.serving import InThread
 
 _OBJECTS = re.compile(r"(?:/storage/v1)?/b/([-.\w]+)/o")
@@ -238,14 +238,18 @@ class GcsServer:
             self._serving = None
 
     def _throttled(self, handler: BaseHTTPRequestHandler) -> bool:
-        """Count the request; True (and the 429 sent) when it is refused as throttled."""
-        if not self.tally.admit(handler.headers, "storage", gcs_method(handler.command, handler.path)):
+        """Count the request; True (and the 429, or the 503 of a fault, sent) when it is refused."""
+        fault = self.tally.admit(handler.headers, "storage", gcs_method(handler.command, handler.path))
+        if not fault:
             return False
         length = int(handler.headers.get("Content-Length") or 0)
         if length:
             handler.rfile.read(length)  # what the client sends, before answering
-        error = {"message": _THROTTLED, "domain": "usageLimits", "reason": "rateLimitExceeded"}
-        _send_json(handler, 429, {"error": {"code": 429, "message": _THROTTLED, "errors": [error]}})
+        if fault == THROTTLED:
+            error = {"message": _THROTTLED, "domain": "usageLimits", "reason": "rateLimitExceeded"}
+            _send_json(handler, 429, {"error": {"code": 429, "message": _THROTTLED, "errors": [error]}})
+        else:
+            _send_json(handler, 503, unavailable().body())
         handler.close_connection = True
         return True
 

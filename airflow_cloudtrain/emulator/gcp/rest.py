@@ -35,7 +35,7 @@ from werkzeug.routing import Map, Rule
 from werkzeug.wrappers import Request, Response
 
 from airflow_cloudtrain.emulator import calls
-from airflow_cloudtrain.emulator.faults import Throttle, is_own
+from airflow_cloudtrain.emulator.faults import THROTTLED, Throttle, is_own
 from airflow_cloudtrain.emulator.serving import InThread, json_body
 
 __all__ = ["STATUS", "GoogleError", "GoogleRestServer", "Tally"]
@@ -48,6 +48,7 @@ STATUS = {
     409: "ALREADY_EXISTS",
     429: "RESOURCE_EXHAUSTED",
     500: "INTERNAL",
+    503: "UNAVAILABLE",
 }
 WsgiStart = Callable[..., Any]
 
@@ -89,18 +90,18 @@ class Tally:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
 
-    def admit(self, headers: Mapping[str, str] | Any, service: str, op: str) -> bool:
-        """Count one request (unless it is the emulator's own); True when it is to be refused as
-        throttled (then counted under ``throttled:<op>`` too)."""
+    def admit(self, headers: Mapping[str, str] | Any, service: str, op: str) -> str | None:
+        """Count one request (unless it is the emulator's own); the fault it is to be refused with
+        (``faults.THROTTLED`` or ``UNAVAILABLE``, then counted under ``<fault>:<op>`` too), or None."""
         if is_own(headers.get("User-Agent"), headers.get("x-goog-api-client")):
-            return False
+            return None
         calls.record("gcp", calls.google_side(headers.get("Host")), service, op)  # (``emulator.calls``)
-        hit = self.throttle.hit(service, op)
+        fault = self.throttle.draw(service, op)
         with self._lock:
             self._counts[op] += 1
-            if hit:
-                self._counts[f"throttled:{op}"] += 1
-        return hit
+            if fault:
+                self._counts[f"{fault}:{op}"] += 1
+        return fault
 
     def counts(self) -> dict[str, int]:
         with self._lock:
@@ -109,6 +110,14 @@ class Tally:
     def reset(self) -> None:
         with self._lock:
             self._counts.clear()
+
+
+def unavailable() -> GoogleError:
+    """A Google API's 503 (``backendError``), what a request gets while the service has bad minutes."""
+    message = "The service is currently unavailable."
+    return GoogleError(
+        503, message, errors=[{"message": message, "domain": "global", "reason": "backendError"}]
+    )
 
 
 class GoogleRestServer:
@@ -185,8 +194,11 @@ class GoogleRestServer:
             except HTTPException as exc:
                 raise self.unknown_route(request, exc) from exc
             service = self.services.get(op, self.service)
-            if self.tally.admit(request.headers, service, op):
+            fault = self.tally.admit(request.headers, service, op)
+            if fault == THROTTLED:
                 raise self.throttled(service)
+            if fault:
+                raise unavailable()
             status, out = 200, self.handle(op, request, dict(args))
         except GoogleError as exc:
             status, out = exc.code, exc.body()
