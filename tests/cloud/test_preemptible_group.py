@@ -157,3 +157,23 @@ def assert_item_tail(task_log: str, item_id: str) -> None:
     after = "\n".join(lines[failed:])
     assert f"] item {item_id}: fresh start" in after
     assert f"[item {item_id} " in after and f"] item {item_id} fails on purpose" in after
+
+
+def test_a_group_survives_server_errors_on_30_percent_of_its_calls(emu, airflow_db) -> None:
+    """Compute Engine, Pub/Sub and GCS answer 30% of the calls (the operator's and the workers') with
+    503 backendError for the whole run: every item still runs once, and nothing is left."""
+    items = [{"steps": 3, "step_s": 0.2, "n": n} for n in range(4)]
+    dag_id = "gce_group_unavailable"
+    dag = group_dag(dag_id, items, extra="num_workers=2")
+    emu.unavailable(rate=0.3, api=("compute", "pubsub", "storage"), seed=12)
+    try:
+        run = dag.test()
+        counts = emu.request_counts()
+    finally:
+        emu.clear_faults()
+    assert task_states(run) == {"sweep": "success"}
+    result = xcom(run, "sweep")
+    assert result["items_succeeded"] == 4 and result["items_duplicated"] == []
+    refused = {k for k, v in counts.items() if k.startswith("unavailable:") and v}
+    assert len(refused) >= 4, counts
+    gce_fleet_nothing_left(emu, digest_of(dag_id, run))

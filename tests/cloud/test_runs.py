@@ -418,15 +418,16 @@ def test_a_run_survives_30_percent_of_compute_engine_and_gcs_calls_throttled(
     assert len(launched("gcp", dag_id, run)) == 1  # asked again, never a second VM
 
 
-@pytest.mark.parametrize("provider", PROVIDERS)
+# each provider in one mode (the throttling tests above take both modes of both): EC2 blocking, GCE deferred
+@pytest.mark.parametrize(("provider", "deferrable"), [("aws", False), ("gcp", True)], ids=["aws", "gcp"])
 def test_a_run_survives_server_errors_on_30_percent_of_its_calls(
-    emu, airflow_db, capfd, provider: str
+    emu, airflow_db, capfd, provider: str, deferrable: bool
 ) -> None:
     """A region's control plane has bad minutes: 30% of the EC2 and S3 calls (500/503), or of the
     Compute Engine and GCS calls (503 backendError), fail with a server error, both the operator's and
     the agent's; the launch is refused twice for certain. The run ends as it would have, on one
     instance."""
-    dag_id = f"unavailable_{provider}"
+    dag_id = f"unavailable_{provider}_{int(deferrable)}"
     create = "RunInstances" if provider == "aws" else "instances.insert"
     emu.unavailable(rate=0.3, api=("ec2", "s3") if provider == "aws" else ("compute", "storage"), seed=5)
     emu.unavailable(rate=1.0, api=create, seed=None)  # the launch itself: refused twice for certain
@@ -438,7 +439,7 @@ def test_a_run_survives_server_errors_on_30_percent_of_its_calls(
     lifter = threading.Thread(target=lift_after_two_refusals, daemon=True)
     lifter.start()
     try:
-        run = scenario(dag_id, provider, "echo started; sleep 3; echo job ran").test()
+        run = scenario(dag_id, provider, "echo started; sleep 3; echo job ran", deferrable=deferrable).test()
         counts = emu.request_counts()
     finally:
         lifter.join(5)

@@ -238,3 +238,23 @@ def test_on_demand_workers_with_cloud_ec2(emu, airflow_db) -> None:
     assert task_states(run) == {"sweep": "success"}
     assert xcom(run, "sweep")["items_succeeded"] == 2
     nothing_left(digest_of(dag_id, run))
+
+
+def test_a_fleet_survives_server_errors_on_30_percent_of_its_calls(emu, airflow_db) -> None:
+    """EC2, Auto Scaling, SQS and S3 answer 30% of the calls (the operator's and the workers') with
+    their server errors for the whole run: every item still runs once, and nothing is left."""
+    items = [{"steps": 3, "step_s": 0.2, "n": n} for n in range(4)]
+    dag_id = "fleet_unavailable"
+    dag = fleet_dag(dag_id, items, extra="num_workers=2, max_workers=2")
+    emu.unavailable(rate=0.3, api=("ec2", "autoscaling", "sqs", "s3"), seed=11)
+    try:
+        run = dag.test()
+        counts = emu.request_counts()
+    finally:
+        emu.clear_faults()
+    assert task_states(run) == {"sweep": "success"}
+    result = xcom(run, "sweep")
+    assert result["items_succeeded"] == 4 and result["items_duplicated"] == []
+    refused = {k for k, v in counts.items() if k.startswith("unavailable:") and v}
+    assert len(refused) >= 4, counts
+    nothing_left(digest_of(dag_id, run))
