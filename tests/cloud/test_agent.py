@@ -715,11 +715,14 @@ def test_agent_finishes_when_gcs_throttles(
 @pytest.mark.skipif(
     not hasattr(Emulator, "throttle"), reason="Emulator.throttle(rate=..., api=...) is not there yet"
 )
+@pytest.mark.parametrize("fault", ["throttled", "unavailable"])
 @pytest.mark.parametrize("api", ["s3", "storage"])  # the emulator's service names: S3, GCS
 def test_agent_subprocess_finishes_when_the_emulator_throttles(
-    api: str, request: pytest.FixtureRequest, tmp_path: Path
+    api: str, fault: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    """The real agent process against the emulated S3 / GCS answering 30% of requests 503 / 429."""
+    """The real agent process against the emulated S3 / GCS answering 30% of requests with their
+    throttling error (503 SlowDown / 429) or their server error (500 InternalError / 503): every log
+    chunk, the status and the results arrive whole, in order."""
     emu = request.getfixturevalue("emu")  # only started when the emulator can throttle
     iid = f"i-{uuid.uuid4().hex[:12]}" if api == "s3" else f"vm-{uuid.uuid4().hex[:12]}"
     uri = f"{'s3' if api == 's3' else 'gs'}://{DEFAULT_BUCKET}/runs/throttled/{api}/{iid}/-1"
@@ -745,12 +748,12 @@ def test_agent_subprocess_finishes_when_the_emulator_throttles(
         str(tmp_path / "work"),
     ]
     emu.reset_counts()
-    emu.throttle(rate=0.3, api=api)
+    (emu.throttle if fault == "throttled" else emu.unavailable)(rate=0.3, api=api)
     try:
         done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     finally:
         emu.clear_faults()
-    throttled = {k: v for k, v in emu.request_counts().items() if k.startswith("throttled:")}
+    throttled = {k: v for k, v in emu.request_counts().items() if k.startswith(f"{fault}:")}
     assert sum(throttled.values()) >= 1, emu.request_counts()  # it really was throttled
     assert done.returncode == 0, done.stderr
     status = runs.RunStatus.from_json(folder.get_text(runs.status_key(iid)) or "{}")

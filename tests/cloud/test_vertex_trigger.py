@@ -95,18 +95,21 @@ def test_a_cancelled_trigger_stops_and_on_kill_cancels_the_job(emu) -> None:
     assert not any(emu.vertex.replica_processes(job.name).values())
 
 
-def test_throttled_polls_and_an_unreadable_log_do_not_end_the_wait(emu, capfd) -> None:
-    """A 429 on the shared list is waited out; a log that cannot be read never fails the job."""
-    job = submit("throttled", steps=20)
-    emu.throttle(0.4, api="customJobs.list")
-    emu.throttle(1.0, api="entries.list", seed=None)
+@pytest.mark.parametrize("fault", ["throttled", "unavailable"])
+def test_throttled_polls_and_an_unreadable_log_do_not_end_the_wait(emu, capfd, fault: str) -> None:
+    """A 429 (or a 503) on the shared list is waited out; a log that cannot be read never fails the
+    job."""
+    job = submit(f"{fault}-polls", steps=20)
+    refuse = emu.throttle if fault == "throttled" else emu.unavailable
+    refuse(0.4, api="customJobs.list")
+    refuse(1.0, api="entries.list", seed=None)
     try:
         event = asyncio.run(asyncio.wait_for(first_event(trigger(job)), 240))
     finally:
         emu.clear_faults()
     assert event["status"] == "done" and event["job"]["state"] == "JOB_STATE_SUCCEEDED"
     counts = emu.request_counts()
-    assert counts.get("throttled:customJobs.list", 0) >= 1 and counts.get("throttled:entries.list", 0) >= 1
+    assert counts.get(f"{fault}:customJobs.list", 0) >= 1 and counts.get(f"{fault}:entries.list", 0) >= 1
     assert "Reading the job's log failed" in "".join(capfd.readouterr())
 
 
