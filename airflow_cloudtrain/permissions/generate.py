@@ -117,7 +117,14 @@ def _aws_policy(actions: set[str]) -> dict[str, Any]:
                 "Condition": {"StringEquals": {"iam:PassedToService": "ec2.amazonaws.com"}},
             }
         )
+    by_resource: dict[str, list[str]] = {}
+    for action in sorted(actions & set(rules.BY_NAME)):
+        by_resource.setdefault(rules.BY_NAME[action], []).append(action)
+    for resource, named in sorted(by_resource.items()):
+        sid = "OwnQueues" if resource == rules.QUEUES else "OwnParameters"
+        statements.append({"Sid": sid, "Effect": "Allow", "Action": named, "Resource": [resource]})
     special = set(rules.CREATES) | {"ec2:CreateTags", "iam:PassRole"} | rules.ON_TAGGED | rules.REQUEST_TAGGED
+    special |= set(rules.BY_NAME)
     rest = sorted(actions - special)
     if rest:
         statements.append({"Sid": "Other", "Effect": "Allow", "Action": rest, "Resource": "*"})

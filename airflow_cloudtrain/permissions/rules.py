@@ -11,8 +11,13 @@ Auto Scaling group), so:
   the tag (``aws:ResourceTag``): the role cannot touch an instance that is not the provider's;
 * tagging is granted only as part of a create call (``ec2:CreateAction``);
 * ``iam:PassRole`` only to EC2 (the instance profile named in ``instance_profile``);
-* everything else (``Describe*``, S3, SQS, SSM, Pricing) on ``*``: reads, or resources named by the
-  user (the bucket, queues, parameters) that the user can narrow with ``cloudtrain permissions --bucket``.
+* the fleet's SQS queues (``ct-<digest>-items`` / ``-dlq``) and the run's own SSM parameters
+  (``/cloudtrain/<digest>/<VAR>``) by name (``BY_NAME``): the role cannot read, send to or delete
+  another queue, nor write or delete a parameter outside ``/cloudtrain/``;
+* everything else (``Describe*``, ``ListQueues``, ``DescribeParameters``, ``ssm:GetParameter``, S3,
+  Pricing) on ``*``: reads that take no resource, or resources named by the user (the bucket; the
+  parameters of ``secret_env``, and the public AMI parameters ``/aws/service/...``) that the user can
+  narrow (``cloudtrain permissions --bucket``).
 
 Google Cloud custom roles have no conditions of their own (an IAM binding may add one, e.g. on
 ``resource.name``), so they are the plain permission lists.
@@ -69,6 +74,33 @@ ON_TAGGED: frozenset[str] = frozenset(
         "autoscaling:DetachInstances",
     }
 )
+# actions on resources the provider names itself: granted on those names only (action -> ARN pattern)
+QUEUES = "arn:aws:sqs:*:*:ct-*"  # clouds.aws.fleet.queue_name
+PARAMETERS = "arn:aws:ssm:*:*:parameter/cloudtrain/*"  # clouds.aws.secrets
+BY_NAME: dict[str, str] = {
+    **{
+        f"sqs:{action}": QUEUES
+        for action in (
+            "CreateQueue",
+            "DeleteQueue",
+            "GetQueueAttributes",
+            "SetQueueAttributes",
+            "GetQueueUrl",
+            "SendMessage",
+            "SendMessageBatch",
+            "ReceiveMessage",
+            "DeleteMessage",
+            "DeleteMessageBatch",
+            "ChangeMessageVisibility",
+            "TagQueue",
+            "PurgeQueue",
+        )
+    },
+    "ssm:PutParameter": PARAMETERS,
+    "ssm:DeleteParameter": PARAMETERS,
+    "ssm:DeleteParameters": PARAMETERS,
+    "ssm:AddTagsToResource": PARAMETERS,
+}
 # autoscaling:CreateAutoScalingGroup and its tags: only with the run-key tag in the request
 REQUEST_TAGGED: frozenset[str] = frozenset(
     {"autoscaling:CreateAutoScalingGroup", "autoscaling:CreateOrUpdateTags"}

@@ -81,6 +81,33 @@ def test_aws_policies_touch_only_tagged_resources() -> None:
     assert "ec2:DescribeInstances" in by_action and "ec2:DeleteVpc" not in by_action
 
 
+def test_queues_and_parameters_the_provider_names_are_granted_by_name_only() -> None:
+    """A fleet's role reaches only its own ``ct-`` queues; a run's secrets are written and deleted only
+    under ``/cloudtrain/``; reading a parameter stays open (``secret_env`` names the user's, and the
+    AMI lookup reads ``/aws/service/...``), as listing does (no resource to scope)."""
+
+    def grants(operator: str, side: str) -> dict[str, list[object]]:
+        doc = permissions.document(operator, "aws", side)
+        assert doc is not None
+        out: dict[str, list[object]] = {}
+        for st in doc["Statement"]:
+            for action in st["Action"]:
+                out.setdefault(action, []).append(st["Resource"])
+        return out
+
+    queues, params = ["arn:aws:sqs:*:*:ct-*"], ["arn:aws:ssm:*:*:parameter/cloudtrain/*"]
+    fleet = grants("SpotFleetOperator", "airflow")
+    for action in ("sqs:CreateQueue", "sqs:DeleteQueue", "sqs:SendMessageBatch", "sqs:GetQueueAttributes"):
+        assert fleet[action] == [queues], action
+    worker = grants("SpotFleetOperator", "instance")
+    for action in ("sqs:ReceiveMessage", "sqs:DeleteMessage", "sqs:ChangeMessageVisibility"):
+        assert worker[action] == [queues], action
+    single = grants("CloudTrainOperator", "airflow")
+    assert single["ssm:PutParameter"] == single["ssm:DeleteParameters"] == [params]
+    assert single["ssm:GetParameter"] == ["*"] and single["ssm:DescribeParameters"] == ["*"]
+    assert grants("CloudTrainGcOperator", "airflow")["sqs:ListQueues"] == ["*"]
+
+
 def test_the_instance_side_gets_its_own_narrow_documents() -> None:
     airflow = permissions.granted(permissions.document("CloudTrainOperator", "aws", "airflow"))
     instance = permissions.granted(permissions.document("CloudTrainOperator", "aws", "instance"))
