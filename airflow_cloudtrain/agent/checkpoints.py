@@ -179,8 +179,11 @@ class CheckpointSync:
         on_uploaded: Callable[[runs.Manifest], None] | None = None,
         snapshots: bool = True,
         settle_s: float = SETTLE_S,
+        dcp_shards: bool = False,
     ) -> None:
         self.folder = folder
+        self.dcp_shards = dcp_shards  # a gang node other than DCP's coordinator (``checkpoint_layouts``)
+        self._merged: set[str] = set()  # files ``merge`` added from other ranks: never uploaded here
         self.local_dir = Path(local_dir)
         self.instance_id = instance_id
         self.note = note or (lambda message: log.info("%s", message))
@@ -305,7 +308,7 @@ class CheckpointSync:
     def _plan(self, settle: bool, before: dict[str, Any]) -> tuple[dict[str, Look], Plan]:
         seen, stable, closed, torn = self._stable(settle)
         found = plan(
-            seen,
+            [rel for rel in seen if rel not in self._merged],  # other ranks' files: theirs to upload
             stable,
             _read(self.local_dir),
             self.snapshots,
@@ -313,6 +316,7 @@ class CheckpointSync:
             closed=closed,
             torn=torn,
             mtime=lambda rel: seen[rel].mtime_ns if rel in seen else None,
+            dcp_shards=self.dcp_shards,
         )
         return seen, found
 
@@ -619,26 +623,7 @@ class CheckpointSync:
         shutil.rmtree(staging, ignore_errors=True)
         try:
             for entry in manifest.files:
-                rel = entry["path"]
-                top = Path(rel).parts[0] if _safe_rel(rel) else ""
-                # a temporary name is never uploaded as a top-level entry; inside a framework's
-                # directory a hidden name can be the framework's (Orbax's zarr ``.zarray``)
-                if (
-                    not top
-                    or checkpoint.skipped(top)
-                    or any(part.startswith(OURS) for part in Path(rel).parts)
-                ):
-                    raise CheckpointInvalid(f"unsafe path {rel!r} in its manifest")
-                local = staging / rel
-                key = entry.get("key") or runs.join(runs.checkpoint_prefix(version), rel)
-                if runs.checkpoint_version(key) is None or not _safe_rel(key):
-                    raise CheckpointInvalid(f"{rel} points outside the checkpoints folder")
-                self.call(functools.partial(self.folder.download, key, local), "checkpoint download")
-                size = local.stat().st_size
-                if size != entry["size"]:
-                    raise CheckpointInvalid(f"{rel} is {size} bytes, its manifest says {entry['size']}")
-                if sha256_file(local) != entry["sha256"]:
-                    raise CheckpointInvalid(f"{rel} does not match its sha256 in the manifest")
+                self._fetch(self.folder, version, entry, staging)
             ours = {
                 str(u.get("name", "")).rstrip("/")
                 for u in manifest.units or [{"layout": STEPS, "name": "*"}]
@@ -667,6 +652,60 @@ class CheckpointSync:
                 os.utime(self.local_dir / entry["path"], ns=(restored_ns, restored_ns))
                 seen = look_of((self.local_dir / entry["path"]).stat())
                 self._hashes[entry["path"]] = (seen, entry["sha256"])
+
+    def _fetch(self, folder: RunFolder, version: int, entry: dict[str, Any], staging: Path) -> None:
+        """One file of a version into ``staging``, its path checked and its bytes verified."""
+        rel = entry["path"]
+        top = Path(rel).parts[0] if _safe_rel(rel) else ""
+        # a temporary name is never uploaded as a top-level entry; inside a framework's
+        # directory a hidden name can be the framework's (Orbax's zarr ``.zarray``)
+        if not top or checkpoint.skipped(top) or any(part.startswith(OURS) for part in Path(rel).parts):
+            raise CheckpointInvalid(f"unsafe path {rel!r} in its manifest")
+        local = staging / rel
+        key = entry.get("key") or runs.join(runs.checkpoint_prefix(version), rel)
+        if runs.checkpoint_version(key) is None or not _safe_rel(key):
+            raise CheckpointInvalid(f"{rel} points outside the checkpoints folder")
+        self.call(functools.partial(folder.download, key, local), "checkpoint download")
+        size = local.stat().st_size
+        if size != entry["size"]:
+            raise CheckpointInvalid(f"{rel} is {size} bytes, its manifest says {entry['size']}")
+        if sha256_file(local) != entry["sha256"]:
+            raise CheckpointInvalid(f"{rel} does not match its sha256 in the manifest")
+
+    def merge(self, folder: RunFolder, step: int, layout: str) -> list[str]:
+        """Add to the local directory the files of ``layout`` that another rank's version of ``step``
+        (in ``folder``) has and this directory lacks, each verified: a gang's sharded DCP step needs
+        every rank's shard and the coordinator's ``.metadata`` on every node. Returns what was added
+        (nothing when that rank has no complete version of the step)."""
+        keys: Any = self.call(lambda: folder.list(runs.CHECKPOINTS_PREFIX + "/"), "checkpoint list")
+        for version in sorted(runs.manifest_versions(list(keys)), reverse=True):
+            text = self.call(
+                functools.partial(folder.get_text, runs.manifest_key(version)), "checkpoint manifest"
+            )
+            manifest = runs.Manifest.from_json(str(text)) if text else None
+            if manifest is None or manifest.step != step:
+                continue
+            units = [str(u.get("name", "")) for u in manifest.units or [] if u.get("layout") == layout]
+            wanted = [
+                e
+                for e in manifest.files
+                if any(str(e["path"]).startswith(u) for u in units)
+                and not (self.local_dir / str(e["path"])).exists()
+            ]
+            staging = self.local_dir / f"{STAGING_PREFIX}merge-{version}"
+            shutil.rmtree(staging, ignore_errors=True)
+            try:
+                for entry in wanted:
+                    self._fetch(folder, version, entry, staging)
+                for entry in wanted:
+                    dest = self.local_dir / str(entry["path"])
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    os.replace(staging / str(entry["path"]), dest)
+                    self._merged.add(str(entry["path"]))
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+            return [str(e["path"]) for e in wanted]
+        return []
 
 
 def _same(manifest: runs.Manifest, entries: list[dict[str, Any]], step: int | None) -> bool:

@@ -24,12 +24,17 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from airflow_cloudtrain.agent.jobs import StopRequest
 from airflow_cloudtrain.agent.watcher import AwsMetadata, GceMetadata
 from airflow_cloudtrain.contract import gang, runs
+from airflow_cloudtrain.contract.checkpoint_layouts import DCP
 from airflow_cloudtrain.contract.retry import retry
 from airflow_cloudtrain.storage import RunFolder
+
+if TYPE_CHECKING:
+    from airflow_cloudtrain.agent.checkpoints import CheckpointSync, Restored
 
 POLL_S = 0.5
 Ended = tuple[str, int | None, str]  # the run's (state, exit code, message), as Agent._run returns it
@@ -148,6 +153,40 @@ def common_steps(folder: RunFolder, spec: runs.RunSpec, note: Callable[[str], No
         )
         note(f"gang: the ranks' newest checkpoints differ ({differ}); {then}")
     return common
+
+
+def merge_ranks(
+    folder: RunFolder,
+    spec: runs.RunSpec,
+    rank: int | None,
+    restored: Restored | None,
+    sync: CheckpointSync,
+    note: Callable[[str], None],
+) -> None:
+    """``checkpoint_ranks="all"`` and a sharded DCP step restored: add every other rank's files of that
+    step (their ``__<rank>_<n>.distcp`` shards, and the coordinator's ``.metadata``), as DCP's load
+    reads them all as from one shared directory. Other layouts are each rank's own: nothing to add."""
+    if (
+        int(spec.num_nodes) <= 1
+        or spec.checkpoint_ranks != "all"
+        or restored is None
+        or restored.step is None
+    ):
+        return
+    if DCP not in str(restored.layout or "").split("+"):
+        return
+    for other in range(int(spec.num_nodes)):
+        if other == rank:
+            continue
+        try:
+            added = sync.merge(checkpoint_folder(folder, spec, other), int(restored.step), DCP)
+        except Exception as err:
+            note(
+                f"gang: could not add rank {other}'s files of DCP step {restored.step} "
+                f"({type(err).__name__}: {err}); the job's dcp.load will not find them"
+            )
+            continue
+        note(f"gang: added rank {other}'s {len(added)} file(s) of DCP step {restored.step}")
 
 
 def _rank_steps(ranked: RunFolder) -> set[int] | None:

@@ -187,8 +187,10 @@ class Agent:
             note=self._note,
             on_uploaded=self._uploaded,
             snapshots=spec.checkpoint_snapshots,
+            dcp_shards=bool(self._node_rank) and spec.checkpoint_ranks == "all",  # not DCP's coordinator
         )
         restored = self.checkpoints.restore(gang.common_steps(folder, spec, self._note))
+        gang.merge_ranks(folder, spec, self._node_rank, restored, self.checkpoints, self._note)
         self.resumed_step = restored.step if restored is not None else None
         self._report_file = Path(resume_report(str(workdir)))
         with contextlib.suppress(OSError):

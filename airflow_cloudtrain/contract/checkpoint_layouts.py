@@ -21,7 +21,11 @@ notion of "complete" (docs/checkpoints.md has them with the framework's restore 
   and its files are stable; the step is the state's ``global_step``.
 - **PyTorch DCP** (``torch.distributed.checkpoint.save`` to a step directory): ``<dir>/*.distcp``
   data files, then ``.metadata`` (through ``.metadata.tmp`` and a rename), which makes the directory
-  complete; ``.metadata`` is DCP's, so it is taken although its name is hidden.
+  complete; ``.metadata`` is DCP's, so it is taken although its name is hidden. DCP's coordinator
+  (global rank 0) alone writes ``.metadata``: on a gang's other nodes (``dcp_shards``) a step
+  directory holds only that node's ``__<rank>_<n>.distcp`` files, and is taken once they are all
+  stable (two looks agree, none open for writing); whether the step finished on every rank is told by
+  the head's ``.metadata`` (the restore takes only a step the head has).
 - **Our convention** (``contract.checkpoint``): a top-level file whose name carries its step, or a
   step directory with its ``.complete`` marker or a later step directory beside it.
 - **Everything else** (``checkpoint.pt`` overwritten every epoch, ``state.json``, tokenizer files):
@@ -167,9 +171,11 @@ class _Families:
         read: Reader,
         torn: Callable[[str], bool] = lambda rel: False,
         mtime: Callable[[str], int | None] = lambda rel: None,
+        dcp_shards: bool = False,
     ) -> None:
         self.tops, self.settled, self.closed, self.read, self.torn = tops, settled, closed, read, torn
         self.mtime = mtime
+        self.dcp_shards = dcp_shards
         self.complete: dict[str, list[Unit]] = {}
         self.pending: list[tuple[int, str, str, str]] = []  # (step, layout, what, why)
         self.ignored: list[tuple[str, str]] = []
@@ -265,7 +271,12 @@ class _Families:
             metadata = f"{name}/{DCP_METADATA}"
             # DCP's hidden ``.metadata`` is its own; anything else temporary (``.metadata.tmp``) is not
             files = sorted({*_inner(rels), *([metadata] if metadata in rels else [])})
-            if metadata not in files:
+            if metadata not in files and self.dcp_shards:
+                if moving := self.unsettled(files) + [rel for rel in files if self.torn(rel)]:
+                    self.wait(DCP, sort_step, moving[0], "this node's shard is still being written")
+                else:
+                    self.done(DCP, step, files, f"{name}/")
+            elif metadata not in files:
                 self.wait(DCP, sort_step, f"{name}/", f"no {DCP_METADATA} yet (DCP writes it last)")
             elif moving := self.open(files):
                 self.wait(DCP, sort_step, moving[0], "still being written")
@@ -362,6 +373,7 @@ def plan(
     closed: Callable[[str], bool] | None = None,
     torn: Callable[[str], bool] = lambda rel: False,
     mtime: Callable[[str], int | None] = lambda rel: None,
+    dcp_shards: bool = False,
 ) -> Plan:
     """What to upload from a checkpoint directory whose files (relative posix paths) are ``listing``.
 
@@ -372,9 +384,10 @@ def plan(
     ``read(rel)``: its bytes (for state files); ``mtime(rel)``: when it was last written (None:
     unknown), which orders files a framework writes one after the other; ``kept(rel)``: the run folder already has a version
     of this file (a loose file being written then keeps that version); ``snapshots``: take files that
-    match no layout (else they are listed in ``ignored``).
+    match no layout (else they are listed in ``ignored``); ``dcp_shards``: this directory is a gang
+    node's that is not DCP's coordinator, whose DCP step directories hold no ``.metadata``.
     """
-    families = _Families(_group(listing), settled, closed or settled, read, torn, mtime)
+    families = _Families(_group(listing), settled, closed or settled, read, torn, mtime, dcp_shards)
     families.find()
     result = Plan(step=None, layouts=[], ignored=families.ignored)
     for layout, units in families.complete.items():

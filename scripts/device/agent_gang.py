@@ -161,8 +161,11 @@ def job_command() -> str:
 class Run:
     """One run folder and the gangs launched on it, the engine's part played here."""
 
-    def __init__(self, name: str, meta: Any, gcs: str, work: Path, final: Path, addresses: list[str]) -> None:
+    def __init__(
+        self, name: str, meta: Any, gcs: str, work: Path, final: Path, addresses: list[str], dcp: bool = False
+    ) -> None:
         self.folder = open_run_folder(f"gs://{BUCKET}/runs/{name}")
+        self.dcp = dcp
         self.meta, self.gcs, self.work, self.final = meta, gcs, work, final
         self.addresses = addresses
         self.gangs: list[list[Node]] = []
@@ -184,7 +187,9 @@ class Run:
             heartbeat_interval_s=1.0,
             metadata_poll_s=0.5,
             stop_grace_s=20,
+            checkpoint_ranks="all" if self.dcp else "head",
             env={
+                **({"GANG_DCP": "1"} if self.dcp else {}),
                 "GANG_BACKEND": "gloo",
                 "GANG_STEPS": str(STEPS),
                 "GANG_EVERY": str(EVERY),
@@ -194,11 +199,22 @@ class Run:
             },
         )
         self.folder.put_text(runs.SPEC_KEY, spec.to_json())
+        self.spec = spec
         self.folder.delete_prefix(gang.NODES_PREFIX)
         nodes = [Node(self.meta, self.folder, self.work, ip, self.gcs) for ip in ips]
         self.folder.put_text(gang.RANKS_KEY, gang.ranks_json([n.iid for n in nodes]))
         self.gangs.append(nodes)
         return nodes
+
+    def restorable(self) -> int | None:
+        """The step a new gang restores: the head's newest, or with every rank's own checkpoints the
+        newest step every rank has (``agent.gang.common_steps``, as the agents pick it)."""
+        if not self.dcp:
+            return newest_step(self.folder)
+        from airflow_cloudtrain.agent.gang import common_steps
+
+        common = common_steps(self.folder, self.spec, lambda _: None)
+        return max(common) if common else None
 
     def stop(self, nodes: list[Node]) -> None:
         """The engine's stop of a gang that lost a node: every node still up is terminated."""
@@ -240,6 +256,9 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=None)
     parser.add_argument("--seed", type=int, default=int(time.time()))
+    parser.add_argument(
+        "--dcp", action="store_true", help='every rank saves sharded with DCP, checkpoint_ranks="all"'
+    )
     a = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # the cap: still reap
     rng = random.Random(a.seed)
@@ -260,7 +279,7 @@ def main() -> int:
     rows: list[list[str]] = []
     try:
         # 1. the reference
-        ref = Run("reference", meta, endpoint, work, work / "final-reference.pt", addresses)
+        ref = Run("reference", meta, endpoint, work, work / "final-reference.pt", addresses, a.dcp)
         started = time.monotonic()
         nodes = ref.launch()
         all_nodes += nodes
@@ -270,7 +289,7 @@ def main() -> int:
         if states != [runs.SUCCEEDED] * 2:
             problems.append(f"reference gang ended {states}")
         # 2. the interrupted run
-        run = Run("interrupted", meta, endpoint, work, work / "final-interrupted.pt", addresses)
+        run = Run("interrupted", meta, endpoint, work, work / "final-interrupted.pt", addresses, a.dcp)
         losses = [(1, False, rng.randrange(3, 9) * EVERY), (0, True, None)]
         started = time.monotonic()
         restored_from: list[int | None] = [None]
@@ -294,7 +313,7 @@ def main() -> int:
             else:
                 lost.vanish()
             run.stop(nodes)  # the engine's gang stop: the rest are terminated
-            kept = newest_step(run.folder)
+            kept = run.restorable()
             restored_from.append(kept)
             head = nodes[0].status()
             rows.append(
@@ -341,7 +360,9 @@ def main() -> int:
             problems.append(f"final weights differ from the reference's (max abs diff {diff})")
         text = (
             f"torch {torch.__version__}; cuda {torch.cuda.is_available() and not os.environ.get('DEVICE_CHECK_CPU')}"
-            f"; seed {a.seed}; {STEPS} steps, a checkpoint every {EVERY}\n\n"
+            f"; seed {a.seed}; {STEPS} steps, a checkpoint every {EVERY}"
+            + ("; sharded DCP saves by every rank, checkpoint_ranks='all'" if a.dcp else "")
+            + "\n\n"
             + table(["gang", "lost", "at head's upload of step", "head's status", "newest step kept"], rows)
             + "\n"
             + table(
@@ -362,11 +383,11 @@ def main() -> int:
             logs.append(f"===== {node.iid} agent\n{node.agent_log()[-6000:]}\n===== {node.iid} job\n")
             with contextlib.suppress(Exception):
                 logs.append(node.job_log()[-6000:])
-        (out / "agent_gang_logs.txt").write_text("\n".join(logs))
+        (out / f"agent_gang{'_dcp' if a.dcp else ''}_logs.txt").write_text("\n".join(logs))
         meta.stop()
         gcs.stop()
     text += "\n" + ("problems: " + json.dumps(problems) if problems else "ok") + "\n"
-    (out / "agent_gang_table.md").write_text(text)
+    (out / f"agent_gang{'_dcp' if a.dcp else ''}_table.md").write_text(text)
     print(text, flush=True)
     return 1 if problems else 0
 

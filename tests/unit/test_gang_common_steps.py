@@ -11,7 +11,7 @@ from pathlib import Path
 
 from airflow_cloudtrain import checkpoint
 from airflow_cloudtrain.agent.checkpoints import CheckpointSync
-from airflow_cloudtrain.agent.gang import checkpoint_folder, common_steps
+from airflow_cloudtrain.agent.gang import checkpoint_folder, common_steps, merge_ranks
 from airflow_cloudtrain.contract import runs
 from airflow_cloudtrain.storage import RunFolder
 
@@ -114,3 +114,59 @@ def test_no_rule_for_the_head_only_layout_or_a_first_gang(tmp_path: Path) -> Non
     assert common_steps(bucket, spec(), lambda _: None) is None  # nothing uploaded yet
     upload(bucket, spec(ranks="head"), 0, [10, 20], tmp_path)
     assert common_steps(bucket, spec(ranks="head"), lambda _: None) is None  # every rank: the head's
+
+
+def dcp_save(local: Path, step: int, rank: int, coordinator: bool) -> None:
+    """What ``torch.distributed.checkpoint.save`` leaves on one node: its rank's data file, and on the
+    coordinator's node ``.metadata`` (written last, through ``.metadata.tmp`` and a rename)."""
+    step_dir = local / f"step-{step:05d}"
+    step_dir.mkdir(parents=True, exist_ok=True)
+    (step_dir / f"__{rank}_0.distcp").write_bytes(b"shard r%d s%d" % (rank, step))
+    if coordinator:
+        (step_dir / ".metadata.tmp").write_bytes(b"meta s%d" % step)
+        os.replace(step_dir / ".metadata.tmp", step_dir / ".metadata")
+
+
+def test_a_sharded_dcp_step_is_uploaded_by_every_node_and_restored_whole_on_each(tmp_path: Path) -> None:
+    """DCP over two nodes, each saving into its own disk: node 1's step directories never get a
+    ``.metadata`` (the coordinator's), yet its shard goes up once stable; on a relaunch both nodes get
+    the newest step every node has, with both shards and the coordinator's ``.metadata``."""
+    bucket, s, notes = Bucket(), spec(num_nodes=2), []
+    syncs = {}
+    for rank in (0, 1):
+        local = tmp_path / f"rank{rank}"
+        local.mkdir()
+        syncs[rank] = CheckpointSync(
+            checkpoint_folder(bucket, s, rank), local, f"i-{rank}", note=lambda _: None,
+            call=lambda fn, what: fn(), settle_s=0.0, dcp_shards=rank > 0,
+        )  # fmt: skip
+        dcp_save(local, 10, rank, coordinator=rank == 0)
+        assert syncs[rank].sync() == 10, rank
+    dcp_save(tmp_path / "rank1", 20, 1, coordinator=False)  # node 1 wrote step 20; node 0 was lost first
+    assert syncs[1].sync() == 20
+    # without the rule, a shard-only directory waits for a .metadata that never comes
+    plain = CheckpointSync(Bucket(), tmp_path / "rank1", "i-x", call=lambda fn, what: fn(), settle_s=0.0)
+    assert plain.sync() is None
+    assert common_steps(bucket, s, notes.append) == {10}
+    for rank in (0, 1):
+        local = tmp_path / f"new{rank}"
+        sync = CheckpointSync(
+            checkpoint_folder(bucket, s, rank), local, f"i-new{rank}", note=notes.append,
+            call=lambda fn, what: fn(), settle_s=0.0, dcp_shards=rank > 0,
+        )  # fmt: skip
+        restored = sync.restore(common_steps(bucket, s, notes.append))
+        assert restored is not None and restored.step == 10
+        merge_ranks(bucket, s, rank, restored, sync, notes.append)
+        step_dir = local / "step-00010"
+        assert sorted(p.name for p in step_dir.iterdir() if p.name != ".complete") == [
+            ".metadata",
+            "__0_0.distcp",
+            "__1_0.distcp",
+        ]
+        assert (step_dir / ".metadata").read_bytes() == b"meta s10"
+        assert (step_dir / f"__{1 - rank}_0.distcp").read_bytes() == b"shard r%d s10" % (1 - rank)
+        before = len(bucket.objects)
+        sync.sync()  # the other rank's files are theirs to upload: nothing new goes up from here
+        assert len(bucket.objects) == before, rank
+    assert "gang: added rank 0's 2 file(s) of DCP step 10" in notes
+    assert "gang: added rank 1's 1 file(s) of DCP step 10" in notes
