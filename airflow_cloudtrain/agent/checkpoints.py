@@ -62,6 +62,9 @@ OURS = (STAGING_PREFIX, UPLOAD_PREFIX)  # our own folders in the checkpoint dire
 SETTLE_S = 1.0  # between the two looks of a round
 TORN_WINDOW_S = 2.0  # a killed job's files changed this close to its end are taken as torn
 KEEP_VERSIONS = 2  # complete versions kept in the run folder: the newest, and one to fall back to
+# a gang whose every rank keeps its own (``checkpoint_ranks="all"``): more, so that a rank whose
+# uploads lag a few saves behind the others still shares a step with them (``agent.gang.common_steps``)
+KEEP_VERSIONS_ALL_RANKS = 5
 FORMAT = 2  # Manifest.version written by this agent
 
 
@@ -180,8 +183,10 @@ class CheckpointSync:
         snapshots: bool = True,
         settle_s: float = SETTLE_S,
         dcp_shards: bool = False,
+        keep_versions: int = KEEP_VERSIONS,
     ) -> None:
         self.folder = folder
+        self.keep_versions = keep_versions
         self.dcp_shards = dcp_shards  # a gang node other than DCP's coordinator (``checkpoint_layouts``)
         self._merged: set[str] = set()  # files ``merge`` added from other ranks: never uploaded here
         self.local_dir = Path(local_dir)
@@ -480,9 +485,9 @@ class CheckpointSync:
         return runs.join(runs.checkpoint_prefix(previous[0]), str(entry["path"]))
 
     def _prune(self) -> None:
-        """Delete versions older than the ``KEEP_VERSIONS`` newest complete ones, except the objects
+        """Delete versions older than the ``keep_versions`` newest complete ones, except the objects
         a kept manifest points at. Failures only leave more behind for the run folder's teardown."""
-        kept = sorted(self._versions)[-KEEP_VERSIONS:]
+        kept = sorted(self._versions)[-self.keep_versions :]
         oldest = kept[0]
         wanted = {
             str(e.get("key") or runs.join(runs.checkpoint_prefix(v), str(e["path"])))

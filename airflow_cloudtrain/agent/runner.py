@@ -67,7 +67,7 @@ from typing import Any
 
 from airflow_cloudtrain.agent import gang
 from airflow_cloudtrain.agent.beacon import BeaconWriter
-from airflow_cloudtrain.agent.checkpoints import CheckpointSync
+from airflow_cloudtrain.agent.checkpoints import KEEP_VERSIONS, KEEP_VERSIONS_ALL_RANKS, CheckpointSync
 from airflow_cloudtrain.agent.idle import IdleWatch, proc_available, sample_interval
 from airflow_cloudtrain.agent.jobs import (
     MIN_SYNC_RESERVE_S,
@@ -174,7 +174,8 @@ class Agent:
         local_checkpoints.mkdir(parents=True, exist_ok=True)
         assert self.instance_id is not None
         checkpoints_in = folder
-        if spec.num_nodes > 1 and spec.checkpoint_ranks == "all":  # each rank restores its own
+        all_ranks = spec.num_nodes > 1 and spec.checkpoint_ranks == "all"
+        if all_ranks:  # each rank restores its own
             rank, ended = gang.find_rank(spec, folder, self.instance_id, self._note, self.should_stop)
             if ended:
                 return ended
@@ -187,7 +188,8 @@ class Agent:
             note=self._note,
             on_uploaded=self._uploaded,
             snapshots=spec.checkpoint_snapshots,
-            dcp_shards=bool(self._node_rank) and spec.checkpoint_ranks == "all",  # not DCP's coordinator
+            dcp_shards=all_ranks and bool(self._node_rank),  # not DCP's coordinator
+            keep_versions=KEEP_VERSIONS_ALL_RANKS if all_ranks else KEEP_VERSIONS,
         )
         restored = self.checkpoints.restore(gang.common_steps(folder, spec, self._note))
         gang.merge_ranks(folder, spec, self._node_rank, restored, self.checkpoints, self._note)

@@ -23,9 +23,10 @@ notion of "complete" (docs/checkpoints.md has them with the framework's restore 
   data files, then ``.metadata`` (through ``.metadata.tmp`` and a rename), which makes the directory
   complete; ``.metadata`` is DCP's, so it is taken although its name is hidden. DCP's coordinator
   (global rank 0) alone writes ``.metadata``: on a gang's other nodes (``dcp_shards``) a step
-  directory holds only that node's ``__<rank>_<n>.distcp`` files, and is taken once they are all
-  stable (two looks agree, none open for writing); whether the step finished on every rank is told by
-  the head's ``.metadata`` (the restore takes only a step the head has).
+  directory holds only that node's ``__<rank>_<n>.distcp`` files, and is taken once a later step's
+  directory exists (the save returned), the newest once its files are stable (two looks agree, none
+  open for writing); whether the step finished on every rank is told by the head's ``.metadata`` (the
+  restore takes only a step the head has).
 - **Our convention** (``contract.checkpoint``): a top-level file whose name carries its step, or a
   step directory with its ``.complete`` marker or a later step directory beside it.
 - **Everything else** (``checkpoint.pt`` overwritten every epoch, ``state.json``, tokenizer files):
@@ -262,6 +263,12 @@ class _Families:
                 self.done(HUGGINGFACE, step, files, f"{name}/")
 
     def _dcp(self) -> None:
+        steps = [
+            step
+            for name, rels in self.tops.items()
+            if (step := step_of(name)) is not None and any(r.endswith(".distcp") for r in rels)
+        ]
+        newest = max(steps, default=None)
         for name, rels in self.tops.items():
             if rels == [name] or name in self.claimed or not any(r.endswith(".distcp") for r in rels):
                 continue
@@ -272,7 +279,12 @@ class _Families:
             # DCP's hidden ``.metadata`` is its own; anything else temporary (``.metadata.tmp``) is not
             files = sorted({*_inner(rels), *([metadata] if metadata in rels else [])})
             if metadata not in files and self.dcp_shards:
-                if moving := self.unsettled(files) + [rel for rel in files if self.torn(rel)]:
+                # a later step's directory: DCP's save of this one returned (its files are final);
+                # the newest: once its files are stable
+                later = step is not None and newest is not None and step < newest
+                if moving := (self.open(files) if later else self.unsettled(files)) + [
+                    rel for rel in files if self.torn(rel)
+                ]:
                     self.wait(DCP, sort_step, moving[0], "this node's shard is still being written")
                 else:
                     self.done(DCP, step, files, f"{name}/")

@@ -314,6 +314,8 @@ def main() -> int:
                 lost.vanish()
             run.stop(nodes)  # the engine's gang stop: the rest are terminated
             kept = run.restorable()
+            if kept is None:  # the new gang would start from scratch: the silent restart to avoid
+                problems.append(f"gang {len(run.gangs)}: no checkpoint step to resume from after the loss")
             restored_from.append(kept)
             head = nodes[0].status()
             rows.append(
