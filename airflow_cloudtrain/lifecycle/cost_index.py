@@ -81,30 +81,33 @@ class CostRecord:
     def in_flight(cls, launch: LaunchRecord, key: RunKey, hourly_usd: float | None) -> CostRecord:
         """A launched attempt's record until it is released: no cost yet, its price per hour."""
         started = float(launch.launched_at or time.time())
-        return cls(
-            dag_id=key.dag_id,
-            task_id=key.task_id,
-            airflow_run_id=key.run_id,
-            map_index=key.map_index,
-            run_id=launch.run_id,
-            run_uri=launch.run_uri,
-            cloud=launch.cloud,
-            instance_id=launch.instance_id,
-            instance_type=launch.instance_type,
-            num_nodes=launch.num_nodes,
-            spot=bool(launch.spot),
-            state=RUNNING,
-            interrupted=False,
-            launched_at=started,
-            released_at=started,
-            cost_usd=None,
-            cost_basis="",
-            hourly_usd=hourly_usd,
-        )
+        return cls._of_launch(launch, key, RUNNING, False, started, None, "", hourly_usd)
 
     @classmethod
     def of(cls, attempt: Attempt, key: RunKey) -> CostRecord:
-        launch, outcome = attempt.launch, attempt.outcome
+        """A released attempt's record: how it ended and what it cost."""
+        return cls._of_launch(
+            attempt.launch,
+            key,
+            attempt.outcome.state,
+            bool(attempt.outcome.interrupted),
+            attempt.released_at,
+            attempt.cost_usd,
+            attempt.cost_basis,
+        )
+
+    @classmethod
+    def _of_launch(
+        cls,
+        launch: LaunchRecord,
+        key: RunKey,
+        state: str,
+        interrupted: bool,
+        released_at: float,
+        cost_usd: float | None,
+        cost_basis: str,
+        hourly_usd: float | None = None,
+    ) -> CostRecord:
         return cls(
             dag_id=key.dag_id,
             task_id=key.task_id,
@@ -117,12 +120,13 @@ class CostRecord:
             instance_type=launch.instance_type,
             num_nodes=launch.num_nodes,
             spot=bool(launch.spot),
-            state=outcome.state,
-            interrupted=bool(outcome.interrupted),
-            launched_at=launch.launched_at,
-            released_at=attempt.released_at,
-            cost_usd=attempt.cost_usd,
-            cost_basis=attempt.cost_basis,
+            state=state,
+            interrupted=interrupted,
+            launched_at=launch.launched_at if state != RUNNING else released_at,
+            released_at=released_at,
+            cost_usd=cost_usd,
+            cost_basis=cost_basis,
+            hourly_usd=hourly_usd,
         )
 
     @classmethod

@@ -84,82 +84,75 @@ def _reply(status: str, content_type: str, body: bytes, *extra: tuple[str, str])
     return status, [("Content-Type", content_type), ("Content-Length", str(len(body))), *extra], body
 
 
+# how AWS refuses a request, per fault and protocol: (HTTP status, error code, message)
+_REFUSALS: dict[str, dict[str, tuple[str, str, str]]] = {
+    "throttled": {
+        "ec2": ("503 Service Unavailable", "RequestLimitExceeded", "Request limit exceeded."),
+        "s3": ("503 Slow Down", "SlowDown", "Please reduce your request rate."),
+        "query": ("400 Bad Request", "Throttling", "Rate exceeded"),
+        "json": ("400 Bad Request", "ThrottlingException", "Rate exceeded"),
+        "rest-json": ("429 Too Many Requests", "ThrottlingException", "Rate exceeded"),
+    },
+    "unavailable": {
+        "ec2": (
+            "503 Service Unavailable",
+            "Unavailable",
+            "The server is overloaded and can't handle the request.",
+        ),
+        "s3": (
+            "500 Internal Server Error",
+            "InternalError",
+            "We encountered an internal error. Please try again.",
+        ),
+        "query": ("503 Service Unavailable", "ServiceUnavailable", "Service is unavailable"),
+        "json": ("500 Internal Server Error", "InternalFailure", "Internal failure"),
+        "rest-json": ("503 Service Unavailable", "ServiceUnavailableException", "Service unavailable"),
+    },
+}
+
+
 def throttled(call: Call, method: str) -> Reply:
     """The answer AWS gives a throttled request, in the protocol of the call."""
-    rid = str(uuid.uuid4())
-    if call.protocol == "ec2":
-        body = (
-            '<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>RequestLimitExceeded'
-            f"</Code><Message>Request limit exceeded.</Message></Error></Errors><RequestID>{rid}</RequestID>"
-            "</Response>"
-        )
-        return _reply("503 Service Unavailable", "text/xml;charset=UTF-8", body.encode())
-    if call.protocol == "s3":
-        body = (
-            '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code><Message>Please reduce '
-            f"your request rate.</Message><RequestId>{rid}</RequestId><HostId>{rid}</HostId></Error>"
-        )
-        payload = b"" if method == "HEAD" else body.encode()
-        return _reply("503 Slow Down", "application/xml", payload, ("x-amz-request-id", rid))
-    if call.protocol == "query":
-        body = (
-            f'<ErrorResponse xmlns="https://{call.service}.amazonaws.com/doc/"><Error><Type>Sender</Type>'
-            "<Code>Throttling</Code><Message>Rate exceeded</Message></Error>"
-            f"<RequestId>{rid}</RequestId></ErrorResponse>"
-        )
-        return _reply("400 Bad Request", "text/xml", body.encode(), ("x-amzn-RequestId", rid))
-    if call.protocol == "json":
-        payload = json.dumps({"__type": "ThrottlingException", "message": "Rate exceeded"}).encode()
-        return _reply("400 Bad Request", "application/x-amz-json-1.1", payload, ("x-amzn-RequestId", rid))
-    payload = json.dumps({"message": "Rate exceeded"}).encode()
-    return _reply(
-        "429 Too Many Requests",
-        "application/json",
-        payload,
-        ("x-amzn-ErrorType", "ThrottlingException"),
-        ("x-amzn-RequestId", rid),
-    )
+    return refused(call, method, "throttled")
 
 
 def unavailable(call: Call, method: str) -> Reply:
     """The server error AWS gives a request while the service has bad minutes, in the call's protocol
     (botocore retries each of these in its standard mode)."""
+    return refused(call, method, "unavailable")
+
+
+def refused(call: Call, method: str, fault: str) -> Reply:
+    """A refused request (``fault``: ``throttled`` or ``unavailable``) in the protocol of the call."""
     rid = str(uuid.uuid4())
+    table = _REFUSALS[fault]
+    status, code, message = table.get(call.protocol, table["rest-json"])
     if call.protocol == "ec2":
         body = (
-            '<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>Unavailable</Code>'
-            "<Message>The server is overloaded and can't handle the request.</Message></Error></Errors>"
-            f"<RequestID>{rid}</RequestID></Response>"
+            f'<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}</Code>'
+            f"<Message>{escape(message)}</Message></Error></Errors><RequestID>{rid}</RequestID></Response>"
         )
-        return _reply("503 Service Unavailable", "text/xml;charset=UTF-8", body.encode())
+        return _reply(status, "text/xml;charset=UTF-8", body.encode())
     if call.protocol == "s3":
         body = (
-            '<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>InternalError</Code><Message>We '
-            "encountered an internal error. Please try again.</Message>"
-            f"<RequestId>{rid}</RequestId><HostId>{rid}</HostId></Error>"
+            f'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>{code}</Code><Message>{escape(message)}'
+            f"</Message><RequestId>{rid}</RequestId><HostId>{rid}</HostId></Error>"
         )
         payload = b"" if method == "HEAD" else body.encode()
-        return _reply("500 Internal Server Error", "application/xml", payload, ("x-amz-request-id", rid))
+        return _reply(status, "application/xml", payload, ("x-amz-request-id", rid))
     if call.protocol == "query":
+        kind = "Sender" if fault == "throttled" else "Receiver"
         body = (
-            f'<ErrorResponse xmlns="https://{call.service}.amazonaws.com/doc/"><Error><Type>Receiver</Type>'
-            "<Code>ServiceUnavailable</Code><Message>Service is unavailable</Message></Error>"
+            f'<ErrorResponse xmlns="https://{call.service}.amazonaws.com/doc/"><Error><Type>{kind}</Type>'
+            f"<Code>{code}</Code><Message>{escape(message)}</Message></Error>"
             f"<RequestId>{rid}</RequestId></ErrorResponse>"
         )
-        return _reply("503 Service Unavailable", "text/xml", body.encode(), ("x-amzn-RequestId", rid))
+        return _reply(status, "text/xml", body.encode(), ("x-amzn-RequestId", rid))
     if call.protocol == "json":
-        payload = json.dumps({"__type": "InternalFailure", "message": "Internal failure"}).encode()
-        return _reply(
-            "500 Internal Server Error", "application/x-amz-json-1.1", payload, ("x-amzn-RequestId", rid)
-        )
-    payload = json.dumps({"message": "Service unavailable"}).encode()
-    return _reply(
-        "503 Service Unavailable",
-        "application/json",
-        payload,
-        ("x-amzn-ErrorType", "ServiceUnavailableException"),
-        ("x-amzn-RequestId", rid),
-    )
+        payload = json.dumps({"__type": code, "message": message}).encode()
+        return _reply(status, "application/x-amz-json-1.1", payload, ("x-amzn-RequestId", rid))
+    payload = json.dumps({"message": message}).encode()
+    return _reply(status, "application/json", payload, ("x-amzn-ErrorType", code), ("x-amzn-RequestId", rid))
 
 
 def capacity_error(instance_type: str, zone: str | None) -> Reply:
