@@ -58,7 +58,9 @@ def test_a_running_attempt_is_listed_with_its_cost_so_far_and_log_tail_until_rel
                 timeout=120,
                 interval=0.5,
             )
-            later = wait_for(lambda: next((r for r in mine() if r["running_s"] > row["running_s"]), None))
+            later = wait_for(
+                lambda: next((r for r in mine() if r["running_s"] > row["running_s"]), None), interval=0.5
+            )
             seen["later"] = later
         finally:
             (tmp_path / "go").write_text("x")
