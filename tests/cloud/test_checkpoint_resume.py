@@ -60,11 +60,20 @@ class Interrupter:
     ``notice_s[i]`` seconds, 0 = none); remembers the highest step each job printed before."""
 
     def __init__(
-        self, emu: Any, at: list[int], notice_s: list[float], uploaded: bool = False, done_flag: Any = None
+        self,
+        emu: Any,
+        at: list[int],
+        notice_s: list[float],
+        uploaded: bool = False,
+        done_flag: Any = None,
+        last: int | None = None,
     ) -> None:
         self.emu, self.at, self.notice_s = emu, at, notice_s
         self.uploaded = uploaded  # also wait until the agent uploaded a checkpoint
         self.done_flag = done_flag  # created after the last interruption (the job's STEPS_FINISH_AFTER)
+        # the step a job holds at until ``done_flag`` (STEPS - 1): a job there (a notice seen late let
+        # the one before run up to it) is interrupted at once, since it can go no further
+        self.last = last
         self.done: list[tuple[str, int]] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -82,7 +91,9 @@ class Interrupter:
                 steps = job_steps(log)
                 first = steps[0] - 1 if steps else 0
                 ready = not self.uploaded or "uploaded to" in log
-                if steps and steps[-1] - first >= self.at[len(self.done)] and ready:
+                resumed = [int(n) for n in re.findall(r"resumed from step (\d+)", log)]
+                holding = self.last is not None and max(steps + resumed, default=-1) >= self.last
+                if (holding or steps and steps[-1] - first >= self.at[len(self.done)]) and ready:
                     seen.add(inst["id"])
                     self.done.append((inst["id"], steps[-1]))
                     self.emu.interrupt(inst["id"], notice_s=self.notice_s[len(self.done) - 1])
@@ -128,7 +139,7 @@ def test_interruptions_resume_from_the_latest_complete_checkpoint(
     # own 30 s) leaves a loaded machine six polls to see it (15 s were too few beside another test run,
     # and a missed notice reads as no notice). No run takes its last step before both interruptions.
     done = tmp_path / "interrupted"
-    interrupter = Interrupter(emu, at, notice_s=[30, 0], done_flag=done)
+    interrupter = Interrupter(emu, at, notice_s=[30, 0], done_flag=done, last=39)
     command = f"STEPS_FINISH_AFTER={done} python3 steps.py 40 2 0.25"
     run = resume_dag(dag_id, provider, command, deferrable).test()
     interrupter.join()
