@@ -40,10 +40,6 @@ class Throttle:
         self._kinds: dict[str, dict[str, float]] = {kind: {} for kind in KINDS}
         self._random = random.Random(seed)
 
-    @property
-    def _rates(self) -> dict[str, float]:  # the throttling rules
-        return self._kinds[THROTTLED]
-
     def set(
         self, rate: float, api: str | Iterable[str] | None = None, seed: int | None = 0, kind: str = THROTTLED
     ) -> None:
@@ -70,10 +66,6 @@ class Throttle:
         with self._lock:
             for rates in self._kinds.values():
                 rates.clear()
-
-    def hit(self, service: str, operation: str) -> bool:
-        """Draw for one request: True when it is to be refused as throttled."""
-        return self.draw(service, operation) == THROTTLED
 
     def draw(self, service: str, operation: str) -> str | None:
         """Draw for one request: the fault it meets (``THROTTLED``, ``UNAVAILABLE``) or None. One draw

@@ -81,7 +81,7 @@ class CostRecord:
     def in_flight(cls, launch: LaunchRecord, key: RunKey, hourly_usd: float | None) -> CostRecord:
         """A launched attempt's record until it is released: no cost yet, its price per hour."""
         started = float(launch.launched_at or time.time())
-        return cls._of_launch(launch, key, RUNNING, False, started, None, "", hourly_usd)
+        return cls._of_launch(launch, key, RUNNING, False, started, started, None, "", hourly_usd)
 
     @classmethod
     def of(cls, attempt: Attempt, key: RunKey) -> CostRecord:
@@ -91,6 +91,7 @@ class CostRecord:
             key,
             attempt.outcome.state,
             bool(attempt.outcome.interrupted),
+            attempt.launch.launched_at,
             attempt.released_at,
             attempt.cost_usd,
             attempt.cost_basis,
@@ -103,6 +104,7 @@ class CostRecord:
         key: RunKey,
         state: str,
         interrupted: bool,
+        launched_at: float | None,
         released_at: float,
         cost_usd: float | None,
         cost_basis: str,
@@ -122,7 +124,7 @@ class CostRecord:
             spot=bool(launch.spot),
             state=state,
             interrupted=interrupted,
-            launched_at=launch.launched_at if state != RUNNING else released_at,
+            launched_at=launched_at,
             released_at=released_at,
             cost_usd=cost_usd,
             cost_basis=cost_basis,

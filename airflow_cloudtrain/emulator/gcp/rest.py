@@ -10,8 +10,9 @@ the same way:
   the emulator's own polling: neither throttled nor counted (``faults.is_own``). The REST transports of
   the GAPIC clients put their ``client_info`` user agent in ``x-goog-api-client``, so both are read.
 * Record: which side (``emulator.calls.google_side``) called which method, for the permission documents.
-* Throttle: ``Throttle.hit(service, method)``; a hit is counted under ``throttled:<method>`` too and
-  answered with ``throttled(service)`` (HTTP 429) before anything is done.
+* Faults: ``Throttle.draw(service, method)``; a hit is counted under ``<fault>:<method>`` too and
+  answered with ``throttled(service)`` (HTTP 429) or ``unavailable()`` (HTTP 503) before anything
+  is done.
 * Dispatch: ``handle(op, request, args)``; by default the JSON body is parsed (400 when it is not an
   object) and ``_h_<op with . as _>(request, body, **args)`` answers.
 * Errors: a ``GoogleError`` (or one of ``invalid_errors``, as a 400) becomes its JSON body,
