@@ -547,10 +547,19 @@ class RunAttempt:
             self.log.warning("Transient error while waiting (%s); polling again in %.0f s", err, delay)
 
         event = poll_until(poll, settings.poll_interval, stopped=lambda: self.killed, on_transient=transient)
+        self._unless_killed(f"instance {iid} was terminated")
         last_words = call_with_retry(lambda: follower.poll(folder.list, folder.get_bytes))
         for line in last_words:
             self.log.info("%s", render_line(line))
         return event
+
+    def _unless_killed(self, what: str) -> None:
+        """Raise ``RunKilled`` if ``on_kill`` ran during the last poll. Airflow calls it from its
+        SIGTERM handler on this thread, mid-poll: the poll may then see the instances the kill just
+        terminated and call that an interruption. The attempt was killed, and its ledger row must
+        say so (``abandoned``), not what the kill did to it."""
+        if self.killed:
+            raise RunKilled(f"task killed: {what}")
 
     def _wait_gang(self, launch: LaunchRecord) -> Outcome:
         from airflow_cloudtrain.core.waiting import GangWatch
@@ -574,7 +583,7 @@ class RunAttempt:
                 raise RunKilled(f"task killed: the gang's {launch.num_nodes} nodes were terminated")
             self.lease.renew()  # every node reads the same lease
 
-        return gang.wait(
+        outcome = gang.wait(
             launch,
             watch,
             settings.poll_interval,
@@ -582,6 +591,8 @@ class RunAttempt:
             lambda: self.killed,
             lambda iid: self.heartbeat(launch, iid),
         )
+        self._unless_killed(f"the gang's {launch.num_nodes} nodes were terminated")
+        return outcome
 
     def heartbeat(self, launch: LaunchRecord, instance_id: str | None = None) -> float | None:
         """The agent's last heartbeat: the live index's ``<instance>.beat`` (its unix time), or the
