@@ -55,12 +55,15 @@ GCS_BUCKET = "cloudtrain-worker-gcp"
 FAST = {"log_interval_s": 0.2, "heartbeat_interval_s": 0.5, "metadata_poll_s": 0.3}
 PROVIDERS = ["aws", "gcp"]
 
-# The job: says which item it got (log and output files); an item with "fail" in it exits 3.
+# The job: says which item it got (log and output files); an item with "fail" in it exits 3. With
+# ITEM_HOLD_UNTIL=<path> it then waits for that file: a test that looks at a busy worker cannot lose
+# the race to the item ending first on a loaded machine.
 ITEM_JOB = r"""echo "item $CLOUDTRAIN_ITEM_ID: $CLOUDTRAIN_WORK_ITEM"
 printf '%s' "$CLOUDTRAIN_WORK_ITEM" > "$CLOUDTRAIN_OUTPUT_DIR/item.txt"
 printf '%s' "$CLOUDTRAIN_ITEM_ID" > "$CLOUDTRAIN_OUTPUT_DIR/id.txt"
 case "$CLOUDTRAIN_WORK_ITEM" in *fail*) echo failing; exit 3;; esac
 sleep "${ITEM_SLEEP:-0}"
+if [ -n "$ITEM_HOLD_UNTIL" ]; then while [ ! -e "$ITEM_HOLD_UNTIL" ]; do sleep 0.1; done; fi
 """
 
 
@@ -595,7 +598,8 @@ def test_worker_in_an_auto_scaling_group_leaves_it(fleets: Any, s3: Any, tmp_pat
         return autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[name])["AutoScalingGroups"][0]
 
     (member,) = [i["InstanceId"] for i in group()["Instances"]]
-    fleet = fleets(group=name, env={"ITEM_SLEEP": "2"})
+    release = tmp_path / "release"  # the item runs until the test has seen its worker protected
+    fleet = fleets(group=name, env={"ITEM_HOLD_UNTIL": str(release)})
     (item_id,) = fleet.send(["in a group"])
     poweroff = tmp_path / "powered-off"
     worker = fleet.worker(iid=member, poweroff=poweroff)
@@ -605,6 +609,7 @@ def test_worker_in_an_auto_scaling_group_leaves_it(fleets: Any, s3: Any, tmp_pat
         return bool(found) and found[0]["ProtectedFromScaleIn"]
 
     wait_for(protected, message="scale-in protection while busy")
+    release.touch()
     record = worker.wait()
     assert record.state == "left" and not poweroff.exists()  # the group ends it, not a power-off
     outcome = fleet.outcome(item_id)
