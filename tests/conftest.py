@@ -168,7 +168,28 @@ HEAVY_FIRST = (
 )
 
 
+# Mirrors: cases whose promise another case of ``make test`` proves through the same code (the same
+# checkpoint layouts on the other store, the same loop in the other mode or on the other cloud, the
+# same budget check). They run in ``make faults`` (marker ``faults``), and docs/testing.md names the
+# case that keeps each promise in ``make test``. A node id that starts with one of these is marked.
+FAULTS_MIRRORS = (
+    "tests/cloud/test_checkpoint_layouts.py::test_framework_layout_resumes_after_two_interruptions[gs-",
+    "tests/cloud/test_checkpoint_layouts.py::test_a_job_killed_while_writing_restores_the_previous_version[gs-",
+    "tests/cloud/test_checkpoint_resume.py::test_interruptions_resume_from_the_latest_complete_checkpoint[aws-deferrable]",
+    "tests/cloud/test_checkpoint_resume.py::test_interruptions_resume_from_the_latest_complete_checkpoint[gcp-blocking]",
+    "tests/cloud/test_budget_stop.py::test_a_run_stops_at_its_budget_with_its_checkpoint[gcp-True]",
+    "tests/cloud/test_budget_stop.py::test_a_vertex_job_is_cancelled_at_its_budget[blocking]",
+    "tests/cloud/test_runs.py::test_a_run_survives_30_percent_of_compute_engine_and_gcs_calls_throttled[blocking]",
+    "tests/cloud/test_runs.py::test_a_run_survives_30_percent_of_ec2_and_s3_calls_throttled[deferrable]",
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.nodeid.startswith(FAULTS_MIRRORS):
+            item.add_marker(pytest.mark.faults)
+
     def rank(item: pytest.Item) -> int:
         path = item.nodeid.split("::", 1)[0]
         return next((n for n, prefix in enumerate(HEAVY_FIRST) if path.startswith(prefix)), len(HEAVY_FIRST))

@@ -217,7 +217,12 @@ def _mixed_runs(api: Api, mix: dict[tuple[str, str], int]) -> list[tuple[str, st
     3600
 )  # one start of the deployment, the runs on two shared cores; each wait has its deadline
 @pytest.mark.parametrize(
-    "mix", [pytest.param(MIX_16, id="16"), pytest.param(MIX_40, id="40", marks=pytest.mark.faults)]
+    # the whole deployment's start and 16 runs cost ~220 CPU-seconds: a campaign, in make faults
+    "mix",
+    [
+        pytest.param(MIX_16, id="16", marks=pytest.mark.faults),
+        pytest.param(MIX_40, id="40", marks=pytest.mark.faults),
+    ],
 )
 def test_deferred_runs_over_two_triggerers_one_killed(
     prod: Deployment, mix: dict[tuple[str, str], int]
