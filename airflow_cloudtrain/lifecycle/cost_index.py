@@ -36,6 +36,10 @@ if TYPE_CHECKING:
 COSTS_PREFIX = "_cloudtrain/costs/"
 RUNNING_PREFIX = "_cloudtrain/running/"
 RUNNING = "running"  # the state of an attempt in flight
+# an in-flight record whose agent never published to the live index stands for a running attempt this
+# long after its launch (the instance boots and its agent starts), then for one a killed task left
+STARTUP_GRACE_S = 1800.0
+AGENT_ENDED, NEVER_STARTED = "its agent ended", "no agent published since its launch"  # stale_reason
 BY = ("dag", "task", "day", "week", "cloud")
 CHRONOLOGICAL = ("day", "week")  # groups listed in time order; the others costliest first
 
@@ -165,6 +169,34 @@ def read_running(bucket: RunFolder) -> list[CostRecord]:
         if text:
             out.append(CostRecord.from_json(text))
     return out
+
+
+def live_markers(bucket: RunFolder, bucket_uri: str) -> dict[str, set[str]]:
+    """The bucket's live index as {marker: instance ids}: which agents published (``BEACON``) and
+    which ended (``END``). One listing of the index, no reads."""
+    from airflow_cloudtrain.contract.runs import live_entry, live_index_uri
+
+    seen: dict[str, set[str]] = {}
+    for name in bucket.at(live_index_uri(bucket_uri)).list(""):
+        entry = live_entry(name)
+        if entry is not None:
+            seen.setdefault(entry[1], set()).add(entry[0])
+    return seen
+
+
+def stale_reason(record: CostRecord, live: dict[str, set[str]], now: float) -> str | None:
+    """Why an in-flight record no longer stands for an attempt in flight, or None while it does:
+    its agent ended (the release, which deletes the record, was cut short or is about to come), or
+    no agent ever published within ``STARTUP_GRACE_S`` of the launch (a launch a killed task left).
+    The page drops such records; ``cloudtrain gc --bucket`` deletes them."""
+    from airflow_cloudtrain.contract.runs import BEACON, END
+
+    if record.instance_id in live.get(END, set()):
+        return AGENT_ENDED
+    started = float(record.launched_at or record.released_at)
+    if record.instance_id not in live.get(BEACON, set()) and now - started > STARTUP_GRACE_S:
+        return NEVER_STARTED
+    return None
 
 
 def read_records(bucket: RunFolder, since: float, until: float | None = None) -> list[CostRecord]:

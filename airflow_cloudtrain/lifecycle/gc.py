@@ -15,6 +15,9 @@ A resource goes when its run is lapsed, finished or unknown AND it is older than
 (default 1 h: a run being launched right now, whose lease is not written yet, is never touched). A
 Vertex AI job has no agent of ours: ``gc`` is what cancels one whose lease lapsed.
 
+With a bucket, the bucket's running index entries that no attempt stands behind any more are listed
+too (kind ``running_index``, ``lifecycle.gc_running``) and deleted under the same rule.
+
 ``sweep`` deletes through the ledger kinds' own deleters (``ResourceLedger.release`` per run: groups
 first, firewall rules and gang networks last) and records ``orphaned.json`` (ended by ``gc``) for a run
 it ended because its lease lapsed. ``dry_run`` makes no write call at all.
@@ -302,6 +305,12 @@ def classify(
                 view=view,
             )
         )
+    if bucket and found_in:  # the bucket's running index entries that stand for no attempt any more
+        from airflow_cloudtrain.lifecycle.gc_running import stale_entries
+
+        for entry in stale_entries(_folder(found_in[0].folders, bucket), bucket, older_than_s, now):
+            entry.source = found_in[0]
+            out.append(entry)
     return sorted(out, key=lambda x: (x.digest or "", x.kind, x.id))
 
 
@@ -396,13 +405,23 @@ def format_table(found: list[Leftover]) -> str:
 def sweep(leftovers: list[Leftover], dry_run: bool = False, now: float | None = None) -> list[Leftover]:
     """Delete the leftovers marked ``delete``, run by run, through their kinds' deleters (in the
     kinds' release order); returns them with ``result`` set. ``dry_run``: nothing is called."""
+    from airflow_cloudtrain.lifecycle.gc_running import KIND as RUNNING_INDEX
+    from airflow_cloudtrain.lifecycle.gc_running import delete_entries
+
     doomed = [x for x in leftovers if x.action == DELETE]
     if dry_run:
         return doomed
     now = time.time() if now is None else now
     runs: dict[tuple[int, str], list[Leftover]] = defaultdict(list)
+    index_entries: dict[str, list[Leftover]] = defaultdict(list)
     for x in doomed:
-        runs[(id(x.source), x.digest or "")].append(x)
+        if x.kind == RUNNING_INDEX:  # an object in the bucket, not a cloud resource of a ledger kind
+            index_entries[x.location or ""].append(x)
+        else:
+            runs[(id(x.source), x.digest or "")].append(x)
+    for bucket, group in index_entries.items():
+        assert group[0].source is not None
+        delete_entries(_folder(group[0].source.folders, bucket), group)
     for (_, digest), group in runs.items():
         group.sort(key=lambda x: -(x.age_s or 0.0))  # oldest first: the ledger releases newest first
         entries = [Resource(x.kind, x.id, x.location) for x in group]

@@ -19,17 +19,16 @@ from airflow_cloudtrain.core.billing import billed_usd
 from airflow_cloudtrain.lifecycle.cost_index import (
     CostRecord,
     grand_total,
+    live_markers,
     read_records,
     read_running,
     select,
+    stale_reason,
     totals,
 )
 from airflow_cloudtrain.ui.timeline import Bar, timeline_svg
 
 BUCKETS_ENV = "CLOUDTRAIN_BUCKET"
-# an in-flight record whose agent never published to the live index: shown for this long after its
-# launch (the instance boots and its agent starts), then taken for one a killed task left behind
-STARTUP_GRACE_S = 1800.0
 TAIL_LINES = 40  # the lines of a running job's log the page shows
 
 
@@ -78,7 +77,7 @@ def load_running(buckets: Iterable[str], now: float | None = None) -> list[dict[
     """The attempts in flight of every bucket, newest first: the running index's records whose agent
     has not ended (the live index has no end marker for the instance), each with its cost so far at
     its price per hour (every node, per second with the 60 s minimum, as it will be billed)."""
-    from airflow_cloudtrain.contract.runs import BEACON, END, live_entry, live_index_uri
+    from airflow_cloudtrain.contract.runs import BEACON
     from airflow_cloudtrain.storage import open_run_folder
 
     now = time.time() if now is None else now
@@ -88,17 +87,11 @@ def load_running(buckets: Iterable[str], now: float | None = None) -> list[dict[
         records = read_running(folder)
         if not records:
             continue
-        seen: dict[str, set[str]] = {}
-        for name in folder.at(live_index_uri(bucket)).list(""):
-            entry = live_entry(name)
-            if entry is not None:
-                seen.setdefault(entry[1], set()).add(entry[0])
+        seen = live_markers(folder, bucket)
         for r in records:
+            if stale_reason(r, seen, now) is not None:
+                continue  # its agent ended, or a launch a killed task left behind
             started = float(r.launched_at or r.released_at)
-            if r.instance_id in seen.get(END, set()):
-                continue  # its agent ended: released, or about to be (the next read drops it)
-            if r.instance_id not in seen.get(BEACON, set()) and now - started > STARTUP_GRACE_S:
-                continue  # no agent ever published: a launch a killed task left behind
             running_s = max(0.0, now - started)
             rows.append(
                 {

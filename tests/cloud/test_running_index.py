@@ -20,9 +20,15 @@ from test_runs import BUCKET, scenario
 from waiting import wait_for
 
 from airflow_cloudtrain.contract.runs import end_name, live_index_uri
-from airflow_cloudtrain.lifecycle.cost_index import CostRecord, read_records, read_running, running_key
+from airflow_cloudtrain.lifecycle.cost_index import (
+    STARTUP_GRACE_S,
+    CostRecord,
+    read_records,
+    read_running,
+    running_key,
+)
 from airflow_cloudtrain.storage import open_run_folder
-from airflow_cloudtrain.ui.runs import STARTUP_GRACE_S, live_tail, load_running
+from airflow_cloudtrain.ui.runs import live_tail, load_running
 
 JOB = """
 import pathlib, sys, time
