@@ -27,7 +27,7 @@ in ``dag.test()`` (blocking) on the emulated EC2 / GCE, the job ``sleep 5``, aft
   barrier                     the last node's barrier record -> that (0 for one node)
   1 node + barrier            the 1-node row's figure plus this row's barrier: issue 25's goal is a
                               gang's start within 20% of it ("ratio" is ours over it)
-  describes / poll            DescribeInstances (EC2) or instances.list + instances.get (GCE) requests
+  describes / poll            DescribeInstances (EC2) or instances.aggregatedList + list + get (GCE)
                               the emulator served between the wait's first and last poll, divided by
                               the polls (goal: one per region per poll whatever N)
 
@@ -229,7 +229,10 @@ OPERATOR_CLOUDS = {  # run-folder scheme -> (cloud, bucket, region)
     "s3": ("ec2spot", "s3://cloudtrain-emulated/gang-bench", "us-east-1"),
     "gs": ("gcspot", "gs://cloudtrain-emulated/gang-bench", "us-central1"),
 }
-DESCRIBE_CALLS = {"s3": ("DescribeInstances",), "gs": ("instances.list", "instances.get")}
+DESCRIBE_CALLS = {
+    "s3": ("DescribeInstances",),
+    "gs": ("instances.aggregatedList", "instances.list", "instances.get"),
+}
 OPERATOR_JOB_S = 5.0  # the job sleeps this long: long enough for several polls of a running gang
 OPERATOR_POLL_S = 0.5
 

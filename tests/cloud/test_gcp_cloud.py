@@ -21,20 +21,20 @@ ZONE = "us-central1-b"
 _tokens = iter(range(1000))
 
 
-def launch(emu, cloud_name: str, hw: Hardware, **kw):
-    offer = choose_offer(cloud_name, hw, zone=ZONE)
+def launch(emu, cloud_name: str, hw: Hardware, zone: str = ZONE, **kw):
+    offer = choose_offer(cloud_name, hw, zone=zone)
     request = LaunchRequest(
         offer=offer,
-        zone=ZONE,
+        zone=zone,
         user_data="#!/bin/bash\ntrue\n",
         tags=KEY.tags(),
         client_token=f"{KEY.digest}-1-{next(_tokens)}",
         disk_gib=120,
         **kw,
     )
-    cloud = gcp_cloud(CloudTrainGcpHook(), "us-central1", ZONE)
+    cloud = gcp_cloud(CloudTrainGcpHook(), "us-central1", zone)
     inst = cloud.launch(request)
-    return cloud, inst, emu.gce.instance(ZONE, inst.id), offer
+    return cloud, inst, emu.gce.instance(zone, inst.id), offer
 
 
 def test_t4_attaches_to_n1_with_terminate_on_maintenance(emu) -> None:
@@ -120,3 +120,26 @@ def test_gce_triggers_share_one_list_per_zone(emu) -> None:
         assert emu.request_counts().get("instances.list") <= 2
     finally:
         cloud.terminate(names)
+
+
+def test_describe_over_a_region_is_one_aggregated_call_for_every_zone(emu) -> None:
+    """A region-wide describe (a gang's poll, a run that moved zones) finds VMs in two zones with one
+    ``aggregatedList`` filtered by name, not an ``instances.list`` per zone; a name no zone has is
+    reported gone."""
+    a = launch(emu, "gcloud", Hardware(cpus=1), zone="us-central1-b")[1]
+    b = launch(emu, "gcloud", Hardware(cpus=1), zone="us-central1-c")[1]
+    region = gcp_cloud(CloudTrainGcpHook(), "us-central1", None)
+    try:
+        assert len(region.zones) > 2
+        emu.reset_counts()
+        found = region.describe([a.id, b.id, "ct-never-launched"])
+        assert {n: i.zone for n, i in found.items() if n != "ct-never-launched"} == {
+            a.id: "us-central1-b",
+            b.id: "us-central1-c",
+        }
+        assert found[a.id].state in ("pending", "running") and found[b.id].state in ("pending", "running")
+        assert found["ct-never-launched"].state == "terminated" and found["ct-never-launched"].missing
+        counts = emu.request_counts()
+        assert counts.get("instances.aggregatedList") == 1 and not counts.get("instances.list"), counts
+    finally:
+        region.terminate([a.id, b.id])

@@ -50,6 +50,7 @@ SCOPES = [
     "https://www.googleapis.com/auth/logging.write",
 ]
 PAGE = 500  # instances.list maxResults limit
+AGGREGATED_NAMES_MAX = 64  # names one aggregatedList filter carries; more: the zonal listings
 
 
 def zones_of(region: str | None) -> list[str]:
@@ -254,13 +255,9 @@ class GcpCloud(Cloud):
         ]
 
     def describe(self, ids: list[str]) -> dict[str, Instance]:
-        """One list call per zone (per 500 instances); names not listed are gone (deleted)."""
+        """One call for the whole region (``_named``); names not listed are gone (deleted)."""
         wanted = set(ids)
-        out: dict[str, Instance] = {}
-        for zone in self.zones:
-            for raw in self._list(zone):
-                if raw.name in wanted:
-                    out[raw.name] = to_instance(raw)
+        out = {raw.name: to_instance(raw) for raw in self._named(sorted(wanted)) if raw.name in wanted}
         ended = [i for i in out.values() if i.state == TERMINATED]
         if ended or wanted - set(out):
             preempted = self._operation_targets("compute.instances.preempted")
@@ -280,6 +277,28 @@ class GcpCloud(Cloud):
                     missing=not known,
                 )
         return out
+
+    def _named(self, names: list[str]) -> list[Any]:
+        """The instances of these names in the region's zones. Several zones: ONE ``aggregatedList``
+        filtered by name (a gang's nodes, a run that moved zones) instead of an ``instances.list`` per
+        zone (four in us-central1); one zone, or more names than a filter should carry: the zonal
+        listings (per 500 instances)."""
+        from google.cloud import compute_v1
+
+        if len(self.zones) == 1 or not names or len(names) > AGGREGATED_NAMES_MAX:
+            return [raw for zone in self.zones for raw in self._list(zone)]
+        req = compute_v1.AggregatedListInstancesRequest(
+            project=self.project,
+            filter=" OR ".join(f'(name = "{name}")' for name in names),
+            max_results=PAGE,
+        )
+        zones = {f"zones/{zone}" for zone in self.zones}
+        return [
+            raw
+            for scope, scoped in self.instances.aggregated_list(request=req)
+            if scope in zones
+            for raw in scoped.instances
+        ]
 
     def _operation_targets(self, operation_type: str) -> set[str]:
         """Names of instances a zonal operation of this type acted on (preempted, deleted): how a
