@@ -81,10 +81,15 @@ CLOUD_SIDE = ("preempt_notice", "preempt_now", "capacity", "throttle")
 # drawn on its own after the rest, so a campaign's earlier draws stay what they were before it came:
 # a burst of server errors (5xx) on 30% of every cloud call for SERVER_ERRORS_S seconds
 SERVER_ERRORS, SERVER_ERRORS_P, SERVER_ERRORS_S = "server_errors", 0.2, 20.0
-VOCABULARY = AIRFLOW_SIDE + CLOUD_SIDE + (SERVER_ERRORS,)
+# drawn last, the same way: an instance's agent dies (killed, out of memory) while its machine runs on,
+# so nothing reports the job's end; the operator's watchdog (heartbeat_timeout) must notice. Not for
+# Vertex AI (no agent of ours there)
+AGENT_CRASH, AGENT_CRASH_P, CRASH_HEARTBEAT_TIMEOUT = "agent_crash", 0.15, "15s"
+VOCABULARY = AIRFLOW_SIDE + CLOUD_SIDE + (SERVER_ERRORS, AGENT_CRASH)
 # failures the faults may legitimately cause, by operator: (fault, regex the try's log must match)
 MAY_FAIL: dict[str, dict[str, str]] = {
     "train": {
+        AGENT_CRASH: r"stopped beating",
         "preempt_notice": r"interrupt|preempt|reclaim",
         "preempt_now": r"interrupt|preempt|reclaim|terminated|lost",
         "capacity": r"capacity|ZONE_RESOURCE_POOL_EXHAUSTED|InsufficientInstanceCapacity",
@@ -129,6 +134,8 @@ def draw(seed: int, n: int) -> Scenario:
     faults = faults or [rnd.choice(airflow)]
     if rnd.random() < SERVER_ERRORS_P:
         faults.append(SERVER_ERRORS)
+    if operator != "vertex" and rnd.random() < AGENT_CRASH_P:
+        faults.append(AGENT_CRASH)
     return Scenario(
         f"s{n:03d}", seed, operator, cloud, deferrable, sorted(faults), round(rnd.uniform(1, 6), 1)
     )
@@ -226,6 +233,8 @@ def operator_kwargs(s: Scenario) -> tuple[str, str]:
         f"bucket={bucket!r}, region={REGION[s.provider]!r}, poll_interval=1, live_prices=False, "
         f"orphan_timeout={lease}"
     )
+    if AGENT_CRASH in s.faults:  # the watchdog that notices a dead agent, short enough for a scenario
+        common += f", heartbeat_timeout={CRASH_HEARTBEAT_TIMEOUT!r}"
     if s.operator == "vertex":
         return "MLEngineTrainOperator", (
             f"region='us-central1', bucket={bucket!r}, code={VERTEX_CODE!r}, python_module='trainer.task', "
@@ -238,9 +247,12 @@ def operator_kwargs(s: Scenario) -> tuple[str, str]:
         return "CloudTrainOperator", f"{machine}, command={job!r}"
     if s.operator in ("resume", "gang"):
         nodes = ", num_nodes=2" if s.operator == "gang" else ""
+        # a dead agent is a lost attempt, which spends the error budget (0 by default: the task would
+        # fail naming it); one error restart lets the loop show it relaunches from the checkpoint
+        errors = ", max_restarts_on_errors=1" if AGENT_CRASH in s.faults else ""
         return "CheckpointResumeOperator", (
             f"{machine}, code={JOBS!r}, command='python3 steps.py 16 2 0.4', checkpoint_interval=1, "
-            f"max_restarts=4{nodes}"
+            f"max_restarts=4{nodes}{errors}"
         )
     items = [{"steps": 8, "step_s": 0.4, "n": n} for n in range(3)]
     fleet = (
@@ -306,6 +318,7 @@ class Outcome:
     duplicates: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     tries: list[str] = field(default_factory=list)  # per try: killed / success / failed
+    crashed: list[str] = field(default_factory=list)  # instances whose agent agent_crash killed
     seconds: float = 0.0
 
 
@@ -322,12 +335,15 @@ class Sampler:
         self.seen: set[str] = set()
         self.most = 0
         self.preempted: list[str] = []
+        self.crashed: list[str] = []  # instances whose agent the agent_crash fault killed
         self.errors = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         pending = [f for f in self.s.faults if f.startswith("preempt")]
+        crash = AGENT_CRASH in self.s.faults
+        first_seen: dict[str, float] = {}
         while not self._stop.wait(0.5):
             try:
                 alive = [i for i in self.cloud.find(self.digest) if i.state in ("pending", "running")]
@@ -337,6 +353,16 @@ class Sampler:
             self.seen.update(i.id for i in alive)
             self.most = max(self.most, len(alive))
             running = [i for i in alive if i.state == "running"]
+            now = time.monotonic()
+            for inst in running:
+                first_seen.setdefault(inst.id, now)
+            if crash:  # once an agent has run a few seconds (its job started): it dies, its machine runs on
+                agents = _EMU.runner.pids()
+                ready = [i.id for i in running if i.id in agents and now - first_seen[i.id] > 3.0]
+                if ready:
+                    _EMU.crash_agent(ready[0])
+                    self.crashed.append(ready[0])
+                    crash = False
             if pending and running:
                 fault = pending.pop(0)
                 _EMU.interrupt(running[0].id, notice_s=2.0 if fault == "preempt_notice" else 0.0)
@@ -443,6 +469,9 @@ def _play(s: Scenario, out: Outcome) -> None:
             ended = _wait(lambda: folder.get_text(ORPHANED_KEY) or _finished(folder), 240)
             if not ended and s.operator != "vertex":
                 out.problems.append("the lease lapsed but the run did not end itself (no orphaned.json)")
+    out.crashed = list(sampler.crashed)
+    if AGENT_CRASH in s.faults and not sampler.crashed and out.tries[-1:] != ["killed"]:
+        print(f"{s.id}: agent_crash found no agent to kill (the job ended first)", file=sys.stderr)
     _EMU.clear_faults()
     # the outcome
     if kill == "lease_lapse":

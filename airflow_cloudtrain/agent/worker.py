@@ -143,6 +143,7 @@ class Worker:
         self._signal: str | None = None
         self._protected = False
         self._lock = threading.Lock()
+        self._record_lock = threading.Lock()  # the loop and the record's beat both write it
         # the fleet's lease (``agent.lease``): lapsed, the worker stops taking items and leaves
         self.lease = LeaseWatch(folder, spec.orphan_timeout_s, time.time())
         self.orphaned: str | None = None
@@ -157,7 +158,16 @@ class Worker:
                 self.queue, self.group = open_backend(self.settings, self.instance_id)
             log.info("worker %s on %s (group %s)", self.instance_id, self.settings.queue, self.settings.group)
             self._write_record()
-            ending = self._loop()
+            # the record is this worker's heartbeat too: the fleet's watch replaces a worker whose
+            # record stops changing for heartbeat_timeout (its agent died, its machine runs on)
+            beat = Periodic(
+                "worker record", self.spec.heartbeat_interval_s, self._write_record, run_first=False
+            )
+            beat.start()
+            try:
+                ending = self._loop()
+            finally:
+                beat.stop()
         except Exception:
             log.exception("worker error; leaving")
         if ending == INTERRUPTED and self.orphaned:  # nobody watches the fleet: leave, the group drains
@@ -372,8 +382,9 @@ class Worker:
         return False
 
     def _write_record(self, final: bool = False) -> None:
-        self.record.updated_at = time.time()
-        text, key = self.record.to_json(), workqueue.worker_key(self.instance_id)
+        with self._record_lock:
+            self.record.updated_at = time.time()
+            text, key = self.record.to_json(), workqueue.worker_key(self.instance_id)
         try:
             if final:
                 retry(lambda: self.folder.put_text(key, text), what="worker record")

@@ -161,3 +161,7 @@ class FleetBackend(Protocol):
         """(body, deliveries) of the items that reached the dead-letter queue, taken off it."""
 
     def set_desired(self, name: str, desired: int) -> None: ...
+
+    def replace_member(self, name: str, instance_id: str) -> None:
+        """End a member whose agent went silent (its machine runs on, but nothing works there) and
+        let the group make another in its place: the group's size is kept."""

@@ -88,7 +88,8 @@ class SpotFleetOperator(WorkQueueOperator):
     :param max_launch_attempts: launch attempts across offers.
     :param live_prices: refresh shapes and prices from the cloud before choosing.
     :param startup_timeout: how long items may wait with no worker running before the task fails.
-    :param heartbeat_timeout: how long a silent agent is trusted.
+    :param heartbeat_timeout: how long a running worker may go without rewriting its record (every
+        few seconds) before the group replaces it: its agent died while its machine runs on.
     :param orphan_timeout: the fleet's watch renews its lease; once nobody did for this long its workers
         stop taking items and leave, so the group drains to 0 (default 30 minutes; None: off).
     """

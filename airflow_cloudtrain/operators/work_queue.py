@@ -154,6 +154,7 @@ class WorkQueueOperator(RunArgsOperator):
             self.wait.startup_timeout,
             self.poll_interval,
             self.project_id,
+            heartbeat_timeout=self.wait.heartbeat_timeout,
         )
 
     def on_handle(self, context: Context, engine: Engine[Any], handle: Any) -> None:

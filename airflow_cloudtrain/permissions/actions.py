@@ -63,6 +63,8 @@ GOOGLE: dict[str, dict[str, tuple[str, ...]]] = {
             *_VM,
         ),
         "instanceGroupManagers.resize": ("compute.instanceGroupManagers.update",),
+        "instanceGroupManagers.deleteInstances": ("compute.instanceGroupManagers.update",),
+        "instanceGroupManagers.recreateInstances": ("compute.instanceGroupManagers.update",),
         "instanceGroupManagers.delete": ("compute.instanceGroupManagers.delete", "compute.instances.delete"),
         "firewalls.insert": ("compute.firewalls.create", "compute.networks.updatePolicy"),
         "firewalls.delete": ("compute.firewalls.delete", "compute.networks.updatePolicy"),

@@ -39,6 +39,8 @@ class FleetTrigger(BaseTrigger):
     :param startup_timeout: seconds without any worker running while items wait before the fleet
         fails (None: no limit).
     :param project_id: the GCP project (GCP only; None: the connection's).
+    :param heartbeat_timeout: seconds a running worker's record may stay unchanged before the group
+        replaces it (its agent died; None: never).
     """
 
     def __init__(
@@ -48,8 +50,10 @@ class FleetTrigger(BaseTrigger):
         poll_interval: float = 10.0,
         startup_timeout: float | None = 1800.0,
         project_id: str | None = None,
+        heartbeat_timeout: float | None = None,
     ) -> None:
         super().__init__()
+        self.heartbeat_timeout = heartbeat_timeout
         self.handle = handle
         self.conn_id = conn_id
         self.project_id = project_id
@@ -65,6 +69,7 @@ class FleetTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "startup_timeout": self.startup_timeout,
                 "project_id": self.project_id,
+                "heartbeat_timeout": self.heartbeat_timeout,
             },
         )
 
@@ -90,7 +95,10 @@ class FleetTrigger(BaseTrigger):
         handle = FleetHandle.from_dict(self.handle)
         cloud = fleet_backend_for(backend, handle.zone)
         log = cast("logging.Logger", self.log)
-        return FleetWatch(handle, cloud, backend.run_folder(handle.run_uri), log, self.startup_timeout)
+        folder = backend.run_folder(handle.run_uri)
+        return FleetWatch(
+            handle, cloud, folder, log, self.startup_timeout, heartbeat_timeout=self.heartbeat_timeout
+        )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_cloudtrain.core.engine import apoll_until

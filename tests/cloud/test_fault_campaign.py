@@ -47,3 +47,17 @@ def test_a_drawn_scenario_leaks_nothing_runs_once_and_ends_as_documented(
         f"{result}"
     )
     assert result["tries"], result
+
+
+@pytest.mark.timeout(1800)
+def test_an_agent_crash_mid_run_is_noticed_and_the_resume_loop_goes_on(emu, airflow_db) -> None:
+    """The ``agent_crash`` fault, on a checkpoint-resume run: the agent dies while its machine runs on
+    (nothing reports the job's end), the operator's watchdog notices the silent agent, terminates the
+    machine and relaunches; the task succeeds, at most one instance of the run lived at a time and
+    nothing is left."""
+    faults = _campaign()
+    faults._EMU, faults._HOME = emu, dags_folder().parent
+    scenario = faults.Scenario("s900", SEED, "resume", "ec2spot", False, [faults.AGENT_CRASH], 2.0)
+    result = faults.run_scenario(asdict(scenario))
+    assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
+    assert result["tries"] == ["success"] and len(result["crashed"]) == 1, result

@@ -245,8 +245,9 @@ def test_a_group_that_cannot_go_keeps_the_rest_for_the_next_try(fake_kinds: list
 
 
 def test_the_engine_defers_on_the_same_trigger_and_event_shape_as_before() -> None:
-    """Tasks deferred by the previous release resume: the trigger's classpath and kwargs are the same,
-    and its event is read the same way (a failed one releases and fails the task)."""
+    """Tasks deferred by the previous release resume: the trigger's classpath and kwargs are the same
+    (``heartbeat_timeout`` added, optional), and its event is read the same way (a failed one releases
+    and fails the task)."""
     import logging
     from types import SimpleNamespace
 
@@ -269,8 +270,11 @@ def test_the_engine_defers_on_the_same_trigger_and_event_shape_as_before() -> No
             "poll_interval": 5.0,
             "startup_timeout": 900.0,
             "project_id": None,
+            "heartbeat_timeout": None,  # added since: a trigger stored without it builds (below)
         },
     )
+    before = {k: v for k, v in trigger.serialize()[1].items() if k != "heartbeat_timeout"}
+    assert FleetTrigger(**before).heartbeat_timeout is None
     event = {"status": "error", "message": "FleetFailed: gone", "handle": trigger.handle}
     with pytest.raises(AirflowException, match="fleet r1 failed: FleetFailed: gone"):
         engine.resume(event)

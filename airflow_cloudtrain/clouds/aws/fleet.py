@@ -349,6 +349,17 @@ class AwsFleet:
             AutoScalingGroupName=name, DesiredCapacity=desired, HonorCooldown=False
         )
 
+    def replace_member(self, name: str, instance_id: str) -> None:
+        """Scale-in protection off (a busy worker set it; its dead agent cannot take it off), then
+        terminate it through the group without lowering the desired capacity: the group launches a
+        replacement."""
+        self.autoscaling.set_instance_protection(
+            InstanceIds=[instance_id], AutoScalingGroupName=name, ProtectedFromScaleIn=False
+        )
+        self.autoscaling.terminate_instance_in_auto_scaling_group(
+            InstanceId=instance_id, ShouldDecrementDesiredCapacity=False
+        )
+
     def members(self, digest: str) -> list[Instance]:
         """Every worker of the run (any state), from EC2: type, market, launch time, how it ended.
         By the run-key tag the template gives them, which stays when the group lets one go."""

@@ -420,6 +420,19 @@ class GcpFleet:
             project=self.project, zone=self.zone, instance_group_manager=name, size=desired
         )
 
+    def replace_member(self, name: str, instance_id: str) -> None:
+        """``recreateInstances``: the group deletes the VM and makes it again under the same name."""
+        from google.cloud import compute_v1
+
+        url = f"projects/{self.project}/zones/{self.zone}/instances/{instance_id}"
+        body = compute_v1.InstanceGroupManagersRecreateInstancesRequest(instances=[url])
+        self._client("groups").recreate_instances(
+            project=self.project,
+            zone=self.zone,
+            instance_group_manager=name,
+            instance_group_managers_recreate_instances_request_resource=body,
+        )
+
     def members(self, digest: str) -> list[Instance]:
         """Every VM of the run, any state (by the run-key label the template gives them), in the
         group's zone: ``GcpCloud.find``, the sweep's own search."""

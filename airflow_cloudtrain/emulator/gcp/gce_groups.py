@@ -52,6 +52,11 @@ def group_rules(project: str, zone: str) -> list[Rule]:
             methods=["POST"],
         ),
         Rule(
+            f"{igm}/<name>/recreateInstances",
+            endpoint="instanceGroupManagers.recreateInstances",
+            methods=["POST"],
+        ),
+        Rule(
             f"{igm}/<name>/listManagedInstances",
             endpoint="instanceGroupManagers.listManagedInstances",
             methods=["POST"],
@@ -200,6 +205,33 @@ class GroupApi(GroupManager):
             kind = "compute.instanceGroupManagers.deleteInstances"
             return self._started(zone, kind, group.res, "instanceGroupManagers.deleteInstances", request_id)
 
+    def _group_recreate_instances(
+        self, zone: str, name: str, body: dict[str, Any], request_id: str | None
+    ) -> dict[str, Any]:
+        """Delete the named members' VMs and make them again under the same names (RECREATING until
+        then); targetSize is kept. URLs are checked as ``deleteInstances`` checks them."""
+        with self._lock:
+            if replay := self._replay(zone, "instanceGroupManagers.recreateInstances", request_id):
+                return replay
+            now = self._advance()
+            group = self._group(zone, name)
+            for i, url in enumerate(body.get("instances") or []):
+                field, parsed = f"resource.instances[{i}]", v.parse_zonal(url, "instances")
+                if parsed is None:
+                    raise v.invalid(field, url, "The URL is malformed.")
+                if parsed[0] != zone:
+                    raise v.invalid(field, url, f"The instance must be in the group's zone '{zone}'.")
+                member = group.members.get(parsed[1])
+                if member is None or member.action == "DELETING":
+                    raise v.invalid(field, url, f"The instance is not a member of '{name}'.")
+                inst = self._vm(group, member)
+                member.action = "RECREATING"
+                if inst is not None and inst.gone_at is None:
+                    self._remove_vm(inst, now)  # the member stays: made again once its VM is gone
+            self._reconcile(group, now)
+            kind = "compute.instanceGroupManagers.recreateInstances"
+            return self._started(zone, kind, group.res, "instanceGroupManagers.recreateInstances", request_id)
+
     def _group_delete(self, zone: str, name: str, request_id: str | None) -> dict[str, Any]:
         with self._lock:
             if replay := self._replay(zone, "instanceGroupManagers.delete", request_id):
@@ -305,6 +337,11 @@ class GroupApi(GroupManager):
 
     def _h_instanceGroupManagers_deleteInstances(self, req: Request, zone: str, name: str) -> dict[str, Any]:
         return self._group_delete_instances(zone, name, _body(req), req.args.get("requestId"))
+
+    def _h_instanceGroupManagers_recreateInstances(
+        self, req: Request, zone: str, name: str
+    ) -> dict[str, Any]:
+        return self._group_recreate_instances(zone, name, _body(req), req.args.get("requestId"))
 
     def _h_instanceGroupManagers_listManagedInstances(
         self, req: Request, zone: str, name: str

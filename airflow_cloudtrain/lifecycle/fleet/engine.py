@@ -33,10 +33,12 @@ class FleetEngine:
         startup_timeout: float | None,
         poll_interval: float,
         project_id: str | None = None,
+        heartbeat_timeout: float | None = None,
     ) -> None:
         self.fleet = fleet
         self.log = log
         self.startup_timeout = startup_timeout
+        self.heartbeat_timeout = heartbeat_timeout
         self.poll_interval = poll_interval
         self.project_id = project_id
         self._watch: FleetWatch | None = None
@@ -45,7 +47,12 @@ class FleetEngine:
         """The run's watch (one per handle: it remembers what it has seen)."""
         if self._watch is None or self._watch.handle is not handle:
             self._watch = FleetWatch(
-                handle, self.fleet.cloud, self.fleet.folder, self.log, self.startup_timeout
+                handle,
+                self.fleet.cloud,
+                self.fleet.folder,
+                self.log,
+                self.startup_timeout,
+                heartbeat_timeout=self.heartbeat_timeout,
             )
         return self._watch
 
@@ -84,6 +91,7 @@ class FleetEngine:
                 "poll_interval": self.poll_interval,
                 "startup_timeout": self.startup_timeout,
                 "project_id": self.project_id,
+                "heartbeat_timeout": self.heartbeat_timeout,
             },
         )
 

@@ -50,7 +50,7 @@ from airflow_cloudtrain.core.billing import (
     billed_usd,
     instance_cost,
 )
-from airflow_cloudtrain.core.cloud import ALIVE_STATES
+from airflow_cloudtrain.core.cloud import ALIVE_STATES, RUNNING
 from airflow_cloudtrain.core.lease import LeaseRenewer
 from airflow_cloudtrain.lifecycle.fleet.handle import FleetHandle
 
@@ -111,12 +111,18 @@ class FleetWatch:
         log: logging.Logger,
         startup_timeout: float | None = 1800.0,
         clock: Callable[[], float] = time.time,
+        heartbeat_timeout: float | None = None,
     ) -> None:
         self.handle = handle
         self.cloud = cloud
         self.folder = folder
         self.log = log
         self.startup_timeout = startup_timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        # worker -> the start of the record whose silence replaced it (``_replace_silent``): a GCE
+        # group makes the VM again under its name, whose new agent writes a record of its own
+        self.replaced: dict[str, float] = {}
+        self._silent_checked = 0.0
         self.clock = clock
         self.outcomes: dict[str, ItemOutcome] = {}
         self.members: dict[str, Instance] = {}  # instance id -> Instance (any state)
@@ -138,6 +144,7 @@ class FleetWatch:
         if group is None:
             raise FleetFailed(f"the worker group {handle.group} no longer exists")
         self._members(cloud.members(handle.run_key), now)
+        self._replace_silent(now)
         self._fail_dead_letters(cloud.take_dead_letters(handle.dead_letter))
         new = read_outcomes(self.folder, set(self.outcomes))
         for item_id in sorted(new):
@@ -238,6 +245,40 @@ class FleetWatch:
                 self.ended_seen[inst.id] = now
                 why = "reclaimed (spot interruption)" if inst.preempted else "ended"
                 self.log.info("Worker %s %s", inst.id, why)
+
+    def _replace_silent(self, now: float) -> None:
+        """A running worker whose record (its heartbeat: ``agent.worker`` rewrites it every few
+        seconds) has not changed for ``heartbeat_timeout``: its agent died while its machine runs on,
+        so it takes no item and would hold its place in the group for good. The group replaces it;
+        the item it held comes back after its lease. Checked every third of the timeout (a listing
+        and a read per worker); a worker that never wrote its record is left to ``startup_timeout``."""
+        timeout = self.heartbeat_timeout
+        if not timeout or now - self._silent_checked < timeout / 3:
+            return
+        self._silent_checked = now
+        records = self._worker_records()
+        for iid, inst in sorted(self.members.items()):
+            record = records.get(iid)
+            if inst.state != RUNNING or record is None or record.ended_at:
+                continue
+            if self.replaced.get(iid) == record.started_at:  # replaced; its successor not started yet
+                continue
+            silent = now - (record.updated_at or record.started_at)
+            if silent <= timeout:
+                continue
+            self.log.warning(
+                "Worker %s stopped beating %.0f s ago (heartbeat_timeout=%.0fs): its agent is gone; "
+                "replacing it",
+                iid,
+                silent,
+                timeout,
+            )
+            try:
+                self.cloud.replace_member(self.handle.group, iid)
+            except Exception as err:  # the next check tries again
+                self.log.warning("Could not replace worker %s: %s", iid, err)
+            else:
+                self.replaced[iid] = record.started_at
 
     def _log_outcome(self, outcome: ItemOutcome) -> None:
         where = f"on {outcome.instance_id}, delivery {outcome.attempts}"
