@@ -61,7 +61,7 @@ manager; ``gce_templates``: the template rules), for worker groups that the clou
   template a group uses is refused (400 ``resourceInUseByAnotherResource``), as on the real API.
 * ``InstanceGroupManagersClient`` (zonal): insert (``instanceTemplate`` as a URL; unknown: 404),
   get (``targetSize``, ``currentActions``, ``status.isStable``), list, resize, deleteInstances,
-  listManagedInstances (``currentAction``, ``instanceStatus``, ``lastAttempt``), delete.
+  recreateInstances (the VM deleted and made again under its name, targetSize kept), listManagedInstances (``currentAction``, ``instanceStatus``, ``lastAttempt``), delete.
 * The group manager runs on a daemon thread (every ``reconcile_s``, 0.2 s) and after each group call,
   never only when asked: a worker group runs with nobody polling it. It creates members from the
   template (``<baseInstanceName>-xxxx``, metadata ``created-by`` = the group), so the instances' side
