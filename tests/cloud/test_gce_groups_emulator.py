@@ -356,6 +356,37 @@ def test_delete_instances_lowers_the_target_and_is_not_undone(gce: Gce, unique: 
     gce.drop(group, template)
 
 
+def test_recreate_instances_makes_the_vm_again_under_its_name_and_keeps_the_target(
+    gce: Gce, unique: Callable[[str], str]
+) -> None:
+    template, group = unique("tpl"), unique("g")
+    gce.template(template)
+    gce.group(group, template, 2)
+    name = sorted(gce.running(group, 2))[0]
+    old_id = gce.vm(name).id
+    with pytest.raises(gexc.BadRequest, match="is not a member"):
+        gce.groups.recreate_instances(
+            project=gce.project,
+            zone=ZONE,
+            instance_group_manager=group,
+            instance_group_managers_recreate_instances_request_resource={
+                "instances": [f"zones/{ZONE}/instances/not-a-member"]
+            },
+        )
+    gce.groups.recreate_instances(
+        project=gce.project,
+        zone=ZONE,
+        instance_group_manager=group,
+        instance_group_managers_recreate_instances_request_resource={
+            "instances": [f"zones/{ZONE}/instances/{name}"]
+        },
+    ).result(timeout=120)
+    assert gce.managed(group)[name].current_action == "RECREATING" and gce.get(group).target_size == 2
+    wait_for(lambda: gce.vm_id(name) not in (None, old_id))  # deleted, then made again
+    assert name in gce.running(group, 2) and gce.get(group).target_size == 2
+    gce.drop(group, template)
+
+
 # --- groups: what the cloud does to members -----------------------------------------------------------
 
 

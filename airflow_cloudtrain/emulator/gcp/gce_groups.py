@@ -183,27 +183,36 @@ class GroupApi(GroupManager):
             now = self._advance()
             group = self._group(zone, name)
             skip = bool(body.get("skipInstancesOnValidationError"))
-            chosen: list[Member] = []
-            for i, url in enumerate(body.get("instances") or []):
-                field, parsed = f"resource.instances[{i}]", v.parse_zonal(url, "instances")
-                if parsed is None:
-                    raise v.invalid(field, url, "The URL is malformed.")
-                if parsed[0] != zone:
-                    raise v.invalid(field, url, f"The instance must be in the group's zone '{zone}'.")
-                member = group.members.get(parsed[1])
-                if member is None or member.action == "DELETING":
-                    if skip:
-                        continue
-                    why = "is not a member of" if member is None else "is already being deleted from"
-                    raise v.invalid(field, url, f"The instance {why} the instance group manager '{name}'.")
-                if member not in chosen:
-                    chosen.append(member)
+            chosen = self._members_named(group, zone, name, body, skip)
             for member in chosen:
                 self._drop(group, member, now)
             group.target = max(0, group.target - len(chosen))
             self._reconcile(group, now)
             kind = "compute.instanceGroupManagers.deleteInstances"
             return self._started(zone, kind, group.res, "instanceGroupManagers.deleteInstances", request_id)
+
+    def _members_named(
+        self, group: Group, zone: str, name: str, body: dict[str, Any], skip: bool
+    ) -> list[Member]:
+        """The members ``body["instances"]`` names (partial or full URLs), each once. A malformed URL
+        or one in another zone fails the request; a non-member or a member already being deleted
+        fails it too, unless ``skip``."""
+        chosen: list[Member] = []
+        for i, url in enumerate(body.get("instances") or []):
+            field, parsed = f"resource.instances[{i}]", v.parse_zonal(url, "instances")
+            if parsed is None:
+                raise v.invalid(field, url, "The URL is malformed.")
+            if parsed[0] != zone:
+                raise v.invalid(field, url, f"The instance must be in the group's zone '{zone}'.")
+            member = group.members.get(parsed[1])
+            if member is None or member.action == "DELETING":
+                if skip:
+                    continue
+                why = "is not a member of" if member is None else "is already being deleted from"
+                raise v.invalid(field, url, f"The instance {why} the instance group manager '{name}'.")
+            if member not in chosen:
+                chosen.append(member)
+        return chosen
 
     def _group_recreate_instances(
         self, zone: str, name: str, body: dict[str, Any], request_id: str | None
@@ -215,15 +224,7 @@ class GroupApi(GroupManager):
                 return replay
             now = self._advance()
             group = self._group(zone, name)
-            for i, url in enumerate(body.get("instances") or []):
-                field, parsed = f"resource.instances[{i}]", v.parse_zonal(url, "instances")
-                if parsed is None:
-                    raise v.invalid(field, url, "The URL is malformed.")
-                if parsed[0] != zone:
-                    raise v.invalid(field, url, f"The instance must be in the group's zone '{zone}'.")
-                member = group.members.get(parsed[1])
-                if member is None or member.action == "DELETING":
-                    raise v.invalid(field, url, f"The instance is not a member of '{name}'.")
+            for member in self._members_named(group, zone, name, body, skip=False):
                 inst = self._vm(group, member)
                 member.action = "RECREATING"
                 if inst is not None and inst.gone_at is None:
