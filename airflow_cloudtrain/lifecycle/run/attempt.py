@@ -527,14 +527,14 @@ class RunAttempt:
         iid, folder, cloud = launch.instance_id, self.folder, self.ctx.backend.cloud
         settings = self.ctx.wait
         follower = LogFollower(iid)
+        by_kill = f"instance {iid} was terminated"
         watch = RunWatch(
             self.deadline(), launch.launched_at, settings.startup_timeout, settings.heartbeat_timeout
         )
         watch.budget = self.budget(launch)
 
         def poll() -> Outcome | None:
-            if self.killed:  # not transient: out of the loop at once
-                raise RunKilled(f"task killed: instance {iid} was terminated")
+            self._unless_killed(by_kill)  # not transient: out of the loop at once
             self.lease.renew()  # when due: at most every renew_interval_s
             for line in follower.poll(folder.list, folder.get_bytes):
                 self.log.info("%s", render_line(line))
@@ -547,17 +547,17 @@ class RunAttempt:
             self.log.warning("Transient error while waiting (%s); polling again in %.0f s", err, delay)
 
         event = poll_until(poll, settings.poll_interval, stopped=lambda: self.killed, on_transient=transient)
-        self._unless_killed(f"instance {iid} was terminated")
+        self._unless_killed(by_kill)
         last_words = call_with_retry(lambda: follower.poll(folder.list, folder.get_bytes))
         for line in last_words:
             self.log.info("%s", render_line(line))
         return event
 
     def _unless_killed(self, what: str) -> None:
-        """Raise ``RunKilled`` if ``on_kill`` ran during the last poll. Airflow calls it from its
-        SIGTERM handler on this thread, mid-poll: the poll may then see the instances the kill just
-        terminated and call that an interruption. The attempt was killed, and its ledger row must
-        say so (``abandoned``), not what the kill did to it."""
+        """Raise ``RunKilled`` once ``on_kill`` ran: before each poll, and after the last one. Airflow
+        calls it from its SIGTERM handler on this thread, mid-poll: the poll may then see the
+        instances the kill just terminated and call that an interruption. The attempt was killed,
+        and its ledger row must say so (``abandoned``), not what the kill did to it."""
         if self.killed:
             raise RunKilled(f"task killed: {what}")
 
@@ -568,6 +568,7 @@ class RunAttempt:
 
         settings = self.ctx.wait
         options = self.ctx.gang or GangOptions(launch.num_nodes)
+        by_kill = f"the gang's {launch.num_nodes} nodes were terminated"
         gang = Gang(self.ctx.backend, self.folder, self.ledger, self.log, options)
         watch = GangWatch(
             launch.node_ids,
@@ -579,8 +580,7 @@ class RunAttempt:
         watch.budget = self.budget(launch)
 
         def check() -> None:
-            if self.killed:  # not transient: out of the loop at once
-                raise RunKilled(f"task killed: the gang's {launch.num_nodes} nodes were terminated")
+            self._unless_killed(by_kill)  # not transient: out of the loop at once
             self.lease.renew()  # every node reads the same lease
 
         outcome = gang.wait(
@@ -591,7 +591,7 @@ class RunAttempt:
             lambda: self.killed,
             lambda iid: self.heartbeat(launch, iid),
         )
-        self._unless_killed(f"the gang's {launch.num_nodes} nodes were terminated")
+        self._unless_killed(by_kill)
         return outcome
 
     def heartbeat(self, launch: LaunchRecord, instance_id: str | None = None) -> float | None:
