@@ -171,13 +171,13 @@ def read_running(bucket: RunFolder) -> list[CostRecord]:
     return out
 
 
-def live_markers(bucket: RunFolder, bucket_uri: str) -> dict[str, set[str]]:
+def live_markers(bucket: RunFolder) -> dict[str, set[str]]:
     """The bucket's live index as {marker: instance ids}: which agents published (``BEACON``) and
     which ended (``END``). One listing of the index, no reads."""
     from airflow_cloudtrain.contract.runs import live_entry, live_index_uri
 
     seen: dict[str, set[str]] = {}
-    for name in bucket.at(live_index_uri(bucket_uri)).list(""):
+    for name in bucket.at(live_index_uri(bucket.uri)).list(""):
         entry = live_entry(name)
         if entry is not None:
             seen.setdefault(entry[1], set()).add(entry[0])

@@ -308,7 +308,7 @@ def classify(
     if bucket and found_in:  # the bucket's running index entries that stand for no attempt any more
         from airflow_cloudtrain.lifecycle.gc_running import stale_entries
 
-        for entry in stale_entries(_folder(found_in[0].folders, bucket), bucket, older_than_s, now):
+        for entry in stale_entries(_folder(found_in[0].folders, bucket), older_than_s, now):
             entry.source = found_in[0]
             out.append(entry)
     return sorted(out, key=lambda x: (x.digest or "", x.kind, x.id))

@@ -11,7 +11,6 @@ decided by age alone). An entry of an attempt in flight is not listed.
 
 from __future__ import annotations
 
-import logging
 from typing import TYPE_CHECKING
 
 from airflow_cloudtrain.lifecycle.cost_index import (
@@ -27,19 +26,17 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.lifecycle.gc import Leftover
     from airflow_cloudtrain.storage import RunFolder
 
-log = logging.getLogger(__name__)
-
 KIND = "running_index"
 
 
-def stale_entries(folder: RunFolder, bucket: str, older_than_s: float, now: float) -> list[Leftover]:
-    """The bucket's stale running index entries, each with ``gc``'s decision."""
+def stale_entries(folder: RunFolder, older_than_s: float, now: float) -> list[Leftover]:
+    """The stale running index entries of the bucket ``folder`` is, each with ``gc``'s decision."""
     from airflow_cloudtrain.lifecycle.gc import FINISHED, UNKNOWN, Leftover, decide
 
     records = read_running(folder)
     if not records:
         return []
-    live = live_markers(folder, bucket)
+    live = live_markers(folder)
     out = []
     for record in records:
         why = stale_reason(record, live, now)
@@ -52,7 +49,7 @@ def stale_entries(folder: RunFolder, bucket: str, older_than_s: float, now: floa
             Leftover(
                 KIND,
                 running_key(record.run_id, record.instance_id)[len(RUNNING_PREFIX) :],
-                bucket,
+                folder.uri,
                 None,
                 record.run_uri,
                 age,

@@ -87,7 +87,7 @@ def load_running(buckets: Iterable[str], now: float | None = None) -> list[dict[
         records = read_running(folder)
         if not records:
             continue
-        seen = live_markers(folder, bucket)
+        seen = live_markers(folder)
         for r in records:
             if stale_reason(r, seen, now) is not None:
                 continue  # its agent ended, or a launch a killed task left behind

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from test_running_index import plant_running
 from waiting import wait_for
 
 from airflow_cloudtrain.catalog import choose_offer
@@ -27,14 +28,12 @@ from airflow_cloudtrain.contract.runs import (
     RunKey,
     RunSpec,
     RunStatus,
-    end_name,
     join,
-    live_index_uri,
     status_key,
 )
 from airflow_cloudtrain.core.cloud import LaunchRequest
 from airflow_cloudtrain.core.ledger import ResourceLedger
-from airflow_cloudtrain.lifecycle.cost_index import STARTUP_GRACE_S, CostRecord, running_key
+from airflow_cloudtrain.lifecycle.cost_index import STARTUP_GRACE_S
 from airflow_cloudtrain.spec import Hardware
 from airflow_cloudtrain.storage import open_run_folder
 
@@ -484,13 +483,8 @@ def test_the_operator_sweeps_in_a_dag_and_returns_the_listing(emu: Any, airflow_
         write_run(f"s3://{bucket}", k, state, "ec2")
         names[state] = secrets.put_secret(backend, k.digest, "TOKEN", "v")[0]
     # an attempt's entry in the running index whose release was cut short (its agent ended): gc's
-    stale = CostRecord(
-        "left_dag", "train", "manual__1", -1, "ct-left", f"s3://{bucket}/x", "ec2spot", "i-left", "m5.large",
-        1, True, "running", False, time.time() - 7200, time.time() - 7200, None, "", 0.1,
-    )  # fmt: skip
     folder = open_run_folder(f"s3://{bucket}")
-    folder.put_text(running_key("ct-left", "i-left"), json.dumps(stale.__dict__))
-    folder.at(live_index_uri(f"s3://{bucket}")).put_text(end_name("i-left"), "{}")
+    stale = plant_running(folder, "i-left", time.time() - 7200, ended=True)
     dag_id = f"gc_daily_{uuid.uuid4().hex[:6]}"
     dag = write_dag(
         f"""
@@ -513,9 +507,9 @@ with DAG({dag_id!r}, schedule="@daily", start_date=datetime(2026, 1, 1), catchup
             rows[names["finished"]]["action"] == "delete" and rows[names["finished"]]["result"] == "deleted"
         )
         assert rows[names["live"]]["action"] == "keep" and rows[names["live"]]["lease"] == "live"
-        assert rows["ct-left-i-left.json"]["kind"] == "running_index"
-        assert rows["ct-left-i-left.json"]["result"] == "deleted"
-        assert folder.get_text(running_key("ct-left", "i-left")) is None
+        assert rows["ct-left-i-left-i-left.json"]["kind"] == "running_index"
+        assert rows["ct-left-i-left-i-left.json"]["result"] == "deleted"
+        assert folder.get_text(stale) is None
         ours = [{"Key": "Name", "Option": "BeginsWith", "Values": ["/cloudtrain/"]}]
         pages = ssm.get_paginator("describe_parameters").paginate(ParameterFilters=ours)
         left = {p["Name"] for page in pages for p in page["Parameters"]}
@@ -534,23 +528,11 @@ def test_gc_deletes_the_running_index_entries_no_attempt_stands_behind(emu: Any)
     boto3.client("s3", region_name=AWS_REGION).create_bucket(Bucket=bucket)
     bucket_uri = f"s3://{bucket}"
     folder, now = open_run_folder(bucket_uri), time.time()
-
-    def entry(instance_id: str, launched_at: float, ended: bool = False) -> str:
-        record = CostRecord(
-            "left_dag", "train", "manual__1", -1, f"ct-left-{instance_id}", f"{bucket_uri}/x", "ec2spot",
-            instance_id, "m5.large", 1, True, "running", False, launched_at, launched_at, None, "", 0.1,
-        )  # fmt: skip
-        key = running_key(record.run_id, instance_id)
-        folder.put_text(key, json.dumps(record.__dict__))
-        if ended:
-            folder.at(live_index_uri(bucket_uri)).put_text(end_name(instance_id), "{}")
-        return key
-
     keys = {
-        "i-booting": entry("i-booting", now - 60),  # no agent yet, but it may still come: not stale
-        "i-never": entry("i-never", now - STARTUP_GRACE_S - 60),  # no agent ever: its task was killed
-        "i-ended": entry("i-ended", now - 3600, ended=True),  # its agent ended, the release cut short
-        "i-young": entry("i-young", now - 120, ended=True),  # ended, but younger than --older-than
+        "i-booting": plant_running(folder, "i-booting", now - 60),  # no agent yet, it may still come
+        "i-never": plant_running(folder, "i-never", now - STARTUP_GRACE_S - 60),  # its task was killed
+        "i-ended": plant_running(folder, "i-ended", now - 3600, ended=True),  # the release cut short
+        "i-young": plant_running(folder, "i-young", now - 120, ended=True),  # younger than --older-than
     }
     args = ["--cloud", "aws", "--region", AWS_REGION, "--bucket", bucket_uri, "--older-than", "10m"]
     rows = {r["id"]: r for r in listing(*args, "--dry-run") if r["kind"] == "running_index"}

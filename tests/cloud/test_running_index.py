@@ -7,7 +7,7 @@ one).
 
 from __future__ import annotations
 
-import json
+import logging
 import sys
 import threading
 import time
@@ -21,13 +21,15 @@ from waiting import wait_for
 
 from airflow_cloudtrain.contract.runs import end_name, live_index_uri
 from airflow_cloudtrain.lifecycle.cost_index import (
+    RUNNING,
     STARTUP_GRACE_S,
     CostRecord,
     read_records,
     read_running,
     running_key,
+    write_record,
 )
-from airflow_cloudtrain.storage import open_run_folder
+from airflow_cloudtrain.storage import RunFolder, open_run_folder
 from airflow_cloudtrain.ui.runs import live_tail, load_running
 
 JOB = """
@@ -96,23 +98,31 @@ def test_a_running_attempt_is_listed_with_its_cost_so_far_and_log_tail_until_rel
     assert [r.cost_usd for r in priced] == [result["cost_usd"]]
 
 
+def plant_running(
+    folder: RunFolder, instance_id: str, launched_at: float, ended: bool = False, dag_id: str = "left_dag"
+) -> str:
+    """An in-flight record of a made-up attempt (run ``ct-left-<instance id>``, $0.10/h), written as
+    ``RunAttempt.start`` writes one (``cost_index.write_record``); with ``ended``, its agent's end
+    marker in the bucket's live index. Its key."""
+    record = CostRecord(
+        dag_id, "train", "manual__1", -1, f"ct-left-{instance_id}", f"{folder.uri}/x", "ec2spot",
+        instance_id, "m5.large", 1, True, RUNNING, False, launched_at, launched_at, None, "", 0.1,
+    )  # fmt: skip
+    write_record(folder, record, logging.getLogger(__name__))
+    if ended:
+        folder.at(live_index_uri(folder.uri)).put_text(end_name(instance_id), "{}")
+    return record.key()
+
+
 def test_in_flight_records_a_killed_task_left_are_not_shown_as_running(emu: Any) -> None:
     bucket = BUCKET["aws"]
     folder = open_run_folder(bucket)
     now = time.time()
-
-    def left(instance_id: str, launched_at: float) -> CostRecord:
-        record = CostRecord(
-            "killed_dag", "train", "manual__1", -1, f"ct-left-{instance_id}", f"{bucket}/x", "ec2spot",
-            instance_id, "m5.large", 1, True, "running", False, launched_at, launched_at, None, "", 0.1,
-        )  # fmt: skip
-        folder.put_text(running_key(record.run_id, instance_id), json.dumps(record.__dict__))
-        return record
-
-    left("i-booting", now - 60)  # launched a minute ago, no agent yet: it may still come
-    left("i-never", now - STARTUP_GRACE_S - 60)  # never had an agent: a launch its task abandoned
-    left("i-ended", now - 600)  # its agent ended (the live index's end marker): released or about to be
-    folder.at(live_index_uri(bucket)).put_text(end_name("i-ended"), "{}")
+    plant_running(folder, "i-booting", now - 60, dag_id="killed_dag")  # no agent yet: it may still come
+    # never had an agent: a launch its task abandoned
+    plant_running(folder, "i-never", now - STARTUP_GRACE_S - 60, dag_id="killed_dag")
+    # its agent ended (the live index's end marker): released or about to be
+    plant_running(folder, "i-ended", now - 600, ended=True, dag_id="killed_dag")
     shown = {r["instance_id"]: r for r in load_running([bucket], now=now) if r["dag_id"] == "killed_dag"}
     assert set(shown) == {"i-booting"}
     assert shown["i-booting"]["live"] is False
