@@ -342,7 +342,6 @@ class Sampler:
 
     def _run(self) -> None:
         pending = [f for f in self.s.faults if f.startswith("preempt")]
-        crash = AGENT_CRASH in self.s.faults
         first_seen: dict[str, float] = {}
         while not self._stop.wait(0.5):
             try:
@@ -356,13 +355,13 @@ class Sampler:
             now = time.monotonic()
             for inst in running:
                 first_seen.setdefault(inst.id, now)
-            if crash:  # once an agent has run a few seconds (its job started): it dies, its machine runs on
+            if AGENT_CRASH in self.s.faults and not self.crashed:  # once an agent has run a few seconds
+                # (its job started), it dies; its machine runs on
                 agents = _EMU.runner.pids()
                 ready = [i.id for i in running if i.id in agents and now - first_seen[i.id] > 3.0]
                 if ready:
                     _EMU.crash_agent(ready[0])
                     self.crashed.append(ready[0])
-                    crash = False
             if pending and running:
                 fault = pending.pop(0)
                 _EMU.interrupt(running[0].id, notice_s=2.0 if fault == "preempt_notice" else 0.0)

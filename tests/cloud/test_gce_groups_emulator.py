@@ -140,6 +140,23 @@ class Gce:
             instance_group_managers_delete_instances_request_resource=request,
         ).result(timeout=120)
 
+    def recreate_instances(self, group: str, names: list[str]) -> None:
+        self.groups.recreate_instances(
+            project=self.project,
+            zone=ZONE,
+            instance_group_manager=group,
+            instance_group_managers_recreate_instances_request_resource={
+                "instances": [f"zones/{ZONE}/instances/{n}" for n in names]
+            },
+        ).result(timeout=120)
+
+    def two_members(self, template: str, group: str, spot: bool = False) -> tuple[str, int]:
+        """A group of two running members of a new template: the first member's name and VM id."""
+        self.template(template, spot=spot)
+        self.group(group, template, 2)
+        name = sorted(self.running(group, 2))[0]
+        return name, self.vm(name).id
+
     def ops(self, kind: str) -> list[compute_v1.Operation]:
         """The zone's operations of that type."""
         request = compute_v1.ListZoneOperationsRequest(
@@ -360,27 +377,10 @@ def test_recreate_instances_makes_the_vm_again_under_its_name_and_keeps_the_targ
     gce: Gce, unique: Callable[[str], str]
 ) -> None:
     template, group = unique("tpl"), unique("g")
-    gce.template(template)
-    gce.group(group, template, 2)
-    name = sorted(gce.running(group, 2))[0]
-    old_id = gce.vm(name).id
+    name, old_id = gce.two_members(template, group)
     with pytest.raises(gexc.BadRequest, match="is not a member"):
-        gce.groups.recreate_instances(
-            project=gce.project,
-            zone=ZONE,
-            instance_group_manager=group,
-            instance_group_managers_recreate_instances_request_resource={
-                "instances": [f"zones/{ZONE}/instances/not-a-member"]
-            },
-        )
-    gce.groups.recreate_instances(
-        project=gce.project,
-        zone=ZONE,
-        instance_group_manager=group,
-        instance_group_managers_recreate_instances_request_resource={
-            "instances": [f"zones/{ZONE}/instances/{name}"]
-        },
-    ).result(timeout=120)
+        gce.recreate_instances(group, ["not-a-member"])
+    gce.recreate_instances(group, [name])
     assert gce.managed(group)[name].current_action == "RECREATING" and gce.get(group).target_size == 2
     wait_for(lambda: gce.vm_id(name) not in (None, old_id))  # deleted, then made again
     assert name in gce.running(group, 2) and gce.get(group).target_size == 2
@@ -394,10 +394,7 @@ def test_member_deleted_outside_the_group_is_recreated_with_its_name(
     gce: Gce, unique: Callable[[str], str]
 ) -> None:
     template, group = unique("tpl"), unique("g")
-    gce.template(template)
-    gce.group(group, template, 2)
-    name = sorted(gce.running(group, 2))[0]
-    old_id = gce.vm(name).id
+    name, old_id = gce.two_members(template, group)
     gce.instances.delete(project=gce.project, zone=ZONE, instance=name).result(timeout=120)
     seen = {gce.managed(group)[name].current_action}  # repaired: RECREATING until it runs again
     members = wait_for(lambda: (seen.add(gce.managed(group)[name].current_action), gce.running(group, 2))[1])
@@ -410,10 +407,7 @@ def test_preempted_spot_member_is_recreated(
     gce: Gce, unique: Callable[[str], str], metadata: MetadataServer
 ) -> None:
     template, group = unique("tpl"), unique("g")
-    gce.template(template, spot=True)
-    gce.group(group, template, 2)
-    name = sorted(gce.running(group, 2))[0]
-    old_id = gce.vm(name).id
+    name, old_id = gce.two_members(template, group, spot=True)
     assert gce.vm(name).scheduling.provisioning_model == "SPOT"
     gcp = GcpInstances(gce.server, metadata, "")
     assert gcp.knows(name) and gcp.zone_of(name) == ZONE  # members made after the side started
