@@ -27,6 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from airflow_cloudtrain.emulator.agent_zygote import (
+    AgentForkServer,
+    ForkedProcess,
+    forking_enabled,
+    module_of,
+)
+
 log = logging.getLogger(__name__)
 MACHINE_MARKER = "CLOUDTRAIN_EMULATED_MACHINE"
 
@@ -50,7 +57,7 @@ class Seen:
 @dataclass
 class Agent:
     seen: Seen
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | ForkedProcess
     log_path: Path
 
 
@@ -78,6 +85,9 @@ class InstanceRunner:
         self.finished: set[str] = set()
         self.machines: set[str] = set()  # instances whose processes run here until they are gone
         self.lock = threading.RLock()
+        # agents are forked from a warm parent (``agent_zygote``), started with the first of them
+        self._forks: AgentForkServer | None = None
+        self._fork = forking_enabled()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="emulator-instances", daemon=True)
 
@@ -94,6 +104,9 @@ class InstanceRunner:
             for iid in list(self.machines):
                 self._power_down(iid)
             self.machines.clear()
+            if self._forks is not None:
+                self._forks.stop()
+                self._forks = None
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -144,12 +157,31 @@ class InstanceRunner:
             "--workdir",
             str(workdir / "work"),
         ]
-        with log_path.open("wb") as out:
-            process = subprocess.Popen(
-                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=seen.cwd
-            )
+        process: subprocess.Popen[bytes] | ForkedProcess | None = self._forked(cmd, env, seen.cwd, log_path)
+        if process is None:
+            with log_path.open("wb") as out:
+                process = subprocess.Popen(
+                    cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=seen.cwd
+                )
         log.info("emulator: started agent for %s (%s) pid %s", seen.id, seen.instance_type, process.pid)
         return Agent(seen, process, log_path)
+
+    def _forked(
+        self, cmd: list[str], env: dict[str, str], cwd: str | None, log_path: Path
+    ) -> ForkedProcess | None:
+        """``cmd`` forked from the warm parent when it is ``python -m module``; None: start it cold
+        (another command, forking off, or the parent failed: then every later agent starts cold)."""
+        module = module_of(cmd)
+        if module is None or not self._fork:
+            return None
+        try:
+            if self._forks is None:
+                self._forks = AgentForkServer(self.base_env)
+            return self._forks.spawn(module, cmd[3:], env, cwd, log_path)
+        except (OSError, RuntimeError) as err:
+            log.warning("emulator: agents start cold from now on (their warm parent failed: %s)", err)
+            self._fork = False
+            return None
 
     def _shut_down(self, agent: Agent) -> None:
         """As a terminated EC2 instance or deleted GCE VM: the OS sends SIGTERM (the agent records
