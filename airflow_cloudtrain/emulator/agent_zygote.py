@@ -34,6 +34,7 @@ its agents first), as cold-started agents were.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 import logging
 import os
@@ -53,7 +54,8 @@ log = logging.getLogger(__name__)
 FORK_SETTING = "CLOUDTRAIN_EMULATOR_FORK_AGENTS"
 READY_TIMEOUT_S = 300.0  # the parent's one start-up (imports), on a loaded machine
 START_TIMEOUT_S = 120.0  # one fork's answer
-FORKABLE = ("airflow_cloudtrain.agent",)  # what ``warm`` imports the dependencies of
+FORKABLE = ("airflow_cloudtrain.agent",)  # the programs ``warm`` prepares for
+PRELOAD = ("airflow_cloudtrain.agent.cli", "airflow_cloudtrain.agent.worker")  # their modules
 
 
 def forking_enabled() -> bool:
@@ -208,8 +210,8 @@ def warm() -> None:
     import google.cloud.storage  # noqa: F401
     import requests  # noqa: F401
 
-    import airflow_cloudtrain.agent.cli  # noqa: F401
-    import airflow_cloudtrain.agent.worker  # noqa: F401
+    for name in PRELOAD:  # by name, as the command names it: the emulator does not build on the agent
+        importlib.import_module(name)
 
 
 def run_child(request: dict[str, Any], parents_fds: list[int]) -> None:
