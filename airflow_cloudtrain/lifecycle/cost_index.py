@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -40,6 +40,7 @@ RUNNING = "running"  # the state of an attempt in flight
 # long after its launch (the instance boots and its agent starts), then for one a killed task left
 STARTUP_GRACE_S = 1800.0
 AGENT_ENDED, NEVER_STARTED = "its agent ended", "no agent published since its launch"  # stale_reason
+WATCH_SILENT = "its wait stopped refreshing it"  # a fleet's or a Vertex job's (``running_entry``)
 BY = ("dag", "task", "day", "week", "cloud")
 CHRONOLOGICAL = ("day", "week")  # groups listed in time order; the others costliest first
 
@@ -66,6 +67,10 @@ class CostRecord:
     cost_usd: float | None
     cost_basis: str
     hourly_usd: float | None = None  # every node's price per hour, root volumes included (in flight)
+    operator: str = ""  # a fleet's or a Vertex AI job's operator (an instance's attempt: empty)
+    # a watched in-flight record (a fleet, a Vertex job: ``lifecycle.running_entry``): its last write,
+    # with ``cost_usd`` what was spent by then; None for an instance's attempt (its agent tells it live)
+    updated_at: float | None = None
 
     @property
     def day(self) -> str:
@@ -138,7 +143,9 @@ class CostRecord:
     @classmethod
     def from_json(cls, text: str) -> CostRecord:
         data = json.loads(text)
-        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+        return cls(
+            **{f.name: data.get(f.name, None if f.default is MISSING else f.default) for f in fields(cls)}
+        )
 
 
 def write_record(bucket: RunFolder, record: CostRecord, log: logging.Logger) -> None:
@@ -188,9 +195,15 @@ def stale_reason(record: CostRecord, live: dict[str, set[str]], now: float) -> s
     """Why an in-flight record no longer stands for an attempt in flight, or None while it does:
     its agent ended (the release, which deletes the record, was cut short or is about to come), or
     no agent ever published within ``STARTUP_GRACE_S`` of the launch (a launch a killed task left).
-    The page drops such records; ``cloudtrain gc --bucket`` deletes them."""
+    The page drops such records; ``cloudtrain gc --bucket`` deletes them. A fleet's or a Vertex job's
+    record has no agent of its own: it is stale once its wait stopped rewriting it (``updated_at``
+    older than ``running_entry.SILENT_AFTER_S``)."""
     from airflow_cloudtrain.contract.runs import BEACON, END
 
+    if record.updated_at is not None:
+        from airflow_cloudtrain.lifecycle.running_entry import SILENT_AFTER_S
+
+        return WATCH_SILENT if now - float(record.updated_at) > SILENT_AFTER_S else None
     if record.instance_id in live.get(END, set()):
         return AGENT_ENDED
     started = float(record.launched_at or record.released_at)

@@ -91,15 +91,17 @@ def _running_table(running: list[dict[str, Any]], link: bool) -> str:
         rows.append(
             f"<tr class='ct-live' data-key='{escape(r['key'])}' data-instance='{escape(r['instance_id'])}'>"
             f"<td>{escape(r['dag_id'])}</td><td>{_ti_link(r)}</td><td>{escape(r['airflow_run_id'])}</td>"
-            f"<td>{escape(r['cloud'])}</td><td>{escape(r['instance_id'])}</td>"
-            f"<td>{escape(r['instance_type'] or '')}</td><td class='num'>{r['nodes']}</td>"
+            f"<td>{escape(r['cloud'])}</td><td class='muted'>{escape(r.get('operator') or '')}</td>"
+            f"<td>{escape(r['instance_id'])}</td>"
+            f"<td>{escape(r['instance_type'] or '')}</td><td class='num nodes'>{r['nodes']}</td>"
             f"<td>{'spot' if r['spot'] else 'on-demand'}</td><td class='muted'>{day(r['launched_at'])}</td>"
             f"<td class='num'>{duration(r['running_s'])}</td>"
             f"<td class='num cost'>{_usd(r['cost_so_far_usd'])}</td>{open_link}</tr>"
         )
     return (
         f"<h2>Running now ({len(running)})</h2><table id='ct-running'><tr><th>DAG</th><th>task</th>"
-        "<th>Airflow run</th><th>cloud</th><th>instance</th><th>type</th><th class='num'>nodes</th>"
+        "<th>Airflow run</th><th>cloud</th><th>operator</th><th>instance / group / job</th><th>type</th>"
+        "<th class='num'>nodes / workers / replicas</th>"
         "<th>market</th><th>launched (UTC)</th><th class='num'>running for</th>"
         "<th class='num'>cost so far</th>"
         + ("<th></th>" if link else "")
@@ -178,6 +180,7 @@ def run_page(detail: dict[str, Any] | None, back: str, running: list[dict[str, A
         f"<h2>Log of {escape(r['instance_id'])} (last {len(r.get('tail', []))} lines)</h2>"
         f"<pre class='tail' id='ct-tail'>{escape(chr(10).join(r.get('tail', [])))}</pre>"
         for r in running
+        if r.get("live", True)  # a fleet or a Vertex job has no agent beacon to tail
     )
     if detail is None:
         head = running[0]

@@ -26,6 +26,7 @@ from airflow_cloudtrain.lifecycle.cost_index import (
     stale_reason,
     totals,
 )
+from airflow_cloudtrain.lifecycle.running_entry import cost_so_far
 from airflow_cloudtrain.ui.timeline import Bar, timeline_svg
 
 BUCKETS_ENV = "CLOUDTRAIN_BUCKET"
@@ -76,7 +77,9 @@ def load_records(buckets: Iterable[str], since: float) -> list[CostRecord]:
 def load_running(buckets: Iterable[str], now: float | None = None) -> list[dict[str, Any]]:
     """The attempts in flight of every bucket, newest first: the running index's records whose agent
     has not ended (the live index has no end marker for the instance), each with its cost so far at
-    its price per hour (every node, per second with the 60 s minimum, as it will be billed)."""
+    its price per hour (every node, per second with the 60 s minimum, as it will be billed); a fleet's
+    or a Vertex AI job's while its wait keeps refreshing it, its cost so far what was spent by the last
+    refresh plus its price per hour since (``lifecycle.running_entry``)."""
     from airflow_cloudtrain.contract.runs import BEACON
     from airflow_cloudtrain.storage import open_run_folder
 
@@ -93,6 +96,10 @@ def load_running(buckets: Iterable[str], now: float | None = None) -> list[dict[
                 continue  # its agent ended, or a launch a killed task left behind
             started = float(r.launched_at or r.released_at)
             running_s = max(0.0, now - started)
+            if r.updated_at is not None:  # a fleet or a Vertex job: spent by its last write, and since
+                so_far = cost_so_far(r, now)
+            else:
+                so_far = None if r.hourly_usd is None else round(billed_usd(float(r.hourly_usd), running_s), 6)
             rows.append(
                 {
                     "key": r.run_id,
@@ -107,9 +114,10 @@ def load_running(buckets: Iterable[str], now: float | None = None) -> list[dict[
                     "spot": r.spot,
                     "launched_at": started,
                     "running_s": round(running_s, 1),
-                    "cost_so_far_usd": None
-                    if r.hourly_usd is None
-                    else round(billed_usd(float(r.hourly_usd), running_s), 6),
+                    "operator": r.operator or "",
+                    "hourly_usd": r.hourly_usd,
+                    "run_uri": r.run_uri,
+                    "cost_so_far_usd": so_far,
                     "bucket": bucket,
                     "live": r.instance_id in seen.get(BEACON, set()),
                 }

@@ -154,7 +154,7 @@ class FleetEngine:
 
         fleet = self.fleet
         watch.refresh()  # workers launched after the last poll count too
-        fleet.release()
+        fleet.release(unindex=False)  # the running record goes once the priced one is written
         backend, gpus = fleet.ctx.backend, fleet.ctx.config.hardware.gpus
         result = watch.result(
             charged=lambda itype, zone, spot, start, end: backend.charged_prices(
@@ -162,6 +162,7 @@ class FleetEngine:
             )
         )
         self._index_cost(result)
+        fleet.unindex()
         self.log.info(
             "Fleet %s: %d/%d item(s) succeeded on %d worker(s), %d interruption(s), $%.6f",
             result["run_id"],
