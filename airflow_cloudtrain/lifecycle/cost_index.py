@@ -291,7 +291,7 @@ def grand_total(records: Iterable[CostRecord], by: str) -> dict[str, Any]:
     }
 
 
-def fleet_record(result: dict[str, Any], key: RunKey, ended_at: float) -> CostRecord:
+def fleet_record(result: dict[str, Any], key: RunKey, ended_at: float, operator: str = "") -> CostRecord:
     """A fleet's (or group's) whole run as one record: its group stands in for the instance."""
     return CostRecord(
         dag_id=key.dag_id,
@@ -311,6 +311,7 @@ def fleet_record(result: dict[str, Any], key: RunKey, ended_at: float) -> CostRe
         released_at=ended_at,
         cost_usd=result.get("cost_usd"),
         cost_basis=str(result.get("cost_basis") or ""),
+        operator=operator,
     )
 
 
@@ -335,4 +336,5 @@ def vertex_record(result: dict[str, Any], key: RunKey, ended_at: float) -> CostR
         released_at=ended_at,
         cost_usd=result.get("cost_usd"),
         cost_basis=str(result.get("cost_basis") or ""),
+        operator="MLEngineTrainOperator",
     )

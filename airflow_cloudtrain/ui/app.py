@@ -24,6 +24,7 @@ from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse
 
 from airflow_cloudtrain.ui import page
+from airflow_cloudtrain.ui.run_timeline import timeline_of
 from airflow_cloudtrain.ui.runs import (
     Filters,
     choices,
@@ -143,7 +144,7 @@ def create_app() -> FastAPI:
         running = _with_tails(_running(user, key=key))
         if detail is None and not running:
             return page.no_run_page(f"No attempt of {key} since {since}.", "../")
-        return page.run_page(detail, "../", running)
+        return page.run_page(detail, "../", running, timeline_of(detail, running))
 
     @app.get("/ti", response_class=HTMLResponse)
     def task_instance(
@@ -173,6 +174,6 @@ def create_app() -> FastAPI:
                 "instance is launched).",
                 "./",
             )
-        return page.run_page(detail, "./", running)
+        return page.run_page(detail, "./", running, timeline_of(detail, running))
 
     return app

@@ -147,7 +147,7 @@ class FleetEngine:
         except Exception as err:
             self.log.warning("Could not add the fleet to the bucket's cost index (%s)", err)
             return
-        write_record(bucket, fleet_record(result, ctx.key, time.time()), self.log)
+        write_record(bucket, fleet_record(result, ctx.key, time.time(), ctx.operator), self.log)
 
     def deliver(self, watch: FleetWatch) -> dict[str, Any]:
         from airflow.exceptions import AirflowException
