@@ -16,7 +16,8 @@ and no cost yet, so the Cloud training page can show what runs now::
 
 Released, it is deleted (after the priced record is written). One left by a task killed mid-way is
 told apart by the reader (``ui.runs.load_running``: the live index says its agent ended, or it never
-started one).
+started one). A fleet or a Vertex AI job has a record there too, its group or job standing in for the
+instance, kept by its wait (``lifecycle.running_entry``: stale once the wait stops refreshing it).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ RUNNING = "running"  # the state of an attempt in flight
 STARTUP_GRACE_S = 1800.0
 AGENT_ENDED, NEVER_STARTED = "its agent ended", "no agent published since its launch"  # stale_reason
 WATCH_SILENT = "its wait stopped refreshing it"  # a fleet's or a Vertex job's (``running_entry``)
+REFRESH_S = 600.0  # a fleet's or Vertex job's record is rewritten at least this often by its wait
+SILENT_AFTER_S = 3 * REFRESH_S  # not rewritten for this long: nobody watches its run any more
 BY = ("dag", "task", "day", "week", "cloud")
 CHRONOLOGICAL = ("day", "week")  # groups listed in time order; the others costliest first
 
@@ -201,8 +204,6 @@ def stale_reason(record: CostRecord, live: dict[str, set[str]], now: float) -> s
     from airflow_cloudtrain.contract.runs import BEACON, END
 
     if record.updated_at is not None:
-        from airflow_cloudtrain.lifecycle.running_entry import SILENT_AFTER_S
-
         return WATCH_SILENT if now - float(record.updated_at) > SILENT_AFTER_S else None
     if record.instance_id in live.get(END, set()):
         return AGENT_ENDED

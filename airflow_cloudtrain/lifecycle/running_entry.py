@@ -22,7 +22,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.lifecycle.cost_index import (
+    REFRESH_S,
     RUNNING,
+    SILENT_AFTER_S,
     CostRecord,
     clear_running,
     write_record,
@@ -32,8 +34,7 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.contract.runs import RunKey
     from airflow_cloudtrain.storage import RunFolder
 
-REFRESH_S = 600.0  # a watched record is rewritten at least this often, changed or not
-SILENT_AFTER_S = 3 * REFRESH_S  # not rewritten for this long: nobody watches its run any more
+__all__ = ["REFRESH_S", "SILENT_AFTER_S", "RunningEntry", "cost_so_far"]
 
 
 @dataclass
@@ -98,13 +99,9 @@ class RunningEntry:
         )
 
     def write(self, folder: RunFolder, log: logging.Logger) -> None:
-        """Write the record as it is (``folder``: any folder of the bucket's cloud; best effort)."""
-        try:
-            bucket = folder.at(self.bucket)
-        except Exception as err:
-            log.warning("Could not add the run to the bucket's running index (%s)", err)
-            return
-        write_record(bucket, self.record, log)
+        """Write the record as it is (``folder``: any folder of the bucket's cloud, whose clients
+        ``at`` reuses; best effort, as ``write_record`` is)."""
+        write_record(folder.at(self.bucket), self.record, log)
 
     def update(
         self,
@@ -147,12 +144,7 @@ class RunningEntry:
 
     def clear(self, folder: RunFolder, log: logging.Logger) -> None:
         """Out of the running index (the run was released, or priced): best effort."""
-        try:
-            bucket = folder.at(self.bucket)
-        except Exception as err:
-            log.warning("Could not take the run out of the bucket's running index (%s)", err)
-            return
-        clear_running(bucket, self.record.run_id, self.record.instance_id, log)
+        clear_running(folder.at(self.bucket), self.record.run_id, self.record.instance_id, log)
 
 
 def cost_so_far(record: CostRecord, now: float | None = None) -> float | None:

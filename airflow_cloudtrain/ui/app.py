@@ -9,8 +9,8 @@ manager lets them read.
     GET /            the page (HTML): the attempts running now, totals per DAG, week and day, every run
     GET /runs        the same as JSON (``?since=7d&dag=...&state=...&cloud=...``)
     GET /runs/KEY    one run (its ``ct-...`` id) as JSON: its attempts in order, and one in flight
-    GET /run/KEY     one run's page: the attempt running now with its log's tail, the timeline, the
-                     attempts
+    GET /run/KEY     one run's page: the attempt running now with its log's tail, the timeline (with
+                     its run folder's marks: ``ui.run_timeline``), the attempts
     GET /ti          a task instance's run (``?dag_id&run_id&task_id&map_index``): its UI tab
 """
 
