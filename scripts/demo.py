@@ -226,7 +226,8 @@ def write_timeline(result: dict) -> None:
     """The run's attempts as the Cloud training page draws them (airflow_cloudtrain.ui), from the same
     cost index, to ``TIMELINE``; ``main`` names the file at the end."""
     from airflow_cloudtrain.cli_costs import parse_since
-    from airflow_cloudtrain.ui.runs import load_records, run_detail, timeline_of
+    from airflow_cloudtrain.ui.run_timeline import timeline_of
+    from airflow_cloudtrain.ui.runs import load_records, run_detail
 
     bucket = load_module("retrain_spot").BUCKET  # the DAG's bucket, whose cost index the page reads
     detail = run_detail(load_records([bucket], parse_since("1d")), result["run_id"])

@@ -16,7 +16,8 @@ and no cost yet, so the Cloud training page can show what runs now::
 
 Released, it is deleted (after the priced record is written). One left by a task killed mid-way is
 told apart by the reader (``ui.runs.load_running``: the live index says its agent ended, or it never
-started one).
+started one). A fleet or a Vertex AI job has a record there too, its group or job standing in for the
+instance, kept by its wait (``lifecycle.running_entry``: stale once the wait stops refreshing it).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -40,6 +41,9 @@ RUNNING = "running"  # the state of an attempt in flight
 # long after its launch (the instance boots and its agent starts), then for one a killed task left
 STARTUP_GRACE_S = 1800.0
 AGENT_ENDED, NEVER_STARTED = "its agent ended", "no agent published since its launch"  # stale_reason
+WATCH_SILENT = "its wait stopped refreshing it"  # a fleet's or a Vertex job's (``running_entry``)
+REFRESH_S = 600.0  # a fleet's or Vertex job's record is rewritten at least this often by its wait
+SILENT_AFTER_S = 3 * REFRESH_S  # not rewritten for this long: nobody watches its run any more
 BY = ("dag", "task", "day", "week", "cloud")
 CHRONOLOGICAL = ("day", "week")  # groups listed in time order; the others costliest first
 
@@ -66,6 +70,10 @@ class CostRecord:
     cost_usd: float | None
     cost_basis: str
     hourly_usd: float | None = None  # every node's price per hour, root volumes included (in flight)
+    operator: str = ""  # a fleet's or a Vertex AI job's operator (an instance's attempt: empty)
+    # a watched in-flight record (a fleet, a Vertex job: ``lifecycle.running_entry``): its last write,
+    # with ``cost_usd`` what was spent by then; None for an instance's attempt (its agent tells it live)
+    updated_at: float | None = None
 
     @property
     def day(self) -> str:
@@ -138,7 +146,9 @@ class CostRecord:
     @classmethod
     def from_json(cls, text: str) -> CostRecord:
         data = json.loads(text)
-        return cls(**{f.name: data.get(f.name) for f in fields(cls)})
+        return cls(
+            **{f.name: data.get(f.name, None if f.default is MISSING else f.default) for f in fields(cls)}
+        )
 
 
 def write_record(bucket: RunFolder, record: CostRecord, log: logging.Logger) -> None:
@@ -188,9 +198,13 @@ def stale_reason(record: CostRecord, live: dict[str, set[str]], now: float) -> s
     """Why an in-flight record no longer stands for an attempt in flight, or None while it does:
     its agent ended (the release, which deletes the record, was cut short or is about to come), or
     no agent ever published within ``STARTUP_GRACE_S`` of the launch (a launch a killed task left).
-    The page drops such records; ``cloudtrain gc --bucket`` deletes them."""
+    The page drops such records; ``cloudtrain gc --bucket`` deletes them. A fleet's or a Vertex job's
+    record has no agent of its own: it is stale once its wait stopped rewriting it (``updated_at``
+    older than ``running_entry.SILENT_AFTER_S``)."""
     from airflow_cloudtrain.contract.runs import BEACON, END
 
+    if record.updated_at is not None:
+        return WATCH_SILENT if now - float(record.updated_at) > SILENT_AFTER_S else None
     if record.instance_id in live.get(END, set()):
         return AGENT_ENDED
     started = float(record.launched_at or record.released_at)
@@ -278,7 +292,7 @@ def grand_total(records: Iterable[CostRecord], by: str) -> dict[str, Any]:
     }
 
 
-def fleet_record(result: dict[str, Any], key: RunKey, ended_at: float) -> CostRecord:
+def fleet_record(result: dict[str, Any], key: RunKey, ended_at: float, operator: str = "") -> CostRecord:
     """A fleet's (or group's) whole run as one record: its group stands in for the instance."""
     return CostRecord(
         dag_id=key.dag_id,
@@ -298,6 +312,7 @@ def fleet_record(result: dict[str, Any], key: RunKey, ended_at: float) -> CostRe
         released_at=ended_at,
         cost_usd=result.get("cost_usd"),
         cost_basis=str(result.get("cost_basis") or ""),
+        operator=operator,
     )
 
 
@@ -322,4 +337,5 @@ def vertex_record(result: dict[str, Any], key: RunKey, ended_at: float) -> CostR
         released_at=ended_at,
         cost_usd=result.get("cost_usd"),
         cost_basis=str(result.get("cost_basis") or ""),
+        operator="MLEngineTrainOperator",
     )

@@ -5,8 +5,9 @@ An attempt's release deletes its entry; a task killed between its launch and its
 release cut short, leaves one behind. The Cloud training page already drops such entries when it
 reads them (``cost_index.stale_reason``), but they pile up: ``gc`` lists them beside the cloud's
 leftovers, as kind ``running_index``, and deletes those older than ``--older-than`` under the same
-decision table (an entry whose agent ended is a finished run; one whose agent never published is
-decided by age alone). An entry of an attempt in flight is not listed.
+decision table (an entry whose agent ended is a finished run; one whose agent never published, or a
+fleet's or Vertex AI job's entry that its wait stopped refreshing, is decided by age alone: for the
+latter, the time since its last refresh). An entry of a run in flight is not listed.
 """
 
 from __future__ import annotations
@@ -43,7 +44,9 @@ def stale_entries(folder: RunFolder, older_than_s: float, now: float) -> list[Le
         if why is None:
             continue  # an attempt in flight
         lease = FINISHED if why == AGENT_ENDED else UNKNOWN
-        age = max(0.0, now - float(record.launched_at or record.released_at))
+        # a fleet's or a Vertex job's record: its age is its silence (its wait rewrote it until then)
+        last = record.updated_at or record.launched_at or record.released_at
+        age = max(0.0, now - float(last))
         action, because = decide(lease, age, older_than_s)
         out.append(
             Leftover(

@@ -159,6 +159,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
         loop = RecoveryLoop(ctx, settings, job, parse_resume_from(self.resume_from, config.cloud))
         # a deadline given as a timedelta counts from the loop's first start, kept in its history
         loop.settings = replace(settings, deadline_at=args.deadline_at(loop.history.started_at))
+        loop.history.deadline_at = loop.settings.deadline_at  # in the ledger: the timeline's line
         return loop
 
     def _price_ratio(self, config: Any) -> float:

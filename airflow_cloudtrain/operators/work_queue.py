@@ -137,6 +137,7 @@ class WorkQueueOperator(RunArgsOperator):
             conn_id=base.conn_id,
             secret_env=base.secret_env,
             project_id=self.project_id,
+            operator=type(self).__name__,
         )
         self._fleet = FleetRun(ctx)
         return self._fleet

@@ -129,6 +129,12 @@ class FleetTrigger(BaseTrigger):
     def _release(self) -> None:
         from airflow_cloudtrain.core.ledger import ResourceLedger
         from airflow_cloudtrain.lifecycle.fleet.run import release_fleet
+        from airflow_cloudtrain.lifecycle.running_entry import RunningEntry
 
-        ledger = ResourceLedger(self.handle["run_key"], logger=logging.getLogger(__name__))
-        release_fleet(ledger, self._backend(), TransientBudget(budget_s=25.0, cap_s=5.0))
+        log = logging.getLogger(__name__)
+        ledger = ResourceLedger(self.handle["run_key"], logger=log)
+        backend = self._backend()
+        release_fleet(ledger, backend, TransientBudget(budget_s=25.0, cap_s=5.0))
+        entry = RunningEntry.from_dict(self.handle.get("index"))
+        if entry is not None:  # out of the bucket's running index too
+            entry.clear(backend.run_folder(entry.bucket), log)

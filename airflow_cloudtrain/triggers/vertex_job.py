@@ -34,6 +34,7 @@ from airflow_cloudtrain.core.budget import replicas_over_budget
 from airflow_cloudtrain.core.engine import apoll_until
 from airflow_cloudtrain.core.lease import LeaseRenewer
 from airflow_cloudtrain.core.retry import TransientBudget
+from airflow_cloudtrain.lifecycle.running_entry import RunningEntry
 from airflow_cloudtrain.triggers import shared_poll
 
 if TYPE_CHECKING:
@@ -159,6 +160,7 @@ class VertexJobTrigger(BaseTrigger):
         max_cost: float | None = None,
         hourly_usd: float | None = None,
         orphan_timeout: float | None = None,
+        index: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.job_name = job_name
@@ -170,6 +172,7 @@ class VertexJobTrigger(BaseTrigger):
         self.max_cost = max_cost
         self.hourly_usd = hourly_usd
         self.orphan_timeout = orphan_timeout  # the job's lease, renewed while waiting (``core.lease``)
+        self.index = index  # its record in the bucket's running index (``lifecycle.running_entry``)
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -184,6 +187,7 @@ class VertexJobTrigger(BaseTrigger):
                 "max_cost": self.max_cost,
                 "hourly_usd": self.hourly_usd,
                 "orphan_timeout": self.orphan_timeout,
+                "index": self.index,
             },
         )
 
@@ -254,6 +258,7 @@ class VertexJobTrigger(BaseTrigger):
         logs = LogStream(cast(logging.Logger, self.log), self.log_polling_interval)  # Airflow's task logger
         key = self._key()
         lease = LeaseRenewer(self._job_folder, self.orphan_timeout if self.job_dir else None, "vertex")
+        index = RunningEntry.from_dict(self.index)
         stream: list[AsyncIterator[dict[str, JobRecord]]] = []  # the open watch, if any
 
         async def close_stream() -> None:
@@ -267,6 +272,8 @@ class VertexJobTrigger(BaseTrigger):
             describe leaves the group before ``apoll_until`` backs off (or gives up)."""
             if lease.due():  # the job's lease, in a worker thread (``core.lease``)
                 await asyncio.to_thread(lease.renew)
+            if index is not None and index.due(time.time()):  # the running index's sign of life
+                await asyncio.to_thread(self._refresh, index)
             if not stream:
                 stream.append(self._watch(key))
             try:
@@ -308,12 +315,31 @@ class VertexJobTrigger(BaseTrigger):
             raise
         except Exception as err:
             event = {"status": "error", "message": f"waiting for {self.job_name} failed: {err}"}
+        if index is not None and (event or {}).get("status") != "done":  # the task cancels the job
+            await asyncio.to_thread(self._unindex, index)
         yield TriggerEvent(event or {"status": "error", "message": "the job watch ended"})
+
+    def _refresh(self, index: RunningEntry) -> None:
+        index.update(self._bucket_folder(index), cast(logging.Logger, self.log), time.time())
+
+    def _unindex(self, index: RunningEntry) -> None:
+        index.clear(self._bucket_folder(index), cast(logging.Logger, self.log))
+
+    def _bucket_folder(self, index: RunningEntry) -> RunFolder:
+        from airflow_cloudtrain.hooks.vertex import VertexHook
+
+        folder: RunFolder = VertexHook(gcp_conn_id=self.conn_id, project_id=self.project_id).run_folder(
+            index.bucket
+        )
+        return folder
 
     async def on_kill(self) -> None:
         """The user killed the deferred task (or marked it failed): cancel the job, through the
         run's ledger like every other teardown (the job, and any other job of its run key)."""
         cancelled = await asyncio.to_thread(self._cancel)
+        index = RunningEntry.from_dict(self.index)
+        if index is not None:
+            await asyncio.to_thread(self._unindex, index)
         self.log.info(
             "Released %s (a cancel; nothing to do for a job already ended) because the task was killed"
             if cancelled

@@ -9,8 +9,8 @@ manager lets them read.
     GET /            the page (HTML): the attempts running now, totals per DAG, week and day, every run
     GET /runs        the same as JSON (``?since=7d&dag=...&state=...&cloud=...``)
     GET /runs/KEY    one run (its ``ct-...`` id) as JSON: its attempts in order, and one in flight
-    GET /run/KEY     one run's page: the attempt running now with its log's tail, the timeline, the
-                     attempts
+    GET /run/KEY     one run's page: the attempt running now with its log's tail, the timeline (with
+                     its run folder's marks: ``ui.run_timeline``), the attempts
     GET /ti          a task instance's run (``?dag_id&run_id&task_id&map_index``): its UI tab
 """
 
@@ -24,6 +24,7 @@ from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import HTMLResponse
 
 from airflow_cloudtrain.ui import page
+from airflow_cloudtrain.ui.run_timeline import timeline_of
 from airflow_cloudtrain.ui.runs import (
     Filters,
     choices,
@@ -143,7 +144,7 @@ def create_app() -> FastAPI:
         running = _with_tails(_running(user, key=key))
         if detail is None and not running:
             return page.no_run_page(f"No attempt of {key} since {since}.", "../")
-        return page.run_page(detail, "../", running)
+        return page.run_page(detail, "../", running, timeline_of(detail, running))
 
     @app.get("/ti", response_class=HTMLResponse)
     def task_instance(
@@ -173,6 +174,6 @@ def create_app() -> FastAPI:
                 "instance is launched).",
                 "./",
             )
-        return page.run_page(detail, "./", running)
+        return page.run_page(detail, "./", running, timeline_of(detail, running))
 
     return app

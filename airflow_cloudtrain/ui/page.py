@@ -10,7 +10,8 @@ from html import escape
 from typing import Any
 from urllib.parse import quote
 
-from airflow_cloudtrain.ui.runs import Filters, day, duration, timeline_of
+from airflow_cloudtrain.ui.run_timeline import timeline_of
+from airflow_cloudtrain.ui.runs import Filters, day, duration
 
 STYLE = """
 body{font-family:system-ui,sans-serif;font-size:14px;margin:16px;color:#222}
@@ -91,15 +92,17 @@ def _running_table(running: list[dict[str, Any]], link: bool) -> str:
         rows.append(
             f"<tr class='ct-live' data-key='{escape(r['key'])}' data-instance='{escape(r['instance_id'])}'>"
             f"<td>{escape(r['dag_id'])}</td><td>{_ti_link(r)}</td><td>{escape(r['airflow_run_id'])}</td>"
-            f"<td>{escape(r['cloud'])}</td><td>{escape(r['instance_id'])}</td>"
-            f"<td>{escape(r['instance_type'] or '')}</td><td class='num'>{r['nodes']}</td>"
+            f"<td>{escape(r['cloud'])}</td><td class='muted'>{escape(r.get('operator') or '')}</td>"
+            f"<td>{escape(r['instance_id'])}</td>"
+            f"<td>{escape(r['instance_type'] or '')}</td><td class='num nodes'>{r['nodes']}</td>"
             f"<td>{'spot' if r['spot'] else 'on-demand'}</td><td class='muted'>{day(r['launched_at'])}</td>"
             f"<td class='num'>{duration(r['running_s'])}</td>"
             f"<td class='num cost'>{_usd(r['cost_so_far_usd'])}</td>{open_link}</tr>"
         )
     return (
         f"<h2>Running now ({len(running)})</h2><table id='ct-running'><tr><th>DAG</th><th>task</th>"
-        "<th>Airflow run</th><th>cloud</th><th>instance</th><th>type</th><th class='num'>nodes</th>"
+        "<th>Airflow run</th><th>cloud</th><th>operator</th><th>instance / group / job</th><th>type</th>"
+        "<th class='num'>nodes / workers / replicas</th>"
         "<th>market</th><th>launched (UTC)</th><th class='num'>running for</th>"
         "<th class='num'>cost so far</th>"
         + ("<th></th>" if link else "")
@@ -170,14 +173,22 @@ def runs_page(
     return _frame("Cloud training", body)
 
 
-def run_page(detail: dict[str, Any] | None, back: str, running: list[dict[str, Any]] | None = None) -> str:
-    """One run: the attempt running now with the tail of its job's log, then its released attempts
-    as a timeline and a table (a run whose first attempt still runs has only the former)."""
+def run_page(
+    detail: dict[str, Any] | None,
+    back: str,
+    running: list[dict[str, Any]] | None = None,
+    timeline: str | None = None,
+) -> str:
+    """One run: the attempt running now with the tail of its job's log, then its attempts as a
+    timeline (``timeline``: the SVG ``ui.run_timeline.timeline_of`` drew with its run folder's marks;
+    None: the bars alone) and its released attempts as a table."""
     running = running or []
+    svg = timeline if timeline is not None else timeline_of(detail, running, read=False)
     live = "".join(
         f"<h2>Log of {escape(r['instance_id'])} (last {len(r.get('tail', []))} lines)</h2>"
         f"<pre class='tail' id='ct-tail'>{escape(chr(10).join(r.get('tail', [])))}</pre>"
         for r in running
+        if r.get("live", True)  # a fleet or a Vertex job has no agent beacon to tail
     )
     if detail is None:
         head = running[0]
@@ -186,7 +197,10 @@ def run_page(detail: dict[str, Any] | None, back: str, running: list[dict[str, A
             f"<h1>{escape(head['dag_id'])} &middot; {_ti_link(head)} &middot; "
             f"<span class='muted'>{escape(head['airflow_run_id'])}</span></h1>"
             f"<p id='ct-run-summary'>run <code>{escape(head['key'])}</code> on {escape(head['cloud'])}: "
-            "its first attempt is running.</p>" + _running_table(running, link=False) + live
+            "its first attempt is running.</p>"
+            + _running_table(running, link=False)
+            + f"<h2>Timeline</h2>{svg}"
+            + live
         )
         return _frame(f"Cloud training: {head['key']}", body)
     rows = []
@@ -214,7 +228,7 @@ def run_page(detail: dict[str, Any] | None, back: str, running: list[dict[str, A
         f"<span class='muted'>({escape(', '.join(detail['basis']))})</span></p>"
         + _running_table(running, link=False)
         + live
-        + f"<h2>Timeline</h2>{timeline_of(detail)}"
+        + f"<h2>Timeline</h2>{svg}"
         "<h2>Attempts</h2><table id='ct-attempts'><tr><th class='num'>#</th><th>instance</th><th>type</th>"
         "<th class='num'>nodes</th><th>market</th><th>launched (UTC)</th><th>released (UTC)</th>"
         "<th>ended</th><th class='num'>cost</th><th>basis</th></tr>" + "".join(rows) + "</table>"

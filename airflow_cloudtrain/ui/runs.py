@@ -26,7 +26,7 @@ from airflow_cloudtrain.lifecycle.cost_index import (
     stale_reason,
     totals,
 )
-from airflow_cloudtrain.ui.timeline import Bar, timeline_svg
+from airflow_cloudtrain.lifecycle.running_entry import cost_so_far
 
 BUCKETS_ENV = "CLOUDTRAIN_BUCKET"
 TAIL_LINES = 40  # the lines of a running job's log the page shows
@@ -76,7 +76,9 @@ def load_records(buckets: Iterable[str], since: float) -> list[CostRecord]:
 def load_running(buckets: Iterable[str], now: float | None = None) -> list[dict[str, Any]]:
     """The attempts in flight of every bucket, newest first: the running index's records whose agent
     has not ended (the live index has no end marker for the instance), each with its cost so far at
-    its price per hour (every node, per second with the 60 s minimum, as it will be billed)."""
+    its price per hour (every node, per second with the 60 s minimum, as it will be billed); a fleet's
+    or a Vertex AI job's while its wait keeps refreshing it, its cost so far what was spent by the last
+    refresh plus its price per hour since (``lifecycle.running_entry``)."""
     from airflow_cloudtrain.contract.runs import BEACON
     from airflow_cloudtrain.storage import open_run_folder
 
@@ -93,6 +95,12 @@ def load_running(buckets: Iterable[str], now: float | None = None) -> list[dict[
                 continue  # its agent ended, or a launch a killed task left behind
             started = float(r.launched_at or r.released_at)
             running_s = max(0.0, now - started)
+            if r.updated_at is not None:  # a fleet or a Vertex job: spent by its last write, and since
+                so_far = cost_so_far(r, now)
+            else:
+                so_far = (
+                    None if r.hourly_usd is None else round(billed_usd(float(r.hourly_usd), running_s), 6)
+                )
             rows.append(
                 {
                     "key": r.run_id,
@@ -107,9 +115,10 @@ def load_running(buckets: Iterable[str], now: float | None = None) -> list[dict[
                     "spot": r.spot,
                     "launched_at": started,
                     "running_s": round(running_s, 1),
-                    "cost_so_far_usd": None
-                    if r.hourly_usd is None
-                    else round(billed_usd(float(r.hourly_usd), running_s), 6),
+                    "operator": r.operator or "",
+                    "hourly_usd": r.hourly_usd,
+                    "run_uri": r.run_uri,
+                    "cost_so_far_usd": so_far,
                     "bucket": bucket,
                     "live": r.instance_id in seen.get(BEACON, set()),
                 }
@@ -145,6 +154,8 @@ def _run_row(run_id: str, attempts: list[CostRecord]) -> dict[str, Any]:
         "airflow_run_id": last.airflow_run_id,
         "map_index": last.map_index,
         "cloud": last.cloud,
+        "operator": last.operator or "",
+        "run_uri": last.run_uri,
         "instance_types": sorted({r.instance_type for r in attempts if r.instance_type}),
         "nodes": max(int(r.num_nodes or 1) for r in attempts),
         "attempts": len(attempts),
@@ -214,26 +225,6 @@ def summary(records: list[CostRecord]) -> dict[str, Any]:
         "by_week": totals(records, "week"),
         "total": grand_total(records, "dag"),
     }
-
-
-def timeline_of(detail: dict[str, Any]) -> str:
-    """The run's attempts as SVG (``ui.timeline``)."""
-    bars = []
-    for a in detail["attempts_detail"]:
-        start = a["launched_at"] if a["launched_at"] is not None else a["released_at"]
-        cost = "?" if a["cost_usd"] is None else f"${float(a['cost_usd']):.4f}"
-        bars.append(
-            Bar(
-                label=f"#{a['attempt']} {a['instance_type'] or ''}".strip(),
-                start=float(start),
-                end=float(a["released_at"]),
-                spot=bool(a["spot"]),
-                interrupted=bool(a["interrupted"]),
-                detail=f"{a['instance_id']} {'spot' if a['spot'] else 'on-demand'}, {a['ended']}, "
-                f"{duration(float(a['released_at']) - float(start))}, {cost}",
-            )
-        )
-    return timeline_svg(bars, f"{detail['dag_id']}.{detail['task_id']} {detail['key']}")
 
 
 def duration(seconds: float) -> str:

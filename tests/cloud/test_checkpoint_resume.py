@@ -167,6 +167,15 @@ def test_interruptions_resume_from_the_latest_complete_checkpoint(
     folder = open_run_folder(result["run_uri"])
     assert folder.get_text(f"results/{rows[2]['instance_id']}/final.json") == '{"step": 40}'
     check_ledger(result)
+    # the Cloud training page's timeline marks, from the ledger, where each relaunch restored from
+    from airflow_cloudtrain.lifecycle.cost_index import read_records
+    from airflow_cloudtrain.ui.run_timeline import timeline_of
+    from airflow_cloudtrain.ui.runs import run_detail
+
+    records = read_records(open_run_folder(BUCKET[provider]), time.time() - 86_400)
+    svg = timeline_of(run_detail(records, result["run_id"]))
+    assert re.findall(r'class="ct-mark ct-restore" data-index="(\d)"', svg) == ["1", "2"], svg
+    assert f"restore: step {rows[2]['restored_step']}" in svg
 
 
 def test_max_restarts_spent_fails_the_task_and_says_why(emu, airflow_db, capfd) -> None:

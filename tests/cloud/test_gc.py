@@ -34,6 +34,7 @@ from airflow_cloudtrain.contract.runs import (
 from airflow_cloudtrain.core.cloud import LaunchRequest
 from airflow_cloudtrain.core.ledger import ResourceLedger
 from airflow_cloudtrain.lifecycle.cost_index import STARTUP_GRACE_S
+from airflow_cloudtrain.lifecycle.running_entry import SILENT_AFTER_S
 from airflow_cloudtrain.spec import Hardware
 from airflow_cloudtrain.storage import open_run_folder
 
@@ -533,18 +534,23 @@ def test_gc_deletes_the_running_index_entries_no_attempt_stands_behind(emu: Any)
         "i-never": plant_running(folder, "i-never", now - STARTUP_GRACE_S - 60),  # its task was killed
         "i-ended": plant_running(folder, "i-ended", now - 3600, ended=True),  # the release cut short
         "i-young": plant_running(folder, "i-young", now - 120, ended=True),  # younger than --older-than
+        # a fleet's record (no agent of its own): its watch stopped rewriting it, or still does
+        "g-silent": plant_running(folder, "g-silent", now - 7200, updated_at=now - SILENT_AFTER_S - 60),
+        "g-watched": plant_running(folder, "g-watched", now - 7200, updated_at=now - 60),
     }
     args = ["--cloud", "aws", "--region", AWS_REGION, "--bucket", bucket_uri, "--older-than", "10m"]
     rows = {r["id"]: r for r in listing(*args, "--dry-run") if r["kind"] == "running_index"}
-    assert set(rows) == {keys[i].rsplit("/", 1)[1] for i in ("i-never", "i-ended", "i-young")}
+    assert set(rows) == {keys[i].rsplit("/", 1)[1] for i in ("i-never", "i-ended", "i-young", "g-silent")}
     action = {r["id"].split("-")[-1].removesuffix(".json"): (r["action"], r["lease"]) for r in rows.values()}
     assert action == {
         "never": ("delete", "unknown"),
         "ended": ("delete", "finished"),
         "young": ("keep", "finished"),
+        "silent": ("delete", "unknown"),
     }
+    assert rows[keys["g-silent"].rsplit("/", 1)[1]]["age_s"] == pytest.approx(SILENT_AFTER_S + 60, abs=30)
     assert all(folder.get_text(k) is not None for k in keys.values())  # the dry run deleted nothing
     code, text = gc_cli(*args)
     assert code == 0, text
     left = {i for i, k in keys.items() if folder.get_text(k) is not None}
-    assert left == {"i-booting", "i-young"}
+    assert left == {"i-booting", "i-young", "g-watched"}

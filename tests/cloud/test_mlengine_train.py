@@ -20,6 +20,7 @@ from dag_helpers import task_states, write_dag, xcom
 from waiting import wait_for
 
 from airflow_cloudtrain.storage import open_run_folder
+from airflow_cloudtrain.ui.runs import load_running
 
 CODE = str(Path(__file__).resolve().parents[2] / "example_dags" / "mlengine_code")
 BUCKET = "gs://cloudtrain-emulated/mlengine-tests"
@@ -181,6 +182,7 @@ def test_a_killed_task_cancels_its_job(emu, airflow_db) -> None:
     (job,) = [j for j in emu.vertex.jobs() if j["displayName"] == "killed_job_1"]
     wait_for(lambda: emu.vertex.job(job["name"])["state"] == "JOB_STATE_CANCELLED", timeout=60)
     assert not any(emu.vertex.replica_processes(job["name"]).values())  # every replica process is gone
+    assert not any(r["key"] == "killed_job_1" for r in load_running([BUCKET]))  # off the page too
 
 
 def test_a_preempted_spot_replica_restarts_from_its_checkpoint(emu, airflow_db, capfd) -> None:
@@ -193,8 +195,11 @@ def test_a_preempted_spot_replica_restarts_from_its_checkpoint(emu, airflow_db, 
         deferrable=True,
     )
 
+    running: list[dict[str, Any]] = []  # the Cloud training page's row of the job while it runs
+
     def preempt_after_a_checkpoint() -> None:
         wait_for(lambda: open_run_folder(f"{BUCKET}/spot_job_1").get_text("checkpoints/ckpt-000008.json"))
+        running.extend(r for r in load_running([BUCKET]) if r["key"] == "spot_job_1")
         (job,) = [j for j in emu.vertex.jobs() if j["displayName"] == "spot_job_1"]
         emu.preempt_replica(job["name"], "workerpool0-0")
 
@@ -207,8 +212,19 @@ def test_a_preempted_spot_replica_restarts_from_its_checkpoint(emu, airflow_db, 
     lines = [t for _, t in job_lines(capfd.readouterr().out)]
     resumed = [t for t in lines if t.startswith("resumed from step")]
     assert len(resumed) == 1 and int(resumed[0].split()[3]) >= 8, lines  # not from scratch
-    assert xcom(run, "train")["spot"] is True
+    result = xcom(run, "train")
+    assert result["spot"] is True
     assert not active_jobs(emu)
+    # on the page while it ran (written at submit, the trigger kept it): its replica, its list price
+    (row,) = running
+    assert (row["operator"], row["cloud"], row["instance_id"]) == (
+        "MLEngineTrainOperator",
+        "vertex",
+        "spot_job_1",
+    )
+    assert row["nodes"] == sum(r["count"] for r in result["replicas"]) and row["spot"]
+    assert row["hourly_usd"] > 0 and row["cost_so_far_usd"] > 0
+    assert not any(r["key"] == "spot_job_1" for r in load_running([BUCKET]))  # out once priced
 
 
 def test_cloudtrain_jobs_list_and_logs_without_airflow(emu, airflow_db, capsys) -> None:

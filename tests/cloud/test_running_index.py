@@ -11,6 +11,7 @@ import logging
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -99,15 +100,23 @@ def test_a_running_attempt_is_listed_with_its_cost_so_far_and_log_tail_until_rel
 
 
 def plant_running(
-    folder: RunFolder, instance_id: str, launched_at: float, ended: bool = False, dag_id: str = "left_dag"
+    folder: RunFolder,
+    instance_id: str,
+    launched_at: float,
+    ended: bool = False,
+    dag_id: str = "left_dag",
+    updated_at: float | None = None,
 ) -> str:
     """An in-flight record of a made-up attempt (run ``ct-left-<instance id>``, $0.10/h), written as
     ``RunAttempt.start`` writes one (``cost_index.write_record``); with ``ended``, its agent's end
-    marker in the bucket's live index. Its key."""
+    marker in the bucket's live index; with ``updated_at``, a fleet's record its watch last rewrote
+    then (``lifecycle.running_entry``: $0.05 spent by then). Its key."""
     record = CostRecord(
         dag_id, "train", "manual__1", -1, f"ct-left-{instance_id}", f"{folder.uri}/x", "ec2spot",
         instance_id, "m5.large", 1, True, RUNNING, False, launched_at, launched_at, None, "", 0.1,
     )  # fmt: skip
+    if updated_at is not None:
+        record = replace(record, operator="SpotFleetOperator", updated_at=updated_at, cost_usd=0.05)
     write_record(folder, record, logging.getLogger(__name__))
     if ended:
         folder.at(live_index_uri(folder.uri)).put_text(end_name(instance_id), "{}")

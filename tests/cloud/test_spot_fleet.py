@@ -18,9 +18,11 @@ import boto3
 import pytest
 from dag_helpers import fleet_nothing_left as nothing_left
 from dag_helpers import task_states, write_dag, xcom
+from waiting import wait_for
 
 from airflow_cloudtrain.contract.runs import RunKey
 from airflow_cloudtrain.storage import open_run_folder
+from airflow_cloudtrain.ui.runs import load_running
 
 JOBS = str(Path(__file__).parent / "jobs")
 BUCKET = "s3://cloudtrain-emulated/fleet"
@@ -164,6 +166,10 @@ def test_deferrable_fleet_with_a_reclaimed_worker_resumes_the_item_elsewhere(
     dag_id = "fleet_reclaimed"
     dag = fleet_dag(dag_id, items, deferrable=True, extra="num_workers=2, max_workers=2")
     reclaimed: list[str] = []
+    running: list[dict[str, Any]] = []  # the Cloud training page's row of the fleet while it runs
+
+    def mine() -> list[dict[str, Any]]:
+        return [r for r in load_running([BUCKET]) if r["dag_id"] == dag_id]
 
     def reclaim_one() -> None:  # the first worker whose item uploaded a checkpoint past step 4
         deadline = time.monotonic() + 500
@@ -171,6 +177,10 @@ def test_deferrable_fleet_with_a_reclaimed_worker_resumes_the_item_elsewhere(
             for inst in emu.running_instances():
                 log = emu.agent_log(inst["id"])
                 if "uploaded to" in log and "step 6" in log:
+                    # the items hold at step 6: the triggerer's watch has seen both workers by now
+                    running.extend(
+                        wait_for(lambda: [r for r in mine() if r["nodes"] == 2], timeout=120, interval=0.2)
+                    )
                     reclaimed.append(inst["id"])
                     # the agent polls the metadata every 5 s: 15 s leave a loaded machine three polls to see
                     # the notice and requeue the item (5 s could pass unseen, and the item moved uncounted)
@@ -196,6 +206,12 @@ def test_deferrable_fleet_with_a_reclaimed_worker_resumes_the_item_elsewhere(
     assert moved[0]["instance_id"] != reclaimed[0]
     assert item_output(result, moved[0])["resumed_from"] >= 2  # not from scratch: its checkpoint
     nothing_left(digest_of(dag_id, run))
+    # on the page while it ran (kept by the triggerer's watch): the group, its two workers, their cost
+    (row,) = running
+    assert (row["key"], row["instance_id"]) == (result["run_id"], result["group"])
+    assert row["operator"] == "SpotFleetOperator" and row["cloud"] == "ec2spot" and row["spot"]
+    assert row["hourly_usd"] > 0 and 0 < row["cost_so_far_usd"] < result["cost_usd"] * 2
+    assert not any(r["key"] == result["run_id"] for r in mine())  # and out once priced
 
 
 def test_an_item_failing_every_attempt_fails_the_task_naming_it(emu, airflow_db) -> None:

@@ -147,14 +147,14 @@ class FleetEngine:
         except Exception as err:
             self.log.warning("Could not add the fleet to the bucket's cost index (%s)", err)
             return
-        write_record(bucket, fleet_record(result, ctx.key, time.time()), self.log)
+        write_record(bucket, fleet_record(result, ctx.key, time.time(), ctx.operator), self.log)
 
     def deliver(self, watch: FleetWatch) -> dict[str, Any]:
         from airflow.exceptions import AirflowException
 
         fleet = self.fleet
         watch.refresh()  # workers launched after the last poll count too
-        fleet.release()
+        fleet.release(unindex=False)  # the running record goes once the priced one is written
         backend, gpus = fleet.ctx.backend, fleet.ctx.config.hardware.gpus
         result = watch.result(
             charged=lambda itype, zone, spot, start, end: backend.charged_prices(
@@ -162,6 +162,7 @@ class FleetEngine:
             )
         )
         self._index_cost(result)
+        fleet.unindex()
         self.log.info(
             "Fleet %s: %d/%d item(s) succeeded on %d worker(s), %d interruption(s), $%.6f",
             result["run_id"],

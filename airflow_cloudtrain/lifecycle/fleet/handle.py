@@ -47,6 +47,9 @@ class FleetHandle:
     max_cost_usd: float | None = None  # ``max_cost`` (``FleetWatch.within_budget``)
     poll_interval: float = 10.0  # the wait's: how far ahead the budget looks
     orphan_timeout_s: float | None = None  # the fleet's lease, renewed by its watch (None: none)
+    # its record in the bucket's running index (``lifecycle.running_entry.RunningEntry.to_dict``),
+    # kept by its watch; None: not indexed (a handle of an earlier release)
+    index: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

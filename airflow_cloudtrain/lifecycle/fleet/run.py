@@ -43,6 +43,7 @@ from airflow_cloudtrain.lifecycle.prepare import (
     request_builder,
     write_run_folder,
 )
+from airflow_cloudtrain.lifecycle.running_entry import RunningEntry
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.contract.runs import RunKey
@@ -74,6 +75,7 @@ class FleetContext:
     conn_id: str | None = None
     secret_env: dict[str, str] | None = None  # {VAR: reference}, checked (``operators.secret_env``)
     project_id: str | None = None
+    operator: str = ""  # the operator's class name, shown by the Cloud training page
 
     @property
     def run_uri(self) -> str:
@@ -209,7 +211,9 @@ class FleetRun:
                 tags={**ctx.options.tags, **ctx.key.tags()},
             )
         )
+        index = self._index(group, offers[0].instance_type, offers[0].is_spot, started_at)
         return FleetHandle(
+            index=index.to_dict(),
             run_id=ctx.key.short_id,
             run_uri=ctx.run_uri,
             run_key=digest,
@@ -229,6 +233,27 @@ class FleetRun:
             poll_interval=ctx.fleet.poll_interval,
             orphan_timeout_s=ctx.fleet.orphan_timeout_s,
         )
+
+    def _index(self, group: str, instance_type: str, spot: bool, started_at: float) -> RunningEntry:
+        """The fleet in the bucket's running index from its launch (no worker running yet); its watch
+        keeps the record current, ``release`` takes it out (``lifecycle.running_entry``)."""
+        ctx = self.ctx
+        entry = RunningEntry.of(
+            ctx.config.bucket,
+            ctx.key,
+            operator=ctx.operator,
+            run_id=ctx.key.short_id,
+            run_uri=ctx.run_uri,
+            cloud=ctx.config.cloud,
+            name=group,
+            instance_type=instance_type,
+            nodes=0,
+            spot=spot,
+            hourly_usd=0.0,
+            started_at=started_at,
+        )
+        entry.write(self.folder, self.log)
+        return entry
 
     def _secret_env(self) -> dict[str, str]:
         """The spec's ``secret_env``: ``airflow_*`` references stored as the run's secrets first."""
@@ -310,8 +335,25 @@ class FleetRun:
 
     # --- teardown --------------------------------------------------------------------------------
 
-    def release(self, budget_s: float = 180.0) -> None:
+    def release(self, budget_s: float = 180.0, unindex: bool = True) -> None:
+        """Tear the fleet down, then take it out of the bucket's running index (``unindex``; the
+        delivery does that itself once the priced record is written)."""
         release_fleet(self.ledger, self.ctx.backend, TransientBudget(budget_s=budget_s), self.cloud)
+        if unindex:
+            self.unindex()
+
+    def unindex(self) -> None:
+        """The fleet's record out of the running index (best effort; its name comes from the run key,
+        so a try that never saw the handle takes it out too)."""
+        from airflow_cloudtrain.lifecycle.cost_index import clear_running
+
+        ctx = self.ctx
+        try:
+            bucket = ctx.backend.run_folder(ctx.config.bucket)
+        except Exception as err:
+            self.log.warning("Could not take the fleet out of the bucket's running index (%s)", err)
+            return
+        clear_running(bucket, ctx.key.short_id, self.cloud.group_name(ctx.key.digest), self.log)
 
     def kill(self) -> None:
         self.killed = True

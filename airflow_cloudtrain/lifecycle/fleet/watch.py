@@ -53,6 +53,7 @@ from airflow_cloudtrain.core.billing import (
 from airflow_cloudtrain.core.cloud import ALIVE_STATES, RUNNING
 from airflow_cloudtrain.core.lease import LeaseRenewer
 from airflow_cloudtrain.lifecycle.fleet.handle import FleetHandle
+from airflow_cloudtrain.lifecycle.running_entry import RunningEntry
 
 # (instance type, zone, spot, start, end) -> the prices charged, or None: ``RunBackend.charged_prices``
 Charged = Callable[[str, "str | None", bool, float, float], "PriceHistory | None"]
@@ -131,6 +132,8 @@ class FleetWatch:
         self.last_progress = clock()
         # the fleet's lease: its workers leave once nobody renewed it (``agent.worker``)
         self.lease = LeaseRenewer(folder, handle.orphan_timeout_s, "fleet", log)
+        # its record in the bucket's running index (None: a handle of an earlier release)
+        self.index = RunningEntry.from_dict(handle.index)
 
     # --- one poll --------------------------------------------------------------------------------
 
@@ -144,6 +147,7 @@ class FleetWatch:
         if group is None:
             raise FleetFailed(f"the worker group {handle.group} no longer exists")
         self._members(cloud.members(handle.run_key), now)
+        self._index(now)
         self._replace_silent(now)
         self._fail_dead_letters(cloud.take_dead_letters(handle.dead_letter))
         new = read_outcomes(self.folder, set(self.outcomes))
@@ -206,6 +210,23 @@ class FleetWatch:
             )
             return desired + affordable
         return target
+
+    def _index(self, now: float) -> None:
+        """Keep the running index's record current: rewritten when the workers running or their price
+        per hour changed, else every ``running_entry.REFRESH_S`` (best effort)."""
+        if self.index is None:
+            return
+        alive = [m for m in self.members.values() if m.state in ALIVE_STATES]
+        types = Counter(m.instance_type for m in alive)
+        self.index.update(
+            self.folder,
+            self.log,
+            now,
+            nodes=len(alive),
+            hourly_usd=fsum(self.handle.prices.get(m.instance_type, 0.0) for m in alive),
+            spent_usd=self.cost({}, now)[0],
+            instance_type=types.most_common(1)[0][0] if types else None,
+        )
 
     def _fail_dead_letters(self, letters: list[tuple[str, int]]) -> None:
         """Items that reached the dead-letter subscription without an outcome fail for good (first

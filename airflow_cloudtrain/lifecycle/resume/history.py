@@ -142,6 +142,9 @@ class RunHistory:
     message: str = ""
     updated_at: float | None = None
     version: int = 1
+    # the deadline policy's deadline (unix time; None: none), saved with the history's next write so
+    # the Cloud training page can draw it on the run's timeline
+    deadline_at: float | None = None
 
     # -- budgets ---------------------------------------------------------------------------------
     # Counted per attempt, not per row: a gang's attempt (a row per node) that lost one node is one

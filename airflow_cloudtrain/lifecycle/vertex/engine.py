@@ -14,6 +14,7 @@ cancel through the ledger); this maps it onto the skeleton's calls:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,7 @@ from airflow_cloudtrain.clouds.gcp.vertex import JobRecord
 if TYPE_CHECKING:
     from airflow_cloudtrain.core.engine import Step, TriggerSpec
     from airflow_cloudtrain.core.lease import LeaseRenewer
+    from airflow_cloudtrain.lifecycle.running_entry import RunningEntry
     from airflow_cloudtrain.lifecycle.vertex.job import VertexJobRun
 
 TRIGGER = "airflow_cloudtrain.triggers.vertex_job.VertexJobTrigger"  # stored in Airflow's DB: keep it
@@ -55,6 +57,7 @@ class VertexEngine:
     def __init__(self, run: VertexJobRun, wait: VertexWait) -> None:
         self.run = run
         self.settings = wait
+        self.index: RunningEntry | None = None  # the job in the bucket's running index (once started)
 
     def start(self) -> Step[JobRecord]:
         from airflow_cloudtrain.core.engine import Step
@@ -64,6 +67,7 @@ class VertexEngine:
             self.run.show_rest(job)
             return self.advance(job, job)
         self.settings.lease(self.run, job).renew(force=True)  # a task killed before its first poll
+        self.index = self._running_entry(job)
         if self.settings.orphan_timeout is None:
             self.run.log.info(
                 "orphan_timeout=None: no lease; cloudtrain gc never cancels this job as orphaned"
@@ -88,6 +92,7 @@ class VertexEngine:
                 "max_cost": self.settings.max_cost_usd,
                 "hourly_usd": self.settings.hourly_usd,
                 "orphan_timeout": self.settings.orphan_timeout,
+                "index": self.index.to_dict() if self.index is not None else None,
             },
         )
 
@@ -101,10 +106,53 @@ class VertexEngine:
                 settings.max_cost_usd, settings.hourly_usd, job.started_at, now, settings.poll_interval
             )
 
-        lease = settings.lease(self.run, handle)
-        return self.run.wait(
-            handle, settings.poll_interval, settings.log_polling_interval, budget, renew=lease.renew
+        lease, index, run = settings.lease(self.run, handle), self.index, self.run
+
+        def renew() -> None:
+            lease.renew()
+            if index is not None and index.due(time.time()):  # the running index's sign of life
+                index.update(run.folder(index.bucket), run.log, time.time())
+
+        return run.wait(handle, settings.poll_interval, settings.log_polling_interval, budget, renew=renew)
+
+    def _running_entry(self, job: JobRecord) -> RunningEntry:
+        """The job in the bucket's running index while it runs: its replicas, their list price per hour
+        (``lifecycle.running_entry``; refreshed by the wait, taken out when it is priced or cancelled)."""
+        from airflow_cloudtrain.lifecycle.running_entry import RunningEntry
+        from airflow_cloudtrain.lifecycle.vertex.cost import estimate_cost
+        from airflow_cloudtrain.lifecycle.vertex.job import pools_of
+
+        run = self.run
+        pools = pools_of(job, run.config.pools)
+        entry = RunningEntry.of(
+            run.config.bucket,
+            run.key,
+            operator="MLEngineTrainOperator",
+            run_id=job.display_name,
+            run_uri=job.output_dir or "",
+            cloud="vertex",
+            name=job.display_name,
+            instance_type=pools[0].machine.machine_type if pools else None,
+            nodes=sum(p.count for p in pools),
+            spot=job.spot,
+            hourly_usd=estimate_cost(pools, job.region, job.spot, 3600.0)[0],
+            started_at=float(job.started_at or job.created_at or time.time()),
         )
+        entry.write(run.folder(run.config.bucket), run.log)
+        return entry
+
+    def _unindex(self, job_id: str | None = None) -> None:
+        """The job out of the running index (best effort): ``job_id`` its display name."""
+        from airflow_cloudtrain.lifecycle.cost_index import clear_running
+
+        run = self.run
+        name = job_id or (self.index.record.instance_id if self.index is not None else None)
+        if not name:
+            return  # not started by this engine: the record goes stale, ``cloudtrain gc`` deletes it
+        try:
+            clear_running(run.folder(run.config.bucket), name, name, run.log)
+        except Exception as err:
+            run.log.warning("Could not take the job out of the bucket's running index (%s)", err)
 
     def _index_cost(self, result: dict[str, Any]) -> None:
         """The job's row in the bucket's cost index (``lifecycle.cost_index``; best effort)."""
@@ -126,6 +174,7 @@ class VertexEngine:
 
         result = self.run.finish(outcome)
         self._index_cost(result)
+        self._unindex(outcome.display_name)
         self.run.log.info(
             "Vertex AI job %s %s in %ss; estimated cost $%s (%s)",
             result["job_id"],
@@ -164,6 +213,8 @@ class VertexEngine:
     def abandon(self, reason: str) -> None:
         """A failed or killed wait, a failed deferral: the job must not run on unwatched."""
         self.run.kill()
+        self._unindex()
 
     def kill(self) -> None:
         self.run.kill()
+        self._unindex()

@@ -1,0 +1,119 @@
+"""The per-run timeline's marks (``ui.timeline``, ``ui.run_timeline``): checkpoints and the step
+restored on the attempt that made them, the deadline line, an attempt still running drawn up to now
+with an open end, and a fleet's workers with their finished items and the counts over time, all read
+from what the run folder already holds (its ledger, manifests, statuses, worker and item records)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from airflow_cloudtrain.contract.runs import Manifest, RunStatus, manifest_key, status_key
+from airflow_cloudtrain.contract.workqueue import ItemOutcome, WorkerRecord, outcome_key
+from airflow_cloudtrain.lifecycle.resume.history import AttemptRow, RunHistory, ledger_key
+from airflow_cloudtrain.ui.run_timeline import checkpoint_marks, fleet_parts, timeline_of
+from airflow_cloudtrain.ui.timeline import Bar, Mark, Series, timeline_svg
+
+T0 = 1_764_201_600.0
+
+
+class Folder:
+    """A run folder's listing and reads (what the timeline uses of ``RunFolder``)."""
+
+    def __init__(self, objects: dict[str, str]) -> None:
+        self.objects = objects
+
+    def list(self, prefix: str) -> list[str]:
+        return sorted(k for k in self.objects if k.startswith(prefix))
+
+    def get_text(self, key: str) -> str | None:
+        return self.objects.get(key)
+
+
+def test_marks_the_running_bar_and_the_deadline_are_drawn() -> None:
+    bars = [
+        Bar("#1", T0, T0 + 100, True, True, marks=(Mark(T0 + 40, "checkpoint", "step 4"),)),
+        Bar(
+            "#2", T0 + 120, T0 + 200, False, False, marks=(Mark(T0 + 130, "restore", "step 4"),), running=True
+        ),
+    ]
+    svg = timeline_svg(bars, "r", deadline=T0 + 300)
+    assert re.findall(r'class="ct-mark ct-(\w+)" data-index="(\d)"', svg) == [
+        ("checkpoint", "0"),
+        ("restore", "1"),
+    ]
+    assert "<title>checkpoint: step 4</title>" in svg
+    assert 'class="ct-running" data-index="1"' in svg and svg.count('class="ct-running"') == 1
+    deadline = re.search(r'class="ct-deadline" x1="([\d.]+)"', svg)
+    last_bar_end = max(
+        float(x) + float(w)
+        for x, w in re.findall(r'ct-bar \w+" data-index="\d" x="([\d.]+)" y="\d+" width="([\d.]+)"', svg)
+    )
+    assert deadline is not None and float(deadline[1]) > last_bar_end  # the axis reaches the deadline
+    # a mark outside its bar's lifetime is not drawn on it
+    assert "ct-mark" not in timeline_svg(
+        [Bar("#1", T0, T0 + 10, True, False, marks=(Mark(T0 + 50, "checkpoint"),))]
+    )
+    series = timeline_svg(bars, series=[Series("workers running", ((T0, 1.0), (T0 + 50, 2.0)))])
+    assert 'class="ct-series" data-name="workers running"' in series and "(max 2)" in series
+
+
+def test_checkpoints_restores_and_the_deadline_come_from_the_ledger_manifests_and_statuses() -> None:
+    history = RunHistory("ct-r", "s3://b/r", "deadline", T0, deadline_at=T0 + 3600)
+    history.attempts = [
+        AttemptRow(1, 1, "interrupted", instance_id="i-1", checkpoint_step=8, checkpoint_saved_at=T0 + 50),
+        AttemptRow(2, 1, "finished", instance_id="i-2", restored_step=8, job_started_at=T0 + 130),
+    ]
+    running = RunStatus("running", "i-3", job_started_at=T0 + 300, restored_step=12,
+                        checkpoint={"step": 16, "uploaded_at": T0 + 340})  # fmt: skip
+    folder = Folder(
+        {
+            ledger_key("ct-r"): json.dumps(history.to_dict()),
+            manifest_key(5): Manifest(step=12, created_at=T0 + 200, instance_id="i-2").to_json(),
+            manifest_key(5).replace("MANIFEST.json", "model.pt"): "x",
+            status_key("i-3"): running.to_json(),
+        }
+    )
+    marks, deadline = checkpoint_marks(folder, "ct-r", ["i-1", "i-2", "i-3"])  # type: ignore[arg-type]
+    assert deadline == T0 + 3600
+    seen = {iid: [(m.kind, m.label, m.at - T0) for m in ms] for iid, ms in marks.items()}
+    assert seen == {
+        "i-1": [("checkpoint", "step 8", 50)],
+        "i-2": [("restore", "step 8", 130), ("checkpoint", "step 12", 200)],
+        "i-3": [("restore", "step 12", 300), ("checkpoint", "step 16", 340)],
+    }
+
+
+def test_a_fleet_is_its_workers_with_their_items_and_the_counts_over_time() -> None:
+    def outcome(item: str, iid: str, at: float) -> tuple[str, str]:
+        return outcome_key(item), ItemOutcome(
+            item, "succeeded", f"{iid}.1", iid, 0, ended_at=T0 + at
+        ).to_json()
+
+    folder = Folder(
+        dict(
+            [
+                ("workers/i-a.json", WorkerRecord("i-a", T0, "left", ended_at=T0 + 100).to_json()),
+                ("workers/i-b.json", WorkerRecord("i-b", T0 + 20, "working", updated_at=T0 + 90).to_json()),
+                outcome("item-0", "i-a", 40),
+                outcome("item-1", "i-a", 90),
+                outcome("item-2", "i-b", 70),
+            ]
+        )
+    )
+    bars, series = fleet_parts(folder, True, T0 + 150, in_flight=True)  # type: ignore[arg-type]
+    assert [(b.label, b.end - T0, b.running, len(b.marks)) for b in bars] == [
+        ("i-a", 100, False, 2),
+        ("i-b", 150, True, 1),  # still working: up to now
+    ]
+    workers, items = series
+    assert [(t - T0, v) for t, v in workers.points] == [(0, 1), (20, 2), (100, 1)]
+    assert [(t - T0, v) for t, v in items.points] == [(40, 1), (70, 2), (90, 3)]
+
+
+def test_without_reading_the_run_folder_a_running_first_attempt_is_a_bar_to_now() -> None:
+    row = {"key": "ct-c", "dag_id": "d", "task_id": "t", "instance_id": "i-9", "instance_type": "m5.large",
+           "spot": True, "launched_at": T0, "cost_so_far_usd": 0.01, "run_uri": "s3://b/c"}  # fmt: skip
+    svg = timeline_of(None, [row], now=T0 + 60, read=False)
+    assert 'class="ct-bar spot" data-index="0"' in svg and 'class="ct-running" data-index="0"' in svg
+    assert "$0.0100 so far" in svg
