@@ -45,6 +45,8 @@ DURATION = re.compile(r"^([0-9.]+)s (call|setup|teardown)\s+(\S+)")
 # first match wins: (kind, substring of the command line)
 KINDS = (
     ("agent (emulated instance)", "airflow_cloudtrain.agent"),
+    # forked agents keep their warm parent's command line (``emulator.agent_zygote``)
+    ("agent (emulated instance)", "airflow_cloudtrain.emulator.agent_zygote"),
     ("dag.test() subprocess", "dag_helpers"),
     ("pytest/xdist worker", "pytest"),
     ("pytest/xdist worker", "execnet"),
