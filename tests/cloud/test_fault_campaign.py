@@ -61,3 +61,35 @@ def test_an_agent_crash_mid_run_is_noticed_and_the_resume_loop_goes_on(emu, airf
     result = faults.run_scenario(asdict(scenario))
     assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
     assert result["tries"] == ["success"] and len(result["crashed"]) == 1, result
+
+
+@pytest.mark.faults  # 45 s of a dag.test() run: make faults (the emulator's fault is in make test)
+@pytest.mark.timeout(1800)
+def test_a_run_folder_whose_writes_fail_for_a_while_is_ridden_out(emu, airflow_db) -> None:
+    """The ``folder_writes`` fault: every write to the run folder, the operator's and the agent's, fails
+    with S3's 500 for 10 s from the moment the operator starts preparing the run (its spec, code and
+    lease, then the agent's first status and logs). Retries ride it out: the task succeeds on one
+    instance and nothing is left."""
+    faults = _campaign()
+    faults._EMU, faults._HOME = emu, dags_folder().parent
+    scenario = faults.Scenario("s901", SEED, "train", "ec2", False, [faults.FOLDER_WRITES], 2.0, "both", 0.0)
+    before = emu.request_counts().get("unavailable:PutObject", 0)
+    result = faults.run_scenario(asdict(scenario))
+    assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
+    assert result["tries"] == ["success"], result
+    assert emu.request_counts().get("unavailable:PutObject", 0) > before  # the window did refuse writes
+
+
+@pytest.mark.faults  # two tries of a dag.test() run each: make faults
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])
+def test_a_task_cleared_while_it_runs_relaunches_cleanly(emu, airflow_db, deferrable: bool) -> None:
+    """The ``cleared`` fault: the task is cleared by hand 3 s into its wait (blocking: SIGTERM, the
+    operator's ``on_kill``) or its deferral (the triggerer calls the trigger's ``on_kill``); the run is
+    released, and the next try launches again and succeeds; never two instances at once, nothing left."""
+    faults = _campaign()
+    faults._EMU, faults._HOME = emu, dags_folder().parent
+    scenario = faults.Scenario("s903", SEED, "train", "ec2", deferrable, [faults.CLEARED], 3.0)
+    result = faults.run_scenario(asdict(scenario))
+    assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
+    assert result["tries"] == ["killed", "success"], result
