@@ -9,7 +9,9 @@ run, checkpoint-resume, a 2-node gang, spot fleet, preemptible group, Vertex AI)
 mode (blocking / deferrable), and 1 to 3 faults from ``VOCABULARY`` (docs/reliability.md): at most one
 on the Airflow side (a worker SIGKILLed at a drawn point and retried, the triggerer lost with it, the
 watcher gone for good so the lease lapses) and the rest on the cloud side (a spot interruption with or
-without notice, no capacity at launch for a while, API throttling).
+without notice, no capacity at launch for a while, API throttling); then, each drawn after the rest
+so earlier draws stay, a burst of server errors, a dead agent, the run folder's writes failing for a
+while or for good, and the task cleared by hand while it runs.
 
 A scenario runs through real Airflow: each try is ``dag.test()`` in a process of its own, forked
 from a warm parent that paid Airflow's start once (``tests/first_try.py``, as the kill tests do),
@@ -85,7 +87,28 @@ SERVER_ERRORS, SERVER_ERRORS_P, SERVER_ERRORS_S = "server_errors", 0.2, 20.0
 # so nothing reports the job's end; the operator's watchdog (heartbeat_timeout) must notice. Not for
 # Vertex AI (no agent of ours there)
 AGENT_CRASH, AGENT_CRASH_P, CRASH_HEARTBEAT_TIMEOUT = "agent_crash", 0.15, "15s"
-VOCABULARY = AIRFLOW_SIDE + CLOUD_SIDE + (SERVER_ERRORS, AGENT_CRASH)
+# drawn last, the same way: the run folder's object writes fail (5xx) for the agent, the operator or
+# both, from a drawn 0-6 s after the run folder's first object appeared: for WRITES_S seconds (a transient window: the run must
+# ride it out with retries) or, in a quarter of them, until the task's last try ended (a long window:
+# success or a named failure; nothing left, never launched twice either way). Not for Vertex AI
+FOLDER_WRITES, FOLDER_WRITES_LONG, FOLDER_WRITES_P, WRITES_S = (
+    "folder_writes",
+    "folder_writes_long",
+    0.15,
+    10.0,
+)
+WRITES_SIDES = {"agent": "instance", "operator": "airflow", "both": None}  # -> Emulator.fail_writes' side
+# drawn last, the same way, in a third of the scenarios without an Airflow-side fault: the task is
+# cleared by hand while it runs (a drawn 1-6 s into its wait or deferral): the running try gets SIGTERM,
+# so on_kill (or, deferred, the trigger's on_kill, called by the triggerer) releases the run, and the
+# task runs again; the next try relaunches (or adopts) cleanly
+CLEARED, CLEARED_P = "cleared", 1 / 3
+VOCABULARY = (
+    AIRFLOW_SIDE + CLOUD_SIDE + (SERVER_ERRORS, AGENT_CRASH, FOLDER_WRITES, FOLDER_WRITES_LONG, CLEARED)
+)
+# what a run whose folder cannot be written for good may fail with: the store's error, or its silent
+# agent (its heartbeats are writes to the folder)
+WRITE_FAILURE = r"stopped beating|InternalError|ServiceUnavailable|backendError|\b50[03]\b"
 # failures the faults may legitimately cause, by operator: (fault, regex the try's log must match)
 MAY_FAIL: dict[str, dict[str, str]] = {
     "train": {
@@ -97,6 +120,8 @@ MAY_FAIL: dict[str, dict[str, str]] = {
     "resume": {"capacity": r"capacity|ZONE_RESOURCE_POOL_EXHAUSTED|InsufficientInstanceCapacity"},
     "gang": {"capacity": r"capacity|ZONE_RESOURCE_POOL_EXHAUSTED|InsufficientInstanceCapacity"},
 }
+for _allowed in (MAY_FAIL.setdefault(op, {}) for op in ("train", "resume", "gang", "fleet", "group")):
+    _allowed[FOLDER_WRITES_LONG] = WRITE_FAILURE
 
 
 @dataclass
@@ -108,6 +133,8 @@ class Scenario:
     deferrable: bool
     faults: list[str]
     kill_delay_s: float  # when a timed kill fires after the wait (or the deferral) began
+    writes_side: str = "both"  # folder_writes: whose writes fail (WRITES_SIDES)
+    writes_at_s: float = 0.0  # folder_writes: when the window opens, after the first try started
 
     @property
     def provider(self) -> str:
@@ -136,9 +163,14 @@ def draw(seed: int, n: int) -> Scenario:
         faults.append(SERVER_ERRORS)
     if operator != "vertex" and rnd.random() < AGENT_CRASH_P:
         faults.append(AGENT_CRASH)
-    return Scenario(
-        f"s{n:03d}", seed, operator, cloud, deferrable, sorted(faults), round(rnd.uniform(1, 6), 1)
-    )
+    delay = round(rnd.uniform(1, 6), 1)  # drawn before what came later, so earlier draws stay
+    side, at = "both", 0.0
+    if operator != "vertex" and rnd.random() < FOLDER_WRITES_P:
+        faults.append(FOLDER_WRITES_LONG if rnd.random() < 0.25 else FOLDER_WRITES)
+        side, at = rnd.choice(sorted(WRITES_SIDES)), round(rnd.uniform(0, 6), 1)
+    if not set(faults) & set(AIRFLOW_SIDE) and rnd.random() < CLEARED_P:
+        faults.append(CLEARED)
+    return Scenario(f"s{n:03d}", seed, operator, cloud, deferrable, sorted(faults), delay, side, at)
 
 
 # --- the DAG each scenario runs ---------------------------------------------------------------------
@@ -155,6 +187,7 @@ from airflow_cloudtrain.operators import {cls}
 
 KILL = os.environ.get("CT_FAULT_KILL", "")  # set only in the try that plays the lost worker
 DELAY = float(os.environ.get("CT_FAULT_DELAY", "0"))
+CLEARING = []  # the clear fires once per try
 
 
 def die():
@@ -163,6 +196,23 @@ def die():
 
 def die_later():
     timer = threading.Timer(DELAY, die)
+    timer.daemon = True
+    timer.start()
+
+
+def clear_later(trigger=None):
+    # the task cleared by hand: a running try gets SIGTERM (Airflow's handler calls on_kill; the
+    # override below then ends the process, as the supervisor does); a deferred one's trigger is
+    # cancelled by the triggerer, which calls the trigger's on_kill, and the try is over
+    def clear():
+        if trigger is None:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        import asyncio
+        asyncio.run(trigger.on_kill())
+        die()
+
+    timer = threading.Timer(DELAY, clear)
     timer.daemon = True
     timer.start()
 
@@ -181,6 +231,9 @@ class Faulty({cls}):
         def wait_(handle):
             if KILL in ("kill_waiting", "lease_lapse"):
                 die_later()
+            if KILL == "cleared" and not CLEARING:
+                CLEARING.append(1)
+                clear_later()
             return wait(handle)
 
         def advance_(handle, outcome):
@@ -196,9 +249,17 @@ class Faulty({cls}):
         engine.start, engine.wait, engine.advance, engine.resume = start_, wait_, advance_, resume_
         return engine
 
+    def on_kill(self):
+        super().on_kill()
+        if KILL == "cleared":  # released; the supervisor ends the try, the task is scheduled again
+            die()
+
     def defer(self, *args, **kwargs):
         if KILL in ("triggerer_lost", "lease_lapse"):  # dag.test() runs the trigger in this process
             die_later()
+        if KILL == "cleared" and not CLEARING:
+            CLEARING.append(1)
+            clear_later(kwargs.get("trigger", args[0] if args else None))
         return super().defer(*args, **kwargs)
 
 
@@ -233,7 +294,8 @@ def operator_kwargs(s: Scenario) -> tuple[str, str]:
         f"bucket={bucket!r}, region={REGION[s.provider]!r}, poll_interval=1, live_prices=False, "
         f"orphan_timeout={lease}"
     )
-    if AGENT_CRASH in s.faults:  # the watchdog that notices a dead agent, short enough for a scenario
+    if AGENT_CRASH in s.faults or FOLDER_WRITES_LONG in s.faults:  # the watchdog that notices a dead
+        # (or, its heartbeats failing for good, silent) agent, short enough for a scenario
         common += f", heartbeat_timeout={CRASH_HEARTBEAT_TIMEOUT!r}"
     if s.operator == "vertex":
         return "MLEngineTrainOperator", (
@@ -445,7 +507,7 @@ def _play(s: Scenario, out: Outcome) -> None:
     when = datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(minutes=int(s.id[1:]))
     key = run_key(s, when)
     folder = open_run_folder(join(BUCKETS[s.provider], key.path()))
-    kill = next((f for f in s.faults if f in AIRFLOW_SIDE), "")
+    kill = next((f for f in s.faults if f in (*AIRFLOW_SIDE, CLEARED)), "")
     if "capacity" in s.faults:  # no capacity for this type at launch, for a while
         _EMU.fail_capacity(TYPE[s.provider])
         lift = threading.Timer(12.0, _lift_capacity, args=("throttle" in s.faults,))
@@ -458,6 +520,9 @@ def _play(s: Scenario, out: Outcome) -> None:
         calm = threading.Timer(SERVER_ERRORS_S, _EMU.unavailable, args=(0.0,), kwargs={"seed": None})
         calm.daemon = True
         calm.start()
+    ended = threading.Event()
+    if FOLDER_WRITES in s.faults or FOLDER_WRITES_LONG in s.faults:
+        threading.Thread(target=_writes_window, args=(s, folder, ended), daemon=True).start()
     with Sampler(s, key.digest) as sampler:
         state, log = _try(s, path, when, kill, 1)
         out.tries.append(state)
@@ -468,6 +533,7 @@ def _play(s: Scenario, out: Outcome) -> None:
             ended = _wait(lambda: folder.get_text(ORPHANED_KEY) or _finished(folder), 240)
             if not ended and s.operator != "vertex":
                 out.problems.append("the lease lapsed but the run did not end itself (no orphaned.json)")
+    ended.set()
     out.crashed = list(sampler.crashed)
     if AGENT_CRASH in s.faults and not sampler.crashed and out.tries[-1:] != ["killed"]:
         print(f"{s.id}: agent_crash found no agent to kill (the job ended first)", file=sys.stderr)
@@ -485,7 +551,8 @@ def _play(s: Scenario, out: Outcome) -> None:
     most = OPERATORS[s.operator][1]
     if most and sampler.most > most:
         out.duplicates.append(f"{sampler.most} live instances at once (at most {most})")
-    single = s.operator == "train" and not sampler.preempted and "lease_lapse" not in s.faults
+    # (a cleared task relaunches: its on_kill released the first instance)
+    single = s.operator == "train" and not sampler.preempted and not {"lease_lapse", CLEARED} & set(s.faults)
     if single and len(sampler.seen) > 1:
         out.duplicates.append(f"{len(sampler.seen)} instances launched for one run: {sorted(sampler.seen)}")
     # leaks: everything of the run gone once it ended (ends are asynchronous: a deadline for a busy machine)
@@ -493,6 +560,29 @@ def _play(s: Scenario, out: Outcome) -> None:
     if not left:
         out.leaks = [f"{x.kind} {x.id} ({x.state}, {x.lease})" for x in leftovers(s, key.digest)]
         _sweep(s)  # one leak must not fail every later scenario of this worker
+
+
+def _writes_window(s: Scenario, folder: Any, ended: threading.Event) -> None:
+    """The run folder's writes fail, from ``writes_at_s`` after its first object appeared (the operator
+    is preparing the run: a try's start alone takes a while), for ``WRITES_S`` (transient) or until
+    the last try ended (long: ``_play`` then clears every fault)."""
+    side = WRITES_SIDES[s.writes_side]
+    while not _listed(folder):
+        if ended.wait(0.2):
+            return
+    if ended.wait(s.writes_at_s):
+        return
+    _EMU.fail_writes(folder.uri + "/", 1.0, side, s.seed)
+    if FOLDER_WRITES in s.faults:
+        ended.wait(WRITES_S)
+        _EMU.fail_writes(folder.uri + "/", 0.0, side, None)
+
+
+def _listed(folder: Any) -> bool:
+    try:
+        return bool(folder.list())
+    except Exception:  # throttled: the next look counts
+        return False
 
 
 def _lift_capacity(throttled: bool) -> None:

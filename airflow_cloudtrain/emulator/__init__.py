@@ -68,6 +68,8 @@ Monitoring, Vertex AI and Logging HTTP 429 ``RESOURCE_EXHAUSTED``. ``api`` is a 
 (``"DescribeInstances"``, ``"GetObject"``, ``"instances.list"``, ``"objects.get"``,
 ``"customJobs.get"``, ``"entries.list"``), a list of these, or None for all. Draws come
 from a ``random.Random(seed)``. The emulator's own requests are never throttled nor counted.
+``fail_writes(prefix_uri, rate, side)`` makes the object writes under a prefix (a run folder) fail
+with the store's server error, for the agents, the Airflow side or both, while reads go on.
 
 ``request_counts()`` counts requests per operation since start or ``reset_counts()``: EC2 actions,
 S3 and other AWS operations, Compute methods, GCS methods, Pub/Sub, Monitoring, Vertex AI and Logging
@@ -485,6 +487,21 @@ class Emulator:
         from airflow_cloudtrain.emulator.faults import UNAVAILABLE
 
         self._throttle.set(rate, api, seed, kind=UNAVAILABLE)
+
+    def fail_writes(
+        self, prefix_uri: str, rate: float = 1.0, side: str | None = None, seed: int | None = 0
+    ) -> None:
+        """From now on answer ``rate`` (0..1) of the object writes (S3 PutObject and multipart, GCS
+        uploads, compose, copy) under ``prefix_uri`` (``s3://bucket/prefix/`` or ``gs://...``: a run
+        folder, ending in ``/``) with the store's server error (S3 500 ``InternalError``, GCS 503), for
+        ``side``: ``"instance"`` (the agents), ``"airflow"`` (the operators and everything else) or
+        None (both). Reads, lists and deletes still work; rate 0 lifts the rule (``emulator.faults``)."""
+        scheme, _, rest = prefix_uri.partition("://")
+        if scheme not in ("s3", "gs") or not rest:
+            raise ValueError(
+                f"prefix_uri must be s3://bucket/prefix or gs://bucket/prefix; got {prefix_uri!r}"
+            )
+        self._throttle.fail_writes(rate, "s3" if scheme == "s3" else "storage", rest, side, seed)
 
     def clear_faults(self) -> None:
         """No capacity faults, no throttling and no server errors any more, in every cloud."""

@@ -12,6 +12,14 @@ Selectors (``api=``): a service (``"ec2"``, ``"s3"``, any other AWS service by i
 as ``"ssm"``, ``"compute"``, ``"storage"``), an operation (an EC2 action like ``"DescribeInstances"``,
 an S3 operation like ``"GetObject"``, a Compute method like ``"instances.list"``, a GCS method like
 ``"objects.get"``), or ``None`` for everything. A request matching several rules uses the highest rate.
+
+Writes under a prefix (``fail_writes(rate, "s3", "bucket/key/prefix/", side)``): a run folder whose writes fail
+while its reads still work, as when a bucket's partition has bad minutes or a prefix is throttled
+hard. Only the object writes (``WRITES``: S3 PutObject and the multipart calls, CopyObject; GCS
+``objects.insert`` (media, multipart and resumable uploads), compose, copy, rewrite) of objects whose
+``bucket/key`` starts with the prefix are refused, with the API's server error, and only from ``side``:
+``"instance"`` (the agents: ``emulator.calls`` tells them apart), ``"airflow"`` (everything else) or
+None (both). The servers pass the object's name and the side to ``draw``.
 """
 
 from __future__ import annotations
@@ -24,6 +32,21 @@ EMULATOR_USER_AGENT = "cloudtrain-emulator"
 ALL = "*"
 THROTTLED, UNAVAILABLE = "throttled", "unavailable"
 KINDS = (THROTTLED, UNAVAILABLE)
+# object writes, by S3 operation / GCS JSON API method: what ``fail_writes`` refuses
+WRITES = frozenset(
+    {
+        "PutObject",
+        "CreateMultipartUpload",
+        "UploadPart",
+        "CompleteMultipartUpload",
+        "CopyObject",
+        "objects.insert",
+        "objects.compose",
+        "objects.copy",
+        "objects.rewrite",
+    }
+)
+SIDES = ("instance", "airflow")
 
 
 def is_own(*user_agents: str | None) -> bool:
@@ -39,6 +62,7 @@ class Throttle:
         self._lock = threading.Lock()
         self._kinds: dict[str, dict[str, float]] = {kind: {} for kind in KINDS}
         self._random = random.Random(seed)
+        self._writes: dict[tuple[str, str, str | None], float] = {}  # (service, bucket/prefix, side) -> rate
 
     def set(
         self, rate: float, api: str | Iterable[str] | None = None, seed: int | None = 0, kind: str = THROTTLED
@@ -62,19 +86,55 @@ class Throttle:
             if seed is not None:
                 self._random.seed(seed)
 
+    def fail_writes(
+        self, rate: float, service: str, prefix: str, side: str | None = None, seed: int | None = 0
+    ) -> None:
+        """Answer ``rate`` (0..1) of ``service``'s (``"s3"``, ``"storage"``) object writes under ``prefix``
+        (``bucket/key-prefix``) from
+        ``side`` (``"instance"``, ``"airflow"``, None: both) with the API's server error; rate 0 lifts
+        that rule. ``seed`` as for ``set``."""
+        if not 0.0 <= rate <= 1.0:
+            raise ValueError(f"rate must be between 0 and 1; got {rate!r}")
+        if side not in (None, *SIDES):
+            raise ValueError(f"side must be one of {SIDES} or None; got {side!r}")
+        if not prefix or not isinstance(prefix, str) or "/" not in prefix.lstrip("/"):
+            raise ValueError(f"prefix must be 'bucket/key-prefix'; got {prefix!r}")
+        with self._lock:
+            if rate:
+                self._writes[(service, prefix.lstrip("/"), side)] = rate
+            else:
+                self._writes.pop((service, prefix.lstrip("/"), side), None)
+            if seed is not None:
+                self._random.seed(seed)
+
     def clear(self) -> None:
         with self._lock:
             for rates in self._kinds.values():
                 rates.clear()
+            self._writes.clear()
 
-    def draw(self, service: str, operation: str) -> str | None:
+    def wants_object(self, operation: str) -> bool:
+        """Whether ``draw`` needs the object's name for this request (a write while writes fail)."""
+        return bool(self._writes) and operation in WRITES
+
+    def draw(self, service: str, operation: str, obj: str | None = None, side: str = "") -> str | None:
         """Draw for one request: the fault it meets (``THROTTLED``, ``UNAVAILABLE``) or None. One draw
-        per request: a throttling rate of t and an unavailable rate of u fail t and u of them."""
+        per request: a throttling rate of t and an unavailable rate of u fail t and u of them. ``obj``
+        (``bucket/key``) and ``side`` (``emulator.calls``: "instance", else the Airflow side) let the
+        ``fail_writes`` rules match a write."""
         with self._lock:
             rates = [
                 max(table.get(key, 0.0) for key in (ALL, service, operation)) if table else 0.0
                 for table in self._kinds.values()
             ]
+            if obj and self._writes and operation in WRITES:
+                mine = "instance" if side == "instance" else "airflow"
+                scoped = [
+                    rate
+                    for (api, prefix, who), rate in self._writes.items()
+                    if api == service and obj.startswith(prefix) and who in (None, mine)
+                ]
+                rates[KINDS.index(UNAVAILABLE)] = max([rates[KINDS.index(UNAVAILABLE)], *scoped])
             if not any(rates):
                 return None
             drawn = self._random.random()

@@ -16,6 +16,7 @@ from typing import Any
 import boto3
 import botocore.endpoint
 import pytest
+import requests
 from botocore.config import Config
 from botocore.exceptions import ClientError
 from google.api_core import exceptions as gexc
@@ -421,3 +422,39 @@ def test_the_aws_endpoint_sends_one_server_header(emu) -> None:
     for response in (boto3.client("ec2").describe_regions(), boto3.client("s3").list_buckets()):
         raw = response["ResponseMetadata"]["HTTPHeaders"]
         assert "," not in raw.get("server", "")  # botocore joins repeated headers with ", "
+
+
+def test_writes_under_a_run_folder_fail_for_the_side_asked_while_reads_go_on(emu) -> None:
+    """``fail_writes``: the writes under one prefix (a run folder) get the store's server error, from the
+    side asked; reads of that folder, and writes elsewhere, go on."""
+    folder = f"faults/{uuid.uuid4().hex[:8]}/"
+    s3 = boto3.client("s3", config=NO_RETRIES)
+    s3.put_object(Bucket=DEFAULT_BUCKET, Key=f"{folder}spec.json", Body=b"{}")
+    bucket = storage.Client(project="cloudtrain-emulated").bucket(DEFAULT_BUCKET)
+    bucket.blob(f"{folder}spec.json").upload_from_string(b"{}")
+    session = bucket.blob(f"{folder}big.bin").create_resumable_upload_session()  # before the fault
+    emu.fail_writes(f"s3://{DEFAULT_BUCKET}/{folder}")  # both sides
+    emu.fail_writes(f"gs://{DEFAULT_BUCKET}/{folder}", side="airflow")  # this test is the Airflow side
+    try:
+        for write in (
+            lambda: s3.put_object(Bucket=DEFAULT_BUCKET, Key=f"{folder}status.json", Body=b"{}"),
+            lambda: s3.create_multipart_upload(Bucket=DEFAULT_BUCKET, Key=f"{folder}ckpt/model.pt"),
+        ):
+            with pytest.raises(ClientError) as info:
+                write()
+            assert info.value.response["Error"]["Code"] == "InternalError"
+            assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 500
+        with pytest.raises(gexc.ServiceUnavailable):  # a multipart upload: the name is in its body
+            bucket.blob(f"{folder}status.json").upload_from_string(b"{}", retry=None)
+        assert requests.put(session, data=b"x" * 10).status_code == 503  # a resumable upload's session
+        assert s3.get_object(Bucket=DEFAULT_BUCKET, Key=f"{folder}spec.json")["Body"].read() == b"{}"
+        assert bucket.blob(f"{folder}spec.json").download_as_bytes(retry=None) == b"{}"
+        s3.put_object(Bucket=DEFAULT_BUCKET, Key="faults/elsewhere.json", Body=b"{}")
+        bucket.blob(f"{folder[:-1]}-sibling/x.json").upload_from_string(b"{}", retry=None)
+        emu.fail_writes(f"gs://{DEFAULT_BUCKET}/{folder}", side="airflow", rate=0.0, seed=None)  # lifted
+        emu.fail_writes(f"gs://{DEFAULT_BUCKET}/{folder}", side="instance", seed=None)  # the agents only
+        bucket.blob(f"{folder}status.json").upload_from_string(b"{}", retry=None)
+    finally:
+        emu.clear_faults()
+    s3.put_object(Bucket=DEFAULT_BUCKET, Key=f"{folder}status.json", Body=b"{}")
+    assert emu.request_counts().get("unavailable:PutObject") == 1

@@ -61,3 +61,79 @@ def test_an_agent_crash_mid_run_is_noticed_and_the_resume_loop_goes_on(emu, airf
     result = faults.run_scenario(asdict(scenario))
     assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
     assert result["tries"] == ["success"] and len(result["crashed"]) == 1, result
+
+
+@pytest.mark.faults  # 45 s of a dag.test() run: make faults (the emulator's fault is in make test)
+@pytest.mark.timeout(1800)
+def test_a_run_folder_whose_writes_fail_for_a_while_is_ridden_out(emu, airflow_db) -> None:
+    """The ``folder_writes`` fault: every write to the run folder, the operator's and the agent's, fails
+    with S3's 500 for 10 s from the moment the operator starts preparing the run (its spec, code and
+    lease, then the agent's first status and logs). Retries ride it out: the task succeeds on one
+    instance and nothing is left."""
+    faults = _campaign()
+    faults._EMU, faults._HOME = emu, dags_folder().parent
+    scenario = faults.Scenario("s901", SEED, "train", "ec2", False, [faults.FOLDER_WRITES], 2.0, "both", 0.0)
+    before = emu.request_counts().get("unavailable:PutObject", 0)
+    result = faults.run_scenario(asdict(scenario))
+    assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
+    assert result["tries"] == ["success"], result
+    assert emu.request_counts().get("unavailable:PutObject", 0) > before  # the window did refuse writes
+
+
+@pytest.mark.faults  # two tries of a dag.test() run each: make faults
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])
+def test_a_task_cleared_while_it_runs_relaunches_cleanly(emu, airflow_db, deferrable: bool) -> None:
+    """The ``cleared`` fault: the task is cleared by hand 3 s into its wait (blocking: SIGTERM, the
+    operator's ``on_kill``) or its deferral (the triggerer calls the trigger's ``on_kill``); the run is
+    released, and the next try launches again and succeeds; never two instances at once, nothing left."""
+    faults = _campaign()
+    faults._EMU, faults._HOME = emu, dags_folder().parent
+    scenario = faults.Scenario("s903", SEED, "train", "ec2", deferrable, [faults.CLEARED], 3.0)
+    result = faults.run_scenario(asdict(scenario))
+    assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
+    assert result["tries"] == ["killed", "success"], result
+
+
+@pytest.mark.faults  # a dag.test() run: make faults
+@pytest.mark.timeout(1800)
+def test_a_run_folder_the_operator_cannot_write_delays_no_end_by_minutes(emu, airflow_db) -> None:
+    """``folder_writes_long`` on the operator's side, from the moment the instance runs until the task
+    ended: the run succeeds (its release writes nothing to the folder), and the ``delivered`` mark after
+    the release, best effort, is given up within ``MARK_BUDGET_S`` instead of call_with_retry's 5
+    minutes (it held a finished task that long)."""
+    import threading
+    from datetime import datetime, timedelta, timezone
+
+    from airflow_cloudtrain.contract.runs import join
+    from airflow_cloudtrain.lifecycle.run.abandon import MARK_BUDGET_S
+
+    faults = _campaign()
+    faults._EMU, faults._HOME = emu, dags_folder().parent
+    scenario = faults.Scenario("s904", SEED, "train", "ec2", False, [], 2.0)
+    when = datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(minutes=904)  # as _play dates it
+    folder = join(faults.BUCKETS["aws"], faults.run_key(scenario, when).path()) + "/"
+    done = threading.Event()
+
+    def fail_once_running() -> None:
+        while not done.wait(0.2):
+            if emu.running_instances():
+                emu.fail_writes(folder, side="airflow")
+                return
+
+    watcher = threading.Thread(target=fail_once_running, daemon=True)
+    watcher.start()
+    try:
+        result = faults.run_scenario(asdict(scenario))
+    finally:
+        done.set()
+        watcher.join(10)
+    assert result["passed"] and result["tries"] == ["success"], result
+    log = (dags_folder() / f"{scenario.dag_id}-try1.log").read_text()
+
+    def at(text: str) -> datetime:
+        line = next(x for x in log.splitlines() if text in x)
+        return datetime.fromisoformat(line.split()[0].replace("Z", "+00:00"))
+
+    gave_up = at("Could not mark the end of") - at("Released instance")
+    assert gave_up.total_seconds() < MARK_BUDGET_S + 120, gave_up  # it was 5 minutes

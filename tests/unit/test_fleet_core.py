@@ -279,3 +279,63 @@ def test_the_engine_defers_on_the_same_trigger_and_event_shape_as_before() -> No
     with pytest.raises(AirflowException, match="fleet r1 failed: FleetFailed: gone"):
         engine.resume(event)
     assert released == [True]
+
+
+class Listing:
+    """An S3 client's listing of the run folder (the workers' records): a bucket that holds what is
+    given, or one that cannot be read."""
+
+    def __init__(self, records: dict[str, WorkerRecord], fails: bool = False) -> None:
+        self.records, self.fails = records, fails
+
+    def get_paginator(self, name: str) -> Any:
+        if self.fails:
+            raise ConnectionError("the bucket cannot be reached")
+        keys = [{"Key": f"r1/workers/{iid}.json"} for iid in self.records]
+        return type("Pages", (), {"paginate": lambda _, **kw: [{"Contents": keys}]})()
+
+    def get_object(self, Bucket: str, Key: str) -> dict[str, Any]:
+        record = self.records[Key.rsplit("/", 1)[-1].removesuffix(".json")]
+        return {"Body": type("Body", (), {"read": lambda _: record.to_json().encode()})()}
+
+
+class Group:
+    """The cloud's side of ``replace_member``: which workers the group was asked to replace."""
+
+    def __init__(self) -> None:
+        self.replaced: list[str] = []
+
+    def replace_member(self, group: str, iid: str) -> None:
+        self.replaced.append(iid)
+
+
+@pytest.mark.parametrize("fails", [False, True], ids=["bucket read", "bucket unreadable"])
+def test_a_worker_that_never_wrote_its_record_is_replaced_after_startup_timeout(fails: bool) -> None:
+    """A running worker whose agent never started writes no record, and a running member counts as
+    the fleet's progress, so ``startup_timeout`` alone would never end it: the group replaces it once
+    it has run ``startup_timeout``, once per launch. A worker with a fresh record stays, and a bucket
+    that cannot be read replaces nobody."""
+    import logging
+
+    group = Group()
+    beating = WorkerRecord("i-ok", LAUNCH, "busy", updated_at=LAUNCH + 690)
+    folder = RunFolder("s3://b/r1", s3_client=Listing({"i-ok": beating}, fails))
+    watch = FleetWatch(
+        handle({}),
+        group,
+        folder,
+        logging.getLogger(),
+        startup_timeout=300,
+        heartbeat_timeout=60,  # type: ignore[arg-type]
+    )
+    running = [
+        Instance(iid, "running", "c5.large", "us-east-1a", True, launch_time=LAUNCH)
+        for iid in ("i-ok", "i-mute")
+    ]
+    watch.members = {m.id: m for m in running}
+    watch._replace_silent(LAUNCH + 250)  # not yet: within startup_timeout
+    assert group.replaced == []
+    watch._replace_silent(LAUNCH + 600)
+    assert group.replaced == ([] if fails else ["i-mute"])
+    watch._replace_silent(LAUNCH + 700)  # asked once for this launch (a GCE successor keeps the name)
+    assert group.replaced == ([] if fails else ["i-mute"])

@@ -64,7 +64,8 @@ class FaultsAndCounts:
         if not is_own(environ.get("HTTP_USER_AGENT")):
             side = calls.aws_side(environ.get("HTTP_AUTHORIZATION", ""), environ.get("QUERY_STRING", ""))
             calls.record("aws", side, call.service, call.operation)  # which side calls what (``calls``)
-            fault = self.throttle.draw(call.service, call.operation)
+            obj = environ.get("PATH_INFO", "").lstrip("/") if call.service == "s3" else None
+            fault = self.throttle.draw(call.service, call.operation, obj, side)
             with self.lock:
                 self.counts[call.operation] += 1
                 if fault:

@@ -31,6 +31,7 @@ error format, counted also as ``throttled:<method>``.
 from __future__ import annotations
 
 import base64
+import io
 import json
 import logging
 import re
@@ -40,7 +41,7 @@ from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlparse
+from urllib.parse import parse_qs, unquote, urlparse
 
 from airflow_cloudtrain.emulator.faults import THROTTLED, Throttle
 from airflow_cloudtrain.emulator.gcp.rest import Tally, unavailable
@@ -239,11 +240,19 @@ class GcsServer:
 
     def _throttled(self, handler: BaseHTTPRequestHandler) -> bool:
         """Count the request; True (and the 429, or the 503 of a fault, sent) when it is refused."""
-        fault = self.tally.admit(handler.headers, "storage", gcs_method(handler.command, handler.path))
+        method = gcs_method(handler.command, handler.path)
+        body = None
+        obj = None
+        if self.throttle.wants_object(method):  # writes under a prefix fail: which object is this?
+            body = handler.rfile.read(int(handler.headers.get("Content-Length") or 0))
+            obj = self._object_of(handler.path, body)
+        fault = self.tally.admit(handler.headers, "storage", method, obj)
         if not fault:
+            if body is not None:  # the package's handler reads the body it was sent
+                handler.rfile = io.BytesIO(body)
             return False
         length = int(handler.headers.get("Content-Length") or 0)
-        if length:
+        if length and body is None:
             handler.rfile.read(length)  # what the client sends, before answering
         if fault == THROTTLED:
             error = {"message": _THROTTLED, "domain": "usageLimits", "reason": "rateLimitExceeded"}
@@ -252,6 +261,29 @@ class GcsServer:
             _send_json(handler, 503, unavailable().body())
         handler.close_connection = True
         return True
+
+    def _object_of(self, path: str, body: bytes) -> str | None:
+        """``bucket/name`` of an object write: from the path (compose, copy and rewrite name their
+        target there), the query (a media upload's ``name``), the metadata part of a multipart
+        upload's body, or the session of a resumable upload's ``upload_id``."""
+        url = urlparse(path)
+        query = parse_qs(url.query)
+        targets = re.findall(r"/b/([^/]+)/o(?:/([^/]+))?", url.path)
+        if not targets:
+            return None
+        bucket, name = targets[-1]
+        if name:
+            return f"{bucket}/{unquote(name)}"
+        if "name" in query:
+            return f"{bucket}/{query['name'][0]}"
+        if "upload_id" in query:
+            session = self._storage.resumable.get(query["upload_id"][0]) or {}
+            return f"{bucket}/{session['name']}" if session.get("name") else None
+        found = re.search(rb'"name"\s*:\s*"((?:[^"\\]|\\.)*)"', body[:65536])
+        if not found:
+            return None
+        name = json.loads(b'"' + found.group(1) + b'"')  # JSON escapes, as the client wrote them
+        return f"{bucket}/{name}"
 
     def counts(self) -> dict[str, int]:
         """Requests per JSON API method since start or reset, the emulator's excluded."""

@@ -91,13 +91,17 @@ class Tally:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
 
-    def admit(self, headers: Mapping[str, str] | Any, service: str, op: str) -> str | None:
+    def admit(
+        self, headers: Mapping[str, str] | Any, service: str, op: str, obj: str | None = None
+    ) -> str | None:
         """Count one request (unless it is the emulator's own); the fault it is to be refused with
-        (``faults.THROTTLED`` or ``UNAVAILABLE``, then counted under ``<fault>:<op>`` too), or None."""
+        (``faults.THROTTLED`` or ``UNAVAILABLE``, then counted under ``<fault>:<op>`` too), or None.
+        ``obj``: the ``bucket/name`` a write goes to (``Throttle.fail_writes``)."""
         if is_own(headers.get("User-Agent"), headers.get("x-goog-api-client")):
             return None
-        calls.record("gcp", calls.google_side(headers.get("Host")), service, op)  # (``emulator.calls``)
-        fault = self.throttle.draw(service, op)
+        side = calls.google_side(headers.get("Host"))
+        calls.record("gcp", side, service, op)  # (``emulator.calls``)
+        fault = self.throttle.draw(service, op, obj, side)
         with self._lock:
             self._counts[op] += 1
             if fault:

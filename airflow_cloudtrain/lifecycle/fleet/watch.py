@@ -272,14 +272,23 @@ class FleetWatch:
         seconds) has not changed for ``heartbeat_timeout``: its agent died while its machine runs on,
         so it takes no item and would hold its place in the group for good. The group replaces it;
         the item it held comes back after its lease. Checked every third of the timeout (a listing
-        and a read per worker); a worker that never wrote its record is left to ``startup_timeout``."""
+        and a read per worker). A worker that never wrote its record (its agent never started: a
+        bootstrap that failed, an image without Python, a bucket it cannot write) is replaced the same
+        way once it has run ``startup_timeout`` since its launch: ``startup_timeout`` alone never
+        fires while it runs, since a running member counts as progress."""
         timeout = self.heartbeat_timeout
         if not timeout or now - self._silent_checked < timeout / 3:
             return
         self._silent_checked = now
-        records = self._worker_records()
+        try:  # a record missing because the bucket could not be read is no sign of a dead agent
+            records = self._worker_records(strict=True)
+        except Exception as err:
+            self.log.info("Could not read the workers' records (%s); checking them again later", err)
+            return
         for iid, inst in sorted(self.members.items()):
             record = records.get(iid)
+            if inst.state == RUNNING and record is None:
+                self._replace_unstarted(iid, inst, now)
             if inst.state != RUNNING or record is None or record.ended_at:
                 continue
             if self.replaced.get(iid) == record.started_at:  # replaced; its successor not started yet
@@ -294,12 +303,31 @@ class FleetWatch:
                 silent,
                 timeout,
             )
-            try:
-                self.cloud.replace_member(self.handle.group, iid)
-            except Exception as err:  # the next check tries again
-                self.log.warning("Could not replace worker %s: %s", iid, err)
-            else:
-                self.replaced[iid] = record.started_at
+            self._replace(iid, record.started_at)
+
+    def _replace_unstarted(self, iid: str, inst: Instance, now: float) -> None:
+        """A running worker with no record ``startup_timeout`` after its launch (``_replace_silent``)."""
+        launched, limit = inst.launch_time, self.startup_timeout
+        if not launched or not limit or now - launched <= limit or self.replaced.get(iid) == launched:
+            return
+        self.log.warning(
+            "Worker %s has run %.0f s without writing its record (startup_timeout=%.0fs): its agent "
+            "never started; replacing it",
+            iid,
+            now - launched,
+            limit,
+        )
+        self._replace(iid, launched)
+
+    def _replace(self, iid: str, since: float) -> None:
+        """Have the group replace ``iid``; ``since`` tells this worker from its successor under the
+        same name (a GCE group's recreated VM)."""
+        try:
+            self.cloud.replace_member(self.handle.group, iid)
+        except Exception as err:  # the next check tries again
+            self.log.warning("Could not replace worker %s: %s", iid, err)
+        else:
+            self.replaced[iid] = since
 
     def _log_outcome(self, outcome: ItemOutcome) -> None:
         where = f"on {outcome.instance_id}, delivery {outcome.attempts}"
@@ -455,12 +483,16 @@ class FleetWatch:
             return None
         return history if history is not None and history.points else None
 
-    def _worker_records(self) -> dict[str, WorkerRecord]:
+    def _worker_records(self, strict: bool = False) -> dict[str, WorkerRecord]:
+        """The workers' records; what could not be read is left out (``strict``: raises instead)."""
         out = {}
-        with contextlib.suppress(Exception):
+        try:
             for key in self.folder.list(workqueue.WORKERS_PREFIX + "/"):
                 raw = self.folder.get_text(key)
                 if raw:
                     record = WorkerRecord.from_json(raw)
                     out[record.instance_id] = record
+        except Exception:
+            if strict:
+                raise
         return out

@@ -25,6 +25,10 @@ if TYPE_CHECKING:
     from airflow_cloudtrain.storage import RunFolder
 
 DELIVERED_KEY = "cloudtrain_delivered"  # task_state_store: instances whose end was already reported
+# How long the run-folder marks may be retried, in all, before going on without them: they are best
+# effort (the task's store holds them too), and a release (``abandon_run``'s comes after them) or the
+# task's end must not wait on a bucket that refuses writes (call_with_retry's default is 5 minutes)
+MARK_BUDGET_S = 30.0
 
 
 def has_final_status(folder: RunFolder, instance_id: str) -> bool:
@@ -52,7 +56,8 @@ def mark_delivered(
     budget: TransientBudget | None = None,
 ) -> None:
     """Both in the task's store (when it has one) and in the run folder, so a retry never reports
-    this end again; the store's copy stands when the bucket cannot be written."""
+    this end again; the store's copy stands when the bucket cannot be written (``MARK_BUDGET_S``)."""
+    budget = budget or TransientBudget(budget_s=MARK_BUDGET_S)
     if store is not None:
         stored = store_get(store, DELIVERED_KEY) or {}
         store_set(store, DELIVERED_KEY, {"ids": [*stored.get("ids", []), instance_id][-50:]})
@@ -85,6 +90,7 @@ def abandon_run(
     and the secrets the operator stored for it (its spec's ``secret_env``) are swept with it. The
     marks are best effort: releasing matters more. Returns what was released."""
     sweep = bool(ledger.run_key)  # a launch recorded without its run key: only what the ledger holds
+    mark_budget = mark_budget or TransientBudget(budget_s=MARK_BUDGET_S)  # for all the marks at once
     _sweep_run_secrets_too(backend, folder, log)
     try:
         if sweep:  # every instance of the run, to mark (the release sweeps every kind again)
