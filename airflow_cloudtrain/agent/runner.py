@@ -62,6 +62,7 @@ import subprocess
 import threading
 import time
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,10 @@ AGENT_ZIP_IN_WORKDIR = ".cloudtrain/agent.zip"
 NOTICE_GRACE_S = notice_grace(NOTICE_DEFAULT_LEFT_S)  # 25 s: a 30 s notice less the sync reserve
 TIMEOUT_GRACE_S = 10.0  # max_runtime and idle stops, unless spec.stop_grace_s says otherwise
 SYNC_RESERVE_FACTOR = 1.5  # the final sync may take this much longer than the last timed one
+# the finishing writes (results, last log chunk, final status, final beacon, end marker) share this
+# many seconds of retries: a store that refuses them for good must not keep a billed instance up for
+# one retry budget each (about 10 minutes). The final status always gets a sixth of it.
+FINISH_BUDGET_S = 180.0
 
 
 class Agent:
@@ -109,8 +114,10 @@ class Agent:
         poweroff: str | None = None,
         folder: RunFolder | None = None,
         spec: runs.RunSpec | None = None,
+        finish_budget_s: float = FINISH_BUDGET_S,
     ) -> None:
         self.run_uri = run_uri
+        self.finish_budget_s = finish_budget_s
         self.instance_id = instance_id
         self.workdir = workdir
         self.poweroff = poweroff
@@ -328,12 +335,17 @@ class Agent:
                     self._record_interruption(
                         checkpoint_at=checkpoint["uploaded_at"], checkpoint_step=checkpoint["step"]
                     )
+        deadline = time.monotonic() + self.finish_budget_s
+
+        def left(at_least: float = 0.0) -> float:
+            return max(at_least, deadline - time.monotonic())
+
         output = Path(self.workdir, "output") if self.workdir else None
         if output is not None and output.is_dir() and self.instance_id:
             prefix = runs.results_prefix(self.instance_id)
             try:
                 keys = self.folder.upload_dir(
-                    output, prefix, call=lambda up: retry(up, what="results upload")
+                    output, prefix, call=lambda up: retry(up, what="results upload", budget_s=left())
                 )
                 self._note(f"uploaded {len(keys)} result file(s)")
             except Exception as err:
@@ -345,18 +357,43 @@ class Agent:
         if self.streamer is not None:
             streamer = self.streamer
             try:
-                retry(lambda: streamer.flush(final=True), what="final log flush")
+                retry(lambda: streamer.flush(final=True), what="final log flush", budget_s=left())
             except Exception as err:  # the status still has to be written
                 log.error("final log flush failed: %s: %s", type(err).__name__, err)
-        self._stop_chore("heartbeat")
         self.outcome = (state, exit_code, message)
-        changes = {"state": state, "exit_code": exit_code, "message": message, "ended_at": time.time()}
-        retry(lambda: writer.update(raise_errors=True, **changes), what="final status")
-        beacon = self.beacon
-        if beacon is not None:  # after the final status; the end marker last of all
-            final = writer.status
-            retry(lambda: beacon.publish_final(final), what="final beacon")
-            retry(lambda: beacon.write_end(final), what="end marker")
+        changes: dict[str, Any] = {
+            "state": state,
+            "exit_code": exit_code,
+            "message": message,
+            "ended_at": time.time(),
+        }
+        try:  # still beating meanwhile: a slow store is not a dead agent
+            self._final_status(writer, changes, left(self.finish_budget_s / 6))
+            beacon = self.beacon
+            if beacon is not None:  # after the final status; the end marker last of all
+                final = writer.status if writer.status.final else replace(writer.status, **changes)
+                retry(
+                    lambda: beacon.publish_final(final),
+                    what="final beacon",
+                    budget_s=left(self.finish_budget_s / 12),
+                )
+                retry(
+                    lambda: beacon.write_end(final),
+                    what="end marker",
+                    budget_s=left(self.finish_budget_s / 12),
+                )
+        finally:
+            self._stop_chore("heartbeat")
+
+    def _final_status(self, writer: StatusWriter, changes: dict[str, Any], budget_s: float) -> None:
+        """status.json's final write. One that fails for good is logged, not raised: the live index (a
+        prefix of its own, which may still take writes) then carries the outcome to the operator."""
+        try:
+            retry(lambda: writer.update(raise_errors=True, **changes), what="final status", budget_s=budget_s)
+        except Exception as err:
+            log.error("final status write failed: %s: %s", type(err).__name__, err)
+            if self.beacon is None:
+                raise
 
     def _power_off(self) -> None:
         power_off(self.poweroff)

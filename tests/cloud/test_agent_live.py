@@ -377,3 +377,51 @@ def test_the_order_of_writes(
     assert [uri for uri, _ in writes].count(beat_uri) > 5  # heartbeats, each its own small write
     assert max(i for i, (uri, _) in enumerate(writes) if uri == beat_uri) < final_beacon_at
     assert not any(uri.endswith("/heartbeat") for uri, _ in writes)
+
+
+class _Refusing(RunFolder):
+    """A run folder whose writes fail (a store's 5xx) once ``refuse`` is set; the live index opened
+    from it (another URI) still takes them."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__(uri)
+        self.run_uri = uri
+        self.refuse = threading.Event()
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        if self.uri == self.run_uri and self.refuse.is_set():
+            raise ConnectionResetError(f"refused: {key}")  # transient: the agent retries it
+        super().put_bytes(key, data)
+
+
+def test_a_run_folder_that_refuses_the_final_writes_costs_one_budget_and_the_live_index_tells_the_end(
+    store: Store, metadata: MetadataServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The store refuses every run-folder write from the job's start: the agent gives its finishing
+    writes (last log chunk, final status) one shared retry budget, not one each; it keeps beating
+    while it tries; and the final beacon and end marker in the live index still carry the outcome."""
+    run = Run(store, metadata, tmp_path, command="echo started; sleep 2", heartbeat_interval_s=0.05)
+    folder = _Refusing(run.uri)
+    for name, value in run.env().items():
+        monkeypatch.setenv(name, value)
+    agent = Agent(
+        run.uri, instance_id=run.iid, workdir=str(tmp_path / "work"), folder=folder, finish_budget_s=3.0
+    )
+    thread = threading.Thread(target=agent.run, daemon=True)
+    thread.start()
+
+    def running() -> bool:
+        beacon = run.beacon()
+        return beacon is not None and beacon.run_status().state == runs.RUNNING
+
+    wait_for(running, timeout=120, message="the job to run")
+    folder.refuse.set()
+    thread.join(300)
+    assert not thread.is_alive(), "the agent did not finish"
+    assert run.status().state == runs.RUNNING  # status.json never got its final write
+    end = run.end()
+    assert end is not None and end.state == runs.SUCCEEDED, end
+    beacon = run.beacon()
+    assert beacon is not None and beacon.run_status().state == runs.SUCCEEDED
+    last_beat = float(run.live.get_text(runs.beat_name(run.iid)) or 0)
+    assert end.ended_at is not None and last_beat > end.ended_at  # beating while the final status was tried

@@ -52,6 +52,11 @@ LAUNCH_KEY = "cloudtrain_launch"  # task_state_store: the LaunchRecord of the cu
 DEADLINE_MARGIN_S = 600.0  # past max_runtime, the wait gives up on an agent that did not stop the job
 
 
+def ended(instance: Instance | None) -> bool:
+    """The instance is gone, terminated or stopped (its agent powered it off)."""
+    return instance is None or instance.state in ENDED_STATES or instance.state == STOPPED
+
+
 class RunKilled(RuntimeError):
     """The task was killed while this attempt was launching or waiting."""
 
@@ -541,7 +546,10 @@ class RunAttempt:
             raw = folder.get_text(status_key(iid))
             beat = self.heartbeat(launch)
             instance = cloud.describe([iid]).get(iid)
-            return watch.decide(RunStatus.from_json(raw) if raw else None, instance, beat)
+            status = RunStatus.from_json(raw) if raw else None
+            if (status is None or not status.final) and ended(instance):
+                status = self._end_marker(launch) or status
+            return watch.decide(status, instance, beat)
 
         def transient(err: BaseException, delay: float) -> None:
             self.log.warning("Transient error while waiting (%s); polling again in %.0f s", err, delay)
@@ -593,6 +601,16 @@ class RunAttempt:
         )
         self._unless_killed(by_kill)
         return outcome
+
+    def _end_marker(self, launch: LaunchRecord) -> RunStatus | None:
+        """The final status the agent wrote last, in the live index (``<instance>.end``): what an
+        ended instance's run says when its run folder refused the final ``status.json``."""
+        from airflow_cloudtrain.contract.runs import end_name
+
+        if not launch.live_uri:
+            return None
+        raw = self._live_folder(launch).get_text(end_name(launch.instance_id))
+        return RunStatus.from_json(raw) if raw else None
 
     def heartbeat(self, launch: LaunchRecord, instance_id: str | None = None) -> float | None:
         """The agent's last heartbeat: the live index's ``<instance>.beat`` (its unix time), or the
