@@ -4,6 +4,11 @@ test suite's runs make (``airflow_cloudtrain.permissions``). Needs neither Airfl
 
     cloudtrain permissions --cloud ec2spot --operator CheckpointResumeOperator --side airflow
     cloudtrain permissions --cloud gcloud --operator SpotFleetOperator --format json > role.json
+    cloudtrain permissions --cloud ec2spot --operator CloudTrainOperator --side instance \
+        --secret aws-ssm:///team/api-token --secret airflow_conn://db/password
+
+``--secret`` (repeatable: the values of the DAG's ``secret_env``) scopes the instance side's secret
+reads to those secrets (``permissions.secrets``).
 """
 
 from __future__ import annotations
@@ -39,23 +44,43 @@ def _scoped_to_bucket(doc: dict[str, Any], bucket: str) -> dict[str, Any]:
 
 def _permissions(args: argparse.Namespace) -> int:
     from airflow_cloudtrain import permissions
+    from airflow_cloudtrain.permissions import secrets
 
     provider = "gcp" if args.operator == _VERTEX else provider_of(args.cloud)
+    refs: list[Any] = []
+    if args.secret:
+        if args.operator not in secrets.WITH_SECRET_ENV:
+            raise SystemExit(f"--secret: {args.operator} takes no secret_env")
+        try:
+            refs = secrets.parse_secrets(args.secret, provider)
+        except ValueError as err:
+            raise SystemExit(str(err)) from None
     sides = [args.side] if args.side else list(permissions.SIDES)
     found: dict[str, Any] = {}
+    bindings: list[dict[str, str]] = []
     for side in sides:
         doc = permissions.document(args.operator, provider, side)
         if doc is not None and args.bucket and provider == "aws":
             doc = _scoped_to_bucket(doc, args.bucket)
+        if refs and side == "instance" and provider == "aws":
+            doc = secrets.scoped_aws(doc, refs)
+        elif refs and side == "instance":
+            scoped = secrets.scoped_gcp(doc, refs)
+            doc, bindings = scoped["role"], scoped["secretBindings"]
+            found["secretBindings"] = bindings
         found[side] = doc
     if args.format == "json":
-        print(json.dumps(found[sides[0]] if len(sides) == 1 else found, indent=2))
+        print(json.dumps(found[sides[0]] if len(found) == 1 else found, indent=2))
         return 0
-    for side, doc in found.items():
+    for side in sides:
+        doc = found[side]
         kind = "IAM policy" if provider == "aws" else "custom role"
         where = permissions.path(args.operator, provider, side).name
         print(f"# {args.operator} on {args.cloud} ({provider}), {side} side: {kind} ({where})")
         print(json.dumps(doc, indent=2) if doc is not None else "# nothing: this side makes no API call")
+    if bindings:
+        print("# and on each secret, for the service account the VMs run as:")
+        print("\n".join(secrets.binding_commands(bindings)))
     return 0
 
 
@@ -73,4 +98,11 @@ def add_permissions_parser(sub: Any) -> None:
     parser.add_argument("--side", choices=SIDES, help="the Airflow side or the instances' (default: both)")
     parser.add_argument("--format", choices=("text", "json"), default="text")
     parser.add_argument("--bucket", help="AWS: grant the S3 actions on this bucket only (default: any)")
+    parser.add_argument(
+        "--secret",
+        action="append",
+        metavar="REF",
+        help="a secret_env value of the DAG (repeat for each; an SSM parameter name starting with / "
+        "also works): the instances read only these secrets (default: any)",
+    )
     parser.set_defaults(func=_permissions)
