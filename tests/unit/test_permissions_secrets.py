@@ -4,6 +4,7 @@ names (``permissions.secrets``), on AWS by ARN and on Google Cloud by per-secret
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -116,3 +117,46 @@ def test_the_cli_scopes_the_instance_side(capsys: pytest.CaptureFixture[str]) ->
         main(["permissions", "--cloud", "gcspot", "--operator", "MLEngineTrainOperator", "--secret", "/x"])
     with pytest.raises(SystemExit, match="--secret 'plain' is not valid"):
         main([*argv, "--secret", "plain"])
+
+
+DAG_FILE = """
+from airflow.sdk import DAG
+from airflow_cloudtrain.operators import CheckpointResumeOperator, CloudTrainOperator
+
+with DAG("secrets_dag", schedule=None) as dag:
+    CloudTrainOperator(
+        task_id="train", cloud="ec2", instance_type="t3.medium", command="x", bucket="s3://my-runs",
+        secret_env={"TOKEN": "aws-ssm:///team/token", "DB": "airflow_conn://db/password",
+                    "LATER": "{{ var.value.ref }}"},
+    )
+    CheckpointResumeOperator(
+        task_id="resume", cloud="ec2", instance_type="t3.medium", command="x", bucket="s3://my-runs",
+        secret_env={"OTHER": "aws-ssm:///resume/only"},
+    )
+"""
+
+
+def test_the_cli_takes_the_secrets_from_a_dag_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The file's CloudTrainOperator tasks' secret_env (not its CheckpointResumeOperator's, which has
+    its own documents), templated values left out with a note."""
+    dag_file = tmp_path / "secrets_dag.py"
+    dag_file.write_text(DAG_FILE)
+    argv = ["permissions", "--cloud", "ec2", "--operator", "CloudTrainOperator", "--side", "instance"]
+    assert main([*argv, "--format", "json", "--dag-file", str(dag_file)]) == 0
+    out = capsys.readouterr()
+    policy = out.out[out.out.index("{\n") :]  # after any line Airflow's test config logs on import
+    assert _reads(json.loads(policy)) == {
+        "ssm:GetParameter": [
+            "arn:aws:ssm:*:*:parameter/cloudtrain/*",
+            "arn:aws:ssm:*:*:parameter/team/token",
+        ]
+    }
+    assert "secrets_dag.train: secret_env['LATER'] is templated: left out" in out.err
+    with pytest.raises(SystemExit, match="has no SpotFleetOperator task with a secret_env"):
+        main([*argv[:4], "SpotFleetOperator", "--dag-file", str(dag_file)])
+    broken = tmp_path / "broken.py"
+    broken.write_text(DAG_FILE.replace("s3://my-runs", "s3://b"))
+    with pytest.raises(SystemExit, match="does not import: ValueError: bucket='s3://b' is not valid"):
+        main([*argv, "--dag-file", str(broken)])
