@@ -42,6 +42,9 @@ class EngineOperator(BaseOperator):
 
     deferrable: bool = False
     _engine: Engine[Any] | None = None
+    # The run's result, kept for the lineage the OpenLineage listener extracts right after the task
+    # (as the Amazon provider's SageMaker operators keep theirs): no XCom read from its forked child.
+    run_result: Any = None
 
     def new_engine(self, context: Context) -> Engine[Any]:
         """The task's engine, built from the rendered arguments (each call a fresh one: a resumed
@@ -77,6 +80,7 @@ class EngineOperator(BaseOperator):
                 engine.abandon(f"{type(err).__name__}: {err}"[:300])
                 raise
             step = engine.advance(handle, outcome)
+        self.run_result = step.result
         return step.result
 
     def resume_execution(self, next_method: str, next_kwargs: dict[str, Any] | None, context: Context) -> Any:

@@ -10,7 +10,8 @@ provider's SageMaker operators are the model): ``get_openlineage_facets_on_compl
 * a run facet, ``cloudtrain``: cloud, instance type(s), nodes, attempts, interruptions, cost (USD).
 
 The OpenLineage classes are imported inside the functions: the provider imports this module at DAG
-parse time and must not pay for them. Reads only what the task already has (no API call).
+parse time and must not pay for them. Reads only what the task already has (no API call: the
+result the operator kept, ``EngineOperator.run_result``).
 """
 
 from __future__ import annotations
@@ -61,11 +62,16 @@ def _uris(*values: Any) -> list[str]:
     return seen
 
 
-def _result(task_instance: Any) -> dict[str, Any]:
-    try:
-        value = task_instance.xcom_pull(task_ids=task_instance.task_id)
-    except Exception:  # lineage must never fail the task
-        return {}
+def _result(operator: Any, task_instance: Any) -> dict[str, Any]:
+    """The run's result: the one the operator kept (the listener extracts in the task's process or
+    a ``fork()`` of it, where an XCom read goes through the task runner's supervisor channel, which
+    a forked child must not use), else its XCom (a task that finished elsewhere)."""
+    value = getattr(operator, "run_result", None)
+    if value is None:
+        try:
+            value = task_instance.xcom_pull(task_ids=task_instance.task_id)
+        except Exception:  # lineage must never fail the task
+            return {}
     return value if isinstance(value, dict) else {}
 
 
@@ -131,7 +137,7 @@ def facets_on_complete(operator: Any, task_instance: Any) -> Any:
     """The operator's ``OperatorLineage`` once its task succeeded."""
     from airflow.providers.openlineage.extractors import OperatorLineage
 
-    result = _result(task_instance)
+    result = _result(operator, task_instance)
     vertex = "job_dir" in result or type(operator).__name__ == "MLEngineTrainOperator"
     inputs, outputs, facet = (_vertex if vertex else _rented)(operator, result)
     env = getattr(operator, "env", None) or {}

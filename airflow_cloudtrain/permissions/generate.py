@@ -50,7 +50,7 @@ def merge(folder: Path, record: Path = RECORD) -> int:
     return len(calls)
 
 
-def _aws_policy(actions: set[str]) -> dict[str, Any]:
+def _aws_policy(actions: set[str], side: str) -> dict[str, Any]:
     statements: list[dict[str, Any]] = []
     tag_any = {"StringLike": {f"aws:RequestTag/{rules.TAG}": "*"}}
     for action, (tagged, used) in sorted(rules.CREATES.items()):
@@ -123,8 +123,12 @@ def _aws_policy(actions: set[str]) -> dict[str, Any]:
     for resource, named in sorted(by_resource.items()):
         sid = "OwnQueues" if resource == rules.QUEUES else "OwnParameters"
         statements.append({"Sid": sid, "Effect": "Allow", "Action": named, "Resource": [resource]})
+    on_side = {a: r for (s, a), r in rules.ON_SIDE.items() if s == side and a in actions}
+    for action, resource in sorted(on_side.items()):
+        sid = "AmiParameters" if resource == rules.AMI_PARAMETERS else action.split(":")[1]
+        statements.append({"Sid": sid, "Effect": "Allow", "Action": [action], "Resource": [resource]})
     special = set(rules.CREATES) | {"ec2:CreateTags", "iam:PassRole"} | rules.ON_TAGGED | rules.REQUEST_TAGGED
-    special |= set(rules.BY_NAME)
+    special |= set(rules.BY_NAME) | set(on_side)
     rest = sorted(actions - special)
     if rest:
         statements.append({"Sid": "Other", "Effect": "Allow", "Action": rest, "Resource": "*"})
@@ -155,7 +159,7 @@ def documents(rows: Iterable[Mapping[str, str]]) -> dict[str, dict[str, Any]]:
             )
         if not perms:
             continue
-        doc = _aws_policy(perms) if provider == "aws" else _gcp_role(operator, side, perms)
+        doc = _aws_policy(perms, side) if provider == "aws" else _gcp_role(operator, side, perms)
         out[f"{operator}.{provider}.{side}.json"] = doc
     return out
 

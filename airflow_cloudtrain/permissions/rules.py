@@ -14,10 +14,13 @@ Auto Scaling group), so:
 * the fleet's SQS queues (``ct-<digest>-items`` / ``-dlq``) and the run's own SSM parameters
   (``/cloudtrain/<digest>/<VAR>``) by name (``BY_NAME``): the role cannot read, send to or delete
   another queue, nor write or delete a parameter outside ``/cloudtrain/``;
-* everything else (``Describe*``, ``ListQueues``, ``DescribeParameters``, ``ssm:GetParameter``, S3,
-  Pricing) on ``*``: reads that take no resource, or resources named by the user (the bucket; the
-  parameters of ``secret_env``, and the public AMI parameters ``/aws/service/...``) that the user can
-  narrow (``cloudtrain permissions --bucket``).
+* ``ssm:GetParameter`` on the Airflow side only on the public AMI parameters (``/aws/service/...``,
+  the default image's lookup: ``ON_SIDE``); on the instance side it reads the parameters of
+  ``secret_env``, which the user names, so it stays on ``*`` there;
+* everything else (``Describe*``, ``ListQueues``, ``DescribeParameters``, S3, Pricing) on ``*``: reads
+  that take no resource, or resources named by the user (the bucket; the secrets of ``secret_env``)
+  that the user can narrow (``cloudtrain permissions --bucket``, ``--secret``:
+  ``permissions.secrets``).
 
 Google Cloud custom roles have no conditions of their own (an IAM binding may add one, e.g. on
 ``resource.name``), so they are the plain permission lists.
@@ -101,6 +104,9 @@ BY_NAME: dict[str, str] = {
     "ssm:DeleteParameters": PARAMETERS,
     "ssm:AddTagsToResource": PARAMETERS,
 }
+# actions whose resources depend on the side: (side, action) -> ARN pattern
+AMI_PARAMETERS = "arn:aws:ssm:*:*:parameter/aws/service/*"  # clouds.aws.ec2.CPU_IMAGE_PARAM, GPU_...
+ON_SIDE: dict[tuple[str, str], str] = {("airflow", "ssm:GetParameter"): AMI_PARAMETERS}
 # autoscaling:CreateAutoScalingGroup and its tags: only with the run-key tag in the request
 REQUEST_TAGGED: frozenset[str] = frozenset(
     {"autoscaling:CreateAutoScalingGroup", "autoscaling:CreateOrUpdateTags"}

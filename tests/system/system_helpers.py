@@ -10,6 +10,7 @@ Otherwise the DAGs run against the emulated clouds.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -101,38 +102,43 @@ def watcher() -> None:
 def get_test_run(dag: DAG, needs: str = "s3") -> Callable[..., None]:
     """A pytest test that runs ``dag`` end to end with ``dag.test()`` and fails unless it succeeded."""
 
-    def test_run(system_clouds: Any) -> None:
+    def test_run(system_clouds: Any, tmp_path: Path) -> None:
         import pytest
 
         if bucket(needs, "x") is None:
             pytest.skip(f"set CLOUDTRAIN_SYSTEM_{'BUCKET' if needs == 's3' else 'GCS_BUCKET'} to run it")
         from dag_helpers import dags_folder, load_example
+        from lineage_events import complete_event, openlineage_to_file
 
         link = dags_folder() / f"{dag.dag_id}.py"  # dag.test() runs DAGs of the DAGs folder (serialized)
         if not link.exists():
             link.symlink_to(dag.fileloc)
         fresh = load_example(dag.dag_id)
-        run = fresh.test()
+        with openlineage_to_file(tmp_path / "openlineage.jsonl") as events:
+            run = fresh.test()
         states = {ti.task_id: str(ti.state) for ti in run.get_task_instances()}
         assert str(run.state) == "success", states
         assert states.get("watcher") in ("skipped", "upstream_failed"), states
-        check_lineage(fresh.get_task("run"), run.get_task_instance("run"))
+        check_lineage(fresh.get_task("run"), complete_event(events, dag.dag_id, "run"))
 
     return test_run
 
 
-def check_lineage(operator: Any, ti: Any) -> None:
-    """The operator's OpenLineage facets after its real run: inputs (code, the env's input URI),
-    outputs (results and checkpoint folders) in the run's bucket, and the ``cloudtrain`` run facet."""
-    lineage = operator.get_openlineage_facets_on_complete(ti)
-    print("lineage:", lineage)
+def check_lineage(operator: Any, event: dict[str, Any]) -> None:
+    """The COMPLETE event Airflow's OpenLineage listener emitted for the operator's real run: inputs
+    (code, the env's input URI), outputs (results and checkpoint folders) in the run's bucket, and
+    the ``cloudtrain`` run facet."""
+    print("lineage:", json.dumps({k: event[k] for k in ("inputs", "outputs")}))
     scheme, bucket_name = operator.bucket.split("://")[0], operator.bucket.split("/")[2]
-    names = {(d.namespace, d.name) for d in lineage.inputs}
+    names = {(d["namespace"], d["name"]) for d in event["inputs"]}
     folder = operator.bucket.split("/", 3)[3]
     assert (f"{scheme}://{bucket_name}", f"{folder}/input/data.txt") in names, names
-    assert len(lineage.inputs) == 2, names  # and the code
-    assert lineage.outputs and all(d.namespace == f"{scheme}://{bucket_name}" for d in lineage.outputs)
-    assert any(d.name.endswith(("checkpoints", "model")) for d in lineage.outputs), lineage.outputs
-    facet = lineage.run_facets["cloudtrain"]
-    assert facet.cloud and facet.instanceTypes and facet.nodes >= 1 and facet.attempts >= 1, facet
-    assert facet.costUsd is not None and facet.costUsd >= 0, facet
+    assert len(event["inputs"]) == 2, names  # and the code
+    outputs = event["outputs"]
+    assert outputs and all(d["namespace"] == f"{scheme}://{bucket_name}" for d in outputs), outputs
+    assert any(d["name"].endswith(("checkpoints", "model")) for d in outputs), outputs
+    facet = event["run"]["facets"]["cloudtrain"]
+    print("cloudtrain run facet:", facet)
+    assert facet["cloud"] and facet["instanceTypes"] and facet["nodes"] >= 1, facet
+    assert facet["attempts"] >= 1 and facet["costUsd"] >= 0, facet
+    assert facet["_producer"] and facet["_schemaURL"], facet

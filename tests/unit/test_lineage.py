@@ -138,3 +138,20 @@ def test_a_single_run_is_one_attempt() -> None:
     result = {"run_uri": "s3://runs/team/ct-1", "instance_id": "i-1", "instance_type": "t3.medium"}
     facet = op.get_openlineage_facets_on_complete(_TI(result)).run_facets["cloudtrain"]
     assert (facet.nodes, facet.attempts, facet.instanceTypes) == (1, 1, ["t3.medium"])
+
+
+def test_the_result_the_operator_kept_is_read_without_xcom() -> None:
+    """The listener extracts in a fork of the task's process by default, which must not call Airflow:
+    the result ``EngineOperator._drive`` kept is used, the XCom only when there is none."""
+
+    class _NoXcom(_TI):
+        def xcom_pull(self, task_ids: str) -> Any:
+            raise AssertionError("an XCom read from the listener's fork")
+
+    op = CloudTrainOperator(
+        task_id="train", cloud="ec2", instance_type="t3.medium", command="true", bucket="s3://runs/team"
+    )
+    op.run_result = {"run_uri": "s3://runs/team/ct-1", "instance_id": "i-1", "instance_type": "t3.medium"}
+    lineage = op.get_openlineage_facets_on_complete(_NoXcom({}))
+    assert _names(lineage.outputs) == [("s3://runs", "team/ct-1/checkpoints")]
+    assert lineage.run_facets["cloudtrain"].runUri == "s3://runs/team/ct-1"

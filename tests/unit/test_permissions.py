@@ -83,8 +83,9 @@ def test_aws_policies_touch_only_tagged_resources() -> None:
 
 def test_queues_and_parameters_the_provider_names_are_granted_by_name_only() -> None:
     """A fleet's role reaches only its own ``ct-`` queues; a run's secrets are written and deleted only
-    under ``/cloudtrain/``; reading a parameter stays open (``secret_env`` names the user's, and the
-    AMI lookup reads ``/aws/service/...``), as listing does (no resource to scope)."""
+    under ``/cloudtrain/``; the Airflow side reads only the public AMI parameters (``/aws/service/...``),
+    the instance side any (``secret_env`` names the user's: ``--secret`` narrows it); listing stays
+    open (no resource to scope)."""
 
     def grants(operator: str, side: str) -> dict[str, list[object]]:
         doc = permissions.document(operator, "aws", side)
@@ -104,7 +105,9 @@ def test_queues_and_parameters_the_provider_names_are_granted_by_name_only() -> 
         assert worker[action] == [queues], action
     single = grants("CloudTrainOperator", "airflow")
     assert single["ssm:PutParameter"] == single["ssm:DeleteParameters"] == [params]
-    assert single["ssm:GetParameter"] == ["*"] and single["ssm:DescribeParameters"] == ["*"]
+    assert single["ssm:GetParameter"] == [["arn:aws:ssm:*:*:parameter/aws/service/*"]]
+    assert single["ssm:DescribeParameters"] == ["*"]
+    assert grants("CloudTrainOperator", "instance")["ssm:GetParameter"] == ["*"]
     assert grants("CloudTrainGcOperator", "airflow")["sqs:ListQueues"] == ["*"]
 
 

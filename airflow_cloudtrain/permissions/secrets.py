@@ -1,0 +1,132 @@
+"""The secret reads of a document, scoped to the secrets a DAG names (``cloudtrain permissions
+--secret REF``).
+
+``secret_env`` references are read on the instance with its own identity (``agent.secrets``): an
+SSM parameter (``ssm:GetParameter``), a Secrets Manager secret (``secretsmanager:GetSecretValue``) or a
+Secret Manager version (``secretmanager.versions.access``). The generated instance-side documents grant
+those reads on every secret, since the record cannot know a user's names. Given the DAG's references
+(the same strings as its ``secret_env`` values), this rewrites the instance side to read only them:
+
+* AWS: ``ssm:GetParameter`` on ``arn:aws:ssm:<region|*>:*:parameter/<name>`` for each parameter, and
+  on the runs' own ``parameter/cloudtrain/*`` when an ``airflow_conn://``/``airflow_var://`` reference
+  is among them (the operator stores its value there for the agent); ``secretsmanager:GetSecretValue``
+  on each secret's ARN (a name gets the ``-??????`` suffix AWS appends);
+* Google Cloud: a custom role cannot name resources, so ``secretmanager.versions.access`` leaves the
+  role and is granted on each secret instead (``roles/secretmanager.secretAccessor`` bound on the
+  secret); with an ``airflow_*`` reference it stays in the role (the run's own secret is named per
+  run; narrow it with an IAM condition on the binding).
+
+The Airflow side reads no ``secret_env`` secret (the operator only writes the runs' own, already
+scoped to them), so it is left as generated. Stdlib only, as the rest of ``permissions``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from airflow_cloudtrain.contract.secret_refs import (
+    AWS_SECRETSMANAGER,
+    AWS_SSM,
+    FORMS,
+    GCP_SECRET,
+    SecretRef,
+    parse_ref,
+)
+from airflow_cloudtrain.permissions.rules import PARAMETERS
+
+# the operators that take ``secret_env`` (``operators.base.RunArgsOperator``)
+WITH_SECRET_ENV = (
+    "CheckpointResumeOperator",
+    "CloudTrainOperator",
+    "SpotFleetOperator",
+    "PreemptibleGroupOperator",
+)
+GET_PARAMETER, GET_SECRET = "ssm:GetParameter", "secretsmanager:GetSecretValue"
+ACCESS_VERSION, ACCESSOR_ROLE = "secretmanager.versions.access", "roles/secretmanager.secretAccessor"
+
+
+def parse_secrets(texts: Iterable[str], provider: str) -> list[SecretRef]:
+    """``--secret`` values: secret references of ``provider``'s cloud (or ``airflow_*``), or a bare
+    SSM parameter name (``/team/token``). ValueError naming the value."""
+    out: list[SecretRef] = []
+    for text in texts:
+        ref = parse_ref(f"aws-ssm://{text}" if text.startswith("/") else text)
+        if ref is None:
+            raise ValueError(
+                f"--secret {text!r} is not valid: give a secret_env reference, {FORMS}, or an SSM "
+                "parameter name starting with /"
+            )
+        if ref.cloud and ref.cloud != provider:
+            raise ValueError(
+                f"--secret {text!r} names a secret on {ref.cloud.upper()} but the operator's instances run on "
+                f"{provider.upper()}, where they cannot read it"
+            )
+        out.append(ref)
+    return out
+
+
+def parameter_arn(ref: SecretRef) -> str:
+    return f"arn:aws:ssm:{ref.region or '*'}:*:parameter/{ref.name.lstrip('/')}"
+
+
+def secret_arn(ref: SecretRef) -> str:
+    """A Secrets Manager secret's ARN: as given, or from its name with AWS's random suffix."""
+    if ref.name.startswith("arn:"):
+        return ref.name
+    return f"arn:aws:secretsmanager:{ref.region or '*'}:*:secret:{ref.name}-??????"
+
+
+def secret_of(ref: SecretRef) -> str:
+    """The Secret Manager secret (``projects/P/secrets/S``) of a version reference."""
+    return ref.name.split("/versions/")[0]
+
+
+def _by_operator(refs: list[SecretRef]) -> bool:
+    return any(ref.by_operator for ref in refs)
+
+
+def scoped_aws(doc: Mapping[str, Any] | None, refs: list[SecretRef]) -> dict[str, Any]:
+    """An instance-side IAM policy that reads only the named parameters and secrets."""
+    out: dict[str, Any] = json.loads(json.dumps(doc or {"Version": "2012-10-17", "Statement": []}))
+    for statement in out["Statement"]:
+        statement["Action"] = [a for a in statement["Action"] if a not in (GET_PARAMETER, GET_SECRET)]
+    out["Statement"] = [st for st in out["Statement"] if st["Action"]]
+    parameters = [parameter_arn(r) for r in refs if r.scheme == AWS_SSM]
+    parameters += [PARAMETERS] if _by_operator(refs) else []
+    if parameters:
+        out["Statement"].append(_allow("SecretEnvParameters", GET_PARAMETER, parameters))
+    secrets = [secret_arn(r) for r in refs if r.scheme == AWS_SECRETSMANAGER]
+    if secrets:
+        out["Statement"].append(_allow("SecretEnvSecrets", GET_SECRET, secrets))
+    return out
+
+
+def _allow(sid: str, action: str, resources: list[str]) -> dict[str, Any]:
+    return {"Sid": sid, "Effect": "Allow", "Action": [action], "Resource": sorted(set(resources))}
+
+
+def scoped_gcp(role: Mapping[str, Any] | None, refs: list[SecretRef]) -> dict[str, Any]:
+    """``{"role": ..., "secretBindings": [...]}``: the instance side's custom role without the
+    project-wide secret read (unless an ``airflow_*`` reference needs it), and the named secrets'
+    own bindings (``gcloud secrets add-iam-policy-binding``)."""
+    out: dict[str, Any] | None = json.loads(json.dumps(role)) if role is not None else None
+    if out is not None and not _by_operator(refs):
+        out["includedPermissions"] = [p for p in out["includedPermissions"] if p != ACCESS_VERSION]
+    secrets = sorted({secret_of(r) for r in refs if r.scheme == GCP_SECRET})
+    return {"role": out, "secretBindings": [{"secret": s, "role": ACCESSOR_ROLE} for s in secrets]}
+
+
+def binding_commands(
+    bindings: Iterable[Mapping[str, str]], member: str = "serviceAccount:SA_EMAIL"
+) -> list[str]:
+    """The ``gcloud`` lines that grant each binding to the VMs' service account."""
+    lines = []
+    for binding in bindings:
+        project, secret = binding["secret"].split("/")[1], binding["secret"].split("/")[3]
+        lines.append(
+            f"gcloud secrets add-iam-policy-binding {secret} --project {project} "
+            f"--member {member} --role {binding['role']}"
+        )
+    return lines

@@ -1,0 +1,162 @@
+"""``cloudtrain permissions --secret``: the instance side reads only the secrets the DAG's ``secret_env``
+names (``permissions.secrets``), on AWS by ARN and on Google Cloud by per-secret bindings."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airflow_cloudtrain import permissions
+from airflow_cloudtrain.cli import main
+from airflow_cloudtrain.permissions import secrets
+
+
+def _reads(doc: dict[str, Any]) -> dict[str, list[str]]:
+    """Secret-reading action -> the resources a policy grants it on."""
+    out: dict[str, list[str]] = {}
+    for st in doc["Statement"]:
+        for action in st["Action"]:
+            if action in (secrets.GET_PARAMETER, secrets.GET_SECRET):
+                resources = st["Resource"]
+                out.setdefault(action, []).extend([resources] if isinstance(resources, str) else resources)
+    return out
+
+
+def test_aws_reads_only_the_named_parameters_and_secrets() -> None:
+    generated = permissions.document("CloudTrainOperator", "aws", "instance")
+    assert _reads(generated or {})[secrets.GET_PARAMETER] == ["*"]  # the default: any parameter
+    refs = secrets.parse_secrets(
+        [
+            "aws-ssm:///team/api-token",
+            "arn:aws:ssm:eu-west-1:123456789012:parameter/prod/db",
+            "/bare/name",
+            "aws-secretsmanager://us-east-2/prod/creds#password",
+            "arn:aws:secretsmanager:us-east-1:123456789012:secret:x-AbCdEf",
+        ],
+        "aws",
+    )
+    scoped = secrets.scoped_aws(generated, refs)
+    assert _reads(scoped) == {
+        "ssm:GetParameter": [
+            "arn:aws:ssm:*:*:parameter/bare/name",
+            "arn:aws:ssm:*:*:parameter/team/api-token",
+            "arn:aws:ssm:eu-west-1:*:parameter/prod/db",
+        ],
+        "secretsmanager:GetSecretValue": [
+            "arn:aws:secretsmanager:us-east-1:123456789012:secret:x-AbCdEf",
+            "arn:aws:secretsmanager:us-east-2:*:secret:prod/creds-??????",
+        ],
+    }
+    # everything else is as generated
+    assert permissions.granted(scoped) - permissions.granted(generated) == {secrets.GET_SECRET}
+
+
+def test_an_airflow_reference_adds_the_runs_own_parameters_and_no_ssm_reference_reads_none() -> None:
+    generated = permissions.document("SpotFleetOperator", "aws", "instance")
+    only_vars = secrets.scoped_aws(generated, secrets.parse_secrets(["airflow_var://token"], "aws"))
+    assert _reads(only_vars) == {"ssm:GetParameter": ["arn:aws:ssm:*:*:parameter/cloudtrain/*"]}
+    only_sm = secrets.scoped_aws(generated, secrets.parse_secrets(["aws-secretsmanager:///db"], "aws"))
+    assert secrets.GET_PARAMETER not in permissions.granted(only_sm)
+    # an operator whose generated instance document reads no parameter still gets the named ones
+    none = secrets.scoped_aws(None, secrets.parse_secrets(["/p"], "aws"))
+    assert _reads(none) == {"ssm:GetParameter": ["arn:aws:ssm:*:*:parameter/p"]}
+
+
+def test_gcp_moves_the_secret_read_from_the_role_to_the_secrets() -> None:
+    role = permissions.document("CloudTrainOperator", "gcp", "instance")
+    assert role is not None and secrets.ACCESS_VERSION in role["includedPermissions"]
+    refs = secrets.parse_secrets(
+        ["gcp-secret://projects/proj-1/secrets/token", "projects/proj-2/secrets/key/versions/3"], "gcp"
+    )
+    scoped = secrets.scoped_gcp(role, refs)
+    assert secrets.ACCESS_VERSION not in scoped["role"]["includedPermissions"]
+    assert set(scoped["role"]["includedPermissions"]) == set(role["includedPermissions"]) - {
+        secrets.ACCESS_VERSION
+    }
+    assert scoped["secretBindings"] == [
+        {"secret": "projects/proj-1/secrets/token", "role": "roles/secretmanager.secretAccessor"},
+        {"secret": "projects/proj-2/secrets/key", "role": "roles/secretmanager.secretAccessor"},
+    ]
+    assert secrets.binding_commands(scoped["secretBindings"])[1] == (
+        "gcloud secrets add-iam-policy-binding key --project proj-2 --member serviceAccount:SA_EMAIL "
+        "--role roles/secretmanager.secretAccessor"
+    )
+    # the run's own secret (an airflow_* reference) is named per run: the role keeps the read
+    kept = secrets.scoped_gcp(role, secrets.parse_secrets(["airflow_conn://db/password"], "gcp"))
+    assert secrets.ACCESS_VERSION in kept["role"]["includedPermissions"] and kept["secretBindings"] == []
+
+
+@pytest.mark.parametrize(
+    ("value", "provider", "words"),
+    [
+        ("hunter2", "aws", "--secret 'hunter2' is not valid: give a secret_env reference"),
+        ("aws-ssm:///x", "gcp", "names a secret on AWS but the operator's instances run on GCP"),
+        ("gcp-secret://projects/proj-1/secrets/s", "aws", "names a secret on GCP"),
+    ],
+)
+def test_a_bad_secret_is_named(value: str, provider: str, words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        secrets.parse_secrets([value], provider)
+
+
+def test_the_cli_scopes_the_instance_side(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["permissions", "--cloud", "ec2spot", "--operator", "CheckpointResumeOperator"]
+    assert main([*argv, "--format", "json", "--secret", "aws-ssm:///team/api-token"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert both["airflow"] == permissions.document("CheckpointResumeOperator", "aws", "airflow")
+    assert _reads(both["instance"]) == {"ssm:GetParameter": ["arn:aws:ssm:*:*:parameter/team/api-token"]}
+    gcp = ["permissions", "--cloud", "gcspot", "--operator", "PreemptibleGroupOperator", "--side", "instance"]
+    assert main([*gcp, "--secret", "gcp-secret://projects/proj-1/secrets/token"]) == 0
+    text = capsys.readouterr().out
+    assert "secretmanager.versions.access" not in text
+    assert "gcloud secrets add-iam-policy-binding token --project proj-1" in text
+    with pytest.raises(SystemExit, match="MLEngineTrainOperator takes no secret_env"):
+        main(["permissions", "--cloud", "gcspot", "--operator", "MLEngineTrainOperator", "--secret", "/x"])
+    with pytest.raises(SystemExit, match="--secret 'plain' is not valid"):
+        main([*argv, "--secret", "plain"])
+
+
+DAG_FILE = """
+from airflow.sdk import DAG
+from airflow_cloudtrain.operators import CheckpointResumeOperator, CloudTrainOperator
+
+with DAG("secrets_dag", schedule=None) as dag:
+    CloudTrainOperator(
+        task_id="train", cloud="ec2", instance_type="t3.medium", command="x", bucket="s3://my-runs",
+        secret_env={"TOKEN": "aws-ssm:///team/token", "DB": "airflow_conn://db/password",
+                    "LATER": "{{ var.value.ref }}"},
+    )
+    CheckpointResumeOperator(
+        task_id="resume", cloud="ec2", instance_type="t3.medium", command="x", bucket="s3://my-runs",
+        secret_env={"OTHER": "aws-ssm:///resume/only"},
+    )
+"""
+
+
+def test_the_cli_takes_the_secrets_from_a_dag_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The file's CloudTrainOperator tasks' secret_env (not its CheckpointResumeOperator's, which has
+    its own documents), templated values left out with a note."""
+    dag_file = tmp_path / "secrets_dag.py"
+    dag_file.write_text(DAG_FILE)
+    argv = ["permissions", "--cloud", "ec2", "--operator", "CloudTrainOperator", "--side", "instance"]
+    assert main([*argv, "--format", "json", "--dag-file", str(dag_file)]) == 0
+    out = capsys.readouterr()
+    policy = out.out[out.out.index("{\n") :]  # after any line Airflow's test config logs on import
+    assert _reads(json.loads(policy)) == {
+        "ssm:GetParameter": [
+            "arn:aws:ssm:*:*:parameter/cloudtrain/*",
+            "arn:aws:ssm:*:*:parameter/team/token",
+        ]
+    }
+    assert "secrets_dag.train: secret_env['LATER'] is templated: left out" in out.err
+    with pytest.raises(SystemExit, match="has no SpotFleetOperator task with a secret_env"):
+        main([*argv[:4], "SpotFleetOperator", "--dag-file", str(dag_file)])
+    broken = tmp_path / "broken.py"
+    broken.write_text(DAG_FILE.replace("s3://my-runs", "s3://b"))
+    with pytest.raises(SystemExit, match="does not import: ValueError: bucket='s3://b' is not valid"):
+        main([*argv, "--dag-file", str(broken)])
