@@ -32,6 +32,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from airflow_cloudtrain.emulator import agent_zygote as forks
+from airflow_cloudtrain.emulator.agent_zygote import exit_code
+
 TESTS = Path(__file__).resolve().parent
 
 
@@ -87,7 +90,7 @@ def run_try(request: dict[str, Any]) -> None:
         exec(compile(request["code"], "<first try>", "exec"), {"__name__": "__main__"})
         code = 0
     except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        code = exit_code(stop)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -100,17 +103,11 @@ _CHANNEL: list[int] = []  # the fd the messages go to: the stdout this process w
 
 
 def send(message: dict[str, Any]) -> None:
-    data = (json.dumps(message) + "\n").encode()
-    while data:
-        data = data[os.write(_CHANNEL[0], data) :]
+    forks.send(_CHANNEL[0], message)
 
 
 def reap(children: set[int]) -> None:
-    for pid in list(children):
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            children.discard(pid)
-            send({"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
+    forks.reap(_CHANNEL[0], children)
 
 
 def main() -> None:

@@ -240,7 +240,7 @@ def run_child(request: dict[str, Any], parents_fds: list[int]) -> None:
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as stop:
-        code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        code = exit_code(stop)
     except BaseException:
         traceback.print_exc()
     finally:
@@ -250,18 +250,23 @@ def run_child(request: dict[str, Any], parents_fds: list[int]) -> None:
         os._exit(code)  # as the interpreter would end; a daemon thread left running does not hold it
 
 
-def _send(channel: int, message: dict[str, Any]) -> None:
+def exit_code(stop: SystemExit) -> int:
+    """The status an interpreter exits with for ``stop`` (``sys.exit(x)``)."""
+    return stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+
+
+def send(channel: int, message: dict[str, Any]) -> None:
     data = (json.dumps(message) + "\n").encode()
     while data:
         data = data[os.write(channel, data) :]
 
 
-def _reap(channel: int, children: set[int]) -> None:
+def reap(channel: int, children: set[int]) -> None:
     for pid in list(children):
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             children.discard(pid)
-            _send(channel, {"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
+            send(channel, {"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
 
 
 def _serve(stdin: IO[bytes], channel: int) -> None:
@@ -276,7 +281,7 @@ def _serve(stdin: IO[bytes], channel: int) -> None:
         readable, _, _ = select.select([requests, wake_read], [], [], 5.0)
         if wake_read in readable:
             os.read(wake_read, 4096)
-        _reap(channel, children)
+        reap(channel, children)
         if requests not in readable:
             continue
         chunk = os.read(requests, 65536)
@@ -288,20 +293,20 @@ def _serve(stdin: IO[bytes], channel: int) -> None:
             request = json.loads(line)
             threads = len(os.listdir("/proc/self/task"))
             if threading.active_count() != 1 or threads != 1:
-                _send(channel, {"error": f"not single-threaded before a fork: {threads} threads"})
+                send(channel, {"error": f"not single-threaded before a fork: {threads} threads"})
                 continue
             pid = os.fork()
             if pid == 0:
                 run_child(request, [channel, wake_read, wake_write])
             children.add(pid)
-            _send(channel, {"started": pid})
+            send(channel, {"started": pid})
 
 
 def main() -> None:
     channel = os.dup(1)  # the messages' pipe; whatever else prints goes to the log instead
     os.dup2(2, 1)
     warm()
-    _send(channel, {"ready": os.getpid()})
+    send(channel, {"ready": os.getpid()})
     _serve(sys.stdin.buffer, channel)
 
 
