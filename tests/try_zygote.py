@@ -28,12 +28,11 @@ import select
 import signal
 import sys
 import threading
-import traceback
 from pathlib import Path
 from typing import Any
 
 from airflow_cloudtrain.emulator import agent_zygote as forks
-from airflow_cloudtrain.emulator.agent_zygote import exit_code
+from airflow_cloudtrain.emulator.agent_zygote import run_as_main
 
 TESTS = Path(__file__).resolve().parent
 
@@ -69,8 +68,8 @@ def warm() -> None:
 def run_try(request: dict[str, Any]) -> None:
     """In the forked child: ``request["code"]`` as ``python -c`` would run it, with the requester's
     environment, stdout and stderr (file paths; no stdout: discarded); never returns."""
-    code = 1
-    try:
+
+    def become_try() -> None:
         os.close(_CHANNEL[0])  # only the parent reports; the child must not hold the pipe open
         os.environ.clear()
         os.environ.update(request["env"])
@@ -88,15 +87,8 @@ def run_try(request: dict[str, Any]) -> None:
         if getattr(settings, "engine", None) is not None:
             settings.engine.dispose(close=False)  # never a connection of the parent's pool
         exec(compile(request["code"], "<first try>", "exec"), {"__name__": "__main__"})
-        code = 0
-    except SystemExit as stop:
-        code = exit_code(stop)
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)  # as ``python -c`` would end; a thread Airflow left running does not hold it
+
+    run_as_main(become_try)  # as ``python -c`` would end; a thread Airflow left running does not hold it
 
 
 _CHANNEL: list[int] = []  # the fd the messages go to: the stdout this process was given

@@ -47,8 +47,9 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 log = logging.getLogger(__name__)
 FORK_SETTING = "CLOUDTRAIN_EMULATOR_FORK_AGENTS"
@@ -214,10 +215,10 @@ def warm() -> None:
         importlib.import_module(name)
 
 
-def run_child(request: dict[str, Any], parents_fds: list[int]) -> None:
+def run_child(request: dict[str, Any], parents_fds: list[int]) -> NoReturn:
     """In the forked child: become the instance's agent; never returns."""
-    code = 1
-    try:
+
+    def become_agent() -> None:
         signal.set_wakeup_fd(-1)
         for fd in parents_fds:  # only the parent reports; a child must not hold its pipes open
             os.close(fd)
@@ -238,6 +239,17 @@ def run_child(request: dict[str, Any], parents_fds: list[int]) -> None:
         os.close(out)
         sys.argv = [request["module"], *request["args"]]
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+
+    run_as_main(become_agent)
+
+
+def run_as_main(body: Callable[[], object]) -> NoReturn:
+    """``body()`` in a forked child, ended as an interpreter would end it: ``sys.exit``'s status, 1
+    and the traceback on an error, streams flushed; then ``os._exit``, so a thread left running does
+    not hold the child and nothing of the parent's (atexit, buffers) runs twice."""
+    code = 1
+    try:
+        body()
         code = 0
     except SystemExit as stop:
         code = exit_code(stop)
@@ -247,7 +259,7 @@ def run_child(request: dict[str, Any], parents_fds: list[int]) -> None:
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
-        os._exit(code)  # as the interpreter would end; a daemon thread left running does not hold it
+        os._exit(code)
 
 
 def exit_code(stop: SystemExit) -> int:
