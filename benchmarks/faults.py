@@ -530,8 +530,8 @@ def _play(s: Scenario, out: Outcome) -> None:
             state, log = _try(s, path, when, "", 2)
             out.tries.append(state)
         if kill == "lease_lapse":
-            ended = _wait(lambda: folder.get_text(ORPHANED_KEY) or _finished(folder), 240)
-            if not ended and s.operator != "vertex":
+            over = _wait(lambda: folder.get_text(ORPHANED_KEY) or _finished(folder), 240)
+            if not over and s.operator != "vertex":
                 out.problems.append("the lease lapsed but the run did not end itself (no orphaned.json)")
     ended.set()
     out.crashed = list(sampler.crashed)

@@ -215,17 +215,20 @@ def warm() -> None:
         importlib.import_module(name)
 
 
-def run_child(request: dict[str, Any], parents_fds: list[int]) -> NoReturn:
-    """In the forked child: become the instance's agent; never returns."""
+def run_child(request: dict[str, Any], parents_fds: list[int], in_session: int) -> NoReturn:
+    """In the forked child: become the instance's agent; never returns. ``in_session`` is closed once
+    the child leads its own session: only then does the parent report it started, so a kill of its
+    process group right after the start (a spot reclaim) cannot miss it."""
 
     def become_agent() -> None:
+        os.setsid()
+        os.close(in_session)
         signal.set_wakeup_fd(-1)
         for fd in parents_fds:  # only the parent reports; a child must not hold its pipes open
             os.close(fd)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        os.setsid()
         if request.get("cwd"):
             os.chdir(request["cwd"])
         os.environ.clear()
@@ -307,9 +310,13 @@ def _serve(stdin: IO[bytes], channel: int) -> None:
             if threading.active_count() != 1 or threads != 1:
                 send(channel, {"error": f"not single-threaded before a fork: {threads} threads"})
                 continue
+            session_read, session_write = os.pipe()
             pid = os.fork()
             if pid == 0:
-                run_child(request, [channel, wake_read, wake_write])
+                run_child(request, [channel, wake_read, wake_write, session_read], session_write)
+            os.close(session_write)
+            os.read(session_read, 1)  # EOF once the child leads its session (or has died)
+            os.close(session_read)
             children.add(pid)
             send(channel, {"started": pid})
 

@@ -90,3 +90,15 @@ def test_a_child_whose_parent_died_is_still_seen_to_end(server: AgentForkServer,
     assert child.poll() is None  # it still runs
     os.killpg(child.pid, signal.SIGKILL)
     assert child.wait(timeout=120) == -signal.SIGKILL
+
+
+def test_a_child_leads_its_session_as_soon_as_its_start_is_reported(
+    server: AgentForkServer, tmp_path: Path
+) -> None:
+    """A spot reclaim may kill an agent's group right after its start: the group must exist by then
+    (``Popen(start_new_session=True)`` returns after the child's ``setsid`` too)."""
+    for n in range(10):
+        child = server.spawn("zygote_probe", ["0", "--hang"], {}, None, tmp_path / f"{n}.log")
+        assert os.getpgid(child.pid) == child.pid
+        os.killpg(child.pid, signal.SIGKILL)  # no ProcessLookupError: the group is there
+        assert child.wait(timeout=120) == -signal.SIGKILL
