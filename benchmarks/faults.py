@@ -429,6 +429,16 @@ class Sampler:
                 _EMU.interrupt(running[0].id, notice_s=2.0 if fault == "preempt_notice" else 0.0)
                 self.preempted.append(running[0].id)
 
+    def reclaimed_all(self) -> bool:
+        """The cloud took the run's instance (no notice: no final status) and, its watcher gone, nothing
+        relaunched it: nothing of the run runs any more, so there is nothing left to end itself."""
+        if not self.preempted:
+            return False
+        try:
+            return not [i for i in self.cloud.find(self.digest) if i.state in ("pending", "running")]
+        except Exception:  # throttled: ask again on the next look
+            return False
+
     def __enter__(self) -> Sampler:
         self._thread.start()
         return self
@@ -530,7 +540,9 @@ def _play(s: Scenario, out: Outcome) -> None:
             state, log = _try(s, path, when, "", 2)
             out.tries.append(state)
         if kill == "lease_lapse":
-            over = _wait(lambda: folder.get_text(ORPHANED_KEY) or _finished(folder), 240)
+            over = _wait(
+                lambda: folder.get_text(ORPHANED_KEY) or _finished(folder) or sampler.reclaimed_all(), 240
+            )
             if not over and s.operator != "vertex":
                 out.problems.append("the lease lapsed but the run did not end itself (no orphaned.json)")
     ended.set()
