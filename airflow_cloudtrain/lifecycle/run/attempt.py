@@ -505,7 +505,7 @@ class RunAttempt:
             return False
         for iid in ids:
             instance = described.get(iid)
-            if instance is not None and (instance.state in ENDED_STATES or instance.state == STOPPED):
+            if instance is not None and ended(instance):
                 self.log.info(
                     "Instance %s already %s: finishing in the worker, not deferring", iid, instance.state
                 )
