@@ -50,10 +50,11 @@ class Lease:
 
 
 def aws_client(service: str, region: str | None) -> Any:
-    import boto3
     from botocore.config import Config
 
-    return boto3.client(service, region_name=region, config=Config(retries=dict(CLIENT_RETRIES)))
+    from airflow_cloudtrain.storage import aws_client as shared_models_client
+
+    return shared_models_client(service, region_name=region, config=Config(retries=dict(CLIENT_RETRIES)))
 
 
 def _error_code(err: BaseException) -> str:

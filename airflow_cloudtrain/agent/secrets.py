@@ -96,11 +96,12 @@ def _pick(text: str, ref: SecretRef) -> str:
 def _boto(clients: dict[tuple[str, str], Any], service: str, region: str) -> Any:
     key = (service, region)
     if key not in clients:
-        import boto3
         from botocore.config import Config
 
+        from airflow_cloudtrain.storage import aws_client
+
         config = Config(retries={"mode": "standard", "max_attempts": 5})
-        clients[key] = boto3.client(service, region_name=region or None, config=config)
+        clients[key] = aws_client(service, region_name=region or None, config=config)
     return clients[key]
 
 

@@ -5,55 +5,51 @@ SDK and connection only: ``clouds.aws.ec2.aws_cloud(hook)`` builds the ``Cloud``
 
 from __future__ import annotations
 
-import json
-import os
-import threading
+import sys
+from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
-from botocore.loaders import JSONFileLoader, create_loader
 
 from airflow_cloudtrain.contract.botocore_logs import quiet_botocore
-
-_LOADERS: dict[str | None, Any] = {}  # botocore data path -> this process's loader for it
-_LOADERS_LOCK = threading.Lock()
+from airflow_cloudtrain.storage import share_service_models
 
 
-def share_service_models(session: Any) -> Any:
-    """Point a new boto3 or aiobotocore session at this process's own botocore loader.
-
-    A boto3 session makes a loader of its own (the Amazon provider shares one only between its async
-    sessions), so each client a new session makes parses its service's model again: EC2's is 4 MB
-    of JSON, 0.1-0.3 s of CPU, most of a task's CPU against a fast endpoint, and the provider's hooks
-    make a session per ``get_session``. The models are read-only data and the loader keeps what it
-    loaded, so one parsed copy serves every session with the same data path (``AWS_DATA_PATH`` /
-    ``data_path``); two threads' first loads of one model may both parse it, to the same result."""
-    core = getattr(session, "_session", session)  # boto3 wraps a botocore session; aiobotocore's is one
-    data_path = core.get_config_variable("data_path")
-    with _LOADERS_LOCK:
-        loader = _LOADERS.get(data_path)
-        if loader is None:
-            loader = create_loader(data_path)
-            loader.file_loader = PlainJsonFileLoader()
-            _LOADERS[data_path] = loader
-    core.register_component("data_loader", loader)
-    return session
+def _outer_frames() -> Iterator[FrameType]:
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
 
 
-class PlainJsonFileLoader(JSONFileLoader):
-    """botocore parses its models into OrderedDicts, through a callback per JSON object: EC2's model
-    takes 144 ms instead of 51 ms, all of it holding the interpreter (a triggerer's event loop waits
-    that long for the thread that builds a client), and none of them can leave the garbage
-    collector's lists, as plain dicts of strings do. Plain dicts keep their order too."""
+class CallerFromFrames:
+    """The Amazon provider's search for the operator (or executor) that made a client, for the
+    user agent's ``Caller/...``, without ``inspect.stack()``.
 
-    def _load_file(self, full_path: str, open_method: Any) -> Any:
-        if not os.path.isfile(full_path):
-            return None
-        with open_method(full_path, "rb") as fp:
-            return json.loads(fp.read().decode("utf-8"))
+    The provider walks ``inspect.stack()`` twice per client it makes (``_get_config``), and that reads
+    the source line of every frame on the stack and maps each frame to its module through every loaded
+    module: 20-70 ms of CPU per client in a task's deep stack, only to read frame names and ``self``.
+    The frames themselves answer the same question: the same name, the same class, the same order
+    (innermost first)."""
+
+    @staticmethod
+    def _find_operator_class_name(target_function_name: str) -> str | None:
+        for frame in _outer_frames():
+            if frame.f_code.co_name == target_function_name:
+                return type(frame.f_locals["self"]).__name__  # KeyError: "Unknown", as the provider's
+        return None
+
+    @staticmethod
+    def _find_executor_class_name() -> str | None:
+        for frame in _outer_frames():
+            classes = [name for name, obj in frame.f_globals.items() if isinstance(obj, type)]
+            if "BaseExecutor" in classes:
+                return classes[-1]
+        return None
 
 
-class CloudTrainAwsHook(AwsBaseHook):
+class CloudTrainAwsHook(CallerFromFrames, AwsBaseHook):
     """EC2 + S3 + SSM (and any other service's) clients for one connection and region, as the Amazon
     provider's ``AwsBaseHook`` makes them, sharing parsed service models across sessions.
 

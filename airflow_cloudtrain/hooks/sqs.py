@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from airflow.providers.amazon.aws.hooks.base_aws import AwsBaseHook
 
 from airflow_cloudtrain.contract.botocore_logs import quiet_botocore
+from airflow_cloudtrain.hooks.aws import CallerFromFrames
 from airflow_cloudtrain.hooks.depth import DepthReader, QueueDepth, QueueNotFound
 
 DEPTH_ATTRIBUTES = [
@@ -55,7 +56,7 @@ def depth_of(url: str, attributes: dict[str, str]) -> QueueDepth:
     )
 
 
-class QueueDepthHook(AwsBaseHook):
+class QueueDepthHook(CallerFromFrames, AwsBaseHook):
     """GetQueueUrl / GetQueueAttributes for one connection and region (``aws_conn_id``).
 
     :param aws_conn_id: the Airflow AWS connection (as ``AwsBaseHook``).
