@@ -33,6 +33,7 @@ from airflow_cloudtrain.contract.secret_refs import (
     GCP_SECRET,
     SecretRef,
     parse_ref,
+    ssm_arn_resource,
 )
 from airflow_cloudtrain.permissions.rules import PARAMETERS
 
@@ -68,7 +69,8 @@ def parse_secrets(texts: Iterable[str], provider: str) -> list[SecretRef]:
 
 
 def parameter_arn(ref: SecretRef) -> str:
-    return f"arn:aws:ssm:{ref.region or '*'}:*:parameter/{ref.name.lstrip('/')}"
+    """An SSM parameter's ARN as IAM names it (``contract.secret_refs.ssm_arn_resource``)."""
+    return f"arn:aws:ssm:{ref.region or '*'}:*:{ssm_arn_resource(ref.name)}"
 
 
 def secret_arn(ref: SecretRef) -> str:

@@ -11,6 +11,7 @@ import pytest
 
 from airflow_cloudtrain import permissions
 from airflow_cloudtrain.cli import main
+from airflow_cloudtrain.contract.secret_refs import parse_ref
 from airflow_cloudtrain.permissions import secrets
 
 
@@ -23,6 +24,37 @@ def _reads(doc: dict[str, Any]) -> dict[str, list[str]]:
                 resources = st["Resource"]
                 out.setdefault(action, []).extend([resources] if isinstance(resources, str) else resources)
     return out
+
+
+@pytest.mark.parametrize(
+    ("reference", "name", "iam_resource"),
+    [
+        # a plain name (no "/") has none in its ARN either; a hierarchical one drops its leading "/"
+        ("arn:aws:ssm:us-east-1:123456789012:parameter/token", "token", "us-east-1:*:parameter/token"),
+        ("arn:aws:ssm:us-east-1:123456789012:parameter/a/b", "/a/b", "us-east-1:*:parameter/a/b"),
+        ("aws-ssm:///a/b", "/a/b", "*:*:parameter/a/b"),
+        ("aws-ssm://eu-west-1/a/b", "/a/b", "eu-west-1:*:parameter/a/b"),
+        ("aws-ssm:///token", "/token", "*:*:parameter/token"),  # "/token": its ARN is token's
+        ("/a/b", "/a/b", "*:*:parameter/a/b"),  # --secret's bare parameter name
+    ],
+)
+def test_an_ssm_reference_names_the_parameter_aws_does(reference: str, name: str, iam_resource: str) -> None:
+    """What the agent asks SSM for (``GetParameter(Name=...)``) and what the policy grants it on."""
+    (ref,) = secrets.parse_secrets([reference], "aws")
+    assert (ref.scheme, ref.name) == ("aws-ssm", name)
+    assert secrets.parameter_arn(ref) == f"arn:aws:ssm:{iam_resource}"
+
+
+@pytest.mark.parametrize(
+    "reference",
+    [
+        "arn:aws:ssm:us-east-1:123456789012:parameter",  # no name
+        "arn:aws:ssm:us-east-1:123456789012:parametertoken",
+        "arn:aws:ssm:us-east-1:123456789012:parameter//a",
+    ],
+)
+def test_a_malformed_ssm_arn_is_no_reference(reference: str) -> None:
+    assert parse_ref(reference) is None
 
 
 def test_aws_reads_only_the_named_parameters_and_secrets() -> None:
