@@ -96,8 +96,8 @@ def _permissions(args: argparse.Namespace) -> int:
     provider = "gcp" if args.operator == _VERTEX else provider_of(args.cloud)
     refs: list[Any] = []
     named = list(args.secret or [])
-    if (named or args.dag_file) and args.operator not in secrets.WITH_SECRET_ENV:
-        raise SystemExit(f"--secret / --dag-file: {args.operator} takes no secret_env")
+    if (named or args.dag_file) and not secrets.takes_secret_env(args.operator, provider):
+        raise SystemExit(f"--secret / --dag-file: {args.operator} takes no secret_env on {args.cloud}")
     if args.dag_file:
         named += [ref for ref in _dag_secrets(args.dag_file, args.operator) if ref not in named]
     if named:

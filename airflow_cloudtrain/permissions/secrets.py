@@ -3,8 +3,9 @@
 
 ``secret_env`` references are read on the instance with its own identity (``agent.secrets``): an
 SSM parameter (``ssm:GetParameter``), a Secrets Manager secret (``secretsmanager:GetSecretValue``) or a
-Secret Manager version (``secretmanager.versions.access``). The generated instance-side documents grant
-those reads on every secret, since the record cannot know a user's names. Given the DAG's references
+Secret Manager version (``secretmanager.versions.access``). The generated instance-side documents of
+every operator that takes ``secret_env`` grant those reads on every secret (``secret_calls``), since
+the generator cannot know a user's names. Given the DAG's references
 (the same strings as its ``secret_env`` values), this rewrites the instance side to read only them:
 
 * AWS: ``ssm:GetParameter`` on ``arn:aws:ssm:<region|*>:*:parameter/<name>`` for each parameter, and
@@ -35,17 +36,31 @@ from airflow_cloudtrain.contract.secret_refs import (
     parse_ref,
     ssm_arn_resource,
 )
-from airflow_cloudtrain.permissions.rules import PARAMETERS
+from airflow_cloudtrain.permissions import document, granted
+from airflow_cloudtrain.permissions.actions import permissions_for
+from airflow_cloudtrain.permissions.rules import PARAMETERS, SECRET_PARAMETERS_SID, SECRETS_SID
 
-# the operators that take ``secret_env`` (``operators.base.RunArgsOperator``)
-WITH_SECRET_ENV = (
-    "CheckpointResumeOperator",
-    "CloudTrainOperator",
-    "SpotFleetOperator",
-    "PreemptibleGroupOperator",
-)
 GET_PARAMETER, GET_SECRET = "ssm:GetParameter", "secretsmanager:GetSecretValue"
 ACCESS_VERSION, ACCESSOR_ROLE = "secretmanager.versions.access", "roles/secretmanager.secretAccessor"
+
+
+def reading(provider: str) -> set[str]:
+    """The permissions of the agent's secret reads on ``provider`` (``agent.secrets.READS``)."""
+    from airflow_cloudtrain.agent.secrets import READS
+
+    return {
+        p
+        for cloud, service, op in READS.values()
+        if cloud == provider
+        for p in permissions_for(cloud, service, op)
+    }
+
+
+def takes_secret_env(operator: str, provider: str) -> bool:
+    """Does ``operator`` take ``secret_env`` (on ``provider``)? Exactly then its generated instance
+    document has the agent's secret reads (``secret_calls`` takes that from the operators'
+    signatures), so the command line asks the documents and needs no Airflow."""
+    return reading(provider) <= granted(document(operator, provider, "instance"))
 
 
 def parse_secrets(texts: Iterable[str], provider: str) -> list[SecretRef]:
@@ -98,10 +113,10 @@ def scoped_aws(doc: Mapping[str, Any] | None, refs: list[SecretRef]) -> dict[str
     parameters = [parameter_arn(r) for r in refs if r.scheme == AWS_SSM]
     parameters += [PARAMETERS] if _by_operator(refs) else []
     if parameters:
-        out["Statement"].append(_allow("SecretEnvParameters", GET_PARAMETER, parameters))
+        out["Statement"].append(_allow(SECRET_PARAMETERS_SID, GET_PARAMETER, parameters))
     secrets = [secret_arn(r) for r in refs if r.scheme == AWS_SECRETSMANAGER]
     if secrets:
-        out["Statement"].append(_allow("SecretEnvSecrets", GET_SECRET, secrets))
+        out["Statement"].append(_allow(SECRETS_SID, GET_SECRET, secrets))
     return out
 
 

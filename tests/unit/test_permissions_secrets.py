@@ -59,7 +59,10 @@ def test_a_malformed_ssm_arn_is_no_reference(reference: str) -> None:
 
 def test_aws_reads_only_the_named_parameters_and_secrets() -> None:
     generated = permissions.document("CloudTrainOperator", "aws", "instance")
-    assert _reads(generated or {})[secrets.GET_PARAMETER] == ["*"]  # the default: any parameter
+    assert _reads(generated or {}) == {  # the default: any parameter, any secret
+        "ssm:GetParameter": ["arn:aws:ssm:*:*:parameter/*"],
+        "secretsmanager:GetSecretValue": ["arn:aws:secretsmanager:*:*:secret:*"],
+    }
     refs = secrets.parse_secrets(
         [
             "aws-ssm:///team/api-token",
@@ -83,7 +86,7 @@ def test_aws_reads_only_the_named_parameters_and_secrets() -> None:
         ],
     }
     # everything else is as generated
-    assert permissions.granted(scoped) - permissions.granted(generated) == {secrets.GET_SECRET}
+    assert permissions.granted(scoped) == permissions.granted(generated)
 
 
 def test_an_airflow_reference_adds_the_runs_own_parameters_and_no_ssm_reference_reads_none() -> None:

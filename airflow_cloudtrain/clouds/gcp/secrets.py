@@ -29,6 +29,14 @@ class SecretManagerBackend(Protocol):
 
 
 KIND = "gcp_secret"
+# The calls of this module (``put_secret``, ``_find``, ``_delete``), as the emulator records them: the
+# Airflow side of every operator that takes ``secret_env`` may make them (``permissions.secret_calls``)
+CALLS = (
+    ("secretmanager", "secrets.create"),
+    ("secretmanager", "secrets.addVersion"),
+    ("secretmanager", "secrets.list"),
+    ("secretmanager", "secrets.delete"),
+)
 CALL_TIMEOUT_S = 60.0
 
 
