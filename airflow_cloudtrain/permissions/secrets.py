@@ -14,8 +14,11 @@ the generator cannot know a user's names. Given the DAG's references
   on each secret's ARN (a name gets the ``-??????`` suffix AWS appends);
 * Google Cloud: a custom role cannot name resources, so ``secretmanager.versions.access`` leaves the
   role and is granted on each secret instead (``roles/secretmanager.secretAccessor`` bound on the
-  secret); with an ``airflow_*`` reference it stays in the role (the run's own secret is named per
-  run; narrow it with an IAM condition on the binding).
+  secret); the runs' own secrets (an ``airflow_*`` reference: ``cloudtrain-<run key>-<VAR>``, named
+  per run, so no binding on a secret can be made before the run) get the same role bound on the
+  project with an IAM condition on the name prefix the product controls
+  (``resource.name.startsWith("projects/PROJECT_NUMBER/secrets/cloudtrain-")``: IAM names secrets
+  by the project's number).
 
 The Airflow side reads no ``secret_env`` secret (the operator only writes the runs' own, already
 scoped to them), so it is left as generated. Stdlib only, as the rest of ``permissions``.
@@ -124,23 +127,43 @@ def _allow(sid: str, action: str, resources: list[str]) -> dict[str, Any]:
     return {"Sid": sid, "Effect": "Allow", "Action": [action], "Resource": sorted(set(resources))}
 
 
+def run_secrets_binding(project: str = "PROJECT_ID", number: str = "PROJECT_NUMBER") -> dict[str, Any]:
+    """The project binding that reads the runs' own secrets only (``clouds.gcp.secrets.ID_PREFIX``)."""
+    from airflow_cloudtrain.clouds.gcp.secrets import ID_PREFIX
+
+    expression = f'resource.name.startsWith("projects/{number}/secrets/{ID_PREFIX}")'
+    condition = {"title": "cloudtrain-run-secrets", "expression": expression}
+    return {"project": project, "role": ACCESSOR_ROLE, "condition": condition}
+
+
 def scoped_gcp(role: Mapping[str, Any] | None, refs: list[SecretRef]) -> dict[str, Any]:
     """``{"role": ..., "secretBindings": [...]}``: the instance side's custom role without the
-    project-wide secret read (unless an ``airflow_*`` reference needs it), and the named secrets'
-    own bindings (``gcloud secrets add-iam-policy-binding``)."""
+    project-wide secret read, the named secrets' own bindings (``gcloud secrets
+    add-iam-policy-binding``) and, for an ``airflow_*`` reference, the conditioned project binding of
+    the runs' own secrets (``gcloud projects add-iam-policy-binding ... --condition``)."""
     out: dict[str, Any] | None = json.loads(json.dumps(role)) if role is not None else None
-    if out is not None and not _by_operator(refs):
+    if out is not None:
         out["includedPermissions"] = [p for p in out["includedPermissions"] if p != ACCESS_VERSION]
     secrets = sorted({secret_of(r) for r in refs if r.scheme == GCP_SECRET})
-    return {"role": out, "secretBindings": [{"secret": s, "role": ACCESSOR_ROLE} for s in secrets]}
+    bindings = [{"secret": s, "role": ACCESSOR_ROLE} for s in secrets]
+    bindings += [run_secrets_binding()] if _by_operator(refs) else []
+    return {"role": out, "secretBindings": bindings}
 
 
 def binding_commands(
-    bindings: Iterable[Mapping[str, str]], member: str = "serviceAccount:SA_EMAIL"
+    bindings: Iterable[Mapping[str, Any]], member: str = "serviceAccount:SA_EMAIL"
 ) -> list[str]:
     """The ``gcloud`` lines that grant each binding to the VMs' service account."""
     lines = []
     for binding in bindings:
+        if "condition" in binding:
+            condition = binding["condition"]
+            lines.append(
+                f"gcloud projects add-iam-policy-binding {binding['project']} --member {member} "
+                f"--role {binding['role']} "
+                f"--condition='expression={condition['expression']},title={condition['title']}'"
+            )
+            continue
         project, secret = binding["secret"].split("/")[1], binding["secret"].split("/")[3]
         lines.append(
             f"gcloud secrets add-iam-policy-binding {secret} --project {project} "

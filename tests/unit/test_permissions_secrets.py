@@ -119,9 +119,41 @@ def test_gcp_moves_the_secret_read_from_the_role_to_the_secrets() -> None:
         "gcloud secrets add-iam-policy-binding key --project proj-2 --member serviceAccount:SA_EMAIL "
         "--role roles/secretmanager.secretAccessor"
     )
-    # the run's own secret (an airflow_* reference) is named per run: the role keeps the read
-    kept = secrets.scoped_gcp(role, secrets.parse_secrets(["airflow_conn://db/password"], "gcp"))
-    assert secrets.ACCESS_VERSION in kept["role"]["includedPermissions"] and kept["secretBindings"] == []
+
+
+def test_gcp_reads_the_runs_own_secrets_by_their_name_prefix() -> None:
+    """A run's own secret (an ``airflow_*`` reference) is named per run, so no binding on a secret can be
+    made in advance: the project binding's condition admits the names the product gives them, and only
+    those; the role keeps no project-wide read."""
+    from types import SimpleNamespace
+
+    from airflow_cloudtrain.clouds.gcp.secrets import secret_name
+
+    role = permissions.document("PreemptibleGroupOperator", "gcp", "instance")
+    refs = secrets.parse_secrets(
+        ["airflow_conn://db/password", "gcp-secret://projects/proj-1/secrets/t"], "gcp"
+    )
+    scoped = secrets.scoped_gcp(role, refs)
+    assert secrets.ACCESS_VERSION not in scoped["role"]["includedPermissions"]
+    (on_secret, on_project) = scoped["secretBindings"]
+    assert on_secret == {"secret": "projects/proj-1/secrets/t", "role": secrets.ACCESSOR_ROLE}
+    expression = 'resource.name.startsWith("projects/PROJECT_NUMBER/secrets/cloudtrain-")'
+    assert on_project == {
+        "project": "PROJECT_ID",
+        "role": secrets.ACCESSOR_ROLE,
+        "condition": {"title": "cloudtrain-run-secrets", "expression": expression},
+    }
+    prefix = expression.split('"')[1].replace("PROJECT_NUMBER", "123456789")
+    # IAM evaluates names with the project's number: what the product names a run's secret, there
+    backend: Any = SimpleNamespace(hook=SimpleNamespace(project="123456789"))
+    run_secret = secret_name(backend, "d1g3st", "DB_PASSWORD")
+    assert f"{run_secret}/versions/latest".startswith(prefix)
+    assert not "projects/123456789/secrets/team-token".startswith(prefix)
+    assert secrets.binding_commands([on_project]) == [
+        "gcloud projects add-iam-policy-binding PROJECT_ID --member serviceAccount:SA_EMAIL "
+        f"--role roles/secretmanager.secretAccessor --condition='expression={expression},"
+        "title=cloudtrain-run-secrets'"
+    ]
 
 
 @pytest.mark.parametrize(

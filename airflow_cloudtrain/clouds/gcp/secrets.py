@@ -40,8 +40,11 @@ CALLS = (
 CALL_TIMEOUT_S = 60.0
 
 
+ID_PREFIX = "cloudtrain-"  # every run's secrets: the IAM condition of ``cloudtrain permissions --secret``
+
+
 def secret_id(digest: str, var: str) -> str:
-    return f"cloudtrain-{digest}-{var}"
+    return f"{ID_PREFIX}{digest}-{var}"
 
 
 def secret_name(backend: SecretManagerBackend, digest: str, var: str) -> str:
