@@ -19,8 +19,8 @@ Auto Scaling group), so:
   ``secret_env``, which the user names, so it is on any parameter there (``parameter/*``), as
   ``secretsmanager:GetSecretValue`` is on any secret (``secret:*``);
 * everything else (``Describe*``, ``ListQueues``, ``DescribeParameters``, S3, Pricing) on ``*``: reads
-  that take no resource, or resources named by the user (the bucket; the secrets of ``secret_env``)
-  that the user can narrow (``cloudtrain permissions --bucket``, ``--secret``:
+  that take no resource, or resources named by the user (the bucket) that the user can narrow
+  (``cloudtrain permissions --bucket``; the secrets of ``secret_env``: ``--secret``,
   ``permissions.secrets``).
 
 Google Cloud custom roles have no conditions of their own (an IAM binding may add one, e.g. on
