@@ -96,8 +96,8 @@ def _permissions(args: argparse.Namespace) -> int:
     provider = "gcp" if args.operator == _VERTEX else provider_of(args.cloud)
     refs: list[Any] = []
     named = list(args.secret or [])
-    if (named or args.dag_file) and args.operator not in secrets.WITH_SECRET_ENV:
-        raise SystemExit(f"--secret / --dag-file: {args.operator} takes no secret_env")
+    if (named or args.dag_file) and not secrets.takes_secret_env(args.operator, provider):
+        raise SystemExit(f"--secret / --dag-file: {args.operator} takes no secret_env on {args.cloud}")
     if args.dag_file:
         named += [ref for ref in _dag_secrets(args.dag_file, args.operator) if ref not in named]
     if named:
@@ -107,7 +107,7 @@ def _permissions(args: argparse.Namespace) -> int:
             raise SystemExit(str(err)) from None
     sides = [args.side] if args.side else list(permissions.SIDES)
     found: dict[str, Any] = {}
-    bindings: list[dict[str, str]] = []
+    bindings: list[dict[str, Any]] = []
     for side in sides:
         doc = permissions.document(args.operator, provider, side)
         if doc is not None and args.bucket and provider == "aws":
@@ -129,7 +129,8 @@ def _permissions(args: argparse.Namespace) -> int:
         print(f"# {args.operator} on {args.cloud} ({provider}), {side} side: {kind} ({where})")
         print(json.dumps(doc, indent=2) if doc is not None else "# nothing: this side makes no API call")
     if bindings:
-        print("# and on each secret, for the service account the VMs run as:")
+        print("# and, for the service account the VMs run as, on each secret (the runs' own: on the project,")
+        print("# conditioned on their name; PROJECT_NUMBER: gcloud projects describe PROJECT_ID):")
         print("\n".join(secrets.binding_commands(bindings)))
     return 0
 

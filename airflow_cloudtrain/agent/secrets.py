@@ -29,6 +29,14 @@ from airflow_cloudtrain.contract.secret_refs import (
 
 SECRETMANAGER_ENDPOINT_ENV = "CLOUDTRAIN_SECRETMANAGER_ENDPOINT"
 SECRETMANAGER_URL = "https://secretmanager.googleapis.com"
+# The one call ``_read`` makes for each scheme, as the emulators record calls (provider, service,
+# operation): the permission documents grant them to the instances of every operator that takes
+# ``secret_env`` (``permissions.secret_calls``), whether or not a recorded run read that scheme.
+READS: dict[str, tuple[str, str, str]] = {
+    AWS_SSM: ("aws", "ssm", "GetParameter"),
+    AWS_SECRETSMANAGER: ("aws", "secretsmanager", "GetSecretValue"),
+    GCP_SECRET: ("gcp", "secretmanager", "versions.access"),
+}
 
 
 class SecretUnavailable(RuntimeError):

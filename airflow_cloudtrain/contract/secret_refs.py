@@ -7,7 +7,8 @@ The accepted forms (``FORMS``)::
 
     aws-ssm://[region]/name/of/parameter     SSM parameter (SecureString or String); the name is the
                                              path, leading "/" included; no region: the instance's
-    arn:aws:ssm:<region>:<account>:parameter/name/of/parameter
+    arn:aws:ssm:<region>:<account>:parameter/name/of/parameter   AWS's ARN of "/name/of/parameter";
+    arn:aws:ssm:<region>:<account>:parameter/name       of the plain (no "/") name "name"
     aws-secretsmanager://[region]/name[#key] Secrets Manager secret; ``#key`` picks a key of its
     arn:aws:secretsmanager:<region>:<account>:secret:name[#key]           JSON SecretString
     gcp-secret://projects/P/secrets/S[/versions/V]     Secret Manager secret version (default latest)
@@ -40,7 +41,7 @@ FORMS = (
 
 _REGION = r"(?:[a-z]{2}(?:-gov|-iso[a-z]*)?-[a-z]+-\d)?"
 _AWS_URI = re.compile(rf"(aws-ssm|aws-secretsmanager)://({_REGION})(/[^#\s]+)(?:#([^#\s]+))?")
-_SSM_ARN = re.compile(r"arn:aws[a-z-]*:ssm:([a-z0-9-]+):(\d{12}):parameter(/?[^\s#]+)")
+_SSM_ARN = re.compile(r"arn:aws[a-z-]*:ssm:([a-z0-9-]+):(\d{12}):parameter/([^\s#/][^\s#]*)")
 _SM_ARN = re.compile(r"(arn:aws[a-z-]*:secretsmanager:([a-z0-9-]+):\d{12}:secret:[^\s#]+)(?:#([^#\s]+))?")
 _GCP = re.compile(
     r"(?:gcp-secret://)?(projects/[a-z0-9-]{4,30}|projects/\d+)/secrets/([A-Za-z0-9_-]{1,255})"
@@ -82,9 +83,7 @@ def parse_ref(text: str) -> SecretRef | None:
             return None if key else SecretRef(AWS_SSM, path, region)
         return SecretRef(AWS_SECRETSMANAGER, path.lstrip("/"), region, key)
     if m := _SSM_ARN.fullmatch(text):
-        path = m.group(3)
-        name = path if path.startswith("/") else ("/" + path if "/" in path else path)
-        return SecretRef(AWS_SSM, name, m.group(1))
+        return SecretRef(AWS_SSM, ssm_name_of_arn(m.group(3)), m.group(1))
     if m := _SM_ARN.fullmatch(text):
         return SecretRef(AWS_SECRETSMANAGER, m.group(1), m.group(2), m.group(3) or "")
     if m := _GCP.fullmatch(text):
@@ -96,6 +95,21 @@ def parse_ref(text: str) -> SecretRef | None:
     if m := _VAR.fullmatch(text):
         return SecretRef(AIRFLOW_VAR, m.group(1))
     return None
+
+
+def ssm_name_of_arn(resource: str) -> str:
+    """The parameter name an SSM ARN's ``parameter/<resource>`` stands for. AWS writes a plain name
+    (``token``) as ``parameter/token`` and a hierarchical one (``/team/token``: a name with a "/" must
+    start with one) as ``parameter/team/token``, dropping its leading "/"; so a "/" inside
+    ``resource`` means a hierarchy, whose name gets its "/" back, and none means a plain name."""
+    return "/" + resource if "/" in resource else resource
+
+
+def ssm_arn_resource(name: str) -> str:
+    """The ``parameter/...`` resource of an SSM parameter's ARN (the inverse of ``ssm_name_of_arn``);
+    IAM policies name parameters by it. A one-level ``/token`` shares ``parameter/token`` with
+    ``token``: AWS's ARNs do not tell the two apart."""
+    return "parameter/" + name.lstrip("/")
 
 
 def ssm_ref(region: str, name: str) -> str:

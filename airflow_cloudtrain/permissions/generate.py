@@ -5,8 +5,9 @@
 
 ``make permissions`` runs the suite with ``CLOUDTRAIN_RECORD_CALLS`` set (each test that runs an
 operator appends its calls to ``DIR/calls-<worker>.jsonl``), merges them into the record and writes
-the documents. The output is a pure function of the record and the tables in ``actions``/``rules``, so
-the unit test can regenerate and compare (``--check``).
+the documents. The output is a pure function of the record, the tables in ``actions``/``rules`` and the
+calls ``secret_env`` makes (``secret_calls``: from the agent's reader and the operators' signatures,
+not from the record), so the unit test can regenerate and compare (``--check``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from airflow_cloudtrain.permissions import DATA, rules
 from airflow_cloudtrain.permissions.actions import permissions_for
+from airflow_cloudtrain.permissions.secret_calls import needed
 
 RECORD = Path(__file__).resolve().parents[2] / "tests" / "data" / "api_calls.json"
 KEYS = ("operator", "provider", "side", "service", "operation")
@@ -125,7 +127,7 @@ def _aws_policy(actions: set[str], side: str) -> dict[str, Any]:
         statements.append({"Sid": sid, "Effect": "Allow", "Action": named, "Resource": [resource]})
     on_side = {a: r for (s, a), r in rules.ON_SIDE.items() if s == side and a in actions}
     for action, resource in sorted(on_side.items()):
-        sid = "AmiParameters" if resource == rules.AMI_PARAMETERS else action.split(":")[1]
+        sid = rules.SIDS.get(resource, action.split(":")[1])
         statements.append({"Sid": sid, "Effect": "Allow", "Action": [action], "Resource": [resource]})
     special = set(rules.CREATES) | {"ec2:CreateTags", "iam:PassRole"} | rules.ON_TAGGED | rules.REQUEST_TAGGED
     special |= set(rules.BY_NAME) | set(on_side)
@@ -147,7 +149,7 @@ def _gcp_role(operator: str, side: str, permissions: set[str]) -> dict[str, Any]
 def documents(rows: Iterable[Mapping[str, str]]) -> dict[str, dict[str, Any]]:
     """File name -> document, for every operator x provider x side the record has calls of."""
     needs: dict[tuple[str, str, str], set[str]] = defaultdict(set)
-    for row in rows:
+    for row in needed(rows):
         key = (row["operator"], row["provider"], row["side"])
         needs[key].update(permissions_for(row["provider"], row["service"], row["operation"]))
     out: dict[str, dict[str, Any]] = {}

@@ -16,10 +16,11 @@ Auto Scaling group), so:
   another queue, nor write or delete a parameter outside ``/cloudtrain/``;
 * ``ssm:GetParameter`` on the Airflow side only on the public AMI parameters (``/aws/service/...``,
   the default image's lookup: ``ON_SIDE``); on the instance side it reads the parameters of
-  ``secret_env``, which the user names, so it stays on ``*`` there;
+  ``secret_env``, which the user names, so it is on any parameter there (``parameter/*``), as
+  ``secretsmanager:GetSecretValue`` is on any secret (``secret:*``);
 * everything else (``Describe*``, ``ListQueues``, ``DescribeParameters``, S3, Pricing) on ``*``: reads
-  that take no resource, or resources named by the user (the bucket; the secrets of ``secret_env``)
-  that the user can narrow (``cloudtrain permissions --bucket``, ``--secret``:
+  that take no resource, or resources named by the user (the bucket) that the user can narrow
+  (``cloudtrain permissions --bucket``; the secrets of ``secret_env``: ``--secret``,
   ``permissions.secrets``).
 
 Google Cloud custom roles have no conditions of their own (an IAM binding may add one, e.g. on
@@ -106,7 +107,17 @@ BY_NAME: dict[str, str] = {
 }
 # actions whose resources depend on the side: (side, action) -> ARN pattern
 AMI_PARAMETERS = "arn:aws:ssm:*:*:parameter/aws/service/*"  # clouds.aws.ec2.CPU_IMAGE_PARAM, GPU_...
-ON_SIDE: dict[tuple[str, str], str] = {("airflow", "ssm:GetParameter"): AMI_PARAMETERS}
+# the instance side's secret_env reads (``secret_calls``): any parameter / secret, the user's names being
+# unknown here (``cloudtrain permissions --secret`` narrows them: ``permissions.secrets``)
+ANY_PARAMETER = "arn:aws:ssm:*:*:parameter/*"
+ANY_SECRET = "arn:aws:secretsmanager:*:*:secret:*"
+ON_SIDE: dict[tuple[str, str], str] = {
+    ("airflow", "ssm:GetParameter"): AMI_PARAMETERS,
+    ("instance", "ssm:GetParameter"): ANY_PARAMETER,
+    ("instance", "secretsmanager:GetSecretValue"): ANY_SECRET,
+}
+SECRET_PARAMETERS_SID, SECRETS_SID = "SecretEnvParameters", "SecretEnvSecrets"
+SIDS = {AMI_PARAMETERS: "AmiParameters", ANY_PARAMETER: SECRET_PARAMETERS_SID, ANY_SECRET: SECRETS_SID}
 # autoscaling:CreateAutoScalingGroup and its tags: only with the run-key tag in the request
 REQUEST_TAGGED: frozenset[str] = frozenset(
     {"autoscaling:CreateAutoScalingGroup", "autoscaling:CreateOrUpdateTags"}

@@ -3,8 +3,9 @@
 
 ``secret_env`` references are read on the instance with its own identity (``agent.secrets``): an
 SSM parameter (``ssm:GetParameter``), a Secrets Manager secret (``secretsmanager:GetSecretValue``) or a
-Secret Manager version (``secretmanager.versions.access``). The generated instance-side documents grant
-those reads on every secret, since the record cannot know a user's names. Given the DAG's references
+Secret Manager version (``secretmanager.versions.access``). The generated instance-side documents of
+every operator that takes ``secret_env`` grant those reads on every secret (``secret_calls``), since
+the generator cannot know a user's names. Given the DAG's references
 (the same strings as its ``secret_env`` values), this rewrites the instance side to read only them:
 
 * AWS: ``ssm:GetParameter`` on ``arn:aws:ssm:<region|*>:*:parameter/<name>`` for each parameter, and
@@ -13,8 +14,11 @@ those reads on every secret, since the record cannot know a user's names. Given 
   on each secret's ARN (a name gets the ``-??????`` suffix AWS appends);
 * Google Cloud: a custom role cannot name resources, so ``secretmanager.versions.access`` leaves the
   role and is granted on each secret instead (``roles/secretmanager.secretAccessor`` bound on the
-  secret); with an ``airflow_*`` reference it stays in the role (the run's own secret is named per
-  run; narrow it with an IAM condition on the binding).
+  secret); the runs' own secrets (an ``airflow_*`` reference: ``cloudtrain-<run key>-<VAR>``, named
+  per run, so no binding on a secret can be made before the run) get the same role bound on the
+  project with an IAM condition on the name prefix the product controls
+  (``resource.name.startsWith("projects/PROJECT_NUMBER/secrets/cloudtrain-")``: IAM names secrets
+  by the project's number).
 
 The Airflow side reads no ``secret_env`` secret (the operator only writes the runs' own, already
 scoped to them), so it is left as generated. Stdlib only, as the rest of ``permissions``.
@@ -33,18 +37,33 @@ from airflow_cloudtrain.contract.secret_refs import (
     GCP_SECRET,
     SecretRef,
     parse_ref,
+    ssm_arn_resource,
 )
-from airflow_cloudtrain.permissions.rules import PARAMETERS
+from airflow_cloudtrain.permissions import document, granted
+from airflow_cloudtrain.permissions.actions import permissions_for
+from airflow_cloudtrain.permissions.rules import PARAMETERS, SECRET_PARAMETERS_SID, SECRETS_SID
 
-# the operators that take ``secret_env`` (``operators.base.RunArgsOperator``)
-WITH_SECRET_ENV = (
-    "CheckpointResumeOperator",
-    "CloudTrainOperator",
-    "SpotFleetOperator",
-    "PreemptibleGroupOperator",
-)
 GET_PARAMETER, GET_SECRET = "ssm:GetParameter", "secretsmanager:GetSecretValue"
 ACCESS_VERSION, ACCESSOR_ROLE = "secretmanager.versions.access", "roles/secretmanager.secretAccessor"
+
+
+def reading(provider: str) -> set[str]:
+    """The permissions of the agent's secret reads on ``provider`` (``agent.secrets.READS``)."""
+    from airflow_cloudtrain.agent.secrets import READS
+
+    return {
+        p
+        for cloud, service, op in READS.values()
+        if cloud == provider
+        for p in permissions_for(cloud, service, op)
+    }
+
+
+def takes_secret_env(operator: str, provider: str) -> bool:
+    """Does ``operator`` take ``secret_env`` (on ``provider``)? Exactly then its generated instance
+    document has the agent's secret reads (``secret_calls`` takes that from the operators'
+    signatures), so the command line asks the documents and needs no Airflow."""
+    return reading(provider) <= granted(document(operator, provider, "instance"))
 
 
 def parse_secrets(texts: Iterable[str], provider: str) -> list[SecretRef]:
@@ -68,7 +87,8 @@ def parse_secrets(texts: Iterable[str], provider: str) -> list[SecretRef]:
 
 
 def parameter_arn(ref: SecretRef) -> str:
-    return f"arn:aws:ssm:{ref.region or '*'}:*:parameter/{ref.name.lstrip('/')}"
+    """An SSM parameter's ARN as IAM names it (``contract.secret_refs.ssm_arn_resource``)."""
+    return f"arn:aws:ssm:{ref.region or '*'}:*:{ssm_arn_resource(ref.name)}"
 
 
 def secret_arn(ref: SecretRef) -> str:
@@ -96,10 +116,10 @@ def scoped_aws(doc: Mapping[str, Any] | None, refs: list[SecretRef]) -> dict[str
     parameters = [parameter_arn(r) for r in refs if r.scheme == AWS_SSM]
     parameters += [PARAMETERS] if _by_operator(refs) else []
     if parameters:
-        out["Statement"].append(_allow("SecretEnvParameters", GET_PARAMETER, parameters))
+        out["Statement"].append(_allow(SECRET_PARAMETERS_SID, GET_PARAMETER, parameters))
     secrets = [secret_arn(r) for r in refs if r.scheme == AWS_SECRETSMANAGER]
     if secrets:
-        out["Statement"].append(_allow("SecretEnvSecrets", GET_SECRET, secrets))
+        out["Statement"].append(_allow(SECRETS_SID, GET_SECRET, secrets))
     return out
 
 
@@ -107,23 +127,43 @@ def _allow(sid: str, action: str, resources: list[str]) -> dict[str, Any]:
     return {"Sid": sid, "Effect": "Allow", "Action": [action], "Resource": sorted(set(resources))}
 
 
+def run_secrets_binding(project: str = "PROJECT_ID", number: str = "PROJECT_NUMBER") -> dict[str, Any]:
+    """The project binding that reads the runs' own secrets only (``clouds.gcp.secrets.ID_PREFIX``)."""
+    from airflow_cloudtrain.clouds.gcp.secrets import ID_PREFIX
+
+    expression = f'resource.name.startsWith("projects/{number}/secrets/{ID_PREFIX}")'
+    condition = {"title": "cloudtrain-run-secrets", "expression": expression}
+    return {"project": project, "role": ACCESSOR_ROLE, "condition": condition}
+
+
 def scoped_gcp(role: Mapping[str, Any] | None, refs: list[SecretRef]) -> dict[str, Any]:
     """``{"role": ..., "secretBindings": [...]}``: the instance side's custom role without the
-    project-wide secret read (unless an ``airflow_*`` reference needs it), and the named secrets'
-    own bindings (``gcloud secrets add-iam-policy-binding``)."""
+    project-wide secret read, the named secrets' own bindings (``gcloud secrets
+    add-iam-policy-binding``) and, for an ``airflow_*`` reference, the conditioned project binding of
+    the runs' own secrets (``gcloud projects add-iam-policy-binding ... --condition``)."""
     out: dict[str, Any] | None = json.loads(json.dumps(role)) if role is not None else None
-    if out is not None and not _by_operator(refs):
+    if out is not None:
         out["includedPermissions"] = [p for p in out["includedPermissions"] if p != ACCESS_VERSION]
     secrets = sorted({secret_of(r) for r in refs if r.scheme == GCP_SECRET})
-    return {"role": out, "secretBindings": [{"secret": s, "role": ACCESSOR_ROLE} for s in secrets]}
+    bindings = [{"secret": s, "role": ACCESSOR_ROLE} for s in secrets]
+    bindings += [run_secrets_binding()] if _by_operator(refs) else []
+    return {"role": out, "secretBindings": bindings}
 
 
 def binding_commands(
-    bindings: Iterable[Mapping[str, str]], member: str = "serviceAccount:SA_EMAIL"
+    bindings: Iterable[Mapping[str, Any]], member: str = "serviceAccount:SA_EMAIL"
 ) -> list[str]:
     """The ``gcloud`` lines that grant each binding to the VMs' service account."""
     lines = []
     for binding in bindings:
+        if "condition" in binding:
+            condition = binding["condition"]
+            lines.append(
+                f"gcloud projects add-iam-policy-binding {binding['project']} --member {member} "
+                f"--role {binding['role']} "
+                f"--condition='expression={condition['expression']},title={condition['title']}'"
+            )
+            continue
         project, secret = binding["secret"].split("/")[1], binding["secret"].split("/")[3]
         lines.append(
             f"gcloud secrets add-iam-policy-binding {secret} --project {project} "

@@ -392,3 +392,48 @@ def test_a_deferred_task_killed_releases_the_run_s_secrets_with_its_instance(emu
     state = ec2.describe_instances(InstanceIds=[iid])["Reservations"][0]["Instances"][0]["State"]["Name"]
     assert state == "terminated"
     assert run_secrets(emu, "aws", digest) == []
+
+
+def test_the_agent_reads_each_scheme_with_the_one_call_the_documents_grant(
+    emu: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``agent.secrets.READS`` is what the permission documents grant every ``secret_env`` operator's
+    instances (``permissions.secret_calls``): the agent's reader, run against the emulated clouds for
+    each scheme, makes those calls and no other. No instance: the reader in this process. The SSM
+    reference is the ARN of a plain (no "/") name, which AWS writes as ``parameter/<name>``."""
+    import boto3
+
+    from airflow_cloudtrain.agent.secrets import READS, SECRETMANAGER_ENDPOINT_ENV, resolve_secret_env
+    from airflow_cloudtrain.emulator import calls
+
+    value = uuid.uuid4().hex
+    boto3.client("ssm", region_name="us-east-1").put_parameter(
+        Name="plain-token", Value=value, Type="SecureString", Overwrite=True
+    )
+    sm = boto3.client("secretsmanager", region_name="us-east-1")
+    with contextlib.suppress(sm.exceptions.ResourceExistsException):
+        sm.create_secret(Name="prod/reads-db", SecretString="{}")
+    sm.put_secret_value(SecretId="prod/reads-db", SecretString=json.dumps({"password": value}))
+    client = secret_manager(emu)
+    from google.api_core.exceptions import Conflict
+
+    with contextlib.suppress(Conflict):
+        client.create_secret(
+            parent=f"projects/{PROJECT}", secret_id="reads-token", secret={"replication": {"automatic": {}}}
+        )
+    client.add_secret_version(
+        parent=f"projects/{PROJECT}/secrets/reads-token", payload={"data": value.encode()}
+    )
+    monkeypatch.setenv(SECRETMANAGER_ENDPOINT_ENV, emu.secretmanager_endpoint)
+    calls.take()  # the planting's calls are not the reader's
+    got = resolve_secret_env(
+        {
+            "SSM": "arn:aws:ssm:us-east-1:123456789012:parameter/plain-token",
+            "SM": "aws-secretsmanager://us-east-1/prod/reads-db#password",
+            "GCP": f"gcp-secret://projects/{PROJECT}/secrets/reads-token",
+        }
+    )
+    assert got == {"SSM": value, "SM": value, "GCP": value}
+    stores = {"ssm", "secretsmanager", "secretmanager"}
+    made = {(c.provider, c.service, c.operation) for c in calls.take() if c.service in stores}
+    assert made == set(READS.values())

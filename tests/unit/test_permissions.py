@@ -14,6 +14,7 @@ from airflow_cloudtrain.cli import main
 from airflow_cloudtrain.emulator import calls
 from airflow_cloudtrain.permissions import generate
 from airflow_cloudtrain.permissions.actions import permissions_for
+from airflow_cloudtrain.permissions.secret_calls import needed
 
 
 def test_the_documents_are_what_the_record_generates() -> None:
@@ -23,7 +24,7 @@ def test_the_documents_are_what_the_record_generates() -> None:
 
 
 def test_each_document_grants_exactly_what_its_recorded_calls_need() -> None:
-    rows = generate.load_record()
+    rows = needed(generate.load_record())  # with the secret calls of every secret_env operator
     for file in sorted(permissions.DATA.glob("*.json")):
         operator, provider, side, _ = file.name.split(".")
         need = {
@@ -84,7 +85,7 @@ def test_aws_policies_touch_only_tagged_resources() -> None:
 def test_queues_and_parameters_the_provider_names_are_granted_by_name_only() -> None:
     """A fleet's role reaches only its own ``ct-`` queues; a run's secrets are written and deleted only
     under ``/cloudtrain/``; the Airflow side reads only the public AMI parameters (``/aws/service/...``),
-    the instance side any (``secret_env`` names the user's: ``--secret`` narrows it); listing stays
+    the instance side any parameter (``secret_env`` names the user's: ``--secret`` narrows it); listing stays
     open (no resource to scope)."""
 
     def grants(operator: str, side: str) -> dict[str, list[object]]:
@@ -107,7 +108,7 @@ def test_queues_and_parameters_the_provider_names_are_granted_by_name_only() -> 
     assert single["ssm:PutParameter"] == single["ssm:DeleteParameters"] == [params]
     assert single["ssm:GetParameter"] == [["arn:aws:ssm:*:*:parameter/aws/service/*"]]
     assert single["ssm:DescribeParameters"] == ["*"]
-    assert grants("CloudTrainOperator", "instance")["ssm:GetParameter"] == ["*"]
+    assert grants("CloudTrainOperator", "instance")["ssm:GetParameter"] == [["arn:aws:ssm:*:*:parameter/*"]]
     assert grants("CloudTrainGcOperator", "airflow")["sqs:ListQueues"] == ["*"]
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from airflow_cloudtrain import permissions
 from airflow_cloudtrain.cli import main
+from airflow_cloudtrain.contract.secret_refs import parse_ref
 from airflow_cloudtrain.permissions import secrets
 
 
@@ -25,9 +26,43 @@ def _reads(doc: dict[str, Any]) -> dict[str, list[str]]:
     return out
 
 
+@pytest.mark.parametrize(
+    ("reference", "name", "iam_resource"),
+    [
+        # a plain name (no "/") has none in its ARN either; a hierarchical one drops its leading "/"
+        ("arn:aws:ssm:us-east-1:123456789012:parameter/token", "token", "us-east-1:*:parameter/token"),
+        ("arn:aws:ssm:us-east-1:123456789012:parameter/a/b", "/a/b", "us-east-1:*:parameter/a/b"),
+        ("aws-ssm:///a/b", "/a/b", "*:*:parameter/a/b"),
+        ("aws-ssm://eu-west-1/a/b", "/a/b", "eu-west-1:*:parameter/a/b"),
+        ("aws-ssm:///token", "/token", "*:*:parameter/token"),  # "/token": its ARN is token's
+        ("/a/b", "/a/b", "*:*:parameter/a/b"),  # --secret's bare parameter name
+    ],
+)
+def test_an_ssm_reference_names_the_parameter_aws_does(reference: str, name: str, iam_resource: str) -> None:
+    """What the agent asks SSM for (``GetParameter(Name=...)``) and what the policy grants it on."""
+    (ref,) = secrets.parse_secrets([reference], "aws")
+    assert (ref.scheme, ref.name) == ("aws-ssm", name)
+    assert secrets.parameter_arn(ref) == f"arn:aws:ssm:{iam_resource}"
+
+
+@pytest.mark.parametrize(
+    "reference",
+    [
+        "arn:aws:ssm:us-east-1:123456789012:parameter",  # no name
+        "arn:aws:ssm:us-east-1:123456789012:parametertoken",
+        "arn:aws:ssm:us-east-1:123456789012:parameter//a",
+    ],
+)
+def test_a_malformed_ssm_arn_is_no_reference(reference: str) -> None:
+    assert parse_ref(reference) is None
+
+
 def test_aws_reads_only_the_named_parameters_and_secrets() -> None:
     generated = permissions.document("CloudTrainOperator", "aws", "instance")
-    assert _reads(generated or {})[secrets.GET_PARAMETER] == ["*"]  # the default: any parameter
+    assert _reads(generated or {}) == {  # the default: any parameter, any secret
+        "ssm:GetParameter": ["arn:aws:ssm:*:*:parameter/*"],
+        "secretsmanager:GetSecretValue": ["arn:aws:secretsmanager:*:*:secret:*"],
+    }
     refs = secrets.parse_secrets(
         [
             "aws-ssm:///team/api-token",
@@ -51,7 +86,7 @@ def test_aws_reads_only_the_named_parameters_and_secrets() -> None:
         ],
     }
     # everything else is as generated
-    assert permissions.granted(scoped) - permissions.granted(generated) == {secrets.GET_SECRET}
+    assert permissions.granted(scoped) == permissions.granted(generated)
 
 
 def test_an_airflow_reference_adds_the_runs_own_parameters_and_no_ssm_reference_reads_none() -> None:
@@ -84,9 +119,41 @@ def test_gcp_moves_the_secret_read_from_the_role_to_the_secrets() -> None:
         "gcloud secrets add-iam-policy-binding key --project proj-2 --member serviceAccount:SA_EMAIL "
         "--role roles/secretmanager.secretAccessor"
     )
-    # the run's own secret (an airflow_* reference) is named per run: the role keeps the read
-    kept = secrets.scoped_gcp(role, secrets.parse_secrets(["airflow_conn://db/password"], "gcp"))
-    assert secrets.ACCESS_VERSION in kept["role"]["includedPermissions"] and kept["secretBindings"] == []
+
+
+def test_gcp_reads_the_runs_own_secrets_by_their_name_prefix() -> None:
+    """A run's own secret (an ``airflow_*`` reference) is named per run, so no binding on a secret can be
+    made in advance: the project binding's condition admits the names the product gives them, and only
+    those; the role keeps no project-wide read."""
+    from types import SimpleNamespace
+
+    from airflow_cloudtrain.clouds.gcp.secrets import secret_name
+
+    role = permissions.document("PreemptibleGroupOperator", "gcp", "instance")
+    refs = secrets.parse_secrets(
+        ["airflow_conn://db/password", "gcp-secret://projects/proj-1/secrets/t"], "gcp"
+    )
+    scoped = secrets.scoped_gcp(role, refs)
+    assert secrets.ACCESS_VERSION not in scoped["role"]["includedPermissions"]
+    (on_secret, on_project) = scoped["secretBindings"]
+    assert on_secret == {"secret": "projects/proj-1/secrets/t", "role": secrets.ACCESSOR_ROLE}
+    expression = 'resource.name.startsWith("projects/PROJECT_NUMBER/secrets/cloudtrain-")'
+    assert on_project == {
+        "project": "PROJECT_ID",
+        "role": secrets.ACCESSOR_ROLE,
+        "condition": {"title": "cloudtrain-run-secrets", "expression": expression},
+    }
+    prefix = expression.split('"')[1].replace("PROJECT_NUMBER", "123456789")
+    # IAM evaluates names with the project's number: what the product names a run's secret, there
+    backend: Any = SimpleNamespace(hook=SimpleNamespace(project="123456789"))
+    run_secret = secret_name(backend, "d1g3st", "DB_PASSWORD")
+    assert f"{run_secret}/versions/latest".startswith(prefix)
+    assert not "projects/123456789/secrets/team-token".startswith(prefix)
+    assert secrets.binding_commands([on_project]) == [
+        "gcloud projects add-iam-policy-binding PROJECT_ID --member serviceAccount:SA_EMAIL "
+        f"--role roles/secretmanager.secretAccessor --condition='expression={expression},"
+        "title=cloudtrain-run-secrets'"
+    ]
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,9 @@ class SsmBackend(Protocol):
 
 
 KIND = "ssm_parameter"
+# The calls of this module (``put_secret``, ``_find``, ``_delete``), as the emulator records them: the
+# Airflow side of every operator that takes ``secret_env`` may make them (``permissions.secret_calls``)
+CALLS = (("ssm", "PutParameter"), ("ssm", "DescribeParameters"), ("ssm", "DeleteParameters"))
 DELETE_BATCH = 10  # DeleteParameters takes up to 10 names
 
 

@@ -29,11 +29,22 @@ class SecretManagerBackend(Protocol):
 
 
 KIND = "gcp_secret"
+# The calls of this module (``put_secret``, ``_find``, ``_delete``), as the emulator records them: the
+# Airflow side of every operator that takes ``secret_env`` may make them (``permissions.secret_calls``)
+CALLS = (
+    ("secretmanager", "secrets.create"),
+    ("secretmanager", "secrets.addVersion"),
+    ("secretmanager", "secrets.list"),
+    ("secretmanager", "secrets.delete"),
+)
 CALL_TIMEOUT_S = 60.0
 
 
+ID_PREFIX = "cloudtrain-"  # every run's secrets: the IAM condition of ``cloudtrain permissions --secret``
+
+
 def secret_id(digest: str, var: str) -> str:
-    return f"cloudtrain-{digest}-{var}"
+    return f"{ID_PREFIX}{digest}-{var}"
 
 
 def secret_name(backend: SecretManagerBackend, digest: str, var: str) -> str:
