@@ -182,7 +182,11 @@ def test_benchmark_zones_json_shape(tmp_path: Path) -> None:
         assert row["deadlines_met"] == 1.0, name
         assert row["gap_to_multi_zone_optimum"] >= -1e-4, name
         assert set(row) >= {"cost_vs_on_demand", "runs", "changeovers_per_run", "moves_per_run"}
+        assert 0.0 <= row["on_demand_spot_seen_hours_per_run"] <= 6.0 + 0.2, name  # the job is 6 h
     assert report["policies"]["ours"]["moves_per_run"] == 0.0
+    assert report["policies"]["on_demand"]["on_demand_spot_seen_hours_per_run"] > 0.0  # spot was there
+    od_seen = {name: report["policies"][name]["on_demand_spot_seen_hours_per_run"] for name in names}
+    assert od_seen["ours_zones"] < od_seen["on_demand"]
     assert report["policies"]["ours"]["gap_to_single_zone_optimum"] >= -1e-4
     assert set(report["nodes_free"]) == {
         "us-east-2a_v100_1",
