@@ -30,7 +30,8 @@ optima (options ``--nodes``, ``--restore-hours``, ``--checkpoint-gb``, ``--bandw
   {ZONE_GROUP or any_GROUP: share of ticks}, "wall_seconds"}``; NAME in on_demand, greedy,
   uniform_progress, ours, ours_zones, optimum_single_zone, optimum_multi_zone; ROW =
   ``{"zones": "single"|"multi", "cost_vs_on_demand", "deadlines_met", "runs"}`` plus for policies
-  ``"changeovers_per_run"``, ``"moves_per_run"``, ``"gap_to_single_zone_optimum"``, and for all but
+  ``"changeovers_per_run"``, ``"moves_per_run"``, ``"on_demand_spot_seen_hours_per_run"`` (on-demand
+  hours while the zone looked at had spot), ``"gap_to_single_zone_optimum"``, and for all but
   the multi-zone optimum ``"gap_to_multi_zone_optimum"``.
 
 Usage: python benchmarks/spot_policy.py [--traces DIR] [--deadline-hours D] [--no-optimum] [--zones] [--json]
