@@ -7,6 +7,8 @@ Each zone set (the files ``ZONE_GROUP.json`` of one group in ``--traces``, see
 * single-zone policies (on_demand, greedy, uniform_progress, ours) run in each zone on its own
   (one run per zone and start), as today;
 * ``ours_zones`` (the zone-aware ``policy="deadline"``) runs once per start over all the zones;
+* ``ours_operator`` / ``ours_zones_operator``: the same two as ``CheckpointResumeOperator`` acts on them
+  (asked only between attempts, so an on-demand attempt runs to the end of the job);
 * ``optimum_single_zone``: per zone and start, the exact program of :mod:`.optimum` when it is
   cheap enough (``--optimum auto``), else the certified lower bound of :mod:`.bounds`;
 * ``optimum_multi_zone``: per start, the certified lower bound of :mod:`.bounds` over all zones
@@ -31,6 +33,7 @@ from airflow_cloudtrain.policy import POLICIES, optimal_costs
 from airflow_cloudtrain.policy.bounds import Moves, optimum_bounds
 from airflow_cloudtrain.policy.multizone import (
     ZoneSet,
+    between_attempts,
     load_zone_sets,
     ours_zones,
     simulate_zones,
@@ -39,6 +42,9 @@ from airflow_cloudtrain.policy.multizone import (
 
 SINGLE = tuple(POLICIES)
 MULTI = "ours_zones"
+AS_OPERATOR = {"ours_operator": "ours", "ours_zones_operator": MULTI}
+"""Rows replaying ``ours`` / ``ours_zones`` as the operator can act on them (asked only between attempts:
+an on-demand attempt is never left; :func:`.multizone.between_attempts`)."""
 OPT_SINGLE, OPT_MULTI = "optimum_single_zone", "optimum_multi_zone"
 EXACT_BUDGET = 4e10
 """Most state-ticks (rows x slack steps x ticks x runs) ``--optimum auto`` gives the exact program."""
@@ -107,7 +113,10 @@ def run_zone_task(t: ZoneTask) -> tuple[ZoneTask, list[Outcome]]:
             )
             costs = [float(x) for x in b.lower]
         return t, [(c, True, None, None, None) for c in costs]
-    decide = ours_zones if t.what == MULTI else single_zone(POLICIES[t.what])
+    what = AS_OPERATOR.get(t.what, t.what)
+    decide = ours_zones if what == MULTI else single_zone(POLICIES[what])
+    if t.what in AS_OPERATOR:
+        decide = between_attempts(decide)
     out: list[Outcome] = []
     for s in t.starts:
         r = simulate_zones(zs, decide, moves=t.moves, nodes=t.nodes, start=s, **kw)
@@ -168,8 +177,9 @@ def zone_report(args: argparse.Namespace, price_of: Any, deadlines: tuple[float,
             extra = (args.optimum, args.optimum_rounds)
             tasks.append(ZoneTask(OPT_MULTI, zs, None, *common, *extra))
             tasks.append(ZoneTask(MULTI, zs, None, *common, *extra))
+            tasks.append(ZoneTask("ours_zones_operator", zs, None, *common, *extra))
             for z in range(len(zs.zones)):
-                for what in (OPT_SINGLE, *reversed(SINGLE)):
+                for what in (OPT_SINGLE, "ours_operator", *reversed(SINGLE)):
                     tasks.append(ZoneTask(what, zs, z, *common, *extra))
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         results = list(pool.map(run_zone_task, tasks))
@@ -189,10 +199,10 @@ def zone_report(args: argparse.Namespace, price_of: Any, deadlines: tuple[float,
         return cost / mean - 1.0
 
     summary: dict[str, Any] = {}
-    for what in (*SINGLE, MULTI, OPT_SINGLE, OPT_MULTI):
+    for what in (*SINGLE, MULTI, *AS_OPERATOR, OPT_SINGLE, OPT_MULTI):
         rows = runs[what]
         entry: dict[str, Any] = {
-            "zones": "multi" if what in (MULTI, OPT_MULTI) else "single",
+            "zones": "multi" if what in (MULTI, "ours_zones_operator", OPT_MULTI) else "single",
             "cost_vs_on_demand": round(statistics.fmean(v[0] for v in rows.values()), 4),
             "deadlines_met": round(statistics.fmean(v[1] for v in rows.values()), 4),
             "runs": len(rows),

@@ -241,6 +241,21 @@ def simulate_zones(
     return ZoneRunResult(cost, None, False, launches, interruptions, n_moves, spot_h, od_h, od_seen_h)
 
 
+def between_attempts(decide: ZoneDecideFn) -> ZoneDecideFn:
+    """``decide`` as ``CheckpointResumeOperator`` can act on it: asked only between attempts.
+
+    The operator builds the policy's state at a (re)launch, with nothing running, and an attempt
+    then runs until the job ends or the cloud takes the instance back; so an on-demand instance is
+    never left for spot, whatever ``decide`` would say mid-run. Replaying that shows what the
+    operator pays (docs/spot_policy.md: "The operator does not do what this benchmark measures").
+    """
+
+    def zone_decide(state: PolicyState, zones: int) -> Decision:
+        return ON_DEMAND if state.running == ON_DEMAND else decide(state, zones)
+
+    return zone_decide
+
+
 def single_zone(decide: Callable[[PolicyState], Decision]) -> ZoneDecideFn:
     """A single-zone policy used in a zone set (it ignores the zone count)."""
 

@@ -11,6 +11,8 @@ import pytest
 
 from airflow_cloudtrain.policy import (
     POLICIES,
+    Decision,
+    Policy,
     PolicyState,
     RunResult,
     available_policies,
@@ -26,10 +28,10 @@ JOB, CHANGEOVER, SPOT_PRICE, OD_PRICE = 48.0, 0.2, 0.3, 1.0
 ON_DEMAND_COST = OD_PRICE * (JOB + CHANGEOVER)
 
 
-def run(data: list[int], policy: str, deadline: float = 52.0) -> RunResult:
+def run(data: list[int], policy: str | Policy, deadline: float = 52.0) -> RunResult:
     return simulate(
         data,
-        get_policy(policy),
+        get_policy(policy) if isinstance(policy, str) else policy,
         job_hours=JOB,
         deadline_hours=deadline,
         changeover_hours=CHANGEOVER,
@@ -209,22 +211,13 @@ def spot_launch_ticks(data: list[int], policy: str, deadline: float) -> tuple[li
     launched: list[int] = []
     decide = get_policy(policy)
 
-    def record(state: PolicyState) -> str:
+    def record(state: PolicyState) -> Decision:
         choice = decide(state)
         if choice == "spot" and state.running != "spot":
             launched.append(round(state.elapsed / TICK))
         return choice
 
-    res = simulate(
-        data,
-        record,  # type: ignore[arg-type]
-        job_hours=JOB,
-        deadline_hours=deadline,
-        changeover_hours=CHANGEOVER,
-        spot_price=SPOT_PRICE,
-        on_demand_price=OD_PRICE,
-        gap_hours=TICK,
-    )
+    res = run(data, record, deadline)
     return launched, res
 
 
