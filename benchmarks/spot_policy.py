@@ -28,9 +28,11 @@ optima (options ``--nodes``, ``--restore-hours``, ``--checkpoint-gb``, ``--bandw
 * ``--zones``: ``{"mode": "zones", "traces", "zone_sets": {GROUP: [zones]}, "nodes", "moves":
   {"restore_hours", "transfer_hours", "egress_usd"}, "policies": {NAME: ROW}, "nodes_free":
   {ZONE_GROUP or any_GROUP: share of ticks}, "wall_seconds"}``; NAME in on_demand, greedy,
-  uniform_progress, ours, ours_zones, optimum_single_zone, optimum_multi_zone; ROW =
+  uniform_progress, ours, ours_zones, ours_operator, ours_zones_operator (``ours`` / ``ours_zones`` as the
+  operator acts on them: an on-demand attempt is never left), optimum_single_zone, optimum_multi_zone; ROW =
   ``{"zones": "single"|"multi", "cost_vs_on_demand", "deadlines_met", "runs"}`` plus for policies
-  ``"changeovers_per_run"``, ``"moves_per_run"``, ``"gap_to_single_zone_optimum"``, and for all but
+  ``"changeovers_per_run"``, ``"moves_per_run"``, ``"on_demand_spot_seen_hours_per_run"`` (on-demand
+  hours while the zone looked at had spot), ``"gap_to_single_zone_optimum"``, and for all but
   the multi-zone optimum ``"gap_to_multi_zone_optimum"``.
 
 Usage: python benchmarks/spot_policy.py [--traces DIR] [--deadline-hours D] [--no-optimum] [--zones] [--json]

@@ -7,6 +7,8 @@ Each zone set (the files ``ZONE_GROUP.json`` of one group in ``--traces``, see
 * single-zone policies (on_demand, greedy, uniform_progress, ours) run in each zone on its own
   (one run per zone and start), as today;
 * ``ours_zones`` (the zone-aware ``policy="deadline"``) runs once per start over all the zones;
+* ``ours_operator`` / ``ours_zones_operator``: the same two as ``CheckpointResumeOperator`` acts on them
+  (asked only between attempts, so an on-demand attempt runs to the end of the job);
 * ``optimum_single_zone``: per zone and start, the exact program of :mod:`.optimum` when it is
   cheap enough (``--optimum auto``), else the certified lower bound of :mod:`.bounds`;
 * ``optimum_multi_zone``: per start, the certified lower bound of :mod:`.bounds` over all zones
@@ -31,6 +33,7 @@ from airflow_cloudtrain.policy import POLICIES, optimal_costs
 from airflow_cloudtrain.policy.bounds import Moves, optimum_bounds
 from airflow_cloudtrain.policy.multizone import (
     ZoneSet,
+    between_attempts,
     load_zone_sets,
     ours_zones,
     simulate_zones,
@@ -39,6 +42,9 @@ from airflow_cloudtrain.policy.multizone import (
 
 SINGLE = tuple(POLICIES)
 MULTI = "ours_zones"
+AS_OPERATOR = {"ours_operator": "ours", "ours_zones_operator": MULTI}
+"""Rows replaying ``ours`` / ``ours_zones`` as the operator can act on them (asked only between attempts:
+an on-demand attempt is never left; :func:`.multizone.between_attempts`)."""
 OPT_SINGLE, OPT_MULTI = "optimum_single_zone", "optimum_multi_zone"
 EXACT_BUDGET = 4e10
 """Most state-ticks (rows x slack steps x ticks x runs) ``--optimum auto`` gives the exact program."""
@@ -79,8 +85,13 @@ def exact_is_cheap(gap: float, changeover: float, deadline: float, job: float, r
     return rows * ((deadline - job) / unit) * (deadline / gap) * runs <= EXACT_BUDGET
 
 
-def run_zone_task(t: ZoneTask) -> tuple[ZoneTask, list[tuple[float, bool, int | None, int | None]]]:
-    """(cost, met, launches, moves) per start of one cell; costs in dollars."""
+Outcome = tuple[float, bool, int | None, int | None, float | None]
+"""(cost in dollars, deadline met, launches, moves, on-demand hours while spot was seen) of one run;
+the last three are None for the optima (their programs compute costs only)."""
+
+
+def run_zone_task(t: ZoneTask) -> tuple[ZoneTask, list[Outcome]]:
+    """One :data:`Outcome` per start of one cell."""
     kw: dict[str, Any] = {
         "job_hours": t.job,
         "deadline_hours": t.deadline,
@@ -101,12 +112,15 @@ def run_zone_task(t: ZoneTask) -> tuple[ZoneTask, list[tuple[float, bool, int | 
                 rows, t.starts, gap_hours=zs.gap_hours, regions=zs.regions, moves=moves, rounds=t.rounds, **kw
             )
             costs = [float(x) for x in b.lower]
-        return t, [(c, True, None, None) for c in costs]
-    decide = ours_zones if t.what == MULTI else single_zone(POLICIES[t.what])
-    out: list[tuple[float, bool, int | None, int | None]] = []
+        return t, [(c, True, None, None, None) for c in costs]
+    what = AS_OPERATOR.get(t.what, t.what)
+    decide = ours_zones if what == MULTI else single_zone(POLICIES[what])
+    if t.what in AS_OPERATOR:
+        decide = between_attempts(decide)
+    out: list[Outcome] = []
     for s in t.starts:
         r = simulate_zones(zs, decide, moves=t.moves, nodes=t.nodes, start=s, **kw)
-        out.append((r.cost, r.met_deadline, r.launches, r.moves))
+        out.append((r.cost, r.met_deadline, r.launches, r.moves, r.on_demand_spot_seen_hours))
     return t, out
 
 
@@ -163,19 +177,18 @@ def zone_report(args: argparse.Namespace, price_of: Any, deadlines: tuple[float,
             extra = (args.optimum, args.optimum_rounds)
             tasks.append(ZoneTask(OPT_MULTI, zs, None, *common, *extra))
             tasks.append(ZoneTask(MULTI, zs, None, *common, *extra))
+            tasks.append(ZoneTask("ours_zones_operator", zs, None, *common, *extra))
             for z in range(len(zs.zones)):
-                for what in (OPT_SINGLE, *reversed(SINGLE)):
+                for what in (OPT_SINGLE, "ours_operator", *reversed(SINGLE)):
                     tasks.append(ZoneTask(what, zs, z, *common, *extra))
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         results = list(pool.map(run_zone_task, tasks))
     # key of a run: (group, deadline, start index, zone or None)
-    runs: dict[str, dict[tuple[str, float, int, int | None], tuple[float, bool, Any, Any]]] = defaultdict(
-        dict
-    )
+    runs: dict[str, dict[tuple[str, float, int, int | None], Outcome]] = defaultdict(dict)
     for t, out in results:
         base = t.on_demand_price * (t.job + t.changeover)
-        for i, (cost, met, launches, n_moves) in enumerate(out):
-            runs[t.what][(t.zone_set.group, t.deadline, i, t.zone)] = (cost / base, met, launches, n_moves)
+        for i, (cost, *rest) in enumerate(out):
+            runs[t.what][(t.zone_set.group, t.deadline, i, t.zone)] = (cost / base, *rest)
     single_opt, multi_opt = runs[OPT_SINGLE], runs[OPT_MULTI]
 
     def gap_single(key: tuple[str, float, int, int | None], cost: float) -> float:
@@ -186,10 +199,10 @@ def zone_report(args: argparse.Namespace, price_of: Any, deadlines: tuple[float,
         return cost / mean - 1.0
 
     summary: dict[str, Any] = {}
-    for what in (*SINGLE, MULTI, OPT_SINGLE, OPT_MULTI):
+    for what in (*SINGLE, MULTI, *AS_OPERATOR, OPT_SINGLE, OPT_MULTI):
         rows = runs[what]
         entry: dict[str, Any] = {
-            "zones": "multi" if what in (MULTI, OPT_MULTI) else "single",
+            "zones": "multi" if what in (MULTI, "ours_zones_operator", OPT_MULTI) else "single",
             "cost_vs_on_demand": round(statistics.fmean(v[0] for v in rows.values()), 4),
             "deadlines_met": round(statistics.fmean(v[1] for v in rows.values()), 4),
             "runs": len(rows),
@@ -197,6 +210,8 @@ def zone_report(args: argparse.Namespace, price_of: Any, deadlines: tuple[float,
         if what not in (OPT_SINGLE, OPT_MULTI):
             entry["changeovers_per_run"] = round(statistics.fmean(v[2] for v in rows.values()), 2)
             entry["moves_per_run"] = round(statistics.fmean(v[3] for v in rows.values()), 2)
+            od_seen = statistics.fmean(v[4] for v in rows.values())  # type: ignore[misc]
+            entry["on_demand_spot_seen_hours_per_run"] = round(od_seen, 2)
             entry["gap_to_single_zone_optimum"] = round(
                 statistics.fmean(gap_single(k, v[0]) for k, v in rows.items()), 4
             )
@@ -235,13 +250,18 @@ def print_zone_report(report: dict[str, Any], header: str) -> None:
         f"transfer and ${mv['egress_usd']:g} egress"
     )
     print()
-    head = f"{'policy':<22}{'zones':>7}{'cost_vs_od':>12}{'deadlines':>11}{'changeovers':>13}{'moves':>7}"
+    head = f"{'policy':<22}{'zones':>7}{'cost_vs_od':>12}{'deadlines':>11}{'changeovers':>13}{'moves':>7}{'od_spot_h':>11}"
     print(head + f"{'gap_1zone_opt':>15}{'gap_multi_opt':>15}")
     for name, s in report["policies"].items():
-        ch, mv_run = s.get("changeovers_per_run"), s.get("moves_per_run")
+        ch, mv_run, od_h = (
+            s.get("changeovers_per_run"),
+            s.get("moves_per_run"),
+            s.get("on_demand_spot_seen_hours_per_run"),
+        )
         line = (
             f"{name:<22}{s['zones']:>7}{s['cost_vs_on_demand']:>12.3f}{s['deadlines_met']:>11.1%}"
             f"{'-' if ch is None else f'{ch:.1f}':>13}{'-' if mv_run is None else f'{mv_run:.2f}':>7}"
+            f"{'-' if od_h is None else f'{od_h:.2f}':>11}"
         )
         g1, gm = s.get("gap_to_single_zone_optimum"), s.get("gap_to_multi_zone_optimum")
         line += f"{'-' if g1 is None else f'{g1:+.1%}':>15}{'-' if gm is None else f'{gm:+.1%}':>15}"

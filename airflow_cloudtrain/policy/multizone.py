@@ -118,6 +118,9 @@ class ZoneRunResult:
     moves: int
     spot_hours: float
     on_demand_hours: float
+    on_demand_spot_seen_hours: float = 0.0
+    """On-demand hours while the zone looked at had spot: where a policy without foresight loses most
+    against the optimum (docs/spot_policy.md, "Where the gap goes")."""
 
 
 def simulate_zones(
@@ -142,7 +145,7 @@ def simulate_zones(
     max_ticks = int((max_hours or 2.0 * deadline_hours + job_hours) / gap) + 1
     n = zone_set.ticks
     events: list[ZoneEvent] = []
-    done = cost = spot_h = od_h = 0.0
+    done = cost = spot_h = od_h = od_seen_h = 0.0
     running: str | None = None
     run_zone: str | None = None
     home: str | None = None  # where the checkpoint is
@@ -227,15 +230,30 @@ def simulate_zones(
             spot_h += used
         else:
             od_h += used
+            od_seen_h += used * avail
         if finishing:
             finish = now + used
-            return ZoneRunResult(
-                cost, finish, finish <= deadline_hours + 1e-9, launches, interruptions, n_moves, spot_h, od_h
-            )
+            met = finish <= deadline_hours + 1e-9
+            return ZoneRunResult(cost, finish, met, launches, interruptions, n_moves, spot_h, od_h, od_seen_h)
         done += work_part
         setup_left -= setup_part
         running_hours += gap
-    return ZoneRunResult(cost, None, False, launches, interruptions, n_moves, spot_h, od_h)
+    return ZoneRunResult(cost, None, False, launches, interruptions, n_moves, spot_h, od_h, od_seen_h)
+
+
+def between_attempts(decide: ZoneDecideFn) -> ZoneDecideFn:
+    """``decide`` as ``CheckpointResumeOperator`` can act on it: asked only between attempts.
+
+    The operator builds the policy's state at a (re)launch, with nothing running, and an attempt
+    then runs until the job ends or the cloud takes the instance back; so an on-demand instance is
+    never left for spot, whatever ``decide`` would say mid-run. Replaying that shows what the
+    operator pays (docs/spot_policy.md: "The operator does not do what this benchmark measures").
+    """
+
+    def zone_decide(state: PolicyState, zones: int) -> Decision:
+        return ON_DEMAND if state.running == ON_DEMAND else decide(state, zones)
+
+    return zone_decide
 
 
 def single_zone(decide: Callable[[PolicyState], Decision]) -> ZoneDecideFn:

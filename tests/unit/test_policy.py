@@ -11,6 +11,8 @@ import pytest
 
 from airflow_cloudtrain.policy import (
     POLICIES,
+    Decision,
+    Policy,
     PolicyState,
     RunResult,
     available_policies,
@@ -26,10 +28,10 @@ JOB, CHANGEOVER, SPOT_PRICE, OD_PRICE = 48.0, 0.2, 0.3, 1.0
 ON_DEMAND_COST = OD_PRICE * (JOB + CHANGEOVER)
 
 
-def run(data: list[int], policy: str, deadline: float = 52.0) -> RunResult:
+def run(data: list[int], policy: str | Policy, deadline: float = 52.0) -> RunResult:
     return simulate(
         data,
-        get_policy(policy),
+        get_policy(policy) if isinstance(policy, str) else policy,
         job_hours=JOB,
         deadline_hours=deadline,
         changeover_hours=CHANGEOVER,
@@ -202,3 +204,53 @@ def test_ours_leaves_on_demand_for_a_young_spell_only_while_slack_is_plentiful()
     assert ours(plenty) == "spot"
     assert ours(scarce) == "on_demand"
     assert ours(dataclasses.replace(scarce, spell_hours=1.0)) == "spot"
+
+
+def spot_launch_ticks(data: list[int], policy: str, deadline: float) -> tuple[list[int], RunResult]:
+    """The ticks at which ``policy`` launched spot on ``data``, and the run's result."""
+    launched: list[int] = []
+    decide = get_policy(policy)
+
+    def record(state: PolicyState) -> Decision:
+        choice = decide(state)
+        if choice == "spot" and state.running != "spot":
+            launched.append(round(state.elapsed / TICK))
+        return choice
+
+    res = run(data, record, deadline)
+    return launched, res
+
+
+@pytest.mark.parametrize("policy", ["ours", "greedy", "uniform_progress"])
+@pytest.mark.parametrize("deadline", [52.0, 60.0, 72.0])
+def test_spot_that_vanishes_right_after_every_switch_never_costs_the_deadline(
+    policy: str, deadline: float
+) -> None:
+    # An adaptive adversary: spot is there all the time, except the tick right after each spot
+    # launch, so every switch onto spot (from idle or from on-demand) loses its whole changeover.
+    # Policies are causal, so punishing the earliest unpunished launch leaves the decisions before
+    # it unchanged; repeat until every launch is punished.
+    data = [1] * ticks(2 * deadline)
+    punished: set[int] = set()
+    while True:
+        launched, res = spot_launch_ticks(data, policy, deadline)
+        fresh = [t for t in launched if t not in punished]
+        if not fresh:
+            break
+        punished.add(fresh[0])
+        data[fresh[0] + 1] = 0
+    assert res.met_deadline, (policy, deadline, res)
+    assert res.interruptions == len(punished) >= 1
+    if policy == "ours":  # measured 1.04 / 1.06 / 1.09 x: its spell statistics see long spells (the
+        # adversary ends each one only once it is joined) and not its own preemptions
+        assert res.cost <= 1.10 * ON_DEMAND_COST
+
+
+@pytest.mark.parametrize("up", [1, 2, 3, 4, 6, 9])
+@pytest.mark.parametrize("down", [1, 3, 6])
+def test_ours_meets_the_deadline_on_every_short_periodic_pattern(up: int, down: int) -> None:
+    # Spells just long enough to tempt the leave-on-demand rule (1-9 ticks: up to 1.5 h, the
+    # rule's proof age stretched by scarcity), then gone: the deadline holds at the tightest one.
+    res = run(([1] * up + [0] * down) * ticks(30), "ours", deadline=52.0)
+    assert res.met_deadline, (up, down, res)
+    assert res.cost <= 1.05 * ON_DEMAND_COST

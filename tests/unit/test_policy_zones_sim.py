@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 import subprocess
@@ -15,6 +16,7 @@ from airflow_cloudtrain.policy import POLICIES, Decision, PolicyState, load_trac
 from airflow_cloudtrain.policy.bounds import Moves
 from airflow_cloudtrain.policy.multizone import (
     ZoneSet,
+    between_attempts,
     load_zone_sets,
     ours_zones,
     region_of,
@@ -172,7 +174,8 @@ def test_benchmark_zones_json_shape(tmp_path: Path) -> None:
     ]
     assert report["zone_sets"] == {"v100_1": ["us-east-2a", "us-west-2a", "us-west-2b"]}
     names = ["on_demand", "greedy", "uniform_progress", "ours", "ours_zones"]
-    assert list(report["policies"]) == [*names, "optimum_single_zone", "optimum_multi_zone"]
+    operator = ["ours_operator", "ours_zones_operator"]
+    assert list(report["policies"]) == [*names, *operator, "optimum_single_zone", "optimum_multi_zone"]
     starts = len(range(0, 300 - 54 + 1, 72))
     multi_opt = report["policies"]["optimum_multi_zone"]
     single_opt = report["policies"]["optimum_single_zone"]
@@ -182,7 +185,16 @@ def test_benchmark_zones_json_shape(tmp_path: Path) -> None:
         assert row["deadlines_met"] == 1.0, name
         assert row["gap_to_multi_zone_optimum"] >= -1e-4, name
         assert set(row) >= {"cost_vs_on_demand", "runs", "changeovers_per_run", "moves_per_run"}
+        assert 0.0 <= row["on_demand_spot_seen_hours_per_run"] <= 6.0 + 0.2, name  # the job is 6 h
     assert report["policies"]["ours"]["moves_per_run"] == 0.0
+    assert report["policies"]["on_demand"]["on_demand_spot_seen_hours_per_run"] > 0.0  # spot was there
+    od_seen = {name: report["policies"][name]["on_demand_spot_seen_hours_per_run"] for name in names}
+    assert od_seen["ours_zones"] < od_seen["on_demand"]
+    for name, policy in zip(operator, ("ours", "ours_zones"), strict=True):
+        # never leaving an on-demand attempt can only add on-demand hours while spot is there
+        row = report["policies"][name]
+        assert row["deadlines_met"] == 1.0 and row["zones"] == report["policies"][policy]["zones"]
+        assert row["on_demand_spot_seen_hours_per_run"] >= od_seen[policy] - 0.01, name
     assert report["policies"]["ours"]["gap_to_single_zone_optimum"] >= -1e-4
     assert set(report["nodes_free"]) == {
         "us-east-2a_v100_1",
@@ -207,3 +219,26 @@ def test_with_one_zone_ours_zones_is_ours() -> None:
         assert simulate_zones(one, ours_zones, start=start, **args) == simulate_zones(
             one, single_zone(ours), start=start, **args
         )
+
+
+def test_between_attempts_never_leaves_a_running_on_demand_instance() -> None:
+    # What the operator can act on: it asks the policy only between attempts. Here ``ours`` would
+    # leave on-demand for a spell that has lasted an hour, with slack to spare.
+    state = PolicyState(
+        elapsed=10.0,
+        deadline=60.0,
+        work_done=10.0,
+        work_remaining=39.0,
+        changeover=0.2,
+        spot_available=True,
+        running="on_demand",
+        seen_available_hours=6.0,
+        seen_unavailable_hours=4.0,
+        spot_spells=3,
+        spell_hours=1.0,
+    )
+    assert ours(state) == "spot"
+    as_operator = between_attempts(single_zone(ours))
+    assert as_operator(state, 1) == "on_demand"
+    idle = dataclasses.replace(state, running=None)
+    assert as_operator(idle, 1) == ours(idle) == "spot"  # between attempts it is the policy's call
