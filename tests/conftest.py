@@ -200,6 +200,18 @@ FAULTS_MIRRORS = (
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """No forced ``gc.collect()`` when a worker ends: pytest runs one at its unconfigure to flush
+    unraisable exceptions (PyPy's need, its own comment says), and on a worker's heap (Airflow, moto,
+    the parsed botocore models) that took seconds at the very end of every worker's run. Unraisable
+    exceptions during the tests are reported as before (the hook stays installed)."""
+    try:
+        from _pytest.unraisableexception import gc_collect_iterations_key
+    except ImportError:  # another pytest: its default
+        return
+    config.stash[gc_collect_iterations_key] = 0
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
