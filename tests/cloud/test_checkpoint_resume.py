@@ -9,6 +9,7 @@ step N" line, the ledger in the XCom and in the run folder, and that every insta
 
 from __future__ import annotations
 
+import calendar
 import json
 import os
 import random
@@ -300,6 +301,17 @@ def test_the_deadline_policy_waits_out_a_spot_capacity_gap(emu, airflow_db, defe
     assert [r["ended"] for r in result["attempts"]] == ["capacity_error", "finished"]
     assert result["attempts"][1]["spot"] is True  # it waited for spot instead of paying on-demand
     assert result["totals"]["waited_s"] > 0
+    # the Cloud training page's timeline draws the policy's deadline, 6 h after the run began
+    from airflow_cloudtrain.lifecycle.cost_index import read_records
+    from airflow_cloudtrain.ui.run_timeline import timeline_of
+    from airflow_cloudtrain.ui.runs import run_detail
+
+    records = read_records(open_run_folder(BUCKET["aws"]), time.time() - 86_400)
+    svg = timeline_of(run_detail(records, result["run_id"]))
+    (stamp,) = re.findall(r'<line class="ct-deadline"[^>]*><title>deadline ([^<]+)</title>', svg)
+    deadline = calendar.timegm(time.strptime(stamp, "%Y-%m-%d %H:%M:%S UTC"))
+    ledger = json.loads(open_run_folder(result["run_uri"]).get_text(f"ledger/{result['run_id']}.json"))
+    assert abs(deadline - (ledger["started_at"] + 6 * 3600)) < 600, (stamp, ledger["started_at"])
 
 
 def test_a_hung_job_is_stopped_as_idle_with_the_reason_in_the_task_log(emu, airflow_db, capfd) -> None:

@@ -32,6 +32,7 @@ class AwsRunBackend:
         self.hook = CloudTrainAwsHook(aws_conn_id=conn_id, region_name=region)
         self.region: str | None = self.hook.conn_region_name
         self._cloud: AwsCloud | None = None
+        self._s3: Any = None  # one S3 client for the run folders (thread-safe; a client costs ~50 ms)
 
     @property
     def cloud(self) -> AwsCloud:
@@ -44,6 +45,7 @@ class AwsRunBackend:
             self.hook = CloudTrainAwsHook(aws_conn_id=self.conn_id, region_name=region)
             self.region = region
             self._cloud = None
+            self._s3 = None
 
     def gang_network(
         self,
@@ -75,7 +77,9 @@ class AwsRunBackend:
     def run_folder(self, run_uri: str) -> RunFolder:
         from airflow_cloudtrain.storage import open_run_folder
 
-        return open_run_folder(run_uri, s3_client=self.hook.s3_client())
+        if self._s3 is None:
+            self._s3 = self.hook.s3_client()
+        return open_run_folder(run_uri, s3_client=self._s3)
 
     def refresh_catalog(self) -> None:
         from botocore.config import Config
