@@ -301,6 +301,7 @@ def operator_kwargs(s: Scenario) -> tuple[str, str]:
         return "MLEngineTrainOperator", (
             f"region='us-central1', bucket={bucket!r}, code={VERTEX_CODE!r}, python_module='trainer.task', "
             f"scale_tier='BASIC', job_id={('ct_' + s.dag_id)!r}, poll_interval=1, log_polling_interval=1, "
+            f"orphan_timeout={lease}, "
             "training_args=['--steps', '16', '--step-s', '0.25', '--checkpoint-every', '2']"
         )
     machine = f"cloud={s.cloud!r}, instance_type={TYPE[s.provider]!r}, {common}"
@@ -539,11 +540,16 @@ def _play(s: Scenario, out: Outcome) -> None:
         if state == "killed" and kill != "lease_lapse":  # the task's retry
             state, log = _try(s, path, when, "", 2)
             out.tries.append(state)
-        if kill == "lease_lapse":
+        if kill == "lease_lapse" and s.operator == "vertex":  # no agent of ours: `cloudtrain gc` cancels
+            if not _wait(lambda: _vertex_over(s, key.digest), 240):
+                out.problems.append(
+                    "the lease lapsed but gc did not cancel the Vertex AI job, nor did it end"
+                )
+        elif kill == "lease_lapse":
             over = _wait(
                 lambda: folder.get_text(ORPHANED_KEY) or _finished(folder) or sampler.reclaimed_all(), 240
             )
-            if not over and s.operator != "vertex":
+            if not over:
                 out.problems.append("the lease lapsed but the run did not end itself (no orphaned.json)")
     ended.set()
     out.crashed = list(sampler.crashed)
@@ -613,6 +619,18 @@ def _finished(folder: Any) -> bool:
     keys = [k for k in folder.list("instances/") if k.endswith("/status.json")]
     statuses = [RunStatus.from_json(folder.get_text(k) or "{}") for k in keys]
     return bool(statuses) and all(x.final for x in statuses)
+
+
+def _vertex_over(s: Scenario, digest: str) -> bool:
+    """Has the run's Vertex AI job ended, by itself or cancelled by one round of ``cloudtrain gc`` (which
+    cancels it once its lease lapsed, and leaves it alone before)?"""
+    from airflow_cloudtrain.lifecycle.gc import gc
+
+    try:
+        gc(s.provider, REGION[s.provider], bucket=BUCKETS[s.provider], older_than_s=0)
+        return not leftovers(s, digest)
+    except Exception:  # throttled: the next round counts
+        return False
 
 
 def _sweep(s: Scenario) -> None:
