@@ -280,7 +280,9 @@ class Faulty({cls}):
             die()  # task is scheduled again; marked failed: it is over)
 
     def defer(self, *args, **kwargs):
-        if KILL in ("triggerer_lost", "lease_lapse"):  # dag.test() runs the trigger in this process
+        # dag.test() runs the trigger in this process; a deferred task waits there, so kill_waiting
+        # (drawn in either mode) plays as triggerer_lost (it was a no-op in a deferrable scenario)
+        if KILL in ("triggerer_lost", "lease_lapse", "kill_waiting"):
             die_later()
         if KILL in ("cleared", "marked_failed") and not CLEARING:
             CLEARING.append(1)
@@ -567,12 +569,13 @@ def _play(s: Scenario, out: Outcome) -> None:
         if state == "killed" and kill not in ("lease_lapse", MARKED_FAILED):  # the task's retry
             state, log = _try(s, path, when, "", 2)
             out.tries.append(state)
-        if kill == "lease_lapse" and s.operator == "vertex":  # no agent of ours: `cloudtrain gc` cancels
+        lapsed = kill == "lease_lapse" and state == "killed"  # (a try that ended first lost no watcher)
+        if lapsed and s.operator == "vertex":  # no agent of ours: `cloudtrain gc` cancels
             if not _wait(lambda: _vertex_over(s, key.digest), 240):
                 out.problems.append(
                     "the lease lapsed but gc did not cancel the Vertex AI job, nor did it end"
                 )
-        elif kill == "lease_lapse":
+        elif lapsed:
             over = _wait(
                 lambda: folder.get_text(ORPHANED_KEY) or _finished(folder) or sampler.reclaimed_all(), 240
             )
@@ -584,13 +587,15 @@ def _play(s: Scenario, out: Outcome) -> None:
         print(f"{s.id}: agent_crash found no agent to kill (the job ended first)", file=sys.stderr)
     _EMU.clear_faults()
     # the outcome
-    if kill == "lease_lapse":
-        if state != "killed":
-            out.problems.append(f"the lost try was expected to die; it ended {state}")
-        _sweep(s)  # what a deployment's daily `cloudtrain gc` does
-    elif kill == MARKED_FAILED:  # released by on_kill, and over: no try follows (or it ended first)
-        if state not in ("killed", "success"):
-            out.problems.append(f"the try marked failed was expected to be ended by hand; it ended {state}")
+    if kill in ("lease_lapse", MARKED_FAILED) and state != "killed":  # judged as any other try below
+        print(f"{s.id}: {kill} never fired (the try ended {state} first)", file=sys.stderr)
+    if kill == "lease_lapse" and state == "killed":  # what a deployment's daily `cloudtrain gc` does,
+        # once the lease lapsed: a run the cloud reclaimed can be over before that, and gc keeps a
+        # watched run's resources (s024 kept its firewall rule: the only sweep came too early)
+        _wait(lambda: all(x.action == "delete" for x in leftovers(s, key.digest)), 120)
+        _sweep(s)
+    elif kill == MARKED_FAILED and state == "killed":
+        pass  # released by on_kill, and over: no try follows (nothing left: checked below)
     elif state != "success":
         allowed = [MAY_FAIL.get(s.operator, {}).get(f) for f in s.faults]
         if state != "failed" or not any(r and re.search(r, log, re.I) for r in allowed):

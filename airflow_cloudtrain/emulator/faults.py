@@ -17,8 +17,9 @@ Writes under a prefix (``fail_writes(rate, "s3", "bucket/key/prefix/", side, kin
 whose writes fail while its reads still work, as when a bucket's partition has bad minutes or a prefix
 is throttled hard (``UNAVAILABLE``: the store's server error), or when a bucket policy or an IAM change
 that lands mid-run takes the write permission away (``DENIED``: S3 403 ``AccessDenied``, GCS 403
-``forbidden`` naming ``storage.objects.create``). Only the object writes (``WRITES``: S3 PutObject and the multipart calls, CopyObject; GCS
-``objects.insert`` (media, multipart and resumable uploads), compose, copy, rewrite) of objects whose
+``forbidden`` naming ``storage.objects.create``). Only the object writes (``WRITES``: S3 PutObject and
+the multipart calls, CopyObject; GCS ``objects.insert`` (media, multipart and resumable uploads),
+compose, copy, rewrite) of objects whose
 ``bucket/key`` starts with the prefix are refused, with the kind's error, and only from ``side``:
 ``"instance"`` (the agents: ``emulator.calls`` tells them apart), ``"airflow"`` (everything else) or
 None (both). The servers pass the object's name and the side to ``draw``.
@@ -130,8 +131,8 @@ class Throttle:
         return bool(self._writes) and operation in WRITES
 
     def draw(self, service: str, operation: str, obj: str | None = None, side: str = "") -> str | None:
-        """Draw for one request: the fault it meets (``THROTTLED``, ``UNAVAILABLE``, ``DENIED``) or None. One draw
-        per request: a throttling rate of t and an unavailable rate of u fail t and u of them. ``obj``
+        """Draw for one request: the fault it meets (``THROTTLED``, ``UNAVAILABLE``, ``DENIED``) or None.
+        One draw per request: a throttling rate of t and an unavailable rate of u fail t and u of them. ``obj``
         (``bucket/key``) and ``side`` (``emulator.calls``: "instance", else the Airflow side) let the
         ``fail_writes`` rules match a write."""
         with self._lock:
