@@ -369,6 +369,8 @@ _HOME: Path | None = None
 def _start_worker() -> None:
     """Called once per worker process: an Airflow home with a migrated DB, and the emulated clouds."""
     global _EMU, _HOME
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # Airflow's and the emulator's log lines: stdout
+    # is the campaign's own (``--json``)
     _HOME = Path(tempfile.mkdtemp(prefix="cloudtrain-faults-"))
     (_HOME / "dags").mkdir()
     image = _HOME / "home"
@@ -576,8 +578,14 @@ def _play(s: Scenario, out: Outcome) -> None:
                     "the lease lapsed but gc did not cancel the Vertex AI job, nor did it end"
                 )
         elif lapsed:
-            over = _wait(
-                lambda: folder.get_text(ORPHANED_KEY) or _finished(folder) or sampler.reclaimed_all(), 240
+            over = _wait(  # (an agent agent_crash killed cannot end its run: only gc can, below; s024)
+                lambda: (
+                    sampler.crashed
+                    or folder.get_text(ORPHANED_KEY)
+                    or _finished(folder)
+                    or sampler.reclaimed_all()
+                ),
+                240,
             )
             if not over:
                 out.problems.append("the lease lapsed but the run did not end itself (no orphaned.json)")

@@ -132,6 +132,25 @@ def test_a_run_folder_whose_writes_are_denied_fails_naming_it_and_leaves_nothing
     assert any("AccessDenied" in x and where in x for x in raised), raised
 
 
+@pytest.mark.faults  # a dag.test() run: make faults
+@pytest.mark.timeout(1800)
+def test_a_gang_whose_agents_cannot_write_fails_with_their_own_words(emu, airflow_db) -> None:
+    """``folder_denied_long`` on the agents' side of a 2-node gang (campaign s018): each node's gang
+    record is refused, its agent fails the job and cannot write its final status either; the end
+    marker in the live index (another prefix) carries its message. The gang's wait reads it, as the
+    single run's does: the task fails naming the refusal, not "the instance being TERMINATED"."""
+    faults = _campaign()
+    faults._EMU, faults._HOME = emu, dags_folder().parent
+    scenario = faults.Scenario(
+        "s918", SEED, "gang", "gcspot", False, [faults.FOLDER_DENIED_LONG], 2.0, "agent", -1.0
+    )
+    result = faults.run_scenario(asdict(scenario))
+    assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
+    assert result["tries"] == ["failed"], result
+    log = (dags_folder() / f"{scenario.dag_id}-try1.log").read_text()
+    assert "storage.objects.create" in log and "being TERMINATED" not in log
+
+
 @pytest.mark.faults  # a dag.test() run each: make faults
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])
