@@ -108,16 +108,10 @@ _REFUSALS: dict[str, dict[str, tuple[str, str, str]]] = {
         "json": ("500 Internal Server Error", "InternalFailure", "Internal failure"),
         "rest-json": ("503 Service Unavailable", "ServiceUnavailableException", "Service unavailable"),
     },
-    # a bucket policy or an IAM change took the permission away (``fail_writes(kind=DENIED)``)
+    # a bucket policy or an IAM change took the permission away: only S3 object writes get it
+    # (``fail_writes(kind=DENIED)``); the other protocols would fall back to the rest-json answer
     "denied": {
-        "ec2": (
-            "403 Forbidden",
-            "UnauthorizedOperation",
-            "You are not authorized to perform this operation.",
-        ),
         "s3": ("403 Forbidden", "AccessDenied", "Access Denied"),
-        "query": ("403 Forbidden", "AccessDenied", "User is not authorized to perform this action"),
-        "json": ("400 Bad Request", "AccessDeniedException", "User is not authorized to perform this action"),
         "rest-json": (
             "403 Forbidden",
             "AccessDeniedException",
