@@ -11,7 +11,8 @@ on the Airflow side (a worker SIGKILLed at a drawn point and retried, the trigge
 watcher gone for good so the lease lapses) and the rest on the cloud side (a spot interruption with or
 without notice, no capacity at launch for a while, API throttling); then, each drawn after the rest
 so earlier draws stay, a burst of server errors, a dead agent, the run folder's writes failing for a
-while or for good, and the task cleared by hand while it runs.
+while or for good, the task cleared by hand while it runs, the run folder's writes refused as access
+denied for a while or for good, and the task marked failed by hand while it runs.
 
 A scenario runs through real Airflow: each try is ``dag.test()`` in a process of its own, forked
 from a warm parent that paid Airflow's start once (``tests/first_try.py``, as the kill tests do),
@@ -103,12 +104,29 @@ WRITES_SIDES = {"agent": "instance", "operator": "airflow", "both": None}  # -> 
 # so on_kill (or, deferred, the trigger's on_kill, called by the triggerer) releases the run, and the
 # task runs again; the next try relaunches (or adopts) cleanly
 CLEARED, CLEARED_P = "cleared", 1 / 3
+# drawn last, the same way, in the scenarios without a run-folder fault yet (not Vertex AI): the run
+# folder's writes refused as access denied (S3 403 AccessDenied, GCS 403 forbidden: a bucket policy or
+# an IAM change lands mid-run), for WRITES_S seconds or, in half of them, for good; whose and when
+# drawn as for folder_writes. Access denied is not transient: nothing retries it, so the run may fail
+# (naming the refusal), and must leave nothing and never launch twice either way
+FOLDER_DENIED, FOLDER_DENIED_LONG, FOLDER_DENIED_P = "folder_denied", "folder_denied_long", 0.1
+# drawn last, the same way, in a quarter of the scenarios still without an Airflow-side fault: the task
+# marked failed by hand while it runs: as for cleared (SIGTERM and on_kill, or the trigger's on_kill),
+# but no try follows: the run is released, nothing is left and nothing relaunches it
+MARKED_FAILED, MARKED_FAILED_P = "marked_failed", 0.25
+BY_HAND = (CLEARED, MARKED_FAILED)  # the task's state changed by hand while it runs
+FOLDER_FAULTS = (FOLDER_WRITES, FOLDER_WRITES_LONG, FOLDER_DENIED, FOLDER_DENIED_LONG)
 VOCABULARY = (
-    AIRFLOW_SIDE + CLOUD_SIDE + (SERVER_ERRORS, AGENT_CRASH, FOLDER_WRITES, FOLDER_WRITES_LONG, CLEARED)
+    AIRFLOW_SIDE
+    + CLOUD_SIDE
+    + (SERVER_ERRORS, AGENT_CRASH, FOLDER_WRITES, FOLDER_WRITES_LONG, CLEARED)
+    + (FOLDER_DENIED, FOLDER_DENIED_LONG, MARKED_FAILED)
 )
 # what a run whose folder cannot be written for good may fail with: the store's error, or its silent
 # agent (its heartbeats are writes to the folder)
 WRITE_FAILURE = r"stopped beating|InternalError|ServiceUnavailable|backendError|\b50[03]\b"
+# what a run whose folder refuses its writes as access denied must fail with: the refusal itself
+DENIED_FAILURE = r"AccessDenied|storage\.objects\.create"
 # failures the faults may legitimately cause, by operator: (fault, regex the try's log must match)
 MAY_FAIL: dict[str, dict[str, str]] = {
     "train": {
@@ -122,6 +140,7 @@ MAY_FAIL: dict[str, dict[str, str]] = {
 }
 for _allowed in (MAY_FAIL.setdefault(op, {}) for op in ("train", "resume", "gang", "fleet", "group")):
     _allowed[FOLDER_WRITES_LONG] = WRITE_FAILURE
+    _allowed[FOLDER_DENIED] = _allowed[FOLDER_DENIED_LONG] = DENIED_FAILURE
 
 
 @dataclass
@@ -134,7 +153,8 @@ class Scenario:
     faults: list[str]
     kill_delay_s: float  # when a timed kill fires after the wait (or the deferral) began
     writes_side: str = "both"  # folder_writes: whose writes fail (WRITES_SIDES)
-    writes_at_s: float = 0.0  # folder_writes: when the window opens, after the first try started
+    writes_at_s: float = 0.0  # folder_writes: when the window opens, after the folder's first object
+    # appeared (negative: before the first try started; only fixed scenarios do that)
 
     @property
     def provider(self) -> str:
@@ -170,6 +190,11 @@ def draw(seed: int, n: int) -> Scenario:
         side, at = rnd.choice(sorted(WRITES_SIDES)), round(rnd.uniform(0, 6), 1)
     if not set(faults) & set(AIRFLOW_SIDE) and rnd.random() < CLEARED_P:
         faults.append(CLEARED)
+    if operator != "vertex" and rnd.random() < FOLDER_DENIED_P and not set(faults) & set(FOLDER_FAULTS):
+        faults.append(FOLDER_DENIED_LONG if rnd.random() < 0.5 else FOLDER_DENIED)
+        side, at = rnd.choice(sorted(WRITES_SIDES)), round(rnd.uniform(0, 6), 1)
+    if not set(faults) & {*AIRFLOW_SIDE, CLEARED} and rnd.random() < MARKED_FAILED_P:
+        faults.append(MARKED_FAILED)
     return Scenario(f"s{n:03d}", seed, operator, cloud, deferrable, sorted(faults), delay, side, at)
 
 
@@ -201,7 +226,7 @@ def die_later():
 
 
 def clear_later(trigger=None):
-    # the task cleared by hand: a running try gets SIGTERM (Airflow's handler calls on_kill; the
+    # the task cleared (or marked failed) by hand: a running try gets SIGTERM (Airflow's handler calls on_kill; the
     # override below then ends the process, as the supervisor does); a deferred one's trigger is
     # cancelled by the triggerer, which calls the trigger's on_kill, and the try is over
     def clear():
@@ -231,7 +256,7 @@ class Faulty({cls}):
         def wait_(handle):
             if KILL in ("kill_waiting", "lease_lapse"):
                 die_later()
-            if KILL == "cleared" and not CLEARING:
+            if KILL in ("cleared", "marked_failed") and not CLEARING:
                 CLEARING.append(1)
                 clear_later()
             return wait(handle)
@@ -251,13 +276,15 @@ class Faulty({cls}):
 
     def on_kill(self):
         super().on_kill()
-        if KILL == "cleared":  # released; the supervisor ends the try, the task is scheduled again
-            die()
+        if KILL in ("cleared", "marked_failed"):  # released; the supervisor ends the try (cleared: the
+            die()  # task is scheduled again; marked failed: it is over)
 
     def defer(self, *args, **kwargs):
-        if KILL in ("triggerer_lost", "lease_lapse"):  # dag.test() runs the trigger in this process
+        # dag.test() runs the trigger in this process; a deferred task waits there, so kill_waiting
+        # (drawn in either mode) plays as triggerer_lost (it was a no-op in a deferrable scenario)
+        if KILL in ("triggerer_lost", "lease_lapse", "kill_waiting"):
             die_later()
-        if KILL == "cleared" and not CLEARING:
+        if KILL in ("cleared", "marked_failed") and not CLEARING:
             CLEARING.append(1)
             clear_later(kwargs.get("trigger", args[0] if args else None))
         return super().defer(*args, **kwargs)
@@ -301,6 +328,7 @@ def operator_kwargs(s: Scenario) -> tuple[str, str]:
         return "MLEngineTrainOperator", (
             f"region='us-central1', bucket={bucket!r}, code={VERTEX_CODE!r}, python_module='trainer.task', "
             f"scale_tier='BASIC', job_id={('ct_' + s.dag_id)!r}, poll_interval=1, log_polling_interval=1, "
+            f"orphan_timeout={lease}, "
             "training_args=['--steps', '16', '--step-s', '0.25', '--checkpoint-every', '2']"
         )
     machine = f"cloud={s.cloud!r}, instance_type={TYPE[s.provider]!r}, {common}"
@@ -341,6 +369,8 @@ _HOME: Path | None = None
 def _start_worker() -> None:
     """Called once per worker process: an Airflow home with a migrated DB, and the emulated clouds."""
     global _EMU, _HOME
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # Airflow's and the emulator's log lines: stdout
+    # is the campaign's own (``--json``)
     _HOME = Path(tempfile.mkdtemp(prefix="cloudtrain-faults-"))
     (_HOME / "dags").mkdir()
     image = _HOME / "home"
@@ -517,7 +547,7 @@ def _play(s: Scenario, out: Outcome) -> None:
     when = datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(minutes=int(s.id[1:]))
     key = run_key(s, when)
     folder = open_run_folder(join(BUCKETS[s.provider], key.path()))
-    kill = next((f for f in s.faults if f in (*AIRFLOW_SIDE, CLEARED)), "")
+    kill = next((f for f in s.faults if f in (*AIRFLOW_SIDE, *BY_HAND)), "")
     if "capacity" in s.faults:  # no capacity for this type at launch, for a while
         _EMU.fail_capacity(TYPE[s.provider])
         lift = threading.Timer(12.0, _lift_capacity, args=("throttle" in s.faults,))
@@ -531,19 +561,33 @@ def _play(s: Scenario, out: Outcome) -> None:
         calm.daemon = True
         calm.start()
     ended = threading.Event()
-    if FOLDER_WRITES in s.faults or FOLDER_WRITES_LONG in s.faults:
+    if set(FOLDER_FAULTS) & set(s.faults):
+        if s.writes_at_s < 0:  # from before the first try: the operator's first write is refused
+            _EMU.fail_writes(folder.uri + "/", 1.0, WRITES_SIDES[s.writes_side], s.seed, _writes_kind(s))
         threading.Thread(target=_writes_window, args=(s, folder, ended), daemon=True).start()
     with Sampler(s, key.digest) as sampler:
         state, log = _try(s, path, when, kill, 1)
         out.tries.append(state)
-        if state == "killed" and kill != "lease_lapse":  # the task's retry
+        if state == "killed" and kill not in ("lease_lapse", MARKED_FAILED):  # the task's retry
             state, log = _try(s, path, when, "", 2)
             out.tries.append(state)
-        if kill == "lease_lapse":
-            over = _wait(
-                lambda: folder.get_text(ORPHANED_KEY) or _finished(folder) or sampler.reclaimed_all(), 240
+        lapsed = kill == "lease_lapse" and state == "killed"  # (a try that ended first lost no watcher)
+        if lapsed and s.operator == "vertex":  # no agent of ours: `cloudtrain gc` cancels
+            if not _wait(lambda: _vertex_over(s, key.digest), 240):
+                out.problems.append(
+                    "the lease lapsed but gc did not cancel the Vertex AI job, nor did it end"
+                )
+        elif lapsed:
+            over = _wait(  # (an agent agent_crash killed cannot end its run: only gc can, below; s024)
+                lambda: (
+                    sampler.crashed
+                    or folder.get_text(ORPHANED_KEY)
+                    or _finished(folder)
+                    or sampler.reclaimed_all()
+                ),
+                240,
             )
-            if not over and s.operator != "vertex":
+            if not over:
                 out.problems.append("the lease lapsed but the run did not end itself (no orphaned.json)")
     ended.set()
     out.crashed = list(sampler.crashed)
@@ -551,10 +595,15 @@ def _play(s: Scenario, out: Outcome) -> None:
         print(f"{s.id}: agent_crash found no agent to kill (the job ended first)", file=sys.stderr)
     _EMU.clear_faults()
     # the outcome
-    if kill == "lease_lapse":
-        if state != "killed":
-            out.problems.append(f"the lost try was expected to die; it ended {state}")
-        _sweep(s)  # what a deployment's daily `cloudtrain gc` does
+    if kill in ("lease_lapse", MARKED_FAILED) and state != "killed":  # judged as any other try below
+        print(f"{s.id}: {kill} never fired (the try ended {state} first)", file=sys.stderr)
+    if kill == "lease_lapse" and state == "killed":  # what a deployment's daily `cloudtrain gc` does,
+        # once the lease lapsed: a run the cloud reclaimed can be over before that, and gc keeps a
+        # watched run's resources (s024 kept its firewall rule: the only sweep came too early)
+        _wait(lambda: all(x.action == "delete" for x in leftovers(s, key.digest)), 120)
+        _sweep(s)
+    elif kill == MARKED_FAILED and state == "killed":
+        pass  # released by on_kill, and over: no try follows (nothing left: checked below)
     elif state != "success":
         allowed = [MAY_FAIL.get(s.operator, {}).get(f) for f in s.faults]
         if state != "failed" or not any(r and re.search(r, log, re.I) for r in allowed):
@@ -565,6 +614,7 @@ def _play(s: Scenario, out: Outcome) -> None:
         out.duplicates.append(f"{sampler.most} live instances at once (at most {most})")
     # (a cleared task relaunches: its on_kill released the first instance)
     single = s.operator == "train" and not sampler.preempted and not {"lease_lapse", CLEARED} & set(s.faults)
+    # (a task marked failed is never relaunched: its run launched one instance, however it ended)
     if single and len(sampler.seen) > 1:
         out.duplicates.append(f"{len(sampler.seen)} instances launched for one run: {sorted(sampler.seen)}")
     # leaks: everything of the run gone once it ended (ends are asynchronous: a deadline for a busy machine)
@@ -575,19 +625,26 @@ def _play(s: Scenario, out: Outcome) -> None:
 
 
 def _writes_window(s: Scenario, folder: Any, ended: threading.Event) -> None:
-    """The run folder's writes fail, from ``writes_at_s`` after its first object appeared (the operator
-    is preparing the run: a try's start alone takes a while), for ``WRITES_S`` (transient) or until
-    the last try ended (long: ``_play`` then clears every fault)."""
-    side = WRITES_SIDES[s.writes_side]
-    while not _listed(folder):
-        if ended.wait(0.2):
+    """The run folder's writes fail (a server error, or access denied for the ``folder_denied`` faults),
+    from ``writes_at_s`` after its first object appeared (the operator is preparing the run: a try's
+    start alone takes a while; a negative ``writes_at_s``, never drawn: from before the first try, which
+    ``_play`` opened), for ``WRITES_S`` (transient) or until the last try ended (long: ``_play`` then
+    clears every fault)."""
+    side, kind = WRITES_SIDES[s.writes_side], _writes_kind(s)
+    if s.writes_at_s >= 0:
+        while not _listed(folder):
+            if ended.wait(0.2):
+                return
+        if ended.wait(s.writes_at_s):
             return
-    if ended.wait(s.writes_at_s):
-        return
-    _EMU.fail_writes(folder.uri + "/", 1.0, side, s.seed)
-    if FOLDER_WRITES in s.faults:
+        _EMU.fail_writes(folder.uri + "/", 1.0, side, s.seed, kind)
+    if {FOLDER_WRITES, FOLDER_DENIED} & set(s.faults):
         ended.wait(WRITES_S)
-        _EMU.fail_writes(folder.uri + "/", 0.0, side, None)
+        _EMU.fail_writes(folder.uri + "/", 0.0, side, None, kind)
+
+
+def _writes_kind(s: Scenario) -> str:
+    return "denied" if {FOLDER_DENIED, FOLDER_DENIED_LONG} & set(s.faults) else "unavailable"
 
 
 def _listed(folder: Any) -> bool:
@@ -613,6 +670,18 @@ def _finished(folder: Any) -> bool:
     keys = [k for k in folder.list("instances/") if k.endswith("/status.json")]
     statuses = [RunStatus.from_json(folder.get_text(k) or "{}") for k in keys]
     return bool(statuses) and all(x.final for x in statuses)
+
+
+def _vertex_over(s: Scenario, digest: str) -> bool:
+    """Has the run's Vertex AI job ended, by itself or cancelled by one round of ``cloudtrain gc`` (which
+    cancels it once its lease lapsed, and leaves it alone before)?"""
+    from airflow_cloudtrain.lifecycle.gc import gc
+
+    try:
+        gc(s.provider, REGION[s.provider], bucket=BUCKETS[s.provider], older_than_s=0)
+        return not leftovers(s, digest)
+    except Exception:  # throttled: the next round counts
+        return False
 
 
 def _sweep(s: Scenario) -> None:

@@ -348,10 +348,11 @@ class Agent:
                     output, prefix, call=lambda up: retry(up, what="results upload", budget_s=left())
                 )
                 self._note(f"uploaded {len(keys)} result file(s)")
-            except Exception as err:
-                self._note(f"results upload failed: {type(err).__name__}: {err}")
+            except Exception as err:  # named with its destination: an access denied names no bucket
+                failure = f"results upload to {self.folder.uri}/{prefix} failed: {type(err).__name__}: {err}"
+                self._note(failure)
                 if state == runs.SUCCEEDED:
-                    state, message = runs.FAILED, f"results upload failed: {type(err).__name__}: {err}"
+                    state, message = runs.FAILED, failure
         self._note(f"finished: {state}" + (f", exit code {exit_code}" if exit_code is not None else ""))
         self._stop_chore("logs")
         if self.streamer is not None:

@@ -67,6 +67,11 @@ class Instance:
         return asdict(self)
 
 
+def ended(instance: Instance | None) -> bool:
+    """The instance is gone, terminated or stopped (its agent powered it off)."""
+    return instance is None or instance.state in ENDED_STATES or instance.state == STOPPED
+
+
 class Cloud(ABC):
     """One cloud account in one region (or project and zone set)."""
 

@@ -489,19 +489,26 @@ class Emulator:
         self._throttle.set(rate, api, seed, kind=UNAVAILABLE)
 
     def fail_writes(
-        self, prefix_uri: str, rate: float = 1.0, side: str | None = None, seed: int | None = 0
+        self,
+        prefix_uri: str,
+        rate: float = 1.0,
+        side: str | None = None,
+        seed: int | None = 0,
+        kind: str = "unavailable",
     ) -> None:
         """From now on answer ``rate`` (0..1) of the object writes (S3 PutObject and multipart, GCS
         uploads, compose, copy) under ``prefix_uri`` (``s3://bucket/prefix/`` or ``gs://...``: a run
-        folder, ending in ``/``) with the store's server error (S3 500 ``InternalError``, GCS 503), for
-        ``side``: ``"instance"`` (the agents), ``"airflow"`` (the operators and everything else) or
+        folder, ending in ``/``) with ``kind``'s error: ``"unavailable"``, the store's server error (S3
+        500 ``InternalError``, GCS 503), or ``"denied"``, its access denied (S3 403 ``AccessDenied``, GCS
+        403 ``forbidden``: a bucket policy or an IAM change landed); counted as ``<kind>:<operation>``.
+        For ``side``: ``"instance"`` (the agents), ``"airflow"`` (the operators and everything else) or
         None (both). Reads, lists and deletes still work; rate 0 lifts the rule (``emulator.faults``)."""
         scheme, _, rest = prefix_uri.partition("://")
         if scheme not in ("s3", "gs") or not rest:
             raise ValueError(
                 f"prefix_uri must be s3://bucket/prefix or gs://bucket/prefix; got {prefix_uri!r}"
             )
-        self._throttle.fail_writes(rate, "s3" if scheme == "s3" else "storage", rest, side, seed)
+        self._throttle.fail_writes(rate, "s3" if scheme == "s3" else "storage", rest, side, seed, kind)
 
     def clear_faults(self) -> None:
         """No capacity faults, no throttling and no server errors any more, in every cloud."""

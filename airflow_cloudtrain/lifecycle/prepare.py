@@ -171,12 +171,11 @@ def write_run_folder(
     ``worker`` (``workqueue.WorkerSettings`` as a dict) makes it a fleet's spec: every instance
     launched with it runs items from the queue instead of one job."""
     from airflow_cloudtrain.contract.bootstrap import build_agent_zip
-    from airflow_cloudtrain.core.retry import call_with_retry
 
     code_uri = config.code
     if code_uri and not code_uri.startswith(("s3://", "gs://")):
         payload = pack_code(code_uri)
-        call_with_retry(lambda: folder.put_bytes(CODE_KEY, payload))
+        _write(folder, CODE_KEY, payload)
         log.info("Uploaded code from %s (%d bytes)", code_uri, len(payload))
         code_uri = join(run_uri, CODE_KEY)
     spec = RunSpec(
@@ -208,9 +207,22 @@ def write_run_folder(
         spec.num_nodes = gang.num_nodes
         spec.gang_timeout_s = gang.gang_timeout_s
         spec.master_port = gang.master_port
-    call_with_retry(lambda: folder.put_text(SPEC_KEY, spec.to_json()))
-    agent = build_agent_zip()
-    call_with_retry(lambda: folder.put_bytes(AGENT_KEY, agent))
+    _write(folder, SPEC_KEY, spec.to_json().encode("utf-8"))
+    _write(folder, AGENT_KEY, build_agent_zip())
+
+
+def _write(folder: RunFolder, key: str, data: bytes) -> None:
+    """One object of the run folder, through throttling and server errors (``call_with_retry``). A
+    refusal that retrying cannot fix names the object it refused: S3's ``AccessDenied`` (a bucket
+    policy, an IAM change) names neither bucket nor key by itself."""
+    from airflow_cloudtrain.core.retry import call_with_retry, is_transient
+
+    try:
+        call_with_retry(lambda: folder.put_bytes(key, data))
+    except Exception as err:
+        if is_transient(err):  # the retries' budget is spent: the error says what it is
+            raise
+        raise RuntimeError(f"Could not write {folder.uri}/{key}: {type(err).__name__}: {err}") from err
 
 
 def pack_code(path_text: str) -> bytes:

@@ -111,3 +111,25 @@ def test_hooks_share_parsed_service_models_and_still_reach_ec2(emu) -> None:
     model = first.get_session()._session.get_component("data_loader").load_service_model("ec2", "service-2")
     assert type(model) is dict and type(model["shapes"]["Instance"]) is dict  # not OrderedDict
     assert "Reservations" in second.client("ec2").describe_instances(MaxResults=5)
+
+
+def test_a_launchs_lookups_ride_out_throttling(cloud, emu) -> None:
+    """The default image and its root device are looked up through throttling, as RunInstances is:
+    botocore's own retries alone failed a gang's launch under 30% throttling (campaign s016). A client
+    without SDK retries shows our own: one refused call each, then the answer."""
+    from botocore.config import Config
+
+    from airflow_cloudtrain.clouds.aws.ec2 import AwsCloud
+
+    once = Config(retries={"total_max_attempts": 1})
+    bare = AwsCloud(boto3.client("ec2", config=once), "us-east-1", boto3.client("ssm", config=once))
+    emu.throttle(0.5, api=["DescribeImages", "GetParameter"], seed=1)  # draws 0.13, then 0.85
+    emu.reset_counts()
+    try:
+        image = bare.default_image(0)
+        emu.throttle(0.5, api=["DescribeImages", "GetParameter"], seed=1)
+        assert bare.root_device(image) == cloud.root_device(image)
+    finally:
+        emu.clear_faults()
+    counts = emu.request_counts()
+    assert counts["throttled:GetParameter"] == 1 and counts["throttled:DescribeImages"] == 1, counts

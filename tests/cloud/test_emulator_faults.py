@@ -458,3 +458,30 @@ def test_writes_under_a_run_folder_fail_for_the_side_asked_while_reads_go_on(emu
         emu.clear_faults()
     s3.put_object(Bucket=DEFAULT_BUCKET, Key=f"{folder}status.json", Body=b"{}")
     assert emu.request_counts().get("unavailable:PutObject") == 1
+
+
+def test_writes_under_a_run_folder_can_be_refused_as_access_denied(emu) -> None:
+    """``fail_writes(kind="denied")``: what a bucket policy or an IAM change that lands mid-run does to a
+    run folder: S3's 403 ``AccessDenied``, GCS's 403 naming ``storage.objects.create``; reads go on."""
+    folder = f"faults/{uuid.uuid4().hex[:8]}/"
+    s3 = boto3.client("s3", config=NO_RETRIES)
+    bucket = storage.Client(project="cloudtrain-emulated").bucket(DEFAULT_BUCKET)
+    s3.put_object(Bucket=DEFAULT_BUCKET, Key=f"{folder}spec.json", Body=b"{}")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        emu.fail_writes(f"s3://{DEFAULT_BUCKET}/{folder}", kind="throttled")
+    emu.fail_writes(f"s3://{DEFAULT_BUCKET}/{folder}", kind="denied")
+    emu.fail_writes(f"gs://{DEFAULT_BUCKET}/{folder}", kind="denied", seed=None)
+    try:
+        with pytest.raises(ClientError) as info:
+            s3.put_object(Bucket=DEFAULT_BUCKET, Key=f"{folder}status.json", Body=b"{}")
+        assert info.value.response["Error"]["Code"] == "AccessDenied"
+        assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+        with pytest.raises(gexc.Forbidden, match="storage.objects.create"):
+            bucket.blob(f"{folder}status.json").upload_from_string(b"{}", retry=None)
+        assert s3.get_object(Bucket=DEFAULT_BUCKET, Key=f"{folder}spec.json")["Body"].read() == b"{}"
+        emu.fail_writes(f"s3://{DEFAULT_BUCKET}/{folder}", 0.0, kind="denied", seed=None)  # lifted
+        s3.put_object(Bucket=DEFAULT_BUCKET, Key=f"{folder}status.json", Body=b"{}")
+    finally:
+        emu.clear_faults()
+    counts = emu.request_counts()
+    assert counts.get("denied:PutObject") == 1 and counts.get("denied:objects.insert") == 1, counts

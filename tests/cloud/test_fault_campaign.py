@@ -8,6 +8,7 @@ The whole campaign (200 scenarios) runs in ``make faults``; docs/reliability.md 
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -93,6 +94,79 @@ def test_a_task_cleared_while_it_runs_relaunches_cleanly(emu, airflow_db, deferr
     result = faults.run_scenario(asdict(scenario))
     assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
     assert result["tries"] == ["killed", "success"], result
+
+
+@pytest.mark.faults  # a dag.test() run each: make faults
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("at", [-1.0, 0.0], ids=["before_the_run", "from_its_first_object"])
+def test_a_run_folder_whose_writes_are_denied_fails_naming_it_and_leaves_nothing(
+    emu, airflow_db, at: float
+) -> None:
+    """``folder_denied_long``: every write to the run folder, the operator's and the agent's, refused as
+    access denied (S3 403 ``AccessDenied``: a bucket policy or an IAM change) until the task ended, from
+    before the run (the operator's first write: the spec or the code, before any launch) or from the
+    moment its first object appeared (the instance runs; the agent's results upload is refused).
+    Access denied is not transient, so nothing retries it: the task fails naming the refusal and the
+    object refused, its instance (if any) is released and nothing is left."""
+    faults = _campaign()
+    faults._EMU, faults._HOME = emu, dags_folder().parent
+    scenario = faults.Scenario(
+        f"s{910 if at < 0 else 911}",
+        SEED,
+        "train",
+        "ec2",
+        False,
+        [faults.FOLDER_DENIED_LONG],
+        2.0,
+        "both",
+        at,
+    )
+    before = emu.request_counts().get("denied:PutObject", 0)
+    result = faults.run_scenario(asdict(scenario))
+    assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
+    assert result["tries"] == ["failed"], result
+    assert emu.request_counts().get("denied:PutObject", 0) > before  # the writes were refused
+    log = (dags_folder() / f"{scenario.dag_id}-try1.log").read_text()
+    where = f"{faults.BUCKETS['aws']}/runs/{scenario.dag_id}/"  # the refused object, in the task's error
+    raised = [x for x in log.splitlines() if re.match(r"[\w.]+(Error|Exception): ", x)]
+    assert any("AccessDenied" in x and where in x for x in raised), raised
+
+
+@pytest.mark.faults  # a dag.test() run: make faults
+@pytest.mark.timeout(1800)
+def test_a_gang_whose_agents_cannot_write_fails_with_their_own_words(emu, airflow_db) -> None:
+    """``folder_denied_long`` on the agents' side of a 2-node gang (campaign s018): each node's gang
+    record is refused, its agent fails the job and cannot write its final status either; the end
+    marker in the live index (another prefix) carries its message. The gang's wait reads it, as the
+    single run's does: the task fails naming the refusal, not "the instance being TERMINATED"."""
+    faults = _campaign()
+    faults._EMU, faults._HOME = emu, dags_folder().parent
+    scenario = faults.Scenario(
+        "s918", SEED, "gang", "gcspot", False, [faults.FOLDER_DENIED_LONG], 2.0, "agent", -1.0
+    )
+    result = faults.run_scenario(asdict(scenario))
+    assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
+    assert result["tries"] == ["failed"], result
+    log = (dags_folder() / f"{scenario.dag_id}-try1.log").read_text()
+    assert "storage.objects.create" in log and "being TERMINATED" not in log
+
+
+@pytest.mark.faults  # a dag.test() run each: make faults
+@pytest.mark.timeout(1800)
+@pytest.mark.parametrize("deferrable", [False, True], ids=["blocking", "deferrable"])
+def test_a_task_marked_failed_while_it_runs_is_released_and_never_relaunched(
+    emu, airflow_db, deferrable: bool
+) -> None:
+    """The ``marked_failed`` fault: the task is marked failed by hand 3 s into its wait (blocking: SIGTERM,
+    the operator's ``on_kill``) or its deferral (the triggerer calls the trigger's ``on_kill``); unlike
+    ``cleared``, no try follows. The run is released, nothing is left, and its one instance is all it
+    ever launched."""
+    faults = _campaign()
+    faults._EMU, faults._HOME = emu, dags_folder().parent
+    scenario = faults.Scenario("s914", SEED, "train", "ec2", deferrable, [faults.MARKED_FAILED], 3.0)
+    result = faults.run_scenario(asdict(scenario))
+    assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
+    assert result["tries"] == ["killed"], result
 
 
 @pytest.mark.faults  # a dag.test() run: make faults

@@ -113,6 +113,30 @@ def test_throttled_polls_and_an_unreadable_log_do_not_end_the_wait(emu, capfd, f
     assert "Reading the job's log failed" in "".join(capfd.readouterr())
 
 
+@pytest.mark.parametrize("fault", ["throttled", "unavailable"])
+def test_a_refused_submit_is_retried_and_makes_one_job(emu, fault: str) -> None:
+    """Throttling (429) or a server error (503) on ``customJobs.create`` is ridden out, as on every other
+    call (it failed the task: campaign scenario s006), and never makes a second job: after a failed
+    create the next attempt looks for the job by run key first."""
+    refuse = emu.throttle if fault == "throttled" else emu.unavailable
+    refuse(0.5, api="customJobs.create", seed=1)  # seed 1 draws 0.13, then 0.85: the first create only
+    emu.reset_counts()
+    key = RunKey("trigger_tests", f"{fault}-submit", "r1", -1, BUCKET)
+    config = parse_job_config(
+        {"region": "us-central1", "bucket": BUCKET, "code": CODE, "python_module": "trainer.task",
+         "scale_tier": "BASIC", "training_args": ["--steps", "2", "--step-s", "0.1"]}
+    )  # fmt: skip
+    run = VertexJobRun(config, key, VertexHook())
+    try:
+        job = run.start()
+    finally:
+        emu.clear_faults()
+        run.cancel()
+    counts = emu.request_counts()
+    assert counts.get(f"{fault}:customJobs.create") == 1 and counts["customJobs.create"] == 2, counts
+    assert [j.name for j in run.jobs.find(key.digest)] == [job.name]
+
+
 def conn_through(monkeypatch: pytest.MonkeyPatch, conn_id: str, vertex_endpoint: str) -> None:
     """Connection ``conn_id``: the emulator's Google connection with its Vertex AI endpoint replaced."""
     conn = json.loads(os.environ["AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from airflow_cloudtrain.clouds.aws.errors import map_client_error
@@ -101,6 +101,15 @@ def to_instance(raw: dict[str, Any]) -> Instance:
     )
 
 
+def _ridden_out(call: Callable[[], Any]) -> Any:
+    """A launch's calls through throttling and 5xx for 3 minutes: RunInstances (its client token makes
+    a repeated call safe) and its lookups (the default image, its root device), where botocore's own 4
+    retries alone failed a gang's launch under 30% throttling (fault campaign s016)."""
+    from airflow_cloudtrain.core.retry import TransientBudget, call_with_retry
+
+    return call_with_retry(call, TransientBudget(budget_s=180.0))
+
+
 class AwsCloud(Cloud):
     """EC2 in one region, through clients the caller built (from an Airflow connection)."""
 
@@ -122,8 +131,9 @@ class AwsCloud(Cloud):
         param = GPU_IMAGE_PARAM if gpus else CPU_IMAGE_PARAM
         if self.ssm is None:
             raise InvalidRequest("no image_id given and no SSM client to look up the default image")
+        ssm = self.ssm
         try:
-            return self.ssm.get_parameter(Name=param)["Parameter"]["Value"]
+            return str(_ridden_out(lambda: ssm.get_parameter(Name=param))["Parameter"]["Value"])
         except Exception as err:
             raise InvalidRequest(
                 f"no image_id given and the default image parameter {param} is not readable in "
@@ -134,7 +144,7 @@ class AwsCloud(Cloud):
         """The image's root device (``/dev/xvda`` on Amazon Linux, ``/dev/sda1`` on Ubuntu): mapping
         another name would add an empty volume and leave the real root unsized and unencrypted."""
         try:
-            images = self.ec2.describe_images(ImageIds=[image_id])["Images"]
+            images = _ridden_out(lambda: self.ec2.describe_images(ImageIds=[image_id]))["Images"]
         except Exception as err:
             raise map_client_error(err) from err
         return (images[0].get("RootDeviceName") if images else None) or "/dev/xvda"
@@ -163,7 +173,6 @@ class AwsCloud(Cloud):
             if request.max_price is not None:
                 spot["MaxPrice"] = f"{request.max_price:.6f}"
             kwargs["InstanceMarketOptions"] = {"MarketType": "spot", "SpotOptions": spot}
-        from airflow_cloudtrain.core.retry import TransientBudget, call_with_retry
 
         def run() -> Any:
             try:
@@ -171,7 +180,7 @@ class AwsCloud(Cloud):
             except Exception as err:
                 raise map_client_error(err) from err
 
-        response = call_with_retry(run, TransientBudget(budget_s=180.0))
+        response = _ridden_out(run)
         return to_instance(response["Instances"][0])
 
     def find(self, run_key_digest: str, ended: bool = False) -> list[Instance]:

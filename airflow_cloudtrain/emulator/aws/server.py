@@ -3,7 +3,8 @@
 The layer records which side made which call (``emulator.calls``), counts requests per operation (``DescribeInstances``, ``GetObject``, ...; the emulator's own
 excluded), answers the Pricing API and DescribeSpotPriceHistory from the price snapshot (``pricing``),
 refuses a share of them as throttled when asked (``RequestLimitExceeded`` for EC2,
-``SlowDown`` for S3, ``Throttling``/``ThrottlingException`` elsewhere), answers RunInstances of a type
+``SlowDown`` for S3, ``Throttling``/``ThrottlingException`` elsewhere), with the service's server error,
+or (a run folder's writes, ``fail_writes``) with S3's 403 ``AccessDenied`` (``wire.refused``), answers RunInstances of a type
 without capacity with ``InsufficientInstanceCapacity``, serves the placement groups moto lacks
 (``placement``), and sends one ``Server`` header, not moto's
 ``amazon.com`` on top of Werkzeug's (aiohttp rejects a repeated one in debug mode). Requests that
@@ -25,7 +26,7 @@ from typing import Any
 
 from airflow_cloudtrain.emulator import calls
 from airflow_cloudtrain.emulator.aws import groups, placement, pricing, ranges, wire
-from airflow_cloudtrain.emulator.faults import THROTTLED, Throttle, is_own
+from airflow_cloudtrain.emulator.faults import Throttle, is_own
 from airflow_cloudtrain.emulator.serving import InThread
 
 
@@ -72,8 +73,9 @@ class FaultsAndCounts:
                     self.counts[f"{fault}:{call.operation}"] += 1
             if fault:
                 _read_body(environ)  # drain what the client sends before answering
-                answer = wire.throttled if fault == THROTTLED else wire.unavailable
-                return self._send(start_response, answer(call, environ.get("REQUEST_METHOD", "")))
+                return self._send(
+                    start_response, wire.refused(call, environ.get("REQUEST_METHOD", ""), fault)
+                )
         if call.protocol == "json" and environ.get("HTTP_X_AMZ_TARGET", "").startswith(
             "AWSPriceListService."
         ):

@@ -108,6 +108,16 @@ _REFUSALS: dict[str, dict[str, tuple[str, str, str]]] = {
         "json": ("500 Internal Server Error", "InternalFailure", "Internal failure"),
         "rest-json": ("503 Service Unavailable", "ServiceUnavailableException", "Service unavailable"),
     },
+    # a bucket policy or an IAM change took the permission away: only S3 object writes get it
+    # (``fail_writes(kind=DENIED)``); the other protocols would fall back to the rest-json answer
+    "denied": {
+        "s3": ("403 Forbidden", "AccessDenied", "Access Denied"),
+        "rest-json": (
+            "403 Forbidden",
+            "AccessDeniedException",
+            "User is not authorized to perform this action",
+        ),
+    },
 }
 
 
@@ -123,7 +133,8 @@ def unavailable(call: Call, method: str) -> Reply:
 
 
 def refused(call: Call, method: str, fault: str) -> Reply:
-    """A refused request (``fault``: ``throttled`` or ``unavailable``) in the protocol of the call."""
+    """A refused request (``fault``: ``throttled``, ``unavailable`` or ``denied``) in the protocol of the
+    call."""
     rid = str(uuid.uuid4())
     table = _REFUSALS[fault]
     status, code, message = table.get(call.protocol, table["rest-json"])
@@ -141,7 +152,7 @@ def refused(call: Call, method: str, fault: str) -> Reply:
         payload = b"" if method == "HEAD" else body.encode()
         return _reply(status, "application/xml", payload, ("x-amz-request-id", rid))
     if call.protocol == "query":
-        kind = "Sender" if fault == "throttled" else "Receiver"
+        kind = "Receiver" if fault == "unavailable" else "Sender"
         body = (
             f'<ErrorResponse xmlns="https://{call.service}.amazonaws.com/doc/"><Error><Type>{kind}</Type>'
             f"<Code>{code}</Code><Message>{escape(message)}</Message></Error>"

@@ -25,7 +25,8 @@ The package serves what the client uses (bucket create/get, media, multipart and
 Requests are counted per JSON API method (``objects.get``, ``objects.insert``, ``objects.list``, ...;
 ``counts()``), the emulator's own excluded, and a share of them can be refused as throttled
 (``throttle.set(rate, api)``, see ``emulator.faults``): HTTP 429 ``rateLimitExceeded`` in GCS's JSON
-error format, counted also as ``throttled:<method>``.
+error format, counted also as ``throttled:<method>``; a run folder's writes can be refused with a 503
+or a 403 ``forbidden`` (``fail_writes``), counted as ``unavailable:`` / ``denied:<method>``.
 """
 
 from __future__ import annotations
@@ -43,8 +44,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
-from airflow_cloudtrain.emulator.faults import THROTTLED, Throttle
-from airflow_cloudtrain.emulator.gcp.rest import Tally, unavailable
+from airflow_cloudtrain.emulator.faults import DENIED, THROTTLED, Throttle
+from airflow_cloudtrain.emulator.gcp.rest import Tally, denied, unavailable
 from airflow_cloudtrain.emulator.serving import InThread
 
 _OBJECTS = re.compile(r"(?:/storage/v1)?/b/([-.\w]+)/o")
@@ -239,7 +240,7 @@ class GcsServer:
             self._serving = None
 
     def _throttled(self, handler: BaseHTTPRequestHandler) -> bool:
-        """Count the request; True (and the 429, or the 503 of a fault, sent) when it is refused."""
+        """Count the request; True (and the 429, or the 503 or 403 of a fault, sent) when it is refused."""
         method = gcs_method(handler.command, handler.path)
         body = None
         obj = None
@@ -257,6 +258,8 @@ class GcsServer:
         if fault == THROTTLED:
             error = {"message": _THROTTLED, "domain": "usageLimits", "reason": "rateLimitExceeded"}
             _send_json(handler, 429, {"error": {"code": 429, "message": _THROTTLED, "errors": [error]}})
+        elif fault == DENIED:  # a bucket policy or an IAM change took the write permission away
+            _send_json(handler, 403, denied("storage.objects.create").body())
         else:
             _send_json(handler, 503, unavailable().body())
         handler.close_connection = True

@@ -125,6 +125,17 @@ def unavailable() -> GoogleError:
     )
 
 
+def denied(permission: str) -> GoogleError:
+    """A Google API's 403 (``forbidden``), what a request gets once an IAM change or a bucket policy
+    took ``permission`` away (``Throttle.fail_writes(kind=DENIED)``)."""
+    message = (
+        f"cloudtrain-emulated@cloudtrain-emulated.iam.gserviceaccount.com does not have {permission} "
+        f"access to the Google Cloud Storage object. Permission '{permission}' denied on resource "
+        "(or it may not exist)."
+    )
+    return GoogleError(403, message, errors=[{"message": message, "domain": "global", "reason": "forbidden"}])
+
+
 class GoogleRestServer:
     """A Google REST API on 127.0.0.1 (random port) in a daemon thread: the pipeline of the module doc.
 

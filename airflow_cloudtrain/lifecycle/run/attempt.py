@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.contract.errors import CloudError
 from airflow_cloudtrain.contract.runs import RunStatus, heartbeat_key, join, status_key
-from airflow_cloudtrain.core.cloud import ALIVE_STATES, ENDED_STATES, STOPPED
+from airflow_cloudtrain.core.cloud import ALIVE_STATES, ended
 from airflow_cloudtrain.core.engine import poll_until
 from airflow_cloudtrain.core.lease import LeaseRenewer, say_orphaned
 from airflow_cloudtrain.core.ledger import ResourceLedger, store_get, store_set
@@ -50,11 +50,6 @@ if TYPE_CHECKING:
 
 LAUNCH_KEY = "cloudtrain_launch"  # task_state_store: the LaunchRecord of the current attempt
 DEADLINE_MARGIN_S = 600.0  # past max_runtime, the wait gives up on an agent that did not stop the job
-
-
-def ended(instance: Instance | None) -> bool:
-    """The instance is gone, terminated or stopped (its agent powered it off)."""
-    return instance is None or instance.state in ENDED_STATES or instance.state == STOPPED
 
 
 class RunKilled(RuntimeError):
@@ -598,18 +593,20 @@ class RunAttempt:
             check,
             lambda: self.killed,
             lambda iid: self.heartbeat(launch, iid),
+            lambda iid: self._end_marker(launch, iid),
         )
         self._unless_killed(by_kill)
         return outcome
 
-    def _end_marker(self, launch: LaunchRecord) -> RunStatus | None:
+    def _end_marker(self, launch: LaunchRecord, instance_id: str | None = None) -> RunStatus | None:
         """The final status the agent wrote last, in the live index (``<instance>.end``): what an
-        ended instance's run says when its run folder refused the final ``status.json``."""
+        ended instance's (or gang node's) run says when its run folder refused the final
+        ``status.json``."""
         from airflow_cloudtrain.contract.runs import end_name
 
         if not launch.live_uri:
             return None
-        raw = self._live_folder(launch).get_text(end_name(launch.instance_id))
+        raw = self._live_folder(launch).get_text(end_name(instance_id or launch.instance_id))
         return RunStatus.from_json(raw) if raw else None
 
     def heartbeat(self, launch: LaunchRecord, instance_id: str | None = None) -> float | None:

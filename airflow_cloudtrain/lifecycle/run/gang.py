@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.contract.gang import NODES_PREFIX, RANKS_KEY, ranks_json
 from airflow_cloudtrain.contract.runs import RunStatus, status_key
-from airflow_cloudtrain.core.cloud import ALIVE_STATES
+from airflow_cloudtrain.core.cloud import ALIVE_STATES, ended
 from airflow_cloudtrain.core.retry import TransientBudget, call_with_retry
 
 if TYPE_CHECKING:
@@ -174,8 +174,11 @@ class Gang:
         check: Callable[[], None],
         stopped: Callable[[], bool],
         heartbeat: Callable[[str], float | None],
+        end_marker: Callable[[str], RunStatus | None] = lambda iid: None,
     ) -> Outcome:
-        """Until the gang's one outcome, every followed node's log in the task log (``[rank N]``)."""
+        """Until the gang's one outcome, every followed node's log in the task log (``[rank N]``).
+        ``end_marker``: a node's final status from the live index, read once it ended without one in
+        the run folder (refused: an access denied), as the single run's wait does."""
         from airflow_cloudtrain.core.engine import poll_until
         from airflow_cloudtrain.core.logstream import LogFollower, render_line
 
@@ -195,7 +198,11 @@ class Gang:
             statuses = [RunStatus.from_json(raw) if raw else None for raw in raws]
             beats = [heartbeat(iid) for iid in ids]
             described = cloud.describe(ids)  # one call for the whole gang
-            return watch.decide(statuses, [described.get(iid) for iid in ids], beats)
+            nodes = [described.get(iid) for iid in ids]
+            for n, (iid, node, status) in enumerate(zip(ids, nodes, statuses, strict=True)):
+                if (status is None or not status.final) and ended(node):
+                    statuses[n] = end_marker(iid) or status
+            return watch.decide(statuses, nodes, beats)
 
         def transient(err: BaseException, delay: float) -> None:
             self.log.warning("Transient error while waiting (%s); polling again in %.0f s", err, delay)

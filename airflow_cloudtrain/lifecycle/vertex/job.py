@@ -122,7 +122,7 @@ class VertexJobRun:
             )
             return job
         try:
-            return self._submit()
+            return self._submit({j.name for j in earlier})
         except BaseException:
             self.cancel()  # a create that went through before the failure must not run on
             raise
@@ -227,7 +227,7 @@ class VertexJobRun:
             spec["service_account"] = c.service_account
         return {"display_name": job_id, "job_spec": spec, "labels": labels}
 
-    def _submit(self) -> JobRecord:
+    def _submit(self, earlier: set[str]) -> JobRecord:
         job_id = self.job_id()
         job_dir, resumed_from = self.resolve_folder(job_id)
         packages = list(self.config.packages)
@@ -239,7 +239,7 @@ class VertexJobRun:
         if self.killed.is_set():
             raise JobKilled("the task was killed before its Vertex AI job was submitted")
         entry = self.ledger.intend(KIND, self.config.region)
-        job = self.jobs.create(body)  # not retried: a second create could make a second job
+        job = self._create(body, earlier)
         self.ledger.created(entry, job.name, job.region)
         self.log.info(
             "Submitted Vertex AI job %s (%s) writing to %s%s",
@@ -251,6 +251,33 @@ class VertexJobRun:
         if self.killed.is_set():
             raise JobKilled("the task was killed while its Vertex AI job was being submitted")
         return job
+
+    def _create(self, body: dict[str, Any], earlier: set[str]) -> JobRecord:
+        """Submit the job once, through throttling and server errors (README: throttling is ridden
+        out). A refused create (429) made nothing, but a 5xx or a dropped connection may come after
+        the job was made, and Vertex's create takes no request id: so once a create failed, every
+        next attempt first lists the run key's jobs and takes a new one (not in ``earlier``, the jobs
+        that were there before) instead of creating a second job."""
+        failed = [False]
+
+        def once() -> JobRecord:
+            if self.killed.is_set():  # not transient: the retries stop
+                raise JobKilled("the task was killed while its Vertex AI job was being submitted")
+            if failed[0]:
+                made = [j for j in self.jobs.find(self.key.digest) if j.name not in earlier]
+                if made:
+                    self.log.info("The failed create of %s went through: taking it", made[0].name)
+                    return made[0]
+            try:
+                return self.jobs.create(body)
+            except Exception:
+                failed[0] = True
+                raise
+
+        def retrying(err: BaseException, delay: float) -> None:
+            self.log.warning("Submitting the Vertex AI job failed (%s); retrying in %.0f s", err, delay)
+
+        return call_with_retry(once, on_retry=retrying)
 
     # --- wait (blocking) --------------------------------------------------------------------------
 
