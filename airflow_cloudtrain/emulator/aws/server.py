@@ -11,7 +11,9 @@ may change Auto Scaling groups (every Auto Scaling request, and EC2 TerminateIns
 replaces members) go through ``groups.request``: one at a time with the emulator's group reconcile,
 new members placed on their market before the answer (``groups``); where moto fails on a group or
 instance that is not there (KeyError, StopIteration: an HTTP 500 and a traceback) they get Auto
-Scaling's ValidationError. Ranged GetObject is answered from the object's buffer (``ranges``).
+Scaling's ValidationError. Ranged GetObject is answered from the object's buffer (``ranges``), and a
+completed multipart upload is streamed into its object's spooled file, not joined in memory
+(``bigkeys``, installed at start).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections import Counter
 from typing import Any
 
 from airflow_cloudtrain.emulator import calls
-from airflow_cloudtrain.emulator.aws import groups, placement, pricing, ranges, wire
+from airflow_cloudtrain.emulator.aws import bigkeys, groups, placement, pricing, ranges, wire
 from airflow_cloudtrain.emulator.faults import THROTTLED, Throttle, is_own
 from airflow_cloudtrain.emulator.serving import InThread
 
@@ -181,6 +183,7 @@ class MotoServer:
         from moto.moto_server.werkzeug_app import MotoRequestHandler
         from werkzeug.serving import make_server
 
+        bigkeys.install()  # before any request: big objects on disk, or no start (``MotoChanged``)
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request drowns the task log
         server = make_server(
             "127.0.0.1", port, self.middleware, threaded=True, request_handler=MotoRequestHandler
