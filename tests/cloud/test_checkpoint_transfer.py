@@ -134,6 +134,11 @@ def test_the_emulated_s3_serves_ranges_as_s3_does(emu: Any, tmp_path: Path) -> N
     assert got["ETag"] == etag and got["ContentLength"] == 2_000_000
     tail = client.get_object(Bucket=folder.bucket, Key=key, Range=f"bytes={len(data) - 5}-{len(data) + 100}")
     assert tail["Body"].read() == data[-5:]
+    rest = client.get_object(Bucket=folder.bucket, Key=key, Range=f"bytes={3 * MiB}-")  # s3transfer's last
+    assert (
+        rest["Body"].read() == data[3 * MiB :]
+        and rest["ContentRange"] == f"bytes {3 * MiB}-{len(data) - 1}/{len(data)}"
+    )
     with pytest.raises(ClientError) as err:
         client.get_object(Bucket=folder.bucket, Key=key, Range="bytes=0-9", IfMatch='"0000"')
     assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412

@@ -9,6 +9,7 @@ compose, a copy, ranged and whole GETs with md5 checked). Cheap: ~25 MB moved in
 from __future__ import annotations
 
 import os
+import pickle
 import uuid
 from typing import Any
 
@@ -94,8 +95,11 @@ def test_the_gcs_emulators_files_go_when_it_stops() -> None:
     server.start()
     try:
         server.create_bucket("big-objects")
-        server._storage.create_file("big-objects", "a.bin", os.urandom(2 * MiB), {"name": "a.bin"})
+        data = os.urandom(2 * MiB)
+        server._storage.create_file("big-objects", "a.bin", data, {"name": "a.bin"})
         assert server.on_disk("big-objects", "a.bin")
+        saved = pickle.dumps(server._storage._store._files["big-objects/a.bin"])  # emulator.state's way
+        assert pickle.loads(saved) == data  # a saved state carries the bytes, not the file's path
         files = server._storage._store.dir
         assert len(os.listdir(files)) == 1
     finally:

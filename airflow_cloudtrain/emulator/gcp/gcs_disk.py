@@ -134,22 +134,14 @@ def crc32c_combine(first: int, second: int, second_length: int) -> int:
     polynomial): how GCS knows a composite object's crc32c without reading it."""
     if second_length <= 0:
         return first
-    odd = [_CASTAGNOLI] + [1 << n for n in range(31)]  # one zero bit
-    even = _gf2_square(odd)  # two zero bits
-    odd = _gf2_square(even)  # four zero bits
-    while True:
-        even = _gf2_square(odd)
+    matrix = [_CASTAGNOLI] + [1 << n for n in range(31)]  # appending one zero bit
+    for _ in range(3):
+        matrix = _gf2_square(matrix)  # two, four, eight zero bits: one zero byte
+    while second_length:  # append len(B) zero bytes to A's CRC, a power of two at a time
         if second_length & 1:
-            first = _gf2_times(even, first)
+            first = _gf2_times(matrix, first)
         second_length >>= 1
-        if not second_length:
-            break
-        odd = _gf2_square(even)
-        if second_length & 1:
-            first = _gf2_times(odd, first)
-        second_length >>= 1
-        if not second_length:
-            break
+        matrix = _gf2_square(matrix)
     return first ^ second
 
 
