@@ -42,7 +42,8 @@ class DiskBlob:
         self.extents = extents
         self.temp = temp
         self.size = sum(length for _, length in extents)
-        self.sums: dict[str, str] = {}  # "md5", "crc32c" (base64), filled by checksums()
+        self.sums: dict[str, str] = {}  # "md5", "crc32c" (base64), filled by checksum()
+        self.running: Any = None  # (md5, crc32c) hash objects of an upload appended to (``append``)
 
     def __len__(self) -> int:
         return self.size
@@ -250,15 +251,31 @@ def disk_store(base: type, threshold: int) -> Any:
                     self._release(entry)
 
         def append(self, rel: str, content: bytes) -> DiskBlob:
-            """Grow the file at ``rel`` (a resumable upload's, on disk from its first byte)."""
+            """Grow the file at ``rel`` (a resumable upload's, on disk from its first byte), its md5
+            and crc32c kept up to date, so the upload's end reads nothing back."""
+            import google_crc32c
+
             rel = self._norm(rel)
             entry = self._files.get(rel)
             if not isinstance(entry, DiskBlob):
                 entry = DiskBlob([(self._file(entry or b""), len(entry or b""))])
+            running = entry.running
+            if running is None:
+                running = (hashlib.md5(usedforsecurity=False), google_crc32c.Checksum())
+                for block in entry.pieces():
+                    running[0].update(block)
+                    running[1].update(block)
             path, length = entry.extents[0]
             with open(path, "ab") as handle:
                 handle.write(content)
+            running[0].update(content)
+            running[1].update(content)
             grown = DiskBlob([(path, length + len(content))])
+            grown.running = running
+            grown.sums = {
+                "md5": base64.b64encode(running[0].digest()).decode("ascii"),
+                "crc32c": base64.b64encode(running[1].digest()).decode("ascii"),
+            }
             super().write_bytes(rel, grown)
             return grown
 
