@@ -13,7 +13,11 @@ new members placed on their market before the answer (``groups``); where moto fa
 instance that is not there (KeyError, StopIteration: an HTTP 500 and a traceback) they get Auto
 Scaling's ValidationError. Ranged GetObject is answered from the object's buffer (``ranges``), and a
 completed multipart upload is streamed into its object's spooled file, not joined in memory
-(``bigkeys``, installed at start).
+(``bigkeys``, installed at start). That copy takes a while for a big object (16 GB: about a minute
+here), longer than boto3's 60 s read timeout, and boto3 then sends the same CompleteMultipartUpload
+again; moto answers a repeated one from the finished object, but one that runs beside the first
+reads parts the first has just disposed of (a 500). So completions run one at a time: the retry
+waits for the first and gets its object.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class FaultsAndCounts:
         self.placement_groups = placement.PlacementGroups()  # moto has none (``placement``)
         self.spot_prices = pricing.SpotPrices()  # ``Emulator.set_spot_price``
         self.counts: Counter[str] = Counter()
+        self.completing = threading.Lock()  # CompleteMultipartUpload (see the module doc)
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
         form: dict[str, list[str]] = {}
@@ -126,6 +131,9 @@ class FaultsAndCounts:
                         raise
                     instance = (form.get("InstanceId") or ["?"])[0]
                     return self._send(start_response, wire.instance_not_in_group(instance))
+        if call.operation == "CompleteMultipartUpload":  # one at a time: a retry waits for the first
+            with self.completing:
+                return self.app(environ, _one_server_header(start_response))
         return self.app(environ, _one_server_header(start_response))
 
     def _launch_into(self, environ: dict[str, Any], start_response: Any, region: str, group: str) -> Any:

@@ -12,8 +12,12 @@ intermediate composes, and the final object) cannot be held on a 24 GB machine. 
   moved) and each object owns its own links: removing one never breaks another.
 * ``DiskBlob`` answers what the package's handlers ask of ``bytes``: ``len``, a slice (a ranged GET:
   only that range is read, by ``os.pread``), and a whole download streamed in pieces
-  (``StreamingWriter``); md5 and crc32c are computed in one streaming pass and kept with the blob.
-* ``append`` grows a resumable upload's file in place.
+  (``StreamingWriter``); md5 and crc32c, where not known already, are computed in one streaming pass
+  and kept with the blob.
+* ``append`` grows a resumable upload's file in place, its md5 and crc32c with it. It is the only
+  write into an existing file, and a session's file is linked to nothing until the upload ends.
+* A big compose gets its crc32c from its sources' (``crc32c_combine``) and no md5Hash, as on GCS;
+  a whole-object GET of it is sent the md5 its hash header names (``Md5OnWholeReads``).
 
 Small objects stay ``bytes`` in memory, as before. Nothing here is kept past the server: its temp dir
 is removed at ``GcsServer.stop``; a saved emulator state (``emulator.state``) pickles a blob as its bytes.
