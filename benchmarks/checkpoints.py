@@ -18,12 +18,14 @@ Per cloud (``--clouds``), each in a fresh Python process whose peak RSS (VmHWM o
                    hashes the file, uploads it, then the manifest) and the agent's own VmHWM.
 
 Goals: the uploading process stays under 300 MB whatever the size; 10 GB fits in AWS's 120 s notice at
-the emulator's throughput. The emulators run inside this process and keep what they are sent in
-memory: the GCS one every object, its composite parts and intermediate composes, and (soft delete)
-what was deleted too; moto grew past 11 GB within a minute of a 4 GB multipart upload (and a 4 GB
-case after the 1 GB GCS one was OOM-killed at 22 GB). ``EMULATOR_FACTOR`` is what a case is
-allowed to assume; a size the machine's available memory cannot hold is skipped and said so. Run
-big sizes one cloud at a time (``--clouds s3``) on a machine with the memory.
+the emulator's throughput. The emulators run inside this process and keep big objects on disk
+(moto's spooled files, a completed multipart upload streamed into one: ``emulator.aws.bigkeys``; the
+emulated GCS's files, composes as hard links: ``emulator.gcp.gcs_disk``), so a case needs disk, about
+three times its size (the checkpoint, the object, the restored copy; S3's parts for a moment): a size
+the free disk cannot hold is skipped and said so. The process's own peak RSS during a case (its
+VmHWM, reset before the case through ``/proc/self/clear_refs``) is the emulators' memory
+("emulator peak"). GCS soft delete is turned off on the bucket used (as a user may: retention 0),
+or every deleted part and object would stay on disk for 7 days, as they stay billed on GCS.
 
     python benchmarks/checkpoints.py [--sizes 1,4,16] [--clouds s3,gs] [--no-agent] [--no-naive]
 """
@@ -53,9 +55,6 @@ GB = 1024**3
 MB = 1024**2
 MEMORY_GOAL_MB = 300
 NOTICES = {"AWS (EC2 spot)": 120.0, "GCE (spot / preemptible)": 30.0}
-# the emulators' memory per byte of checkpoint (see the module doc), plus headroom for the rest
-EMULATOR_FACTOR = {"s3": 4.0, "gs": 6.0}
-HEADROOM = 3 * GB
 
 CHILD = r"""
 import json, sys, time
@@ -94,11 +93,24 @@ class Row:
     skipped: str = ""
 
 
-def available_bytes() -> int:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    return 0
+def reset_own_peak() -> bool:
+    """Reset this process's VmHWM to its current RSS (Linux 4.0+: ``5`` to ``clear_refs``)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        return False
+    return True
+
+
+def no_soft_delete(bucket: str) -> None:
+    """Turn GCS soft delete off on ``bucket`` of the emulated GCS (retention 0, as a user may)."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage
+
+    store = storage.Client(project="cloudtrain-emulated", credentials=AnonymousCredentials()).bucket(bucket)
+    store.reload()
+    store.soft_delete_policy.retention_duration_seconds = 0
+    store.patch()
 
 
 def write_checkpoint(path: Path, size: int) -> None:
@@ -224,6 +236,8 @@ def run(args: argparse.Namespace) -> list[Row]:
     tmp = Path(tempfile.mkdtemp(prefix="cloudtrain-ckpt-bench-", dir=args.tmp))
     try:
         with Emulator() as emu:
+            if "gs" in args.clouds:
+                no_soft_delete("cloudtrain-emulated")
             for size_gb in args.sizes:
                 size = int(size_gb * GB)
                 free_disk = shutil.disk_usage(tmp).free
@@ -231,22 +245,19 @@ def run(args: argparse.Namespace) -> list[Row]:
                     for cloud in args.clouds:
                         rows.append(Row(cloud, size_gb, skipped=f"{free_disk / GB:.0f} GB of disk free"))
                     continue
-                fits = [c for c in args.clouds if available_bytes() >= EMULATOR_FACTOR[c] * size + HEADROOM]
                 data = tmp / f"ckpt-{size_gb}g.bin"
-                if fits:
-                    write_checkpoint(data, size)
+                write_checkpoint(data, size)
                 for cloud in args.clouds:
                     row = Row(cloud, size_gb)
                     rows.append(row)
-                    need = EMULATOR_FACTOR[cloud] * size + HEADROOM
-                    if available_bytes() < need:
-                        row.skipped = (
-                            f"the emulator needs ~{need / GB:.0f} GB of memory, "
-                            f"{available_bytes() / GB:.0f} GB available"
-                        )
-                        print(f"{cloud} {size_gb} GB: skipped, {row.skipped}", flush=True)
-                        continue
+                    reset = reset_own_peak()
                     measure(emu, row, cloud, data, tmp, args, open_run_folder)
+                    if reset:
+                        row.results["emulator"] = {"rss_mb": vm_hwm_mb(os.getpid())}
+                    print(
+                        f"{cloud} {size_gb} GB emulator: {json.dumps(row.results.get('emulator'))}",
+                        flush=True,
+                    )
                 data.unlink(missing_ok=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -284,14 +295,15 @@ def print_tables(rows: list[Row]) -> None:
     print()
     head = (
         "| cloud | size | ours up MB/s | ours down MB/s | ours peak RSS up / down (MB) | naive up MB/s | "
-        "naive down MB/s | naive peak RSS up / down (MB) | agent: SIGTERM to manifest (s) | agent VmHWM (MB) |"
+        "naive down MB/s | naive peak RSS up / down (MB) | agent: SIGTERM to manifest (s) | agent VmHWM (MB) | "
+        "emulator peak RSS (MB) |"
     )
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for row in rows:
         name = {"s3": "S3 (moto)", "gs": "GCS (emulator)"}[row.cloud]
         if row.skipped:
-            print(f"| {name} | {row.size_gb:g} GB | skipped: {row.skipped} |" + " |" * 7)
+            print(f"| {name} | {row.size_gb:g} GB | skipped: {row.skipped} |" + " |" * 8)
             continue
         cells = [name, f"{row.size_gb:g} GB"]
         for mode in ("ours", "naive"):
@@ -306,6 +318,8 @@ def print_tables(rows: list[Row]) -> None:
             ]
         agent = row.results.get("agent")
         cells += [f"{agent['s']:.1f}", f"{agent['rss_mb']:.0f}"] if agent else ["-", "-"]
+        emulator = row.results.get("emulator")
+        cells.append(f"{emulator['rss_mb']:.0f}" if emulator and emulator.get("rss_mb") else "-")
         print("| " + " | ".join(cells) + " |")
     worst = max(
         (

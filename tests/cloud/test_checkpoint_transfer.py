@@ -55,6 +55,15 @@ def incomplete_uploads(folder: RunFolder) -> list[str]:
     return folder.list(".uploads/")
 
 
+def on_disk(emu: Any, folder: RunFolder, key: str) -> bool:
+    """Whether the emulated store keeps the object in a file (a big checkpoint: not in memory)."""
+    from airflow_cloudtrain.emulator.aws import bigkeys
+
+    if folder.scheme == "s3":
+        return bigkeys.on_disk(folder.bucket, folder._full(key))
+    return bool(emu.gcs.on_disk(folder.bucket, folder._full(key)))
+
+
 def part_requests(emu: Any, scheme: str) -> int:
     counts = emu.request_counts()
     return counts.get("UploadPart", 0) if scheme == "s3" else counts.get("objects.insert", 0)
@@ -70,6 +79,7 @@ def test_a_big_file_round_trips_in_parts(big: Any, tmp_path: Path) -> None:
     if folder.scheme == "gs":
         assert emu.request_counts().get("objects.compose", 0) >= 1
     assert folder.list("checkpoints/") == ["checkpoints/7/ckpt-00007.pt"]
+    assert on_disk(emu, folder, "checkpoints/7/ckpt-00007.pt")  # joined / composed on disk
     assert incomplete_uploads(folder) == []  # parts composed and deleted / upload completed
     assert [p.name for p in local.parent.iterdir()] == [local.name]  # the resume record is gone
 
@@ -124,6 +134,11 @@ def test_the_emulated_s3_serves_ranges_as_s3_does(emu: Any, tmp_path: Path) -> N
     assert got["ETag"] == etag and got["ContentLength"] == 2_000_000
     tail = client.get_object(Bucket=folder.bucket, Key=key, Range=f"bytes={len(data) - 5}-{len(data) + 100}")
     assert tail["Body"].read() == data[-5:]
+    rest = client.get_object(Bucket=folder.bucket, Key=key, Range=f"bytes={3 * MiB}-")  # s3transfer's last
+    assert (
+        rest["Body"].read() == data[3 * MiB :]
+        and rest["ContentRange"] == f"bytes {3 * MiB}-{len(data) - 1}/{len(data)}"
+    )
     with pytest.raises(ClientError) as err:
         client.get_object(Bucket=folder.bucket, Key=key, Range="bytes=0-9", IfMatch='"0000"')
     assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412

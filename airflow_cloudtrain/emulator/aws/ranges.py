@@ -3,8 +3,9 @@
 moto answers ``GET /bucket/key`` with ``Range: bytes=a-b`` by reading the whole object (its
 ``FakeKey.value``: a full read and a copy of the spooled file) and slicing it. A restore that fetches a
 4 GB checkpoint in 16 MiB ranges would then read 1 TB. Real S3 serves a range in the range's time, so
-the emulator's middleware (``server.FaultsAndCounts``) hands simple ranged GETs here: one ``bytes=a-b``
-range of an existing object, no query (no version, no part number), no SSE-C; ``If-Match`` honoured.
+the emulator's middleware (``server.FaultsAndCounts``) hands simple ranged GETs here: one
+range of an existing object (``bytes=a-b``, or ``bytes=a-`` to the end, as s3transfer asks for a
+download's last piece), no query (no version, no part number), no SSE-C; ``If-Match`` honoured.
 Everything else (and any object this cannot read) goes on to moto, which answers as before.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 
 from airflow_cloudtrain.emulator.aws import wire
 
-_RANGE = re.compile(r"bytes=(\d+)-(\d+)")
+_RANGE = re.compile(r"bytes=(\d+)-(\d*)")
 
 
 def ranged_get(environ: dict[str, Any]) -> wire.Reply | None:
@@ -41,9 +42,10 @@ def ranged_get(environ: dict[str, Any]) -> wire.Reply | None:
     buffer = getattr(key, "_value_buffer", None)
     if key is None or buffer is None:
         return None
-    start, end = int(found.group(1)), int(found.group(2))
+    start = int(found.group(1))
     with key.lock:
         size, etag = key.size, key.etag
+        end = int(found.group(2)) if found.group(2) else size - 1
         if start > end or start >= size:
             return None  # moto's 416 / whole-object answer
         wanted = environ.get("HTTP_IF_MATCH")

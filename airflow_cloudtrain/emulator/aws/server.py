@@ -12,7 +12,13 @@ may change Auto Scaling groups (every Auto Scaling request, and EC2 TerminateIns
 replaces members) go through ``groups.request``: one at a time with the emulator's group reconcile,
 new members placed on their market before the answer (``groups``); where moto fails on a group or
 instance that is not there (KeyError, StopIteration: an HTTP 500 and a traceback) they get Auto
-Scaling's ValidationError. Ranged GetObject is answered from the object's buffer (``ranges``).
+Scaling's ValidationError. Ranged GetObject is answered from the object's buffer (``ranges``), and a
+completed multipart upload is streamed into its object's spooled file, not joined in memory
+(``bigkeys``, installed at start). That copy takes a while for a big object (16 GB: about a minute
+here), longer than boto3's 60 s read timeout, and boto3 then sends the same CompleteMultipartUpload
+again; moto answers a repeated one from the finished object, but one that runs beside the first
+reads parts the first has just disposed of (a 500). So completions run one at a time: the retry
+waits for the first and gets its object.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ from collections import Counter
 from typing import Any
 
 from airflow_cloudtrain.emulator import calls
-from airflow_cloudtrain.emulator.aws import groups, placement, pricing, ranges, wire
+from airflow_cloudtrain.emulator.aws import bigkeys, groups, placement, pricing, ranges, wire
 from airflow_cloudtrain.emulator.faults import Throttle, is_own
 from airflow_cloudtrain.emulator.serving import InThread
 
@@ -51,6 +57,7 @@ class FaultsAndCounts:
         self.placement_groups = placement.PlacementGroups()  # moto has none (``placement``)
         self.spot_prices = pricing.SpotPrices()  # ``Emulator.set_spot_price``
         self.counts: Counter[str] = Counter()
+        self.completing = threading.Lock()  # CompleteMultipartUpload (see the module doc)
 
     def __call__(self, environ: dict[str, Any], start_response: Any) -> Any:
         form: dict[str, list[str]] = {}
@@ -126,6 +133,9 @@ class FaultsAndCounts:
                         raise
                     instance = (form.get("InstanceId") or ["?"])[0]
                     return self._send(start_response, wire.instance_not_in_group(instance))
+        if call.operation == "CompleteMultipartUpload":  # one at a time: a retry waits for the first
+            with self.completing:
+                return self.app(environ, _one_server_header(start_response))
         return self.app(environ, _one_server_header(start_response))
 
     def _launch_into(self, environ: dict[str, Any], start_response: Any, region: str, group: str) -> Any:
@@ -183,6 +193,7 @@ class MotoServer:
         from moto.moto_server.werkzeug_app import MotoRequestHandler
         from werkzeug.serving import make_server
 
+        bigkeys.install()  # before any request: big objects on disk, or no start (``MotoChanged``)
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request drowns the task log
         server = make_server(
             "127.0.0.1", port, self.middleware, threaded=True, request_handler=MotoRequestHandler

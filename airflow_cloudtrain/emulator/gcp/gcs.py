@@ -17,7 +17,10 @@ The package serves what the client uses (bucket create/get, media, multipart and
   (``maxResults`` counts items and prefixes together, as GCS does).
 * Compose: the package concatenates the sources with ``bytes +=`` (quadratic: 2 min for a 4 GB
   checkpoint's parts, all under the storage lock), so ``objects.compose`` is answered by ``_compose``,
-  the same answer built with one join (real GCS composes in constant time, server-side).
+  the same answer built with one join, or for a big object with no bytes copied (below).
+* Big objects: in memory, objects larger than ``disk_threshold`` (4 MiB) are kept in files of a temp
+  dir of the server, compose and copy hard-link them, ranged reads read only their range, and
+  resumable uploads append to a file (``gcs_disk``): a 16 GB checkpoint needs disk, not memory.
 * Serving: its own ``Server`` takes a fixed port and one request at a time; here its request handler
   runs on a threaded server bound to port 0, with a lock around each request because its storage is
   not thread-safe (agents in separate processes upload logs while the operator polls).
@@ -45,6 +48,7 @@ from typing import Any
 from urllib.parse import parse_qs, unquote, urlparse
 
 from airflow_cloudtrain.emulator.faults import DENIED, THROTTLED, Throttle
+from airflow_cloudtrain.emulator.gcp import gcs_disk
 from airflow_cloudtrain.emulator.gcp.rest import Tally, denied, unavailable
 from airflow_cloudtrain.emulator.serving import InThread
 
@@ -134,10 +138,15 @@ def _compose(request: Any, response: Any, storage: Any, *args: Any, **kwargs: An
     try:
         sources = request.data["sourceObjects"]
         content_type = storage.get_file_obj(bucket, sources[0]["name"])["contentType"] if sources else None
-        data = b"".join(storage.get_file(bucket, src["name"]) for src in sources)
+        pieces = [storage.get_file(bucket, src["name"]) for src in sources]
     except NotFound:
         response.status = HTTPStatus.NOT_FOUND
         return
+    concat = getattr(storage._store, "concat", None)
+    if concat is not None and sum(len(p) for p in pieces) > storage._store.threshold:
+        _compose_on_disk(request, response, storage, bucket, name, content_type, pieces)
+        return
+    data = b"".join(pieces)
     dest = objects._make_object_resource(
         request.base_url, bucket, name, content_type, len(data), request.data["destination"]
     )
@@ -151,14 +160,53 @@ def _compose(request: Any, response: Any, storage: Any, *args: Any, **kwargs: An
         objects._handle_conflict(response, err)
 
 
+def _compose_on_disk(
+    request: Any, response: Any, storage: Any, bucket: str, name: str, content_type: Any, pieces: list[Any]
+) -> None:
+    """A big compose as GCS does it: no bytes read or copied (the sources' files hard-linked), the
+    crc32c combined from theirs, no md5Hash (GCS gives composite objects none)."""
+    from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.handlers import objects
+
+    data = storage._store.concat(pieces)
+    sources = [storage.get_file_obj(bucket, src["name"]) for src in request.data["sourceObjects"]]
+    dest = objects._make_object_resource(
+        request.base_url, bucket, name, content_type, len(data), request.data["destination"]
+    )
+    dest["crc32c"] = data.sums["crc32c"] = gcs_disk.composed_crc32c(
+        [(meta["crc32c"], len(piece)) for meta, piece in zip(sources, pieces, strict=True)]
+    )
+    dest["etag"] = dest["crc32c"]
+    dest.pop("md5Hash", None)
+    try:
+        storage.create_file(bucket, name, data, dest)
+        response.json(dest)
+    except NotFound:
+        from http import HTTPStatus
+
+        response.status = HTTPStatus.NOT_FOUND
+
+
+def _download(request: Any, response: Any, storage: Any, *args: Any, **kwargs: Any) -> None:
+    """The package's ``objects.download``; a composite's md5 is computed for a whole-object GET."""
+    from gcp_storage_emulator.handlers import objects
+
+    whole = not request.get_header("range", None)
+    objects.download(request, response, gcs_disk.Md5OnWholeReads(storage, whole), *args, **kwargs)
+
+
 def _use_linear_compose() -> None:
-    """Route ``objects.compose`` of the package's handler table to ``_compose`` (idempotent)."""
+    """Route ``objects.compose`` of the package's handler table to ``_compose``, and let its checksums
+    stream big objects (idempotent)."""
     from gcp_storage_emulator import server
     from gcp_storage_emulator.handlers import objects
 
+    gcs_disk.checksum_patches(objects)
     for _, handlers in server.HANDLERS:
         if handlers.get(server.POST) is objects.compose:
             handlers[server.POST] = _compose
+        if handlers.get(server.GET) is objects.download:
+            handlers[server.GET] = _download
 
 
 def _send_json(handler: BaseHTTPRequestHandler, status: int, body: dict[str, Any]) -> None:
@@ -171,10 +219,17 @@ def _send_json(handler: BaseHTTPRequestHandler, status: int, body: dict[str, Any
 
 
 class GcsServer:
-    """A GCS JSON API emulator on 127.0.0.1 (random port); in memory unless ``data_dir`` is given."""
+    """A GCS JSON API emulator on 127.0.0.1 (random port); in memory (objects over ``disk_threshold``
+    bytes in a temp dir, removed at ``stop``) unless ``data_dir`` is given (the package's own files)."""
 
-    def __init__(self, data_dir: str | Path | None = None, throttle: Throttle | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: str | Path | None = None,
+        throttle: Throttle | None = None,
+        disk_threshold: int = gcs_disk.THRESHOLD,
+    ) -> None:
         self.data_dir = Path(data_dir).resolve() if data_dir else None
+        self.disk_threshold = disk_threshold
         self.throttle = throttle or Throttle()
         self.tally = Tally(self.throttle)  # own client -> throttle -> count, as every emulated Google API
         self.endpoint = ""
@@ -188,7 +243,7 @@ class GcsServer:
     def start(self, port: int = 0) -> str:
         """Serve on 127.0.0.1:``port`` (0: a free port)."""
         from gcp_storage_emulator.server import RequestHandler
-        from gcp_storage_emulator.storage import Storage
+        from gcp_storage_emulator.storage import Storage, _FileStore
 
         _use_linear_compose()
         # it logs every request at INFO and every read of a missing object (a normal poll) at ERROR
@@ -203,12 +258,42 @@ class GcsServer:
                 if not self._use_memory_fs:
                     super()._write_config_to_file()
 
+            def add_to_resumable_upload(
+                self,
+                file_id: str,
+                content: bytes,
+                total_size: int | None = None,
+                expected_start: int | None = None,
+            ) -> Any:
+                """The package's, appending to a file instead of rewriting the whole upload."""
+                if not hasattr(self._store, "append"):
+                    return super().add_to_resumable_upload(file_id, content, total_size, expected_start)
+                from gcp_storage_emulator.exceptions import BadRequest
+                from gcp_storage_emulator.storage import RESUMABLE_DIR
+
+                rel = self._object_path(RESUMABLE_DIR, self.safe_id(file_id))
+                received = self.get_resumable_byte_count(file_id)
+                if expected_start is not None and expected_start != received:
+                    raise BadRequest(
+                        f"Invalid Content-Range start: expected {received}, got {expected_start}"
+                    )
+                data = self._store.append(rel, content or b"")
+                if total_size is None or len(data) < total_size:
+                    return None
+                return data if len(data) == total_size else self._store.truncate(rel, total_size)
+
         self._storage = NoMetadataFileInMemory(
             use_memory_fs=self.data_dir is None, data_dir=str(self.data_dir or Path.cwd())
         )
+        if self.data_dir is None:
+            self._storage._store = gcs_disk.disk_store(_FileStore, self.disk_threshold)
         lock, seen, gcs = self._lock, self.requests, self
 
         class Handler(RequestHandler):
+            def setup(self) -> None:
+                super().setup()
+                self.wfile: Any = gcs_disk.StreamingWriter(self.wfile)  # a big object's GET, in pieces
+
             def handle_one_request(self) -> None:  # one request per connection (HTTP/1.0)
                 with lock:
                     super().handle_one_request()
@@ -238,6 +323,14 @@ class GcsServer:
         if self._serving is not None:
             self._serving.stop()
             self._serving = None
+        close = getattr(getattr(self._storage, "_store", None), "close", None)
+        if close is not None:
+            close()  # the big objects' files go with the server
+
+    def on_disk(self, bucket: str, name: str) -> bool:
+        """Whether ``bucket/name`` is kept in files (over ``disk_threshold``), not in memory."""
+        store = self._storage._store
+        return isinstance(store._files.get(f"{bucket}/{name}"), gcs_disk.DiskBlob)
 
     def _throttled(self, handler: BaseHTTPRequestHandler) -> bool:
         """Count the request; True (and the 429, or the 503 or 403 of a fault, sent) when it is refused."""
