@@ -163,3 +163,24 @@ def test_the_page_shows_what_runs_now_and_a_first_attempt_with_its_log_tail() ->
     detail = run_detail(RECORDS, "ct-a")
     both = run_page(detail, "../", [{**RUNNING, "key": "ct-a"}])
     assert "id='ct-running'" in both and "id='ct-attempts'" in both and "id='ct-tail'" in both
+
+
+def test_a_user_who_cannot_read_a_dag_does_not_see_its_runs(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The page's records and running attempts are those of the DAGs Airflow's auth manager lets the
+    user read (its ``get_authorized_dag_ids``, as for Airflow's own pages). The simple auth manager of
+    the deployment tests lets every user read every DAG, so a manager that allows one DAG stands in."""
+    import airflow.api_fastapi.app as airflow_app
+
+    from airflow_cloudtrain.ui import app
+
+    asked: list[tuple[object, str]] = []
+
+    class OneDagOnly:
+        def get_authorized_dag_ids(self, user: object, method: str) -> set[str]:
+            asked.append((user, method))
+            return {"ui"}
+
+    monkeypatch.setattr(airflow_app, "get_auth_manager", lambda: OneDagOnly())
+    user = object()
+    assert [r.dag_id for r in app._readable(user, RECORDS)] == ["ui"]
+    assert asked == [(user, "GET")]
