@@ -1,0 +1,115 @@
+"""A deadline-policy run leaves on-demand for spot mid-run once spot capacity is back (issue 29).
+
+``CheckpointResumeOperator(policy="deadline", probe_interval=2)`` on the emulated EC2, deferred, inside
+real Airflow. The first (spot) attempt is preempted without notice and spot capacity goes with it
+(the emulator's spot-only capacity fault): the relaunch finds none, and with a deadline too close to
+wait the policy falls back to on-demand. While the on-demand attempt runs, its deferred wait stops
+every probe interval to ask the policy; the probes launch nothing while it would stay, and find no
+capacity while the fault holds (nothing is paid). Once capacity is back and the spell has lasted long
+enough for the policy, a spot instance is launched beside the on-demand one; once it has booted the
+on-demand job is stopped, uploads its last checkpoint, and only then does the spot agent (waiting for
+the handover) restore it. The ledger shows the switch (``left_for_spot``), the spot attempt resumes
+from exactly the on-demand attempt's last checkpoint, and nothing is left running.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from dag_helpers import task_states, xcom
+from test_checkpoint_resume import check_ledger, job_steps, resume_dag
+
+from airflow_cloudtrain.storage import open_run_folder
+
+TYPE = "t3.medium"
+
+
+class CapacityGoesAndComes:
+    """Preempts the first spot instance (no notice) once it uploaded a checkpoint and takes spot
+    capacity away with it; gives it back once an on-demand instance has uploaded one; touches ``flag``
+    (the job's ``STEPS_FINISH_AFTER``) once a later instance resumed its job, so no job can finish
+    before the switch it is waiting for (on a slow machine too)."""
+
+    def __init__(self, emu: Any, flag: Path) -> None:
+        self.emu, self.flag = emu, flag
+        self.preempted: str | None = None
+        self.on_demand: str | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _logged(self, spot: bool, text: str, skip: set[str]) -> str | None:
+        for inst in self.emu.running_instances():
+            if inst["spot"] == spot and inst["id"] not in skip and text in self.emu.agent_log(inst["id"]):
+                return str(inst["id"])
+        return None
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 480  # bounds a hang only (then the jobs are let finish)
+        while time.monotonic() < deadline:
+            if self.preempted is None:
+                found = self._logged(True, "uploaded to", set())
+                if found:
+                    self.emu.fail_capacity(TYPE, spot_only=True)
+                    self.emu.interrupt(found, notice_s=0)
+                    self.preempted = found
+            elif self.on_demand is None:
+                self.on_demand = self._logged(False, "uploaded to", set())
+                if self.on_demand:
+                    self.emu.clear_faults()
+            elif self._logged(True, "resumed from step", {self.preempted}):
+                break
+            time.sleep(0.1)
+        self.flag.touch()
+
+    def join(self) -> None:
+        self.thread.join(10)
+
+
+def test_an_on_demand_attempt_is_left_for_spot_once_spot_capacity_returns(
+    emu, airflow_db, tmp_path: Path
+) -> None:
+    flag = tmp_path / "switched"
+    events = CapacityGoesAndComes(emu, flag)
+    extra = (
+        f"policy='deadline', deadline=timedelta(minutes=30), expected_duration=60, "
+        f"instance_type={TYPE!r}, probe_interval=2"
+    )
+    command = f"STEPS_FINISH_AFTER={flag} python3 steps.py 40 2 0.25"
+    run = resume_dag("leave_on_demand", "aws", command, deferrable=True, extra=extra).test()
+    events.join()
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    rows = result["attempts"]
+    assert [(r["ended"], r["spot"]) for r in rows] == [
+        ("interrupted_no_notice", True),
+        ("capacity_error", True),  # spot gone with the preemption: the policy fell back
+        ("left_for_spot", False),  # the on-demand attempt, left mid-run for spot
+        ("finished", True),
+    ], rows
+    preempted, _, on_demand, spot = rows
+    assert preempted["instance_id"] == events.preempted and on_demand["instance_id"] == events.on_demand
+    assert "left on-demand for spot" in on_demand["message"]
+    # the spot instance ran beside the on-demand one: launched before that one was released
+    assert spot["launched_at"] < on_demand["ended_at"]
+    # the on-demand job was stopped with its checkpoint synced, and spot resumed from exactly that step
+    od_log = emu.agent_log(on_demand["instance_id"])
+    assert on_demand["checkpoint_step"] is not None
+    assert on_demand["checkpoint_step"] >= max(job_steps(od_log)) - 1
+    assert spot["restored_step"] == on_demand["checkpoint_step"] > on_demand["restored_step"]
+    spot_log = emu.agent_log(spot["instance_id"])
+    assert "handover received" in spot_log
+    assert f"resumed from step {spot['restored_step']}" in spot_log
+    # the ledger in the run folder says the same; its probes name the failed ones and the switch
+    folder = open_run_folder(result["run_uri"])
+    ledger = json.loads(folder.get_text(f"ledger/{result['run_id']}.json"))
+    assert [r["ended"] for r in ledger["attempts"]] == [r["ended"] for r in rows]
+    assert ledger["switch"] is None
+    assert ledger["probes"][-1]["ok"] is True
+    assert ledger["probes"][-1]["instance_id"] == spot["instance_id"]
+    assert result["interruptions"] == 1  # leaving on-demand spends no budget
+    check_ledger(result)
+    assert not [i for i in emu.running_instances() if i["instance_type"] == TYPE]
