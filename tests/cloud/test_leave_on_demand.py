@@ -30,7 +30,8 @@ TYPE = "t3.medium"
 
 class CapacityGoesAndComes:
     """Preempts the first spot instance (no notice) once it uploaded a checkpoint and takes spot
-    capacity away with it; gives it back once an on-demand instance has uploaded one; touches ``flag``
+    capacity away with it; gives it back once an on-demand instance has uploaded one and a probe's
+    spot launch found no capacity; touches ``flag``
     (the job's ``STEPS_FINISH_AFTER``) once a later instance resumed its job, so no job can finish
     before the switch it is waiting for (on a slow machine too)."""
 
@@ -38,6 +39,7 @@ class CapacityGoesAndComes:
         self.emu, self.flag = emu, flag
         self.preempted: str | None = None
         self.on_demand: str | None = None
+        self.back = False
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
 
@@ -48,6 +50,7 @@ class CapacityGoesAndComes:
         return None
 
     def _run(self) -> None:
+        launches = 0
         deadline = time.monotonic() + 480  # bounds a hang only (then the jobs are let finish)
         while time.monotonic() < deadline:
             if self.preempted is None:
@@ -58,8 +61,11 @@ class CapacityGoesAndComes:
                     self.preempted = found
             elif self.on_demand is None:
                 self.on_demand = self._logged(False, "uploaded to", set())
-                if self.on_demand:
+                launches = self.emu.request_counts().get("RunInstances", 0)
+            elif not self.back:  # a probe's launch found no capacity: now it comes back
+                if self.emu.request_counts().get("RunInstances", 0) > launches:
                     self.emu.clear_faults()
+                    self.back = True
             elif self._logged(True, "resumed from step", {self.preempted}):
                 break
             time.sleep(0.1)
@@ -108,6 +114,8 @@ def test_an_on_demand_attempt_is_left_for_spot_once_spot_capacity_returns(
     ledger = json.loads(folder.get_text(f"ledger/{result['run_id']}.json"))
     assert [r["ended"] for r in ledger["attempts"]] == [r["ended"] for r in rows]
     assert ledger["switch"] is None
+    failed = [p for p in ledger["probes"] if not p["ok"]]  # launched nothing, cost nothing
+    assert failed and all("no spot capacity" in p["message"] for p in failed), ledger["probes"]
     assert ledger["probes"][-1]["ok"] is True
     assert ledger["probes"][-1]["instance_id"] == spot["instance_id"]
     assert result["interruptions"] == 1  # leaving on-demand spends no budget
