@@ -17,11 +17,13 @@ from __future__ import annotations
 import json
 import threading
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from dag_helpers import task_states, xcom
-from test_checkpoint_resume import check_ledger, job_steps, resume_dag
+import pytest
+from dag_helpers import load_example, start_first_try, task_states, write_dag, xcom
+from test_checkpoint_resume import JOBS, check_ledger, job_steps, resume_dag
 
 from airflow_cloudtrain.storage import open_run_folder
 
@@ -121,3 +123,83 @@ def test_an_on_demand_attempt_is_left_for_spot_once_spot_capacity_returns(
     assert result["interruptions"] == 1  # leaving on-demand spends no budget
     check_ledger(result)
     assert not [i for i in emu.running_instances() if i["instance_type"] == TYPE]
+
+
+DYING_DAG = """
+import os
+import signal
+from datetime import datetime
+
+from airflow.sdk import DAG
+
+from airflow_cloudtrain.lifecycle.resume.loop import RecoveryLoop
+from airflow_cloudtrain.operators import CheckpointResumeOperator
+
+
+class DyingLoop(RecoveryLoop):
+    def finish(self, attempt, launch, outcome):
+        if outcome.state == "left_for_spot" and os.environ.get("CLOUDTRAIN_TEST_DIE_AT") == "switch":
+            os.kill(os.getpid(), signal.SIGKILL)  # spot launched and booted, on-demand not yet stopped
+        return super().finish(attempt, launch, outcome)
+
+
+class DyingResume(CheckpointResumeOperator):
+    def _loop(self, context):
+        loop = super()._loop(context)
+        loop.__class__ = DyingLoop
+        return loop
+
+
+with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=False) as dag:
+    DyingResume(task_id="train", cloud="ec2spot", cpus=2, ram="4g", code={jobs!r}, bucket={bucket!r},
+                region="us-east-1", poll_interval=0.5, live_prices=False, checkpoint_interval=1,
+                policy="deadline", deadline="30m", expected_duration=60, instance_type={itype!r},
+                probe_interval=2, command="STEPS_FINISH_AFTER={flag} python3 steps.py 40 2 0.25")
+"""
+
+
+@pytest.mark.faults  # a kill point of provider-neutral code (lifecycle/resume/switch.py): `make faults`
+def test_a_worker_killed_mid_switch_leaves_one_instance_and_the_retry_switches_again(
+    emu, airflow_db, tmp_path: Path
+) -> None:
+    """Try 1 (a process of its own) goes as the test above: preempted, on-demand, a failed probe, spot
+    launched beside it once capacity is back; and is SIGKILLed before it stops the on-demand attempt:
+    two instances run. The retry releases that switch's spot instance (its job never
+    started: it waits for the handover), adopts the on-demand one, and switches again."""
+    dag_id = "leave_on_demand_killed"
+    flag = tmp_path / "switched"
+    bucket = "s3://cloudtrain-emulated/leave-killed"
+    write_dag(DYING_DAG.format(dag_id=dag_id, jobs=JOBS, bucket=bucket, itype=TYPE, flag=flag), dag_id)
+    when = datetime(2026, 4, 1, tzinfo=timezone.utc)
+    events = CapacityGoesAndComes(emu, flag)  # as above: touches flag once the retry's spot resumed
+    proc = start_first_try(dag_id, when, {"CLOUDTRAIN_TEST_DIE_AT": "switch"})
+    try:
+        assert proc.wait(timeout=300) == -9, proc.stderr.read()[-3000:] if proc.stderr else ""
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=60)
+    on_demand = events.on_demand
+    running = {i["id"]: i["spot"] for i in emu.running_instances()}
+    assert on_demand in running and len(running) == 2, running  # killed mid-switch: both run
+    first_spot = next(iid for iid, spot in running.items() if spot)
+    assert "waiting for the handover" in emu.agent_log(first_spot)
+    assert "resumed from step" not in emu.agent_log(first_spot)
+
+    try:
+        run = load_example(dag_id).test(logical_date=when, run_after=when)
+    finally:
+        flag.touch()
+    events.join()
+    assert task_states(run) == {"train": "success"}
+    rows = xcom(run, "train")["attempts"]
+    assert [(r["ended"], r["spot"]) for r in rows] == [
+        ("interrupted_no_notice", True),
+        ("capacity_error", True),
+        ("left_for_spot", False),
+        ("finished", True),
+    ], rows
+    assert rows[2]["instance_id"] == on_demand  # adopted, not launched twice
+    assert first_spot not in {r["instance_id"] for r in rows}  # released by the retry, before its job
+    assert rows[3]["restored_step"] == rows[2]["checkpoint_step"]
+    assert first_spot not in {i["id"] for i in emu.running_instances()}
