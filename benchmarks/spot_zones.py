@@ -8,7 +8,8 @@ Each zone set (the files ``ZONE_GROUP.json`` of one group in ``--traces``, see
   (one run per zone and start), as today;
 * ``ours_zones`` (the zone-aware ``policy="deadline"``) runs once per start over all the zones;
 * ``ours_operator`` / ``ours_zones_operator``: the same two as ``CheckpointResumeOperator`` acts on them
-  (asked only between attempts, so an on-demand attempt runs to the end of the job);
+  (while on-demand runs, asked only every ``--probe-minutes``, a spot launch as the probe:
+  :func:`.multizone.as_operator`);
 * ``optimum_single_zone``: per zone and start, the exact program of :mod:`.optimum` when it is
   cheap enough (``--optimum auto``), else the certified lower bound of :mod:`.bounds`;
 * ``optimum_multi_zone``: per start, the certified lower bound of :mod:`.bounds` over all zones

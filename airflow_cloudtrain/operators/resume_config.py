@@ -21,7 +21,7 @@ CHECKPOINT_RANKS = ("head", "all")  # whose checkpoint_dir a gang syncs (contrac
 # (a spot launch beside it is the probe: make-before-break). A probe that finds no capacity costs one API
 # call; one that finds it costs a changeover (the default 300 s: boot, setup, restore), and the policy
 # leaves on-demand only for a spot spell older than 1.5 changeovers anyway: so two changeovers between
-# looks lose little of a spell (docs/spot_policy.md measures 5, 10, 15 and 30 min).
+# looks lose little of a spell (docs/spot_policy.md: 5, 10 and 30 min cost the same within 2 points).
 DEFAULT_PROBE_INTERVAL_S = 600.0
 MIN_PROBE_INTERVAL_S = 1.0
 MAX_STOP_GRACE_S = 115.0  # AWS gives two minutes of notice, GCE about 30 s; the sync needs some

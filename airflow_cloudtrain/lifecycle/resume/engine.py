@@ -173,6 +173,10 @@ class ResumeRun:
         while True:
             if self.killed:
                 raise AirflowException(f"task killed: the loop stopped (run {loop.history.run_id})")
+            if loop.history.switch:  # an earlier worker died mid-switch: undo its spot launch first
+                from airflow_cloudtrain.lifecycle.resume.switch import resolve_switch
+
+                resolve_switch(loop)
             step = loop.next_step()
             if step.kind == "done":
                 loop.close(True)

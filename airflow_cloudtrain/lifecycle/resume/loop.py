@@ -151,10 +151,6 @@ class RecoveryLoop:
     def next_step(self) -> Step:
         if self.history.pending:
             self._finish_pending()
-        if self.history.switch:
-            from airflow_cloudtrain.lifecycle.resume.switch import resolve_switch
-
-            resolve_switch(self)
         step = next_step(self.history, self.settings, self.ctx.try_number, time.time())
         self.log.info("Next: %s%s (%s)", step.kind, f" on {step.cloud}" if step.cloud else "", step.reason)
         return step

@@ -22,7 +22,7 @@ checkpoint exists only once it has stopped; the marker is the one thing the new 
 before. Stopping first (break-before-make) would pay a changeover for every probe that found nothing.
 
 Crash safety: every create goes through the run's ledger; a worker killed anywhere in the switch
-leaves ``switch`` in the history, and the next loop (a retry) releases that switch's spot launch,
+leaves ``switch`` in the history, and the next loop step (a retry's) releases that switch's spot launch,
 which never started its job (it waits for the marker), before it goes on (``resolve_switch``): the
 run never keeps two instances. Gangs keep the old behaviour (asked only between attempts): a second
 whole gang beside the first would need its own network and barrier.
