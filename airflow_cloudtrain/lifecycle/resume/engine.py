@@ -218,8 +218,9 @@ class ResumeRun:
         step = loop.probe_step(launch)
         if step.kind == "launch" and step.cloud is not None:
             switched = switch_to_spot(loop, self._current(), launch, step.cloud, step.reason)
-            if switched is not None:
-                self.attempt, spot = switched
+            if switched is not None:  # a fresh attempt: its budget counts the on-demand one's cost
+                _, spot = switched
+                self.attempt = loop.attempt(spot.cloud)
                 return self._waiting(spot)
         return self._waiting(launch)
 
