@@ -21,7 +21,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import pytest
 from dag_helpers import load_example, start_first_try, task_states, write_dag, xcom
 from test_checkpoint_resume import JOBS, check_ledger, job_steps, resume_dag
 
@@ -158,7 +157,6 @@ with DAG("{dag_id}", schedule=None, start_date=datetime(2026, 1, 1), catchup=Fal
 """
 
 
-@pytest.mark.faults  # a kill point of provider-neutral code (lifecycle/resume/switch.py): `make faults`
 def test_a_worker_killed_mid_switch_leaves_one_instance_and_the_retry_switches_again(
     emu, airflow_db, tmp_path: Path
 ) -> None:
