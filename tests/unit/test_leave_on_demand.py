@@ -154,3 +154,17 @@ def test_probe_interval_is_parsed_and_checked_at_parse_time() -> None:
         resume_args("deadline", 0.5)
     with pytest.raises(ValueError, match="probe_interval='10m' applies to policy='deadline' only"):
         resume_args("spot_first", "10m")
+
+
+def test_a_failed_probe_counts_against_its_zones_in_the_ranking() -> None:
+    from airflow_cloudtrain.lifecycle.resume.zones import zone_events
+    from airflow_cloudtrain.policy.zones import rank_zones
+
+    history = history_with_outage(T0 + HOUR)
+    history.probes.append(
+        {"at": T0 + 2 * HOUR, "ok": False, "zones": ["us-east-1a"], "message": "no capacity"}
+    )
+    history.probes.append({"at": T0 + 3 * HOUR, "ok": True, "zones": ["us-east-1b"], "instance_id": "i-s"})
+    events = [e for e in zone_events(history) if e.kind == "capacity_error"]
+    assert [(e.zone, e.at) for e in events] == [("us-east-1a", 2.0)]
+    assert rank_zones(["us-east-1a", "us-east-1b"], events, 2.1) == ["us-east-1b", "us-east-1a"]
