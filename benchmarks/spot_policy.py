@@ -29,7 +29,7 @@ optima (options ``--nodes``, ``--restore-hours``, ``--checkpoint-gb``, ``--bandw
   {"restore_hours", "transfer_hours", "egress_usd"}, "policies": {NAME: ROW}, "nodes_free":
   {ZONE_GROUP or any_GROUP: share of ticks}, "wall_seconds"}``; NAME in on_demand, greedy,
   uniform_progress, ours, ours_zones, ours_operator, ours_zones_operator (``ours`` / ``ours_zones`` as the
-  operator acts on them: an on-demand attempt is never left), optimum_single_zone, optimum_multi_zone; ROW =
+  operator acts on them: probed every ``--probe-minutes`` while on-demand runs), optimum_single_zone, optimum_multi_zone; ROW =
   ``{"zones": "single"|"multi", "cost_vs_on_demand", "deadlines_met", "runs"}`` plus for policies
   ``"changeovers_per_run"``, ``"moves_per_run"``, ``"on_demand_spot_seen_hours_per_run"`` (on-demand
   hours while the zone looked at had spot), ``"gap_to_single_zone_optimum"``, and for all but

@@ -8,7 +8,8 @@ Each zone set (the files ``ZONE_GROUP.json`` of one group in ``--traces``, see
   (one run per zone and start), as today;
 * ``ours_zones`` (the zone-aware ``policy="deadline"``) runs once per start over all the zones;
 * ``ours_operator`` / ``ours_zones_operator``: the same two as ``CheckpointResumeOperator`` acts on them
-  (asked only between attempts, so an on-demand attempt runs to the end of the job);
+  (while on-demand runs, asked only every ``--probe-minutes``, a spot launch as the probe:
+  :func:`.multizone.as_operator`);
 * ``optimum_single_zone``: per zone and start, the exact program of :mod:`.optimum` when it is
   cheap enough (``--optimum auto``), else the certified lower bound of :mod:`.bounds`;
 * ``optimum_multi_zone``: per start, the certified lower bound of :mod:`.bounds` over all zones
@@ -32,8 +33,9 @@ from typing import Any
 from airflow_cloudtrain.policy import POLICIES, optimal_costs
 from airflow_cloudtrain.policy.bounds import Moves, optimum_bounds
 from airflow_cloudtrain.policy.multizone import (
+    PROBE_HOURS,
     ZoneSet,
-    between_attempts,
+    as_operator,
     load_zone_sets,
     ours_zones,
     simulate_zones,
@@ -43,8 +45,8 @@ from airflow_cloudtrain.policy.multizone import (
 SINGLE = tuple(POLICIES)
 MULTI = "ours_zones"
 AS_OPERATOR = {"ours_operator": "ours", "ours_zones_operator": MULTI}
-"""Rows replaying ``ours`` / ``ours_zones`` as the operator can act on them (asked only between attempts:
-an on-demand attempt is never left; :func:`.multizone.between_attempts`)."""
+"""Rows replaying ``ours`` / ``ours_zones`` as the operator acts on them (asked every ``--probe-minutes``
+while on-demand runs, a spot launch beside it as the probe: :func:`.multizone.as_operator`)."""
 OPT_SINGLE, OPT_MULTI = "optimum_single_zone", "optimum_multi_zone"
 EXACT_BUDGET = 4e10
 """Most state-ticks (rows x slack steps x ticks x runs) ``--optimum auto`` gives the exact program."""
@@ -67,6 +69,7 @@ class ZoneTask:
     starts: tuple[int, ...]
     optimum: str
     rounds: int
+    probe_hours: float = PROBE_HOURS
 
 
 def _one_zone(zs: ZoneSet, z: int) -> ZoneSet:
@@ -116,7 +119,7 @@ def run_zone_task(t: ZoneTask) -> tuple[ZoneTask, list[Outcome]]:
     what = AS_OPERATOR.get(t.what, t.what)
     decide = ours_zones if what == MULTI else single_zone(POLICIES[what])
     if t.what in AS_OPERATOR:
-        decide = between_attempts(decide)
+        decide = as_operator(decide, t.probe_hours)
     out: list[Outcome] = []
     for s in t.starts:
         r = simulate_zones(zs, decide, moves=t.moves, nodes=t.nodes, start=s, **kw)
@@ -140,6 +143,12 @@ def add_zone_args(p: argparse.ArgumentParser) -> None:
         help="single-zone optimum: exact, bound, auto",
     )
     g.add_argument("--optimum-rounds", type=int, default=4, help="bisection rounds of the bound")
+    g.add_argument(
+        "--probe-minutes",
+        type=float,
+        default=PROBE_HOURS * 60.0,
+        help="the operator rows' probe_interval while on-demand runs (default 10)",
+    )
 
 
 def moves_of(args: argparse.Namespace) -> Moves:
@@ -174,7 +183,7 @@ def zone_report(args: argparse.Namespace, price_of: Any, deadlines: tuple[float,
             window = int(dl / zs.gap_hours + 0.5)
             starts = tuple(range(0, zs.ticks - window + 1, step))
             common = (dl, args.job_hours, args.changeover_hours, spot, od, moves, args.nodes, starts)
-            extra = (args.optimum, args.optimum_rounds)
+            extra = (args.optimum, args.optimum_rounds, args.probe_minutes / 60.0)
             tasks.append(ZoneTask(OPT_MULTI, zs, None, *common, *extra))
             tasks.append(ZoneTask(MULTI, zs, None, *common, *extra))
             tasks.append(ZoneTask("ours_zones_operator", zs, None, *common, *extra))

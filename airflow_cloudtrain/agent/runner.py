@@ -198,6 +198,8 @@ class Agent:
             dcp_shards=all_ranks and bool(self._node_rank),  # not DCP's coordinator
             keep_versions=KEEP_VERSIONS_ALL_RANKS if all_ranks else KEEP_VERSIONS,
         )
+        if spec.handover_key and (ended := self._await_handover(spec.handover_key, spec.handover_timeout_s)):
+            return ended
         restored = self.checkpoints.restore(gang.common_steps(folder, spec, self._note))
         gang.merge_ranks(folder, spec, self._node_rank, restored, self.checkpoints, self._note)
         self.resumed_step = restored.step if restored is not None else None
@@ -447,6 +449,27 @@ class Agent:
         self.request_stop(StopRequest(runs.INTERRUPTED, message, grace))
         self._note(f"{message}: stopping the job, {grace:.1f} s grace of {max(left, 0):.1f} s left")
         self._record_interruption()
+
+    def _await_handover(self, key: str, timeout_s: float) -> tuple[str, int | None, str] | None:
+        """A make-before-break launch: the instance this one replaces is still stopping and uploading
+        its last checkpoint; restoring before that upload completes would resume from an older step.
+        Wait for the operator's marker (``runs.handover_key``), at most ``timeout_s`` (an operator that
+        died mid-switch: its retry releases one of the two instances, and this one goes on)."""
+        assert self.folder is not None
+        self._note(f"waiting for the handover ({key}) before restoring the checkpoint")
+        until = time.monotonic() + timeout_s
+        while time.monotonic() < until:
+            if stop := self.should_stop():
+                return stop.state, None, stop.message
+            try:
+                if self.folder.get_text(key) is not None:
+                    self._note("handover received: the instance before this one has synced its checkpoint")
+                    return None
+            except Exception as err:  # the bucket hiccuped: the next round reads again
+                log.warning("could not read %s: %s", key, err)
+            time.sleep(1.0)
+        self._note(f"no handover within {timeout_s:.0f} s: restoring the newest complete checkpoint now")
+        return None
 
     def _check_lease(self, lease: LeaseWatch) -> None:
         """Lease chore (``agent.lease``): a lapsed lease stops the job as ``max_runtime`` does; the

@@ -146,6 +146,16 @@ def status_key(instance_id: str) -> str:
     return f"instances/{instance_id}/status.json"
 
 
+HANDOVER_PREFIX = "handover"
+HANDOVER_TIMEOUT_S = 900.0  # an agent waiting for its handover goes on after this long without one
+
+
+def handover_key(sequence: int) -> str:
+    """The marker a make-before-break launch's agent waits for before it restores (``RunSpec.handover_key``):
+    written by the operator once the instance it replaces has stopped and synced its last checkpoint."""
+    return f"{HANDOVER_PREFIX}/{sequence}.json"
+
+
 def heartbeat_key(instance_id: str) -> str:
     return f"instances/{instance_id}/heartbeat"
 
@@ -351,6 +361,11 @@ class RunSpec:
     # for this long (or, never written, this long after it started). None: no lease (a spec of a
     # release without leases, or ``orphan_timeout=None``): the run depends on ``max_runtime`` alone.
     orphan_timeout_s: float | None = None
+    # A make-before-break launch (the resume loop leaving on-demand for spot): the agent restores and
+    # starts the job only once this key exists in the run folder (``handover_key``: the instance it
+    # replaces has uploaded its last checkpoint), or after ``handover_timeout_s``. None: at once.
+    handover_key: str | None = None
+    handover_timeout_s: float = HANDOVER_TIMEOUT_S
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

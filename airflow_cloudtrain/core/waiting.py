@@ -51,6 +51,7 @@ def outcome(status: RunStatus | None, instance: Instance | None, ended_grace_ove
     return None
 
 
+PROBE_DUE = "probe_due"  # not an end: the wait stopped so the resume loop can look at spot (``RunWatch``)
 ENDED_GRACE_S = 3.0  # the agent writes its final status before powering off; this covers the race
 
 
@@ -64,6 +65,9 @@ class RunWatch:
     """
 
     budget: BudgetWatch | None = None  # ``max_cost``: set by the caller (``core.budget``)
+    # the resume loop's next look at spot while an on-demand attempt runs (unix time; None: never):
+    # the wait ends ``probe_due`` then, the run untouched, and the loop decides (``lifecycle.resume``)
+    probe_at: float | None = None
 
     def __init__(
         self,
@@ -99,6 +103,8 @@ class RunWatch:
             event = Outcome.lost("timed_out", "max_runtime passed and the agent did not stop the job")
         if event is None and self.budget is not None:
             event = self.budget.check(self.wall())
+        if event is None and self.probe_at is not None and self.wall() >= self.probe_at:
+            return Outcome(ERROR, PROBE_DUE, message="time to ask the spot policy (the run goes on)")
         if event is not None:
             event.instance = instance.to_dict() if instance else None
             event.seen_ended_at = self.ended_seen_at

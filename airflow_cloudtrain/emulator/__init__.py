@@ -455,9 +455,18 @@ class Emulator:
         ``restartJobOnWorkerRestart``); the job stays RUNNING. ValueError for a job not on SPOT."""
         self.vertex.preempt_replica(job, replica)
 
-    def fail_capacity(self, instance_type: str, zone: str | None = None, after: int = 0) -> None:
+    def fail_capacity(
+        self, instance_type: str, zone: str | None = None, after: int = 0, spot_only: bool = False
+    ) -> None:
         """From now on launches of this type (in this zone, or anywhere) find no capacity; with
-        ``after`` the next that many launches still succeed first (room for only N, e.g. 2 of a gang of 3)."""
+        ``after`` the next that many launches still succeed first (room for only N, e.g. 2 of a gang of 3).
+        ``spot_only`` (EC2): only spot launches find none, on-demand ones still get an instance."""
+        if spot_only:
+            if "." not in instance_type:
+                raise ValueError("spot_only capacity faults are emulated for EC2 instance types only")
+            with self.moto.middleware.lock:
+                self.moto.middleware.spot_capacity_faults.add((instance_type, zone))
+            return
         if "." not in instance_type:  # GCE machine types have no dot: n1-standard-4, custom-8-32768
             self.gce.fail_capacity(instance_type, zone, after)
             return
@@ -517,6 +526,7 @@ class Emulator:
         with self.moto.middleware.lock:
             self.moto.middleware.capacity_faults.clear()
             self.moto.middleware.capacity_after.clear()
+            self.moto.middleware.spot_capacity_faults.clear()
 
     def request_counts(self) -> dict[str, int]:
         """Requests per operation made by anyone but the emulator itself, since start or reset; those

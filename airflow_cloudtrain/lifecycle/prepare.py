@@ -72,6 +72,7 @@ class JobOptions:
     stop_grace_s: float | None = None
     idle_timeout_s: float | None = None
     checkpoint_ranks: str = "head"  # a gang: whose checkpoint_dir is synced ("head" or "all")
+    handover_key: str | None = None  # a make-before-break launch: restore once this marker exists
 
 
 @dataclass
@@ -98,6 +99,9 @@ class WaitSettings:
     # the run's lease (``core.lease``): the wait renews it, the agent ends the run once it lapsed;
     # None: no lease (``orphan_timeout=None``)
     orphan_timeout: float | None = DEFAULT_ORPHAN_TIMEOUT_S
+    # the resume loop's next look at spot while an on-demand attempt runs (unix time; None: never):
+    # the wait ends ``probe_due`` then (``core.waiting.RunWatch.probe_at``)
+    probe_at: float | None = None
 
 
 def hard_stop_s(max_runtime_s: float | None) -> int | None:
@@ -199,6 +203,7 @@ def write_run_folder(
         spec.stop_grace_s = job.stop_grace_s
         spec.idle_timeout_s = job.idle_timeout_s
         spec.checkpoint_ranks = job.checkpoint_ranks
+        spec.handover_key = job.handover_key
     spec.worker = worker
     spec.orphan_timeout_s = orphan_timeout_s  # the agent's lease check (``agent.lease``)
     spec.live_uri = live_uri

@@ -31,7 +31,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
     ``max_restarts`` (interruptions tolerated), ``max_restarts_on_errors`` (relaunches after the job
     itself failed), ``resume_from`` (an earlier run id or run URI: continue from its checkpoints, in
     its run folder), ``policy`` (``"spot_first"`` or ``"deadline"``), ``on_demand_after``,
-    ``deadline`` and ``expected_duration`` (for ``"deadline"``), ``stop_grace``, ``idle_timeout`` and
+    ``deadline``, ``expected_duration`` and ``probe_interval`` (for ``"deadline"``), ``stop_grace``, ``idle_timeout`` and
     ``zones`` (the zones of one region a spot relaunch may move between).
     The XCom adds ``attempts`` (the per-attempt cost ledger), ``totals``, ``restarts``,
     ``resumed_step``, ``ledger_uri``, and ``num_nodes`` / ``nodes`` of the last attempt; ``cost_usd``
@@ -56,6 +56,11 @@ class CheckpointResumeOperator(CloudTrainOperator):
         least-recently-troubled first (preemptions, capacity errors), so after a preemption the run
         moves to another zone and resumes there from its checkpoint in the bucket; the ledger row says
         ``moved_from`` and ``move_reason``. Not with ``zone`` or ``subnet_id``; no moves across regions.
+    :param probe_interval: With ``deadline``: how often (default ``"10m"``) the policy is asked, while
+        an on-demand attempt runs, whether to leave it for spot. When it would, a spot instance is
+        launched beside it (no capacity: nothing paid, the attempt goes on); once that one has booted
+        the on-demand job is stopped with its checkpoint synced (ledger ``ended``: ``left_for_spot``)
+        and the spot instance resumes from it. A gang (``num_nodes`` > 1) is asked between attempts only.
     :param checkpoint_ranks: With ``num_nodes`` > 1, whose ``checkpoint_dir`` is synced: ``"head"``
         (default: rank 0's only; on a relaunch every rank restores the head's newest complete
         checkpoint, so data-parallel ranks start from the same weights) or ``"all"`` (every rank syncs
@@ -87,6 +92,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
         idle_timeout: Any = None,
         checkpoint_ranks: str = "head",
         zones: Sequence[str] | None = None,
+        probe_interval: Any = None,
         **kwargs: Any,
     ) -> None:
         from airflow_cloudtrain.operators.checks import check_bool
@@ -121,6 +127,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
             expected_duration,
             stop_grace,
             idle_timeout,
+            probe_interval,
         )
 
     # -- the loop ------------------------------------------------------------------------------------
@@ -155,6 +162,7 @@ class CheckpointResumeOperator(CloudTrainOperator):
             spot_price_ratio=self._price_ratio(config) if args.policy == "deadline" else 0.32,
             **self._budget_prices(config, ctx.wait.max_cost_usd, ctx.gang.num_nodes if ctx.gang else 1),
             zones=self.zones,
+            probe_interval_s=args.probe_interval_s,
         )
         loop = RecoveryLoop(ctx, settings, job, parse_resume_from(self.resume_from, config.cloud))
         # a deadline given as a timedelta counts from the loop's first start, kept in its history

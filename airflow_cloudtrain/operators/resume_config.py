@@ -17,6 +17,13 @@ from airflow_cloudtrain.operators.config import is_templated, parse_duration
 
 MAX_RESTARTS = 1000  # more is a typo: each restart is a launch, and the history keeps every one
 CHECKPOINT_RANKS = ("head", "all")  # whose checkpoint_dir a gang syncs (contract.runs.RunSpec)
+# While an on-demand attempt runs, the deadline policy is asked this often whether to leave it for spot
+# (a spot launch beside it is the probe: make-before-break). A probe that finds no capacity costs one API
+# call; one that finds it costs a changeover (the default 300 s: boot, setup, restore), and the policy
+# leaves on-demand only for a spot spell older than 1.5 changeovers anyway: so two changeovers between
+# looks lose little of a spell (docs/spot_policy.md: 5, 10 and 30 min cost the same within 2 points).
+DEFAULT_PROBE_INTERVAL_S = 600.0
+MIN_PROBE_INTERVAL_S = 1.0
 MAX_STOP_GRACE_S = 115.0  # AWS gives two minutes of notice, GCE about 30 s; the sync needs some
 
 
@@ -33,6 +40,7 @@ class ResumeArgs:
     expected_duration_s: float | None
     stop_grace_s: float | None
     idle_timeout_s: float | None
+    probe_interval_s: float | None = None  # ``deadline`` only: the policy's look while on-demand runs
 
     def deadline_at(self, started_at: float) -> float | None:
         """The deadline as unix time, for a loop that started at ``started_at``."""
@@ -167,6 +175,7 @@ def parse_resume_args(
     expected_duration: Any,
     stop_grace: Any,
     idle_timeout: Any,
+    probe_interval: Any = None,
 ) -> ResumeArgs:
     """Parse and cross-check; raises ValueError naming the first bad field."""
     from airflow_cloudtrain.lifecycle.resume.recovery import DEADLINE, POLICIES, SPOT_FIRST
@@ -182,9 +191,14 @@ def parse_resume_args(
                 "policy='deadline' the deadline policy decides when to run on-demand: leave it out"
             )
         on_demand_after = check_whole(on_demand_after, "on_demand_after", 1, MAX_RESTARTS)
-    when = expected_s = None
+    when = expected_s = probe_s = None
     if policy == SPOT_FIRST:
-        for name, value in (("deadline", deadline), ("expected_duration", expected_duration)):
+        named = (
+            ("deadline", deadline),
+            ("expected_duration", expected_duration),
+            ("probe_interval", probe_interval),
+        )
+        for name, value in named:
             if value is not None:
                 raise ValueError(
                     f"{name}={value!r} applies to policy='deadline' only; set policy='deadline' too, or leave "
@@ -199,6 +213,12 @@ def parse_resume_args(
                 "both, e.g. deadline='2d', expected_duration='10h'"
             )
         when = _deadline(deadline)
+        probe_s = parse_duration(probe_interval, "probe_interval") or DEFAULT_PROBE_INTERVAL_S
+        if probe_s < MIN_PROBE_INTERVAL_S:
+            raise ValueError(
+                f"probe_interval={probe_interval!r} is too short: every probe may launch a spot instance; "
+                f"use at least {MIN_PROBE_INTERVAL_S:g} s (default {DEFAULT_PROBE_INTERVAL_S:g} s)"
+            )
         expected_s = parse_duration(expected_duration, "expected_duration")
         if isinstance(when, timedelta) and expected_s and expected_s >= when.total_seconds():
             raise ValueError(
@@ -224,4 +244,5 @@ def parse_resume_args(
         expected_duration_s=expected_s,
         stop_grace_s=grace,
         idle_timeout_s=parse_duration(idle_timeout, "idle_timeout"),
+        probe_interval_s=probe_s,
     )

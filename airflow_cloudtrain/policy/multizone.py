@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .base import EPSILON_HOURS, ON_DEMAND, SPOT, WAIT, Decision, PolicyState, must_run_on_demand
@@ -241,17 +241,50 @@ def simulate_zones(
     return ZoneRunResult(cost, None, False, launches, interruptions, n_moves, spot_h, od_h, od_seen_h)
 
 
-def between_attempts(decide: ZoneDecideFn) -> ZoneDecideFn:
-    """``decide`` as ``CheckpointResumeOperator`` can act on it: asked only between attempts.
+PROBE_HOURS = 1.0 / 6.0
+"""The operator's default ``probe_interval`` (10 min): how often it asks the policy while on-demand runs."""
 
-    The operator builds the policy's state at a (re)launch, with nothing running, and an attempt
-    then runs until the job ends or the cloud takes the instance back; so an on-demand instance is
-    never left for spot, whatever ``decide`` would say mid-run. Replaying that shows what the
-    operator pays (docs/spot_policy.md: "The operator does not do what this benchmark measures").
+
+def as_operator(decide: ZoneDecideFn, probe_hours: float = PROBE_HOURS) -> ZoneDecideFn:
+    """``decide`` as ``CheckpointResumeOperator`` acts on it (``lifecycle.resume.switch``).
+
+    * Between attempts (nothing runs) and on spot it is asked every tick, as the simulator does.
+    * While on-demand runs it is asked only every ``probe_hours`` (``probe_interval``), as if spot
+      were there, with the spell as old as the operator can know: the time since it last saw spot
+      unavailable (a capacity error, a preemption, a failed probe). When it says spot, the probe is
+      a spot launch in the zone the simulator looks at: spot there, the switch (a launch: the full
+      changeover, spot billed; the on-demand attempt's work while spot boots is not credited, so
+      this is an upper bound of what the operator pays); none, nothing is paid, and spot counts as
+      seen unavailable now. ``wait`` while on-demand runs keeps it (the operator never stops a
+      running on-demand attempt to wait).
+
+    The spell statistics in the state (spells seen, hours seen available) stay the simulator's,
+    which looks every tick; the operator's come from its attempts and probes. Stateful per run:
+    it starts over when the clock goes back (the next run of a replay).
     """
+    memo: dict[str, float] = {}
 
     def zone_decide(state: PolicyState, zones: int) -> Decision:
-        return ON_DEMAND if state.running == ON_DEMAND else decide(state, zones)
+        now = state.elapsed
+        if not memo or now < memo["clock"]:
+            memo.update(unavailable=0.0, looked=float("-inf"), on_demand_since=0.0)
+        memo["clock"] = now
+        if state.running != ON_DEMAND:
+            if not state.spot_available:
+                memo["unavailable"] = now
+            choice = decide(state, zones)
+            memo["on_demand_since"] = now
+            return choice
+        if now - max(memo["on_demand_since"], memo["looked"]) < probe_hours - EPSILON_HOURS:
+            return ON_DEMAND
+        memo["looked"] = now
+        asked = replace(state, spot_available=True, spell_hours=now - memo["unavailable"])
+        if decide(asked, zones) != SPOT:
+            return ON_DEMAND
+        if not state.spot_available:
+            memo["unavailable"] = now
+            return ON_DEMAND
+        return SPOT
 
     return zone_decide
 

@@ -31,7 +31,7 @@ from airflow_cloudtrain.core.lease import LeaseRenewer
 from airflow_cloudtrain.core.logstream import LogFollower, render_line
 from airflow_cloudtrain.core.records import ERROR, LaunchRecord, Outcome
 from airflow_cloudtrain.core.retry import TransientBudget
-from airflow_cloudtrain.core.waiting import RunWatch, parse_heartbeat
+from airflow_cloudtrain.core.waiting import PROBE_DUE, RunWatch, parse_heartbeat
 from airflow_cloudtrain.triggers import shared_poll
 from airflow_cloudtrain.triggers.heap import freeze_long_lived
 from airflow_cloudtrain.triggers.instances import watch_instances
@@ -91,6 +91,8 @@ class RunTrigger(BaseTrigger):
     :param max_cost: ``max_cost`` in USD (``core.budget``): the wait ends ``over_budget`` before the run
         passes it. None: no budget.
     :param spent_usd: What the run's earlier attempts cost (the resume loop's ledger).
+    :param probe_at: Unix time the wait ends ``probe_due`` (the run untouched), for the resume loop to
+        ask its spot policy while an on-demand attempt runs. None: never.
     """
 
     def __init__(
@@ -107,6 +109,7 @@ class RunTrigger(BaseTrigger):
         max_cost: float | None = None,
         spent_usd: float = 0.0,
         orphan_timeout: float | None = None,
+        probe_at: float | None = None,
     ) -> None:
         super().__init__()
         self.launch = launch
@@ -121,6 +124,7 @@ class RunTrigger(BaseTrigger):
         self.max_cost = max_cost
         self.spent_usd = spent_usd
         self.orphan_timeout = orphan_timeout  # renewed while waiting (``triggers.leases``); None: none
+        self.probe_at = probe_at  # the resume loop's next look at spot (``core.waiting.RunWatch``)
         self._warned = False
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
@@ -139,6 +143,7 @@ class RunTrigger(BaseTrigger):
                 "max_cost": self.max_cost,
                 "spent_usd": self.spent_usd,
                 "orphan_timeout": self.orphan_timeout,
+                "probe_at": self.probe_at,
             },
         )
 
@@ -209,6 +214,7 @@ class RunTrigger(BaseTrigger):
         watcher = asyncio.ensure_future(self._follow_instance(launch, instances, failed))
         watch = RunWatch(self.deadline, launch.launched_at, self.startup_timeout, self.heartbeat_timeout)
         watch.budget = self._budget(launch)
+        watch.probe_at = self.probe_at
         status: RunStatus | None = None
         stream = self._views(launch, live_uri, follower)
         LOG_EVERY[iid] = self.poll_interval
@@ -230,7 +236,7 @@ class RunTrigger(BaseTrigger):
             instance = instances.get(iid)
             status = await self._read(index, launch, follower, view, instance, status)
             result = watch.decide(status, instance, view.beacon_at)
-            if result is not None and index is not None:
+            if result is not None and result.state != PROBE_DUE and index is not None:
                 result = await self._confirm(index, launch, follower, watch, result, instance, view)
                 if result is not None:
                     index.forget(iid)

@@ -491,6 +491,7 @@ TRAIN_ROWS: dict[str, Row] = {
     "expected_duration": duration_bad(),
     "stop_grace": [*duration_bad(), 300, "5m"],
     "idle_timeout": duration_bad(),
+    "probe_interval": [*duration_bad(), 0.5],  # CheckpointResumeOperator, with policy='deadline'
     "orphan_timeout": [*duration_bad(), ""],  # None is valid: no lease
     "zones": [  # CheckpointResumeOperator: the zones of one region a run may move between
         5,
@@ -744,7 +745,7 @@ def test_every_argument_has_a_row() -> None:
 @pytest.mark.parametrize(("base", "name", "value"), _cases())
 def test_bad_value_is_refused_naming_the_field_and_the_forms(base: str, name: str, value: Any) -> None:
     changes = {name: value}
-    if base == "resume" and name in ("deadline", "expected_duration"):
+    if base == "resume" and name in ("deadline", "expected_duration", "probe_interval"):
         changes = {**RESUME_DEADLINE, **changes}  # checked with the policy they belong to
     assert_refused(base, changes, name, value)
 
@@ -778,6 +779,7 @@ COMBOS: list[tuple[str, dict[str, Any], str]] = [
     ("resume", {"policy": "deadline"}, "deadline"),
     ("resume", {"deadline": "6h"}, "deadline"),
     ("resume", {"expected_duration": "1h"}, "expected_duration"),
+    ("resume", {"probe_interval": "10m"}, "probe_interval"),  # deadline policy only
     ("resume", {**RESUME_DEADLINE, "expected_duration": "7h"}, "expected_duration"),
     ("resume", {**RESUME_DEADLINE, "on_demand_after": 2}, "on_demand_after"),
     ("resume", {"resume_from": "gs://bkt/runs/ct-0123456789ab"}, "resume_from"),

@@ -54,6 +54,7 @@ class FaultsAndCounts:
         self.lock = threading.Lock()
         self.capacity_faults: set[tuple[str, str | None]] = set()
         self.capacity_after: dict[tuple[str, str | None], int] = {}  # launches still let through
+        self.spot_capacity_faults: set[tuple[str, str | None]] = set()  # spot launches only
         self.placement_groups = placement.PlacementGroups()  # moto has none (``placement``)
         self.spot_prices = pricing.SpotPrices()  # ``Emulator.set_spot_price``
         self.counts: Counter[str] = Counter()
@@ -110,6 +111,9 @@ class FaultsAndCounts:
                 if hit and self.capacity_after.get(keys[0], 0) > 0:  # room for a few more first
                     self.capacity_after[keys[0]] -= 1
                     hit = False
+                spot = (form.get("InstanceMarketOptions.MarketType") or [""])[0] == "spot"
+                if spot and any(k in self.spot_capacity_faults for k in ((itype, zone), (itype, None))):
+                    hit = True
             if hit:
                 return self._send(start_response, wire.capacity_error(itype, zone))
             group = next(iter(form.get("Placement.GroupName") or []), None)

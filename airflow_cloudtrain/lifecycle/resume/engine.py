@@ -96,7 +96,7 @@ class ResumeRun:
 
             moment = datetime.fromtimestamp(handle.until, timezone.utc)
             return TriggerSpec(TIMER_TRIGGER, {"moment": moment})
-        return self._current().trigger(handle)
+        return self._probing(handle).trigger(handle)
 
     def wait(self, handle: Handle) -> Outcome | None:
         if isinstance(handle, Pause):  # on_kill may come while we sleep
@@ -107,11 +107,15 @@ class ResumeRun:
                 lease.renew()
                 sleep_unless(min(handle.until - time.time(), PAUSE_RENEW_S), lambda: self.killed)
             return None
-        return self._current().wait(handle)
+        return self._probing(handle).wait(handle)
 
     def advance(self, handle: Handle, outcome: Outcome | None) -> Step[Handle]:
+        from airflow_cloudtrain.core.waiting import PROBE_DUE
+
         if isinstance(handle, Pause):
             self.loop.end_wait()
+        elif outcome is not None and outcome.state == PROBE_DUE:
+            return self._probe(handle)
         elif outcome is not None:
             self.loop.finish(self._current(), handle, outcome)
         return self._next()
@@ -169,6 +173,10 @@ class ResumeRun:
         while True:
             if self.killed:
                 raise AirflowException(f"task killed: the loop stopped (run {loop.history.run_id})")
+            if loop.history.switch:  # an earlier worker died mid-switch: undo its spot launch first
+                from airflow_cloudtrain.lifecycle.resume.switch import resolve_switch
+
+                resolve_switch(loop)
             step = loop.next_step()
             if step.kind == "done":
                 loop.close(True)
@@ -190,6 +198,31 @@ class ResumeRun:
             if done is None:
                 return self._waiting(launch)
             loop.finish(attempt, launch, done)  # an earlier try's job already ended
+
+    def _probing(self, launch: LaunchRecord) -> RunAttempt:
+        """The attempt whose wait on ``launch`` stops at the loop's next probe (``recovery.next_probe_at``:
+        an on-demand attempt of ``policy="deadline"``), in the blocking wait and the trigger alike."""
+        from dataclasses import replace
+
+        attempt = self._current()
+        at = self.loop.next_probe_at(launch)
+        attempt.ctx.wait = replace(attempt.ctx.wait, probe_at=at)
+        return attempt
+
+    def _probe(self, launch: LaunchRecord) -> Step[Handle]:
+        """The on-demand attempt's wait stopped for a probe: ask the policy, maybe switch to spot
+        (``lifecycle.resume.switch``); then wait on whichever attempt runs now."""
+        from airflow_cloudtrain.lifecycle.resume.switch import switch_to_spot
+
+        loop = self.loop
+        step = loop.probe_step(launch)
+        if step.kind == "launch" and step.cloud is not None:
+            switched = switch_to_spot(loop, self._current(), launch, step.cloud, step.reason)
+            if switched is not None:  # a fresh attempt: its budget counts the on-demand one's cost
+                _, spot = switched
+                self.attempt = loop.attempt(spot.cloud)
+                return self._waiting(spot)
+        return self._waiting(launch)
 
     def _waiting(self, handle: Handle) -> Step[Handle]:
         from airflow_cloudtrain.core.engine import Step

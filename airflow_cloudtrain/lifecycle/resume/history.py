@@ -33,6 +33,9 @@ LOST = "lost"  # the agent went silent or the instance ended for another reason
 TIMED_OUT = "timed_out"  # max_runtime
 ABANDONED = "abandoned"  # the task was killed or its wait failed: released, not reported by the agent
 OVER_BUDGET = "over_budget"  # max_cost: stopped before the run's cost would pass it (core.budget)
+# the deadline policy left this on-demand attempt for spot: a spot instance was launched beside it,
+# then this one was stopped with its checkpoint synced (``lifecycle.resume.switch``); no budget spent
+LEFT_FOR_SPOT = "left_for_spot"
 # Spot interruptions (the XCom's ``interruptions``); with a capacity loss they spend ``max_restarts``.
 # A silent agent (a broken bootstrap, no bucket access) is not the cloud's doing: it spends the
 # error budget, so a bad image is not relaunched ten times.
@@ -145,6 +148,13 @@ class RunHistory:
     # the deadline policy's deadline (unix time; None: none), saved with the history's next write so
     # the Cloud training page can draw it on the run's timeline
     deadline_at: float | None = None
+    # looks at spot while an on-demand attempt ran (``lifecycle.resume.switch``): {"at", "ok", "zones",
+    # "message"} for each spot launch tried beside it; ``asked_at``: the policy's last look, launch or not
+    probes: list[dict[str, Any]] = field(default_factory=list)
+    asked_at: float | None = None
+    # a switch in flight (write-ahead): {"from": the on-demand instance, "at"}; a loop that finds one on
+    # reload releases that switch's spot launch (``RecoveryLoop.resolve_switch``)
+    switch: dict[str, Any] | None = None
 
     # -- budgets ---------------------------------------------------------------------------------
     # Counted per attempt, not per row: a gang's attempt (a row per node) that lost one node is one

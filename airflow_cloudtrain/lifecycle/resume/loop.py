@@ -32,6 +32,7 @@ from airflow_cloudtrain.core.retry import call_with_retry
 from airflow_cloudtrain.lifecycle.prepare import JobOptions
 from airflow_cloudtrain.lifecycle.resume.history import (
     ABANDONED,
+    LEFT_FOR_SPOT,
     LOOP_KEY,
     AttemptRow,
     RunHistory,
@@ -45,9 +46,12 @@ from airflow_cloudtrain.lifecycle.resume.recovery import (
     capacity_row,
     gang_rows,
     launch_fields,
+    next_probe_at,
     next_step,
     node_rows,
+    probe_step,
     row_for,
+    within_budget,
 )
 from airflow_cloudtrain.lifecycle.resume.zones import launch_order, no_capacity_zones, note_move
 from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt, RunContext
@@ -151,9 +155,27 @@ class RecoveryLoop:
         self.log.info("Next: %s%s (%s)", step.kind, f" on {step.cloud}" if step.cloud else "", step.reason)
         return step
 
-    def attempt(self, cloud: str | None = None) -> RunAttempt:
+    def next_probe_at(self, launch: LaunchRecord) -> float | None:
+        """When the wait on ``launch`` stops to ask the policy (``recovery.next_probe_at``)."""
+        return next_probe_at(self.history, self.settings, launch)
+
+    def probe_step(self, launch: LaunchRecord) -> Step:
+        """The policy's look while the on-demand ``launch`` runs (``recovery.probe_step``), within
+        ``max_cost`` (a spot launch the budget cannot pay is no probe); saved: the next look is
+        ``probe_interval`` after this one, whatever it decided."""
+        now = time.time()
+        step = within_budget(
+            probe_step(self.history, self.settings, launch, now), self.history, self.settings
+        )
+        self.history.asked_at = now
+        self.save()
+        self.log.info("Probe: %s%s (%s)", step.kind, f" on {step.cloud}" if step.cloud else "", step.reason)
+        return step
+
+    def attempt(self, cloud: str | None = None, handover: str | None = None) -> RunAttempt:
         """An attempt of this run on ``cloud`` (spot or on-demand of the same provider); launching
-        goes through ``launch_attempt``, which numbers it."""
+        goes through ``launch_attempt``, which numbers it. ``handover``: its agent restores only once
+        that marker exists (a make-before-break switch, ``lifecycle.resume.switch``)."""
         ctx, cloud = self.ctx, cloud or self.settings.cloud
         spot = cloud == SPOT_OF[cloud]
         config = replace(ctx.config, cloud=cloud, bid=ctx.config.bid if spot else None)
@@ -162,7 +184,7 @@ class RecoveryLoop:
             provisioning=ctx.options.provisioning if spot else None,
             sequence=self.history.launch_seq,
         )
-        job = replace(self.job, restarts=self.history.restarts)
+        job = replace(self.job, restarts=self.history.restarts, handover_key=handover)
         wait = replace(ctx.wait, spent_usd=float(self.history.totals()["cost_usd"]))  # for ``max_cost``
         order = functools.partial(self.zone_order, spot)
         attempt = RunAttempt(
@@ -245,7 +267,8 @@ class RecoveryLoop:
 
     def _finish(self, attempt: RunAttempt, launch: LaunchRecord, outcome: Outcome) -> AttemptRow:
         """The attempt's row (a gang's: a row per node, ``recovery.gang_rows``; returns the head's)."""
-        done = attempt.finish(launch, outcome)
+        left = outcome.state == LEFT_FOR_SPOT  # its replacement runs: release this one only
+        done = attempt.finish(launch, outcome, keep_others=left)
         folder, number, beat = attempt.folder, self.history.next_attempt, attempt.last_heartbeat
         if launch.nodes:
             if not outcome.ok:
@@ -253,6 +276,8 @@ class RecoveryLoop:
             statuses = [attempt_status(folder, iid) for iid in launch.node_ids]
             rows = gang_rows(done, statuses, number, self.ctx.try_number, beat)
         else:
+            if left:  # its agent is uploading the last checkpoint the replacement restores
+                self._await_uploads(folder, launch, None)
             status = attempt_status(folder, launch.instance_id)
             rows = [row_for(done, status, number, self.ctx.try_number, beat)]
         row = rows[0]

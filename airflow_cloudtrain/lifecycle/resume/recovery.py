@@ -25,6 +25,7 @@ from airflow_cloudtrain.lifecycle.resume.history import (
     INTERRUPTED,
     INTERRUPTED_NO_NOTICE,
     JOB_ERROR,
+    LEFT_FOR_SPOT,
     LOST,
     OVER_BUDGET,
     SPOT_ENDINGS,
@@ -64,6 +65,9 @@ class RecoverySettings:
     spot_hourly_usd: float | None = None  # the next launch's price per hour, every node (catalog)
     on_demand_hourly_usd: float | None = None
     zones: tuple[str, ...] = ()  # ``zones``: the zones every launch may use (none: the offers' own)
+    # ``probe_interval``: with ``deadline``, how often the policy is asked while an on-demand attempt
+    # runs (``probe_step``); None: only between attempts
+    probe_interval_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -147,21 +151,29 @@ def _deadline_step(history: RunHistory, settings: RecoverySettings, now: float, 
 
 
 def policy_state(
-    history: RunHistory, settings: RecoverySettings, now: float, spot_available: bool = True
+    history: RunHistory,
+    settings: RecoverySettings,
+    now: float,
+    spot_available: bool = True,
+    on_demand_since: float | None = None,
 ) -> PolicyState:
     """The policy engine's state (hours) from what this run has seen.
 
     Work done is the compute behind the latest complete checkpoint; the changeover is this run's
     measured relaunch + restore (+ work lost), a default until it has one. Spot counts as seen
     available while spot attempts ran, unavailable while a spot launch found no capacity and the
-    loop waited; each spot attempt is one spell. Nothing runs at a (re)launch.
+    loop waited; each spot attempt is one spell. Nothing runs at a (re)launch; ``on_demand_since``
+    (a probe, ``probe_step``): an on-demand attempt launched then runs, its work since its changeover
+    counted done, and the spell is the time since spot was last seen unavailable.
     """
     from airflow_cloudtrain.policy import PolicyState
 
     hour = 3600.0
     expected = settings.expected_duration_s or 0.0
     deadline = (settings.deadline_at or now) - history.started_at
-    done = history.work_done_s
+    changeover = history.changeover_s(DEFAULT_CHANGEOVER_S)
+    running_s = max(0.0, now - on_demand_since) if on_demand_since is not None else 0.0
+    done = history.work_done_s + max(0.0, running_s - changeover)
     spot_rows = [r for r in history.heads if r.spot and r.instance_id]  # a gang's attempt once
     tick = settings.relaunch_wait_s
     return PolicyState(
@@ -169,21 +181,62 @@ def policy_state(
         deadline=deadline / hour,
         work_done=done / hour,
         work_remaining=max(expected - done, tick) / hour,
-        changeover=history.changeover_s(DEFAULT_CHANGEOVER_S) / hour,
+        changeover=changeover / hour,
         spot_available=spot_available,
-        running=None,
+        running="on_demand" if on_demand_since is not None else None,
+        setup_remaining=max(0.0, changeover - running_s) / hour if on_demand_since is not None else 0.0,
         tick=tick / hour,
         price_ratio=settings.spot_price_ratio,
         interruptions=history.interruptions(),
         launches=history.launches,
         spot_hours=sum(r.duration_s for r in spot_rows) / hour,
-        on_demand_hours=sum(r.duration_s for r in history.heads if not r.spot) / hour,
+        on_demand_hours=(sum(r.duration_s for r in history.heads if not r.spot) + running_s) / hour,
         seen_available_hours=sum(r.duration_s for r in spot_rows) / hour,
         seen_unavailable_hours=sum(max(0.0, w["to"] - w["from"]) for w in history.waits) / hour,
         spot_spells=len(spot_rows),
-        spell_hours=0.0,
-        running_hours=0.0,
+        spell_hours=max(0.0, now - last_unavailable(history)) / hour if on_demand_since is not None else 0.0,
+        running_hours=running_s / hour,
     )
+
+
+def last_unavailable(history: RunHistory) -> float:
+    """When this run last saw spot unavailable (unix time): a spot launch with no capacity, a
+    preemption, a probe that found none; the loop's start when it never did. A spell of spot seen
+    at a probe is at most this old: the operator cannot see capacity between its looks."""
+    seen = [history.started_at]
+    seen += [r.ended_at for r in history.heads if r.ended_at and r.ended in (CAPACITY_ERROR, *SPOT_ENDINGS)]
+    seen += [float(p["at"]) for p in history.probes if not p.get("ok")]
+    return max(seen)
+
+
+def next_probe_at(history: RunHistory, settings: RecoverySettings, launch: LaunchRecord) -> float | None:
+    """When the wait on ``launch`` should next stop for ``probe_step`` (unix time), or None: only an
+    on-demand attempt of one instance under ``policy="deadline"`` with a ``probe_interval`` is
+    probed (a gang keeps the old behaviour: README), at most once per interval since its launch or
+    the policy's last look, whichever came later."""
+    interval = settings.probe_interval_s
+    if settings.policy != DEADLINE or interval is None or launch.spot or launch.nodes:
+        return None
+    last = max(float(launch.launched_at or 0.0), history.asked_at or 0.0)
+    return last + interval
+
+
+def probe_step(history: RunHistory, settings: RecoverySettings, launch: LaunchRecord, now: float) -> Step:
+    """While the on-demand ``launch`` runs: ``launch`` spot beside it (the policy would leave on-demand
+    for spot if spot were there; the launch itself tells whether it is: make-before-break), or
+    ``wait`` (stay on on-demand until the next probe). Pure: the policy over the history."""
+    from airflow_cloudtrain.policy import get_policy
+
+    state = policy_state(history, settings, now, spot_available=True, on_demand_since=launch.launched_at)
+    decision = get_policy(DEADLINE)(state)
+    why = (
+        f"deadline policy on on-demand, if spot were available: {decision} (spot unseen for "
+        f"{state.spell_hours * 3600:.0f} s at most, slack {state.slack * 3600:.0f} s, work left "
+        f"{state.work_remaining * 3600:.0f} s, changeover {state.changeover * 3600:.0f} s)"
+    )
+    if decision == "spot":
+        return Step("launch", SPOT_OF[settings.cloud], reason=why)
+    return Step("wait", seconds=settings.probe_interval_s or 0.0, reason=why)
 
 
 def ending_of(state: str, interrupted: bool, notice: bool) -> str:
@@ -192,9 +245,8 @@ def ending_of(state: str, interrupted: bool, notice: bool) -> str:
         return FINISHED
     if interrupted or state == "interrupted":
         return INTERRUPTED if notice else INTERRUPTED_NO_NOTICE
-    return {"failed": JOB_ERROR, "idle": IDLE, "timed_out": TIMED_OUT, OVER_BUDGET: OVER_BUDGET}.get(
-        state, LOST
-    )
+    known = {"failed": JOB_ERROR, "idle": IDLE, "timed_out": TIMED_OUT, OVER_BUDGET: OVER_BUDGET}
+    return {**known, LEFT_FOR_SPOT: LEFT_FOR_SPOT}.get(state, LOST)
 
 
 def within_budget(step: Step, history: RunHistory, settings: RecoverySettings) -> Step:

@@ -42,7 +42,8 @@ def _hours(history: RunHistory, at: float | None) -> float:
 def zone_events(history: RunHistory, before: int | None = None) -> list[ZoneEvent]:
     """What the run's spot attempts (those numbered below ``before``, or all) saw in each zone: a
     capacity error in every zone its launch found none, a launch where it ran, a preemption (with or
-    without notice) where it was taken back. On-demand attempts say nothing about spot capacity."""
+    without notice) where it was taken back; and a capacity error in every zone a probe (a spot launch
+    beside a running on-demand attempt) found none. On-demand attempts say nothing about spot capacity."""
     events: list[ZoneEvent] = []
     for row in history.heads:  # a gang's attempt once: it moved and was preempted as one
         if not row.spot or (before is not None and row.attempt >= before):
@@ -53,6 +54,13 @@ def zone_events(history: RunHistory, before: int | None = None) -> list[ZoneEven
             events.append(ZoneEvent(row.zone, "launched", _hours(history, row.launched_at)))
             if row.ended in SPOT_ENDINGS:
                 events.append(ZoneEvent(row.zone, "preempted", _hours(history, row.ended_at)))
+    last = max((r.attempt for r in history.heads), default=0)
+    if before is None or before > last:  # probes came after the rows so far (``lifecycle.resume.switch``)
+        for probe in history.probes:  # a spot launch beside on-demand that found no capacity there
+            at = _hours(history, float(probe["at"]))
+            events.extend(
+                ZoneEvent(z, "capacity_error", at) for z in probe.get("zones") or [] if not probe.get("ok")
+            )
     return events
 
 

@@ -181,6 +181,21 @@ class RunAttempt:
         self._index_running(launch)
         return launch, None
 
+    def launch_beside(self) -> LaunchRecord:
+        """A launch while another instance of the run still runs (the resume loop's make-before-break
+        switch to spot): nothing is adopted (the running one would be), and a failed launch releases
+        only what it created itself, never the instance it is meant to replace."""
+        before = {id(e) for e in self.ledger.entries}
+        try:
+            launch = self._launch()
+        except BaseException:
+            made = [e for e in self.ledger.entries if id(e) not in before]
+            if made:
+                call_with_retry(lambda: self.ledger.release(self.ctx.backend, sweep=False, only=made))
+            raise
+        self._index_running(launch)
+        return launch
+
     def _earlier(self) -> tuple[LaunchRecord, Outcome | None] | None:
         """What earlier tries left: an unreported final status, else a live instance to adopt."""
         backend = self.ctx.backend
@@ -471,6 +486,7 @@ class RunAttempt:
                 "max_cost": self.ctx.wait.max_cost_usd,
                 "spent_usd": self.ctx.wait.spent_usd,
                 "orphan_timeout": self.ctx.wait.orphan_timeout,
+                "probe_at": self.ctx.wait.probe_at,
             },
         )
 
@@ -532,6 +548,7 @@ class RunAttempt:
             self.deadline(), launch.launched_at, settings.startup_timeout, settings.heartbeat_timeout
         )
         watch.budget = self.budget(launch)
+        watch.probe_at = settings.probe_at
 
         def poll() -> Outcome | None:
             self._unless_killed(by_kill)  # not transient: out of the loop at once
@@ -655,15 +672,23 @@ class RunAttempt:
 
     # --- end -----------------------------------------------------------------------------------
 
-    def finish(self, launch: LaunchRecord, result: Outcome) -> Attempt:
-        """Release everything, mark the outcome delivered, and account for the attempt."""
+    def finish(self, launch: LaunchRecord, result: Outcome, keep_others: bool = False) -> Attempt:
+        """Release everything, mark the outcome delivered, and account for the attempt.
+
+        ``keep_others``: release this launch's instances only (the run's replacement instance, launched
+        beside it by ``launch_beside``, keeps running)."""
         backend = self.ctx.backend
         if launch.region:  # resumed in a fresh worker: work where the instance was launched
             backend.bind_region(launch.region)
-        self.ledger.add("instance", launch.instance_id, launch.location or backend.location(launch.zone))
+        own = [
+            self.ledger.add("instance", launch.instance_id, launch.location or backend.location(launch.zone))
+        ]
         for node in launch.nodes[1:]:  # a gang: every node goes, and each is marked
-            self.ledger.add("instance", node["instance_id"], backend.location(node.get("zone")))
-        self.release()
+            own.append(self.ledger.add("instance", node["instance_id"], backend.location(node.get("zone"))))
+        if keep_others:
+            call_with_retry(lambda: self.ledger.release(backend, sweep=False, only=own))
+        else:
+            self.release()
         for iid in launch.node_ids:
             self._mark_delivered(iid, result.state)
         try:
