@@ -167,6 +167,7 @@ HEAVY_FIRST = (
     "tests/cloud/test_fault_campaign.py",
     "tests/dags/test_spot_sweep.py",
     "tests/cloud/test_gang_resume.py",
+    "tests/cloud/test_leave_on_demand.py",
     "tests/dags/test_distributed_train.py",
     "tests/cloud/test_checkpoint_layouts.py",
     "tests/cloud/test_runs.py",
