@@ -303,11 +303,13 @@ def test_incomplete_or_corrupt_steps_are_skipped(run_folder: tuple[Any, RunFolde
     assert result == {"step": 6, "loss_sum": pytest.approx(expected_loss(6))}
     # the job's last step went up (after the job ended), clean, and is what a next restore would pick
     version, manifest = newest(folder)
-    assert version == 6  # after every version there was, the killed upload's 5 included
+    # after every version there was, the killed upload's 5 included; a periodic round (every 0.5 s
+    # here) may have caught the job mid-way first on a busy machine, so 6 or later
+    assert version >= 6
     assert manifest.instance_id == agent.iid and manifest.step == 6
-    assert folder.list(f"{runs.checkpoint_prefix(6)}/") == [
-        f"{runs.checkpoint_prefix(6)}/MANIFEST.json",
-        f"{runs.checkpoint_prefix(6)}/ckpt-00006.pkl",
+    assert folder.list(f"{runs.checkpoint_prefix(version)}/") == [
+        f"{runs.checkpoint_prefix(version)}/MANIFEST.json",
+        f"{runs.checkpoint_prefix(version)}/ckpt-00006.pkl",
     ]
 
 
