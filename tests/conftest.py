@@ -9,6 +9,7 @@ leak fails the test.
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import shutil
 import sys
@@ -52,10 +53,18 @@ for _var in (
     "AWS_ENDPOINT_URL",
 ):
     os.environ.pop(_var, None)
-# The example DAGs are parsed from the DAGs folder, as Airflow would.
-for _item in (ROOT / "example_dags").iterdir():
-    if _item.suffix == ".py" or _item.is_dir():
-        (DAGS_FOLDER / _item.name).symlink_to(_item)
+# Two DAG bundles, as a deployment may configure them: the DAGs the tests write (the DAGs folder) and
+# the example DAGs where they are. ``dag.test()`` re-parses the whole bundle that owns its DAG on every
+# call (Airflow re-syncs it so that sibling DAGs are in the database): with the examples in a bundle
+# of their own, a test DAG's call parses the test's own file, not the 15 examples too (0.08
+# CPU-seconds a call, a few hundred calls a suite). ``dag_helpers.load_example`` looks in both.
+_LOCAL_BUNDLE = "airflow.dag_processing.bundles.local.LocalDagBundle"
+os.environ["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(
+    [
+        {"name": "dags-folder", "classpath": _LOCAL_BUNDLE, "kwargs": {}},
+        {"name": "example-dags", "classpath": _LOCAL_BUNDLE, "kwargs": {"path": str(ROOT / "example_dags")}},
+    ]
+)
 
 
 @pytest.fixture(autouse=True)

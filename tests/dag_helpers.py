@@ -31,9 +31,14 @@ def write_dag(source: str, name: str) -> Any:
     return _import(path)
 
 
+EXAMPLE_DAGS = Path(__file__).resolve().parents[1] / "example_dags"  # a DAG bundle of its own (conftest)
+
+
 def load_example(name: str) -> Any:
-    """An example DAG, imported fresh (module-level settings such as deferrable are re-read)."""
-    return _import(dags_folder() / f"{name}.py")
+    """An example DAG (or a DAG a test wrote), imported fresh (module-level settings such as
+    deferrable are re-read)."""
+    example = EXAMPLE_DAGS / f"{name}.py"
+    return _import(example if example.exists() else dags_folder() / f"{name}.py")
 
 
 def task_states(run: Any) -> dict[str, str]:

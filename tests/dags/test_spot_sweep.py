@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from dag_helpers import dags_folder, fleet_nothing_left, load_example, task_states, xcom
+from dag_helpers import EXAMPLE_DAGS, fleet_nothing_left, load_example, task_states, xcom
 
 from airflow_cloudtrain.contract.runs import RunKey
 from airflow_cloudtrain.storage import open_run_folder
@@ -119,7 +119,7 @@ def test_spot_sweep_parses_without_import_errors(monkeypatch) -> None:
     for var in ENV_VARS:
         monkeypatch.delenv(var, raising=False)
 
-    bag = DagBag(dag_folder=str(dags_folder() / "spot_sweep.py"))
+    bag = DagBag(dag_folder=str(EXAMPLE_DAGS / "spot_sweep.py"))
     assert bag.import_errors == {}
     dag = bag.dags.get("spot_sweep")
     assert dag is not None

@@ -27,7 +27,7 @@ from airflow_cloudtrain.contract.runs import (
     results_prefix,
     status_key,
 )
-from airflow_cloudtrain.core.ledger import store_get, store_set
+from airflow_cloudtrain.core.ledger import ResourceLedger, store_get, store_set
 from airflow_cloudtrain.core.retry import call_with_retry
 from airflow_cloudtrain.lifecycle.prepare import JobOptions
 from airflow_cloudtrain.lifecycle.resume.history import (
@@ -99,6 +99,9 @@ class RecoveryLoop:
         self.killed = False
         self.history = self._load(resume_from)
         self.ctx.folder_uri = self.history.run_uri
+        # one ledger object for every attempt of this loop: attempts can be alive at once (a switch to
+        # spot launches beside the running one; a resolved switch), and each save writes it whole
+        self.ledger = ResourceLedger.load(ctx.key.digest, ctx.store, ctx.log)
 
     # -- history ---------------------------------------------------------------------------------
     def _load(self, resume_from: str | None) -> RunHistory:
@@ -188,7 +191,7 @@ class RecoveryLoop:
         wait = replace(ctx.wait, spent_usd=float(self.history.totals()["cost_usd"]))  # for ``max_cost``
         order = functools.partial(self.zone_order, spot)
         attempt = RunAttempt(
-            replace(ctx, config=config, options=options, job=job, wait=wait, zone_order=order)
+            replace(ctx, config=config, options=options, job=job, wait=wait, zone_order=order), self.ledger
         )
         attempt.killed = self.killed
         return attempt

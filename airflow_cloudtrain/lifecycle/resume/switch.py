@@ -34,13 +34,15 @@ import json
 import time
 from typing import TYPE_CHECKING
 
-from airflow_cloudtrain.contract.runs import RunStatus, handover_key, status_key
+from airflow_cloudtrain.contract.runs import handover_key
+from airflow_cloudtrain.core.cloud import ended
+from airflow_cloudtrain.core.engine import poll_until
 from airflow_cloudtrain.core.ledger import store_set
 from airflow_cloudtrain.core.records import ERROR, LaunchRecord, Outcome
 from airflow_cloudtrain.core.retry import call_with_retry
 from airflow_cloudtrain.lifecycle.resume.history import LEFT_FOR_SPOT
 from airflow_cloudtrain.lifecycle.resume.zones import no_capacity_zones
-from airflow_cloudtrain.lifecycle.run.attempt import LAUNCH_KEY, ended
+from airflow_cloudtrain.lifecycle.run.attempt import LAUNCH_KEY, RunKilled
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.core.ledger import Resource
@@ -64,7 +66,6 @@ def switch_to_spot(
     loop.launch_attempt(cloud)  # numbered and saved (switch too) before the create call
     marker = handover_key(history.launch_seq)
     spot = loop.attempt(cloud, handover=marker)
-    spot.ledger = od.ledger  # one ledger object: each side's save keeps the other's entries
     log.info("Launching spot beside on-demand %s: %s", od_launch.instance_id, reason)
     try:
         launch = spot.launch_beside()
@@ -105,26 +106,42 @@ def _await_boot(
     loop: RecoveryLoop, od: RunAttempt, od_launch: LaunchRecord, spot: RunAttempt, launch: LaunchRecord
 ) -> str | None:
     """Until the spot agent's first status: None, or why the switch is off (the spot instance ended,
-    never reported, or the on-demand job ended meanwhile: its end is the wait's to report)."""
+    never reported, or the on-demand job ended meanwhile: its end is the wait's to report).
+
+    The one poll loop (``core.engine.poll_until``): transient errors are waited out within its budget.
+    Any other error turns the switch off rather than ending the run: the caller releases the spot
+    launch and the on-demand attempt goes on, whose own wait meets the error if it lasts. A kill
+    raises ``RunKilled`` (the task's teardown releases both instances through the ledger)."""
     limit = loop.ctx.wait.startup_timeout or BOOT_WAIT_S
     until = time.monotonic() + limit
     cloud = loop.ctx.backend.cloud
-    while time.monotonic() < until:
+
+    def step() -> str | None:  # "" once the spot agent reported, a reason to give up, or None: not yet
         if loop.killed:
-            raise RuntimeError("task killed during a switch to spot")
+            raise RunKilled("task killed during a switch to spot")
         od.lease.renew()
-        try:
-            if call_with_retry(lambda: spot.folder.get_text(status_key(launch.instance_id))):
-                return None
-            raw = call_with_retry(lambda: od.folder.get_text(status_key(od_launch.instance_id)))
-            if raw and RunStatus.from_json(raw).final:
-                return "the on-demand job ended while spot booted"
-            if ended(call_with_retry(lambda: cloud.describe([launch.instance_id])).get(launch.instance_id)):
-                return f"spot {launch.instance_id} ended before its agent reported"
-        except Exception as err:  # the wait goes on; the deadline bounds it
-            loop.log.warning("Could not check the switch to spot (%s); retrying", err)
-        time.sleep(BOOT_POLL_S)
-    return f"spot {launch.instance_id}'s agent did not report within {limit:.0f} s"
+        if spot.status_of(launch.instance_id) is not None:
+            return ""
+        status = od.status_of(od_launch.instance_id)
+        if status is not None and status.final:
+            return "the on-demand job ended while spot booted"
+        if ended(cloud.describe([launch.instance_id]).get(launch.instance_id)):
+            return f"spot {launch.instance_id} ended before its agent reported"
+        if time.monotonic() >= until:
+            return f"spot {launch.instance_id}'s agent did not report within {limit:.0f} s"
+        return None
+
+    def transient(err: BaseException, delay: float) -> None:
+        loop.log.warning(
+            "Transient error while checking the switch to spot (%s); again in %.0f s", err, delay
+        )
+
+    try:
+        return poll_until(step, BOOT_POLL_S, stopped=lambda: loop.killed, on_transient=transient) or None
+    except RunKilled:
+        raise
+    except Exception as err:
+        return f"could not check the switch to spot: {type(err).__name__}: {err}"
 
 
 def _stay(loop: RecoveryLoop, od_launch: LaunchRecord, message: str, zones: list[str] | None = None) -> None:

@@ -138,10 +138,15 @@ class RunContext:
 
 
 class RunAttempt:
-    def __init__(self, ctx: RunContext) -> None:
+    def __init__(self, ctx: RunContext, ledger: ResourceLedger | None = None) -> None:
+        """``ledger``: the run's resource ledger when the caller holds attempts of one run at once (a
+        checkpoint-resume loop): a save writes the whole ledger back, so two copies of it would
+        overwrite each other's entries. Without it, the attempt loads the store's."""
         self.ctx = ctx
         self.log = ctx.log
-        self.ledger = ResourceLedger.load(ctx.key.digest, ctx.store, ctx.log)
+        self.ledger = (
+            ledger if ledger is not None else ResourceLedger.load(ctx.key.digest, ctx.store, ctx.log)
+        )
         self.killed = False
         self._folder: RunFolder | None = None
         self._live: RunFolder | None = None  # the live index, opened on first use
@@ -209,7 +214,7 @@ class RunAttempt:
         say_orphaned(self.folder, self.log)  # an earlier try's run that ended itself, unwatched
         states = backend.cloud.describe(ids)
         for iid in ids:
-            status = self._status(iid)
+            status = self.status_of(iid)
             if status is not None and status.final and not self._delivered(iid):
                 self.log.info(
                     "The job already finished on %s (%s) in an earlier try: delivering that result",
@@ -246,7 +251,8 @@ class RunAttempt:
             self.abandon()
         return None
 
-    def _status(self, instance_id: str) -> RunStatus | None:
+    def status_of(self, instance_id: str) -> RunStatus | None:
+        """The agent's ``status.json`` for ``instance_id`` in this run's folder, or None before its first."""
         raw = self.folder.get_text(status_key(instance_id))
         return RunStatus.from_json(raw) if raw else None
 
