@@ -198,7 +198,10 @@ def build_parser() -> argparse.ArgumentParser:
     from airflow_cloudtrain.cli_jobs import add_jobs_parser
 
     add_jobs_parser(sub)
-    __import__("airflow_cloudtrain.cli_up").cli_up.add_up_parser(sub)  # cloudtrain up
+    from airflow_cloudtrain.cli_up import add_up_parser
+    from airflow_cloudtrain.cli_up_production import production_airflow
+
+    add_up_parser(sub, production_airflow)  # cloudtrain up [--production]
     __import__("airflow_cloudtrain.cli_gc").cli_gc.add_gc_parser(sub)  # cloudtrain gc
     __import__("airflow_cloudtrain.cli_permissions").cli_permissions.add_permissions_parser(sub)
     emu = sub.add_parser(

@@ -479,11 +479,13 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def _deployment(args: argparse.Namespace) -> Any:
-    """``local_airflow``, or with ``--production`` its PostgreSQL/Redis/Celery shape."""
+    """``local_airflow``, or with ``--production`` its PostgreSQL/Redis/Celery shape: the factory
+    ``add_up_parser`` was given (``cli`` passes ``cli_up_production.production_airflow``, which builds
+    on this module, so this module never imports it)."""
     if getattr(args, "production", False):
-        from airflow_cloudtrain.cli_up_production import production_airflow
-
-        return production_airflow
+        if args.production_airflow is None:
+            raise UpError("--production is not available here")
+        return args.production_airflow
     return local_airflow
 
 
@@ -494,7 +496,8 @@ def _setting(text: str) -> tuple[str, str]:
     return key, value
 
 
-def add_up_parser(sub: Any) -> None:
+def add_up_parser(sub: Any, production_airflow: Any = None) -> None:
+    """``cloudtrain up``; ``production_airflow``: the deployment ``--production`` starts."""
     up = sub.add_parser(
         "up",
         help="a local Airflow (api-server, scheduler, dag-processor, triggerer) with the example DAGs "
@@ -516,4 +519,4 @@ def add_up_parser(sub: Any) -> None:
         help="the production shape: PostgreSQL, Redis, CeleryExecutor with two workers, two triggerers "
         "(installs postgresql and redis-server with apt-get when missing and root)",
     )
-    up.set_defaults(func=run_up)
+    up.set_defaults(func=run_up, production_airflow=production_airflow)

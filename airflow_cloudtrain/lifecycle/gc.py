@@ -30,14 +30,27 @@ import logging
 import re
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from airflow_cloudtrain.clouds.gcp.vertex import KIND as VERTEX_KIND
 from airflow_cloudtrain.contract.lease import LEASE_KEY, ORPHANED_KEY, Lease, Orphaned
 from airflow_cloudtrain.contract.runs import FINAL_STATES, SPEC_KEY
 from airflow_cloudtrain.core.inventory import Tagged, listers
 from airflow_cloudtrain.core.ledger import Resource, ResourceLedger
+from airflow_cloudtrain.lifecycle import gc_running
+from airflow_cloudtrain.lifecycle.leftovers import (
+    DELETE,
+    FINISHED,
+    KEEP,
+    LAPSED,
+    LIVE,
+    UNKNOWN,
+    Leftover,
+    RunView,
+    Source,
+    decide,
+    fmt_duration,
+)
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.core.backend import RunBackend
@@ -46,85 +59,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LIVE, LAPSED, FINISHED, UNKNOWN = "live", "lapsed", "finished", "unknown"
-DELETE, KEEP = "delete", "keep"
 DEFAULT_OLDER_THAN_S = 3600.0
 COLUMNS = ("kind", "id", "location", "run key", "age", "state", "$/h", "lease", "action")
 _STATUS = re.compile(r"^instances/([^/]+)/status\.json$")
 _LOOP_LEDGER = re.compile(r"^ledger/[^/]+\.json$")  # a CheckpointResumeOperator loop's ledger
 _LOOP_ENDED = frozenset({"succeeded", "failed"})
-
-
-@dataclass
-class RunView:
-    """What the run folder says about a run: its lease state, why, and when its lease lapsed."""
-
-    lease: str
-    why: str
-    lapsed_at: float | None = None  # set when ``gc`` may record ``orphaned.json`` for it
-
-
-@dataclass
-class Source:
-    """One backend ``gc`` lists through: ``key`` names its listers (``aws``, ``gcp``, ``vertex``)."""
-
-    key: str
-    backend: LedgerBackend  # a RunBackend, or VertexJobs for "vertex" (each kind's deleter takes its own)
-    folders: RunBackend  # whose clients read the run folders
-
-
-@dataclass
-class Leftover:
-    """One resource of the provider, with the run's lease state and what ``gc`` does with it."""
-
-    kind: str
-    id: str
-    location: str | None
-    digest: str | None
-    run_uri: str | None
-    age_s: float | None
-    state: str
-    hourly_usd: float | None
-    lease: str  # live | lapsed | finished | unknown
-    action: str  # delete | keep
-    why: str
-    result: str = ""  # after a sweep: deleted | failed: <error>
-    source: Source | None = field(default=None, repr=False, compare=False)  # what it is deleted through
-    view: RunView | None = field(default=None, repr=False, compare=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("source", "view")}
-
-
-def fmt_duration(seconds: float) -> str:
-    """``90`` -> ``1m30s``, ``3600`` -> ``1h``: the listing's ages and reasons."""
-    seconds = int(round(seconds))
-    days, rest = divmod(seconds, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    parts = [f"{v}{u}" for v, u in ((days, "d"), (hours, "h"), (minutes, "m"), (secs, "s")) if v]
-    return "".join(parts) or "0s"
-
-
-def decide(lease: str, age_s: float | None, older_than_s: float, has_run: bool = True) -> tuple[str, str]:
-    """(action, why) for one resource: the decision table of ``cloudtrain gc``.
-
-    A live run is never touched; nothing younger than ``older_than_s`` is touched (a run launching
-    now may not have written its lease yet); a resource whose age the API does not give is kept
-    unless its run folder says the run is over. Otherwise a finished or lapsed run's resources go,
-    and a resource whose run has no lease (``unknown``) goes by age alone."""
-    if lease == LIVE:
-        return KEEP, "lease fresh: the run is watched"
-    if age_s is not None and age_s < older_than_s:
-        return KEEP, f"younger than {fmt_duration(older_than_s)}"
-    if lease == FINISHED:
-        return DELETE, "run finished"
-    if lease == LAPSED:
-        return DELETE, "lease lapsed"
-    if age_s is None:
-        return KEEP, "no lease and no age: delete it by hand if it is yours"
-    by_age = f"older than {fmt_duration(older_than_s)}"
-    return DELETE, (f"no lease, {by_age}" if has_run else f"no run folder known, by age: {by_age}")
 
 
 def run_view(folder: RunFolder, now: float) -> RunView:
@@ -306,9 +245,7 @@ def classify(
             )
         )
     if bucket and found_in:  # the bucket's running index entries that stand for no attempt any more
-        from airflow_cloudtrain.lifecycle.gc_running import stale_entries
-
-        for entry in stale_entries(_folder(found_in[0].folders, bucket), older_than_s, now):
+        for entry in gc_running.stale_entries(_folder(found_in[0].folders, bucket), older_than_s, now):
             entry.source = found_in[0]
             out.append(entry)
     return sorted(out, key=lambda x: (x.digest or "", x.kind, x.id))
@@ -405,8 +342,6 @@ def format_table(found: list[Leftover]) -> str:
 def sweep(leftovers: list[Leftover], dry_run: bool = False, now: float | None = None) -> list[Leftover]:
     """Delete the leftovers marked ``delete``, run by run, through their kinds' deleters (in the
     kinds' release order); returns them with ``result`` set. ``dry_run``: nothing is called."""
-    from airflow_cloudtrain.lifecycle.gc_running import KIND as RUNNING_INDEX
-    from airflow_cloudtrain.lifecycle.gc_running import delete_entries
 
     doomed = [x for x in leftovers if x.action == DELETE]
     if dry_run:
@@ -415,13 +350,13 @@ def sweep(leftovers: list[Leftover], dry_run: bool = False, now: float | None = 
     runs: dict[tuple[int, str], list[Leftover]] = defaultdict(list)
     index_entries: dict[str, list[Leftover]] = defaultdict(list)
     for x in doomed:
-        if x.kind == RUNNING_INDEX:  # an object in the bucket, not a cloud resource of a ledger kind
+        if x.kind == gc_running.KIND:  # an object in the bucket, not a cloud resource of a ledger kind
             index_entries[x.location or ""].append(x)
         else:
             runs[(id(x.source), x.digest or "")].append(x)
     for bucket, group in index_entries.items():
         assert group[0].source is not None
-        delete_entries(_folder(group[0].source.folders, bucket), group)
+        gc_running.delete_entries(_folder(group[0].source.folders, bucket), group)
     for (_, digest), group in runs.items():
         group.sort(key=lambda x: -(x.age_s or 0.0))  # oldest first: the ledger releases newest first
         entries = [Resource(x.kind, x.id, x.location) for x in group]

@@ -22,9 +22,9 @@ from airflow_cloudtrain.lifecycle.cost_index import (
     running_key,
     stale_reason,
 )
+from airflow_cloudtrain.lifecycle.leftovers import FINISHED, UNKNOWN, Leftover, decide
 
 if TYPE_CHECKING:
-    from airflow_cloudtrain.lifecycle.gc import Leftover
     from airflow_cloudtrain.storage import RunFolder
 
 KIND = "running_index"
@@ -32,8 +32,6 @@ KIND = "running_index"
 
 def stale_entries(folder: RunFolder, older_than_s: float, now: float) -> list[Leftover]:
     """The stale running index entries of the bucket ``folder`` is, each with ``gc``'s decision."""
-    from airflow_cloudtrain.lifecycle.gc import FINISHED, UNKNOWN, Leftover, decide
-
     records = read_running(folder)
     if not records:
         return []

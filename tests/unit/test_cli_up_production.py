@@ -45,8 +45,14 @@ def test_missing_packages_without_root_name_the_command(monkeypatch: pytest.Monk
 
 
 def test_plain_up_keeps_the_plain_deployment_and_production_is_a_flag() -> None:
-    parser = argparse.ArgumentParser()
-    cli_up.add_up_parser(parser.add_subparsers())
+    from airflow_cloudtrain.cli import build_parser
+
+    parser = build_parser()  # the ``cloudtrain`` command's own
     plain, production = parser.parse_args(["up"]), parser.parse_args(["up", "--production"])
     assert cli_up._deployment(plain) is cli_up.local_airflow
     assert cli_up._deployment(production) is cli_up_production.production_airflow
+    # cli_up alone (it never imports the production shape, which builds on it): --production says so
+    bare = argparse.ArgumentParser()
+    cli_up.add_up_parser(bare.add_subparsers())
+    with pytest.raises(cli_up.UpError, match="--production is not available"):
+        cli_up._deployment(bare.parse_args(["up", "--production"]))
