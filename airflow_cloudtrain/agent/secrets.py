@@ -74,7 +74,9 @@ def resolve_secret_env(refs: dict[str, str]) -> dict[str, str]:
 def _read(ref: SecretRef, clients: dict[tuple[str, str], Any]) -> str:
     if ref.scheme == AWS_SSM:
         ssm = _boto(clients, "ssm", ref.region)
-        return str(ssm.get_parameter(Name=ref.name, WithDecryption=True)["Parameter"]["Value"])
+        # by its ARN when given: a parameter shared from another account has no name in this one
+        name = ref.arn or ref.name
+        return str(ssm.get_parameter(Name=name, WithDecryption=True)["Parameter"]["Value"])
     if ref.scheme == AWS_SECRETSMANAGER:
         answer = _boto(clients, "secretsmanager", ref.region).get_secret_value(SecretId=ref.name)
         text = answer.get("SecretString")

@@ -57,12 +57,15 @@ _VAR = re.compile(r"airflow_var://([A-Za-z0-9_.-]+)")
 class SecretRef:
     """One parsed reference. ``name``: the SSM parameter name, the Secrets Manager secret id (name or
     ARN), the GCP version's full name, the connection id or the variable's name; ``region``: AWS only
-    ("" = the instance's); ``field``: a Secrets Manager JSON key or a connection field."""
+    ("" = the instance's); ``field``: a Secrets Manager JSON key or a connection field; ``arn``: an SSM
+    parameter's ARN when the reference gave one: it names the account (a parameter shared from another
+    account is found by its ARN alone) and the partition."""
 
     scheme: str
     name: str
     region: str = ""
     field: str = ""
+    arn: str = ""
 
     @property
     def cloud(self) -> str | None:
@@ -83,7 +86,7 @@ def parse_ref(text: str) -> SecretRef | None:
             return None if key else SecretRef(AWS_SSM, path, region)
         return SecretRef(AWS_SECRETSMANAGER, path.lstrip("/"), region, key)
     if m := _SSM_ARN.fullmatch(text):
-        return SecretRef(AWS_SSM, ssm_name_of_arn(m.group(3)), m.group(1))
+        return SecretRef(AWS_SSM, ssm_name_of_arn(m.group(3)), m.group(1), arn=text)
     if m := _SM_ARN.fullmatch(text):
         return SecretRef(AWS_SECRETSMANAGER, m.group(1), m.group(2), m.group(3) or "")
     if m := _GCP.fullmatch(text):

@@ -86,16 +86,28 @@ def parse_secrets(texts: Iterable[str], provider: str) -> list[SecretRef]:
     return out
 
 
+def partition(region: str) -> str:
+    """The ARN partition of an AWS region: GovCloud's and China's regions have their own."""
+    if region.startswith("us-gov-"):
+        return "aws-us-gov"
+    if region.startswith("cn-"):
+        return "aws-cn"
+    return "aws"
+
+
 def parameter_arn(ref: SecretRef) -> str:
-    """An SSM parameter's ARN as IAM names it (``contract.secret_refs.ssm_arn_resource``)."""
-    return f"arn:aws:ssm:{ref.region or '*'}:*:{ssm_arn_resource(ref.name)}"
+    """An SSM parameter's ARN as IAM names it: as given (its account and partition kept), or from its
+    name (``contract.secret_refs.ssm_arn_resource``) in any account of the region's partition."""
+    if ref.arn:
+        return ref.arn
+    return f"arn:{partition(ref.region)}:ssm:{ref.region or '*'}:*:{ssm_arn_resource(ref.name)}"
 
 
 def secret_arn(ref: SecretRef) -> str:
     """A Secrets Manager secret's ARN: as given, or from its name with AWS's random suffix."""
     if ref.name.startswith("arn:"):
         return ref.name
-    return f"arn:aws:secretsmanager:{ref.region or '*'}:*:secret:{ref.name}-??????"
+    return f"arn:{partition(ref.region)}:secretsmanager:{ref.region or '*'}:*:secret:{ref.name}-??????"
 
 
 def secret_of(ref: SecretRef) -> str:

@@ -29,20 +29,43 @@ def _reads(doc: dict[str, Any]) -> dict[str, list[str]]:
 @pytest.mark.parametrize(
     ("reference", "name", "iam_resource"),
     [
-        # a plain name (no "/") has none in its ARN either; a hierarchical one drops its leading "/"
-        ("arn:aws:ssm:us-east-1:123456789012:parameter/token", "token", "us-east-1:*:parameter/token"),
-        ("arn:aws:ssm:us-east-1:123456789012:parameter/a/b", "/a/b", "us-east-1:*:parameter/a/b"),
-        ("aws-ssm:///a/b", "/a/b", "*:*:parameter/a/b"),
-        ("aws-ssm://eu-west-1/a/b", "/a/b", "eu-west-1:*:parameter/a/b"),
-        ("aws-ssm:///token", "/token", "*:*:parameter/token"),  # "/token": its ARN is token's
-        ("/a/b", "/a/b", "*:*:parameter/a/b"),  # --secret's bare parameter name
+        # a plain name (no "/") has none in its ARN either; a hierarchical one drops its leading "/".
+        # An ARN is granted as given: its account (a parameter shared from another one) and partition
+        (
+            "arn:aws:ssm:us-east-1:123456789012:parameter/token",
+            "token",
+            "arn:aws:ssm:us-east-1:123456789012:parameter/token",
+        ),
+        (
+            "arn:aws:ssm:us-east-1:123456789012:parameter/a/b",
+            "/a/b",
+            "arn:aws:ssm:us-east-1:123456789012:parameter/a/b",
+        ),
+        (
+            "arn:aws-us-gov:ssm:us-gov-west-1:123456789012:parameter/a",
+            "a",
+            "arn:aws-us-gov:ssm:us-gov-west-1:123456789012:parameter/a",
+        ),
+        ("aws-ssm:///a/b", "/a/b", "arn:aws:ssm:*:*:parameter/a/b"),
+        ("aws-ssm://eu-west-1/a/b", "/a/b", "arn:aws:ssm:eu-west-1:*:parameter/a/b"),
+        ("aws-ssm://us-gov-east-1/a/b", "/a/b", "arn:aws-us-gov:ssm:us-gov-east-1:*:parameter/a/b"),
+        ("aws-ssm://cn-north-1/a/b", "/a/b", "arn:aws-cn:ssm:cn-north-1:*:parameter/a/b"),
+        ("aws-ssm:///token", "/token", "arn:aws:ssm:*:*:parameter/token"),  # "/token": its ARN is token's
+        ("/a/b", "/a/b", "arn:aws:ssm:*:*:parameter/a/b"),  # --secret's bare parameter name
     ],
 )
 def test_an_ssm_reference_names_the_parameter_aws_does(reference: str, name: str, iam_resource: str) -> None:
-    """What the agent asks SSM for (``GetParameter(Name=...)``) and what the policy grants it on."""
+    """What the agent asks SSM for (``GetParameter(Name=...)``: the ARN when given) and what the
+    policy grants it on."""
     (ref,) = secrets.parse_secrets([reference], "aws")
     assert (ref.scheme, ref.name) == ("aws-ssm", name)
-    assert secrets.parameter_arn(ref) == f"arn:aws:ssm:{iam_resource}"
+    assert ref.arn == (reference if reference.startswith("arn:") else "")
+    assert secrets.parameter_arn(ref) == iam_resource
+
+
+def test_a_secrets_manager_name_is_granted_in_its_region_s_partition() -> None:
+    (ref,) = secrets.parse_secrets(["aws-secretsmanager://cn-northwest-1/prod/db"], "aws")
+    assert secrets.secret_arn(ref) == "arn:aws-cn:secretsmanager:cn-northwest-1:*:secret:prod/db-??????"
 
 
 @pytest.mark.parametrize(
@@ -78,7 +101,7 @@ def test_aws_reads_only_the_named_parameters_and_secrets() -> None:
         "ssm:GetParameter": [
             "arn:aws:ssm:*:*:parameter/bare/name",
             "arn:aws:ssm:*:*:parameter/team/api-token",
-            "arn:aws:ssm:eu-west-1:*:parameter/prod/db",
+            "arn:aws:ssm:eu-west-1:123456789012:parameter/prod/db",  # its account kept
         ],
         "secretsmanager:GetSecretValue": [
             "arn:aws:secretsmanager:us-east-1:123456789012:secret:x-AbCdEf",
