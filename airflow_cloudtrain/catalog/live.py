@@ -174,6 +174,14 @@ def _remember_failure(folder: Path, provider: str, region: str, err: BaseExcepti
 
 
 # Pricing API location names, as it spells them.
+# The API calls a refresh makes (the permission documents grant them to every operator that takes
+# ``live_prices``: ``permissions.catalog_calls``); tests/cloud/test_catalog_live.py checks them
+CALLS = (
+    ("ec2", "DescribeInstanceTypes"),
+    ("ec2", "DescribeInstanceTypeOfferings"),
+    ("ec2", "DescribeSpotPriceHistory"),
+    ("pricing", "GetProducts"),
+)
 AWS_LOCATIONS = {
     "us-east-1": "US East (N. Virginia)",
     "us-east-2": "US East (Ohio)",

@@ -23,6 +23,12 @@ from airflow_cloudtrain.catalog.snapshot import Row, snapshot_rows
 
 BILLING_URL = "https://cloudbilling.googleapis.com"
 GCE_SERVICE_ID = "6F81-5844-456A"  # Compute Engine in the Billing Catalog (cloud.google.com/skus)
+# The API calls a refresh makes (as ``catalog.live.CALLS``); tests/cloud/test_catalog_live_gcp.py checks them
+CALLS = (
+    ("compute", "machineTypes.list"),
+    ("compute", "acceleratorTypes.list"),
+    ("cloudbilling", "services.skus.list"),
+)
 
 # Machine type prefixes the catalog knows -> the series as SKU descriptions spell it.
 FAMILIES: dict[str, str] = {

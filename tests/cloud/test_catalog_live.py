@@ -138,11 +138,15 @@ def test_a_run_against_the_emulator_refreshes_to_the_snapshot_prices_without_a_w
     # the 10 s default budget (the budget has its own test below)
     monkeypatch.setenv("CLOUDTRAIN_CATALOG_BUDGET_S", "300")
     from airflow_cloudtrain.clouds.aws.backend import AwsRunBackend
+    from airflow_cloudtrain.emulator import calls
 
     before = emu.request_counts()
+    calls.take()
     with caplog.at_level(logging.INFO):
         AwsRunBackend("aws_default", "us-west-2").refresh_catalog()
     assert _warnings(caplog) == []
+    # exactly the calls the permission documents grant every operator that refreshes (catalog_calls)
+    assert {(c.service, c.operation) for c in calls.take() if c.side == "airflow"} == set(live.CALLS)
     counts = emu.request_counts()
     for op in ("GetProducts", "DescribeSpotPriceHistory", "DescribeInstanceTypes"):
         assert counts.get(op, 0) > before.get(op, 0), op

@@ -419,11 +419,18 @@ def test_a_run_against_the_emulator_in_a_users_project_refreshes_without_a_warni
     monkeypatch.setenv(
         "CLOUDTRAIN_CATALOG_BUDGET_S", "300"
     )  # a loaded machine: what it answers, not how fast
+    from airflow_cloudtrain.catalog import live_gcp
+    from airflow_cloudtrain.emulator import calls
+
     live._memo.clear()
+    calls.take()
     try:
         with caplog.at_level(logging.INFO):
             GcpRunBackend("google_cloud_default", "my-project", "us-east1").refresh_catalog()
         assert _warnings(caplog) == []
+        # exactly the calls the permission documents grant every operator that refreshes (catalog_calls)
+        made = {(c.service, c.operation) for c in calls.take() if c.side == "airflow"}
+        assert made == set(live_gcp.CALLS)
         assert (tmp_path / "catalog" / "gcp-us-east1.csv").is_file()
     finally:
         live._memo.clear()

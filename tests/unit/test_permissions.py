@@ -12,9 +12,14 @@ import pytest
 from airflow_cloudtrain import permissions
 from airflow_cloudtrain.cli import main
 from airflow_cloudtrain.emulator import calls
-from airflow_cloudtrain.permissions import generate
+from airflow_cloudtrain.permissions import catalog_calls, generate, secret_calls
 from airflow_cloudtrain.permissions.actions import permissions_for
-from airflow_cloudtrain.permissions.secret_calls import needed
+
+
+def needed(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The record's calls as the generator takes them: with the secret calls of every secret_env
+    operator and the catalog refresh of every operator that takes ``live_prices``."""
+    return catalog_calls.needed(secret_calls.needed(rows))
 
 
 def test_the_documents_are_what_the_record_generates() -> None:
@@ -24,7 +29,7 @@ def test_the_documents_are_what_the_record_generates() -> None:
 
 
 def test_each_document_grants_exactly_what_its_recorded_calls_need() -> None:
-    rows = needed(generate.load_record())  # with the secret calls of every secret_env operator
+    rows = needed(generate.load_record())
     for file in sorted(permissions.DATA.glob("*.json")):
         operator, provider, side, _ = file.name.split(".")
         need = {
@@ -34,6 +39,27 @@ def test_each_document_grants_exactly_what_its_recorded_calls_need() -> None:
             for p in permissions_for(provider, r["service"], r["operation"])
         }
         assert permissions.granted(json.loads(file.read_text())) == need, file.name
+
+
+def test_every_operator_that_refreshes_the_catalog_may_refresh_it() -> None:
+    """A cold cache's refresh on each cloud the operator runs on is granted to it, whichever test's run
+    happened to refresh first while the calls were recorded (the cache is shared)."""
+    takers = catalog_calls.refreshing_operators()
+    assert takers == {
+        "CloudTrainOperator": {"aws", "gcp"},
+        "CheckpointResumeOperator": {"aws", "gcp"},
+        "SpotFleetOperator": {"aws"},
+        "PreemptibleGroupOperator": {"gcp"},
+    }
+    for operator, providers in takers.items():
+        for provider in providers:
+            granted = permissions.granted(permissions.document(operator, provider, "airflow") or {})
+            for service, operation in catalog_calls.refresh_calls(provider):
+                assert set(permissions_for(provider, service, operation)) <= granted, (
+                    operator,
+                    provider,
+                    operation,
+                )
 
 
 def test_a_hand_edit_or_a_grant_nothing_calls_is_caught(tmp_path: Path) -> None:
