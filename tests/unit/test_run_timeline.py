@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 
 from airflow_cloudtrain.contract.runs import Manifest, RunStatus, manifest_key, status_key
 from airflow_cloudtrain.contract.workqueue import ItemOutcome, WorkerRecord, outcome_key
@@ -82,6 +83,33 @@ def test_checkpoints_restores_and_the_deadline_come_from_the_ledger_manifests_an
         "i-2": [("restore", "step 8", 130), ("checkpoint", "step 12", 200)],
         "i-3": [("restore", "step 12", 300), ("checkpoint", "step 16", 340)],
     }
+
+
+def test_every_checkpoint_in_a_status_history_is_marked_and_an_old_status_still_renders() -> None:
+    history = [{"at": T0 + 10 * n, "step": 2 * n, "version": n} for n in range(1, 8)]
+    history += [{"at": T0 + 90, "step": None, "version": 8}, {"at": T0 + 95, "step": None, "version": 9}]
+    done = RunStatus("succeeded", "i-1", job_started_at=T0 + 5, checkpoint_history=history,
+                     checkpoint={"step": None, "uploaded_at": T0 + 95, "version": 9})  # fmt: skip
+    old = RunStatus("interrupted", "i-0", checkpoint={"step": 4, "uploaded_at": T0 - 20})  # no history
+    folder = Folder(
+        {
+            status_key("i-0"): old.to_json(),
+            status_key("i-1"): done.to_json(),  # the newest two manifests say the last two again
+            manifest_key(8): Manifest(step=None, created_at=T0 + 90.2, instance_id="i-1").to_json(),
+            manifest_key(9): Manifest(step=None, created_at=T0 + 95.1, instance_id="i-1").to_json(),
+        }
+    )
+    marks, _ = checkpoint_marks(folder, "ct-x", ["i-0", "i-1"])  # type: ignore[arg-type]
+    assert [(m.label, m.at - T0) for m in marks["i-0"]] == [("step 4", -20)]
+    assert [m.label for m in marks["i-1"]] == [f"step {2 * n}" for n in range(1, 8)] + [
+        "version 8",
+        "version 9",
+    ]
+    bars = [Bar("#1", T0 - 60, T0 - 10, True, True, instance_id="i-0"),
+            Bar("#2", T0, T0 + 100, True, False, instance_id="i-1")]  # fmt: skip
+    svg = timeline_svg([replace(b, marks=tuple(marks[b.instance_id])) for b in bars])
+    drawn = re.findall(r'class="ct-mark ct-checkpoint" data-index="(\d)"', svg)
+    assert drawn.count("0") == 1 and drawn.count("1") == len(history)
 
 
 def test_a_fleet_is_its_workers_with_their_items_and_the_counts_over_time() -> None:
