@@ -200,10 +200,14 @@ def timeline_of(
     title = f"{head['dag_id']}.{head['task_id']} {head['key']}"
     run_uri = head.get("run_uri") or ""
     bars = _attempt_bars(detail, running, now)
-    if not read or not run_uri or head.get("cloud") == "vertex":  # a Vertex job's folder has none of ours
+    if not read or not run_uri:
         return timeline_svg(bars, title)
     try:
         folder = open_run_folder(run_uri)
+        if head.get("cloud") == "vertex":  # its job folder: the jobs' records and checkpoints
+            from airflow_cloudtrain.ui.vertex_timeline import vertex_bars
+
+            return timeline_svg(vertex_bars(folder, head["key"], bars), title)
         if head.get("operator") in FLEET_OPERATORS:
             workers, series = fleet_parts(folder, bool(head.get("spot")), now, bool(running))
             return timeline_svg(workers or bars, title, series=series)

@@ -145,3 +145,59 @@ def test_without_reading_the_run_folder_a_running_first_attempt_is_a_bar_to_now(
     svg = timeline_of(None, [row], now=T0 + 60, read=False)
     assert 'class="ct-bar spot" data-index="0"' in svg and 'class="ct-running" data-index="0"' in svg
     assert "$0.0100 so far" in svg
+
+
+def _job(job_id: str, numeric: str, created: float, started: float | None, ended: float, state: str) -> str:
+    return json.dumps({"state": state, "at": T0 + ended + 3, "job_id": job_id, "job_name": f"p/x/{numeric}",
+                       "created_at": T0 + created, "started_at": None if started is None else T0 + started,
+                       "ended_at": T0 + ended, "spot": True, "cost_usd": 0.01})  # fmt: skip
+
+
+def test_a_vertex_run_is_its_jobs_and_the_earlier_ones_with_their_states_and_checkpoints() -> None:
+    from airflow_cloudtrain.ui.vertex_timeline import checkpoint_step, vertex_bars
+
+    class JobFolder(Folder):
+        def list_modified(self, prefix: str) -> dict[str, float]:
+            return {k: T0 + float(v) for k, v in self.objects.items() if k.startswith(prefix)}
+
+    jobs = "_cloudtrain/jobs/{}/delivered.json".format
+    folder = JobFolder(
+        {
+            jobs("1"): _job("train_0", "1", 0, 10, 60, "JOB_STATE_SUCCEEDED"),  # the job it resumed
+            jobs("2"): _job("train_1", "2", 100, 120, 150, "JOB_STATE_FAILED"),  # this run's first try
+            jobs("3"): _job("train_1", "3", 200, None, 205, "JOB_STATE_CANCELLED"),  # never ran
+            jobs("4"): _job("train_2", "4", 300, 310, 400, "JOB_STATE_SUCCEEDED"),  # a later resume
+            jobs("5"): json.dumps({"state": "JOB_STATE_SUCCEEDED", "at": T0}),  # an older release's
+            "checkpoints/ckpt-000004.json": "40",
+            "checkpoints/ckpt-8.index": "130",
+            "checkpoints/ckpt-8.data-00000-of-00001": "131",
+            "checkpoints/checkpoint": "131",  # TensorFlow's state file: no step
+            "checkpoints/checkpoint-12/model.safetensors": "350",  # the later resume's
+        }
+    )
+    assert checkpoint_step("ckpt-8.data-00000-of-00001") == 8 and checkpoint_step("checkpoint-12/x.bin") == 12
+    index_bar = Bar("#1 n1-standard-4", T0 + 203, T0 + 206, True, False, instance_id="train_1")
+    bars = vertex_bars(folder, "train_1", [index_bar])  # type: ignore[arg-type]
+    assert [(b.label, b.start - T0, b.end - T0) for b in bars] == [
+        ("#1 train_0", 0, 60),
+        ("#2 train_1", 100, 150),
+        ("#3 train_1", 200, 205),
+    ]
+    assert [[(m.kind, m.label, m.at - T0) for m in b.marks] for b in bars] == [
+        [("state", "created", 0), ("state", "running", 10), ("checkpoint", "step 4", 40), ("state", "succeeded", 60)],
+        [("state", "created", 100), ("state", "running", 120), ("checkpoint", "step 8", 131), ("state", "failed", 150)],
+        [("state", "created", 200), ("state", "cancelled", 205)],
+    ]  # fmt: skip
+    assert "never ran" in bars[2].detail and "$0.0100" in bars[1].detail
+    svg = timeline_svg(bars)
+    assert "job state" in svg and svg.count('class="ct-mark ct-state"') == 8
+    assert "<title>state: failed</title>" in svg and "<title>checkpoint: step 8</title>" in svg
+    # a job with no such record yet (still running, or an older release): the index's bars stay
+    running = replace(index_bar, start=T0 + 320, end=T0 + 360, running=True, instance_id="train_3")
+    assert [b.label for b in vertex_bars(folder, "train_3", [running])] == [  # type: ignore[arg-type]
+        "#1 train_0",
+        "#2 train_1",
+        "#3 train_1",
+        "#4 train_2",
+        "#1 n1-standard-4",
+    ]
