@@ -150,14 +150,15 @@ class _S3:
         return float(head["LastModified"].timestamp())
 
     def list(self, bucket: str, prefix: str) -> builtins.list[str]:
-        return builtins.list(self.list_modified(bucket, prefix))
+        return [obj["Key"] for obj in self._objects(bucket, prefix)]
 
     def list_modified(self, bucket: str, prefix: str) -> dict[str, float]:
-        found: dict[str, float] = {}
+        return {obj["Key"]: float(obj["LastModified"].timestamp()) for obj in self._objects(bucket, prefix)}
+
+    def _objects(self, bucket: str, prefix: str) -> builtins.list[dict[str, Any]]:
+        found: builtins.list[dict[str, Any]] = []
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            found.update(
-                (obj["Key"], float(obj["LastModified"].timestamp())) for obj in page.get("Contents", [])
-            )
+            found.extend(page.get("Contents", []))
         return found
 
     def upload_file(

@@ -25,7 +25,7 @@ every ``checkpoint_interval_s``, and once more after the job ended (also when a 
 stopped it), before the results. The agent zip is copied to ``<workdir>/.cloudtrain/agent.zip`` and
 appended to the job's ``PYTHONPATH``, so the job can ``import airflow_cloudtrain.contract.checkpoint``. The
 status says what the operator needs to tell how much work a resume keeps: ``restored_step`` (written
-with the ``setup`` state), ``checkpoint`` (``{"step", "saved_at", "uploaded_at", "version"}`` of the
+with the ``setup`` state), ``checkpoint`` (``{"step", "saved_at", "uploaded_at"}`` of the
 newest checkpoint this agent uploaded, rewritten after every upload) and ``checkpoint_history`` (the
 newest 200 uploads' time, step and version, in that same write: no extra PUT).
 
@@ -544,8 +544,7 @@ class Agent:
         """CheckpointSync wrote a manifest (its uploads one at a time): the status tells the operator
         what a resume would keep, and its history every checkpoint taken (the page's timeline)."""
         at = time.time()
-        self._checkpoint = {"step": manifest.step, "saved_at": manifest.saved_at, "uploaded_at": at,
-                            "version": version}  # fmt: skip
+        self._checkpoint = {"step": manifest.step, "saved_at": manifest.saved_at, "uploaded_at": at}
         history = self.writer.status.with_checkpoint(at, manifest.step, version) if self.writer else None
         self._update(checkpoint=dict(self._checkpoint), checkpoint_history=history)
 

@@ -400,7 +400,7 @@ class RunStatus:
     # "saved_at"} when a checkpoint was restored; {"note": why not} when a relaunch restored nothing
     restore: dict[str, Any] | None = None
     # the newest checkpoint this agent completed in the run folder:
-    # {"step", "saved_at" (the job wrote it), "uploaded_at" (its manifest was written), "version"}
+    # {"step", "saved_at" (the job wrote it), "uploaded_at" (its manifest was written)}
     checkpoint: dict[str, Any] | None = None
     # every checkpoint this agent completed, oldest first, the newest CHECKPOINT_HISTORY_MAX of them:
     # {"at" (its manifest was written), "step", "version"} each (``with_checkpoint``); None from an

@@ -86,8 +86,8 @@ def checkpoint_marks(
         for taken in status.checkpoint_history or []:  # an agent older than the history has none
             if isinstance(taken, dict):
                 _add(marks, iid, taken.get("at"), "checkpoint", taken.get("step"), taken.get("version"))
-        newest = status.checkpoint or {}
-        _add(marks, iid, newest.get("uploaded_at"), "checkpoint", newest.get("step"), newest.get("version"))
+        newest = {} if status.checkpoint_history else status.checkpoint or {}  # the history has it
+        _add(marks, iid, newest.get("uploaded_at"), "checkpoint", newest.get("step"))
         notice = status.interruption or {}
         _add(marks, iid, notice.get("checkpoint_at"), "checkpoint", notice.get("checkpoint_step"))
     return {iid: sorted(mine, key=lambda m: m.at) for iid, mine in marks.items()}, deadline
