@@ -83,13 +83,13 @@ def checkpoint_marks(
         status = RunStatus.from_json(text)
         if status.restored_step is not None:
             _add(marks, iid, status.job_started_at, "restore", status.restored_step)
-        for taken in status.checkpoint_history or []:  # an agent older than the history has none
+        for taken in status.checkpoint_history or []:
             if isinstance(taken, dict):
                 _add(marks, iid, taken.get("at"), "checkpoint", taken.get("step"), taken.get("version"))
-        newest = {} if status.checkpoint_history else status.checkpoint or {}  # the history has it
-        _add(marks, iid, newest.get("uploaded_at"), "checkpoint", newest.get("step"))
-        notice = status.interruption or {}
-        _add(marks, iid, notice.get("checkpoint_at"), "checkpoint", notice.get("checkpoint_step"))
+        if not status.checkpoint_history:  # an older agent's: its newest and its notice's final one
+            newest, notice = status.checkpoint or {}, status.interruption or {}
+            _add(marks, iid, newest.get("uploaded_at"), "checkpoint", newest.get("step"))
+            _add(marks, iid, notice.get("checkpoint_at"), "checkpoint", notice.get("checkpoint_step"))
     return {iid: sorted(mine, key=lambda m: m.at) for iid, mine in marks.items()}, deadline
 
 

@@ -88,8 +88,9 @@ def test_checkpoints_restores_and_the_deadline_come_from_the_ledger_manifests_an
 def test_every_checkpoint_in_a_status_history_is_marked_and_an_old_status_still_renders() -> None:
     history = [{"at": T0 + 10 * n, "step": 2 * n, "version": n} for n in range(1, 8)]
     history += [{"at": T0 + 90, "step": None, "version": 8}, {"at": T0 + 95, "step": None, "version": 9}]
-    done = RunStatus("succeeded", "i-1", job_started_at=T0 + 5, checkpoint_history=history,
-                     checkpoint={"step": None, "uploaded_at": T0 + 95})  # fmt: skip
+    done = RunStatus("interrupted", "i-1", job_started_at=T0 + 5, checkpoint_history=history,
+                     checkpoint={"step": None, "uploaded_at": T0 + 95},
+                     interruption={"checkpoint_at": T0 + 95, "checkpoint_step": None})  # fmt: skip
     old = RunStatus("interrupted", "i-0", checkpoint={"step": 4, "uploaded_at": T0 - 20})  # no history
     folder = Folder(
         {
