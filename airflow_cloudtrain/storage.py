@@ -150,10 +150,16 @@ class _S3:
         return float(head["LastModified"].timestamp())
 
     def list(self, bucket: str, prefix: str) -> builtins.list[str]:
-        keys: builtins.list[str] = []
+        return [obj["Key"] for obj in self._objects(bucket, prefix)]
+
+    def list_modified(self, bucket: str, prefix: str) -> dict[str, float]:
+        return {obj["Key"]: float(obj["LastModified"].timestamp()) for obj in self._objects(bucket, prefix)}
+
+    def _objects(self, bucket: str, prefix: str) -> builtins.list[dict[str, Any]]:
+        found: builtins.list[dict[str, Any]] = []
         for page in self.client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
-            keys.extend(obj["Key"] for obj in page.get("Contents", []))
-        return keys
+            found.extend(page.get("Contents", []))
+        return found
 
     def upload_file(
         self, bucket: str, key: str, path: str, config: TransferConfig, parts: str, progress: Progress | None
@@ -209,6 +215,12 @@ class _GCS:
 
     def list(self, bucket: str, prefix: str) -> builtins.list[str]:
         return [blob.name for blob in self.client.list_blobs(bucket, prefix=prefix)]
+
+    def list_modified(self, bucket: str, prefix: str) -> dict[str, float]:
+        return {
+            blob.name: float(blob.updated.timestamp()) if blob.updated is not None else 0.0
+            for blob in self.client.list_blobs(bucket, prefix=prefix)
+        }
 
     def upload_file(
         self, bucket: str, key: str, path: str, config: TransferConfig, parts: str, progress: Progress | None
@@ -287,6 +299,13 @@ class RunFolder:
         root = f"{self.base}/" if self.base else ""
         keys = self._backend().list(self.bucket, root + prefix.lstrip("/"))
         return sorted(k[len(root) :] for k in keys if k.startswith(root))
+
+    def list_modified(self, prefix: str = "") -> dict[str, float]:
+        """Keys under ``prefix`` with when each was last written (as ``modified_at``), from the one
+        listing: what a job wrote and when, without a request per object."""
+        root = f"{self.base}/" if self.base else ""
+        found = self._backend().list_modified(self.bucket, root + prefix.lstrip("/"))
+        return {k[len(root) :]: t for k, t in sorted(found.items()) if k.startswith(root)}
 
     def upload_file(self, local_path: str | os.PathLike[str], key: str) -> None:
         """Upload one file; big ones in parts (``send_file``)."""

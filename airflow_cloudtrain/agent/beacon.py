@@ -77,7 +77,10 @@ class BeaconWriter:
         """The beacon of now (of ``status`` instead of the current one, if given)."""
         log_seq, tail_from, tail = self.logs()
         current = status if status is not None else self.status()
-        return runs.Beacon(self.instance_id, asdict(current), log_seq, tail_from, tail)
+        # without the checkpoint history: a beacon is rewritten on every log flush and read on every
+        # poll, and only the timeline (which reads status.json) wants it
+        fields = {k: v for k, v in asdict(current).items() if k != "checkpoint_history"}
+        return runs.Beacon(self.instance_id, fields, log_seq, tail_from, tail)
 
     def publish(self, raise_errors: bool = False) -> bool:
         """Write the current beacon; whether it wrote. Nothing once the status is final: the final

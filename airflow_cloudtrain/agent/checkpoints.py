@@ -179,7 +179,7 @@ class CheckpointSync:
         instance_id: str,
         note: Callable[[str], None] | None = None,
         call: Callable[[Callable[[], object], str], object] | None = None,
-        on_uploaded: Callable[[runs.Manifest], None] | None = None,
+        on_uploaded: Callable[[int, runs.Manifest], None] | None = None,
         snapshots: bool = True,
         settle_s: float = SETTLE_S,
         dcp_shards: bool = False,
@@ -457,6 +457,11 @@ class CheckpointSync:
         self._versions[version] = manifest
         self._next = version + 1
         self.last_manifest, self.last_round_s = manifest, time.monotonic() - began
+        if self.on_uploaded is not None:  # first: a checkpoint the log names is in the status too
+            try:
+                self.on_uploaded(version, manifest)
+            except Exception as err:  # reporting it must not make the upload look failed
+                log.warning("checkpoint on_uploaded failed: %s: %s", type(err).__name__, err)
         size = sum(int(e["size"]) for e in entries)
         what = f"step {found.step}" if found.step is not None else "snapshot"
         self.note(
@@ -464,11 +469,6 @@ class CheckpointSync:
             f"({found.layout}: {len(sends)} of {len(entries)} file(s) sent, {size} bytes)"
         )
         self._prune()
-        if self.on_uploaded is not None:
-            try:
-                self.on_uploaded(manifest)
-            except Exception as err:  # reporting it must not make the upload look failed
-                log.warning("checkpoint on_uploaded failed: %s: %s", type(err).__name__, err)
         return manifest
 
     def _newest(self) -> tuple[int, runs.Manifest] | None:

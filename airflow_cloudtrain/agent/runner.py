@@ -25,8 +25,9 @@ every ``checkpoint_interval_s``, and once more after the job ended (also when a 
 stopped it), before the results. The agent zip is copied to ``<workdir>/.cloudtrain/agent.zip`` and
 appended to the job's ``PYTHONPATH``, so the job can ``import airflow_cloudtrain.contract.checkpoint``. The
 status says what the operator needs to tell how much work a resume keeps: ``restored_step`` (written
-with the ``setup`` state) and ``checkpoint`` (``{"step", "saved_at", "uploaded_at"}`` of the newest
-checkpoint this agent uploaded, rewritten after every upload).
+with the ``setup`` state), ``checkpoint`` (``{"step", "saved_at", "uploaded_at"}`` of the
+newest checkpoint this agent uploaded, rewritten after every upload) and ``checkpoint_history`` (the
+newest 200 uploads' time, step and version, in that same write: no extra PUT).
 
 Interruption notices: the job gets SIGTERM at once and ``jobs.notice_grace`` seconds before SIGKILL:
 ``spec.stop_grace_s`` or what the notice leaves (``at``; 30 s without one), in both cases less a
@@ -539,10 +540,13 @@ class Agent:
         self.resumed_step = step
         self._update(restored_step=step, restore=dict(self._restore))
 
-    def _uploaded(self, manifest: runs.Manifest) -> None:
-        """CheckpointSync wrote a manifest: the status tells the operator what a resume would keep."""
-        self._checkpoint = {"step": manifest.step, "saved_at": manifest.saved_at, "uploaded_at": time.time()}
-        self._update(checkpoint=dict(self._checkpoint))
+    def _uploaded(self, version: int, manifest: runs.Manifest) -> None:
+        """CheckpointSync wrote a manifest (its uploads one at a time): the status tells the operator
+        what a resume would keep, and its history every checkpoint taken (the page's timeline)."""
+        at = time.time()
+        self._checkpoint = {"step": manifest.step, "saved_at": manifest.saved_at, "uploaded_at": at}
+        history = self.writer.status.with_checkpoint(at, manifest.step, version) if self.writer else None
+        self._update(checkpoint=dict(self._checkpoint), checkpoint_history=history)
 
     def _job_started(self, pid: int) -> None:
         """``run_process``'s on_start: the checkpoint sync learns the job's pid, the watchdog starts."""

@@ -261,7 +261,7 @@ class Beacon:
     """One instance's state in the live index: small, and byte-identical while nothing changes.
 
     ``status`` is the agent's RunStatus without ``updated_at`` (a rewrite without a change keeps the
-    same bytes); ``log_seq`` the number of log chunks uploaded; ``tail`` the text of chunks
+    same bytes) and without ``checkpoint_history`` (only ``status.json`` carries it); ``log_seq`` the number of log chunks uploaded; ``tail`` the text of chunks
     ``tail_from .. log_seq - 1`` (at most ``TAIL_MAX`` bytes), so a reader that is behind by no more
     than that reads only this object.
     """
@@ -376,6 +376,9 @@ class RunSpec:
         return load_known(cls, data)
 
 
+CHECKPOINT_HISTORY_MAX = 200  # checkpoints a status.json remembers (about 50 bytes each)
+
+
 @dataclass
 class RunStatus:
     """What the agent reports in ``status.json``; ``state`` is one of the constants above."""
@@ -399,10 +402,21 @@ class RunStatus:
     # the newest checkpoint this agent completed in the run folder:
     # {"step", "saved_at" (the job wrote it), "uploaded_at" (its manifest was written)}
     checkpoint: dict[str, Any] | None = None
+    # every checkpoint this agent completed, oldest first, the newest CHECKPOINT_HISTORY_MAX of them:
+    # {"at" (its manifest was written), "step", "version"} each (``with_checkpoint``); None from an
+    # agent older than the history, or one that uploaded nothing
+    checkpoint_history: list[dict[str, Any]] | None = None
 
     @property
     def final(self) -> bool:
         return self.state in FINAL_STATES
+
+    def with_checkpoint(self, at: float, step: int | None, version: int | None) -> list[dict[str, Any]]:
+        """The history with one more checkpoint, bounded to the newest ``CHECKPOINT_HISTORY_MAX``:
+        written with the status change the upload makes anyway, so the timeline can mark every
+        checkpoint taken while ``status.json`` stays a few kilobytes."""
+        entry = {"at": round(at, 3), "step": step, "version": version}
+        return [*(self.checkpoint_history or []), entry][-CHECKPOINT_HISTORY_MAX:]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

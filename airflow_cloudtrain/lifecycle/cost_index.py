@@ -317,8 +317,11 @@ def fleet_record(result: dict[str, Any], key: RunKey, ended_at: float, operator:
 
 
 def vertex_record(result: dict[str, Any], key: RunKey, ended_at: float) -> CostRecord:
-    """A Vertex AI job as one record: its replicas stand in for the instances (an estimate)."""
+    """A Vertex AI job as one record: its replicas stand in for the instances (an estimate). Its
+    "instance" is the job's numeric id: a retry's job has the same job id (display name) as the
+    failed one before it, and each must keep its own row."""
     replicas = result.get("replicas") or []
+    numeric = str(result.get("job_name") or "").rsplit("/", 1)[-1]
     return CostRecord(
         dag_id=key.dag_id,
         task_id=key.task_id,
@@ -327,7 +330,7 @@ def vertex_record(result: dict[str, Any], key: RunKey, ended_at: float) -> CostR
         run_id=str(result.get("job_id") or ""),
         run_uri=str(result.get("job_dir") or ""),
         cloud="vertex",
-        instance_id=str(result.get("job_id") or "job"),
+        instance_id=numeric or str(result.get("job_id") or "job"),
         instance_type=(replicas[0].get("machine_type") if replicas else None),
         num_nodes=sum(int(r.get("count") or 0) for r in replicas),
         spot=bool(result.get("spot")),

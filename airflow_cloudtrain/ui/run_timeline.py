@@ -4,8 +4,9 @@ run folder already holds: nothing here writes, and a run costs a handful of smal
 - Checkpoints and restores: a checkpoint-resume run's ledger (``ledger/<run id>.json``: each attempt's
   last checkpoint and the step it restored, and the deadline policy's deadline), the manifests of the
   checkpoints still kept (the newest two: who uploaded them, when), and each attempt's
-  ``status.json`` (a single run, or the attempt running now: its newest checkpoint, the final one
-  taken at an interruption notice, the step restored).
+  ``status.json`` (a single run, or the attempt running now: every checkpoint it uploaded, its
+  newest 200 from ``checkpoint_history``, the final one taken at an interruption notice, the step
+  restored). A status written before the history existed gives its newest checkpoint only.
 - A fleet: one bar per worker (``workers/<id>.json``) with the items it finished as ticks
   (``outcomes/<id>.json``), and above them the workers running and the items done over time. A big
   fleet's folder is read up to ``MAX_READS`` records of each kind.
@@ -32,12 +33,14 @@ MAX_READS = 200  # worker records and item outcomes read for one fleet's timelin
 FLEET_OPERATORS = ("SpotFleetOperator", "PreemptibleGroupOperator")
 
 
-def _add(marks: dict[str, list[Mark]], instance_id: str | None, at: Any, kind: str, step: Any) -> None:
-    """One mark, once per (instance, kind, step): the ledger, the manifest and the status may all
-    say the same checkpoint."""
+def _add(
+    marks: dict[str, list[Mark]], instance_id: str | None, at: Any, kind: str, step: Any, version: Any = None
+) -> None:
+    """One mark, once per (instance, kind, step): the ledger, the manifest, the status and its
+    history may all say the same checkpoint (a snapshot without a step: once per version)."""
     if not instance_id or not isinstance(at, (int, float)):
         return
-    label = f"step {step}" if step is not None else ""
+    label = f"step {step}" if step is not None else (f"version {version}" if version is not None else "")
     mine = marks.setdefault(instance_id, [])
     if not any(m.kind == kind and m.label == label for m in mine):
         mine.append(Mark(float(at), kind, label))
@@ -72,7 +75,7 @@ def checkpoint_marks(
         text = folder.get_text(manifest_key(version))
         if text:
             manifest = Manifest.from_json(text)
-            _add(marks, manifest.instance_id, manifest.created_at, "checkpoint", manifest.step)
+            _add(marks, manifest.instance_id, manifest.created_at, "checkpoint", manifest.step, version)
     for iid in instance_ids:
         text = folder.get_text(status_key(iid))
         if not text:
@@ -80,11 +83,14 @@ def checkpoint_marks(
         status = RunStatus.from_json(text)
         if status.restored_step is not None:
             _add(marks, iid, status.job_started_at, "restore", status.restored_step)
-        checkpoint = status.checkpoint or {}
-        _add(marks, iid, checkpoint.get("uploaded_at"), "checkpoint", checkpoint.get("step"))
-        notice = status.interruption or {}
-        _add(marks, iid, notice.get("checkpoint_at"), "checkpoint", notice.get("checkpoint_step"))
-    return marks, deadline
+        for taken in status.checkpoint_history or []:
+            if isinstance(taken, dict):
+                _add(marks, iid, taken.get("at"), "checkpoint", taken.get("step"), taken.get("version"))
+        if not status.checkpoint_history:  # an older agent's: its newest and its notice's final one
+            newest, notice = status.checkpoint or {}, status.interruption or {}
+            _add(marks, iid, newest.get("uploaded_at"), "checkpoint", newest.get("step"))
+            _add(marks, iid, notice.get("checkpoint_at"), "checkpoint", notice.get("checkpoint_step"))
+    return {iid: sorted(mine, key=lambda m: m.at) for iid, mine in marks.items()}, deadline
 
 
 def _records(folder: RunFolder, prefix: str) -> list[str]:
@@ -194,10 +200,14 @@ def timeline_of(
     title = f"{head['dag_id']}.{head['task_id']} {head['key']}"
     run_uri = head.get("run_uri") or ""
     bars = _attempt_bars(detail, running, now)
-    if not read or not run_uri or head.get("cloud") == "vertex":  # a Vertex job's folder has none of ours
+    if not read or not run_uri:
         return timeline_svg(bars, title)
     try:
         folder = open_run_folder(run_uri)
+        if head.get("cloud") == "vertex":  # its job folder: the jobs' records and checkpoints
+            from airflow_cloudtrain.ui.vertex_timeline import vertex_bars
+
+            return timeline_svg(vertex_bars(folder, head["key"], bars), title)
         if head.get("operator") in FLEET_OPERATORS:
             workers, series = fleet_parts(folder, bool(head.get("spot")), now, bool(running))
             return timeline_svg(workers or bars, title, series=series)

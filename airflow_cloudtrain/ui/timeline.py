@@ -22,6 +22,7 @@ INTERRUPTION_COLOUR = "#d62728"
 CHECKPOINT_COLOUR = "#2ca02c"
 RESTORE_COLOUR = "#7b3fb5"
 ITEM_COLOUR = "#1f4e2c"
+STATE_COLOUR = "#333333"
 DEADLINE_COLOUR = "#8b0000"
 SERIES_COLOURS = ("#3b7dd8", "#2ca02c")
 SERIES_H = 70  # the band of the series, above the bars
@@ -35,7 +36,8 @@ AXIS_H = 44  # the time axis, and under it when the first attempt started
 @dataclass(frozen=True)
 class Mark:
     """A moment on a bar: ``kind`` is ``checkpoint`` (one completed), ``restore`` (the step the
-    attempt started from) or ``item`` (a fleet's item finished on that worker)."""
+    attempt started from), ``item`` (a fleet's item finished on that worker) or ``state`` (a Vertex
+    AI job's state change: created, running, its end)."""
 
     at: float
     kind: str
@@ -80,13 +82,15 @@ def _ticks(span: float) -> list[float]:
 
 
 def _mark_svg(mark: Mark, x: float, y: float, index: int) -> str:
-    """A checkpoint or restore as a dot on the bar, a finished item as a thin tick."""
-    colour = {"checkpoint": CHECKPOINT_COLOUR, "restore": RESTORE_COLOUR}.get(mark.kind, ITEM_COLOUR)
+    """A checkpoint or restore as a dot on the bar, a finished item as a thin tick, a state change as
+    a tick across the row."""
+    colour = {"checkpoint": CHECKPOINT_COLOUR, "restore": RESTORE_COLOUR, "state": STATE_COLOUR}.get(
+        mark.kind, ITEM_COLOUR
+    )
     tip = f"<title>{escape(f'{mark.kind}: {mark.label}' if mark.label else mark.kind)}</title>"
-    if mark.kind == "item":
-        shape = (
-            f'<rect x="{x - 1:.1f}" y="{y + 4}" width="2" height="{ROW_H - 8}" fill="{colour}">{tip}</rect>'
-        )
+    if mark.kind in ("item", "state"):
+        top, height = (y + 4, ROW_H - 8) if mark.kind == "item" else (y, ROW_H)
+        shape = f'<rect x="{x - 1:.1f}" y="{top}" width="2" height="{height}" fill="{colour}">{tip}</rect>'
     else:
         shape = f'<circle cx="{x:.1f}" cy="{y + ROW_H / 2:.1f}" r="4" fill="{colour}" stroke="#fff">{tip}</circle>'
     return f'<g class="ct-mark ct-{mark.kind}" data-index="{index}">{shape}</g>'
@@ -139,6 +143,11 @@ def timeline_svg(
         f'<circle cx="{LABEL_W + 350}" cy="14" r="4" fill="{RESTORE_COLOUR}"/>'
         f'<text x="{LABEL_W + 358}" y="18">restored</text>',
     ]
+    if any(m.kind == "state" for b in bars for m in b.marks):
+        out.append(
+            f'<rect x="{LABEL_W + 424}" y="6" width="2" height="16" fill="{STATE_COLOUR}"/>'
+            f'<text x="{LABEL_W + 432}" y="18">job state</text>'
+        )
     if not bars:
         out.append(f'<text x="{LABEL_W}" y="{TOP + 18}">no attempt priced yet</text></svg>')
         return "".join(out)

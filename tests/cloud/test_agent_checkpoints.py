@@ -224,6 +224,12 @@ def test_interrupted_run_resumes_from_its_last_checkpoint(
     assert status.restored_step is None and status.checkpoint is not None
     assert status.checkpoint["step"] == last and manifest.saved_at == status.checkpoint["saved_at"]
     assert status.checkpoint["saved_at"] <= status.checkpoint["uploaded_at"] <= status.ended_at
+    # its history: every upload the job log names, in order (the page's timeline marks each one)
+    uploads = re.findall(
+        r"^checkpoint step (\d+) uploaded to \S+/checkpoints/(\d+) ", "\n".join(first.notes()), re.M
+    )
+    history = [(str(h["step"]), str(h["version"])) for h in status.checkpoint_history or []]
+    assert history == uploads and history[-1] == (str(last), str(version)), (history, uploads)
     assert '"CLOUDTRAIN_RESUMED": "0"' in first.job_log() and "CLOUDTRAIN_RESUMED_STEP" not in first.job_log()
     # the job imported the checkpoint module from the agent zip in its workdir (python -S, PYTHONPATH)
     assert (

@@ -194,6 +194,8 @@ def test_the_beat_object_is_the_heartbeat_and_the_beacon_changes_only_with_the_r
         first_at = run.live.modified_at(runs.beacon_name(run.iid))
         digest = store.digest(run.beacon_uri)
         assert first_at is not None and digest is not None
+        listed = run.live.list_modified()  # the same time from a listing (what the Vertex timeline reads)
+        assert abs(listed[runs.beacon_name(run.iid)] - first_at) < 1
         raw = run.live.get_bytes(runs.beacon_name(run.iid)) or b""
         assert hashlib.md5(raw).hexdigest() == digest  # the ETag / md5 is the MD5 of these bytes
         assert runs.Beacon.from_bytes(raw).to_bytes() == raw  # canonical

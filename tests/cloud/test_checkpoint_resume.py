@@ -177,6 +177,16 @@ def test_interruptions_resume_from_the_latest_complete_checkpoint(
     svg = timeline_of(run_detail(records, result["run_id"]))
     assert re.findall(r'class="ct-mark ct-restore" data-index="(\d)"', svg) == ["1", "2"], svg
     assert f"restore: step {rows[2]['restored_step']}" in svg
+    # and every checkpoint each attempt took (its agent's log names them); one killed without notice
+    # may have put one more in its status.json before the line
+    for i, row in enumerate(rows):
+        logged = set(re.findall(r"checkpoint step (\d+) uploaded to ", emu.agent_log(row["instance_id"])))
+        marked = re.findall(
+            rf'ct-checkpoint" data-index="{i}"><circle [^>]*><title>checkpoint: step (\d+)<', svg
+        )
+        extra = int(row["ended"] == "interrupted_no_notice")
+        assert len(set(marked)) == len(marked), marked  # once each
+        assert logged <= set(marked) and len(marked) <= len(logged) + extra, (i, logged, marked)
 
 
 def test_max_restarts_spent_fails_the_task_and_says_why(emu, airflow_db, capfd) -> None:

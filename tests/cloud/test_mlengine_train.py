@@ -12,6 +12,7 @@ import re
 import signal
 import textwrap
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -138,6 +139,19 @@ def test_deferred_resume_of_a_resume_writes_into_the_first_job_s_folder(emu, air
     assert model["step"] == 18
     assert open_run_folder(f"{BUCKET}/again_job_1").list("") == []  # nothing outside the first folder
     assert not active_jobs(emu)
+    # the Cloud training page's timeline of the resume: the job it went on from, then its own, each
+    # with what Vertex told of it and the checkpoints it wrote (not the later resume's)
+    from airflow_cloudtrain.lifecycle.cost_index import read_records
+    from airflow_cloudtrain.ui.run_timeline import timeline_of
+    from airflow_cloudtrain.ui.runs import run_detail
+
+    svg = timeline_of(run_detail(read_records(open_run_folder(BUCKET), time.time() - 3600), "again_job_1"))
+    assert re.findall(r'<text x="4" y="\d+">(#[^<]+)</text>', svg) == ["#1 first_job_1", "#2 again_job_1"]
+    marks = re.findall(r'ct-mark ct-(\w+)" data-index="(\d)"><(?:rect|circle)[^>]*><title>\w+: ([^<]+)<', svg)
+    states = [(i, label) for kind, i, label in marks if kind == "state"]
+    assert states == [(i, s) for i in "01" for s in ("created", "running", "succeeded")], svg
+    checkpoints = [(i, label) for kind, i, label in marks if kind == "checkpoint"]
+    assert checkpoints == [("0", "step 3"), ("0", "step 6"), ("1", "step 9"), ("1", "step 12")], svg
 
 
 def test_a_failing_job_fails_the_task_with_vertex_s_message(emu, airflow_db, capfd) -> None:

@@ -7,6 +7,7 @@ run has a live index."""
 from __future__ import annotations
 
 import io
+import json
 import threading
 from datetime import datetime, timezone
 
@@ -305,3 +306,40 @@ def test_the_beacon_carries_the_logs_state() -> None:
     got = runs.Beacon.from_bytes(folder.objects[beacon.key])
     assert (got.log_seq, got.tail_from) == (1, 0)
     assert got.lines_from(0) == [f"{stamp(T0)}hello"] and got.instance_id == "i-1"
+
+
+# -- the checkpoint history -----------------------------------------------------------------------------
+
+
+def test_every_upload_joins_the_status_history_bounded_and_without_an_extra_write() -> None:
+    from airflow_cloudtrain.agent.runner import Agent
+
+    folder = MemoryFolder()
+    agent = Agent("s3://b/r", instance_id="i-1", folder=folder)  # type: ignore[arg-type]
+    writer = agent.writer = StatusWriter(folder, "i-1", started_at=T0)  # type: ignore[arg-type]
+    writer.beacon = BeaconWriter(folder, "i-1", lambda: writer.status)  # type: ignore[arg-type]
+    total = runs.CHECKPOINT_HISTORY_MAX + 50
+    for version in range(1, total + 1):  # the last 10 are snapshots without a step
+        step = version * 10 if version <= total - 10 else None
+        agent._uploaded(version, runs.Manifest(step=step, saved_at=T0 + version, instance_id="i-1"))
+    status_puts = [data for key, data in folder.puts if key == runs.status_key("i-1")]
+    assert len(status_puts) == total  # the one status write each upload made before the history
+    status = runs.RunStatus.from_json(status_puts[-1].decode())
+    history = status.checkpoint_history or []
+    assert len(history) == runs.CHECKPOINT_HISTORY_MAX  # the newest, oldest first
+    assert [h["version"] for h in history] == list(range(51, total + 1))
+    assert (
+        history[0]["step"] == 510
+        and history[-11]["step"] == (total - 10) * 10
+        and history[-1]["step"] is None
+    )
+    assert all(a["at"] <= b["at"] for a, b in zip(history, history[1:], strict=False))
+    assert status.checkpoint is not None and status.checkpoint["uploaded_at"] == pytest.approx(
+        history[-1]["at"], abs=1e-3
+    )
+    assert len(status_puts[-1]) < 16_000  # status.json stays a few kilobytes
+    beacon = runs.Beacon.from_bytes(folder.objects[runs.beacon_name("i-1")])
+    assert "checkpoint_history" not in beacon.status and beacon.run_status().checkpoint == status.checkpoint
+    # a status.json written before the history existed still reads
+    old = {k: v for k, v in vars(status).items() if k != "checkpoint_history"}
+    assert runs.RunStatus.from_json(json.dumps(old)).checkpoint_history is None

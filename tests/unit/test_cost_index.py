@@ -91,3 +91,17 @@ def test_select_keeps_whole_runs_by_dag_state_and_cloud() -> None:
     assert select(rows, cloud="ec2spot") == select(rows, cloud="ec2") == spot_then_on_demand
     assert grand_total(select(rows, cloud="ec2spot"), "dag")["cost_usd"] == 0.75
     assert select(rows, dag="a", cloud="gcspot") == []
+
+
+def test_a_vertex_retry_keeps_the_failed_job_s_row() -> None:
+    from airflow_cloudtrain.contract.runs import RunKey
+    from airflow_cloudtrain.lifecycle.cost_index import vertex_record
+
+    key = RunKey("d", "train", "manual__1", -1, "gs://b/j")
+    failed, retried = (
+        vertex_record({"job_id": "train_1", "job_name": f"projects/p/locations/r/customJobs/{n}",
+                       "state": state, "duration_s": 60, "cost_usd": 0.1}, key, 1_764_201_600.0 + n)
+        for n, state in ((11, "JOB_STATE_FAILED"), (12, "JOB_STATE_SUCCEEDED"))
+    )  # fmt: skip
+    assert failed.run_id == retried.run_id == "train_1"  # one run on the page, two rows
+    assert failed.key() != retried.key() and retried.instance_id == "12"

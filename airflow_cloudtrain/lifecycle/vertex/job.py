@@ -364,7 +364,7 @@ class VertexJobRun:
         result = job_result(job, self.config.pools)
         if job.output_dir:
             self.folder(job.output_dir).put_text(
-                delivered_key(job.numeric_id), json.dumps({"state": job.state, "at": time.time()})
+                delivered_key(job.numeric_id), json.dumps(delivered_record(job, result, time.time()))
             )
         self.ledger.entries = [e for e in self.ledger.entries if e.id != job.name]
         self.ledger._save()
@@ -410,6 +410,25 @@ def pools_of(job: JobRecord, requested: list[ReplicaPool]) -> list[ReplicaPool]:
         asked = by_index.get(index)
         out.append(ReplicaPool(ROLES[index], machine, int(pool["count"]), asked.requested if asked else None))
     return out
+
+
+def delivered_record(job: JobRecord, result: dict[str, Any], at: float) -> dict[str, Any]:
+    """``delivered.json``: the job's result reached Airflow (``at``), with what the job itself told of
+    its life (created, running from, ended), its state and estimate: the Cloud training page draws
+    the jobs of a job folder from these (``ui.vertex_timeline``), a retry's and a resume's too."""
+    return {
+        "state": job.state,
+        "at": at,
+        "job_id": job.display_name,
+        "job_name": job.name,
+        "created_at": job.created_at,
+        "started_at": job.started_at,
+        "ended_at": job.ended_at,
+        "spot": job.spot,
+        "machine_type": job.pools[0]["machine_type"] if job.pools else None,
+        "replicas": sum(int(p.get("count") or 0) for p in job.pools),
+        "cost_usd": result.get("cost_usd"),
+    }
 
 
 def job_result(job: JobRecord, requested: list[ReplicaPool]) -> dict[str, Any]:
