@@ -402,7 +402,10 @@ def test_a_run_folder_that_refuses_the_final_writes_costs_one_budget_and_the_liv
     """The store refuses every run-folder write from the job's start: the agent gives its finishing
     writes (last log chunk, final status) one shared retry budget, not one each; it keeps beating
     while it tries; and the final beacon and end marker in the live index still carry the outcome."""
-    run = Run(store, metadata, tmp_path, command="echo started; sleep 2", heartbeat_interval_s=0.05)
+    # the job ends only once the test refuses the writes (a fixed sleep could end it first on a busy machine)
+    gate = tmp_path / "refusing"
+    command = f"echo started; while [ ! -e {gate} ]; do sleep 0.05; done"
+    run = Run(store, metadata, tmp_path, command=command, heartbeat_interval_s=0.05)
     folder = _Refusing(run.uri)
     for name, value in run.env().items():
         monkeypatch.setenv(name, value)
@@ -418,6 +421,7 @@ def test_a_run_folder_that_refuses_the_final_writes_costs_one_budget_and_the_liv
 
     wait_for(running, timeout=120, message="the job to run")
     folder.refuse.set()
+    gate.touch()
     thread.join(300)
     assert not thread.is_alive(), "the agent did not finish"
     assert run.status().state == runs.RUNNING  # status.json never got its final write
