@@ -133,15 +133,14 @@ def test_worker_killed_after_two_of_three_nodes_ends_with_one_gang_and_leaves_no
     nodes exist: the next try releases what the first left (the third node too, if its create call went
     out before the kill) before it launches one whole new gang; never more than three alive at once."""
     dag_id = "gang_worker_killed_aws"
-    script, release = tmp_path / "allreduce.py", tmp_path / "first-try-killed"
+    script = tmp_path / "allreduce.py"
     script.write_text(ALLREDUCE)
-    # the first try's nodes hold (a quick job could end before the kill, leaving nothing to release);
-    # a gang started after the kill all-reduces. Bounded at 10 minutes if the test fails
-    command = (
-        f"if [ ! -e '{release}' ]; then echo holding; for i in $(seq 1 3000); do sleep 0.2; done; exit 3; fi; "
-        f"exec {sys.executable} {script}"
-    )
-    scenario(dag_id, "aws", command, extra=", num_nodes=3")
+    # the first try's nodes hold whenever their jobs start (a quick job could end before the kill,
+    # and a file the test creates after the kill would reach a node whose job starts later: that gang
+    # would all-reduce and end by itself before the retry looks). The retry runs the DAG rewritten to
+    # all-reduce (its spec is written after the first gang is released). Bounded at 10 minutes
+    hold = "echo holding; for i in $(seq 1 3000); do sleep 0.2; done; exit 3"
+    scenario(dag_id, "aws", hold, extra=", num_nodes=3")
     when = datetime(2026, 4, 2, tzinfo=timezone.utc)
     assert emu.running_instances() == []
     sampler = AliveSampler(emu)
@@ -156,8 +155,8 @@ def test_worker_killed_after_two_of_three_nodes_ends_with_one_gang_and_leaves_no
         proc.wait(timeout=60)
         left = {i["id"] for i in emu.running_instances()}
         assert set(first) <= left  # nothing of ours ran after the kill: the partial gang is still there
-        release.touch()
-        run = load_example(dag_id).test(logical_date=when, run_after=when)
+        dag = scenario(dag_id, "aws", f"exec {sys.executable} {script}", extra=", num_nodes=3")
+        run = dag.test(logical_date=when, run_after=when)
     finally:
         sampler.stop()
     out = capfd.readouterr().out
