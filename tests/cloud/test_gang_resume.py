@@ -169,7 +169,7 @@ def test_a_gang_that_loses_a_node_resumes_whole_from_the_heads_checkpoint(
     out = capfd.readouterr().out
     assert task_states(run) == {"train": "success"}, out[-4000:]
     assert len(interrupter.done) == 2
-    if handover is not None:  # three deferrals, each handed over; one gang at a time throughout
+    if handover is not None:  # three deferrals, the first two handed over
         # the first: both watched through the loss (either may have told it); the second: the old
         # copy cancelled before the loss, which the new one told; the third gang's end, inline
         assert handover.deferrals == 3
