@@ -6,6 +6,7 @@ vocabulary (CapacityUnavailable, QuotaExceeded) and lets every other error throu
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Sequence
 
@@ -60,6 +61,11 @@ def launch_with_failover(
     raise LaunchFailed(tried)
 
 
+# A gang's create calls in flight at once: every node's call goes out together (on GCE each waits for
+# its insert operation, seconds on a real cloud), up to this many (num_nodes is at most 64)
+MAX_PARALLEL_LAUNCHES = 16
+
+
 def launch_gang_with_failover(
     launch: Callable[[LaunchRequest], Instance],
     release: Callable[[list[Instance]], None],
@@ -70,41 +76,87 @@ def launch_gang_with_failover(
     max_attempts: int = 6,
     logger: logging.Logger | None = None,
 ) -> tuple[list[Instance], Offer, list[tuple[str, str, str]]]:
-    """``num_nodes`` instances of one offer in one zone, all or nothing: node by node, and on a
-    capacity or quota answer at node k the k nodes already running are ``release``d (the caller
-    waits until they are ending) and the gang moves to the next zone/offer as one unit.
+    """``num_nodes`` instances of one offer in one zone, all or nothing: the nodes' create calls at
+    once (``launch_nodes``), and on a capacity or quota answer for any of them the nodes launched are
+    ``release``d (the caller waits until they are ending) and the gang moves to the next zone/offer
+    as one unit.
 
     ``build(offer, zone, attempt, rank)`` makes node ``rank``'s request of gang attempt ``attempt``
-    (each with its own client token). Nodes after the first go to the first node's zone: where the
-    cloud picks the zone (EC2 without ``zone=``), the gang still ends up in one. Any other error
-    propagates with the nodes in the caller's ledger, which releases them."""
+    (each with its own client token). Where the cloud picks the zone (EC2 without ``zone=``), the
+    first node goes alone and the others to its zone, so the gang still ends up in one. Any other
+    error propagates with the nodes in the caller's ledger, which releases them."""
     logger = logger or log
     tried: list[tuple[str, str, str]] = []
     for offer in offers:
         for zone in zones_for(offer):
             if len(tried) >= max_attempts:
                 raise LaunchFailed(tried)
-            got: list[Instance] = []
-            try:
-                for rank in range(num_nodes):
-                    node_zone = zone or (got[0].zone if got else None)
-                    got.append(launch(build(offer, node_zone, len(tried), rank)))
-            except (CapacityUnavailable, QuotaExceeded) as err:
-                where = zone or (got[0].zone if got else None) or offer.region
-                code = err.code or type(err).__name__
-                why = f"{code} at node {len(got) + 1} of {num_nodes}"
-                tried.append((offer.instance_type, where, why))
-                logger.warning(
-                    "No capacity for %d x %s in %s (%s); releasing the %d node(s) launched and trying "
-                    "the next zone or offer",
-                    num_nodes,
-                    offer.instance_type,
-                    where,
-                    why,
-                    len(got),
-                )
-                if got:
-                    release(got)
-                continue
-            return got, offer, tried
+            request = functools.partial(_node_request, build, offer, len(tried))
+            got, err = launch_nodes(launch, request, zone, num_nodes)
+            if err is None:
+                return got, offer, tried
+            where = zone or (got[0].zone if got else None) or offer.region
+            code = err.code or type(err).__name__
+            why = f"{code} at node {len(got) + 1} of {num_nodes}"  # node k: k - 1 launched before it
+            tried.append((offer.instance_type, where, why))
+            logger.warning(
+                "No capacity for %d x %s in %s (%s); releasing the %d node(s) launched and trying "
+                "the next zone or offer",
+                num_nodes,
+                offer.instance_type,
+                where,
+                why,
+                len(got),
+            )
+            if got:
+                release(got)
     raise LaunchFailed(tried)
+
+
+def _node_request(
+    build: Callable[[Offer, str | None, int, int], LaunchRequest],
+    offer: Offer,
+    attempt: int,
+    zone: str | None,
+    rank: int,
+) -> LaunchRequest:
+    return build(offer, zone, attempt, rank)
+
+
+def launch_nodes(
+    launch: Callable[[LaunchRequest], Instance],
+    request: Callable[[str | None, int], LaunchRequest],
+    zone: str | None,
+    num_nodes: int,
+) -> tuple[list[Instance], CapacityUnavailable | QuotaExceeded | None]:
+    """One gang attempt's nodes, their create calls in flight together (threads: a gang's start
+    should cost one launch, not N in turn), each request built here first. Returns the nodes
+    launched, in rank order, and the capacity or quota answer of the lowest rank that got one (None:
+    every node launched). Any other error is raised once every call has returned, so the caller's
+    ledger holds every node that was made."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    got: dict[int, Instance] = {}
+    ranks = list(range(num_nodes))
+    if zone is None and num_nodes:  # the cloud picks the first node's zone; the others follow it
+        try:
+            got[0] = launch(request(None, 0))
+        except (CapacityUnavailable, QuotaExceeded) as err:
+            return [], err
+        zone, ranks = got[0].zone, ranks[1:]
+    errors: dict[int, BaseException] = {}
+    if ranks:
+        requests = {rank: request(zone, rank) for rank in ranks}
+        with ThreadPoolExecutor(min(len(ranks), MAX_PARALLEL_LAUNCHES), "gang-launch") as pool:
+            futures = {rank: pool.submit(launch, req) for rank, req in requests.items()}
+            for rank, future in futures.items():
+                try:
+                    got[rank] = future.result()
+                except BaseException as err:  # every call returns before anything is decided
+                    errors[rank] = err
+    nodes = [got[rank] for rank in sorted(got)]
+    for rank in sorted(errors):
+        if not isinstance(errors[rank], (CapacityUnavailable, QuotaExceeded)):
+            raise errors[rank]
+    capacity = [e for _, e in sorted(errors.items()) if isinstance(e, (CapacityUnavailable, QuotaExceeded))]
+    return nodes, capacity[0] if capacity else None

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
@@ -133,6 +134,9 @@ class ResourceLedger:
         self.store = store
         self.entries: list[Resource] = list(entries or [])
         self.log = logger or log
+        # a gang's create calls run in threads (``core.launcher.launch_nodes``): each change and its
+        # save are one step, so a save never writes an older copy over a newer one
+        self._lock = threading.RLock()
         # Without a logger (a trigger's on_kill) the caller says what went, in its task's log: the
         # module logger's line would repeat it, and from a worker thread may reach another task's log.
         self._say_released = self.log.info if logger is not None else self.log.debug
@@ -160,8 +164,9 @@ class ResourceLedger:
         if kind not in KINDS:
             raise ValueError(f"unknown resource kind {kind!r}: register it with register_kind()")
         entry = Resource(kind, id, location, token)
-        self.entries.append(entry)
-        self._save()
+        with self._lock:
+            self.entries.append(entry)
+            self._save()
         return entry
 
     def created(self, entry: Resource, id: str, location: str | None = None) -> None:
@@ -169,22 +174,25 @@ class ResourceLedger:
 
         A teardown that ran meanwhile (``on_kill`` during the call) may have dropped the entry; it
         comes back, so the next release deletes what the call made."""
-        entry.id = id
-        entry.location = location or entry.location
-        if entry not in self.entries:
-            self.entries.append(entry)
-        self._save()
+        with self._lock:
+            entry.id = id
+            entry.location = location or entry.location
+            if entry not in self.entries:
+                self.entries.append(entry)
+            self._save()
 
     def discard(self, entry: Resource) -> None:
         """The create call was refused: nothing exists to release."""
-        if entry in self.entries:
-            self.entries.remove(entry)
-        self._save()
+        with self._lock:
+            if entry in self.entries:
+                self.entries.remove(entry)
+            self._save()
 
     def add(self, kind: str, id: str, location: str | None) -> Resource:
         """Record a resource found alive (adopted, or rebuilt by a sweep)."""
-        entry = self._remember(kind, id, location)
-        self._save()
+        with self._lock:
+            entry = self._remember(kind, id, location)
+            self._save()
         return entry
 
     def _remember(self, kind: str, id: str, location: str | None) -> Resource:

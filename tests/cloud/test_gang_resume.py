@@ -8,7 +8,9 @@ the upload after the manifest is written), rank 1 is interrupted WITH a notice; 
 rank 2 WITHOUT one. Each time the whole gang is stopped, released and relaunched, and every rank of
 the new gang restores the head's last checkpoint (the one the stopped head uploaded on its SIGTERM);
 the ledger has three rows per attempt whose totals add up; the two losses are two interruptions and
-no error restart; only heads uploaded checkpoints; nothing is left.
+no error restart; only heads uploaded checkpoints; nothing is left; never two gangs alive at once.
+Deferred, two of the gangs' triggers are handed to a new triggerer process mid-wait (``handover``),
+one of them while both triggerers watch through a loss.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from typing import Any
 
 import pytest
 from dag_helpers import task_states, xcom
+from handover import HandOver
 from test_checkpoint_resume import BUCKET, job_steps, resume_dag
+from test_gang_killed import AliveSampler
 from test_gang_run import gang_resources
 from test_runs import cloud_of
 from waiting import wait_for
@@ -52,9 +56,18 @@ class GangInterrupter:
     three instances not seen before whose head has uploaded a checkpoint that many steps past the step
     it restored, then interrupts that rank's instance. Remembers each gang's ids and victim."""
 
-    def __init__(self, emu: Any, plan: list[tuple[int, float, int]], done_flag: Path, last: int) -> None:
+    def __init__(
+        self,
+        emu: Any,
+        plan: list[tuple[int, float, int]],
+        done_flag: Path,
+        last: int,
+        gates: list[threading.Event | None] | None = None,
+    ) -> None:
         self.emu, self.plan, self.done_flag = emu, plan, done_flag
         self.last = last  # the job's last checkpoint before it holds (at STEPS - 1): always reachable
+        # per planned loss, an event it waits for besides the checkpoint (a triggerer hand-over under way)
+        self.gates = gates or [None] * len(plan)
         self.done: list[dict[str, Any]] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -72,10 +85,12 @@ class GangInterrupter:
         # three takes minutes to boot, and giving up early lets the jobs finish uninterrupted
         deadline = time.monotonic() + 900
         try:
-            for steps, notice_s, rank in self.plan:
+            for (steps, notice_s, rank), gate in zip(self.plan, self.gates, strict=True):
                 while time.monotonic() < deadline:
                     try:
-                        if self._interrupt_when_ready(used, steps, notice_s, rank):
+                        if (gate is None or gate.is_set()) and self._interrupt_when_ready(
+                            used, steps, notice_s, rank
+                        ):
                             break
                     except Exception:  # an instance gone between the listing and its log: look again
                         pass
@@ -121,24 +136,47 @@ if os.environ.get("CLOUDTRAIN_GANG_RESUME_ALL"):  # the other two combinations, 
     ("provider", "deferrable"), CASES, ids=[f"{p}-{'deferrable' if d else 'blocking'}" for p, d in CASES]
 )
 def test_a_gang_that_loses_a_node_resumes_whole_from_the_heads_checkpoint(
-    emu: Any, airflow_db: Any, capfd: Any, tmp_path: Path, provider: str, deferrable: bool
+    emu: Any, airflow_db: Any, capfd: Any, tmp_path: Path, monkeypatch: Any, provider: str, deferrable: bool
 ) -> None:
+    """Deferred, the first two gangs' triggers are also handed to a new triggerer mid-wait
+    (``handover``): the first while both triggerers watch through the loss with notice, the second
+    (the old one cancelled first) before the loss without notice."""
     seed = int(os.environ.get("CLOUDTRAIN_TEST_SEED") or random.randrange(10_000))  # to replay one
     rng = random.Random(seed)
     at = [rng.randint(2, 5) * 2, rng.randint(2, 5) * 2]  # checkpoints come every two steps
     print(f"seed {seed}: interrupting {at} steps past each gang's start")
     done = tmp_path / "interrupted"
+    handover = None
+    if deferrable:
+        import airflow.sdk.definitions.dag as sdk_dag
+
+        handover = HandOver(sdk_dag._run_inline_trigger, {1: True, 2: False})
+        monkeypatch.setattr(sdk_dag, "_run_inline_trigger", handover)
     # rank 1 with a notice (the agent polls the metadata every 5 s: 30 s leave a loaded machine time),
-    # then rank 2 without one
+    # then rank 2 without one; deferred, each once its gang's hand-over is under way
     # 80 steps: a job told of its interruption late (a loaded machine) still leaves the next gang room
-    interrupter = GangInterrupter(emu, [(at[0], 30.0, 1), (at[1], 0.0, 2)], done, last=78)
+    gates = [handover.gate(1), handover.gate(2)] if handover else None
+    interrupter = GangInterrupter(emu, [(at[0], 30.0, 1), (at[1], 0.0, 2)], done, last=78, gates=gates)
     command = f'echo "node rank $NODE_RANK"; STEPS_FINISH_AFTER={done} python3 steps.py 80 2 0.25'
     dag_id = f"gang_resume_{provider}_{int(deferrable)}"
-    run = resume_dag(dag_id, provider, command, deferrable, extra="num_nodes=3").test()
+    sampler = AliveSampler(emu)
+    sampler.start()
+    try:
+        run = resume_dag(dag_id, provider, command, deferrable, extra="num_nodes=3").test()
+    finally:
+        sampler.stop()
     interrupter.join()
     out = capfd.readouterr().out
     assert task_states(run) == {"train": "success"}, out[-4000:]
     assert len(interrupter.done) == 2
+    if handover is not None:  # three deferrals, the first two handed over
+        # the first: both watched through the loss (either may have told it); the second: the old
+        # copy cancelled before the loss, which the new one told; the third gang's end, inline
+        assert handover.deferrals == 3
+        assert [(h["overlap"], h["cancelled"]) for h in handover.done] == [(True, False), (False, True)]
+        assert handover.done[1]["winner"] == "new"
+        assert all(any("[rank 1]" in x for x in h["lines"]) for h in handover.done)
+        assert "Triggerer stopping: the run continues on the cloud" in out
     result = xcom(run, "train")
     rows = result["attempts"]
 
@@ -189,8 +227,11 @@ def test_a_gang_that_loses_a_node_resumes_whole_from_the_heads_checkpoint(
     assert all(n["exit_code"] == 0 and n["private_ip"] for n in result["nodes"])
     assert folder.get_text(f"results/{heads[2]['instance_id']}/final.json") == '{"step": 80}'
 
-    # nothing left: all nine instances ended, no security group / firewall rule of the run
+    # nothing left: all nine instances ended, no security group / firewall rule of the run; never
+    # more than one gang alive at once
     ids = [r["instance_id"] for r in rows]
+    assert sampler.most <= 3, f"{sampler.most} instances alive at once: two gangs"
+    assert sampler.seen == set(ids)
     digest = RunKey(dag_id, "train", run.run_id, -1, BUCKET[provider]).digest
 
     def all_gone() -> bool:

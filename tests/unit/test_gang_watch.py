@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import pytest
@@ -76,17 +77,19 @@ class Cloud:
         self.live: list[str] = []
         self.released: list[str] = []
         self.count = 0
+        self.lock = threading.Lock()  # a gang's create calls come from several threads
 
     def launch(self, request: LaunchRequest) -> Instance:
         key = (request.offer.instance_type, request.zone)
         if key not in self.room:  # a room for the type in any zone
             key = (request.offer.instance_type, None)
-        if self.room.get(key, 99) <= 0:
-            raise CapacityUnavailable("no room", "InsufficientInstanceCapacity")
-        self.room[key] = self.room.get(key, 99) - 1
-        self.count += 1
-        iid = f"i-{self.count}"
-        self.live.append(iid)
+        with self.lock:
+            if self.room.get(key, 99) <= 0:
+                raise CapacityUnavailable("no room", "InsufficientInstanceCapacity")
+            self.room[key] = self.room.get(key, 99) - 1
+            self.count += 1
+            iid = f"i-{self.count}"
+            self.live.append(iid)
         return Instance(iid, "pending", request.offer.instance_type, request.zone or "us-east-1c", False)
 
     def release(self, instances: list[Instance]) -> None:
@@ -106,7 +109,42 @@ def test_room_for_two_of_three_releases_them_and_moves_the_whole_gang() -> None:
     )
     assert [i.zone for i in got] == ["us-east-1b"] * 3 and chosen.instance_type == "c5.large"
     assert tried == [("c5.large", "us-east-1a", "InsufficientInstanceCapacity at node 3 of 3")]
-    assert cloud.released == ["i-1", "i-2"] and sorted(cloud.live) == ["i-3", "i-4", "i-5"]
+    assert sorted(cloud.released) == ["i-1", "i-2"] and sorted(cloud.live) == ["i-3", "i-4", "i-5"]
+
+
+def test_the_nodes_create_calls_are_in_flight_together() -> None:
+    """A gang's start costs one launch, not N in turn: no call returns until all N have been made
+    (sequential calls would break the barrier: the first would wait for calls never made)."""
+    barrier = threading.Barrier(4, timeout=60)
+    cloud = Cloud({})
+
+    def launch(request: LaunchRequest) -> Instance:
+        barrier.wait()
+        return cloud.launch(request)
+
+    got, _, _ = launch_gang_with_failover(
+        launch, cloud.release, [offer("c5.large")], build, lambda o: list(o.zones), 4
+    )
+    assert [i.zone for i in got] == ["us-east-1a"] * 4 and len({i.id for i in got}) == 4
+
+
+def test_where_the_cloud_picks_the_zone_the_first_node_goes_alone_then_the_rest_together() -> None:
+    calls: list[tuple[int, str | None]] = []
+    barrier = threading.Barrier(2, timeout=60)  # ranks 1 and 2, together, after rank 0
+    cloud = Cloud({})
+
+    def launch(request: LaunchRequest) -> Instance:
+        rank = int(request.client_token.rsplit("-", 1)[1])
+        calls.append((rank, request.zone))
+        if rank:
+            barrier.wait()
+        return cloud.launch(request)
+
+    got, _, _ = launch_gang_with_failover(
+        launch, cloud.release, [offer("c5.large")], build, lambda o: [None], 3
+    )
+    assert calls[0] == (0, None) and sorted(calls[1:]) == [(1, "us-east-1c"), (2, "us-east-1c")]
+    assert [i.zone for i in got] == ["us-east-1c"] * 3
 
 
 def test_nodes_follow_the_zone_the_cloud_chose_for_the_first() -> None:

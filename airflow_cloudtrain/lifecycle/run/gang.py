@@ -5,10 +5,12 @@ and released as one.
 security group that lets in only its own members, a cluster placement group with ``placement=
 "cluster"``; GCE: a tag-to-tag allow rule and a compact placement policy), each through the ledger;
 the run folder's ``nodes/`` cleared (the barrier's records of an earlier gang must not be read as this
-one's). Then the nodes, one create call each through ``RunAttempt._create_instance`` (so every node is
-in the ledger before its create call), all or nothing (``core.launcher.launch_gang_with_failover``):
-a capacity answer at node k releases nodes 0..k-1 and waits until they are ending before the next
-zone or offer is tried, so a gang never holds two partial gangs' worth of machines. Once every id is
+one's). Then the nodes, one create call each through ``RunAttempt._create_instance`` (so every node
+is in the ledger before its create call), the calls in flight together (``core.launcher.launch_nodes``:
+on GCE each waits for its insert operation, so N calls in turn would cost N launches), all or nothing
+(``core.launcher.launch_gang_with_failover``): a capacity answer for any node releases the nodes
+launched and waits until they are ending before the next zone or offer is tried, so a gang never
+holds two partial gangs' worth of machines. Once every id is
 known, ``nodes/ranks.json`` tells each agent its rank (``contract.gang``); the agents meet at the
 barrier and run the job with ``MASTER_ADDR`` and friends.
 
