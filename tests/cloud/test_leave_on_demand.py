@@ -24,6 +24,7 @@ from typing import Any
 from dag_helpers import load_example, start_first_try, task_states, write_dag, xcom
 from test_checkpoint_resume import JOBS, check_ledger, job_steps, resume_dag
 
+from airflow_cloudtrain.contract import runs
 from airflow_cloudtrain.storage import open_run_folder
 
 TYPE = "t3.medium"
@@ -199,5 +200,10 @@ def test_a_worker_killed_mid_switch_leaves_one_instance_and_the_retry_switches_a
     ], rows
     assert rows[2]["instance_id"] == on_demand  # adopted, not launched twice
     assert first_spot not in {r["instance_id"] for r in rows}  # released by the retry, before its job
+    # and marked released first: its agent's final status (written as it went) is never adopted as the
+    # run's attempt ending, which would release the on-demand instance with it (seen at load 25)
+    result = xcom(run, "train")
+    delivered = open_run_folder(result["run_uri"]).get_text(runs.delivered_key(first_spot))
+    assert delivered is not None and json.loads(delivered)["state"] == "released", delivered
     assert rows[3]["restored_step"] == rows[2]["checkpoint_step"]
     assert first_spot not in {i["id"] for i in emu.running_instances()}

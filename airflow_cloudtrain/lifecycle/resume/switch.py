@@ -78,9 +78,7 @@ def switch_to_spot(
         return None
     why_not = _await_boot(loop, od, od_launch, spot, launch)
     if why_not:
-        call_with_retry(
-            lambda: spot.ledger.release(loop.ctx.backend, sweep=False, only=_entries(spot, launch))
-        )
+        _release_unstarted(spot, _entries(spot, launch))
         store_set(loop.ctx.store, LAUNCH_KEY, od_launch.to_dict())
         _stay(loop, od_launch, why_not)
         return None
@@ -100,6 +98,19 @@ def switch_to_spot(
 
 def _entries(spot: RunAttempt, launch: LaunchRecord) -> list[Resource]:
     return [e for e in spot.ledger.entries if e.kind == "instance" and e.id in launch.node_ids]
+
+
+def _release_unstarted(attempt: RunAttempt, entries: list[Resource]) -> None:
+    """Release a switch's spot launch, whose job never started (it waits for the handover), each
+    instance marked delivered (``released``) first, as every teardown does: its agent writes a final
+    status once the instance goes, and the next adoption (``RunAttempt`` looking for what earlier tries
+    left) must not report that as the run's attempt ending and release the on-demand one with it."""
+    for entry in entries:
+        try:
+            attempt.mark_released(entry.id or "")
+        except Exception as err:  # the release below matters more
+            attempt.log.warning("Could not mark %s released before releasing it: %s", entry.id, err)
+    call_with_retry(lambda: attempt.ledger.release(attempt.ctx.backend, sweep=False, only=entries))
 
 
 def _await_boot(
@@ -171,7 +182,7 @@ def resolve_switch(loop: RecoveryLoop) -> None:
             "A switch to spot was cut short; releasing its spot launch %s",
             ", ".join(str(e.id) for e in others),
         )
-        call_with_retry(lambda: attempt.ledger.release(backend, sweep=False, only=others))
+        _release_unstarted(attempt, others)
     if any(e.kind == "instance" and e.id == od_launch.instance_id for e in attempt.ledger.entries):
         store_set(loop.ctx.store, LAUNCH_KEY, od_launch.to_dict())
     loop.history.probes.append(

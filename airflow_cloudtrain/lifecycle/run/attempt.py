@@ -264,6 +264,11 @@ class RunAttempt:
         """Both in the run folder and in the store, so a retry never reports this end again."""
         mark_delivered(self.ctx.store, self.folder, instance_id, self.ctx.try_number, state, self.log)
 
+    def mark_released(self, instance_id: str) -> None:
+        """A teardown gave up on this instance's end (it is being released): no try adopts it or
+        reports its final status as the run's."""
+        self._mark_delivered(instance_id, "released")
+
     def _adopted(self, instance: Instance | None, instance_id: str) -> LaunchRecord:
         if self.stored and self.stored.instance_id == instance_id:
             return LaunchRecord.from_dict(
