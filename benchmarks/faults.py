@@ -503,11 +503,15 @@ def _try(s: Scenario, path: Path, when: datetime, kill: str, number: int) -> tup
 
 
 def leftovers(s: Scenario, digest: str) -> list[Any]:
-    """What ``cloudtrain gc`` lists of this run (every kind, any age)."""
+    """What ``cloudtrain gc`` lists of this run (every kind, any age): its cloud resources, and its
+    attempts' entries in the bucket's running index that no attempt stands behind any more (named
+    ``<run id>-<instance>``, the run id ``RunKey.short_id``; they carry no digest)."""
     from airflow_cloudtrain.lifecycle.gc import find_leftovers
+    from airflow_cloudtrain.lifecycle.gc_running import KIND as RUNNING_INDEX
 
     found = find_leftovers(s.provider, REGION[s.provider], bucket=BUCKETS[s.provider], older_than_s=0)
-    return [x for x in found if x.digest == digest]
+    entries = f"ct-{digest[:12]}-"
+    return [x for x in found if x.digest == digest or (x.kind == RUNNING_INDEX and x.id.startswith(entries))]
 
 
 def _wait(condition: Any, timeout: float) -> Any:
@@ -578,12 +582,14 @@ def _play(s: Scenario, out: Outcome) -> None:
                     "the lease lapsed but gc did not cancel the Vertex AI job, nor did it end"
                 )
         elif lapsed:
+            lapses_at = time.monotonic() + SHORT_LEASE_S
             over = _wait(  # (an agent agent_crash killed cannot end its run: only gc can, below; s024)
                 lambda: (
                     sampler.crashed
                     or folder.get_text(ORPHANED_KEY)
                     or _finished(folder)
                     or sampler.reclaimed_all()
+                    or _never_launched(s, key.digest, sampler, lapses_at)
                 ),
                 240,
             )
@@ -617,11 +623,33 @@ def _play(s: Scenario, out: Outcome) -> None:
     # (a task marked failed is never relaunched: its run launched one instance, however it ended)
     if single and len(sampler.seen) > 1:
         out.duplicates.append(f"{len(sampler.seen)} instances launched for one run: {sorted(sampler.seen)}")
+    if s.operator == "vertex":  # the sampler sees no instance of a Vertex AI job: count the jobs
+        jobs = _vertex_jobs(s, key.digest)
+        allowed = 2 if CLEARED in s.faults else 1  # a clear cancels the job and asks for a new one
+        if len(jobs) > allowed:
+            out.duplicates.append(f"{len(jobs)} Vertex AI jobs submitted for one run: {jobs}")
+        if not jobs and "success" in out.tries:  # the check (and the leak check) looks by the wrong key
+            out.problems.append(f"the run's Vertex AI job is not found by its run key {key.digest}")
+    if s.operator in ("resume", "gang") and not set(FOLDER_FAULTS) & set(s.faults):
+        out.problems += _ledger_problems(folder, sampler.seen)
     # leaks: everything of the run gone once it ended (ends are asynchronous: a deadline for a busy machine)
     left = _wait(lambda: not leftovers(s, key.digest), 180)
     if not left:
         out.leaks = [f"{x.kind} {x.id} ({x.state}, {x.lease})" for x in leftovers(s, key.digest)]
         _sweep(s)  # one leak must not fail every later scenario of this worker
+
+
+def _never_launched(s: Scenario, digest: str, sampler: Sampler, lapses_at: float) -> bool:
+    """The worker died before anything of the run was launched (s001 of seed 1: killed in the pause
+    after a launch found no capacity): no agent exists to write ``orphaned.json``, and nothing is left
+    to end. Judged once the lease lapsed (and a few samples later), so a launch the sampler has not
+    seen yet is not taken for none."""
+    if time.monotonic() < lapses_at + 5.0 or sampler.seen:
+        return False
+    try:
+        return not leftovers(s, digest)
+    except Exception:  # throttled: ask again on the next look
+        return False
 
 
 def _writes_window(s: Scenario, folder: Any, ended: threading.Event) -> None:
@@ -682,6 +710,41 @@ def _vertex_over(s: Scenario, digest: str) -> bool:
         return not leftovers(s, digest)
     except Exception:  # throttled: the next round counts
         return False
+
+
+def _ledger_problems(folder: Any, seen: set[str]) -> list[str]:
+    """A checkpoint-resume run's ledger (``ledger/<run id>.json``): its totals are its rows' sums, and
+    once the loop ended, every instance the run launched has its row (what it cost is counted). Not
+    judged when the run folder's writes failed (the ledger's saves are retried, then given up)."""
+    from airflow_cloudtrain.lifecycle.resume.history import RunHistory
+
+    problems = []
+    for key in [k for k in folder.list("ledger/") if k.endswith(".json")]:
+        data = json.loads(folder.get_text(key) or "{}")
+        stored, rows = data.get("totals") or {}, RunHistory.from_dict(data).totals()
+        for name in ("attempts", "rows", "launches", "interruptions", "error_restarts", "cost_usd"):
+            if stored.get(name) != rows[name]:
+                problems.append(f"{key}: totals say {name}={stored.get(name)}, its rows {rows[name]}")
+        accounted = {r.get("instance_id") for r in data.get("attempts", [])}
+        if data.get("state") in ("succeeded", "failed") and seen - accounted:
+            problems.append(f"{key} ({data['state']}) has no row for {sorted(seen - accounted)}")
+    return problems
+
+
+def _vertex_jobs(s: Scenario, digest: str) -> list[str]:
+    """Every Vertex AI job of the run key, in any state (the docs promise one: "never submitted
+    twice", whether a try died before, inside or after the create call)."""
+    from airflow_cloudtrain.lifecycle.gc import sources
+
+    vertex = next(x.backend for x in sources(s.provider, REGION[s.provider]) if x.key == "vertex")
+    for look in range(5):
+        try:
+            return [f"{j.numeric_id} ({j.state})" for j in vertex.find(digest)]
+        except Exception:  # a fault's last throttled answer: ask again
+            if look == 4:
+                raise
+            time.sleep(1.0)
+    return []
 
 
 def _sweep(s: Scenario) -> None:
