@@ -221,3 +221,42 @@ def test_an_attempt_taken_before_its_status_named_its_upload_still_counts_it(s3)
     folder.put_text(status_key("i-1"), RunStatus("running", "i-1", checkpoint=reported).to_json())
     assert (attempt_status(folder, "i-1") or status).checkpoint == reported
     assert attempt_status(folder, "i-3") is None  # no status: the agent never reported
+
+
+# a new cloud run: ``make faults``. Found by the fault campaign (seed 1's s014, GCE spot; the same code
+# on both clouds): the retry released the dead try's instance and relaunched, with no ledger row for it
+@pytest.mark.faults
+def test_an_instance_taken_while_no_try_watched_keeps_its_ledger_row(emu, airflow_db, tmp_path: Path) -> None:
+    """The worker dies mid-wait (SIGKILL), then the cloud takes its instance without notice (no final
+    status). The retry relaunches, and its ledger still counts it: a row with its instance and cost,
+    in ``cost_usd`` and in the totals; the relaunched job is told it is a restart
+    (``CLOUDTRAIN_RESTARTS=1``: it was 0, as if nothing had run before)."""
+    dag_id = "resume_unwatched_taken"
+    released = tmp_path / "taken"  # the first job holds at step 6; one started after this does not
+    write_dying_dag(dag_id, "gcp", deferrable=False, hold_at=6, until=released)
+    when = datetime(2026, 4, 1, tzinfo=timezone.utc)
+    emu.reset_counts()
+    proc = first_try(dag_id, when, None)
+    try:
+        first = wait_for(
+            lambda: next((i["id"] for i in emu.running_instances() if checkpointed(emu, i["id"])), None),
+            timeout=300,
+        )
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    emu.interrupt(first, notice_s=0)  # nobody watches it now
+    released.touch()
+
+    run = load_example(dag_id).test(logical_date=when, run_after=when)
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    rows = result["attempts"]
+    assert [(r["ended"], r["instance_id"] == first) for r in rows] == [
+        ("abandoned", True),  # released without a reported end: how it ended is not known
+        ("finished", False),
+    ]
+    assert rows[0]["cost_usd"] > 0 and result["totals"]["launches"] == 2
+    assert result["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in rows))
+    assert emu.request_counts().get(LAUNCH_CALL["gcp"]) == 2
+    assert "restarts=1" in emu.agent_log(rows[1]["instance_id"])

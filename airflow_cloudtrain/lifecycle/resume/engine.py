@@ -189,12 +189,14 @@ class ResumeRun:
                 self.log.info("Waiting %.0f s before the next launch: %s", step.seconds, step.reason)
                 loop.begin_wait(step.reason)
                 return self._waiting(Pause(time.time() + step.seconds, step.reason))
+            loop.unwatched(None)  # before the attempt is made: its job's CLOUDTRAIN_RESTARTS counts them
             attempt = self.attempt = loop.launch_attempt(step.cloud)  # before start: on_kill sees it
             try:
                 launch, done = attempt.start()
             except LaunchFailed as err:  # start() released whatever the failed launch made
                 loop.launch_failed(step.cloud or loop.settings.cloud, err)
                 continue
+            loop.unwatched(launch)  # what earlier tries launched and nobody reported: counted
             if done is None:
                 return self._waiting(launch)
             loop.finish(attempt, launch, done)  # an earlier try's job already ended
