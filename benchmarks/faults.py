@@ -213,6 +213,7 @@ from airflow_cloudtrain.operators import {cls}
 KILL = os.environ.get("CT_FAULT_KILL", "")  # set only in the try that plays the lost worker
 DELAY = float(os.environ.get("CT_FAULT_DELAY", "0"))
 CLEARING = []  # the clear fires once per try
+CLEARED_NOW = threading.Event()  # the clear of a deferred try fired: its trigger is cancelled
 
 
 def die():
@@ -233,6 +234,10 @@ def clear_later(trigger=None):
         if trigger is None:
             os.kill(os.getpid(), signal.SIGTERM)
             return
+        # Airflow's triggerer cancels the trigger's run first, then awaits its on_kill: no event of
+        # it reaches the task after that (s046: the run went on here and reported the job on_kill
+        # cancelled, failing the task)
+        CLEARED_NOW.set()
         import asyncio
         asyncio.run(trigger.on_kill())
         die()
@@ -267,6 +272,8 @@ class Faulty({cls}):
             return advance(handle, outcome)
 
         def resume_(event):
+            if CLEARED_NOW.is_set():  # the cancelled trigger's event: it never comes back
+                threading.Event().wait()  # until the clear's die()
             if KILL == "kill_at_end":
                 die()
             return resume(event)
@@ -429,6 +436,7 @@ class Sampler:
         self.preempted: list[str] = []
         self.crashed: list[str] = []  # instances whose agent the agent_crash fault killed
         self.errors = 0
+        self.quiet_since: float | None = None  # since when the samples saw no live instance of the run
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -445,6 +453,7 @@ class Sampler:
             self.most = max(self.most, len(alive))
             running = [i for i in alive if i.state == "running"]
             now = time.monotonic()
+            self.quiet_since = None if alive else (self.quiet_since or now)
             for inst in running:
                 first_seen.setdefault(inst.id, now)
             if AGENT_CRASH in self.s.faults and not self.crashed:  # once an agent has run a few seconds
@@ -459,15 +468,14 @@ class Sampler:
                 _EMU.interrupt(running[0].id, notice_s=2.0 if fault == "preempt_notice" else 0.0)
                 self.preempted.append(running[0].id)
 
-    def reclaimed_all(self) -> bool:
-        """The cloud took the run's instance (no notice: no final status) and, its watcher gone, nothing
-        relaunched it: nothing of the run runs any more, so there is nothing left to end itself."""
-        if not self.preempted:
-            return False
-        try:
-            return not [i for i in self.cloud.find(self.digest) if i.state in ("pending", "running")]
-        except Exception:  # throttled: ask again on the next look
-            return False
+    def nothing_runs(self, for_s: float = 5.0) -> bool:
+        """Every instance of the run seen has ended, and no sample saw one alive for ``for_s``: nothing
+        is left running to end itself, though nothing in the run folder may say so. The cloud took the
+        instance without notice and no watcher relaunched it (s001: no final status), or the run's
+        writes were refused for good (s050: the group's worker saw the lease lapse, left its group and
+        was terminated, its ``orphaned.json`` refused)."""
+        quiet = self.quiet_since
+        return bool(self.seen) and quiet is not None and time.monotonic() - quiet >= for_s
 
     def __enter__(self) -> Sampler:
         self._thread.start()
@@ -588,7 +596,7 @@ def _play(s: Scenario, out: Outcome) -> None:
                     sampler.crashed
                     or folder.get_text(ORPHANED_KEY)
                     or _finished(folder)
-                    or sampler.reclaimed_all()
+                    or sampler.nothing_runs()
                     or _never_launched(s, key.digest, sampler, lapses_at)
                 ),
                 240,
@@ -631,7 +639,8 @@ def _play(s: Scenario, out: Outcome) -> None:
         if not jobs and "success" in out.tries:  # the check (and the leak check) looks by the wrong key
             out.problems.append(f"the run's Vertex AI job is not found by its run key {key.digest}")
     if s.operator in ("resume", "gang") and not set(FOLDER_FAULTS) & set(s.faults):
-        out.problems += _ledger_problems(folder, sampler.seen)
+        # (a gang's attempt an earlier try left has one row, its head's: its nodes are not named)
+        out.problems += _ledger_problems(folder, sampler.seen if s.operator == "resume" else set())
     # leaks: everything of the run gone once it ended (ends are asynchronous: a deadline for a busy machine)
     left = _wait(lambda: not leftovers(s, key.digest), 180)
     if not left:
