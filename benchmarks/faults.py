@@ -21,13 +21,20 @@ home per worker: a throttle or a capacity fault touches only its own scenario). 
 
     leaks       nothing carrying the run key is left on the emulated cloud (every kind ``cloudtrain gc``
                 lists: instances, VMs powered off or not, groups, templates, queues, topics, firewall
-                rules, secrets, Vertex AI jobs), once the run ended; a run whose lease lapsed gets one
-                ``cloudtrain gc`` sweep first (what a deployment schedules daily).
+                rules, placement groups and policies, secrets, Vertex AI jobs), nor an entry of the
+                run's in the bucket's running index that gc would delete, once the run ended; a run
+                whose lease lapsed gets one ``cloudtrain gc`` sweep first (what a deployment schedules
+                daily).
     duplicates  never more live instances of the run at once than it may have (1, a gang's nodes, a
-                fleet's max_workers: sampled every half second through the cloud's API), and a single
-                run that was never interrupted launched one instance, however often its worker died.
+                fleet's max_workers: sampled every half second through the cloud's API), a single
+                run that was never interrupted launched one instance, however often its worker died,
+                and a Vertex AI run submitted one job (two when cleared: the clear asks for a new one).
     outcome     the task's final state is what the faults imply: success, or a named failure
-                (``EXPECTED``), or for a lapsed lease: ``orphaned.json`` written (or the job done).
+                (``MAY_FAIL``), or for a lapsed lease: ``orphaned.json`` written, the job done, or
+                nothing of the run running any more (never launched, taken by the cloud, or its
+                workers left their group).
+    ledger      a checkpoint-resume run's ledger: its totals are its rows' sums, and once its loop
+                ended, every instance it launched has its row (not judged under run-folder faults).
 
 The table counts scenarios per operator x fault; every failing scenario prints its id and seed.
 ``CLOUDTRAIN_FAULTS_KEEP_LOGS=DIR`` keeps every try's log (``<time>-<dag_id>-try<n>.log``) in DIR.
