@@ -580,16 +580,18 @@ def _play(s: Scenario, out: Outcome) -> None:
         calm.daemon = True
         calm.start()
     ended = threading.Event()
+    window = threading.Thread(target=_writes_window, args=(s, folder, ended), daemon=True)
     if set(FOLDER_FAULTS) & set(s.faults):
         if s.writes_at_s < 0:  # from before the first try: the operator's first write is refused
             _EMU.fail_writes(folder.uri + "/", 1.0, WRITES_SIDES[s.writes_side], s.seed, _writes_kind(s))
-        threading.Thread(target=_writes_window, args=(s, folder, ended), daemon=True).start()
+        window.start()
     with Sampler(s, key.digest) as sampler:
         state, log = _try(s, path, when, kill, 1)
         out.tries.append(state)
         if state == "killed" and kill not in ("lease_lapse", MARKED_FAILED):  # the task's retry
             state, log = _try(s, path, when, "", 2)
             out.tries.append(state)
+        _end_writes_window(s, folder, ended, window)  # the task's last try ended (s104, below)
         lapsed = kill == "lease_lapse" and state == "killed"  # (a try that ended first lost no watcher)
         if lapsed and s.operator == "vertex":  # no agent of ours: `cloudtrain gc` cancels
             if not _wait(lambda: _vertex_over(s, key.digest), 240):
@@ -685,6 +687,17 @@ def _writes_window(s: Scenario, folder: Any, ended: threading.Event) -> None:
     if {FOLDER_WRITES, FOLDER_DENIED} & set(s.faults):
         ended.wait(WRITES_S)
         _EMU.fail_writes(folder.uri + "/", 0.0, side, None, kind)
+
+
+def _end_writes_window(s: Scenario, folder: Any, ended: threading.Event, window: threading.Thread) -> None:
+    """The task's last try ended: a run-folder window still open closes (a long one lasts until then,
+    as documented). Before s104 of seed 1 it lasted through a lapsed lease's wait too, so a fleet
+    worker that saw the lease lapse spent 4 minutes retrying its last uploads (its documented budget
+    under failing writes) and was swept by gc before it could end itself."""
+    ended.set()
+    if window.ident is not None:  # started: the scenario has a run-folder fault
+        window.join(timeout=60)
+        _EMU.fail_writes(folder.uri + "/", 0.0, WRITES_SIDES[s.writes_side], None, _writes_kind(s))
 
 
 def _writes_kind(s: Scenario) -> str:
