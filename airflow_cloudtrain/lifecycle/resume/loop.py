@@ -292,6 +292,9 @@ class RecoveryLoop:
                     lambda: self.ctx.backend.cloud.describe([r.instance_id for r in records])
                 )
                 records = [r for r in records if states[r.instance_id].state not in ALIVE_STATES]
+            # a job that ended with its worker dead is ``start``'s to deliver (its row says how it ended)
+            folder = self.ctx.backend.run_folder(self.history.run_uri)
+            records = [r for r in records if not self._reported(folder, r.instance_id)]
         except Exception as err:
             self.log.warning("Could not read this run's entries in the running index (%s)", err)
             return
@@ -320,6 +323,12 @@ class RecoveryLoop:
             clear_running(bucket, record.run_id, record.instance_id, self.log)
         if len(self.history.attempts) > rows:
             self.save(strict=False)
+
+    @staticmethod
+    def _reported(folder: RunFolder, instance_id: str) -> bool:
+        """Did the instance's agent write its final status (the job ended and said how)?"""
+        raw = call_with_retry(lambda: folder.get_text(status_key(instance_id)))
+        return bool(raw) and RunStatus.from_json(raw or "{}").final
 
     def _finish(self, attempt: RunAttempt, launch: LaunchRecord, outcome: Outcome) -> AttemptRow:
         """The attempt's row (a gang's: a row per node, ``recovery.gang_rows``; returns the head's)."""
