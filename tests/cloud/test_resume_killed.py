@@ -260,3 +260,41 @@ def test_an_instance_taken_while_no_try_watched_keeps_its_ledger_row(emu, airflo
     assert result["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in rows))
     assert emu.request_counts().get(LAUNCH_CALL["gcp"]) == 2
     assert "restarts=1" in emu.agent_log(rows[1]["instance_id"])
+
+
+# a new cloud run: ``make faults``. Found by replaying the fault campaign's s105 (GCE spot; the same
+# code on both clouds): the retry's ledger write failed and the dead try's VM and firewall rule stayed
+@pytest.mark.faults
+def test_a_retry_that_fails_before_its_launch_releases_what_the_dead_try_left(emu, airflow_db) -> None:
+    """The worker dies mid-wait (SIGKILL); the retry cannot write the run's ledger (access denied:
+    not retried) and fails before any launch. It releases the VM the dead try left running and its
+    firewall rule, instead of leaving them to the lease and ``cloudtrain gc``."""
+    from google.cloud import compute_v1
+
+    from airflow_cloudtrain.contract.runs import TAG_RUN_KEY, RunKey
+    from airflow_cloudtrain.emulator import GCP_PROJECT
+    from airflow_cloudtrain.emulator.gcp.gce import compute_client_kwargs
+
+    dag_id = "resume_retry_fails_first"
+    write_dying_dag(dag_id, "gcp", deferrable=False, hold_at=6)
+    when = datetime(2026, 4, 2, tzinfo=timezone.utc)
+    proc = first_try(dag_id, when, None)
+    try:
+        first = wait_for(
+            lambda: next((i["id"] for i in emu.running_instances() if checkpointed(emu, i["id"])), None),
+            timeout=300,
+        )
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    key = RunKey(dag_id, "train", f"manual__{when.isoformat()}", -1, BUCKET["gcp"])
+    emu.fail_writes(f"{BUCKET['gcp']}/{key.path()}/", 1.0, "airflow", 0, "denied")
+    try:
+        run = load_example(dag_id).test(logical_date=when, run_after=when)
+    finally:
+        emu.clear_faults()
+    assert task_states(run) == {"train": "failed"}
+    rules = compute_v1.FirewallsClient(**compute_client_kwargs(emu.gce_endpoint))
+    assert [i["name"] for i in emu.gce.alive() if i["labels"].get(TAG_RUN_KEY) == key.digest] == []
+    assert first not in [i["id"] for i in emu.running_instances()]
+    assert [r.name for r in rules.list(project=GCP_PROJECT) if r.name.startswith(f"ct-{key.digest}-")] == []

@@ -81,7 +81,14 @@ class ResumeRun:
 
     # -- the Engine calls ------------------------------------------------------------------------
     def start(self) -> Step[Handle]:
-        return self._next()
+        try:
+            return self._next()
+        except Exception as err:
+            # a try that fails before its attempt runs (its ledger cannot be saved: the fault
+            # campaign's s105) must not leave what an earlier try launched running until gc
+            if not self.killed:
+                self.abandon(f"the try failed before its attempt: {err}")
+            raise
 
     def over(self, handle: Handle) -> bool:
         if isinstance(handle, Pause):  # a timer already past would fire at once: no deferral
