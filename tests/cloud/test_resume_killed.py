@@ -223,6 +223,20 @@ def test_an_attempt_taken_before_its_status_named_its_upload_still_counts_it(s3)
     assert attempt_status(folder, "i-3") is None  # no status: the agent never reported
 
 
+def killed_mid_wait(emu: Any, dag_id: str, when: datetime) -> str:
+    """Try 1 runs until its instance's job has uploaded a checkpoint, then its worker is SIGKILLed
+    while it waits: the instance it leaves, which nobody watches now."""
+    proc = first_try(dag_id, when, None)
+    try:
+        return wait_for(
+            lambda: next((i["id"] for i in emu.running_instances() if checkpointed(emu, i["id"])), None),
+            timeout=300,
+        )
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+
+
 # a new cloud run: ``make faults``. Found by the fault campaign (seed 1's s014, GCE spot; the same code
 # on both clouds): the retry released the dead try's instance and relaunched, with no ledger row for it
 @pytest.mark.faults
@@ -236,15 +250,7 @@ def test_an_instance_taken_while_no_try_watched_keeps_its_ledger_row(emu, airflo
     write_dying_dag(dag_id, "gcp", deferrable=False, hold_at=6, until=released)
     when = datetime(2026, 4, 1, tzinfo=timezone.utc)
     emu.reset_counts()
-    proc = first_try(dag_id, when, None)
-    try:
-        first = wait_for(
-            lambda: next((i["id"] for i in emu.running_instances() if checkpointed(emu, i["id"])), None),
-            timeout=300,
-        )
-    finally:
-        proc.kill()
-        proc.wait(timeout=60)
+    first = killed_mid_wait(emu, dag_id, when)
     emu.interrupt(first, notice_s=0)  # nobody watches it now
     released.touch()
 
@@ -278,15 +284,7 @@ def test_a_retry_that_fails_before_its_launch_releases_what_the_dead_try_left(em
     dag_id = "resume_retry_fails_first"
     write_dying_dag(dag_id, "gcp", deferrable=False, hold_at=6)
     when = datetime(2026, 4, 2, tzinfo=timezone.utc)
-    proc = first_try(dag_id, when, None)
-    try:
-        first = wait_for(
-            lambda: next((i["id"] for i in emu.running_instances() if checkpointed(emu, i["id"])), None),
-            timeout=300,
-        )
-    finally:
-        proc.kill()
-        proc.wait(timeout=60)
+    first = killed_mid_wait(emu, dag_id, when)
     key = RunKey(dag_id, "train", f"manual__{when.isoformat()}", -1, BUCKET["gcp"])
     emu.fail_writes(f"{BUCKET['gcp']}/{key.path()}/", 1.0, "airflow", 0, "denied")
     try:
