@@ -21,13 +21,20 @@ home per worker: a throttle or a capacity fault touches only its own scenario). 
 
     leaks       nothing carrying the run key is left on the emulated cloud (every kind ``cloudtrain gc``
                 lists: instances, VMs powered off or not, groups, templates, queues, topics, firewall
-                rules, secrets, Vertex AI jobs), once the run ended; a run whose lease lapsed gets one
-                ``cloudtrain gc`` sweep first (what a deployment schedules daily).
+                rules, placement groups and policies, secrets, Vertex AI jobs), once the run ended; a
+                run whose lease lapsed gets one ``cloudtrain gc`` sweep first (what a deployment
+                schedules daily). The run's running index entries gc would delete are reported
+                (``index_left``), not counted: nothing bills for them.
     duplicates  never more live instances of the run at once than it may have (1, a gang's nodes, a
-                fleet's max_workers: sampled every half second through the cloud's API), and a single
-                run that was never interrupted launched one instance, however often its worker died.
+                fleet's max_workers: sampled every half second through the cloud's API), a single
+                run that was never interrupted launched one instance, however often its worker died,
+                and a Vertex AI run submitted one job (two when cleared: the clear asks for a new one).
     outcome     the task's final state is what the faults imply: success, or a named failure
-                (``EXPECTED``), or for a lapsed lease: ``orphaned.json`` written (or the job done).
+                (``MAY_FAIL``), or for a lapsed lease: ``orphaned.json`` written, the job done, or
+                nothing of the run running any more (never launched, taken by the cloud, or its
+                workers left their group).
+    ledger      a checkpoint-resume run's ledger: its totals are its rows' sums, and once its loop
+                ended, every instance it launched has its row (not judged under run-folder faults).
 
 The table counts scenarios per operator x fault; every failing scenario prints its id and seed.
 ``CLOUDTRAIN_FAULTS_KEEP_LOGS=DIR`` keeps every try's log (``<time>-<dag_id>-try<n>.log``) in DIR.
@@ -213,6 +220,7 @@ from airflow_cloudtrain.operators import {cls}
 KILL = os.environ.get("CT_FAULT_KILL", "")  # set only in the try that plays the lost worker
 DELAY = float(os.environ.get("CT_FAULT_DELAY", "0"))
 CLEARING = []  # the clear fires once per try
+CLEARED_NOW = threading.Event()  # the clear of a deferred try fired: its trigger is cancelled
 
 
 def die():
@@ -233,6 +241,10 @@ def clear_later(trigger=None):
         if trigger is None:
             os.kill(os.getpid(), signal.SIGTERM)
             return
+        # Airflow's triggerer cancels the trigger's run first, then awaits its on_kill: no event of
+        # it reaches the task after that (s046: the run went on here and reported the job on_kill
+        # cancelled, failing the task)
+        CLEARED_NOW.set()
         import asyncio
         asyncio.run(trigger.on_kill())
         die()
@@ -267,6 +279,8 @@ class Faulty({cls}):
             return advance(handle, outcome)
 
         def resume_(event):
+            if CLEARED_NOW.is_set():  # the cancelled trigger's event: it never comes back
+                threading.Event().wait()  # until the clear's die()
             if KILL == "kill_at_end":
                 die()
             return resume(event)
@@ -411,6 +425,7 @@ class Outcome:
     problems: list[str] = field(default_factory=list)
     tries: list[str] = field(default_factory=list)  # per try: killed / success / failed
     crashed: list[str] = field(default_factory=list)  # instances whose agent agent_crash killed
+    index_left: list[str] = field(default_factory=list)  # running index entries left for gc (``index_left``)
     seconds: float = 0.0
 
 
@@ -429,6 +444,7 @@ class Sampler:
         self.preempted: list[str] = []
         self.crashed: list[str] = []  # instances whose agent the agent_crash fault killed
         self.errors = 0
+        self.quiet_since: float | None = None  # since when the samples saw no live instance of the run
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -445,6 +461,7 @@ class Sampler:
             self.most = max(self.most, len(alive))
             running = [i for i in alive if i.state == "running"]
             now = time.monotonic()
+            self.quiet_since = None if alive else (self.quiet_since or now)
             for inst in running:
                 first_seen.setdefault(inst.id, now)
             if AGENT_CRASH in self.s.faults and not self.crashed:  # once an agent has run a few seconds
@@ -459,15 +476,14 @@ class Sampler:
                 _EMU.interrupt(running[0].id, notice_s=2.0 if fault == "preempt_notice" else 0.0)
                 self.preempted.append(running[0].id)
 
-    def reclaimed_all(self) -> bool:
-        """The cloud took the run's instance (no notice: no final status) and, its watcher gone, nothing
-        relaunched it: nothing of the run runs any more, so there is nothing left to end itself."""
-        if not self.preempted:
-            return False
-        try:
-            return not [i for i in self.cloud.find(self.digest) if i.state in ("pending", "running")]
-        except Exception:  # throttled: ask again on the next look
-            return False
+    def nothing_runs(self, for_s: float = 5.0) -> bool:
+        """Every instance of the run seen has ended, and no sample saw one alive for ``for_s``: nothing
+        is left running to end itself, though nothing in the run folder may say so. The cloud took the
+        instance without notice and no watcher relaunched it (s001: no final status), or the run's
+        writes were refused for good (s050: the group's worker saw the lease lapse, left its group and
+        was terminated, its ``orphaned.json`` refused)."""
+        quiet = self.quiet_since
+        return bool(self.seen) and quiet is not None and time.monotonic() - quiet >= for_s
 
     def __enter__(self) -> Sampler:
         self._thread.start()
@@ -503,11 +519,23 @@ def _try(s: Scenario, path: Path, when: datetime, kill: str, number: int) -> tup
 
 
 def leftovers(s: Scenario, digest: str) -> list[Any]:
-    """What ``cloudtrain gc`` lists of this run (every kind, any age)."""
+    """What ``cloudtrain gc`` lists of this run's resources on the cloud (every kind, any age)."""
     from airflow_cloudtrain.lifecycle.gc import find_leftovers
 
     found = find_leftovers(s.provider, REGION[s.provider], bucket=BUCKETS[s.provider], older_than_s=0)
     return [x for x in found if x.digest == digest]
+
+
+def index_left(s: Scenario, digest: str) -> list[str]:
+    """The run's entries in the bucket's running index that ``cloudtrain gc --bucket`` would delete
+    (named ``<run id>-<instance>``, the run id ``RunKey.short_id``: they carry no digest). Not a leak
+    (nothing bills; the Cloud training page hides them and gc deletes them), but reported: a killed
+    try's release leaves its attempt's entry (README: "removed at its release")."""
+    from airflow_cloudtrain.lifecycle.gc import find_leftovers
+    from airflow_cloudtrain.lifecycle.gc_running import KIND as RUNNING_INDEX
+
+    found = find_leftovers(s.provider, REGION[s.provider], bucket=BUCKETS[s.provider], older_than_s=0)
+    return [x.id for x in found if x.kind == RUNNING_INDEX and x.id.startswith(f"ct-{digest[:12]}-")]
 
 
 def _wait(condition: Any, timeout: float) -> Any:
@@ -561,16 +589,18 @@ def _play(s: Scenario, out: Outcome) -> None:
         calm.daemon = True
         calm.start()
     ended = threading.Event()
+    window = threading.Thread(target=_writes_window, args=(s, folder, ended), daemon=True)
     if set(FOLDER_FAULTS) & set(s.faults):
         if s.writes_at_s < 0:  # from before the first try: the operator's first write is refused
             _EMU.fail_writes(folder.uri + "/", 1.0, WRITES_SIDES[s.writes_side], s.seed, _writes_kind(s))
-        threading.Thread(target=_writes_window, args=(s, folder, ended), daemon=True).start()
+        window.start()
     with Sampler(s, key.digest) as sampler:
         state, log = _try(s, path, when, kill, 1)
         out.tries.append(state)
         if state == "killed" and kill not in ("lease_lapse", MARKED_FAILED):  # the task's retry
             state, log = _try(s, path, when, "", 2)
             out.tries.append(state)
+        _end_writes_window(s, folder, ended, window)  # the task's last try ended (s104, below)
         lapsed = kill == "lease_lapse" and state == "killed"  # (a try that ended first lost no watcher)
         if lapsed and s.operator == "vertex":  # no agent of ours: `cloudtrain gc` cancels
             if not _wait(lambda: _vertex_over(s, key.digest), 240):
@@ -578,12 +608,14 @@ def _play(s: Scenario, out: Outcome) -> None:
                     "the lease lapsed but gc did not cancel the Vertex AI job, nor did it end"
                 )
         elif lapsed:
+            lapses_at = time.monotonic() + SHORT_LEASE_S
             over = _wait(  # (an agent agent_crash killed cannot end its run: only gc can, below; s024)
                 lambda: (
                     sampler.crashed
                     or folder.get_text(ORPHANED_KEY)
                     or _finished(folder)
-                    or sampler.reclaimed_all()
+                    or sampler.nothing_runs()
+                    or _never_launched(s, key.digest, sampler, lapses_at)
                 ),
                 240,
             )
@@ -617,11 +649,37 @@ def _play(s: Scenario, out: Outcome) -> None:
     # (a task marked failed is never relaunched: its run launched one instance, however it ended)
     if single and len(sampler.seen) > 1:
         out.duplicates.append(f"{len(sampler.seen)} instances launched for one run: {sorted(sampler.seen)}")
+    if s.operator == "vertex":  # the sampler sees no instance of a Vertex AI job: count the jobs
+        jobs = _vertex_jobs(s, key.digest)
+        allowed = 2 if CLEARED in s.faults else 1  # a clear cancels the job and asks for a new one
+        if len(jobs) > allowed:
+            out.duplicates.append(f"{len(jobs)} Vertex AI jobs submitted for one run: {jobs}")
+        if not jobs and "success" in out.tries:  # the check (and the leak check) looks by the wrong key
+            out.problems.append(f"the run's Vertex AI job is not found by its run key {key.digest}")
+    if s.operator in ("resume", "gang") and not set(FOLDER_FAULTS) & set(s.faults):
+        # (a gang's attempt an earlier try left has one row, its head's: its nodes are not named)
+        out.problems += _ledger_problems(folder, sampler.seen if s.operator == "resume" else set())
     # leaks: everything of the run gone once it ended (ends are asynchronous: a deadline for a busy machine)
     left = _wait(lambda: not leftovers(s, key.digest), 180)
     if not left:
         out.leaks = [f"{x.kind} {x.id} ({x.state}, {x.lease})" for x in leftovers(s, key.digest)]
         _sweep(s)  # one leak must not fail every later scenario of this worker
+    out.index_left = index_left(s, key.digest)
+    if out.index_left:
+        print(f"{s.id}: running index entries left for gc: {out.index_left}", file=sys.stderr)
+
+
+def _never_launched(s: Scenario, digest: str, sampler: Sampler, lapses_at: float) -> bool:
+    """The worker died before anything of the run was launched (s001 of seed 1: killed in the pause
+    after a launch found no capacity): no agent exists to write ``orphaned.json``, and nothing is left
+    to end. Judged once the lease lapsed (and a few samples later), so a launch the sampler has not
+    seen yet is not taken for none."""
+    if time.monotonic() < lapses_at + 5.0 or sampler.seen:
+        return False
+    try:
+        return not leftovers(s, digest)
+    except Exception:  # throttled: ask again on the next look
+        return False
 
 
 def _writes_window(s: Scenario, folder: Any, ended: threading.Event) -> None:
@@ -641,6 +699,17 @@ def _writes_window(s: Scenario, folder: Any, ended: threading.Event) -> None:
     if {FOLDER_WRITES, FOLDER_DENIED} & set(s.faults):
         ended.wait(WRITES_S)
         _EMU.fail_writes(folder.uri + "/", 0.0, side, None, kind)
+
+
+def _end_writes_window(s: Scenario, folder: Any, ended: threading.Event, window: threading.Thread) -> None:
+    """The task's last try ended: a run-folder window still open closes (a long one lasts until then,
+    as documented). Before s104 of seed 1 it lasted through a lapsed lease's wait too, so a fleet
+    worker that saw the lease lapse spent 4 minutes retrying its last uploads (its documented budget
+    under failing writes) and was swept by gc before it could end itself."""
+    ended.set()
+    if window.ident is not None:  # started: the scenario has a run-folder fault
+        window.join(timeout=60)
+        _EMU.fail_writes(folder.uri + "/", 0.0, WRITES_SIDES[s.writes_side], None, _writes_kind(s))
 
 
 def _writes_kind(s: Scenario) -> str:
@@ -682,6 +751,41 @@ def _vertex_over(s: Scenario, digest: str) -> bool:
         return not leftovers(s, digest)
     except Exception:  # throttled: the next round counts
         return False
+
+
+def _ledger_problems(folder: Any, seen: set[str]) -> list[str]:
+    """A checkpoint-resume run's ledger (``ledger/<run id>.json``): its totals are its rows' sums, and
+    once the loop ended, every instance the run launched has its row (what it cost is counted). Not
+    judged when the run folder's writes failed (the ledger's saves are retried, then given up)."""
+    from airflow_cloudtrain.lifecycle.resume.history import RunHistory
+
+    problems = []
+    for key in [k for k in folder.list("ledger/") if k.endswith(".json")]:
+        data = json.loads(folder.get_text(key) or "{}")
+        stored, rows = data.get("totals") or {}, RunHistory.from_dict(data).totals()
+        for name in ("attempts", "rows", "launches", "interruptions", "error_restarts", "cost_usd"):
+            if stored.get(name) != rows[name]:
+                problems.append(f"{key}: totals say {name}={stored.get(name)}, its rows {rows[name]}")
+        accounted = {r.get("instance_id") for r in data.get("attempts", [])}
+        if data.get("state") in ("succeeded", "failed") and seen - accounted:
+            problems.append(f"{key} ({data['state']}) has no row for {sorted(seen - accounted)}")
+    return problems
+
+
+def _vertex_jobs(s: Scenario, digest: str) -> list[str]:
+    """Every Vertex AI job of the run key, in any state (the docs promise one: "never submitted
+    twice", whether a try died before, inside or after the create call)."""
+    from airflow_cloudtrain.lifecycle.gc import sources
+
+    vertex = next(x.backend for x in sources(s.provider, REGION[s.provider]) if x.key == "vertex")
+    for look in range(5):
+        try:
+            return [f"{j.numeric_id} ({j.state})" for j in vertex.find(digest)]
+        except Exception:  # a fault's last throttled answer: ask again
+            if look == 4:
+                raise
+            time.sleep(1.0)
+    return []
 
 
 def _sweep(s: Scenario) -> None:

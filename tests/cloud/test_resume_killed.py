@@ -221,3 +221,78 @@ def test_an_attempt_taken_before_its_status_named_its_upload_still_counts_it(s3)
     folder.put_text(status_key("i-1"), RunStatus("running", "i-1", checkpoint=reported).to_json())
     assert (attempt_status(folder, "i-1") or status).checkpoint == reported
     assert attempt_status(folder, "i-3") is None  # no status: the agent never reported
+
+
+def killed_mid_wait(emu: Any, dag_id: str, when: datetime) -> str:
+    """Try 1 runs until its instance's job has uploaded a checkpoint, then its worker is SIGKILLed
+    while it waits: the instance it leaves, which nobody watches now."""
+    proc = first_try(dag_id, when, None)
+    try:
+        return wait_for(
+            lambda: next((i["id"] for i in emu.running_instances() if checkpointed(emu, i["id"])), None),
+            timeout=300,
+        )
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+
+
+# a new cloud run: ``make faults``. Found by the fault campaign (seed 1's s014, GCE spot; the same code
+# on both clouds): the retry released the dead try's instance and relaunched, with no ledger row for it
+@pytest.mark.faults
+def test_an_instance_taken_while_no_try_watched_keeps_its_ledger_row(emu, airflow_db, tmp_path: Path) -> None:
+    """The worker dies mid-wait (SIGKILL), then the cloud takes its instance without notice (no final
+    status). The retry relaunches, and its ledger still counts it: a row with its instance and cost,
+    in ``cost_usd`` and in the totals; the relaunched job is told it is a restart
+    (``CLOUDTRAIN_RESTARTS=1``: it was 0, as if nothing had run before)."""
+    dag_id = "resume_unwatched_taken"
+    released = tmp_path / "taken"  # the first job holds at step 6; one started after this does not
+    write_dying_dag(dag_id, "gcp", deferrable=False, hold_at=6, until=released)
+    when = datetime(2026, 4, 1, tzinfo=timezone.utc)
+    emu.reset_counts()
+    first = killed_mid_wait(emu, dag_id, when)
+    emu.interrupt(first, notice_s=0)  # nobody watches it now
+    released.touch()
+
+    run = load_example(dag_id).test(logical_date=when, run_after=when)
+    assert task_states(run) == {"train": "success"}
+    result = xcom(run, "train")
+    rows = result["attempts"]
+    assert [(r["ended"], r["instance_id"] == first) for r in rows] == [
+        ("abandoned", True),  # released without a reported end: how it ended is not known
+        ("finished", False),
+    ]
+    assert rows[0]["cost_usd"] > 0 and result["totals"]["launches"] == 2
+    assert result["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in rows))
+    assert emu.request_counts().get(LAUNCH_CALL["gcp"]) == 2
+    assert "restarts=1" in emu.agent_log(rows[1]["instance_id"])
+
+
+# a new cloud run: ``make faults``. Found by replaying the fault campaign's s105 (GCE spot; the same
+# code on both clouds): the retry's ledger write failed and the dead try's VM and firewall rule stayed
+@pytest.mark.faults
+def test_a_retry_that_fails_before_its_launch_releases_what_the_dead_try_left(emu, airflow_db) -> None:
+    """The worker dies mid-wait (SIGKILL); the retry cannot write the run's ledger (access denied:
+    not retried) and fails before any launch. It releases the VM the dead try left running and its
+    firewall rule, instead of leaving them to the lease and ``cloudtrain gc``."""
+    from google.cloud import compute_v1
+
+    from airflow_cloudtrain.contract.runs import TAG_RUN_KEY, RunKey
+    from airflow_cloudtrain.emulator import GCP_PROJECT
+    from airflow_cloudtrain.emulator.gcp.gce import compute_client_kwargs
+
+    dag_id = "resume_retry_fails_first"
+    write_dying_dag(dag_id, "gcp", deferrable=False, hold_at=6)
+    when = datetime(2026, 4, 2, tzinfo=timezone.utc)
+    first = killed_mid_wait(emu, dag_id, when)
+    key = RunKey(dag_id, "train", f"manual__{when.isoformat()}", -1, BUCKET["gcp"])
+    emu.fail_writes(f"{BUCKET['gcp']}/{key.path()}/", 1.0, "airflow", 0, "denied")
+    try:
+        run = load_example(dag_id).test(logical_date=when, run_after=when)
+    finally:
+        emu.clear_faults()
+    assert task_states(run) == {"train": "failed"}
+    rules = compute_v1.FirewallsClient(**compute_client_kwargs(emu.gce_endpoint))
+    assert [i["name"] for i in emu.gce.alive() if i["labels"].get(TAG_RUN_KEY) == key.digest] == []
+    assert first not in [i["id"] for i in emu.running_instances()]
+    assert [r.name for r in rules.list(project=GCP_PROJECT) if r.name.startswith(f"ct-{key.digest}-")] == []

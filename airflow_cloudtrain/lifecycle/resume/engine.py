@@ -81,7 +81,14 @@ class ResumeRun:
 
     # -- the Engine calls ------------------------------------------------------------------------
     def start(self) -> Step[Handle]:
-        return self._next()
+        try:
+            return self._next()
+        except Exception as err:
+            # a try that fails before its attempt runs (its ledger cannot be saved: the fault
+            # campaign's s105) must not leave what an earlier try launched running until gc
+            if not self.killed:
+                self.abandon(f"the try failed before its attempt: {err}")
+            raise
 
     def over(self, handle: Handle) -> bool:
         if isinstance(handle, Pause):  # a timer already past would fire at once: no deferral
@@ -189,12 +196,14 @@ class ResumeRun:
                 self.log.info("Waiting %.0f s before the next launch: %s", step.seconds, step.reason)
                 loop.begin_wait(step.reason)
                 return self._waiting(Pause(time.time() + step.seconds, step.reason))
+            loop.unwatched(None)  # before the attempt is made: its job's CLOUDTRAIN_RESTARTS counts them
             attempt = self.attempt = loop.launch_attempt(step.cloud)  # before start: on_kill sees it
             try:
                 launch, done = attempt.start()
             except LaunchFailed as err:  # start() released whatever the failed launch made
                 loop.launch_failed(step.cloud or loop.settings.cloud, err)
                 continue
+            loop.unwatched(launch)  # what earlier tries launched and nobody reported: counted
             if done is None:
                 return self._waiting(launch)
             loop.finish(attempt, launch, done)  # an earlier try's job already ended

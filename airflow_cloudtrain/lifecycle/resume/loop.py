@@ -268,6 +268,71 @@ class RecoveryLoop:
         except Exception as err:
             self.log.warning("Could not record the abandoned attempt in the ledger: %s", err)
 
+    def unwatched(self, current: LaunchRecord | None) -> None:
+        """Rows for the attempts an earlier try launched and never reported: that try died, and its
+        instance ended while no try watched it (the cloud took it), so this try found nothing to
+        adopt and launched again. Each one's in-flight record in the bucket's running index (its
+        launch time and price) is all that is left of it: without a row its cost was missing from
+        the ledger and ``cost_usd``, and the next job was told ``CLOUDTRAIN_RESTARTS=0`` (the fault
+        campaign's s014). Billed up to now (when it ended is not known); its record then goes, as a
+        release's does. Best effort, as the index is.
+
+        Called before each launch (``current`` None: an instance still alive is left to ``start``
+        to adopt), so the job's ``CLOUDTRAIN_RESTARTS`` counts it, and after ``start`` with the
+        attempt it runs (everything else of the run is released by then)."""
+        from airflow_cloudtrain.core.billing import billed_cost
+        from airflow_cloudtrain.core.cloud import ALIVE_STATES
+        from airflow_cloudtrain.lifecycle.cost_index import RUNNING, RUNNING_PREFIX, CostRecord, clear_running
+
+        own = set(current.node_ids) if current else set()
+        try:
+            bucket = self.ctx.backend.run_folder(self.ctx.config.bucket)
+            keys = call_with_retry(lambda: bucket.list(f"{RUNNING_PREFIX}{self.history.run_id}-"))
+            records = [CostRecord.from_json(text) for k in keys if (text := bucket.get_text(k))]
+            records = [r for r in records if r.state == RUNNING and r.instance_id not in own]
+            if records and current is None:
+                states = call_with_retry(
+                    lambda: self.ctx.backend.cloud.describe([r.instance_id for r in records])
+                )
+                records = [r for r in records if states[r.instance_id].state not in ALIVE_STATES]
+            # a job that ended with its worker dead is ``start``'s to deliver (its row says how it ended)
+            folder = self.ctx.backend.run_folder(self.history.run_uri)
+            records = [r for r in records if not self._reported(folder, r.instance_id)]
+        except Exception as err:
+            self.log.warning("Could not read this run's entries in the running index (%s)", err)
+            return
+        now, rows = time.time(), len(self.history.attempts)
+        for record in records:
+            if not self.history.has(record.instance_id):
+                cost, _ = billed_cost(record.hourly_usd, now - float(record.launched_at or now))
+                self.history.attempts.append(
+                    AttemptRow(
+                        attempt=self.history.next_attempt,
+                        try_number=self.ctx.try_number,
+                        ended=ABANDONED,
+                        cloud=record.cloud,
+                        instance_id=record.instance_id,
+                        instance_type=record.instance_type,
+                        spot=record.spot,
+                        launched_at=record.launched_at,
+                        ended_at=now,
+                        hourly_usd=record.hourly_usd,
+                        cost_usd=float(cost or 0.0),
+                        num_nodes=record.num_nodes,
+                        message="an earlier try died; its instance ended unwatched (no end reported)",
+                    )
+                )
+                self.log.warning("Attempt of %s ended while no try watched it: counted", record.instance_id)
+            clear_running(bucket, record.run_id, record.instance_id, self.log)
+        if len(self.history.attempts) > rows:
+            self.save(strict=False)
+
+    @staticmethod
+    def _reported(folder: RunFolder, instance_id: str) -> bool:
+        """Did the instance's agent write its final status (the job ended and said how)?"""
+        raw = call_with_retry(lambda: folder.get_text(status_key(instance_id)))
+        return bool(raw) and RunStatus.from_json(raw or "{}").final
+
     def _finish(self, attempt: RunAttempt, launch: LaunchRecord, outcome: Outcome) -> AttemptRow:
         """The attempt's row (a gang's: a row per node, ``recovery.gang_rows``; returns the head's)."""
         left = outcome.state == LEFT_FOR_SPOT  # its replacement runs: release this one only
