@@ -21,6 +21,7 @@ from airflow_cloudtrain.contract.runs import (
     SPEC_KEY,
     Manifest,
     RunStatus,
+    delivered_key,
     join,
     manifest_key,
     manifest_versions,
@@ -298,9 +299,15 @@ class RecoveryLoop:
             # a job that ended with its worker dead is ``start``'s to deliver (its row says how it ended)
             folder = self.ctx.backend.run_folder(self.history.run_uri)
             records = [r for r in records if not self._reported(folder, r.instance_id)]
+            # one a try released on purpose (a switch to spot cut short: its job never started) or
+            # already reported is no unwatched attempt: only its entry goes
+            handled = [r for r in records if self._handled(folder, r.instance_id)]
         except Exception as err:
             self.log.warning("Could not read this run's entries in the running index (%s)", err)
             return
+        for record in handled:
+            clear_running(bucket, record.run_id, record.instance_id, self.log)
+        records = [r for r in records if r not in handled]
         now, rows = time.time(), len(self.history.attempts)
         for record in records:
             if not self.history.has(record.instance_id):
@@ -326,6 +333,11 @@ class RecoveryLoop:
             clear_running(bucket, record.run_id, record.instance_id, self.log)
         if len(self.history.attempts) > rows:
             self.save(strict=False)
+
+    @staticmethod
+    def _handled(folder: RunFolder, instance_id: str) -> bool:
+        """Did a try report this instance's end, or release it on purpose (its ``delivered`` mark)?"""
+        return bool(call_with_retry(lambda: folder.get_text(delivered_key(instance_id))))
 
     @staticmethod
     def _reported(folder: RunFolder, instance_id: str) -> bool:
