@@ -25,6 +25,7 @@ it ended because its lease lapsed. ``dry_run`` makes no write call at all.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -37,6 +38,7 @@ from airflow_cloudtrain.contract.lease import LEASE_KEY, ORPHANED_KEY, Lease, Or
 from airflow_cloudtrain.contract.runs import FINAL_STATES, SPEC_KEY
 from airflow_cloudtrain.core.inventory import Tagged, listers
 from airflow_cloudtrain.core.ledger import Resource, ResourceLedger
+from airflow_cloudtrain.core.retry import call_with_retry
 from airflow_cloudtrain.lifecycle import gc_running
 from airflow_cloudtrain.lifecycle.leftovers import (
     DELETE,
@@ -197,8 +199,8 @@ def classify(
     tagged: list[tuple[Source, Tagged]] = []
     for source in found_in:
         for kind, lister in sorted(listers(source.key).items()):
-            try:
-                items = lister(source.backend)
+            try:  # a listing is safe to repeat: throttling and 5xx are waited out, as every call's
+                items = call_with_retry(functools.partial(lister, source.backend))
             except Exception as err:
                 raise RuntimeError(f"listing {kind} resources failed: {err}") from err
             tagged += [(source, t) for t in items if not _other_zone(t.location, zone)]

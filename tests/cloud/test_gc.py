@@ -459,6 +459,23 @@ def test_nothing_younger_than_older_than_is_touched(emu: Any) -> None:
         boto3.client("ssm", region_name=AWS_REGION).delete_parameter(Name=name)
 
 
+def test_a_throttled_listing_is_waited_out(emu: Any) -> None:
+    """Half of the Pub/Sub calls refused as throttled (429, as a project's quota answers): gc's
+    listings are asked again, as every other call of ours is, and the sweep lists; it failed at once
+    (the fault campaign's checker met it in scenario s009)."""
+    emu.throttle(0.5, api="pubsub", seed=1)
+    try:
+        code, text = gc_cli("--cloud", "gcloud", "--region", "us-central1", "--dry-run")
+    finally:
+        emu.throttle(0.0, api="pubsub")
+    assert code == 0, text
+    assert (
+        emu.request_counts().get("throttled:topics.list", 0)
+        + emu.request_counts().get("throttled:subscriptions.list", 0)
+        > 0
+    ), emu.request_counts()  # the fault did land
+
+
 @pytest.mark.parametrize("bad", ["soon", "-1h", "1x"])
 def test_a_bad_older_than_is_refused_naming_the_option(bad: str, capsys: Any) -> None:
     with pytest.raises(SystemExit):
