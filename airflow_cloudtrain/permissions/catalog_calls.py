@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from airflow_cloudtrain.permissions import PROVIDERS
-from airflow_cloudtrain.permissions.secret_calls import runs_on, takes
+from airflow_cloudtrain.permissions.secret_calls import operators_taking
 
 ARGUMENT = "live_prices"
 
@@ -34,15 +33,8 @@ def refresh_calls(provider: str) -> tuple[tuple[str, str], ...]:
 
 
 def refreshing_operators() -> dict[str, set[str]]:
-    """The documents' operators that take ``live_prices`` -> the providers they run on (imports
-    them: Airflow)."""
-    from airflow_cloudtrain import permissions
-
-    return {
-        cls.__name__: {p for p in PROVIDERS if runs_on(cls, p)}
-        for cls in permissions.operator_classes()
-        if takes(cls, ARGUMENT)
-    }
+    """The documents' operators that take ``live_prices`` -> the providers they run on."""
+    return operators_taking(ARGUMENT)
 
 
 def needed(rows: Iterable[Mapping[str, str]]) -> list[dict[str, str]]:

@@ -64,16 +64,21 @@ def runs_on(cls: type, provider: str) -> bool:
     return bool(accepted)
 
 
-def secret_env_operators() -> dict[str, set[str]]:
-    """The documents' operators that take ``secret_env`` -> the providers they run on (imports them:
-    Airflow)."""
+def operators_taking(argument: str) -> dict[str, set[str]]:
+    """The documents' operators whose constructor takes ``argument`` -> the providers they run on
+    (imports them: Airflow)."""
     from airflow_cloudtrain import permissions
 
     return {
         cls.__name__: {p for p in PROVIDERS if runs_on(cls, p)}
         for cls in permissions.operator_classes()
-        if takes(cls, ARGUMENT)
+        if takes(cls, argument)
     }
+
+
+def secret_env_operators() -> dict[str, set[str]]:
+    """The documents' operators that take ``secret_env`` -> the providers they run on."""
+    return operators_taking(ARGUMENT)
 
 
 def stores(provider: str) -> tuple[tuple[str, str], ...]:

@@ -21,7 +21,6 @@ from airflow_cloudtrain.contract.runs import (
     SPEC_KEY,
     Manifest,
     RunStatus,
-    delivered_key,
     join,
     manifest_key,
     manifest_versions,
@@ -55,6 +54,7 @@ from airflow_cloudtrain.lifecycle.resume.recovery import (
     within_budget,
 )
 from airflow_cloudtrain.lifecycle.resume.zones import launch_order, no_capacity_zones, note_move
+from airflow_cloudtrain.lifecycle.run.abandon import delivered
 from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt, RunContext
 
 if TYPE_CHECKING:
@@ -301,7 +301,11 @@ class RecoveryLoop:
             records = [r for r in records if not self._reported(folder, r.instance_id)]
             # one a try released on purpose (a switch to spot cut short: its job never started) or
             # already reported is no unwatched attempt: only its entry goes
-            handled = [r for r in records if self._handled(folder, r.instance_id)]
+            handled = [
+                r
+                for r in records
+                if call_with_retry(functools.partial(delivered, self.ctx.store, folder, r.instance_id))
+            ]
         except Exception as err:
             self.log.warning("Could not read this run's entries in the running index (%s)", err)
             return
@@ -333,11 +337,6 @@ class RecoveryLoop:
             clear_running(bucket, record.run_id, record.instance_id, self.log)
         if len(self.history.attempts) > rows:
             self.save(strict=False)
-
-    @staticmethod
-    def _handled(folder: RunFolder, instance_id: str) -> bool:
-        """Did a try report this instance's end, or release it on purpose (its ``delivered`` mark)?"""
-        return bool(call_with_retry(lambda: folder.get_text(delivered_key(instance_id))))
 
     @staticmethod
     def _reported(folder: RunFolder, instance_id: str) -> bool:
