@@ -143,3 +143,47 @@ def test_describe_over_a_region_is_one_aggregated_call_for_every_zone(emu) -> No
         assert counts.get("instances.aggregatedList") == 1 and not counts.get("instances.list"), counts
     finally:
         region.terminate([a.id, b.id])
+
+
+class _TakenAfterInsert:
+    """The zone operations client, except that the moment an insert's operation is done, Compute Engine
+    preempts the new Spot VM and deletes it (its termination action), before the launch reads it back."""
+
+    def __init__(self, operations, emu, instances, project: str) -> None:
+        self._operations, self._emu, self._instances, self._project = operations, emu, instances, project
+        self.taken: list[str] = []
+
+    def __getattr__(self, name: str):
+        return getattr(self._operations, name)
+
+    def wait(self, **kwargs):
+        op = self._operations.wait(**kwargs)
+        name = op.target_link.rsplit("/", 1)[-1]
+        if op.operation_type == "insert" and name not in self.taken:
+            self.taken.append(name)
+            self._emu.gce.preempt(kwargs["zone"], name)
+            self._instances.delete(project=self._project, zone=kwargs["zone"], instance=name)
+        return op
+
+
+def test_a_spot_vm_taken_between_its_insert_and_its_read_is_launched_and_ended(emu) -> None:
+    """Fault campaign s110: the read after the insert got a 404 and failed the task. The VM was made,
+    so the launch returns it ended and preempted: the wait relaunches from the checkpoint as after any
+    preemption."""
+    offer = choose_offer("gcspot", Hardware(cpus=2), zone=ZONE)
+    cloud = gcp_cloud(CloudTrainGcpHook(), "us-central1", ZONE)
+    taken = _TakenAfterInsert(cloud.operations, emu, cloud.instances, cloud.project)
+    cloud.operations = taken
+    request = LaunchRequest(
+        offer=offer,
+        zone=ZONE,
+        user_data="#!/bin/bash\ntrue\n",
+        tags=KEY.tags(),
+        client_token=f"{KEY.digest}-1-{next(_tokens)}",
+        disk_gib=120,
+    )
+    inst = cloud.launch(request)
+    assert taken.taken == [inst.id]
+    assert (inst.state, inst.preempted, inst.spot, inst.zone) == ("terminated", True, True, ZONE)
+    assert inst.instance_type == offer.instance_type
+    assert emu.gce.instance(ZONE, inst.id) is None

@@ -34,7 +34,12 @@ from airflow_cloudtrain.contract.lease import LEASE_KEY, ORPHANED_KEY, Lease, Or
 from airflow_cloudtrain.contract.runs import RunKey, RunStatus, join
 from airflow_cloudtrain.storage import open_run_folder
 
-TIMEOUT_S = 6.0
+# Both tests need the watcher to renew the lease until the test itself removes the watcher: the run may
+# end by itself only after that. The product renews every timeout / 3; at 6 s, a watcher starved for
+# 6 s on a machine running two suites (load 20-30) let the lease lapse before the kill, and the run
+# ended itself first, as the product should ("try 1 did not die: rc=0", twice in four such suites).
+# 20 s keeps a renewal every 6.7 s: the price is 14 s more of waiting per test, no CPU.
+TIMEOUT_S = 20.0
 GCS_BUCKET = "gs://cloudtrain-emulated/orphans-gce"
 S3_BUCKET = "s3://cloudtrain-emulated/orphans-db"
 
@@ -54,7 +59,7 @@ DIE = os.environ.get("CLOUDTRAIN_TEST_DIE")  # set only in the process that play
 
 def until_running(attempt):
     # the watcher goes only once the job runs: a VM's boot on a loaded test machine can take longer
-    # than the 6 s timeout, which a real one (30 min) never does
+    # than the 20 s timeout, which a real one (30 min) never does
     from airflow_cloudtrain.contract.runs import RunStatus
 
     deadline = time.monotonic() + 300

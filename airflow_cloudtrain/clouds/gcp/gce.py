@@ -222,7 +222,17 @@ class GcpCloud(Cloud):
             op = self._wait(zone, getattr(op, "name", None) or op.name)
             if (error := _error_of(op)) is not None:
                 raise map_code(*error)
-        return self._get(zone, name)
+        try:
+            return self._get(zone, name)
+        except gexc.NotFound:
+            # The cloud took it between the insert's end and this read: a Spot VM preempted at once is
+            # deleted (``instanceTerminationAction: DELETE``). It was made, so it is launched and
+            # already ended: the wait then treats it as any interrupted or lost instance (relaunch,
+            # resume), where a 404 raised here would fail the task (fault campaign s110).
+            gone = self.describe([name])[name]
+            spot = request.provisioning in ("spot", "preemptible") or request.offer.is_spot
+            gone.instance_type, gone.zone, gone.spot = request.offer.instance_type, zone, spot
+            return gone
 
     def _wait(self, zone: str, operation: str, timeout: float = 300) -> Any:
         deadline = time.monotonic() + timeout
