@@ -51,9 +51,20 @@ KINDS = (
     ("pytest/xdist worker", "pytest"),
     ("pytest/xdist worker", "execnet"),
     ("pytest/xdist worker", "exec(eval(sys.stdin.readline()))"),
+    ("first tries (tests/try_zygote.py and its forks)", "try_zygote"),
+    ("browser (chromium)", "chromium"),
+    ("airflow api-server", "api-server"),
+    ("airflow api-server", "api_server"),
+    ("airflow scheduler", "scheduler"),
+    ("airflow dag-processor", "dag-processor"),
+    ("airflow dag-processor", "dag_processor"),
+    ("airflow triggerer", "triggerer"),
+    ("airflow worker / task", "airflow worker"),
+    ("airflow worker / task", "supervise"),
     ("airflow process", "airflow"),
     ("cloudtrain cli", "cloudtrain"),
     ("job (bash/python run by an agent)", "bash"),
+    ("moto server", "moto"),
 )
 
 

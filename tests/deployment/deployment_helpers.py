@@ -25,6 +25,9 @@ TEST_SETTINGS = {
     "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "3",
     "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
     "AIRFLOW__CORE__PARALLELISM": "4",
+    # the DAG files do not change while a test's deployment runs: parsed once at the start, not again
+    # every 30 s (the default); the two deployments of make test: 41 parsing processes -> 17, ~2 CPU-s
+    "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
 }
 UP_DEADLINE_S = 600.0  # migrating and starting four Airflow processes on a busy machine
 
