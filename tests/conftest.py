@@ -256,6 +256,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=rank)  # stable: the order inside a rank is collection's
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A worker that may run a kill test forks its first tries' warm parent from itself now, before any
+    test started a thread (``first_try.prefork``): one parent started as a script costs what this
+    worker pays anyway for its own ``dag.test()`` runs, again."""
+    if session.config.option.collectonly:
+        return
+    if any(getattr(getattr(item, "module", None), "start_first_try", None) for item in session.items):
+        import first_try
+
+        first_try.prefork()
+
+
 # Per-test CPU, for benchmarks/suite_cost.py: with CLOUDTRAIN_TEST_CPU_LOG set, each worker appends one
 # JSON line per test: its wall seconds, this process's CPU (every thread: the test, the emulator's servers,
 # dag.test()'s task and triggers) and its reaped children's (the agents and jobs the emulator ran,

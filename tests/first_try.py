@@ -2,7 +2,8 @@
 
 ``start(dag_id, logical_date, env)`` returns a handle with the part of ``subprocess.Popen`` the tests
 use (``pid``, ``returncode``, ``poll``, ``wait``, ``communicate``, ``kill``, ``send_signal``). The
-process is a fork of this worker's ``tests/try_zygote.py``, which has already imported Airflow and
+process is a fork of this worker's warm parent (``tests/try_zygote.py``: forked from the worker itself
+after collection, ``prefork``, or started as a script), which has already imported Airflow and
 built the in-process Execution API (about 18 CPU-seconds a fresh ``python -c`` would pay again for
 every try); it runs with this process's environment plus ``env``, its stdout discarded, its stderr
 kept for ``communicate``. ``CLOUDTRAIN_TEST_FORK_TRIES=0`` starts a fresh ``python -c`` instead, as
@@ -30,19 +31,49 @@ TESTS = Path(__file__).resolve().parent
 WARM_TIMEOUT_S = 600.0  # the parent's one start-up, on a loaded machine
 
 
-class _Zygote:
-    """The warm parent (one per pytest worker) and what it reported."""
+class _ForkedParent:
+    """The warm parent forked from this worker (``try_zygote.fork_here``), with the part of
+    ``subprocess.Popen``'s face that ``_Zygote`` uses."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: Path) -> None:
+        import try_zygote
+
+        self.pid, requests, messages = try_zygote.fork_here(log)
+        self.stdin = os.fdopen(requests, "wb")
+        self.stdout = os.fdopen(messages, "rb")
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(ChildProcessError):
+                done, status = os.waitpid(self.pid, os.WNOHANG)
+                if done:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+
+
+class _Zygote:
+    """The warm parent (one per pytest worker) and what it reported: forked from the worker when it is
+    already warm (``prefork``), else started as a script."""
+
+    def __init__(self, fork: bool = False) -> None:
         self.log = Path(tempfile.mkstemp(prefix="try-zygote-", suffix=".log")[1])
-        with self.log.open("wb") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, str(TESTS / "try_zygote.py")],
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=log,
-                env=dict(os.environ),
-            )
+        self.proc: Any
+        if fork:
+            self.proc = _ForkedParent(self.log)
+        else:
+            with self.log.open("wb") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, str(TESTS / "try_zygote.py")],
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    env=dict(os.environ),
+                )
         self.ended: dict[int, int] = {}
         self.started: list[int] = []
         self._buffer = b""
@@ -99,6 +130,24 @@ class _Zygote:
 
 
 _zygote: _Zygote | None = None
+
+
+def prefork() -> None:
+    """Make this worker warm and fork its first tries' parent from it now (``try_zygote.fork_here``):
+    called once, after collection and before any test (and so before any thread of the worker's own).
+    Skipped, leaving the first try's start to make a parent as a script, if the worker has more threads
+    than pytest-xdist's channel reader."""
+    global _zygote
+    if os.environ.get("CLOUDTRAIN_TEST_FORK_TRIES", "1") == "0" or _zygote is not None:
+        return
+    allowed = 2 if os.environ.get("PYTEST_XDIST_WORKER") else 1
+    if threading.active_count() != 1 or len(os.listdir("/proc/self/task")) > allowed:
+        return
+    import try_zygote
+
+    try_zygote.warm()
+    if threading.active_count() == 1 and len(os.listdir("/proc/self/task")) <= allowed:
+        _zygote = _Zygote(fork=True)
 
 
 class ForkedTry:

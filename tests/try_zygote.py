@@ -106,16 +106,24 @@ def main() -> None:
     _CHANNEL.append(os.dup(1))  # what anything prints (Airflow's start-up logs) goes to the log instead
     os.dup2(2, 1)
     warm()
+    serve()
+
+
+def serve(parent: int | None = None) -> None:
+    """Say ready on the channel, then fork a child per request read on stdin until stdin closes (or,
+    ``parent`` given, until that process is gone: a process it forked may hold the requests' pipe)."""
     send({"ready": os.getpid()})
     children: set[int] = set()
-    stdin = sys.stdin.buffer
+    requests = 0  # stdin, read as bytes: never through ``sys.stdin``, whose lock a thread may have held
     buffered = b""
     while True:
-        readable, _, _ = select.select([stdin], [], [], 0.05)
+        readable, _, _ = select.select([requests], [], [], 0.05)
         reap(children)
         if not readable:
+            if parent is not None and os.getppid() != parent:
+                break
             continue
-        chunk = os.read(stdin.fileno(), 65536)
+        chunk = os.read(requests, 65536)
         if not chunk:
             break
         buffered += chunk
@@ -134,6 +142,70 @@ def main() -> None:
     for pid in children:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
+
+
+def fork_here(log: Path) -> tuple[int, int, int]:
+    """Become the warm parent in a fork of the calling pytest worker, which ran ``warm()`` itself:
+    (pid, the fd to write requests to, the fd its messages come on).
+
+    Why: a parent started as a script pays ``warm()`` again (about 7 CPU-seconds, once per worker), which
+    the worker pays anyway for its own ``dag.test()`` runs (the in-process Execution API is cached).
+    When it is safe: called before the worker started any thread of its own (``conftest``'s
+    ``pytest_collection_finish``: the emulator and the tests' threads come later); pytest-xdist's
+    channel reader is the one other thread, and the child uses nothing of it (not its fds, not
+    ``sys.stdin``). The child drops what is the worker's: its atexit handlers (the worker's Airflow home
+    would be deleted at a try's end), fault handler, signal handlers and pytest's captured streams."""
+    worker = os.getpid()
+    requests_read, requests_write = os.pipe()
+    messages_read, messages_write = os.pipe()
+    log_fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    pid = os.fork()
+    if pid:
+        for fd in (requests_read, messages_write, log_fd):
+            os.close(fd)
+        return pid, requests_write, messages_read
+    code = 1
+    try:
+        _leave_the_worker(requests_read, log_fd)
+        for fd in (requests_read, requests_write, messages_read, log_fd):
+            os.close(fd)
+        _CHANNEL.append(messages_write)
+        serve(parent=worker)
+        code = 0
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        os._exit(code)  # never back into the worker's pytest
+
+
+def _leave_the_worker(requests: int, log: int) -> None:
+    """In the forked parent: stdin the requests, stdout and stderr the log, as a fresh process has them."""
+    import atexit
+    import faulthandler
+    import io
+    import logging
+
+    atexit._clear()  # the worker's handlers: ``conftest`` removes its Airflow home at exit
+    faulthandler.disable()
+    for sig in (signal.SIGTERM, signal.SIGALRM, signal.SIGUSR1, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    os.dup2(requests, 0)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    captured = {id(sys.stdout), id(sys.stderr)}
+    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), line_buffering=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
+    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.root.manager.loggerDict))]
+    for logger in loggers:
+        for handler in list(logger.handlers):
+            if type(handler).__module__.startswith("_pytest"):  # pytest's log capture
+                logger.removeHandler(handler)
+            elif isinstance(handler, logging.StreamHandler) and id(handler.stream) in captured:
+                handler.setStream(sys.stderr)  # Airflow's handlers, set up on pytest's captured stream
 
 
 if __name__ == "__main__":
