@@ -304,17 +304,13 @@ def _found(pattern: str, lines: list[str]) -> str | None:
 def _mid_sweep(api: Api, run_id: str, sqs: Any, queue_url: str) -> bool:
     """At least one item succeeded (the sweep's log says so) while the others are in flight (received
     by a worker: hidden in the emulated SQS queue)."""
-    done = [
-        line
-        for line in _log_lines(api, "prod_fleet", run_id, "sweep")
-        if re.search(r"Item \S+ succeeded", line)
-    ]
-    attributes = sqs.get_queue_attributes(
-        QueueUrl=queue_url, AttributeNames=["ApproximateNumberOfMessagesNotVisible"]
-    )["Attributes"]
-    return len(done) >= 1 and int(attributes["ApproximateNumberOfMessagesNotVisible"]) == FLEET_ITEMS - len(
-        done
+    lines = _log_lines(api, "prod_fleet", run_id, "sweep")
+    done = sum(1 for line in lines if re.search(r"Item \S+ succeeded", line))
+    attribute = "ApproximateNumberOfMessagesNotVisible"
+    in_flight = int(
+        sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=[attribute])["Attributes"][attribute]
     )
+    return done >= 1 and in_flight == FLEET_ITEMS - done
 
 
 def _group_arn(asg: Any, group: str) -> str | None:
@@ -347,6 +343,7 @@ def test_a_worker_killed_mid_sweep_the_retry_re_attaches_to_the_same_group(
         message="one item done and the others in flight",
     )
     arn = _group_arn(asg, group)
+    assert arn is not None
     with worker_killed_retry_elsewhere(up, api, "prod_fleet", run_id, "sweep") as kill:
         reattached = wait_for(
             lambda: _found(

@@ -1,5 +1,6 @@
 """The production deployment test's DAGs: each operator family deferred, its cloud and command from
-the run's conf, so one file serves every case (tests/deployment/test_production.py)."""
+the run's conf, so one file serves every case; and two blocking ones (a run, a sweep) for the worker
+kills (tests/deployment/test_production.py)."""
 
 from __future__ import annotations
 
@@ -96,8 +97,9 @@ with _dag("prod_fleet", {"release": Param("/nonexistent", type="string")}):
         region="us-east-1",
         live_prices=False,
         max_runtime="1h",
-        lease_timeout=10,
-        # one worker per item: the finished item never waits behind a held one
+        # one worker per item: the finished item never waits behind a held one; lease_timeout keeps its
+        # default (120 s): the held items' leases must outlive the kill's minutes on a loaded machine, or
+        # an item would be sent again (the fleet's at-least-once contract)
         num_workers=len(FLEET_ITEMS),
         max_workers=len(FLEET_ITEMS),
         work_items=FLEET_ITEMS,  # templated: each held item's release file comes from the run's conf
