@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -57,11 +58,13 @@ def start_first_try(dag_id: str, logical_date: datetime, env: dict[str, str]) ->
     return first_try.start(dag_id, logical_date, env)
 
 
-def fleet_nothing_left(digest: str) -> None:
-    """A fleet run's queues, group, launch template and instances (by run key) are all gone."""
+def fleet_nothing_left(digest: str, client: Callable[[str], Any] | None = None) -> None:
+    """A fleet run's queues, group, launch template and instances (by run key) are all gone; asked with
+    ``client(service)`` (default: boto3's, from the environment: the test session's emulated AWS)."""
     import boto3
 
-    sqs, asg, ec2 = boto3.client("sqs"), boto3.client("autoscaling"), boto3.client("ec2")
+    client = client or boto3.client
+    sqs, asg, ec2 = client("sqs"), client("autoscaling"), client("ec2")
     assert sqs.list_queues(QueueNamePrefix=f"ct-{digest}").get("QueueUrls", []) == []
     groups = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[f"ct-{digest}"])["AutoScalingGroups"]
     assert groups == []

@@ -227,13 +227,17 @@ class Up:
         return list(json.loads(done.stdout))
 
     def ec2(self) -> Any:
+        return self.aws("ec2")
+
+    def aws(self, service: str) -> Any:
+        """A boto3 client of ``service`` on this deployment's emulated AWS (its ``emulator.env``)."""
         import boto3
 
         from airflow_cloudtrain.cli_emulator import read_env_file
 
         env = read_env_file(self.home / "emulator.env")
         return boto3.client(
-            "ec2",
+            service,
             endpoint_url=env["AWS_ENDPOINT_URL"],
             region_name=env["AWS_DEFAULT_REGION"],
             aws_access_key_id=env["AWS_ACCESS_KEY_ID"],

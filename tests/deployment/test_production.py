@@ -1,22 +1,23 @@
 """The provider in a production-shaped Airflow: ``cloudtrain up --production`` (PostgreSQL, Redis,
-CeleryExecutor with two workers, two triggerers), started once for the module, driven through the
-REST API and signals as an operator of such a deployment would.
+CeleryExecutor with two workers, two triggerers), started once for the module (once per xdist worker
+that runs its cases), driven through the REST API and signals as an operator of such a deployment
+would, and stopped as Ctrl-C stops it at the end (the fixture checks that stop: exit status 0, nothing
+left running).
 
-In ``make test``: 16 deferred runs of mixed operators (CloudTrainOperator and CheckpointResumeOperator
-on both clouds, a sensor) spread over both triggerers, one triggerer SIGKILLed mid-run; every run ends
-well, no instance launched twice, nothing left. The same with 40 runs is in ``make faults``: the
-deployment spends about 19 CPU-seconds per run (two Celery task executions and the trigger), and
-``make test`` must fit 2 cores (docs/testing.md). PostgreSQL and Redis come from the machine's packages:
-``cloudtrain up --production`` installs them with apt-get when they are missing (CI runs as root).
-In ``make faults``: a Celery worker SIGKILLed during a blocking CheckpointResumeOperator run (the
-retry adopts the same instance).
+Every case is in ``make faults`` (docs/testing.md: the deployment's start and runs are a tenth of
+``make test`` on 2 cores). 16 and 40 deferred runs of mixed operators (CloudTrainOperator and
+CheckpointResumeOperator on both clouds, a sensor) spread over both triggerers, one triggerer
+SIGKILLed mid-run: every run ends well, no instance launched twice, nothing left. A Celery worker
+SIGKILLed (its whole process tree, as a lost machine) during a blocking CheckpointResumeOperator run,
+and during a blocking SpotFleetOperator sweep: the retry runs on the other worker (``celery_workers``:
+how the restarted worker is kept out of the way) and adopts the same instance, or re-attaches to the
+same group. PostgreSQL and Redis come from the machine's packages: ``cloudtrain up --production``
+installs them with apt-get when they are missing (CI runs as root).
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
-import os
 import re
 import shutil
 import signal
@@ -25,8 +26,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psutil
 import pytest
+from celery_workers import process_by_output, ran_in, set_paused, worker_killed_retry_elsewhere
+from dag_helpers import fleet_nothing_left
 from deployment_helpers import Api, Deployment, Up
 from waiting import wait_for
 
@@ -36,7 +38,7 @@ from airflow_cloudtrain.contract.runs import TAG_RUN
 
 T = TypeVar("T")
 DAGS = Path(__file__).resolve().parent / "production_dags"
-DAG_IDS = ("prod_train", "prod_resume", "prod_sensor", "prod_blocking")
+DAG_IDS = ("prod_train", "prod_resume", "prod_sensor", "prod_blocking", "prod_fleet")
 SETTINGS = {
     "AIRFLOW__CORE__PARALLELISM": "32",
     # each triggerer takes at most 12 triggers: of 16 (or 40) runs, both must hold some whatever their
@@ -79,16 +81,15 @@ def prod() -> Iterator[Deployment]:
         )
         for dag_id in DAG_IDS:
             wait_for(lambda d=dag_id: _has_dag(api, d), timeout=300, interval=1.0, message=f"{dag_id} parsed")
-            wait_for(lambda d=dag_id: _patient(lambda: _unpause(api, d)), timeout=300, interval=2)
+            set_paused(api, dag_id, False)  # new DAGs start paused
         yield Deployment(up, api)
+        # after the module's cases (not inside one: they share this deployment), Ctrl-C's stop
+        assert up.stop() == 0, up.stderr()[-3000:]
+        assert "Stopped." in up.stdout()
     finally:
         up.kill_everything()
         shutil.rmtree(base, ignore_errors=True)
     assert up.left_running() == [], "processes of the deployment left running"
-
-
-def _unpause(api: Api, dag_id: str) -> Any:
-    return api.call("PATCH", f"/dags/{dag_id}", {"is_paused": False})  # new DAGs start paused
 
 
 def _has_dag(api: Api, dag_id: str) -> bool:
@@ -96,17 +97,6 @@ def _has_dag(api: Api, dag_id: str) -> bool:
         return bool(api.call("GET", f"/dags/{dag_id}"))
     except (AssertionError, OSError):
         return False
-
-
-def _process_by_output(up: Up, name: str) -> psutil.Process:
-    """``cloudtrain up``'s process ``name`` (two triggerers share one command line: told apart by the
-    ``<name>.out`` file their output goes to)."""
-    want = str((up.home / "logs" / f"{name}.out").resolve())
-    for proc in up.children():
-        with contextlib.suppress(psutil.Error, OSError):
-            if proc.pid == os.getsid(proc.pid) and os.readlink(f"/proc/{proc.pid}/fd/1") == want:
-                return proc
-    raise AssertionError(f"no {name} under cloudtrain up")
 
 
 def _query(up: Up, sql: str) -> list[tuple[Any, ...]]:
@@ -197,8 +187,8 @@ def _wait_run(api: Api, dag_id: str, run_id: str, timeout: float) -> str:
     )
 
 
-def _xcom(api: Api, dag_id: str, run_id: str) -> Any:
-    return wait_for(lambda: _patient(lambda: api.xcom(dag_id, run_id, "train")), timeout=300, interval=2)
+def _xcom(api: Api, dag_id: str, run_id: str, task_id: str = "train") -> Any:
+    return wait_for(lambda: _patient(lambda: api.xcom(dag_id, run_id, task_id)), timeout=300, interval=2)
 
 
 def _mixed_runs(api: Api, mix: dict[tuple[str, str], int]) -> list[tuple[str, str, str]]:
@@ -232,15 +222,17 @@ def test_deferred_runs_over_two_triggerers_one_killed(
         set(production_settings(up.home.resolve())) and (up.home / PROD_ENV_FILE).stat().st_mode & 0o077 == 0
     )
     for name in (*TRIGGERERS, *WORKERS):
-        _process_by_output(up, name)  # all four run
+        process_by_output(up, name)  # all four run
     runs = _mixed_runs(api, mix)
     # both triggerers hold triggers (each takes at most 12): then one is killed mid-run
     held = wait_for(
         lambda: _both_hold(up), timeout=900, interval=2, message="both triggerers to hold triggers"
     )
-    _process_by_output(up, TRIGGERERS[0]).send_signal(signal.SIGKILL)  # as a lost machine would
+    noticed = r"airflow triggerer-1 exited with signal SIGKILL.*restarting it"
+    before = len(re.findall(noticed, up.stderr()))  # an earlier case on this deployment killed it too
+    process_by_output(up, TRIGGERERS[0]).send_signal(signal.SIGKILL)  # as a lost machine would
     wait_for(
-        lambda: re.search(r"airflow triggerer-1 exited with signal SIGKILL.*restarting it", up.stderr()),
+        lambda: len(re.findall(noticed, up.stderr())) > before,
         timeout=180,
         interval=1.0,
         message="cloudtrain up to notice the killed triggerer",
@@ -264,35 +256,14 @@ def test_deferred_runs_over_two_triggerers_one_killed(
     # nothing left on either cloud, and Airflow's side of it: no trigger row left
     assert up.running_instances() == []
     assert _triggers_by_triggerer(up) == {}
-    assert up.stop() == 0, up.stderr()[-3000:]
-    assert up.left_running() == []
-    assert "Stopped." in up.stdout()
 
 
-def _log_lines(api: Api, dag_id: str, run_id: str) -> list[str]:
-    """The task's first try's log, or nothing while it has none (not started, or no answer in time)."""
+def _log_lines(api: Api, dag_id: str, run_id: str, task_id: str = "train", try_number: int = 1) -> list[str]:
+    """A try's task log, or nothing while it has none (not started, or no answer in time)."""
     try:
-        return api.log_lines(dag_id, run_id, "train")
-    except (AssertionError, OSError):  # 404 until the task instance exists
+        return api.log_lines(dag_id, run_id, task_id, try_number)
+    except (AssertionError, OSError):  # 404 until the task instance (or that try) exists
         return []
-
-
-def _task_process(up: Up, ti_id: str) -> psutil.Process | None:
-    """The process running task instance ``ti_id`` in a Celery worker (titled ``airflow worker -- <id>``)."""
-    for proc in up.children():
-        with contextlib.suppress(psutil.Error):
-            if " ".join(proc.cmdline()).startswith(f"airflow worker -- {ti_id}"):
-                return proc
-    return None
-
-
-def _worker_of(up: Up, proc: psutil.Process) -> str:
-    """Which of ``cloudtrain up``'s workers ``proc`` runs under (its session's ``<name>.out``)."""
-    leader = os.getsid(proc.pid)
-    for name in WORKERS:
-        if _process_by_output(up, name).pid == leader:
-            return name
-    raise AssertionError(f"{proc.pid} runs under no worker")
 
 
 @pytest.mark.faults
@@ -309,16 +280,96 @@ def test_a_worker_killed_during_a_blocking_run_the_retry_adopts_the_instance(pro
     )
     instances = up.running_instances()
     assert len(instances) == 1, instances
-    ti_id = str(api.task("prod_blocking", run_id, "train")["id"])
-    task = wait_for(lambda: _task_process(up, ti_id), timeout=60, interval=1, message="its task's process")
-    worker = _worker_of(up, task)
-    # SIGKILL the whole worker (the Celery worker, its pool, the task): as a lost machine would
-    for proc in [*_process_by_output(up, worker).children(recursive=True), _process_by_output(up, worker)]:
-        with contextlib.suppress(psutil.Error):
-            proc.kill()
-    assert _wait_run(api, "prod_blocking", run_id, timeout=1200) == "success"
+    with worker_killed_retry_elsewhere(up, api, "prod_blocking", run_id, "train") as kill:
+        assert _wait_run(api, "prod_blocking", run_id, timeout=1200) == "success"
     result = _xcom(api, "prod_blocking", run_id)
     assert result["instance_id"] == instances[0]["id"] and result["exit_code"] == 0, result
     assert _ec2_launches_per_run(up)[result["run_id"]] == 1  # one launch: the retry adopted it
-    assert api.task("prod_blocking", run_id, "train")["try_number"] >= 2
+    retry = api.task("prod_blocking", run_id, "train")
+    assert retry["try_number"] == 2, retry
+    # the killed try ran in the killed worker, the retry in the other one
+    assert (ran_in(up, kill.first_try), ran_in(up, str(retry["id"]))) == ([kill.killed], [kill.other])
+    assert up.running_instances() == []
+
+
+FLEET_ITEMS = 3  # prod_fleet's items: the first runs to its end, the others hold until released
+
+
+def _found(pattern: str, lines: list[str]) -> str | None:
+    """The first group of ``pattern``'s first match in ``lines``."""
+    matches = (re.search(pattern, line) for line in lines)
+    return next((m.group(1) for m in matches if m), None)
+
+
+def _mid_sweep(api: Api, run_id: str, sqs: Any, queue_url: str) -> bool:
+    """At least one item succeeded (the sweep's log says so) while the others are in flight (received
+    by a worker: hidden in the emulated SQS queue)."""
+    lines = _log_lines(api, "prod_fleet", run_id, "sweep")
+    done = sum(1 for line in lines if re.search(r"Item \S+ succeeded", line))
+    attribute = "ApproximateNumberOfMessagesNotVisible"
+    in_flight = int(
+        sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=[attribute])["Attributes"][attribute]
+    )
+    return done >= 1 and in_flight == FLEET_ITEMS - done
+
+
+def _group_arn(asg: Any, group: str) -> str | None:
+    found = asg.describe_auto_scaling_groups(AutoScalingGroupNames=[group])["AutoScalingGroups"]
+    return str(found[0]["AutoScalingGroupARN"]) if found else None
+
+
+@pytest.mark.faults
+@pytest.mark.timeout(1800)
+def test_a_worker_killed_mid_sweep_the_retry_re_attaches_to_the_same_group(
+    prod: Deployment, tmp_path: Path
+) -> None:
+    from airflow_cloudtrain.clouds.aws.fleet import queue_name
+
+    up, api = prod.up, prod.api
+    release = tmp_path / "release"  # the held items go on once it exists
+    run_id = _trigger(api, "prod_fleet", "fleet-1", {"release": str(release)})
+    group = wait_for(
+        lambda: _found(r"Created group (ct-\S+):", _log_lines(api, "prod_fleet", run_id, "sweep")),
+        timeout=600,
+        interval=2,
+        message="the fleet's group in the sweep's log",
+    )
+    asg, sqs = up.aws("autoscaling"), up.aws("sqs")
+    queue_url = sqs.get_queue_url(QueueName=queue_name(group.removeprefix("ct-")))["QueueUrl"]
+    wait_for(
+        lambda: _mid_sweep(api, run_id, sqs, queue_url),
+        timeout=600,
+        interval=2,
+        message="one item done and the others in flight",
+    )
+    arn = _group_arn(asg, group)
+    assert arn is not None
+    with worker_killed_retry_elsewhere(up, api, "prod_fleet", run_id, "sweep") as kill:
+        reattached = wait_for(
+            lambda: _found(
+                r"Re-attached to group (ct-\S+)", _log_lines(api, "prod_fleet", run_id, "sweep", 2)
+            ),
+            timeout=900,
+            interval=2,
+            message="the retry to re-attach",
+        )
+        assert (reattached, _group_arn(asg, group)) == (group, arn)  # the same group, not a new one
+        release.touch()  # the items held on the workers since before the kill go on
+        assert _wait_run(api, "prod_fleet", run_id, timeout=900) == "success"
+    result = _xcom(api, "prod_fleet", run_id, "sweep")
+    assert result["group"] == group, result
+    # every item ran once: the in-flight ones went on under the retry's watch, none was sent again
+    assert (result["items_succeeded"], result["items_failed"], result["items_duplicated"]) == (
+        FLEET_ITEMS,
+        [],
+        [],
+    )
+    assert [item["duplicate_runs"] for item in result["items"]] == [0] * FLEET_ITEMS, result["items"]
+    logs = [_log_lines(api, "prod_fleet", run_id, "sweep", n) for n in (1, 2)]
+    assert [sum("Created group" in line for line in lines) for lines in logs] == [1, 0]  # one group ever
+    retry = api.task("prod_fleet", run_id, "sweep")
+    assert retry["try_number"] == 2, retry
+    assert (ran_in(up, kill.first_try), ran_in(up, str(retry["id"]))) == ([kill.killed], [kill.other])
+    # nothing left: no queue, group, launch template or instance of the run
+    fleet_nothing_left(group.removeprefix("ct-"), up.aws)
     assert up.running_instances() == []
