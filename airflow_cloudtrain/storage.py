@@ -115,6 +115,12 @@ def s3_client() -> Any:
     return aws_client("s3", config=Config(retries=dict(S3_RETRIES)))
 
 
+# (service, operation) of ``delete`` per provider, as the permission documents name them: a work-queue
+# operator's retry deletes its earlier try's failed items' outcomes (``lifecycle/fleet/run.py``), a
+# call a recording run makes only when an earlier try left a failed item (``permissions.retry_calls``)
+DELETE_CALLS = {"aws": (("s3", "DeleteObjects"),), "gcp": (("storage", "objects.delete"),)}
+
+
 class _S3:
     """The few S3 calls we need, over a boto3 client."""
 

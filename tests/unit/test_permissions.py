@@ -12,14 +12,13 @@ import pytest
 from airflow_cloudtrain import permissions
 from airflow_cloudtrain.cli import main
 from airflow_cloudtrain.emulator import calls
-from airflow_cloudtrain.permissions import catalog_calls, generate, secret_calls
+from airflow_cloudtrain.permissions import catalog_calls, generate, retry_calls
 from airflow_cloudtrain.permissions.actions import permissions_for
 
 
 def needed(rows: list[dict[str, str]]) -> list[dict[str, str]]:
-    """The record's calls as the generator takes them: with the secret calls of every secret_env
-    operator and the catalog refresh of every operator that takes ``live_prices``."""
-    return catalog_calls.needed(secret_calls.needed(rows))
+    """The record's calls as the generator takes them (``generate.needed``)."""
+    return generate.needed(rows)
 
 
 def test_the_documents_are_what_the_record_generates() -> None:
@@ -60,6 +59,26 @@ def test_every_operator_that_refreshes_the_catalog_may_refresh_it() -> None:
                     provider,
                     operation,
                 )
+
+
+def test_every_work_queue_operator_may_delete_an_earlier_trys_failed_outcomes() -> None:
+    """A retry that finds a failed item's outcome deletes it (``lifecycle/fleet/run.py``): granted to
+    each work-queue operator on its cloud, whether or not the recording run's retries met one (the
+    recorded EC2 document lacked it, so a real retry would have been refused)."""
+    assert retry_calls.work_queue_operators() == {"SpotFleetOperator", "PreemptibleGroupOperator"}
+    for operator, provider, action in (
+        ("SpotFleetOperator", "aws", "s3:DeleteObject"),
+        ("PreemptibleGroupOperator", "gcp", "storage.objects.delete"),
+    ):
+        assert action in permissions.granted(permissions.document(operator, provider, "airflow") or {})
+    # taken from the code, not from a recording: a record without the delete still grants it
+    rows = [r for r in generate.load_record() if r["operation"] not in ("DeleteObjects", "objects.delete")]
+    fleet = [
+        r for r in generate.needed(rows) if r["operator"] == "SpotFleetOperator" and r["side"] == "airflow"
+    ]
+    assert {"service": "s3", "operation": "DeleteObjects"}.items() <= next(
+        r for r in fleet if r["operation"] == "DeleteObjects"
+    ).items()
 
 
 def test_a_hand_edit_or_a_grant_nothing_calls_is_caught(tmp_path: Path) -> None:
