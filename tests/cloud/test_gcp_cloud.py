@@ -21,10 +21,9 @@ ZONE = "us-central1-b"
 _tokens = iter(range(1000))
 
 
-def launch(emu, cloud_name: str, hw: Hardware, zone: str = ZONE, **kw):
-    offer = choose_offer(cloud_name, hw, zone=zone)
-    request = LaunchRequest(
-        offer=offer,
+def launch_request(cloud_name: str, hw: Hardware, zone: str = ZONE, **kw) -> LaunchRequest:
+    return LaunchRequest(
+        offer=choose_offer(cloud_name, hw, zone=zone),
         zone=zone,
         user_data="#!/bin/bash\ntrue\n",
         tags=KEY.tags(),
@@ -32,6 +31,11 @@ def launch(emu, cloud_name: str, hw: Hardware, zone: str = ZONE, **kw):
         disk_gib=120,
         **kw,
     )
+
+
+def launch(emu, cloud_name: str, hw: Hardware, zone: str = ZONE, **kw):
+    request = launch_request(cloud_name, hw, zone, **kw)
+    offer = request.offer
     cloud = gcp_cloud(CloudTrainGcpHook(), "us-central1", zone)
     inst = cloud.launch(request)
     return cloud, inst, emu.gce.instance(zone, inst.id), offer
@@ -170,20 +174,12 @@ def test_a_spot_vm_taken_between_its_insert_and_its_read_is_launched_and_ended(e
     """Fault campaign s110: the read after the insert got a 404 and failed the task. The VM was made,
     so the launch returns it ended and preempted: the wait relaunches from the checkpoint as after any
     preemption."""
-    offer = choose_offer("gcspot", Hardware(cpus=2), zone=ZONE)
+    request = launch_request("gcspot", Hardware(cpus=2))
     cloud = gcp_cloud(CloudTrainGcpHook(), "us-central1", ZONE)
     taken = _TakenAfterInsert(cloud.operations, emu, cloud.instances, cloud.project)
     cloud.operations = taken
-    request = LaunchRequest(
-        offer=offer,
-        zone=ZONE,
-        user_data="#!/bin/bash\ntrue\n",
-        tags=KEY.tags(),
-        client_token=f"{KEY.digest}-1-{next(_tokens)}",
-        disk_gib=120,
-    )
     inst = cloud.launch(request)
     assert taken.taken == [inst.id]
     assert (inst.state, inst.preempted, inst.spot, inst.zone) == ("terminated", True, True, ZONE)
-    assert inst.instance_type == offer.instance_type
+    assert inst.instance_type == request.offer.instance_type
     assert emu.gce.instance(ZONE, inst.id) is None
