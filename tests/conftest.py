@@ -36,6 +36,10 @@ os.environ["CLOUDTRAIN_CACHE_DIR"] = str(_HOME / "cache")
 # freeze each xdist worker at its first deferred test, whichever that was. Its own tests, the
 # deployment test's real triggerer and the benchmark run it as a triggerer does.
 os.environ["AIRFLOW__CLOUDTRAIN__FREEZE_TRIGGERER_HEAP"] = "False"
+# numpy's OpenBLAS starts a thread per core at import (the policy tests import numpy at collection): six
+# workers on two cores gain nothing from it, and a worker with a thread of its own does not fork its
+# first tries' warm parent (``pytest_collection_finish`` below)
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 # Jobs run in a login shell (``bash -lc``), as on a cloud image. The tests' agents must not read this
 # machine's own dotfiles: a ~/.bashrc running ``pyenv init`` rehashes in every job, and a job killed
 # mid-rehash leaves pyenv's lock behind, after which every job waits 60 s for it. The image's HOME
