@@ -22,20 +22,25 @@ optima (options ``--nodes``, ``--restore-hours``, ``--checkpoint-gb``, ``--bandw
 ``--json`` prints one object, and its shape is kept stable (tests/unit/test_policy_simulator.py):
 
 * default: ``{"policies": {NAME: ROW}, "optimum": ROW}`` (``"optimum"`` absent with ``--no-optimum``),
-  NAME in on_demand, greedy, uniform_progress, ours; ROW = ``{"cost_vs_on_demand", "deadlines_met",
+  NAME in on_demand, greedy, uniform_progress, ours (and ours_plan with ``--planner``); ROW =
+  ``{"cost_vs_on_demand", "deadlines_met",
   "mean_changeovers" (null for the optimum), "runs", "by_deadline": {"52": cost, ...}}`` plus, for
   policies when the optimum ran, ``"gap_to_optimum"`` and ``"gap_by_deadline"``.
 * ``--zones``: ``{"mode": "zones", "traces", "zone_sets": {GROUP: [zones]}, "nodes", "moves":
   {"restore_hours", "transfer_hours", "egress_usd"}, "policies": {NAME: ROW}, "nodes_free":
   {ZONE_GROUP or any_GROUP: share of ticks}, "wall_seconds"}``; NAME in on_demand, greedy,
   uniform_progress, ours, ours_zones, ours_operator, ours_zones_operator (``ours`` / ``ours_zones`` as the
-  operator acts on them: probed every ``--probe-minutes`` while on-demand runs), optimum_single_zone, optimum_multi_zone; ROW =
+  operator acts on them: probed every ``--probe-minutes`` while on-demand runs), with ``--planner`` also
+  ours_plan, ours_plan_zones, ours_plan_operator, ours_plan_zones_operator (policy/planner.py),
+  optimum_single_zone, optimum_multi_zone; ROW =
   ``{"zones": "single"|"multi", "cost_vs_on_demand", "deadlines_met", "runs"}`` plus for policies
   ``"changeovers_per_run"``, ``"moves_per_run"``, ``"on_demand_spot_seen_hours_per_run"`` (on-demand
-  hours while the zone looked at had spot), ``"gap_to_single_zone_optimum"``, and for all but
+  hours while the zone looked at had spot), ``"cpu_ms_per_run"`` (the policy's replay, CPU ms per
+  run), ``"gap_to_single_zone_optimum"``, and for all but
   the multi-zone optimum ``"gap_to_multi_zone_optimum"``.
 
-Usage: python benchmarks/spot_policy.py [--traces DIR] [--deadline-hours D] [--no-optimum] [--zones] [--json]
+Usage: python benchmarks/spot_policy.py [--traces DIR] [--deadline-hours D] [--no-optimum] [--zones] [--planner]
+[--json]
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ Each zone set (the files ``ZONE_GROUP.json`` of one group in ``--traces``, see
 * ``ours_operator`` / ``ours_zones_operator``: the same two as ``CheckpointResumeOperator`` acts on them
   (while on-demand runs, asked only every ``--probe-minutes``, a spot launch as the probe:
   :func:`.multizone.as_operator`);
+* with ``--planner``: ``ours_plan`` (per zone), ``ours_plan_zones`` (over all zones) and both as the
+  operator acts on them, ``ours_plan_operator`` / ``ours_plan_zones_operator`` (:mod:`.planner`);
 * ``optimum_single_zone``: per zone and start, the exact program of :mod:`.optimum` when it is
   cheap enough (``--optimum auto``), else the certified lower bound of :mod:`.bounds`;
 * ``optimum_multi_zone``: per start, the certified lower bound of :mod:`.bounds` over all zones

@@ -102,16 +102,8 @@ def run_recording(data: list[int], deadline: float) -> list[Decision]:
         decisions.append(plan(s))
         return decisions[-1]
 
-    simulate(
-        data,
-        record,
-        job_hours=12.0,
-        deadline_hours=deadline,
-        changeover_hours=0.2,
-        spot_price=0.32,
-        on_demand_price=1.0,
-        gap_hours=TICK,
-    )
+    job = {"job_hours": 12.0, "changeover_hours": 0.2, "spot_price": 0.32, "on_demand_price": 1.0}
+    simulate(data, record, deadline_hours=deadline, gap_hours=TICK, **job)
     return decisions
 
 
