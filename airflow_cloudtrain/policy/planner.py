@@ -86,19 +86,19 @@ class SpellModel:
         return 1.0 - self.survival(age + step) / max(self.survival(age), 1e-300)
 
 
-def bucket_edges(step: float, longest: float = 16.0) -> list[int]:
+@lru_cache(maxsize=8)
+def bucket_edges(step: float, longest: float = 16.0) -> tuple[int, ...]:
     """Age bucket starts in steps: 0, 1, 2, 4, 8, ... until one starts past ``longest`` hours."""
     edges = [0, 1]
     while edges[-1] * step < longest:
         edges.append(edges[-1] * 2)
-    return edges
+    return tuple(edges)
 
 
 def age_bucket(age_hours: float, step: float) -> int:
     """Bucket of a spell ``age_hours`` old (see :func:`bucket_edges`)."""
-    edges = bucket_edges(step)
     steps = age_hours / step + 1e-9
-    return max(b for b, e in enumerate(edges) if e <= steps)
+    return max(b for b, e in enumerate(bucket_edges(step)) if e <= steps)
 
 
 def chain(step: float, up: SpellModel, down: SpellModel) -> tuple[list[list[float]], list[bool]]:
@@ -150,36 +150,36 @@ def solve(
     delta = max(changeover / step, 1.0)
     d0, frac = int(delta), delta - int(delta)
     pad = d0 + 2
-    width = cols + pad
-    # E[r][t, pad + j, a]: expected value at the next step of running r; j < 0 is a missed deadline.
-    ev = np.full((3, rows, width, n_a), MISS_COST)
+    keep = d0 + 2  # rows of time left the recursion looks back at: a ring buffer of them
+    # ev[r, t % keep, pad + j, a]: expected value, one step on, of running r at time left t and
+    # slack j; j < 0 (the first ``pad`` columns) is a missed deadline, time left 0 is done.
+    ev = np.full((3, keep, cols + pad, n_a), MISS_COST)
+    ev[:, 0, pad:, :] = 0.0
     table = np.zeros((rows, cols, n_a), dtype=np.uint8)
     j = np.arange(cols)
-    ev[:, 0, pad:, :] = 0.0
-    inf = np.inf
+    now = slice(pad, pad + cols)
     for t in range(1, rows):
-        done = (j >= t)[:, None]  # no work left: nothing more to pay
-
-        def launch(r: int, t: int = t) -> Any:
-            a = ev[r, max(t - d0, 0), pad - d0 : pad - d0 + cols]
-            b = ev[r, max(t - d0 - 1, 0), pad - d0 - 1 : pad - d0 - 1 + cols]
-            return (1.0 - frac) * a + frac * b
-
-        wait = ev[0, t - 1, pad - 1 : pad - 1 + cols]
-        od_run = step + ev[2, t - 1, pad : pad + cols]
-        spot_run = np.where(is_up, ratio * step + ev[1, t - 1, pad : pad + cols], inf)
-        od_go = changeover + launch(2)
-        spot_go = np.where(is_up, ratio * changeover + launch(1), inf)
-        values = []
-        for r, (spot_opt, od_opt) in enumerate(((spot_go, od_go), (spot_run, od_go), (spot_go, od_run))):
-            low = np.minimum(wait, spot_opt)
-            code = (spot_opt < wait).astype(np.uint8)
-            code[od_opt < low] = 2
-            table[t] |= code << (2 * r)
-            values.append(np.where(done, 0.0, np.minimum(low, od_opt)))
+        last, far, farther = (
+            ev[:, (t - 1) % keep],
+            ev[:, max(t - d0, 0) % keep],
+            ev[:, max(t - d0 - 1, 0) % keep],
+        )
+        wait = last[0, pad - 1 : pad - 1 + cols]
+        launch = (1.0 - frac) * far[:, pad - d0 : pad - d0 + cols] + frac * farther[
+            :, pad - d0 - 1 : pad - d0 - 1 + cols
+        ]
+        od_go, od_run = changeover + launch[2], step + last[2, now]
+        spot_go = np.where(is_up, ratio * changeover + launch[1], np.inf)
+        spot_run = np.where(is_up, ratio * step + last[1, now], np.inf)
+        spot_opt = np.stack((spot_go, spot_run, spot_go))  # by what runs now: nothing, spot, on-demand
+        od_opt = np.stack((od_go, od_go, od_run))
+        low = np.minimum(wait, spot_opt)
+        code = (spot_opt < wait).astype(np.uint8)
+        code[od_opt < low] = 2
+        table[t] = code[0] | (code[1] << 2) | (code[2] << 4)
+        values = np.where((j >= t)[:, None], 0.0, np.minimum(low, od_opt))  # j >= t: no work left
         values[1] = np.where(is_up, values[1], values[0])  # spot in an outage: preempted, nothing runs
-        for r in range(3):
-            ev[r, t, pad:] = values[r] @ pt
+        ev[:, t % keep, pad:] = values @ pt
     return table
 
 
@@ -195,7 +195,7 @@ def model_scales(state: PolicyState) -> tuple[int, int]:
     ):
         prior = _mean(mix)
         mean = (seen + PRIOR_SPELLS * prior) / (n + PRIOR_SPELLS)
-        out.append(max(-12, min(12, round(math.log(mean / prior) / math.log(SCALE_BIN)))))
+        out.append(max(-6, min(6, round(math.log(mean / prior) / math.log(SCALE_BIN)))))
     return out[0], out[1]
 
 
