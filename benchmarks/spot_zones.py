@@ -280,7 +280,7 @@ def print_zone_report(report: dict[str, Any], header: str) -> None:
         f"transfer and ${mv['egress_usd']:g} egress"
     )
     print()
-    head = f"{'policy':<22}{'zones':>7}{'cost_vs_od':>12}{'deadlines':>11}{'changeovers':>13}{'moves':>7}{'od_spot_h':>11}"
+    head = f"{'policy':<26}{'zones':>7}{'cost_vs_od':>12}{'deadlines':>11}{'changeovers':>13}{'moves':>7}{'od_spot_h':>11}"
     print(head + f"{'gap_1zone_opt':>15}{'gap_multi_opt':>15}{'cpu_ms':>8}")
     for name, s in report["policies"].items():
         ch, mv_run, od_h = (
@@ -289,7 +289,7 @@ def print_zone_report(report: dict[str, Any], header: str) -> None:
             s.get("on_demand_spot_seen_hours_per_run"),
         )
         line = (
-            f"{name:<22}{s['zones']:>7}{s['cost_vs_on_demand']:>12.3f}{s['deadlines_met']:>11.1%}"
+            f"{name:<26}{s['zones']:>7}{s['cost_vs_on_demand']:>12.3f}{s['deadlines_met']:>11.1%}"
             f"{'-' if ch is None else f'{ch:.1f}':>13}{'-' if mv_run is None else f'{mv_run:.2f}':>7}"
             f"{'-' if od_h is None else f'{od_h:.2f}':>11}"
         )
