@@ -19,8 +19,8 @@ outage, shrunk towards the prior's by :data:`PRIOR_SPELLS` spells. The chain's s
 ``step`` hours (the larger of the poll tick and :data:`PLAN_STEP`). Time left and slack are the
 natural axes: working keeps slack and spends a step of time, waiting spends a step of both, a
 launch spends a changeover of both (interpolated between grid rows), so each row of time left
-depends only on earlier rows and the solve is one numpy pass over rows, vectorised over slack and
-availability states. Missing the deadline costs :data:`MISS_COST`. The decisions are cached per
+depends only on the last few rows (a ring buffer) and the solve is one numpy pass over rows,
+vectorised over slack, availability states and what runs. Missing the deadline costs :data:`MISS_COST`. The decisions are cached per
 (step, changeover, price ratio, grid, model scales rounded to :data:`SCALE_BIN`), so most
 decisions are a table look-up.
 
@@ -41,7 +41,7 @@ from .base import ON_DEMAND, SPOT, WAIT, Decision, PolicyState, must_run_on_dema
 PLAN_STEP = 1.0 / 12.0
 """Smallest grid step of the program (hours): 5 minutes. The program steps at the poll tick when
 that is longer (the shipped traces: 10 and 5 minutes); a step longer than the tick (10 min on the
-5-minute traces) cost 1.7 points of gap, a shorter one (5 min on 10-minute traces) nothing gained."""
+5-minute traces) cost 1.7 points of gap, a shorter one (5 min on 10-minute traces) was no better."""
 
 PRIOR_UP = ((0.7211, 0.4887), (0.2346, 3.3314), (0.0443, 13.8131))
 """(weight, mean hours) of the spot spell length mixture, fitted to ``aws-10-26-2022`` (mean 1.75 h)."""
@@ -54,7 +54,7 @@ PRIOR_SPELLS = 3.0
 
 SCALE_BIN = 2.0
 """Model scales are rounded to powers of this (the cache key): a run re-plans when its mean spell
-or outage moves past a factor of 2 (measured: as good as 1.25, with a fifth of the solves)."""
+or outage moves past a factor of 2 (measured: as good as 1.25, for a quarter of the CPU)."""
 
 MISS_COST = 1000.0
 """Cost (on-demand hours) of ending the plan past the deadline: far above any real bill."""
