@@ -22,20 +22,25 @@ optima (options ``--nodes``, ``--restore-hours``, ``--checkpoint-gb``, ``--bandw
 ``--json`` prints one object, and its shape is kept stable (tests/unit/test_policy_simulator.py):
 
 * default: ``{"policies": {NAME: ROW}, "optimum": ROW}`` (``"optimum"`` absent with ``--no-optimum``),
-  NAME in on_demand, greedy, uniform_progress, ours; ROW = ``{"cost_vs_on_demand", "deadlines_met",
+  NAME in on_demand, greedy, uniform_progress, ours (and ours_plan with ``--planner``); ROW =
+  ``{"cost_vs_on_demand", "deadlines_met",
   "mean_changeovers" (null for the optimum), "runs", "by_deadline": {"52": cost, ...}}`` plus, for
   policies when the optimum ran, ``"gap_to_optimum"`` and ``"gap_by_deadline"``.
 * ``--zones``: ``{"mode": "zones", "traces", "zone_sets": {GROUP: [zones]}, "nodes", "moves":
   {"restore_hours", "transfer_hours", "egress_usd"}, "policies": {NAME: ROW}, "nodes_free":
   {ZONE_GROUP or any_GROUP: share of ticks}, "wall_seconds"}``; NAME in on_demand, greedy,
   uniform_progress, ours, ours_zones, ours_operator, ours_zones_operator (``ours`` / ``ours_zones`` as the
-  operator acts on them: probed every ``--probe-minutes`` while on-demand runs), optimum_single_zone, optimum_multi_zone; ROW =
+  operator acts on them: probed every ``--probe-minutes`` while on-demand runs), with ``--planner`` also
+  ours_plan, ours_plan_zones, ours_plan_operator, ours_plan_zones_operator (policy/planner.py),
+  optimum_single_zone, optimum_multi_zone; ROW =
   ``{"zones": "single"|"multi", "cost_vs_on_demand", "deadlines_met", "runs"}`` plus for policies
   ``"changeovers_per_run"``, ``"moves_per_run"``, ``"on_demand_spot_seen_hours_per_run"`` (on-demand
-  hours while the zone looked at had spot), ``"gap_to_single_zone_optimum"``, and for all but
+  hours while the zone looked at had spot), ``"cpu_ms_per_run"`` (the policy's replay, CPU ms per
+  run), ``"gap_to_single_zone_optimum"``, and for all but
   the multi-zone optimum ``"gap_to_multi_zone_optimum"``.
 
-Usage: python benchmarks/spot_policy.py [--traces DIR] [--deadline-hours D] [--no-optimum] [--zones] [--json]
+Usage: python benchmarks/spot_policy.py [--traces DIR] [--deadline-hours D] [--no-optimum] [--zones] [--planner]
+[--json]
 """
 
 from __future__ import annotations
@@ -63,6 +68,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from spot_zones import add_zone_args, exact_is_cheap, print_zone_report, zone_report  # noqa: E402
 
 from airflow_cloudtrain.policy.bounds import optimum_bounds  # noqa: E402
+from airflow_cloudtrain.policy.planner import plan  # noqa: E402
 
 TRACE_SOURCE = "github.com/skypilot-org/spot-traces (NSDI 2024 'Can't Be Late')"
 """Credited in the table header, followed by the folder actually read (``--traces``)."""
@@ -74,6 +80,8 @@ DEFAULT_DEADLINES = (52.0, 60.0, 72.0)
 INSTANCE_FOR_GPUS = {"1": "p3.2xlarge", "8": "p3.16xlarge"}
 OPTIMUM = "optimum"
 """Task name of the offline optimum (not a policy: it knows the future)."""
+PLANNER = {"ours_plan": plan}
+"""``--planner``'s extra row: the stochastic-program policy (policy/planner.py), not a user setting yet."""
 
 
 @dataclass(frozen=True)
@@ -162,7 +170,7 @@ def run_task(task: Task) -> tuple[Task, list[tuple[float, bool, int | None]]]:
             )
             costs = [float(x) for x in bounds.lower]
         return task, [(cost / baseline, cost < float("inf"), None) for cost in costs]
-    decide = POLICIES[task.policy]
+    decide = POLICIES.get(task.policy) or PLANNER[task.policy]
     rows: list[tuple[float, bool, int | None]] = []
     for start in starts_of(task):
         res = simulate(
@@ -201,6 +209,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--exclude-k80", action="store_true", help="only the v100 traces (priced directly)")
     p.add_argument("--workers", type=int, default=min(2, os.cpu_count() or 1))
     p.add_argument("--no-optimum", action="store_true", help="skip the offline optimum and the gaps to it")
+    p.add_argument(
+        "--planner",
+        action="store_true",
+        help="add the ours_plan rows (policy/planner.py; with --zones also ours_plan_zones and both _operator)",
+    )
     p.add_argument(
         "--json", action="store_true", help="print the JSON report only (shape: see the docstring)"
     )
@@ -250,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
         print("no optimum: a deadline is shorter than the job plus one changeover", file=sys.stderr)
         with_optimum = False
     # Slowest first keeps both workers busy: the optimum, then the policies in reverse order.
-    order = ([OPTIMUM] if with_optimum else []) + list(reversed(POLICIES))
+    policies = [*POLICIES, *(PLANNER if args.planner else ())]
+    order = ([OPTIMUM] if with_optimum else []) + list(reversed(policies))
     tasks = [
         Task(
             name,
@@ -271,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         results = list(pool.map(run_task, tasks))
 
-    names = list(POLICIES) + ([OPTIMUM] if with_optimum else [])
+    names = policies + ([OPTIMUM] if with_optimum else [])
     rows: dict[str, list[tuple[float, bool, int | None]]] = defaultdict(list)
     cells: dict[tuple[str, str], list[float]] = defaultdict(list)
     for task, out in results:
@@ -306,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
             entry["gap_by_deadline"] = {f"{dl:g}": round(gap(name, f"{dl:g}h") or 0.0, 4) for dl in deadlines}
         summary[name] = entry
     if args.json:
-        report: dict[str, object] = {"policies": {n: summary[n] for n in POLICIES}}
+        report: dict[str, object] = {"policies": {n: summary[n] for n in policies}}
         if with_optimum:
             report[OPTIMUM] = summary[OPTIMUM]
         print(json.dumps(report, indent=2))

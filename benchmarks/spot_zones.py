@@ -10,6 +10,8 @@ Each zone set (the files ``ZONE_GROUP.json`` of one group in ``--traces``, see
 * ``ours_operator`` / ``ours_zones_operator``: the same two as ``CheckpointResumeOperator`` acts on them
   (while on-demand runs, asked only every ``--probe-minutes``, a spot launch as the probe:
   :func:`.multizone.as_operator`);
+* with ``--planner``: ``ours_plan`` (per zone), ``ours_plan_zones`` (over all zones) and both as the
+  operator acts on them, ``ours_plan_operator`` / ``ours_plan_zones_operator`` (:mod:`.planner`);
 * ``optimum_single_zone``: per zone and start, the exact program of :mod:`.optimum` when it is
   cheap enough (``--optimum auto``), else the certified lower bound of :mod:`.bounds`;
 * ``optimum_multi_zone``: per start, the certified lower bound of :mod:`.bounds` over all zones
@@ -41,6 +43,7 @@ from airflow_cloudtrain.policy.multizone import (
     simulate_zones,
     single_zone,
 )
+from airflow_cloudtrain.policy.planner import plan, plan_zones
 
 SINGLE = tuple(POLICIES)
 MULTI = "ours_zones"
@@ -48,6 +51,15 @@ AS_OPERATOR = {"ours_operator": "ours", "ours_zones_operator": MULTI}
 """Rows replaying ``ours`` / ``ours_zones`` as the operator acts on them (asked every ``--probe-minutes``
 while on-demand runs, a spot launch beside it as the probe: :func:`.multizone.as_operator`)."""
 OPT_SINGLE, OPT_MULTI = "optimum_single_zone", "optimum_multi_zone"
+PLAN, PLAN_MULTI = "ours_plan", "ours_plan_zones"
+PLAN_ROWS = {
+    PLAN: PLAN,
+    PLAN_MULTI: PLAN_MULTI,
+    "ours_plan_operator": PLAN,
+    "ours_plan_zones_operator": PLAN_MULTI,
+}
+"""``--planner``'s extra rows (:mod:`.planner`, the stochastic program) and the policy each replays."""
+MULTI_ROWS = (MULTI, "ours_zones_operator", PLAN_MULTI, "ours_plan_zones_operator", OPT_MULTI)
 EXACT_BUDGET = 4e10
 """Most state-ticks (rows x slack steps x ticks x runs) ``--optimum auto`` gives the exact program."""
 
@@ -93,8 +105,9 @@ Outcome = tuple[float, bool, int | None, int | None, float | None]
 the last three are None for the optima (their programs compute costs only)."""
 
 
-def run_zone_task(t: ZoneTask) -> tuple[ZoneTask, list[Outcome]]:
-    """One :data:`Outcome` per start of one cell."""
+def run_zone_task(t: ZoneTask) -> tuple[ZoneTask, list[Outcome], float]:
+    """One :data:`Outcome` per start of one cell, and the CPU seconds the cell took."""
+    began = time.process_time()
     kw: dict[str, Any] = {
         "job_hours": t.job,
         "deadline_hours": t.deadline,
@@ -115,16 +128,17 @@ def run_zone_task(t: ZoneTask) -> tuple[ZoneTask, list[Outcome]]:
                 rows, t.starts, gap_hours=zs.gap_hours, regions=zs.regions, moves=moves, rounds=t.rounds, **kw
             )
             costs = [float(x) for x in b.lower]
-        return t, [(c, True, None, None, None) for c in costs]
-    what = AS_OPERATOR.get(t.what, t.what)
-    decide = ours_zones if what == MULTI else single_zone(POLICIES[what])
-    if t.what in AS_OPERATOR:
+        return t, [(c, True, None, None, None) for c in costs], time.process_time() - began
+    what = AS_OPERATOR.get(t.what, PLAN_ROWS.get(t.what, t.what))
+    decides = {MULTI: ours_zones, PLAN: single_zone(plan), PLAN_MULTI: plan_zones}
+    decide = decides.get(what) or single_zone(POLICIES[what])
+    if t.what.endswith("_operator"):
         decide = as_operator(decide, t.probe_hours)
     out: list[Outcome] = []
     for s in t.starts:
         r = simulate_zones(zs, decide, moves=t.moves, nodes=t.nodes, start=s, **kw)
         out.append((r.cost, r.met_deadline, r.launches, r.moves, r.on_demand_spot_seen_hours))
-    return t, out
+    return t, out, time.process_time() - began
 
 
 def add_zone_args(p: argparse.ArgumentParser) -> None:
@@ -187,14 +201,19 @@ def zone_report(args: argparse.Namespace, price_of: Any, deadlines: tuple[float,
             tasks.append(ZoneTask(OPT_MULTI, zs, None, *common, *extra))
             tasks.append(ZoneTask(MULTI, zs, None, *common, *extra))
             tasks.append(ZoneTask("ours_zones_operator", zs, None, *common, *extra))
+            planned = [w for w in PLAN_ROWS if args.planner]
+            tasks += [ZoneTask(w, zs, None, *common, *extra) for w in planned if w in MULTI_ROWS]
             for z in range(len(zs.zones)):
-                for what in (OPT_SINGLE, "ours_operator", *reversed(SINGLE)):
+                singles = [w for w in planned if w not in MULTI_ROWS]
+                for what in (*singles, OPT_SINGLE, "ours_operator", *reversed(SINGLE)):
                     tasks.append(ZoneTask(what, zs, z, *common, *extra))
     with ProcessPoolExecutor(max_workers=max(1, args.workers)) as pool:
         results = list(pool.map(run_zone_task, tasks))
     # key of a run: (group, deadline, start index, zone or None)
     runs: dict[str, dict[tuple[str, float, int, int | None], Outcome]] = defaultdict(dict)
-    for t, out in results:
+    cpu: dict[str, float] = defaultdict(float)
+    for t, out, seconds in results:
+        cpu[t.what] += seconds
         base = t.on_demand_price * (t.job + t.changeover)
         for i, (cost, *rest) in enumerate(out):
             runs[t.what][(t.zone_set.group, t.deadline, i, t.zone)] = (cost / base, *rest)
@@ -208,10 +227,11 @@ def zone_report(args: argparse.Namespace, price_of: Any, deadlines: tuple[float,
         return cost / mean - 1.0
 
     summary: dict[str, Any] = {}
-    for what in (*SINGLE, MULTI, *AS_OPERATOR, OPT_SINGLE, OPT_MULTI):
+    planned = tuple(PLAN_ROWS) if args.planner else ()
+    for what in (*SINGLE, MULTI, *AS_OPERATOR, *planned, OPT_SINGLE, OPT_MULTI):
         rows = runs[what]
         entry: dict[str, Any] = {
-            "zones": "multi" if what in (MULTI, "ours_zones_operator", OPT_MULTI) else "single",
+            "zones": "multi" if what in MULTI_ROWS else "single",
             "cost_vs_on_demand": round(statistics.fmean(v[0] for v in rows.values()), 4),
             "deadlines_met": round(statistics.fmean(v[1] for v in rows.values()), 4),
             "runs": len(rows),
@@ -221,6 +241,7 @@ def zone_report(args: argparse.Namespace, price_of: Any, deadlines: tuple[float,
             entry["moves_per_run"] = round(statistics.fmean(v[3] for v in rows.values()), 2)
             od_seen = statistics.fmean(v[4] for v in rows.values())  # type: ignore[misc]
             entry["on_demand_spot_seen_hours_per_run"] = round(od_seen, 2)
+            entry["cpu_ms_per_run"] = round(1000.0 * cpu[what] / len(rows), 2)
             entry["gap_to_single_zone_optimum"] = round(
                 statistics.fmean(gap_single(k, v[0]) for k, v in rows.items()), 4
             )
@@ -259,8 +280,8 @@ def print_zone_report(report: dict[str, Any], header: str) -> None:
         f"transfer and ${mv['egress_usd']:g} egress"
     )
     print()
-    head = f"{'policy':<22}{'zones':>7}{'cost_vs_od':>12}{'deadlines':>11}{'changeovers':>13}{'moves':>7}{'od_spot_h':>11}"
-    print(head + f"{'gap_1zone_opt':>15}{'gap_multi_opt':>15}")
+    head = f"{'policy':<26}{'zones':>7}{'cost_vs_od':>12}{'deadlines':>11}{'changeovers':>13}{'moves':>7}{'od_spot_h':>11}"
+    print(head + f"{'gap_1zone_opt':>15}{'gap_multi_opt':>15}{'cpu_ms':>8}")
     for name, s in report["policies"].items():
         ch, mv_run, od_h = (
             s.get("changeovers_per_run"),
@@ -268,12 +289,14 @@ def print_zone_report(report: dict[str, Any], header: str) -> None:
             s.get("on_demand_spot_seen_hours_per_run"),
         )
         line = (
-            f"{name:<22}{s['zones']:>7}{s['cost_vs_on_demand']:>12.3f}{s['deadlines_met']:>11.1%}"
+            f"{name:<26}{s['zones']:>7}{s['cost_vs_on_demand']:>12.3f}{s['deadlines_met']:>11.1%}"
             f"{'-' if ch is None else f'{ch:.1f}':>13}{'-' if mv_run is None else f'{mv_run:.2f}':>7}"
             f"{'-' if od_h is None else f'{od_h:.2f}':>11}"
         )
         g1, gm = s.get("gap_to_single_zone_optimum"), s.get("gap_to_multi_zone_optimum")
         line += f"{'-' if g1 is None else f'{g1:+.1%}':>15}{'-' if gm is None else f'{gm:+.1%}':>15}"
+        cpu = s.get("cpu_ms_per_run")
+        line += f"{'-' if cpu is None else f'{cpu:.1f}':>8}"
         print(line)
     free = ", ".join(f"{k} {v:.1%}" for k, v in report["nodes_free"].items())
     print(f"\nShare of ticks with {report['nodes']} node(s) free at once: {free}")

@@ -22,6 +22,7 @@ from airflow_cloudtrain.policy import (
     simulate,
 )
 from airflow_cloudtrain.policy.deadline import slack_scarcity
+from airflow_cloudtrain.policy.planner import plan
 
 TICK = 1.0 / 6.0
 JOB, CHANGEOVER, SPOT_PRICE, OD_PRICE = 48.0, 0.2, 0.3, 1.0
@@ -206,10 +207,10 @@ def test_ours_leaves_on_demand_for_a_young_spell_only_while_slack_is_plentiful()
     assert ours(dataclasses.replace(scarce, spell_hours=1.0)) == "spot"
 
 
-def spot_launch_ticks(data: list[int], policy: str, deadline: float) -> tuple[list[int], RunResult]:
+def spot_launch_ticks(data: list[int], policy: str | Policy, deadline: float) -> tuple[list[int], RunResult]:
     """The ticks at which ``policy`` launched spot on ``data``, and the run's result."""
     launched: list[int] = []
-    decide = get_policy(policy)
+    decide = get_policy(policy) if isinstance(policy, str) else policy
 
     def record(state: PolicyState) -> Decision:
         choice = decide(state)
@@ -221,15 +222,11 @@ def spot_launch_ticks(data: list[int], policy: str, deadline: float) -> tuple[li
     return launched, res
 
 
-@pytest.mark.parametrize("policy", ["ours", "greedy", "uniform_progress"])
-@pytest.mark.parametrize("deadline", [52.0, 60.0, 72.0])
-def test_spot_that_vanishes_right_after_every_switch_never_costs_the_deadline(
-    policy: str, deadline: float
-) -> None:
-    # An adaptive adversary: spot is there all the time, except the tick right after each spot
-    # launch, so every switch onto spot (from idle or from on-demand) loses its whole changeover.
-    # Policies are causal, so punishing the earliest unpunished launch leaves the decisions before
-    # it unchanged; repeat until every launch is punished.
+def adversary_run(policy: str | Policy, deadline: float) -> RunResult:
+    """An adaptive adversary: spot is there all the time, except the tick right after each spot
+    launch, so every switch onto spot (from idle or from on-demand) loses its whole changeover.
+    Policies are causal, so punishing the earliest unpunished launch leaves the decisions before
+    it unchanged; repeat until every launch is punished."""
     data = [1] * ticks(2 * deadline)
     punished: set[int] = set()
     while True:
@@ -241,9 +238,26 @@ def test_spot_that_vanishes_right_after_every_switch_never_costs_the_deadline(
         data[fresh[0] + 1] = 0
     assert res.met_deadline, (policy, deadline, res)
     assert res.interruptions == len(punished) >= 1
+    return res
+
+
+@pytest.mark.parametrize("policy", ["ours", "greedy", "uniform_progress"])
+@pytest.mark.parametrize("deadline", [52.0, 60.0, 72.0])
+def test_spot_that_vanishes_right_after_every_switch_never_costs_the_deadline(
+    policy: str, deadline: float
+) -> None:
+    res = adversary_run(policy, deadline)
     if policy == "ours":  # measured 1.04 / 1.06 / 1.09 x: its spell statistics see long spells (the
         # adversary ends each one only once it is joined) and not its own preemptions
         assert res.cost <= 1.10 * ON_DEMAND_COST
+
+
+def test_the_planner_too_never_misses_the_deadline_against_the_adversary() -> None:
+    # ours_plan (policy/planner.py) at the tightest deadline: the safety net holds it whatever the
+    # model believes. Measured 1.05 / 1.11 / 1.15 x on-demand at 52 / 60 / 72 h (10 / 33 / 63
+    # launches punished; 60 and 72 h take 5-10 s, so only 52 h runs here): the same blind spot as
+    # ours, with a model that trusts the long spells it sees.
+    assert adversary_run(plan, 52.0).cost <= 1.06 * ON_DEMAND_COST
 
 
 @pytest.mark.parametrize("up", [1, 2, 3, 4, 6, 9])

@@ -161,7 +161,7 @@ def run_zones_json(traces: Path, *extra: str) -> dict[str, Any]:
 
 def test_benchmark_zones_json_shape(tmp_path: Path) -> None:
     pytest.importorskip("numpy")
-    report = run_zones_json(tmp_path, "--json", "--nodes", "1")
+    report = run_zones_json(tmp_path, "--json", "--nodes", "1", "--planner")
     assert list(report) == [
         "mode",
         "traces",
@@ -175,7 +175,14 @@ def test_benchmark_zones_json_shape(tmp_path: Path) -> None:
     assert report["zone_sets"] == {"v100_1": ["us-east-2a", "us-west-2a", "us-west-2b"]}
     names = ["on_demand", "greedy", "uniform_progress", "ours", "ours_zones"]
     operator = ["ours_operator", "ours_zones_operator"]
-    assert list(report["policies"]) == [*names, *operator, "optimum_single_zone", "optimum_multi_zone"]
+    planned = ["ours_plan", "ours_plan_zones", "ours_plan_operator", "ours_plan_zones_operator"]
+    optima = ["optimum_single_zone", "optimum_multi_zone"]
+    assert list(report["policies"]) == [*names, *operator, *planned, *optima]
+    for name in planned:  # --planner's rows (policy/planner.py): same runs, every deadline met
+        row = report["policies"][name]
+        assert row["deadlines_met"] == 1.0 and row["cpu_ms_per_run"] > 0.0, name
+        assert row["zones"] == ("multi" if "zones" in name else "single")
+        assert row["runs"] == report["policies"]["ours_zones" if "zones" in name else "ours"]["runs"]
     starts = len(range(0, 300 - 54 + 1, 72))
     multi_opt = report["policies"]["optimum_multi_zone"]
     single_opt = report["policies"]["optimum_single_zone"]
