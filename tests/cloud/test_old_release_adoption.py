@@ -260,7 +260,7 @@ def old_names_dag(dag_id: str, command: str, extra: str) -> Any:
 
 
 def test_a_loop_deferred_by_0_1_0_resumes_through_its_method_names_and_delivers(
-    emu, airflow_db, capfd
+    emu, airflow_db, capfd, tmp_path
 ) -> None:
     """No spot capacity at first and hours of slack: the deadline policy pauses (``wait_complete``),
     then the launch's wait resumes through ``attempt_complete``; the task delivers its XCom."""
@@ -280,11 +280,34 @@ def test_a_loop_deferred_by_0_1_0_resumes_through_its_method_names_and_delivers(
             for k in keys
         )
 
+    # The job holds before its last step until the attempt's wait runs in the triggerer (dag.test()'s
+    # second "running trigger in line": the pause's is the first): a job that finished before the
+    # deferral would be delivered in the worker (``RunAttempt.over``), with no ``attempt_complete``
+    # to resume through, on a machine slow enough
+    import logging
+
+    release = tmp_path / "release"
+    triggers = threading.Semaphore(0)
+
+    class TriggerRuns(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "running trigger in line" in record.getMessage():
+                triggers.release()
+
+    watch = TriggerRuns()
+    dag_log = logging.getLogger("airflow.sdk.definitions.dag")
+    dag_log.addHandler(watch)
+
     def capacity_back() -> None:
         try:
             wait_for(capacity_error_in_ledger, timeout=180, interval=0.2)
         finally:
             emu.clear_faults()
+        try:
+            for _ in range(2):
+                triggers.acquire(timeout=300)
+        finally:
+            release.touch()
 
     gap = threading.Thread(target=capacity_back, daemon=True)
     gap.start()
@@ -292,7 +315,11 @@ def test_a_loop_deferred_by_0_1_0_resumes_through_its_method_names_and_delivers(
         "policy='deadline', deadline=timedelta(hours=6), expected_duration=60, "
         "instance_type='t3.medium', max_launch_attempts=1"
     )
-    run = old_names_dag("old_names_ok", "python3 steps.py 4 2 0.2", extra).test()
+    command = f"STEPS_FINISH_AFTER={release} python3 steps.py 4 2 0.2"
+    try:
+        run = old_names_dag("old_names_ok", command, extra).test()
+    finally:
+        dag_log.removeHandler(watch)
     gap.join(5)
     out = capfd.readouterr().out
     assert task_states(run) == {"train": "success"}, out[-3000:]
