@@ -119,6 +119,18 @@ def s3_client() -> Any:
 # operator's retry deletes its earlier try's failed items' outcomes (``lifecycle/fleet/run.py``), a
 # call a recording run makes only when an earlier try left a failed item (``permissions.retry_calls``)
 DELETE_CALLS = {"aws": (("s3", "DeleteObjects"),), "gcp": (("storage", "objects.delete"),)}
+# ... and of ``RunFolder.delete_prefix``, which an agent calls before each checkpoint version's upload
+# (``agent/checkpoints.py``: the leftovers of an agent killed mid-upload); S3's incomplete multipart
+# uploads are listed and aborted first
+DELETE_PREFIX_CALLS = {
+    "aws": (
+        ("s3", "ListMultipartUploads"),
+        ("s3", "AbortMultipartUpload"),
+        ("s3", "ListObjectsV2"),
+        ("s3", "DeleteObjects"),
+    ),
+    "gcp": (("storage", "objects.list"), ("storage", "objects.delete")),
+}
 
 
 class _S3:

@@ -8,8 +8,8 @@ operator appends its calls to ``DIR/calls-<worker>.jsonl``), merges them into th
 the documents. The output is a pure function of the record, the tables in ``actions``/``rules``, the
 calls ``secret_env`` makes (``secret_calls``: from the agent's reader and the operators' signatures,
 not from the record), a catalog refresh's (``catalog_calls``: from the catalog's code and the
-operators' signatures) and a work-queue retry's delete (``retry_calls``), so the unit test can
-regenerate and compare (``--check``).
+operators' signatures) and the run folder's deletes on paths a recording may miss (``folder_calls``),
+so the unit test can regenerate and compare (``--check``).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from airflow_cloudtrain.permissions import DATA, catalog_calls, retry_calls, rules, secret_calls
+from airflow_cloudtrain.permissions import DATA, catalog_calls, folder_calls, rules, secret_calls
 from airflow_cloudtrain.permissions.actions import permissions_for
 
 RECORD = Path(__file__).resolve().parents[2] / "tests" / "data" / "api_calls.json"
@@ -149,8 +149,8 @@ def _gcp_role(operator: str, side: str, permissions: set[str]) -> dict[str, Any]
 
 def needed(rows: Iterable[Mapping[str, str]]) -> list[dict[str, str]]:
     """The record's calls with those taken from the code: every ``secret_env`` operator's secret reads,
-    every ``live_prices`` operator's catalog refresh, every work-queue operator's retry delete."""
-    return retry_calls.needed(catalog_calls.needed(secret_calls.needed(rows)))
+    every ``live_prices`` operator's catalog refresh, the run folder's deletes (``folder_calls``)."""
+    return folder_calls.needed(catalog_calls.needed(secret_calls.needed(rows)))
 
 
 def documents(rows: Iterable[Mapping[str, str]]) -> dict[str, dict[str, Any]]:

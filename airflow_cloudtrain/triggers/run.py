@@ -57,6 +57,9 @@ async def _close_index(index: LiveIndex) -> None:
 # small listing per bucket, whatever the number of runs, and a run's end reaches its task within
 # about this. Log lines (the whole index) and the instance poll keep the run's poll_interval.
 END_POLL_S = 2.0
+# A trigger cancelled while its worker thread logs a run's new lines waits this long for that thread
+# (which cannot be stopped) to finish and move the cursor, so the group's last cursor save counts them.
+SHOW_DRAIN_S = 10.0
 
 # One LiveIndex (one storage client, the group's cursors) per (connection, live index) per triggerer.
 INDEXES: shared_poll.Pool[LiveIndex] = shared_poll.Pool(_make_index, _close_index)
@@ -447,14 +450,24 @@ class RunTrigger(BaseTrigger):
         self, index: LiveIndex, launch: LaunchRecord, follower: LogFollower, beacon: Any, tag: str | None
     ) -> None:
         """Log the new lines (in a worker thread: a restart may bring 64 KiB of them per run), then
-        move the saved cursor; a beacon read for an ended instance passes no tag."""
+        move the saved cursor; a beacon read for an ended instance passes no tag. The cursor moves in
+        that thread, right after the lines: a trigger cancelled (a triggerer stopping) while it waited
+        for the thread would otherwise leave lines shown but not counted, shown again after the
+        restart (seen at load 20-26)."""
 
         def show() -> None:
             for line in follower.from_beacon(beacon, launch.run_uri, index.read_uri):
                 self.log.info("%s", render_line(line))
+            index.advance(launch.instance_id, follower.next_seq, tag)
 
-        await asyncio.to_thread(show)
-        index.advance(launch.instance_id, follower.next_seq, tag)
+        work = asyncio.ensure_future(asyncio.to_thread(show))
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # the thread cannot be stopped: let it finish (and count) what it shows before the group
+            # saves its cursors on the way out, then let the cancellation go on
+            await asyncio.wait([work], timeout=SHOW_DRAIN_S)
+            raise
 
     def _live_uri_from_spec(self, launch: LaunchRecord) -> str | None:
         """A launch recorded without its live index: the run's spec names it (None: it has none)."""

@@ -382,3 +382,55 @@ def test_the_emulated_aws_endpoint_sends_one_server_header(emu) -> None:
         assert len(loop.run_until_complete(headers())) == 1
     finally:
         loop.close()
+
+
+def test_a_trigger_stopped_while_it_logs_counts_those_lines_before_the_restart(emu, capfd) -> None:
+    """The race the restart test above met at load 20-26, made certain: the triggerer stops the trigger
+    while its worker thread is logging a run's new lines (held inside the log call). The lines logged
+    are counted before the group saves its cursor on the way out, so the re-created trigger shows none
+    of them again (before: the stop skipped the count, and they were shown twice)."""
+    job_lines = TaskLog(capfd)
+    (iid,) = plain_instances(1)
+    agent = Agent(iid)
+    inside, go_on = threading.Event(), threading.Event()
+
+    class Held:
+        """The trigger's logger, except that the log call of "line 3" waits until the test says."""
+
+        def __init__(self, log: Any) -> None:
+            self._log = log
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._log, name)
+
+        def info(self, message: str, *args: Any, **kwargs: Any) -> Any:
+            if "line 3" in str(args) and not go_on.is_set():
+                inside.set()
+                go_on.wait(60)
+            return self._log.info(message, *args, **kwargs)
+
+    try:
+
+        async def stopped_while_logging() -> None:
+            trigger = agent.launch()
+            trigger._log = Held(trigger.log)
+            task = asyncio.ensure_future(first_event(trigger))
+            for n in range(4):
+                agent.say(f"line {n}")
+            await asyncio.to_thread(agent.flush)
+            assert await asyncio.to_thread(inside.wait, 120), "the trigger never logged line 3"
+            task.cancel()  # the triggerer stops while the thread is inside the log call
+            asyncio.get_running_loop().call_later(0.5, go_on.set)  # then the log call returns
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(stopped_while_logging())
+        agent.say("line 4")
+        agent.flush()
+        agent.finish()
+        event = asyncio.run(asyncio.wait_for(first_event(agent.launch()), 120))  # re-created trigger
+        assert event["outcome"]["status"] == "success"
+        assert [text for _, text in job_lines.lines] == [f"line {n}" for n in range(5)]  # once each
+    finally:
+        go_on.set()
+        boto3.client("ec2").terminate_instances(InstanceIds=[iid])

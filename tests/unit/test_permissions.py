@@ -12,7 +12,7 @@ import pytest
 from airflow_cloudtrain import permissions
 from airflow_cloudtrain.cli import main
 from airflow_cloudtrain.emulator import calls
-from airflow_cloudtrain.permissions import catalog_calls, generate, retry_calls
+from airflow_cloudtrain.permissions import catalog_calls, folder_calls, generate
 from airflow_cloudtrain.permissions.actions import permissions_for
 
 
@@ -65,7 +65,7 @@ def test_every_work_queue_operator_may_delete_an_earlier_trys_failed_outcomes() 
     """A retry that finds a failed item's outcome deletes it (``lifecycle/fleet/run.py``): granted to
     each work-queue operator on its cloud, whether or not the recording run's retries met one (the
     recorded EC2 document lacked it, so a real retry would have been refused)."""
-    assert retry_calls.work_queue_operators() == {"SpotFleetOperator", "PreemptibleGroupOperator"}
+    assert folder_calls.work_queue_operators() == {"SpotFleetOperator", "PreemptibleGroupOperator"}
     for operator, provider, action in (
         ("SpotFleetOperator", "aws", "s3:DeleteObject"),
         ("PreemptibleGroupOperator", "gcp", "storage.objects.delete"),
@@ -73,12 +73,23 @@ def test_every_work_queue_operator_may_delete_an_earlier_trys_failed_outcomes() 
         assert action in permissions.granted(permissions.document(operator, provider, "airflow") or {})
     # taken from the code, not from a recording: a record without the delete still grants it
     rows = [r for r in generate.load_record() if r["operation"] not in ("DeleteObjects", "objects.delete")]
-    fleet = [
-        r for r in generate.needed(rows) if r["operator"] == "SpotFleetOperator" and r["side"] == "airflow"
-    ]
-    assert {"service": "s3", "operation": "DeleteObjects"}.items() <= next(
-        r for r in fleet if r["operation"] == "DeleteObjects"
-    ).items()
+    fleet = {
+        (r["side"], r["operation"]) for r in generate.needed(rows) if r["operator"] == "SpotFleetOperator"
+    }
+    assert ("airflow", "DeleteObjects") in fleet
+
+
+def test_every_agent_may_clear_a_checkpoint_version_before_its_upload() -> None:
+    """An agent clears a checkpoint version's folder before uploading it, aborting incomplete S3
+    multipart uploads first (``RunFolder.delete_prefix``): every operator's instance side may, on each
+    cloud it runs on (``CloudTrainOperator``'s recorded EC2 document could not list the uploads)."""
+    aws = {"s3:ListBucketMultipartUploads", "s3:AbortMultipartUpload", "s3:ListBucket", "s3:DeleteObject"}
+    for operator in ("CloudTrainOperator", "CheckpointResumeOperator", "SpotFleetOperator"):
+        assert aws <= permissions.granted(permissions.document(operator, "aws", "instance") or {}), operator
+    gcp = {"storage.objects.list", "storage.objects.delete"}
+    for operator in ("CloudTrainOperator", "CheckpointResumeOperator", "PreemptibleGroupOperator"):
+        assert gcp <= permissions.granted(permissions.document(operator, "gcp", "instance") or {}), operator
+    assert not permissions.document("CloudTrainGcOperator", "aws", "instance")  # it runs no agent
 
 
 def test_a_hand_edit_or_a_grant_nothing_calls_is_caught(tmp_path: Path) -> None:
