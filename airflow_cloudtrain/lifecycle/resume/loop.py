@@ -54,7 +54,7 @@ from airflow_cloudtrain.lifecycle.resume.recovery import (
     within_budget,
 )
 from airflow_cloudtrain.lifecycle.resume.zones import launch_order, no_capacity_zones, note_move
-from airflow_cloudtrain.lifecycle.run.abandon import delivered
+from airflow_cloudtrain.lifecycle.run.abandon import delivered, has_final_status
 from airflow_cloudtrain.lifecycle.run.attempt import RunAttempt, RunContext
 
 if TYPE_CHECKING:
@@ -298,7 +298,11 @@ class RecoveryLoop:
                 records = [r for r in records if states[r.instance_id].state not in ALIVE_STATES]
             # a job that ended with its worker dead is ``start``'s to deliver (its row says how it ended)
             folder = self.ctx.backend.run_folder(self.history.run_uri)
-            records = [r for r in records if not self._reported(folder, r.instance_id)]
+            records = [
+                r
+                for r in records
+                if not call_with_retry(functools.partial(has_final_status, folder, r.instance_id))
+            ]
             # one a try released on purpose (a switch to spot cut short: its job never started) or
             # already reported is no unwatched attempt: only its entry goes
             handled = [
@@ -337,12 +341,6 @@ class RecoveryLoop:
             clear_running(bucket, record.run_id, record.instance_id, self.log)
         if len(self.history.attempts) > rows:
             self.save(strict=False)
-
-    @staticmethod
-    def _reported(folder: RunFolder, instance_id: str) -> bool:
-        """Did the instance's agent write its final status (the job ended and said how)?"""
-        raw = call_with_retry(lambda: folder.get_text(status_key(instance_id)))
-        return bool(raw) and RunStatus.from_json(raw or "{}").final
 
     def _finish(self, attempt: RunAttempt, launch: LaunchRecord, outcome: Outcome) -> AttemptRow:
         """The attempt's row (a gang's: a row per node, ``recovery.gang_rows``; returns the head's)."""
