@@ -1,4 +1,10 @@
 # Every target sets itself up from a fresh machine: scripts/bootstrap.sh installs the locked versions.
+# Python writes the bytecode of what it imports (its default), even where the machine says not to
+# (PYTHONDONTWRITEBYTECODE, set on this machine and CI's): the tests start hundreds of processes (agents,
+# Airflow tasks, first tries) that would otherwise compile every module they import, 40 % of a fresh
+# Airflow process's CPU. The first importer writes it, into .venv and this tree's __pycache__ folders.
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: setup demo test faults campaign lint bench airflow permissions
 
 setup:

@@ -37,12 +37,14 @@ when a run fails, its last lines are printed too.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import json
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -106,7 +108,11 @@ def show_log_tail(path: Path, lines: int = TAIL_LINES) -> None:
 
 
 def prepare_airflow_home() -> None:
-    home = Path(os.environ.get("CLOUDTRAIN_DEMO_HOME") or tempfile.mkdtemp(prefix="cloudtrain-demo-"))
+    if os.environ.get("CLOUDTRAIN_DEMO_HOME"):
+        home = Path(os.environ["CLOUDTRAIN_DEMO_HOME"])
+    else:  # a scratch Airflow home (its DB, the task logs, which .demo/demo.log also holds), gone after
+        home = Path(tempfile.mkdtemp(prefix="cloudtrain-demo-"))
+        atexit.register(shutil.rmtree, home, ignore_errors=True)
     os.environ["AIRFLOW_HOME"] = str(home)
     os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(DAGS)
     os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"

@@ -12,10 +12,13 @@ before, to tell a fork's effect from the product's.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +32,15 @@ from typing import Any
 
 TESTS = Path(__file__).resolve().parent
 WARM_TIMEOUT_S = 600.0  # the parent's one start-up, on a loaded machine
+
+
+@functools.cache
+def _scratch() -> str:
+    """This worker's folder for the warm parent's log and the tries' stderr files, removed when the
+    worker exits (they were left in the machine's temp folder, a dozen files a suite)."""
+    folder = tempfile.mkdtemp(prefix="cloudtrain-first-tries-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 class _ForkedParent:
@@ -61,7 +73,7 @@ class _Zygote:
     already warm (``prefork``), else started as a script."""
 
     def __init__(self, fork: bool = False) -> None:
-        self.log = Path(tempfile.mkstemp(prefix="try-zygote-", suffix=".log")[1])
+        self.log = Path(tempfile.mkstemp(prefix="try-zygote-", suffix=".log", dir=_scratch())[1])
         self.proc: Any
         if fork:
             self.proc = _ForkedParent(self.log)
@@ -232,7 +244,7 @@ def start_python(
                 sink.close()
     if _zygote is None or not _zygote.alive():
         _zygote = _Zygote()
-    stderr = output or Path(tempfile.mkstemp(prefix="first-try-", suffix=".err")[1])
+    stderr = output or Path(tempfile.mkstemp(prefix="first-try-", suffix=".err", dir=_scratch())[1])
     request = {"code": code, "env": env, "stdout": str(output) if output else None, "stderr": str(stderr)}
     with _zygote.lock:
         pid = _zygote.fork(request)
