@@ -1,10 +1,12 @@
 """Write pytest's assertion-rewritten bytecode for the test modules once, before the suite's workers start.
 
-This machine, like CI's, runs with ``PYTHONDONTWRITEBYTECODE=1``: pytest then never caches the test
-modules it rewrites (``__pycache__/*-pytest-*.pyc``), so each of ``make test``'s xdist workers parsed and
-rewrote all ~200 test modules itself at collection: about 5 of its 12 CPU-seconds of collection, 30
-CPU-seconds a suite. pytest reads such a cache even when it may not write one, and the cache is keyed
-by the source's hash, so a file changed since is simply rewritten again. Best effort: this only saves
+pytest caches the test modules it rewrites for its assertion messages (``__pycache__/*-pytest-*.pyc``),
+but ``make test``'s six xdist workers start their collection at once and each would parse and rewrite
+all ~200 test modules before any had written the cache (and where ``PYTHONDONTWRITEBYTECODE`` is set,
+as on this machine and CI's outside ``make``, none ever writes it): about 5 of a worker's 12
+CPU-seconds of collection, 30 CPU-seconds a suite. pytest reads such a cache even when it may not write
+one, and the cache is keyed by the source's hash, so a file changed since is simply rewritten again.
+Best effort: this only saves
 time, and does nothing when pytest's private rewriting functions moved (a newer pytest).
 """
 

@@ -159,12 +159,11 @@ def _running_jobs(emulator: Any) -> list[dict[str, Any]]:
     ]
 
 
-# The longest tests start first, so that none of them begins last and sets the suite's end alone (the
-# Makefile runs ``--dist worksteal``: each worker starts on its share in this order, and a worker that
-# runs dry takes half of another's remaining queue, so no worker is left alone with a long tail). The order
+# The longest tests start first, each worker with its part of them (``worker_shares``: ``--dist
+# worksteal`` cuts the collection into one contiguous share per worker, so the files below are dealt over
+# the shares in turns, then the other files in collection order, whole where they fit). The order
 # is measured (``make test PYTEST_ARGS="--durations=0"`` of 2026-11-28): the files by their longest test,
-# then by their tests' total time; a file not listed keeps its place after these, and the order inside a
-# file is kept.
+# then by their tests' total time; the order inside a file is kept.
 HEAVY_FIRST = (
     "tests/deployment/test_ui_page.py",
     "tests/cloud/test_budget_stop.py",
@@ -239,7 +238,9 @@ def pytest_configure(config: pytest.Config) -> None:
     """No forced ``gc.collect()`` when a worker ends: pytest runs one at its unconfigure to flush
     unraisable exceptions (PyPy's need, its own comment says), and on a worker's heap (Airflow, moto,
     the parsed botocore models) that took seconds at the very end of every worker's run. Unraisable
-    exceptions during the tests are reported as before (the hook stays installed)."""
+    exceptions during the tests are reported as before (the hook stays installed). And the items'
+    order for the workers' shares (``_Shares``)."""
+    config.pluginmanager.register(_Shares(), "cloudtrain-worker-shares")
     try:
         from _pytest.unraisableexception import gc_collect_iterations_key
     except ImportError:  # another pytest: its default
@@ -253,11 +254,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.nodeid.startswith(FAULTS_MIRRORS):
             item.add_marker(pytest.mark.faults)
 
-    def rank(item: pytest.Item) -> int:
-        path = item.nodeid.split("::", 1)[0]
-        return next((n for n, prefix in enumerate(HEAVY_FIRST) if path.startswith(prefix)), len(HEAVY_FIRST))
 
-    items.sort(key=rank)  # stable: the order inside a rank is collection's
+class _Shares:
+    """Deals the items over the xdist workers' shares once ``-m`` has deselected (``worker_shares``)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        from worker_shares import deal
+
+        heavy: list[list[pytest.Item]] = [[] for _ in HEAVY_FIRST]
+        files: dict[str, list[pytest.Item]] = {}
+        for item in items:
+            path = item.nodeid.split("::", 1)[0]
+            rank = next((n for n, prefix in enumerate(HEAVY_FIRST) if path.startswith(prefix)), None)
+            if rank is None:
+                files.setdefault(path, []).append(item)
+            else:
+                heavy[rank].append(item)
+        workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+        items[:] = deal([g for g in heavy if g] + list(files.values()), workers)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
