@@ -185,7 +185,8 @@ def test_gce_max_run_duration_stops_or_deletes_the_vm_and_its_agent(hard_stops, 
     wait_for(
         lambda: running(uri, name), message="the agent to start the job"
     )  # started from the startup-script
-    assert emu.gce.instance(ZONE, name)["status"] == "RUNNING"
+    # the emulated guest may start its job within the VM's first fraction of a second, still STAGING
+    wait_for(lambda: emu.gce.instance(ZONE, name)["status"] == "RUNNING", message="the VM to be RUNNING")
     emu.hard_stop_scale = 0.2  # 30 s -> 6 s after creation
 
     def gone_or_stopped() -> bool:
