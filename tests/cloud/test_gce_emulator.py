@@ -593,9 +593,16 @@ def test_preemption_grace_keeps_the_guest_alive_while_stopping(
     name = unique("vm")
     gce.wait(gce.insert(gce.body(name, spot=True, action="STOP")))
     gce.until(name, "RUNNING")
-    gce.server.preempt(ZONE, name, grace_s=0.3)
-    assert gce.get(name).status == "STOPPING"
-    assert {a["name"]: a["status"] for a in gce.server.alive()}[name] == "STOPPING"
+    grace_s = 3.0
+    preempted = time.monotonic()
+    gce.server.preempt(ZONE, name, grace_s=grace_s)
+    status = gce.get(name).status
+    alive = {a["name"]: a["status"] for a in gce.server.alive()}.get(name)
+    # what the guest shows inside its grace; a machine too busy to read within 3 s reads its end instead
+    if time.monotonic() - preempted < grace_s:
+        assert status == "STOPPING" and alive == "STOPPING", (status, alive)
+    else:
+        assert status in ("STOPPING", "TERMINATED"), status
     gce.until(name, "TERMINATED")
     assert name not in {a["name"] for a in gce.server.alive()}
     gce.delete(name)
