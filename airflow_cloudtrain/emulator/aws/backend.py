@@ -4,7 +4,6 @@ and the public SSM parameters real regions have and moto lacks."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 ACCOUNT_ID = "123456789012"
@@ -13,10 +12,6 @@ GPU_IMAGE_PARAM = (
 )
 SHUTDOWN = ("Client.InstanceInitiatedShutdown", "Instance initiated shutdown")
 SPOT_TERMINATION = ("Server.SpotInstanceTermination", "Spot instance termination")
-# Held while an instance ends by the cloud's hand and while moto answers a describe of instances
-# (``server.FaultsAndCounts``): moto's terminate sets the state first and its reasons after, so a
-# describe in between showed a terminated instance with no reason, or the user's, which EC2 never does.
-ENDING = threading.RLock()
 
 
 def ec2_backend(region: str) -> Any:
@@ -37,13 +32,12 @@ def end_instance(region: str, instance_id: str, code: str, message: str) -> None
     from moto.ec2.models.instances import StateReason
 
     backend = ec2_backend(region)
-    with ENDING:
-        instance = backend.get_instance(instance_id)
-        if instance.state == "terminated":
-            return
-        backend.terminate_instances([instance_id])
-        instance.state_reason = StateReason(f"{code}: {message}", code)
-        instance._reason = f"{code}: {message}"
+    instance = backend.get_instance(instance_id)
+    if instance.state == "terminated":
+        return
+    backend.terminate_instances([instance_id])
+    instance.state_reason = StateReason(f"{code}: {message}", code)
+    instance._reason = f"{code}: {message}"
 
 
 def seed_public_parameters(region: str) -> None:
