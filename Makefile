@@ -23,14 +23,17 @@ airflow: setup
 # fault campaigns (marker `faults`, docs/testing.md) run in `make faults`, not here.
 TEST_WORKERS ?= 6
 PYTEST = .venv/bin/python -m pytest -p no:cacheprovider -q -n $(TEST_WORKERS) --dist worksteal
+# Before the workers start (make test, make faults): our modules' bytecode (`compileall`), pytest's
+# rewritten test modules once for all workers, the collection's biggest imports' bytecode
+PREPARE = .venv/bin/python scripts/warm_bytecode.py & .venv/bin/python scripts/rewrite_tests.py & \
+	.venv/bin/python -m compileall -q airflow_cloudtrain example_dags; compiled=$$?; wait; exit $$compiled
 test: setup
 	.venv/bin/ruff check .
 	.venv/bin/ruff format --check airflow_cloudtrain tests benchmarks example_dags
 	@# bytecode for our modules too: the agents and Airflow processes the tests start would compile them;
 	@# beside it, pytest's rewritten test modules, once for the six workers (scripts/rewrite_tests.py),
 	@# and the bytecode of the collection's biggest imports, one process per core (scripts/warm_bytecode.py)
-	.venv/bin/python scripts/warm_bytecode.py & .venv/bin/python scripts/rewrite_tests.py & \
-	.venv/bin/python -m compileall -q airflow_cloudtrain example_dags; compiled=$$?; wait; exit $$compiled
+	$(PREPARE)
 	@# mypy (one thread, ~25 CPU-seconds from a fresh clone) runs beside the suite, which leaves the
 	@# cores idle a sixth of the time; its verdict fails `make test` as before, printed after the suite
 	@out=$$(mktemp); .venv/bin/mypy > $$out 2>&1 & types_pid=$$!; \
@@ -46,8 +49,7 @@ FAULT_SCENARIOS ?= 200
 FAULT_SEED ?= 1
 FAULT_WORKERS ?= 2
 faults: setup
-	.venv/bin/python scripts/warm_bytecode.py & .venv/bin/python scripts/rewrite_tests.py & \
-	.venv/bin/python -m compileall -q airflow_cloudtrain example_dags; compiled=$$?; wait; exit $$compiled
+	$(PREPARE)
 	$(PYTEST) --durations=15 -m faults $(PYTEST_ARGS)
 	.venv/bin/python benchmarks/faults.py --scenarios $(FAULT_SCENARIOS) --seed $(FAULT_SEED) --workers $(FAULT_WORKERS)
 
