@@ -4,6 +4,7 @@ and the public SSM parameters real regions have and moto lacks."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 ACCOUNT_ID = "123456789012"
@@ -28,16 +29,25 @@ def autoscaling_backend(region: str) -> Any:
 
 def end_instance(region: str, instance_id: str, code: str, message: str) -> None:
     """Terminate in moto with the state reason EC2 gives: ``StateReason`` ``{"Code": code, "Message":
-    "<code>: <message>"}``, e.g. ``end_instance(region, id, *SHUTDOWN)``."""
-    from moto.ec2.models.instances import StateReason
+    "<code>: <message>"}``, e.g. ``end_instance(region, id, *SHUTDOWN)``.
 
-    backend = ec2_backend(region)
-    instance = backend.get_instance(instance_id)
+    A describe from another request thread may come at any moment, and EC2 never shows a terminated
+    instance without its reason. moto's terminate sets the state first and its own reason after, so
+    it runs on a shadow copy (volumes, interfaces and profile are shared, and torn down there); the
+    instance the describes read then gets its reason first and the shadow's terminated state last, in
+    one assignment. A describe between the two sees the reason on a still running instance, as EC2
+    shows it on one that is shutting down."""
+    from moto.ec2.models.instances import InstanceState, StateReason
+
+    instance = ec2_backend(region).get_instance(instance_id)
     if instance.state == "terminated":
         return
-    backend.terminate_instances([instance_id])
+    shadow = copy.copy(instance)
+    shadow._state = InstanceState(instance._state.name, instance._state.code)
+    shadow.terminate()
     instance.state_reason = StateReason(f"{code}: {message}", code)
     instance._reason = f"{code}: {message}"
+    instance._state = shadow._state
 
 
 def seed_public_parameters(region: str) -> None:
