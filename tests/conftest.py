@@ -349,10 +349,11 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         usage = resource.getrusage(resource.RUSAGE_CHILDREN)
         return usage.ru_utime + usage.ru_stime
 
-    wall, own, kids = time.monotonic(), time.process_time(), children()
+    began, wall, own, kids = time.time(), time.monotonic(), time.process_time(), children()
     yield
     line = {
         "test": item.nodeid,
+        "start": round(began, 3),  # the suite's timeline: which worker ran what, and when
         "wall_s": round(time.monotonic() - wall, 3),
         "cpu_s": round(time.process_time() - own, 3),
         "children_cpu_s": round(children() - kids, 3),

@@ -56,8 +56,12 @@ def _spec(folder: RunFolder, scheme: str, layout: str, hold: Path, **env: str) -
 
 
 def _saves(agent: Agent) -> list[tuple[int, float]]:
-    """(step, when) of every save the job finished."""
-    return [(int(s), float(t)) for s, t in re.findall(r"^saved (\d+) at ([\d.]+)$", agent.job_log(), re.M)]
+    """(step, when) of every save the job finished, from the job's record on the instance's disk: the
+    uploaded log of an instance lost without notice ends at its last periodic upload, which may come
+    before or after the checkpoint sync that took a newer save."""
+    record = agent.workdir / "saves.log"
+    text = record.read_text() if record.exists() else ""
+    return [(int(s), float(t)) for s, t in re.findall(r"^saved (\d+) at ([\d.]+)$", text, re.M)]
 
 
 # the file the framework's "find latest" reads, where a version can hold a step without it (a

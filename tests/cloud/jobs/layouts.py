@@ -19,7 +19,8 @@ the framework would, and notices when it would have loaded garbage.
   ``state.json`` beside it; resumed from ``checkpoint.pt``.
 
 Usage: ``python -S layouts.py LAYOUT TOTAL EVERY STEP_S``. Prints ``resumed from step N`` (0 when
-nothing was found), ``step N``, ``saving N`` / ``saved N at <unix time>``; ``CORRUPT ...`` and exit 3
+nothing was found), ``step N``, ``saving N`` / ``saved N at <unix time>`` (the last also appended to
+``saves.log`` beside ``CLOUDTRAIN_OUTPUT_DIR``, on the instance's disk); ``CORRUPT ...`` and exit 3
 when the framework's rule finds a checkpoint that does not load. It does not handle SIGTERM (the
 frameworks do not), so an interruption can land in the middle of a save. ``LAYOUTS_HOLD_AT_END=<path>``:
 hold before the last step, and after ``HOLD_AFTER_SAVES`` saves of this process, until that file
@@ -40,6 +41,7 @@ import time
 import uuid
 from pathlib import Path
 
+SAVES_RECORD = Path(os.environ.get("CLOUDTRAIN_OUTPUT_DIR", ".")).parent / "saves.log"
 HOLD_AFTER_SAVES = 8  # with a hold file: a process that saved this often waits for it
 CHUNK = 64 * 1024
 SIZE = 16 * CHUNK  # 1 MiB per big file
@@ -244,7 +246,10 @@ def main() -> None:
                     time.sleep(0.05)
             print(f"saving {step}", flush=True)
             SAVE[layout](d, step, _saves == pause_at)
-            print(f"saved {step} at {time.time():.3f}", flush=True)
+            line = f"saved {step} at {time.time():.3f}\n"
+            print(line, end="", flush=True)
+            with open(SAVES_RECORD, "a") as record:  # on the instance's disk: outlives a lost instance's log
+                record.write(line)
     out = Path(os.environ["CLOUDTRAIN_OUTPUT_DIR"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "result.json").write_text(json.dumps({"resumed_from": start, "step": step}))
