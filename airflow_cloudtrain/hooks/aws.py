@@ -6,6 +6,7 @@ SDK and connection only: ``clouds.aws.ec2.aws_cloud(hook)`` builds the ``Cloud``
 from __future__ import annotations
 
 import sys
+import threading
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -67,6 +68,11 @@ class CloudTrainAwsHook(CallerFromFrames, AwsBaseHook):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["client_type"] = "ec2"
         super().__init__(*args, **kwargs)
+        # (service, region, config) -> client: a client costs a session and 20-50 ms of CPU, and the
+        # ledger's find/delete of a fleet's queues, templates and groups asks for three each time;
+        # boto3's clients are thread-safe, and a refreshed credential reaches them through the session
+        self._clients: dict[tuple[str, str | None, Any], Any] = {}
+        self._clients_lock = threading.Lock()
 
     def get_session(self, region_name: str | None = None, deferrable: bool = False) -> Any:
         """The connection's session (as the Amazon provider makes it), sharing parsed service models;
@@ -80,15 +86,24 @@ class CloudTrainAwsHook(CallerFromFrames, AwsBaseHook):
             return super().get_client_type(*args, **kwargs)
 
     def client(self, service: str, region: str | None = None, config: Any = None) -> Any:
-        """A boto3 client for any service, from this connection (credentials, endpoint, config)."""
-        with quiet_botocore():
-            session = self.get_session(region_name=region or self.conn_region_name)
-            return session.client(
-                service,
-                endpoint_url=self.conn_config.get_service_endpoint_url(service_name=service),
-                config=config or self.config,
-                verify=self.verify,
-            )
+        """A boto3 client for any service, from this connection (credentials, endpoint, config); one
+        per service, region and config for the hook's life."""
+        # a Config made anew per call (``aws_cloud``'s no-retries one) is the same config by its options
+        options = getattr(config, "_user_provided_options", None)
+        key = (service, region, config if options is None else repr(sorted(options.items())))
+        with self._clients_lock:
+            made = self._clients.get(key)
+            if made is None:
+                with quiet_botocore():
+                    session = self.get_session(region_name=region or self.conn_region_name)
+                    made = session.client(
+                        service,
+                        endpoint_url=self.conn_config.get_service_endpoint_url(service_name=service),
+                        config=config or self.config,
+                        verify=self.verify,
+                    )
+                self._clients[key] = made
+        return made
 
     @property
     def conn_region_name(self) -> str:

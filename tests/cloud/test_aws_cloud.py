@@ -113,6 +113,41 @@ def test_hooks_share_parsed_service_models_and_still_reach_ec2(emu) -> None:
     assert "Reservations" in second.client("ec2").describe_instances(MaxResults=5)
 
 
+def test_a_hook_makes_one_client_per_service_region_and_options(emu) -> None:
+    """A client costs a session and tens of ms of CPU: the ledger's find and delete of a fleet's queues,
+    templates and groups asked the hook for three each time. The same service, region and options
+    (even in a Config made anew) get the same client; any difference gets its own, and each reaches
+    its service from any thread."""
+    import threading
+
+    from botocore.config import Config
+
+    hook = CloudTrainAwsHook(aws_conn_id="aws_default")
+    assert hook.client("ec2") is hook.client("ec2")
+    once = Config(retries={"mode": "standard", "total_max_attempts": 1})
+    assert hook.client("ec2", config=once) is hook.client("ec2", config=Config(retries=dict(once.retries)))
+    distinct = {
+        id(hook.client("ec2")),
+        id(hook.client("ec2", config=once)),
+        id(hook.client("ec2", region="eu-west-1")),
+        id(hook.client("sqs")),
+    }
+    assert len(distinct) == 4
+    assert hook.client("ec2", region="eu-west-1").meta.region_name == "eu-west-1"
+    seen: list[str] = []
+    threads = [
+        threading.Thread(
+            target=lambda: seen.append(str(len(hook.client("ec2").describe_regions()["Regions"])))
+        )
+        for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(seen) == 4 and len(set(seen)) == 1
+
+
 def test_a_launchs_lookups_ride_out_throttling(cloud, emu) -> None:
     """The default image and its root device are looked up through throttling, as RunInstances is:
     botocore's own retries alone failed a gang's launch under 30% throttling (campaign s016). A client
