@@ -5,6 +5,7 @@ and the public SSM parameters real regions have and moto lacks."""
 from __future__ import annotations
 
 import copy
+import threading
 from typing import Any
 
 ACCOUNT_ID = "123456789012"
@@ -13,6 +14,11 @@ GPU_IMAGE_PARAM = (
 )
 SHUTDOWN = ("Client.InstanceInitiatedShutdown", "Instance initiated shutdown")
 SPOT_TERMINATION = ("Server.SpotInstanceTermination", "Spot instance termination")
+# Held while an instance ends by the cloud's hand (a few attribute writes) and while moto answers a
+# describe of instances (``server.FaultsAndCounts``, moto's dispatch only: no fault's delay inside). A
+# describe reads an instance's StateReason before its State (the order of EC2's shape), so no order
+# of the two writes keeps it from pairing the old reason with the new state: only this lock does.
+ENDING = threading.RLock()
 
 
 def ec2_backend(region: str) -> Any:
@@ -34,20 +40,20 @@ def end_instance(region: str, instance_id: str, code: str, message: str) -> None
     A describe from another request thread may come at any moment, and EC2 never shows a terminated
     instance without its reason. moto's terminate sets the state first and its own reason after, so
     it runs on a shadow copy (volumes, interfaces and profile are shared, and torn down there); the
-    instance the describes read then gets its reason first and the shadow's terminated state last, in
-    one assignment. A describe between the two sees the reason on a still running instance, as EC2
-    shows it on one that is shutting down."""
+    instance the describes read then gets its reason and the shadow's terminated state, under
+    ``ENDING``, which describes hold while moto answers them."""
     from moto.ec2.models.instances import InstanceState, StateReason
 
-    instance = ec2_backend(region).get_instance(instance_id)
-    if instance.state == "terminated":
-        return
-    shadow = copy.copy(instance)
-    shadow._state = InstanceState(instance._state.name, instance._state.code)
-    shadow.terminate()
-    instance.state_reason = StateReason(f"{code}: {message}", code)
-    instance._reason = f"{code}: {message}"
-    instance._state = shadow._state
+    with ENDING:
+        instance = ec2_backend(region).get_instance(instance_id)
+        if instance.state == "terminated":
+            return
+        shadow = copy.copy(instance)
+        shadow._state = InstanceState(instance._state.name, instance._state.code)
+        shadow.terminate()
+        instance.state_reason = StateReason(f"{code}: {message}", code)
+        instance._reason = f"{code}: {message}"
+        instance._state = shadow._state
 
 
 def seed_public_parameters(region: str) -> None:

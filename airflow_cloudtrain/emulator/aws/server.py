@@ -31,7 +31,7 @@ from collections import Counter
 from typing import Any
 
 from airflow_cloudtrain.emulator import calls
-from airflow_cloudtrain.emulator.aws import bigkeys, groups, placement, pricing, ranges, wire
+from airflow_cloudtrain.emulator.aws import backend, bigkeys, groups, placement, pricing, ranges, wire
 from airflow_cloudtrain.emulator.faults import Throttle, is_own
 from airflow_cloudtrain.emulator.serving import InThread
 
@@ -139,6 +139,9 @@ class FaultsAndCounts:
                     return self._send(start_response, wire.instance_not_in_group(instance))
         if call.operation == "CompleteMultipartUpload":  # one at a time: a retry waits for the first
             with self.completing:
+                return self.app(environ, _one_server_header(start_response))
+        if call.protocol == "ec2" and call.operation in ("DescribeInstances", "DescribeInstanceStatus"):
+            with backend.ENDING:  # never an ending's state with the reason before it (``backend.ENDING``)
                 return self.app(environ, _one_server_header(start_response))
         return self.app(environ, _one_server_header(start_response))
 
