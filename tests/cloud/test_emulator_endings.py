@@ -2,15 +2,14 @@
 is never described as terminated without the reason EC2 gives. moto's terminate sets the state first
 and its reasons after (first none, then the user's), and ours came after that: a describe in between,
 over the wire from another request thread, showed a terminated instance with no reason code, which EC2
-never does (``emulator.aws.backend.end_instance`` puts the reason on first and the state last). And a describe
-reads an instance's StateReason before its State (the order of EC2's shape), so an ending between the
-two reads paired the old (empty) reason with the new state whatever the order of the writes: endings
-and describes now take one lock (``emulator.aws.backend.ENDING``).
+never does. And a describe reads an instance's StateReason before its State (the order of EC2's
+shape), so an ending between the two reads paired the old (empty) reason with the new state whatever
+the order of the writes. Endings and describes take one lock (``emulator.aws.backend.ENDING``).
 
 Both windows are a few bytecodes wide, so the tests open them on purpose: moto's terminate reads the
-clock right after it sets the state (its "User initiated (<time>)" text), where the first test
-describes the instance over the wire; the second ends the instance while moto serializes a describe of
-it, right after the reason was read."""
+clock right after it sets the state (its "User initiated (<time>)" text), where the first test asks
+for a describe over the wire; the second ends the instance while moto serializes a describe of it,
+right after the reason was read."""
 
 from __future__ import annotations
 

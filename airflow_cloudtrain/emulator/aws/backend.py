@@ -4,7 +4,6 @@ and the public SSM parameters real regions have and moto lacks."""
 
 from __future__ import annotations
 
-import copy
 import threading
 from typing import Any
 
@@ -37,23 +36,19 @@ def end_instance(region: str, instance_id: str, code: str, message: str) -> None
     """Terminate in moto with the state reason EC2 gives: ``StateReason`` ``{"Code": code, "Message":
     "<code>: <message>"}``, e.g. ``end_instance(region, id, *SHUTDOWN)``.
 
-    A describe from another request thread may come at any moment, and EC2 never shows a terminated
-    instance without its reason. moto's terminate sets the state first and its own reason after, so
-    it runs on a shadow copy (volumes, interfaces and profile are shared, and torn down there); the
-    instance the describes read then gets its reason and the shadow's terminated state, under
-    ``ENDING``, which describes hold while moto answers them."""
-    from moto.ec2.models.instances import InstanceState, StateReason
+    moto's terminate sets the state first and its own reason after, and ours comes after that; EC2
+    never shows a terminated instance without its reason, so the whole ending holds ``ENDING``, which
+    describes hold while moto answers them."""
+    from moto.ec2.models.instances import StateReason
 
+    backend = ec2_backend(region)
     with ENDING:
-        instance = ec2_backend(region).get_instance(instance_id)
+        instance = backend.get_instance(instance_id)
         if instance.state == "terminated":
             return
-        shadow = copy.copy(instance)
-        shadow._state = InstanceState(instance._state.name, instance._state.code)
-        shadow.terminate()
+        backend.terminate_instances([instance_id])
         instance.state_reason = StateReason(f"{code}: {message}", code)
         instance._reason = f"{code}: {message}"
-        instance._state = shadow._state
 
 
 def seed_public_parameters(region: str) -> None:
