@@ -52,12 +52,9 @@ def ui_links(dag: Any, run: Any) -> dict[str, str]:
 
     # as the api-server reads it (its DAG bag loads operator links); a scheduler loop run in this
     # worker before (dag.test()) leaves Airflow's class-wide switch off
-    switch = DagSerialization._load_operator_extra_links
-    DagSerialization._load_operator_extra_links = True
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(DagSerialization, "_load_operator_extra_links", True)
         restored = DagSerialization.from_dict(json.loads(json.dumps(DagSerialization.to_dict(dag))))
-    finally:
-        DagSerialization._load_operator_extra_links = switch
     task, ti = restored.get_task("train"), run.get_task_instance("train")
     return {link.name: link.get_link(task, ti_key=ti.key) for link in task.operator_extra_links}
 

@@ -23,6 +23,7 @@ waits for the first and gets its object.
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 import threading
@@ -196,20 +197,13 @@ def _cache_moto_lookups() -> None:
     if getattr(backends.list_of_moto_modules, "cached", False):
         return
     modules = frozenset(backends.list_of_moto_modules())
-    methods: dict[type, list[str]] = {}
-    list_methods = responses.method_names_from_class
 
     def listed_modules() -> frozenset[str]:
         return modules
 
-    def listed_methods(clazz: Any) -> list[str]:
-        if clazz not in methods:
-            methods[clazz] = list_methods(clazz)
-        return methods[clazz]
-
     listed_modules.cached = True  # type: ignore[attr-defined]
     backends.list_of_moto_modules = listed_modules
-    responses.method_names_from_class = listed_methods
+    responses.method_names_from_class = functools.cache(responses.method_names_from_class)
 
 
 class MotoServer:
