@@ -30,7 +30,7 @@ from airflow_cloudtrain.core.engine import apoll_until
 from airflow_cloudtrain.core.lease import LeaseRenewer
 from airflow_cloudtrain.core.logstream import LogFollower, render_line
 from airflow_cloudtrain.core.records import ERROR, LaunchRecord, Outcome
-from airflow_cloudtrain.core.retry import TransientBudget
+from airflow_cloudtrain.core.retry import TransientBudget, call_with_retry
 from airflow_cloudtrain.core.waiting import PROBE_DUE, RunWatch, parse_heartbeat
 from airflow_cloudtrain.triggers import shared_poll
 from airflow_cloudtrain.triggers.heap import freeze_long_lived
@@ -57,6 +57,8 @@ async def _close_index(index: LiveIndex) -> None:
 # small listing per bucket, whatever the number of runs, and a run's end reaches its task within
 # about this. Log lines (the whole index) and the instance poll keep the run's poll_interval.
 END_POLL_S = 2.0
+# How long a gang's last log read retries transient errors once its outcome is decided.
+LAST_LINES_BUDGET_S = 30.0
 # A trigger cancelled while its worker thread logs a run's new lines waits this long for that thread
 # (which cannot be stopped) to finish and move the cursor, so the group's last cursor save counts them.
 SHOW_DRAIN_S = 10.0
@@ -342,11 +344,14 @@ class RunTrigger(BaseTrigger):
         followed = ids if self.log_nodes == "all" else ids[:1]
         followers = [(0, head)] + [(rank, LogFollower(iid)) for rank, iid in enumerate(followed) if rank]
 
-        def read() -> tuple[list[RunStatus | None], list[float | None]]:
-            lease.renew()  # when due
+        def stream() -> None:
             for rank, follower in followers:
                 for line in follower.poll(folder.list, folder.get_bytes):
                     self.log.info("[rank %d] %s", rank, render_line(line))
+
+        def read() -> tuple[list[RunStatus | None], list[float | None]]:
+            lease.renew()  # when due
+            stream()
             statuses, beats = [], []
             for iid in ids:
                 status, beat = self._folder_state(launch, folder, iid)
@@ -365,10 +370,19 @@ class RunTrigger(BaseTrigger):
             self.log.warning("Transient error reading the gang's state (%s); retrying", err)
 
         try:
-            return await apoll_until(poll, self.poll_interval, on_transient=transient)
+            outcome = await apoll_until(poll, self.poll_interval, on_transient=transient)
         finally:
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
+        # A node's agent uploads its last log chunk just before its final status: a poll that listed
+        # the chunks before that upload and read the status after it decided without the job's last
+        # lines. So once more, as the blocking wait does; its lines still reach the task log (the
+        # event is not yielded yet).
+        try:
+            await asyncio.to_thread(call_with_retry, stream, TransientBudget(budget_s=LAST_LINES_BUDGET_S))
+        except Exception as err:
+            self.log.warning("Could not read the gang's last log lines (%s)", err)
+        return outcome
 
     def _backend(self, launch: LaunchRecord) -> RunBackend:
         from airflow_cloudtrain.clouds.registry import backend_for

@@ -225,6 +225,57 @@ def test_deferrable_gang_all_reduces_in_the_triggerer(
     nothing_left(emu, "aws", dag_id, run)
 
 
+def test_deferrable_gang_shows_the_last_lines_of_a_node_whose_end_came_between_two_reads(
+    emu: Any, airflow_db: Any, capfd: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node's agent uploads its last log chunk just before its final status. A trigger poll that
+    listed a node's chunks before that upload, and read the statuses after every node's final one,
+    decided the gang's end without the node's last lines (CI met it once). The window is opened on
+    purpose: the first listing of a node's log chunks is answered with what was there (the jobs are
+    held until then), but only once every node's final status is written."""
+    from moto.s3.models import S3Backend
+
+    from airflow_cloudtrain.contract.runs import RunStatus
+
+    go = tmp_path / "go"
+    script = tmp_path / "held.py"
+    script.write_text(
+        f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\n" + ALLREDUCE
+    )
+    listing = S3Backend.list_objects_v2
+    held: list[str] = []
+
+    def all_final(backend: Any, bucket: Any, run_prefix: str) -> bool:
+        keys, _, _, _ = backend.list_objects(
+            bucket, run_prefix + "instances/", None, marker=None, max_keys=None
+        )
+        ends = [k for k in keys if k.name.endswith("/status.json")]
+        return len(ends) == 3 and all(RunStatus.from_json(k.value.decode()).final for k in ends)
+
+    def list_then_wait(self: Any, bucket: Any, prefix: str | None, *args: Any, **kwargs: Any) -> Any:
+        answer = listing(self, bucket, prefix, *args, **kwargs)
+        if not held and prefix and prefix.endswith("/logs/"):
+            held.append(prefix)
+            go.touch()  # the jobs run only now: this answer has none of their lines
+            run_prefix = prefix[: prefix.index("instances/")]
+            deadline = time.monotonic() + 300
+            while not all_final(self, bucket, run_prefix) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        return answer
+
+    monkeypatch.setattr(S3Backend, "list_objects_v2", list_then_wait)
+    dag_id = "gang_defer_last_aws"
+    run = scenario(
+        dag_id, "aws", f"exec {sys.executable} {script}", deferrable=True, extra=", num_nodes=3"
+    ).test()
+    out = capfd.readouterr().out
+    assert held and task_states(run) == {"train": "success"}, out[-3000:]
+    assert "not deferring" not in out
+    for rank in range(3):
+        assert [x for x in rank_lines(out, rank, "sum 60") if "RunTrigger" in x], (rank, held, out[-3000:])
+    nothing_left(emu, "aws", dag_id, run)
+
+
 def test_deferrable_gang_names_the_failing_node(
     emu: Any, airflow_db: Any, capfd: Any, tmp_path: Path
 ) -> None:
