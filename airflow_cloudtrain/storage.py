@@ -196,6 +196,22 @@ class _S3:
             self.client.delete_objects(Bucket=bucket, Delete={"Objects": batch, "Quiet": True})
 
 
+def without_bucket_lookups(client: Any) -> Any:
+    """A ``google.cloud.storage.Client`` that does not look its buckets up behind our back.
+
+    google-cloud-storage (3.17) reads each bucket's metadata (``storage.buckets.get``) in a background
+    thread the first time a client touches the bucket, only to label OpenTelemetry spans. For a run
+    that is one more request and thread per client and bucket, and a permission
+    (``storage.buckets.get``) that nothing else of ours needs. The library's own switch
+    (``DISABLE_GCS_PYTHON_CLIENT_OTEL_BUCKET_METADATA``) is process-wide, which a provider must not set
+    in a user's Airflow; the client's own cache set to None turns it off for this client alone (the
+    library checks it before every lookup). Without that attribute (older or newer releases) nothing
+    changes."""
+    if getattr(client, "_bucket_metadata_cache", None) is not None:
+        client._bucket_metadata_cache = None
+    return client
+
+
 class _GCS:
     """The same calls over ``google.cloud.storage``; anonymous when ``STORAGE_EMULATOR_HOST`` is set."""
 
@@ -210,7 +226,7 @@ class _GCS:
                 client = storage.Client(project=project, credentials=AnonymousCredentials())
             else:
                 client = storage.Client()
-        self.client = client
+        self.client = without_bucket_lookups(client)
 
     def _blob(self, bucket: str, key: str) -> Any:
         return self.client.bucket(bucket).blob(key)

@@ -70,7 +70,9 @@ GCS_DOWNLOAD_PY = """import sys
 from google.cloud import storage
 uri, dest = sys.argv[1], sys.argv[2]
 bucket, _, key = uri[len("gs://"):].partition("/")
-storage.Client().bucket(bucket).blob(key).download_to_filename(dest)
+client = storage.Client()
+client._bucket_metadata_cache = None  # no buckets.get of its own (airflow_cloudtrain.storage.without_bucket_lookups)
+client.bucket(bucket).blob(key).download_to_filename(dest)
 """
 
 # (import name, pip package, download snippet) for the run folder's storage.

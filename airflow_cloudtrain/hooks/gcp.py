@@ -141,7 +141,9 @@ class CloudTrainGcpHook(GoogleBaseHook):
     def storage_client(self) -> Any:
         from google.cloud.storage import Client
 
-        return Client(project=self.project, **self._client_kwargs("storage_endpoint"))
+        from airflow_cloudtrain.storage import without_bucket_lookups
+
+        return without_bucket_lookups(Client(project=self.project, **self._client_kwargs("storage_endpoint")))
 
     def run_folder(self, run_uri: str) -> RunFolder:
         from airflow_cloudtrain.storage import open_run_folder

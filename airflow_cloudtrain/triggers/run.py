@@ -352,12 +352,18 @@ class RunTrigger(BaseTrigger):
         def read() -> tuple[list[RunStatus | None], list[float | None]]:
             lease.renew()  # when due
             stream()
-            statuses, beats = [], []
-            for iid in ids:
-                status, beat = self._folder_state(launch, folder, iid)
-                live_beat = parse_heartbeat(live.get_text(beat_name(iid))) if live is not None else None
+            statuses: list[RunStatus | None] = []
+            beats: list[float | None] = []
+            for rank, iid in enumerate(ids):
+                raw = folder.get_text(status_key(iid))
+                status = RunStatus.from_json(raw) if raw else None
+                read_beats: list[float | None] = []
+                if watch.needs_heartbeat(rank, status):  # a few times per heartbeat_timeout
+                    read_beats.append(parse_heartbeat(folder.get_text(heartbeat_key(iid))))
+                    if live is not None:
+                        read_beats.append(parse_heartbeat(live.get_text(beat_name(iid))))
                 statuses.append(status)
-                beats.append(max((b for b in (beat, live_beat) if b is not None), default=None))
+                beats.append(max((b for b in read_beats if b is not None), default=None))
             return statuses, beats
 
         async def poll() -> Outcome | None:

@@ -130,10 +130,38 @@ def test_run_watch_notices_a_silent_agent() -> None:
     assert never.state == "lost" and "never reported" in never.message
     running = RunStatus(state="running", instance_id="i-1", started_at=950.0)
     assert watch.decide(running, inst("running"), heartbeat_at=990.0) is None
-    dead = watch.decide(running, inst("running"), heartbeat_at=960.0)
-    assert dead.state == "lost" and "stopped beating" in dead.message
+    now[0] = 1019.0
+    assert watch.decide(running, inst("running")) is None  # the beat read at 990 is still known
+    now[0] = 1021.0
+    dead = watch.decide(running, inst("running"), heartbeat_at=990.0)  # the agent wrote none since
+    assert dead.state == "lost" and "stopped beating" in dead.message and "31s ago" in dead.message
     done = RunStatus(state="succeeded", instance_id="i-1", exit_code=0)
     assert watch.decide(done, inst("running"), heartbeat_at=1.0).status == "success"  # final wins
+
+
+def test_a_wait_reads_the_heartbeat_only_when_it_could_change_the_decision() -> None:
+    """Every poll used to read the agent's heartbeat (one or two GETs); it matters only for a running
+    status, with a heartbeat_timeout, once what the wait knows is older than half the timeout."""
+    from airflow_cloudtrain.core.waiting import GangWatch, RunWatch
+
+    now = [1000.0]
+    running = RunStatus(state="running", instance_id="i-1", started_at=990.0)
+    watch = RunWatch(None, heartbeat_timeout=30, wall=lambda: now[0])
+    assert not watch.needs_heartbeat(None)  # not started: startup_timeout judges, not beats
+    assert not watch.needs_heartbeat(running)  # started 10 s ago
+    assert not RunWatch(None, wall=lambda: now[0]).needs_heartbeat(running)  # no heartbeat_timeout
+    now[0] = 1006.0
+    assert watch.needs_heartbeat(running)  # 16 s since anything was known: past half the timeout
+    assert watch.decide(running, inst("running"), heartbeat_at=1005.0) is None
+    assert not watch.needs_heartbeat(running)  # a beat 1 s old
+    now[0] = 1021.0
+    assert watch.needs_heartbeat(running)
+    done = RunStatus(state="succeeded", instance_id="i-1", exit_code=0)
+    assert not watch.needs_heartbeat(done)
+    gang = GangWatch(["i-1", "i-2"], None, heartbeat_timeout=30, wall=lambda: now[0])
+    assert [gang.needs_heartbeat(r, running) for r in (0, 1)] == [True, True]
+    assert gang.decide([done, running], [inst("running"), inst("running")], [None, 1020.0]) is None
+    assert [gang.needs_heartbeat(r, running) for r in (0, 1)] == [False, False]  # 0 finished, 1 fresh
 
 
 def test_run_keys_of_two_deployments_never_match() -> None:

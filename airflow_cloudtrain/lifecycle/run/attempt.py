@@ -567,9 +567,9 @@ class RunAttempt:
             for line in follower.poll(folder.list, folder.get_bytes):
                 self.log.info("%s", render_line(line))
             raw = folder.get_text(status_key(iid))
-            beat = self.heartbeat(launch)
-            instance = cloud.describe([iid]).get(iid)
             status = RunStatus.from_json(raw) if raw else None
+            beat = self.heartbeat(launch) if watch.needs_heartbeat(status) else None
+            instance = cloud.describe([iid]).get(iid)
             if (status is None or not status.final) and ended(instance):
                 status = self._end_marker(launch) or status
             return watch.decide(status, instance, beat)

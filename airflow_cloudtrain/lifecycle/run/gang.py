@@ -198,7 +198,10 @@ class Gang:
             stream()
             raws = [folder.get_text(status_key(iid)) for iid in ids]
             statuses = [RunStatus.from_json(raw) if raw else None for raw in raws]
-            beats = [heartbeat(iid) for iid in ids]
+            beats = [
+                heartbeat(iid) if watch.needs_heartbeat(rank, statuses[rank]) else None
+                for rank, iid in enumerate(ids)
+            ]
             described = cloud.describe(ids)  # one call for the whole gang
             nodes = [described.get(iid) for iid in ids]
             for n, (iid, node, status) in enumerate(zip(ids, nodes, statuses, strict=True)):
