@@ -29,12 +29,24 @@ from airflow_cloudtrain.emulator import DEFAULT_BUCKET, PORT_OFFSETS
 DEADLINE_S = 120.0  # generous: the machine may be busy; every wait ends as soon as its condition holds
 
 
+def _below_ephemeral_ports() -> int:
+    """The lowest port the kernel hands out on its own (a connection's local port, a port-0 listener)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def _free_base_port() -> int:
-    """A base port whose whole block of ports is free now (tests run in parallel)."""
+    """A base port whose whole block of ports is free now (tests run in parallel), below the kernel's
+    ephemeral range: a block inside it could be taken by any connection's local port between this
+    check and the emulator's bind (met beside another ``make test``: "cannot listen on ... (Address
+    already in use)"), and again between a stop and the restart on the same ports."""
     import random
 
+    top = _below_ephemeral_ports() - len(PORT_OFFSETS)
     for _ in range(200):
-        base = random.randrange(20000, 60000)
+        base = random.randrange(20000, max(top, 20001))
         socks = []
         try:
             for offset in range(len(PORT_OFFSETS)):
@@ -108,7 +120,8 @@ def test_emulator_serves_on_its_ports_writes_the_env_file_and_stops_cleanly_on_s
     base = _free_base_port()
     env_file = tmp_path / "airflow" / "emulator.env"
     emu = start("--port", str(base), "--env-file", str(env_file))
-    wait_for(env_file.exists, message="the env file")
+    wait_for(lambda: env_file.exists() or emu.proc.poll() is not None, message="the env file")
+    assert env_file.exists(), emu.stderr()  # an emulator that could not start says why
     env = read_env_file(env_file)
 
     # Fixed ports: the endpoints a restart will have again; the connections point at them too.
