@@ -16,6 +16,7 @@ from airflow_cloudtrain.core.records import ERROR, SUCCESS, Outcome
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.core.budget import BudgetWatch
+    from airflow_cloudtrain.storage import RunFolder
 
 
 def outcome(status: RunStatus | None, instance: Instance | None, ended_grace_over: bool) -> Outcome | None:
@@ -282,3 +283,15 @@ def parse_heartbeat(raw: bytes | str | None) -> float | None:
         return float(raw.decode() if isinstance(raw, bytes) else raw) if raw else None
     except ValueError:
         return None
+
+
+def read_heartbeat(folder: RunFolder, live: RunFolder | None, instance_id: str) -> float | None:
+    """Blocking: an agent's last heartbeat, the newer of its run folder's heartbeat file and the live
+    index's ``<instance>.beat`` (``live``; an agent without a live index, or one that could not write to
+    it, falls back to the file). The blocking wait's and the trigger's gang wait's one reading."""
+    from airflow_cloudtrain.contract.runs import beat_name, heartbeat_key
+
+    beats = [parse_heartbeat(folder.get_text(heartbeat_key(instance_id)))]
+    if live is not None:
+        beats.append(parse_heartbeat(live.get_text(beat_name(instance_id))))
+    return max((b for b in beats if b is not None), default=None)

@@ -31,7 +31,7 @@ from airflow_cloudtrain.core.lease import LeaseRenewer
 from airflow_cloudtrain.core.logstream import LogFollower, render_line
 from airflow_cloudtrain.core.records import ERROR, LaunchRecord, Outcome
 from airflow_cloudtrain.core.retry import TransientBudget, call_with_retry
-from airflow_cloudtrain.core.waiting import PROBE_DUE, RunWatch, parse_heartbeat
+from airflow_cloudtrain.core.waiting import PROBE_DUE, RunWatch, parse_heartbeat, read_heartbeat
 from airflow_cloudtrain.triggers import shared_poll
 from airflow_cloudtrain.triggers.heap import freeze_long_lived
 from airflow_cloudtrain.triggers.instances import watch_instances
@@ -327,7 +327,6 @@ class RunTrigger(BaseTrigger):
         every node. The nodes' instances come from the shared describe (one per region per poll,
         whatever the number of nodes); each poll reads the nodes' status and heartbeats, and their
         new log lines (``[rank N]``), in a worker thread. ``head`` carries the task log's cursor."""
-        from airflow_cloudtrain.contract.runs import beat_name
         from airflow_cloudtrain.core.waiting import GangWatch
 
         ids = launch.node_ids
@@ -357,13 +356,11 @@ class RunTrigger(BaseTrigger):
             for rank, iid in enumerate(ids):
                 raw = folder.get_text(status_key(iid))
                 status = RunStatus.from_json(raw) if raw else None
-                read_beats: list[float | None] = []
-                if watch.needs_heartbeat(rank, status):  # a few times per heartbeat_timeout
-                    read_beats.append(parse_heartbeat(folder.get_text(heartbeat_key(iid))))
-                    if live is not None:
-                        read_beats.append(parse_heartbeat(live.get_text(beat_name(iid))))
                 statuses.append(status)
-                beats.append(max((b for b in read_beats if b is not None), default=None))
+                # a few times per heartbeat_timeout, not every poll
+                beats.append(
+                    read_heartbeat(folder, live, iid) if watch.needs_heartbeat(rank, status) else None
+                )
             return statuses, beats
 
         async def poll() -> Outcome | None:

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airflow_cloudtrain.contract.errors import CloudError
-from airflow_cloudtrain.contract.runs import RunStatus, heartbeat_key, join, status_key
+from airflow_cloudtrain.contract.runs import RunStatus, join, status_key
 from airflow_cloudtrain.core.cloud import ALIVE_STATES, ended
 from airflow_cloudtrain.core.engine import poll_until
 from airflow_cloudtrain.core.lease import LeaseRenewer, say_orphaned
 from airflow_cloudtrain.core.ledger import ResourceLedger, store_get, store_set
 from airflow_cloudtrain.core.records import Attempt, LaunchRecord, Outcome
 from airflow_cloudtrain.core.retry import TransientBudget, call_with_retry
-from airflow_cloudtrain.core.waiting import RunWatch, outcome, parse_heartbeat
+from airflow_cloudtrain.core.waiting import RunWatch, outcome
 from airflow_cloudtrain.lifecycle.prepare import (
     GangOptions,
     JobOptions,
@@ -641,13 +641,10 @@ class RunAttempt:
         """The agent's last heartbeat: the live index's ``<instance>.beat`` (its unix time), or the
         run folder's heartbeat file (an agent without a live index, or one that could not write
         to it: the agent falls back to the file then)."""
-        from airflow_cloudtrain.contract.runs import beat_name
+        from airflow_cloudtrain.core.waiting import read_heartbeat
 
-        iid = instance_id or launch.instance_id
-        beats = [parse_heartbeat(self.folder.get_text(heartbeat_key(iid)))]
-        if launch.live_uri:
-            beats.append(parse_heartbeat(self._live_folder(launch).get_text(beat_name(iid))))
-        return max((b for b in beats if b is not None), default=None)
+        live = self._live_folder(launch) if launch.live_uri else None
+        return read_heartbeat(self.folder, live, instance_id or launch.instance_id)
 
     def _spec_live_uri(self) -> str | None:
         """The live index an adopted instance's agent publishes to: the one its spec named (the
