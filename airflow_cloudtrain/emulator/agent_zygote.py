@@ -197,6 +197,8 @@ class AgentForkServer:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self.reader.join(timeout=10)
+        if self.proc.stdout is not None and not self.reader.is_alive():
+            self.proc.stdout.close()  # read to its end (else a ResourceWarning in `cloudtrain emulator`)
         self.log_path.unlink(missing_ok=True)
 
 

@@ -80,6 +80,7 @@ class InstanceRunner:
         self.interval = interval
         # a terminated machine shuts its OS down: SIGTERM, this long, then whatever is left is killed
         self.shutdown_grace_s = shutdown_grace_s
+        self.kill_wait_s = 10.0  # how long a killed agent's end is waited for (``_kill``)
         self.shutting_down: set[str] = set()
         self.agents: dict[str, Agent] = {}
         self.finished: set[str] = set()
@@ -199,10 +200,21 @@ class InstanceRunner:
             self.shutting_down.discard(iid)
 
     def _kill(self, agent: Agent) -> None:
+        """SIGKILL the agent's group and wait up to ``kill_wait_s`` for its end. A killed process runs
+        none of its own code again, so an end reported late (a forked agent's parent busy or paused on a
+        loaded machine) is only noted: the stop, and the state saved with it, go on."""
         if agent.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(agent.process.pid, signal.SIGKILL)
-            agent.process.wait(timeout=10)
+            try:
+                agent.process.wait(timeout=self.kill_wait_s)
+            except subprocess.TimeoutExpired:
+                log.warning(
+                    "emulator: the agent of %s (pid %d) was killed; its end was not reported in %g s",
+                    agent.seen.id,
+                    agent.process.pid,
+                    self.kill_wait_s,
+                )
 
     def _machine(self, instance_id: str) -> str:
         return f"{instance_id}@{self.workdir}"  # unique across emulators on one host
