@@ -67,8 +67,30 @@ class UpError(RuntimeError):
     """A process of the deployment could not start or died; the message says which and why."""
 
 
+def ephemeral_ports_start() -> int:
+    """The lowest port the kernel hands out on its own (a connection's local port, a port-0 bind)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
 def free_port() -> int:
-    """A TCP port free on loopback now (the OS picks it)."""
+    """A TCP port free on loopback now, for a server that binds it a little later: one below the
+    kernel's ephemeral range when there is one, since a port from that range (what a port-0 bind
+    gives) can be taken by any connection's local port between this check and the server's bind (a
+    busy machine with thousands of connections meets it)."""
+    import random
+
+    top = ephemeral_ports_start()
+    for _ in range(100 if top > 10001 else 0):
+        port = random.randrange(10000, top)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

@@ -23,18 +23,11 @@ import pytest
 from waiting import wait_for
 
 from airflow_cloudtrain.cli_emulator import read_env_file
+from airflow_cloudtrain.cli_up import ephemeral_ports_start
 from airflow_cloudtrain.contract import runs
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET, PORT_OFFSETS
 
 DEADLINE_S = 120.0  # generous: the machine may be busy; every wait ends as soon as its condition holds
-
-
-def _below_ephemeral_ports() -> int:
-    """The lowest port the kernel hands out on its own (a connection's local port, a port-0 listener)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
 
 
 def _free_base_port() -> int:
@@ -44,7 +37,7 @@ def _free_base_port() -> int:
     already in use)"), and again between a stop and the restart on the same ports."""
     import random
 
-    top = _below_ephemeral_ports() - len(PORT_OFFSETS)
+    top = ephemeral_ports_start() - len(PORT_OFFSETS)
     for _ in range(200):
         base = random.randrange(20000, max(top, 20001))
         socks = []

@@ -175,3 +175,17 @@ def test_jobs_polling_interval_takes_the_operators_durations(capsys: pytest.Capt
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "--polling-interval='1h1h' is not a valid duration" in err and "1h30m" in err
+
+
+def test_a_free_port_for_the_deployment_is_below_the_kernels_ephemeral_range() -> None:
+    """The api-server's and log servers' ports: a port of the ephemeral range could be taken by any
+    connection's local port before the server binds it (``cli_up.free_port``)."""
+    import socket
+
+    from airflow_cloudtrain.cli_up import ephemeral_ports_start, free_port
+
+    for _ in range(20):
+        port = free_port()
+        assert port < ephemeral_ports_start()
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # free, as promised (nothing else binds below the range here)
