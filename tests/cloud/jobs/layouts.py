@@ -19,7 +19,7 @@ the framework would, and notices when it would have loaded garbage.
   ``state.json`` beside it; resumed from ``checkpoint.pt``.
 
 Usage: ``python -S layouts.py LAYOUT TOTAL EVERY STEP_S``. Prints ``resumed from step N`` (0 when
-nothing was found), ``step N``, ``saving N`` / ``saved N at <unix time>`` (the last also appended to
+nothing was found), ``step N``, ``saving N`` / ``saved N at <unix time>`` (both also appended to
 ``saves.log`` beside ``CLOUDTRAIN_OUTPUT_DIR``, on the instance's disk); ``CORRUPT ...`` and exit 3
 when the framework's rule finds a checkpoint that does not load. It does not handle SIGTERM (the
 frameworks do not), so an interruption can land in the middle of a save. ``LAYOUTS_HOLD_AT_END=<path>``:
@@ -245,6 +245,8 @@ def main() -> None:
                 while not os.path.exists(gate):
                     time.sleep(0.05)
             print(f"saving {step}", flush=True)
+            with open(SAVES_RECORD, "a") as record:  # a save killed right after its commit has this line only
+                record.write(f"saving {step}\n")
             SAVE[layout](d, step, _saves == pause_at)
             line = f"saved {step} at {time.time():.3f}\n"
             print(line, end="", flush=True)
