@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -383,15 +383,23 @@ def test_the_order_of_writes(
 
 class _Refusing(RunFolder):
     """A run folder whose writes fail (a store's 5xx) once ``refuse`` is set; the live index opened
-    from it (another URI) still takes them."""
+    from it (another URI) still takes them. With ``slow_status``, a refused ``status.json`` write is
+    answered only once ``slow_status(t)`` holds (t: when the write came), or after 120 s: a store
+    that is slow as well, for as long as the test needs to see what the agent does meanwhile."""
 
     def __init__(self, uri: str) -> None:
         super().__init__(uri)
         self.run_uri = uri
         self.refuse = threading.Event()
+        self.slow_status: Callable[[float], bool] | None = None
 
     def put_bytes(self, key: str, data: bytes) -> None:
         if self.uri == self.run_uri and self.refuse.is_set():
+            came, slow = time.time(), self.slow_status
+            if slow is not None and key.endswith("status.json"):
+                deadline = time.monotonic() + 120
+                while not slow(came) and time.monotonic() < deadline:
+                    time.sleep(0.05)
             raise ConnectionResetError(f"refused: {key}")  # transient: the agent retries it
         super().put_bytes(key, data)
 
@@ -420,6 +428,13 @@ def test_a_run_folder_that_refuses_the_final_writes_costs_one_budget_and_the_liv
         return beacon is not None and beacon.run_status().state == runs.RUNNING
 
     wait_for(running, timeout=120, message="the job to run")
+
+    def beaten_since(t: float) -> bool:  # the agent's clock and this one are the same machine's
+        return float(run.live.get_text(runs.beat_name(run.iid)) or 0) > t
+
+    # the final status's tries are answered once a beat came after them (a loaded machine may take
+    # longer than the finishing budget to write one beat): beating goes on meanwhile, or the 120 s run out
+    folder.slow_status = beaten_since
     folder.refuse.set()
     gate.touch()
     thread.join(300)
