@@ -36,6 +36,7 @@ from airflow_cloudtrain.emulator.agent_zygote import (
 
 log = logging.getLogger(__name__)
 MACHINE_MARKER = "CLOUDTRAIN_EMULATED_MACHINE"
+KILL_WAIT_S = 10.0  # how long a killed agent's end is waited for (``InstanceRunner._kill``)
 
 
 @dataclass
@@ -80,7 +81,6 @@ class InstanceRunner:
         self.interval = interval
         # a terminated machine shuts its OS down: SIGTERM, this long, then whatever is left is killed
         self.shutdown_grace_s = shutdown_grace_s
-        self.kill_wait_s = 10.0  # how long a killed agent's end is waited for (``_kill``)
         self.shutting_down: set[str] = set()
         self.agents: dict[str, Agent] = {}
         self.finished: set[str] = set()
@@ -200,20 +200,20 @@ class InstanceRunner:
             self.shutting_down.discard(iid)
 
     def _kill(self, agent: Agent) -> None:
-        """SIGKILL the agent's group and wait up to ``kill_wait_s`` for its end. A killed process runs
+        """SIGKILL the agent's group and wait up to ``KILL_WAIT_S`` for its end. A killed process runs
         none of its own code again, so an end reported late (a forked agent's parent busy or paused on a
         loaded machine) is only noted: the stop, and the state saved with it, go on."""
         if agent.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(agent.process.pid, signal.SIGKILL)
             try:
-                agent.process.wait(timeout=self.kill_wait_s)
+                agent.process.wait(timeout=KILL_WAIT_S)
             except subprocess.TimeoutExpired:
                 log.warning(
                     "emulator: the agent of %s (pid %d) was killed; its end was not reported in %g s",
                     agent.seen.id,
                     agent.process.pid,
-                    self.kill_wait_s,
+                    KILL_WAIT_S,
                 )
 
     def _machine(self, instance_id: str) -> str:
