@@ -163,6 +163,19 @@ def save_and_stop(emu: Any, state_dir: Path) -> list[str]:
     return kept
 
 
+def _load(data: bytes, tries: int = 5) -> Any:
+    """``pickle.loads``, again when Python's import lock reports a deadlock: unpickling imports moto's
+    modules while the started emulator's threads may import the same ones in another order (met:
+    "deadlock detected by _ModuleLock('moto.elbv2.exceptions')"); the other import has ended by then."""
+    for _ in range(tries - 1):
+        try:
+            return pickle.loads(data)
+        except RuntimeError as err:  # importlib's _DeadlockError
+            if "deadlock detected" not in str(err):
+                raise
+    return pickle.loads(data)
+
+
 def restore(emu: Any, state_dir: Path) -> list[str]:
     """Load what ``save_and_stop`` wrote into a started emulator; returns the clouds restored (none
     when there is no file). The runner then sees the instances that were running and starts their
@@ -171,7 +184,7 @@ def restore(emu: Any, state_dir: Path) -> list[str]:
     if not path.exists():
         return []
     try:
-        doc = pickle.loads(path.read_bytes())
+        doc = _load(path.read_bytes())
     except Exception as err:
         print(
             f"warning: the emulated clouds' saved state in {path} does not load ({err}); starting empty",
