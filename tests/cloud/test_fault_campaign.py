@@ -24,6 +24,12 @@ SEED = 1
 NUMBERS = [7, 8, 9]
 
 
+def _why(result: dict[str, Any]) -> str:
+    """The scenario's outcome as text: pytest shortens a dict in an assertion's message to a line,
+    which cut the reason a try failed out of CI's report."""
+    return "\n".join(f"{k}: {v}" for k, v in result.items() if k != "scenario")
+
+
 def _campaign() -> Any:
     spec = importlib.util.spec_from_file_location("faults_campaign", ROOT / "benchmarks" / "faults.py")
     assert spec and spec.loader
@@ -60,8 +66,8 @@ def test_an_agent_crash_mid_run_is_noticed_and_the_resume_loop_goes_on(emu, airf
     faults._EMU, faults._HOME = emu, dags_folder().parent
     scenario = faults.Scenario("s900", SEED, "resume", "ec2spot", False, [faults.AGENT_CRASH], 2.0)
     result = faults.run_scenario(asdict(scenario))
-    assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
-    assert result["tries"] == ["success"] and len(result["crashed"]) == 1, result
+    assert result["passed"], _why(result)
+    assert result["tries"] == ["success"] and len(result["crashed"]) == 1, _why(result)
 
 
 @pytest.mark.faults  # 45 s of a dag.test() run: make faults (the emulator's fault is in make test)
@@ -76,7 +82,7 @@ def test_a_run_folder_whose_writes_fail_for_a_while_is_ridden_out(emu, airflow_d
     scenario = faults.Scenario("s901", SEED, "train", "ec2", False, [faults.FOLDER_WRITES], 2.0, "both", 0.0)
     before = emu.request_counts().get("unavailable:PutObject", 0)
     result = faults.run_scenario(asdict(scenario))
-    assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
+    assert result["passed"], _why(result)
     assert result["tries"] == ["success"], result
     assert emu.request_counts().get("unavailable:PutObject", 0) > before  # the window did refuse writes
 
@@ -92,7 +98,7 @@ def test_a_task_cleared_while_it_runs_relaunches_cleanly(emu, airflow_db, deferr
     faults._EMU, faults._HOME = emu, dags_folder().parent
     scenario = faults.Scenario("s903", SEED, "train", "ec2", deferrable, [faults.CLEARED], 3.0)
     result = faults.run_scenario(asdict(scenario))
-    assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
+    assert result["passed"], _why(result)
     assert result["tries"] == ["killed", "success"], result
 
 
@@ -123,7 +129,7 @@ def test_a_run_folder_whose_writes_are_denied_fails_naming_it_and_leaves_nothing
     )
     before = emu.request_counts().get("denied:PutObject", 0)
     result = faults.run_scenario(asdict(scenario))
-    assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
+    assert result["passed"], _why(result)
     assert result["tries"] == ["failed"], result
     assert emu.request_counts().get("denied:PutObject", 0) > before  # the writes were refused
     log = (dags_folder() / f"{scenario.dag_id}-try1.log").read_text()
@@ -145,7 +151,7 @@ def test_a_gang_whose_agents_cannot_write_fails_with_their_own_words(emu, airflo
         "s918", SEED, "gang", "gcspot", False, [faults.FOLDER_DENIED_LONG], 2.0, "agent", -1.0
     )
     result = faults.run_scenario(asdict(scenario))
-    assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
+    assert result["passed"], _why(result)
     assert result["tries"] == ["failed"], result
     log = (dags_folder() / f"{scenario.dag_id}-try1.log").read_text()
     assert "storage.objects.create" in log and "being TERMINATED" not in log
@@ -165,7 +171,7 @@ def test_a_task_marked_failed_while_it_runs_is_released_and_never_relaunched(
     faults._EMU, faults._HOME = emu, dags_folder().parent
     scenario = faults.Scenario("s914", SEED, "train", "ec2", deferrable, [faults.MARKED_FAILED], 3.0)
     result = faults.run_scenario(asdict(scenario))
-    assert result["passed"], {k: v for k, v in result.items() if k != "scenario"}
+    assert result["passed"], _why(result)
     assert result["tries"] == ["killed"], result
 
 
@@ -202,7 +208,7 @@ def test_a_run_folder_the_operator_cannot_write_delays_no_end_by_minutes(emu, ai
     finally:
         done.set()
         watcher.join(10)
-    assert result["passed"] and result["tries"] == ["success"], result
+    assert result["passed"] and result["tries"] == ["success"], _why(result)
     log = (dags_folder() / f"{scenario.dag_id}-try1.log").read_text()
 
     def at(text: str) -> datetime:
