@@ -183,7 +183,9 @@ def test_a_refresh_that_does_not_answer_ends_at_its_budget(
         with caplog.at_level(logging.WARNING):
             assert run() == []
         [warning] = _warnings(caplog)
-        assert "no answer within its 1 s budget" in warning
+        # the refresh's own budget, or its requests' read timeout (the same 1 s): which fires first
+        # depends on the machine's load (beside another make test: the read timeout)
+        assert "no answer within its 1 s budget" in warning or "Read timed out" in warning, warning
         assert (own_cache / f".{provider}-{region}.failed").exists()
         deadline = time.monotonic() + 60
         while not accepted:  # the refresh did reach the server (and is still waiting there)
