@@ -53,7 +53,7 @@ def test_a_drawn_scenario_leaks_nothing_runs_once_and_ends_as_documented(
         f"scenario {scenario.id} (replay: python benchmarks/faults.py --seed {SEED} --only {scenario.id}): "
         f"{result}"
     )
-    assert result["tries"], result
+    assert result["tries"], _why(result)
 
 
 @pytest.mark.timeout(1800)
@@ -83,7 +83,7 @@ def test_a_run_folder_whose_writes_fail_for_a_while_is_ridden_out(emu, airflow_d
     before = emu.request_counts().get("unavailable:PutObject", 0)
     result = faults.run_scenario(asdict(scenario))
     assert result["passed"], _why(result)
-    assert result["tries"] == ["success"], result
+    assert result["tries"] == ["success"], _why(result)
     assert emu.request_counts().get("unavailable:PutObject", 0) > before  # the window did refuse writes
 
 
@@ -99,7 +99,7 @@ def test_a_task_cleared_while_it_runs_relaunches_cleanly(emu, airflow_db, deferr
     scenario = faults.Scenario("s903", SEED, "train", "ec2", deferrable, [faults.CLEARED], 3.0)
     result = faults.run_scenario(asdict(scenario))
     assert result["passed"], _why(result)
-    assert result["tries"] == ["killed", "success"], result
+    assert result["tries"] == ["killed", "success"], _why(result)
 
 
 @pytest.mark.faults  # a dag.test() run each: make faults
@@ -130,7 +130,7 @@ def test_a_run_folder_whose_writes_are_denied_fails_naming_it_and_leaves_nothing
     before = emu.request_counts().get("denied:PutObject", 0)
     result = faults.run_scenario(asdict(scenario))
     assert result["passed"], _why(result)
-    assert result["tries"] == ["failed"], result
+    assert result["tries"] == ["failed"], _why(result)
     assert emu.request_counts().get("denied:PutObject", 0) > before  # the writes were refused
     log = (dags_folder() / f"{scenario.dag_id}-try1.log").read_text()
     where = f"{faults.BUCKETS['aws']}/runs/{scenario.dag_id}/"  # the refused object, in the task's error
@@ -152,7 +152,7 @@ def test_a_gang_whose_agents_cannot_write_fails_with_their_own_words(emu, airflo
     )
     result = faults.run_scenario(asdict(scenario))
     assert result["passed"], _why(result)
-    assert result["tries"] == ["failed"], result
+    assert result["tries"] == ["failed"], _why(result)
     log = (dags_folder() / f"{scenario.dag_id}-try1.log").read_text()
     assert "storage.objects.create" in log and "being TERMINATED" not in log
 
@@ -172,7 +172,7 @@ def test_a_task_marked_failed_while_it_runs_is_released_and_never_relaunched(
     scenario = faults.Scenario("s914", SEED, "train", "ec2", deferrable, [faults.MARKED_FAILED], 3.0)
     result = faults.run_scenario(asdict(scenario))
     assert result["passed"], _why(result)
-    assert result["tries"] == ["killed"], result
+    assert result["tries"] == ["killed"], _why(result)
 
 
 @pytest.mark.faults  # a dag.test() run: make faults
