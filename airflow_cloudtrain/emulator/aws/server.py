@@ -34,7 +34,7 @@ from typing import Any
 from airflow_cloudtrain.emulator import calls
 from airflow_cloudtrain.emulator.aws import backend, bigkeys, groups, placement, pricing, ranges, wire
 from airflow_cloudtrain.emulator.faults import Throttle, is_own
-from airflow_cloudtrain.emulator.serving import InThread
+from airflow_cloudtrain.emulator.serving import InThread, keep_alive_handler
 
 
 def _read_body(environ: dict[str, Any]) -> bytes:
@@ -225,9 +225,8 @@ class MotoServer:
 
         bigkeys.install()  # before any request: big objects on disk, or no start (``MotoChanged``)
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request drowns the task log
-        server = make_server(
-            "127.0.0.1", port, self.middleware, threaded=True, request_handler=MotoRequestHandler
-        )
+        handler = keep_alive_handler(MotoRequestHandler)
+        server = make_server("127.0.0.1", port, self.middleware, threaded=True, request_handler=handler)
         self._serving = InThread(server, "moto-server")
         return self._serving.endpoint
 

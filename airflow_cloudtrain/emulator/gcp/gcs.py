@@ -50,7 +50,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 from airflow_cloudtrain.emulator.faults import DENIED, THROTTLED, Throttle
 from airflow_cloudtrain.emulator.gcp import gcs_disk
 from airflow_cloudtrain.emulator.gcp.rest import Tally, denied, unavailable
-from airflow_cloudtrain.emulator.serving import InThread
+from airflow_cloudtrain.emulator.serving import InThread, keep_connection
 
 _OBJECTS = re.compile(r"(?:/storage/v1)?/b/([-.\w]+)/o")
 _THROTTLED = "The rate of requests exceeds the rate limit. Please reduce the rate of requests."
@@ -293,14 +293,49 @@ class GcsServer:
             def setup(self) -> None:
                 super().setup()
                 self.wfile: Any = gcs_disk.StreamingWriter(self.wfile)  # a big object's GET, in pieces
+                keep_connection(self, True)
 
-            def handle_one_request(self) -> None:  # one request per connection (HTTP/1.0)
-                with lock:
-                    super().handle_one_request()
+            def finish(self) -> None:
+                keep_connection(self, False)
+                super().finish()
+
+            # HTTP/1.1 kept connections, as the other emulators (``serving.keep_alive_handler`` says
+            # why): the package's answers all carry Content-Length; the body is read through a stream
+            # limited to it and drained after; the lock is taken once the next request has begun
+            protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True
+
+            def handle_one_request(self) -> None:
+                self.connection_rfile = self.rfile
+                try:  # the next request's first byte, outside the lock: a kept connection may idle
+                    if not self.rfile.peek(1):
+                        self.close_connection = True
+                        return
+                except OSError:
+                    self.close_connection = True
+                    return
+                try:
+                    with lock:
+                        super().handle_one_request()
+                finally:  # the body, as the package and _throttled read it, ends here: drain it
+                    body, self.rfile = self.rfile, self.connection_rfile
+                    if body is not self.rfile:
+                        try:
+                            while body.read(1 << 16):
+                                pass
+                        except (OSError, ValueError):
+                            self.close_connection = True
 
             def parse_request(self) -> bool:  # headers read: count, maybe refuse as throttled
+                from werkzeug.wsgi import LimitedStream
+
                 if not super().parse_request():
                     return False
+                length = self.headers.get("Content-Length") or "0"
+                if "chunked" in self.headers.get("Transfer-Encoding", "").lower() or not length.isdigit():
+                    self.close_connection = True  # read by the package to its end: no next request
+                else:  # the package reads Content-Length bytes, or none: the rest is drained after
+                    self.rfile = LimitedStream(self.rfile, int(length))
                 return not gcs._throttled(self)
 
             def do_GET(self) -> None:

@@ -37,7 +37,7 @@ from werkzeug.wrappers import Request, Response
 
 from airflow_cloudtrain.emulator import calls
 from airflow_cloudtrain.emulator.faults import THROTTLED, Throttle, is_own
-from airflow_cloudtrain.emulator.serving import InThread, json_body
+from airflow_cloudtrain.emulator.serving import InThread, json_body, keep_alive_handler
 
 __all__ = ["STATUS", "GoogleError", "GoogleRestServer", "Tally"]
 
@@ -182,7 +182,10 @@ class GoogleRestServer:
         from werkzeug.serving import make_server
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request drowns the task log
-        self._serving = InThread(make_server("127.0.0.1", port, self._wsgi, threaded=True), self.thread_name)
+        server = make_server(
+            "127.0.0.1", port, self._wsgi, threaded=True, request_handler=keep_alive_handler()
+        )
+        self._serving = InThread(server, self.thread_name)
         self.endpoint = self._serving.endpoint
         return self.endpoint
 
