@@ -79,7 +79,7 @@ def keep_alive_handler(base: type[Any] | None = None) -> type[Any]:
     from werkzeug.serving import WSGIRequestHandler
     from werkzeug.wsgi import LimitedStream
 
-    class KeepAlive(base or WSGIRequestHandler):  # type: ignore[misc,valid-type]
+    class KeepAlive(base or WSGIRequestHandler):  # type: ignore[misc]
         protocol_version = "HTTP/1.1"
         disable_nagle_algorithm = True
 

@@ -304,6 +304,7 @@ class GcsServer:
             # limited to it and drained after; the lock is taken once the next request has begun
             protocol_version = "HTTP/1.1"
             disable_nagle_algorithm = True
+            rfile: Any
 
             def handle_one_request(self) -> None:
                 self.connection_rfile = self.rfile
