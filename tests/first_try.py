@@ -162,6 +162,16 @@ def prefork() -> None:
         _zygote = _Zygote(fork=True)
 
 
+class TryTimedOut(subprocess.TimeoutExpired):
+    """``subprocess.TimeoutExpired`` whose message carries the try's stacks and stderr's tail."""
+
+    def __init__(self, cmd: list[str], timeout: float, stacks: str) -> None:
+        super().__init__(cmd, timeout, stderr=stacks)
+
+    def __str__(self) -> str:
+        return f"{super().__str__()}; its stacks and stderr's tail:\n{self.stderr}"
+
+
 class ForkedTry:
     """A first try forked by the warm parent: ``subprocess.Popen``'s face for the tests."""
 
@@ -182,11 +192,30 @@ class ForkedTry:
             if not self.zygote.alive():
                 raise RuntimeError(f"the first tries' parent died:\n{self.zygote.log.read_text()[-3000:]}")
             if deadline is not None and time.monotonic() >= deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
+                raise TryTimedOut(self.args, timeout or 0.0, self._stacks())
             wait = 0.5 if deadline is None else min(0.5, max(0.0, deadline - time.monotonic()))
             self.zygote.collect(wait)
         assert self.returncode is not None
         return self.returncode
+
+    def _stacks(self) -> str:
+        """The tail of the try's stderr after it was asked for its threads' stacks (``faulthandler`` on
+        SIGUSR2, registered by ``try_zygote.run_try``): where a try that did not end stands."""
+        size = self.stderr_path.stat().st_size if self.stderr_path.exists() else 0
+        self.send_signal(signal.SIGUSR2)
+        end = time.monotonic() + 5
+        while time.monotonic() < end and self.stderr_path.exists():
+            if self.stderr_path.stat().st_size > size and "most recent call first" in self._tail():
+                time.sleep(0.2)  # the other threads' stacks follow
+                break
+            time.sleep(0.1)
+        return self._tail()
+
+    def _tail(self) -> str:
+        try:
+            return self.stderr_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
 
     def communicate(self, timeout: float | None = None) -> tuple[None, str]:
         self.wait(timeout)

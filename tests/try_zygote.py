@@ -22,6 +22,7 @@ running are SIGKILLed and this process exits.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import select
@@ -82,6 +83,8 @@ def run_try(request: dict[str, Any]) -> None:
         os.dup2(out, 1)
         os.dup2(err, 2)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        # a try that does not end in its test's time shows where its threads stand (ForkedTry.wait)
+        faulthandler.register(signal.SIGUSR2, file=sys.stderr, all_threads=True)
         from airflow import settings
 
         if getattr(settings, "engine", None) is not None:
