@@ -50,7 +50,7 @@ from urllib.parse import parse_qs, unquote, urlparse
 from airflow_cloudtrain.emulator.faults import DENIED, THROTTLED, Throttle
 from airflow_cloudtrain.emulator.gcp import gcs_disk
 from airflow_cloudtrain.emulator.gcp.rest import Tally, denied, unavailable
-from airflow_cloudtrain.emulator.serving import InThread, keep_connection
+from airflow_cloudtrain.emulator.serving import InThread, KeptConnection
 
 _OBJECTS = re.compile(r"(?:/storage/v1)?/b/([-.\w]+)/o")
 _THROTTLED = "The rate of requests exceeds the rate limit. Please reduce the rate of requests."
@@ -289,22 +289,15 @@ class GcsServer:
             self._storage._store = gcs_disk.disk_store(_FileStore, self.disk_threshold)
         lock, seen, gcs = self._lock, self.requests, self
 
-        class Handler(RequestHandler):
+        class Handler(KeptConnection, RequestHandler):
+            # HTTP/1.1 kept connections, as the other emulators (``serving.keep_alive_handler`` says
+            # why): the package's answers all carry Content-Length; the lock is taken once the next
+            # request has begun (an idle kept connection must not hold it)
+            rfile: Any
+
             def setup(self) -> None:
                 super().setup()
                 self.wfile: Any = gcs_disk.StreamingWriter(self.wfile)  # a big object's GET, in pieces
-                keep_connection(self, True)
-
-            def finish(self) -> None:
-                keep_connection(self, False)
-                super().finish()
-
-            # HTTP/1.1 kept connections, as the other emulators (``serving.keep_alive_handler`` says
-            # why): the package's answers all carry Content-Length; the body is read through a stream
-            # limited to it and drained after; the lock is taken once the next request has begun
-            protocol_version = "HTTP/1.1"
-            disable_nagle_algorithm = True
-            rfile: Any
 
             def handle_one_request(self) -> None:
                 self.connection_rfile = self.rfile
@@ -318,25 +311,18 @@ class GcsServer:
                 try:
                     with lock:
                         super().handle_one_request()
-                finally:  # the body, as the package and _throttled read it, ends here: drain it
+                finally:  # the body, as the package and _throttled read it, ends here
                     body, self.rfile = self.rfile, self.connection_rfile
-                    if body is not self.rfile:
-                        try:
-                            while body.read(1 << 16):
-                                pass
-                        except (OSError, ValueError):
-                            self.close_connection = True
+                    if body is not self.rfile and not self.close_connection:
+                        self.drain(body)
 
             def parse_request(self) -> bool:  # headers read: count, maybe refuse as throttled
-                from werkzeug.wsgi import LimitedStream
-
                 if not super().parse_request():
                     return False
-                length = self.headers.get("Content-Length") or "0"
-                if "chunked" in self.headers.get("Transfer-Encoding", "").lower() or not length.isdigit():
+                if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
                     self.close_connection = True  # read by the package to its end: no next request
                 else:  # the package reads Content-Length bytes, or none: the rest is drained after
-                    self.rfile = LimitedStream(self.rfile, int(length))
+                    self.rfile = self.limited_body(self.rfile, self.headers.get("Content-Length"))
                 return not gcs._throttled(self)
 
             def do_GET(self) -> None:
