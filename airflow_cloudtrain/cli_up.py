@@ -434,7 +434,7 @@ def run_up(args: argparse.Namespace) -> int:
     until Ctrl-C or SIGTERM; then stop Airflow and keep the clouds' state in ``<home>/emulator``."""
     from airflow_cloudtrain.cli_supervisor import Supervisor
     from airflow_cloudtrain.emulator import DEFAULT_BUCKET, Emulator, export_lines, write_env_file
-    from airflow_cloudtrain.emulator.state import restore, save_and_stop
+    from airflow_cloudtrain.emulator.state import load, restore, save_and_stop
 
     home = Path(args.home)
     state_dir = home.resolve() / EMULATOR_DIR
@@ -447,9 +447,10 @@ def run_up(args: argparse.Namespace) -> int:
     stopped = ""
     try:
         print("Starting the emulated clouds ...", flush=True)
+        saved = load(state_dir)  # before the start: no server thread imports while it unpickles
         emu = Emulator(workdir=state_dir)
         emu.start()
-        restored = restore(emu, state_dir)
+        restored = restore(emu, saved)
         env_file = home.resolve() / ENV_FILE
         write_env_file(env_file, export_lines(emu.env()))
         if restored:

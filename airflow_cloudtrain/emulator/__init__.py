@@ -584,13 +584,16 @@ def serve_forever(
     try:
         if workdir is not None:
             Path(workdir).mkdir(parents=True, exist_ok=True)
+        saved = _saved_state(workdir)
         try:
             emu = Emulator(workdir=workdir, ports=stable_ports(base_port))
             emu.start()
         except RuntimeError as err:
             print(f"cloudtrain emulator: {err}", file=sys.stderr, flush=True)
             return 1
-        kept = _restore_state(emu, workdir)
+        from airflow_cloudtrain.emulator.state import restore
+
+        kept = restore(emu, saved)
         try:
             exports = export_lines(emu.env())
             if env_file is not None:
@@ -620,13 +623,14 @@ def serve_forever(
             signal.signal(sig, handler)
 
 
-def _restore_state(emu: Emulator, workdir: str | Path | None) -> list[str]:
-    """With a state directory, the clouds as the last stop left them (``state``)."""
+def _saved_state(workdir: str | Path | None) -> dict[str, Any] | None:
+    """With a state directory, the clouds as the last stop left them (``state``), read before the
+    emulator starts."""
     if workdir is None:
-        return []
-    from airflow_cloudtrain.emulator.state import restore
+        return None
+    from airflow_cloudtrain.emulator.state import load
 
-    return restore(emu, Path(workdir))
+    return load(Path(workdir))
 
 
 def _stop_keeping_state(emu: Emulator, workdir: str | Path | None) -> None:

@@ -206,9 +206,9 @@ class AgentForkServer:
 
 
 def warm() -> None:
-    """Import, once, what every agent imports before its first request, and parse the service models
-    its clients read. Modules and data only: no client, session or thread, so nothing of this
-    process's state reaches a child but code and parsed JSON."""
+    """Import, once, what every agent imports before its first request, parse the service models
+    its clients read, and build the agent zip. Modules and data only: no client, session or thread,
+    so nothing of this process's state reaches a child but code, parsed JSON and the zip's bytes."""
     import boto3  # noqa: F401
     import botocore.client  # noqa: F401
     import botocore.config  # noqa: F401
@@ -221,6 +221,9 @@ def warm() -> None:
     for name in PRELOAD:  # by name, as the command names it: the emulator does not build on the agent
         importlib.import_module(name)
     _parse_service_models()
+    # the zip every agent started from source copies for its job (``build_agent_zip`` keeps its last
+    # build): built once here, not once per agent
+    importlib.import_module("airflow_cloudtrain.contract.bootstrap").build_agent_zip()
 
 
 def _parse_service_models() -> None:

@@ -3,7 +3,8 @@ keeps across a stop, so a run still deferred then finishes after the next start 
 as lost.
 
     save_and_stop(emu, state_dir)   # the agents stop (their instances stay running), state saved
-    restore(emu, state_dir)         # after emu.start(): the clouds as they were; agents start again
+    saved = load(state_dir)         # before emu.start(): unpickled while no server thread imports
+    restore(emu, saved)             # after emu.start(): the clouds as they were; agents start again
 
 Kept: every moto backend (EC2 instances, launch templates, Auto Scaling groups, S3 buckets and their
 objects: the run folders, IAM, SSM, ...), Compute Engine's projects (VMs, operations, groups), the
@@ -163,47 +164,44 @@ def save_and_stop(emu: Any, state_dir: Path) -> list[str]:
     return kept
 
 
-def _load(data: bytes, tries: int = 5) -> Any:
-    """``pickle.loads``, again when Python's import lock reports a deadlock: unpickling imports moto's
-    modules while the started emulator's threads may import the same ones in another order (met:
-    "deadlock detected by _ModuleLock('moto.elbv2.exceptions')"); the other import has ended by then."""
-    for _ in range(tries - 1):
-        try:
-            return pickle.loads(data)
-        except RuntimeError as err:  # importlib's _DeadlockError
-            if "deadlock detected" not in str(err):
-                raise
-    return pickle.loads(data)
-
-
-def restore(emu: Any, state_dir: Path) -> list[str]:
-    """Load what ``save_and_stop`` wrote into a started emulator; returns the clouds restored (none
-    when there is no file). The runner then sees the instances that were running and starts their
-    agents."""
+def load(state_dir: Path) -> dict[str, Any] | None:
+    """What ``save_and_stop`` wrote, read before the emulator starts (None when there is no file, or
+    one that does not load). Before, not after: unpickling imports moto's modules, and once the
+    emulator's server threads run they import others in another order, which Python's import lock
+    can report as a deadlock (met: "deadlock detected by _ModuleLock('moto.elbv2.exceptions')")."""
     path = state_dir / STATE_FILE
     if not path.exists():
-        return []
+        return None
     try:
-        doc = _load(path.read_bytes())
+        doc: dict[str, Any] = pickle.loads(path.read_bytes())
     except Exception as err:
         print(
             f"warning: the emulated clouds' saved state in {path} does not load ({err}); starting empty",
             file=sys.stderr,
         )
+        return None
+    return doc
+
+
+def restore(emu: Any, saved: dict[str, Any] | None) -> list[str]:
+    """Put what ``load`` read into the started emulator; returns the clouds restored (none when
+    nothing was saved). The runner then sees the instances that were running and starts their
+    agents."""
+    if saved is None:
         return []
     import importlib
 
     from moto.core.base_backend import BackendDict
 
     restored = []
-    for (module, attr), saved in doc.get("moto", {}).items():
+    for (module, attr), backends in saved.get("moto", {}).items():
         target = getattr(importlib.import_module(module), attr, None)
         if isinstance(target, BackendDict):
             target.clear()
-            target.update(saved)
+            target.update(backends)
     restored.append("aws")
     for name, (lock, fields) in _parts(emu).items():
-        values = doc.get(name)
+        values = saved.get(name)
         if values is None or len(values) != len(fields):
             continue
         with lock:

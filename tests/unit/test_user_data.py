@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from airflow_cloudtrain import __version__
-from airflow_cloudtrain.contract import runs
+from airflow_cloudtrain.contract import bootstrap, runs
 from airflow_cloudtrain.contract.bootstrap import build_agent_zip, render_user_data
 
 NASTY_URI = 's3://bucket/runs/my dag/it\'s a "run" $HOME `id` @CLOUD@ ;x/0'
@@ -262,8 +262,20 @@ ct_download_agent() { printf 'stub' > "$CT_AGENT_ZIP"; printf '%s' "$CT_AGENT_UR
     assert not (shim_log / "calls").read_text().count(" -c ")  # neither import checks nor download ran
 
 
+def test_the_kept_agent_zip_is_built_again_when_its_files_changed() -> None:
+    built = build_agent_zip()
+    key = bootstrap._BUILT[0]
+    assert build_agent_zip() is built  # the files as they were: the last build
+    bootstrap._BUILT[:] = [
+        (*key[:-1], (key[-1][0], key[-1][1] + 1, key[-1][2])),
+        b"stale",
+    ]  # one file touched
+    assert build_agent_zip() == built
+
+
 def test_agent_zip_is_deterministic_and_self_contained(tmp_path: Path) -> None:
     data = build_agent_zip()
+    bootstrap._BUILT.clear()  # built again from the files, not the process's last build
     assert data == build_agent_zip()
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         names = archive.namelist()
