@@ -150,9 +150,10 @@ def refreshed(
     worker.join(budget)
     if "rows" in outcome:
         return list(outcome["rows"])
-    err = outcome.get("error") or TimeoutError(
-        f"no answer within its {budget:g} s budget (CLOUDTRAIN_CATALOG_BUDGET_S)"
-    )
+    unanswered = f"no answer within its {budget:g} s budget (CLOUDTRAIN_CATALOG_BUDGET_S)"
+    err = outcome.get("error") or TimeoutError(unanswered)
+    if "error" in outcome and _is_timeout(err):  # a request's own timeout, set to the budget: the same end
+        err = TimeoutError(f"{unanswered}: {err}")
     _remember_failure(folder, provider, region, err)
     log.warning(
         "Live catalog refresh for %s/%s failed, using the snapshot: %s (not tried again for %.0f s)",
@@ -162,6 +163,18 @@ def refreshed(
         retry_seconds(),
     )
     return []
+
+
+def _is_timeout(err: BaseException) -> bool:
+    """A request that got no answer in time, whichever client raised it: the fetches bound their
+    requests' read timeouts by the budget, so on a loaded machine that timeout (``requests``'
+    ``ReadTimeout``, botocore's ``ReadTimeoutError``, ``socket.timeout``) can fire before the budget's
+    own wait ends; the user is told the same thing either way. By class, never by message."""
+    return isinstance(err, TimeoutError) or any(
+        cls.__name__
+        in ("Timeout", "ReadTimeout", "ConnectTimeout", "ReadTimeoutError", "ConnectTimeoutError")
+        for cls in type(err).__mro__
+    )
 
 
 def _remember_failure(folder: Path, provider: str, region: str, err: BaseException) -> None:
