@@ -48,6 +48,8 @@ KINDS = (
     # forked agents keep their warm parent's command line (``emulator.agent_zygote``)
     ("agent (emulated instance)", "airflow_cloudtrain.emulator.agent_zygote"),
     ("dag.test() subprocess", "dag_helpers"),
+    # workers forked from their warm parent keep its command line (``tests/worker_zygote.py``)
+    ("pytest/xdist worker", "worker_zygote"),
     ("pytest/xdist worker", "pytest"),
     ("pytest/xdist worker", "execnet"),
     ("pytest/xdist worker", "exec(eval(sys.stdin.readline()))"),

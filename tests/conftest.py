@@ -136,6 +136,50 @@ def _migrate_a_template() -> None:
     os.environ[_DB_TEMPLATE] = str(template)  # the workers, started after this, inherit it
 
 
+_WORKER_ZYGOTE: list[subprocess.Popen[bytes]] = []
+
+
+def _fork_the_workers(config: pytest.Config) -> None:
+    """In the xdist controller: the workers are forked from one warm parent (``worker_zygote``) that
+    imported once the libraries each worker imported again, instead of started as fresh interpreters
+    (``worker_fork`` is the "python" xdist starts for each). ``CLOUDTRAIN_TEST_FORK_WORKERS=0``: plain."""
+    if os.environ.get("CLOUDTRAIN_TEST_FORK_WORKERS", "1") == "0":
+        return
+    tx = list(config.getoption("tx") or [])
+    if not tx or any(spec != "popen" for spec in tx):  # the user's own --tx: theirs
+        return
+    import socket
+
+    from worker_fork import SOCKET_SETTING
+
+    path = _HOME / "worker-zygote.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen(64)  # bound here: the workers' requests wait in it while the parent imports
+    zygote = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "worker_zygote.py"), str(listener.fileno())],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        pass_fds=[listener.fileno()],
+    )
+    listener.close()
+    _WORKER_ZYGOTE.append(zygote)
+    os.environ[SOCKET_SETTING] = str(path)  # the workers' "python" (started after this) asks there
+    python = f"{sys.executable} {ROOT / 'tests' / 'worker_fork.py'}"
+    config.option.tx = [f"popen//python={python}" for _ in tx]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The workers' warm parent ends once its forks have (its stdin closed)."""
+    for zygote in _WORKER_ZYGOTE:
+        assert zygote.stdin is not None
+        zygote.stdin.close()
+        try:
+            zygote.wait(60)
+        except subprocess.TimeoutExpired:
+            zygote.kill()
+
+
 @pytest.fixture(scope="session")
 def _emulator() -> Iterator[Any]:
     from airflow_cloudtrain.emulator import Emulator
@@ -284,6 +328,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_Shares(), "cloudtrain-worker-shares")
     if not hasattr(config, "workerinput") and config.getoption("numprocesses", None):
         _migrate_a_template()
+        _fork_the_workers(config)
     try:
         from _pytest.unraisableexception import gc_collect_iterations_key
     except ImportError:  # another pytest: its default
