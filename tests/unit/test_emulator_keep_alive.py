@@ -64,3 +64,45 @@ def test_a_stopped_server_answers_nothing_on_a_kept_connection(server: InThread)
     with pytest.raises((ConnectionError, http.client.HTTPException)):
         _ask(conn, "POST", "/echo", b"after")
     conn.close()
+
+
+@pytest.fixture()
+def gcs() -> Iterator[Any]:
+    from airflow_cloudtrain.emulator.gcp import GcsServer
+
+    server = GcsServer()
+    server.start()
+    try:
+        server.create_bucket("kept")
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_refused_gcs_request_keeps_the_connection_and_a_closing_answer_says_so(gcs: Any) -> None:
+    """The GCS emulator refused a throttled request with a 429 and then closed the connection, which
+    the 429 did not say: a client's next request on its pooled connection met the close ("Remote end
+    closed connection without response", seen beside another suite). A refused request's connection
+    now serves the next one; an answer after which the server does close says "Connection: close"."""
+    port = int(gcs.endpoint.rsplit(":", 1)[1])
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    path = "/storage/v1/b/kept/o"
+    gcs.throttle.set(1.0, "storage")
+    conn.request("GET", path)
+    refused = conn.getresponse()
+    assert (refused.status, refused.getheader("Connection")) == (429, None)
+    refused.read()
+    gcs.throttle.set(0.0, "storage")
+    conn.request("GET", path)  # the same connection
+    answered = conn.getresponse()
+    assert answered.status == 200 and b'"kind"' in answered.read()
+    # a chunked upload is read by the package to its end: the server closes after it, and says so
+    conn.putrequest("POST", "/upload/storage/v1/b/kept/o?uploadType=media&name=a.txt")
+    conn.putheader("Transfer-Encoding", "chunked")
+    conn.putheader("Content-Type", "text/plain")
+    conn.endheaders()
+    conn.send(b"5\r\nhello\r\n0\r\n\r\n")
+    uploaded = conn.getresponse()
+    uploaded.read()
+    assert uploaded.getheader("Connection") == "close", uploaded.getheaders()
+    conn.close()

@@ -332,6 +332,14 @@ class GcsServer:
                 else:
                     super().do_GET()
 
+            def end_headers(self) -> None:
+                # a connection closed after this answer says so in it: else the client keeps it in its
+                # pool and its next request there meets the close ("Remote end closed connection")
+                sent = b"".join(getattr(self, "_headers_buffer", [])).lower()
+                if self.close_connection and b"\r\nconnection:" not in sent:
+                    self.send_header("Connection", "close")
+                super().end_headers()
+
             def log_request(self, code: Any = "-", size: Any = "-") -> None:
                 seen.append(self.requestline.rsplit(" ", 1)[0])
 
@@ -377,7 +385,8 @@ class GcsServer:
             _send_json(handler, 403, denied("storage.objects.create").body())
         else:
             _send_json(handler, 503, unavailable().body())
-        handler.close_connection = True
+        # the connection stays open: its body was read, so the next request line is what comes next (a
+        # close here, after an answer that did not say so, raced the client's next request on it)
         return True
 
     def _object_of(self, path: str, body: bytes) -> str | None:
