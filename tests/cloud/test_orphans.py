@@ -53,14 +53,18 @@ def until_running(attempt):
     # loaded test machine can take longer than the 6 s timeout, which a real one (30 min) never does
     from airflow_cloudtrain.contract.runs import RunStatus
 
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
+    started = time.monotonic()
+    seen = {{}}
+    while time.monotonic() < started + 180:  # before the test's own 240 s: the try says what it saw
         attempt.lease.renew()
         for key in attempt.folder.list("instances/"):
             raw = attempt.folder.get_text(key) if key.endswith("/status.json") else None
+            if raw:
+                seen[key] = (RunStatus.from_json(raw).state, round(time.monotonic() - started, 1))
             if raw and RunStatus.from_json(raw).state == "running":
                 return
         time.sleep(0.2)
+    raise RuntimeError(f"the job was not running after 180 s; statuses seen (state, s): {{seen}}")
 
 
 class LostTaskOperator(CloudTrainOperator):
