@@ -42,6 +42,7 @@ from airflow_cloudtrain.operators import CloudTrainOperator
 
 DIE = os.environ.get("CLOUDTRAIN_TEST_DIE")  # set only in the process that plays the lost task
 PAUSE = float(os.environ.get("CLOUDTRAIN_TEST_PAUSE", "0"))
+RENEWALS = os.environ.get("CLOUDTRAIN_TEST_RENEWALS")  # each lease this task writes, its renewed_at
 
 
 def die():
@@ -77,6 +78,16 @@ class LostTaskOperator(CloudTrainOperator):
     def _new_attempt(self, context):
         attempt = super()._new_attempt(context)
         wait = attempt.wait
+        renew = attempt.lease.renew
+
+        def logged(force=False):
+            written = renew(force=force)
+            if written and RENEWALS:
+                with open(RENEWALS, "a") as out:
+                    out.write(repr(attempt.lease.renewed_at) + "\\n")
+            return written
+
+        attempt.lease.renew = logged
 
         def wait_then_die(launch):
             if DIE == "wait":  # blocking: the worker is lost once the job runs
@@ -124,13 +135,15 @@ def _status(folder: Any) -> RunStatus | None:
 
 
 @pytest.mark.parametrize("mode", ["deferred", "blocking"])
-def test_a_run_nobody_watches_ends_itself(emu, airflow_db, capsys, mode: str) -> None:
+def test_a_run_nobody_watches_ends_itself(emu, airflow_db, capsys, tmp_path: Path, mode: str) -> None:
     """(a) deferred, lost before any triggerer ran its trigger; (b) blocking, its worker SIGKILLed
     and never retried: the agent ends the run within orphan_timeout + one check of its lease."""
     dag_id = f"orphan_{mode}"
     _dag(dag_id, deferrable=mode == "deferred", command=LONG_JOB)
     when = datetime(2026, 1, 1, tzinfo=timezone.utc) + timedelta(hours=1 if mode == "deferred" else 2)
-    proc = start_first_try(dag_id, when, {"CLOUDTRAIN_TEST_DIE": "defer" if mode == "deferred" else "wait"})
+    renewals = tmp_path / "renewals"
+    die = {"CLOUDTRAIN_TEST_DIE": "defer" if mode == "deferred" else "wait"}
+    proc = start_first_try(dag_id, when, {**die, "CLOUDTRAIN_TEST_RENEWALS": str(renewals)})
     _, err = proc.communicate(timeout=240)
     assert proc.returncode == -9, f"try 1 did not die: rc={proc.returncode}\n{err[-3000:]}"
     folder = _folder(dag_id, when)
@@ -140,7 +153,14 @@ def test_a_run_nobody_watches_ends_itself(emu, airflow_db, capsys, mode: str) ->
 
     record = Orphaned.from_json(wait_for(lambda: folder.get_text(ORPHANED_KEY), message="orphaned.json"))
     assert record.ended_by == "agent"
-    assert record.lapsed_at >= lease.renewed_at + TIMEOUT_S - 0.01  # the first lease, or a later one
+    # the lease the agent went by (lapsed_at is its renewed_at + the timeout): the lost task wrote its
+    # next one (if any: under load a lost task can still be renewing late, after the run ended) a full
+    # timeout or more later, so the agent ended a run whose watcher had really stopped renewing
+    seen = record.lapsed_at - TIMEOUT_S
+    written = sorted(float(line) for line in renewals.read_text().split()) if renewals.exists() else []
+    assert written, "the lost task logged no lease it wrote"
+    later = [at for at in written if at > seen + 0.001]
+    assert not later or later[0] >= seen + TIMEOUT_S - 0.01, (seen, written)
     # noticed within one check of the lapse (plus what a loaded machine adds to a 1 s timer)
     assert 0 <= record.noticed_at - record.lapsed_at <= check_interval_s(TIMEOUT_S) + 15.0
     status = wait_for(lambda: (s := _status(folder)) and s.final and s, message="the final status")
