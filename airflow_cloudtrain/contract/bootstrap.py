@@ -120,7 +120,8 @@ def build_agent_zip() -> bytes:
     paths = [package / name for name in SHIPPED_MODULES]
     for folder in SHIPPED_PACKAGES:
         paths.extend(sorted((package / folder).glob("*.py")))
-    key = tuple((str(path), path.stat().st_mtime_ns, path.stat().st_size) for path in paths)
+    stats = [path.stat() for path in paths]
+    key = tuple((str(path), st.st_mtime_ns, st.st_size) for path, st in zip(paths, stats, strict=True))
     if _BUILT and _BUILT[0] == key:
         return _BUILT[1]
     files: dict[str, bytes] = {"__main__.py": _ZIP_MAIN}

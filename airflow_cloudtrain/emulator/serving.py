@@ -58,6 +58,14 @@ class KeptConnection:
         self.server.__dict__.get("kept_connections", set()).discard(self.connection)
         super().finish()  # type: ignore[misc]
 
+    def end_headers(self) -> None:
+        """An answer after which the connection closes says so: else the client keeps the connection
+        in its pool and its next request there meets the close ("Remote end closed connection")."""
+        sent = b"".join(getattr(self, "_headers_buffer", [])).lower()
+        if self.close_connection and b"\r\nconnection:" not in sent:
+            self.send_header("Connection", "close")  # type: ignore[attr-defined]
+        super().end_headers()  # type: ignore[misc]
+
     def limited_body(self, rfile: Any, content_length: str | None) -> Any:
         """``rfile`` limited to the request's body, or ``rfile`` itself and the connection closed after
         this request where the length is not a number (nothing tells where the next request starts)."""
@@ -159,9 +167,7 @@ def keep_alive_handler(base: type[Any] | None = None) -> type[Any]:
                     self.send_header(key, value)
             if chunked:
                 self.send_header("Transfer-Encoding", "chunked")
-            if self.close_connection:
-                self.send_header("Connection", "close")
-            self.end_headers()
+            self.end_headers()  # says "Connection: close" when closing (``KeptConnection``)
             self._sent = True
             for data in body:
                 if not data or bodiless:

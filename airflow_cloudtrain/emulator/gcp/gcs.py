@@ -332,14 +332,6 @@ class GcsServer:
                 else:
                     super().do_GET()
 
-            def end_headers(self) -> None:
-                # a connection closed after this answer says so in it: else the client keeps it in its
-                # pool and its next request there meets the close ("Remote end closed connection")
-                sent = b"".join(getattr(self, "_headers_buffer", [])).lower()
-                if self.close_connection and b"\r\nconnection:" not in sent:
-                    self.send_header("Connection", "close")
-                super().end_headers()
-
             def log_request(self, code: Any = "-", size: Any = "-") -> None:
                 seen.append(self.requestline.rsplit(" ", 1)[0])
 
