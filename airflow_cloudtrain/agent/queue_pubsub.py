@@ -38,8 +38,8 @@ unchanged; ``open_backend`` picks these classes for provider ``"gcp"``. Why they
   not waited for: it ends with this machine. The group's size is constant (no autoscaler), so no
   scale-in can pick a busy VM, and ``protect()`` has nothing to do.
 
-Clients: the GAPIC ``google.pubsub_v1`` ``SubscriberClient`` / ``PublisherClient`` (REST) and
-``google.cloud.compute_v1.InstanceGroupManagersClient``, with the VM's service account (ADC), or
+Clients: the GAPIC ``google.pubsub_v1`` ``SubscriberClient`` / ``PublisherClient`` (REST) and, for the
+group's one call, a plain REST request (``GroupsRest``), with the VM's service account (ADC), or
 ``CLOUDTRAIN_PUBSUB_ENDPOINT`` / ``CLOUDTRAIN_COMPUTE_ENDPOINT`` with anonymous credentials (the
 emulator's VMs get those). Calls are retried on what ``agent.retry.is_transient`` calls transient
 (throttling, 5xx, dropped connections); a pull only briefly, so that a failing receive reaches the
@@ -71,6 +71,8 @@ PULL_RETRY_S = 10.0  # transient pull errors are retried this long, then the wor
 CALL_TIMEOUT_S = 30.0  # one ack / deadline / publish / group request's HTTP timeout
 CALL_RETRY_S = 120.0  # transient errors of those are retried this long
 MAX_COUNTED = 1024  # messages whose local deliveries are remembered (without delivery_attempt)
+COMPUTE_API = "https://compute.googleapis.com"
+CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
 def _retry(budget_s: float) -> Any:
@@ -102,10 +104,51 @@ def publisher_client() -> Any:
     return PublisherClient(transport="rest", **_client_kwargs(PUBSUB_ENDPOINT_ENV))
 
 
-def groups_client() -> Any:
-    from google.cloud.compute_v1 import InstanceGroupManagersClient
+def groups_client() -> GroupsRest:
+    return GroupsRest(os.environ.get(COMPUTE_ENDPOINT_ENV) or None)
 
-    return InstanceGroupManagersClient(**_client_kwargs(COMPUTE_ENDPOINT_ENV))
+
+class GroupsRest:
+    """``instanceGroupManagers.deleteInstances``, the one Compute Engine call a worker makes, as a plain
+    REST request through google-auth's ``AuthorizedSession`` (the VM's service account; anonymous at an
+    ``endpoint`` of the emulator's). The GAPIC ``google.cloud.compute_v1`` client would cost each VM a
+    package to install and about 3 CPU-seconds to import (its generated types cover all of Compute
+    Engine) for this one call. Errors are the GAPIC client's: an HTTP error answer is raised as the
+    ``google.api_core.exceptions`` class of its status (``from_http_response``), so ``is_transient``
+    and callers read it the same way."""
+
+    def __init__(self, endpoint: str | None = None, session: Any = None) -> None:
+        self.base = (endpoint or COMPUTE_API).rstrip("/")
+        self.anonymous = endpoint is not None
+        self._session = session
+
+    @property
+    def session(self) -> Any:
+        if self._session is None:
+            import google.auth
+            from google.auth.credentials import AnonymousCredentials
+            from google.auth.transport.requests import AuthorizedSession
+
+            if self.anonymous:
+                credentials: Any = AnonymousCredentials()
+            else:
+                credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
+            self._session = AuthorizedSession(credentials)
+        return self._session
+
+    def delete_instances(
+        self, project: str, zone: str, group: str, instances: list[str], timeout: float
+    ) -> dict[str, Any]:
+        """The operation (JSON) of removing ``instances`` (``zones/Z/instances/NAME``) from ``group``;
+        ``skipInstancesOnValidationError`` makes one that already left a no-op."""
+        url = f"{self.base}/compute/v1/projects/{project}/zones/{zone}/instanceGroupManagers/{group}/deleteInstances"
+        body = {"instances": instances, "skipInstancesOnValidationError": True}
+        response = self.session.post(url, json=body, timeout=timeout)
+        if response.status_code >= 400:
+            from google.api_core.exceptions import from_http_response
+
+            raise from_http_response(response)
+        return dict(response.json())
 
 
 def _is_not_found(err: BaseException) -> bool:
@@ -321,18 +364,10 @@ class ManagedInstanceGroup:
         """Out of the group with its target size one less (so it is not replaced); the group then
         deletes this VM. The operation is not waited for: it ends with this machine."""
         project, zone = self._location()
-        operation = self.client.delete_instances(
-            project=project,
-            zone=zone,
-            instance_group_manager=self.name,
-            instance_group_managers_delete_instances_request_resource={
-                "instances": [f"zones/{zone}/instances/{self.instance_name}"],
-                "skip_instances_on_validation_error": True,
-            },
-            retry=_retry(CALL_RETRY_S),
-            timeout=CALL_TIMEOUT_S,
+        leave = _retry(CALL_RETRY_S)(self.client.delete_instances)
+        operation = leave(
+            project, zone, self.name, [f"zones/{zone}/instances/{self.instance_name}"], timeout=CALL_TIMEOUT_S
         )
-        error = getattr(operation, "error", None)  # an operation that failed at once
-        errors = list(getattr(error, "errors", None) or [])
+        errors = list((operation.get("error") or {}).get("errors") or [])  # an operation that failed at once
         if errors:
             raise RuntimeError(f"deleteInstances of {self.instance_name} from {self.name} failed: {errors}")

@@ -82,11 +82,12 @@ _SDK = {
     "gs": ("google.cloud.storage", "google-cloud-storage", GCS_DOWNLOAD_PY),
 }
 # What a worker (``worker=True``) needs besides the storage SDK, per scheme: (import names, pip packages).
-# On GCE its queue is a Pub/Sub subscription and its group a managed instance group
-# (``agent.queue_pubsub``); on AWS boto3 already covers SQS and Auto Scaling.
+# On GCE its queue is a Pub/Sub subscription (``agent.queue_pubsub``); leaving its managed instance group
+# is one REST call through google-auth, which google-cloud-storage brings. On AWS boto3 already covers
+# SQS and Auto Scaling.
 _WORKER_SDK: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "s3": ((), ()),
-    "gs": (("google.pubsub_v1", "google.cloud.compute_v1"), ("google-cloud-pubsub", "google-cloud-compute")),
+    "gs": (("google.pubsub_v1",), ("google-cloud-pubsub",)),
 }
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # modules and packages split safely in bash
 POWEROFF = "shutdown -h now"

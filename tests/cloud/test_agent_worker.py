@@ -35,7 +35,6 @@ from waiting import wait_for
 from airflow_cloudtrain.agent.queue_pubsub import (
     COMPUTE_ENDPOINT_ENV,
     PUBSUB_ENDPOINT_ENV,
-    ManagedInstanceGroup,
     PubSubQueue,
 )
 from airflow_cloudtrain.agent.queue_sqs import Lease, QueueGone
@@ -873,44 +872,6 @@ def test_queue_gone_and_ack_deadlines(fleets: Any, endpoint_env: PubSub) -> None
     fleet.pubsub.subscriber.delete_subscription(subscription=fleet.subscription)
     with pytest.raises(QueueGone):
         queue.receive()
-
-
-class _Groups:
-    """A stand-in InstanceGroupManagersClient recording deleteInstances."""
-
-    def __init__(self) -> None:
-        self.calls: list[dict[str, Any]] = []
-
-    def delete_instances(self, **kwargs: Any) -> Any:
-        self.calls.append(kwargs)
-        return type("Operation", (), {"error": None})()
-
-
-def test_managed_instance_group_leaves_through_delete_instances(monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = WorkerSettings("gcp", "projects/p/subscriptions/s", "projects/p/topics/t-dlq", group="mig-1")
-    seen: list[str] = []
-
-    def metadata(path: str) -> str:
-        seen.append(path)
-        return {"project/project-id": "proj-9", "instance/zone": "projects/123/zones/us-central1-b"}[path]
-
-    monkeypatch.setattr("airflow_cloudtrain.agent.queue_pubsub._metadata", metadata)
-    client = _Groups()
-    group = ManagedInstanceGroup(settings, "vm-7", client=client)
-    group.protect()  # a group of constant size never scales in: nothing to call
-    assert client.calls == []
-    group.unprotect_and_leave()
-    (call,) = client.calls
-    assert (call["project"], call["zone"], call["instance_group_manager"]) == (
-        "proj-9",
-        "us-central1-b",
-        "mig-1",
-    )
-    assert call["instance_group_managers_delete_instances_request_resource"] == {
-        "instances": ["zones/us-central1-b/instances/vm-7"],
-        "skip_instances_on_validation_error": True,
-    }
-    assert sorted(seen) == ["instance/zone", "project/project-id"]  # settings had neither
 
 
 def test_backends_import_only_their_own_cloud_sdk() -> None:

@@ -208,7 +208,8 @@ def test_emulator_keeps_a_given_state_dir_and_stops_on_ctrl_c(
     env_file = tmp_path / "emulator.env"
     emu = start("--port", "0", "--state-dir", str(state), "--env-file", str(env_file))
     wait_for(env_file.exists, message="the env file")
-    assert f"Work directory: {state}" in emu.stdout()
+    # the env file is written before the lines that follow it are printed: wait for the line itself
+    wait_for(lambda: f"Work directory: {state}" in emu.stdout(), message="the work directory's line")
     emu.proc.send_signal(signal.SIGINT)
     assert emu.proc.wait(timeout=DEADLINE_S) == 0
     assert state.is_dir() and (state / "image-home").is_dir()  # the user's directory stays

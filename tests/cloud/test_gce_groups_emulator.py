@@ -20,6 +20,9 @@ from google.api_core import exceptions as gexc
 from google.cloud import compute_v1
 from waiting import wait_for
 
+from airflow_cloudtrain.agent.queue_pubsub import GroupsRest, ManagedInstanceGroup
+from airflow_cloudtrain.contract.retry import is_transient
+from airflow_cloudtrain.contract.workqueue import WorkerSettings
 from airflow_cloudtrain.emulator.gcp.gce import GceServer, compute_client_kwargs
 from airflow_cloudtrain.emulator.gcp.instances import GcpInstances
 from airflow_cloudtrain.emulator.metadata import MetadataServer
@@ -370,6 +373,56 @@ def test_delete_instances_lowers_the_target_and_is_not_undone(gce: Gce, unique: 
     assert set(gce.running(group, 2)) == set(names[1:])
     gce.server.reconcile()  # one more pass of the group manager: nothing to make again
     assert leaving not in gce.managed(group) and gce.vm_gone(leaving)
+    gce.drop(group, template)
+
+
+def test_a_worker_leaves_its_group_with_one_rest_call(
+    gce: Gce, unique: Callable[[str], str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker agent's ``ManagedInstanceGroup`` over ``GroupsRest`` (google-auth and one POST, no
+    ``google.cloud.compute_v1`` on the VM): out of the group with the target one less, the project and
+    zone from the metadata server, a second call a no-op, a throttled call tried again, a missing group
+    a permanent ``NotFound``."""
+    template, group = unique("tpl"), unique("g")
+    gce.template(template)
+    gce.group(group, template, 3)
+    names = sorted(gce.running(group, 3))
+    asked: list[str] = []
+
+    def metadata(path: str) -> str:
+        asked.append(path)
+        return {"project/project-id": gce.project, "instance/zone": f"projects/123/zones/{ZONE}"}[path]
+
+    monkeypatch.setattr("airflow_cloudtrain.agent.queue_pubsub._metadata", metadata)
+    settings = WorkerSettings("gcp", "projects/p/subscriptions/s", "projects/p/topics/t-dlq", group=group)
+    member = ManagedInstanceGroup(settings, names[0], client=GroupsRest(gce.server.endpoint))
+    member.protect()  # a group of constant size never scales in: nothing to call
+    gce.server.reset_counts()
+    member.unprotect_and_leave()
+    assert sorted(asked) == ["instance/zone", "project/project-id"]  # the settings had neither
+    assert (
+        gce.get(group).target_size == 2 and gce.server.counts()["instanceGroupManagers.deleteInstances"] == 1
+    )
+    wait_for(lambda: gce.vm_gone(names[0]), message=f"{names[0]} to be deleted")
+    member.unprotect_and_leave()  # again, as a retry after a lost answer would: nothing happens
+    assert gce.get(group).target_size == 2
+
+    # throttled (429): tried again until it goes through
+    second = ManagedInstanceGroup(settings, names[1], client=GroupsRest(gce.server.endpoint))
+    gce.server.throttle.set(1.0, "instanceGroupManagers.deleteInstances")
+    leaving = threading.Thread(target=second.unprotect_and_leave)
+    try:
+        leaving.start()
+        wait_for(lambda: gce.server.counts().get("throttled:instanceGroupManagers.deleteInstances", 0) >= 1)
+    finally:
+        gce.server.throttle.clear()
+    leaving.join(timeout=120)
+    assert not leaving.is_alive() and gce.get(group).target_size == 1
+
+    gone = WorkerSettings("gcp", "s", "t", group=unique("no-group"), project=gce.project, zone=ZONE)
+    with pytest.raises(gexc.NotFound) as err:
+        ManagedInstanceGroup(gone, names[2], client=GroupsRest(gce.server.endpoint)).unprotect_and_leave()
+    assert not is_transient(err.value)
     gce.drop(group, template)
 
 

@@ -7,6 +7,7 @@ that leaves one alive).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -67,6 +68,14 @@ def folder_of(provider: str, dag_id: str, run: Any) -> Any:
 
 
 def cloud_of(provider: str) -> Any:
+    """The provider's ``Cloud`` on the emulator's default connection, one per connection: an AWS one
+    builds three clients (0.1 s of CPU), and watchers call this on every poll."""
+    conn = "AIRFLOW_CONN_AWS_DEFAULT" if provider == "aws" else "AIRFLOW_CONN_GOOGLE_CLOUD_DEFAULT"
+    return _cloud_on(provider, os.environ.get(conn, ""))
+
+
+@functools.lru_cache(maxsize=8)
+def _cloud_on(provider: str, conn: str) -> Any:
     if provider == "aws":
         from airflow_cloudtrain.clouds.aws.ec2 import aws_cloud
         from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook

@@ -10,9 +10,9 @@ in through Airflow's own login form) lists both runs with the costs their XComs 
 ``cloudtrain costs --json`` prints, ``retrain_spot``'s timeline shows its three attempts in launch
 order with the two interruptions marked, and the task instance's "Cloud run" tab opens that run.
 
-Chromium comes from Debian (``apt-get install chromium`` when missing; never ``playwright install``);
-the test is skipped only when it cannot be installed. Screenshots go to the test's folder, and to
-``$CLOUDTRAIN_UI_SCREENSHOTS`` when set (``docs/img`` holds the committed ones:
+Chromium comes from Debian (``apt-get install --no-install-recommends chromium`` when missing; never
+``playwright install``); the test is skipped only when it cannot be installed. Screenshots go to the
+test's folder, and to ``$CLOUDTRAIN_UI_SCREENSHOTS`` when set (``docs/img`` holds the committed ones:
 ``CLOUDTRAIN_UI_SCREENSHOTS=docs/img make test PYTEST_ARGS=tests/deployment/test_ui_page.py``).
 
 Its time (2 cores shared with five other test suites, load average 50-70): 9 to 14 minutes, about
@@ -57,17 +57,23 @@ PLAN = [(15, 5.0), (30, 5.0)]
 UI_TRAIN_CONF = {"cloud": "ec2", "cpus": 4, "ram": "8g", "bid": "", "command": "sleep 10; echo done"}
 
 
+# Chromium and its dependencies only: its recommends (107 packages against 19: udev, avahi, samba's
+# libraries, a printer dialog, perl's web stack, and upgrades of systemd and perl they pull in) cost a
+# fresh machine's `make test` about twice the time and CPU of the install, and headless Chromium uses
+# none of them (the fonts come with fontconfig's dependencies). docs/testing.md has the figures.
+APT_INSTALL = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]
+
+
 def _chromium() -> str:
     """Debian's Chromium, installed when missing; a skip only where apt cannot install it."""
     if not CHROMIUM.exists():
         if shutil.which("apt-get") is None:
             pytest.skip("no Chromium and no apt-get to install it")
-        for args in (["apt-get", "install", "-y", "chromium"], ["apt-get", "update"]):
-            subprocess.run(args, capture_output=True, text=True, timeout=1200, check=False)
+        apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        for args in (APT_INSTALL, ["apt-get", "update"]):
+            subprocess.run(args, capture_output=True, text=True, timeout=1200, check=False, env=apt_env)
         if not CHROMIUM.exists():
-            done = subprocess.run(
-                ["apt-get", "install", "-y", "chromium"], capture_output=True, text=True, timeout=1200
-            )
+            done = subprocess.run(APT_INSTALL, capture_output=True, text=True, timeout=1200, env=apt_env)
             if not CHROMIUM.exists():
                 pytest.skip(f"Chromium could not be installed: {done.stderr[-400:]}")
     return str(CHROMIUM)
