@@ -22,7 +22,8 @@ airflow: setup
 # narrows it, e.g. `make test PYTEST_ARGS=tests/cloud/test_runs.py`. The duplicate cases of the long
 # fault campaigns (marker `faults`, docs/testing.md) run in `make faults`, not here.
 TEST_WORKERS ?= 6
-PYTEST = .venv/bin/python -m pytest -p no:cacheprovider -q -n $(TEST_WORKERS) --dist worksteal
+PYTEST_ONE = .venv/bin/python -m pytest -p no:cacheprovider -q
+PYTEST = $(PYTEST_ONE) -n $(TEST_WORKERS) --dist worksteal
 # Before the workers start (make test, make faults): our modules' bytecode (`compileall`), pytest's
 # rewritten test modules once for all workers, the collection's biggest imports' bytecode
 PREPARE = .venv/bin/python scripts/warm_bytecode.py & .venv/bin/python scripts/rewrite_tests.py & \
@@ -34,12 +35,24 @@ test: setup
 	@# beside it, pytest's rewritten test modules, once for the six workers (scripts/rewrite_tests.py),
 	@# and the bytecode of the collection's biggest imports, one process per core (scripts/warm_bytecode.py)
 	$(PREPARE)
-	@# mypy (one thread, ~25 CPU-seconds from a fresh clone) runs beside the suite, which leaves the
-	@# cores idle a sixth of the time; its verdict fails `make test` as before, printed after the suite
-	@out=$$(mktemp); .venv/bin/mypy > $$out 2>&1 & types_pid=$$!; \
-	$(PYTEST) --durations=15 -m "not faults" $(PYTEST_ARGS); tests=$$?; \
+	@# The xdist workers' cloud tests leave the cores idle about a seventh of the run while they wait
+	@# on emulated instances. Two jobs that never wait take those idle cycles at the lowest CPU priority
+	@# (nice 19) instead of a worker's turn: mypy (one thread, ~25 CPU-seconds from a fresh clone) and,
+	@# unless PYTEST_ARGS names what to run, the unit tests (tests/unit: 6,000 cases, no instance, ~70
+	@# CPU-seconds) in one process of their own. Each verdict fails `make test`; each output is printed
+	@# after the workers' run (docs/testing.md, "The idle cores").
+	@out=$$(mktemp); nice -n 19 .venv/bin/mypy > $$out 2>&1 & types_pid=$$!; \
+	units=$$(mktemp); unit_pid=; split=; \
+	if [ -z "$(PYTEST_ARGS)" ]; then \
+	  nice -n 19 $(PYTEST_ONE) --durations=5 -m "not faults" tests/unit > $$units 2>&1 & unit_pid=$$!; \
+	  split=--ignore=tests/unit; \
+	fi; \
+	trap 'kill $$types_pid $$unit_pid 2>/dev/null' INT TERM; \
+	$(PYTEST) --durations=15 -m "not faults" $$split $(PYTEST_ARGS); tests=$$?; \
+	unit=0; if [ -n "$$unit_pid" ]; then wait $$unit_pid; unit=$$?; echo "tests/unit (one process, nice 19):"; \
+	  cat $$units; fi; rm -f $$units; \
 	wait $$types_pid; types=$$?; echo "mypy:"; cat $$out; rm -f $$out; \
-	exit $$(( tests != 0 ? tests : types ))
+	exit $$(( tests != 0 ? tests : unit != 0 ? unit : types ))
 
 # The long campaigns: every kill point on the second cloud or in the second mode, the whole real
 # deployment. Not in CI's `make test`; run it before a release or after touching the run machinery.
