@@ -2,7 +2,7 @@
 to our clients. It forwards every request as is, holds the ones matching ``slow`` for ``delay_s``
 (matched against "METHOD path X-Amz-Target body"; a describe that takes a while: the window in which other
 triggers join its poll group), and
-counts what it forwarded (which endpoint a connection really points at)."""
+counts what it forwarded and what it answered (which endpoint a connection really points at)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ class Relay:
         self.delay_s = delay_s
         self.lock = threading.Lock()
         self.paths: list[str] = []  # what was forwarded: "METHOD path X-Amz-Target body"
+        self.answers: list[str] = []  # the same, once its answer went back to the client
         relay = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -57,6 +58,8 @@ class Relay:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+                with relay.lock:
+                    relay.answers.append(seen)
 
             do_GET = do_POST = do_DELETE = do_PATCH = do_PUT = _forward
 
@@ -65,8 +68,14 @@ class Relay:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def count(self, pattern: str) -> int:
+        """Requests matching ``pattern`` that reached the relay (their answers may still be on the way)."""
         with self.lock:
             return sum(1 for p in self.paths if re.search(pattern, p))
+
+    def answered(self, pattern: str) -> int:
+        """Requests matching ``pattern`` whose answer the client was sent: what it has read so far."""
+        with self.lock:
+            return sum(1 for p in self.answers if re.search(pattern, p))
 
 
 @contextmanager

@@ -40,7 +40,8 @@ def test_a_connection_edited_while_a_depth_wait_runs_is_seen(emu, monkeypatch) -
     sub.create_subscription(name=path, topic=topic, ack_deadline_seconds=600)
     pub.publish(topic=topic, messages=[{"data": b"item"} for _ in range(3)])
     try:
-        with relay(emu.pubsub_endpoint) as r:
+        # each read through the edited endpoint held 1 s: the window a loaded machine opened by chance
+        with relay(emu.pubsub_endpoint, slow="timeSeries", delay_s=1.0) as r:
 
             async def main() -> dict[str, Any]:
                 trigger = QueueDepthTrigger(
@@ -53,7 +54,9 @@ def test_a_connection_edited_while_a_depth_wait_runs_is_seen(emu, monkeypatch) -
                     await asyncio.sleep(0.05)
                 conn["extra"]["monitoring_endpoint"] = r.url  # the edit, as the triggerer sees it
                 os.environ["AIRFLOW_CONN_PUBSUB_EDITED"] = json.dumps(conn)
-                while r.count("timeSeries") < 1:
+                # answered, not only received: a read still on its way when the queue is drained
+                # would see it empty, and the wait would end on the edited endpoint's first read
+                while r.answered("timeSeries") < 1:
                     assert time.monotonic() < deadline, "the edited connection was never used"
                     assert not waiting.done(), waiting.result()
                     await asyncio.sleep(0.05)
