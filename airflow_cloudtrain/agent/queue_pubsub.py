@@ -72,7 +72,6 @@ CALL_TIMEOUT_S = 30.0  # one ack / deadline / publish / group request's HTTP tim
 CALL_RETRY_S = 120.0  # transient errors of those are retried this long
 MAX_COUNTED = 1024  # messages whose local deliveries are remembered (without delivery_attempt)
 COMPUTE_API = "https://compute.googleapis.com"
-CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
 def _retry(budget_s: float) -> Any:
@@ -110,30 +109,24 @@ def groups_client() -> GroupsRest:
 
 class GroupsRest:
     """``instanceGroupManagers.deleteInstances``, the one Compute Engine call a worker makes, as a plain
-    REST request through google-auth's ``AuthorizedSession`` (the VM's service account; anonymous at an
-    ``endpoint`` of the emulator's). The GAPIC ``google.cloud.compute_v1`` client would cost each VM a
+    REST request (``google_rest.google_session``: the VM's service account; none at an ``endpoint`` of
+    the emulator's). The GAPIC ``google.cloud.compute_v1`` client would cost each VM a
     package to install and about 3 CPU-seconds to import (its generated types cover all of Compute
     Engine) for this one call. Errors are the GAPIC client's: an HTTP error answer is raised as the
     ``google.api_core.exceptions`` class of its status (``from_http_response``), so ``is_transient``
     and callers read it the same way."""
 
-    def __init__(self, endpoint: str | None = None, session: Any = None) -> None:
-        self.base = (endpoint or COMPUTE_API).rstrip("/")
-        self.anonymous = endpoint is not None
-        self._session = session
+    def __init__(self, endpoint: str | None = None) -> None:
+        self.endpoint = endpoint
+        self._session: tuple[Any, str] | None = None
 
     @property
-    def session(self) -> Any:
+    def session(self) -> tuple[Any, str]:
+        """(the session, the base URL), made on the first call (``google_rest.google_session``)."""
         if self._session is None:
-            import google.auth
-            from google.auth.credentials import AnonymousCredentials
-            from google.auth.transport.requests import AuthorizedSession
+            from airflow_cloudtrain.agent.google_rest import google_session
 
-            if self.anonymous:
-                credentials: Any = AnonymousCredentials()
-            else:
-                credentials, _ = google.auth.default(scopes=[CLOUD_PLATFORM_SCOPE])
-            self._session = AuthorizedSession(credentials)
+            self._session = google_session(self.endpoint, COMPUTE_API)
         return self._session
 
     def delete_instances(
@@ -141,9 +134,12 @@ class GroupsRest:
     ) -> dict[str, Any]:
         """The operation (JSON) of removing ``instances`` (``zones/Z/instances/NAME``) from ``group``;
         ``skipInstancesOnValidationError`` makes one that already left a no-op."""
-        url = f"{self.base}/compute/v1/projects/{project}/zones/{zone}/instanceGroupManagers/{group}/deleteInstances"
+        session, base = self.session
+        url = (
+            f"{base}/compute/v1/projects/{project}/zones/{zone}/instanceGroupManagers/{group}/deleteInstances"
+        )
         body = {"instances": instances, "skipInstancesOnValidationError": True}
-        response = self.session.post(url, json=body, timeout=timeout)
+        response = session.post(url, json=body, timeout=timeout)
         if response.status_code >= 400:
             from google.api_core.exceptions import from_http_response
 

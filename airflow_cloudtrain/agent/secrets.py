@@ -117,17 +117,9 @@ def _boto(clients: dict[tuple[str, str], Any], service: str, region: str) -> Any
 
 def _gcp_access(version_name: str, clients: dict[tuple[str, str], Any]) -> str:
     if ("gcp", "") not in clients:
-        endpoint = os.environ.get(SECRETMANAGER_ENDPOINT_ENV)
-        if endpoint:
-            import requests
+        from airflow_cloudtrain.agent.google_rest import google_session
 
-            clients[("gcp", "")] = (requests.Session(), endpoint.rstrip("/"))
-        else:
-            import google.auth
-            from google.auth.transport.requests import AuthorizedSession
-
-            credentials, _ = google.auth.default(scopes=["https://www.googleapis.com/auth/cloud-platform"])
-            clients[("gcp", "")] = (AuthorizedSession(credentials), SECRETMANAGER_URL)
+        clients[("gcp", "")] = google_session(os.environ.get(SECRETMANAGER_ENDPOINT_ENV), SECRETMANAGER_URL)
     session, base = clients[("gcp", "")]
     response = session.get(f"{base}/v1/{version_name}:access", timeout=30)
     if response.status_code != 200:
