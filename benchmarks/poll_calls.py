@@ -22,6 +22,8 @@ import sys
 import tempfile
 import time
 
+from airflow_cloudtrain.emulator.aws.images import an_image
+
 if "AIRFLOW_HOME" not in os.environ:  # a home of its own, removed at the end
     os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="cloudtrain-bench-")
     atexit.register(shutil.rmtree, os.environ["AIRFLOW_HOME"], ignore_errors=True)
@@ -95,7 +97,7 @@ def main() -> int:
     )
     with Emulator() as emu:
         ec2 = boto3.client("ec2")
-        image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        image = an_image(ec2)
         for n in args.sizes:
             ids = [
                 i["InstanceId"]

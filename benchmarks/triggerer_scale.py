@@ -70,6 +70,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airflow_cloudtrain.emulator.aws.images import an_image
+
 if "AIRFLOW_HOME" not in os.environ:  # a home of its own, removed at the end
     os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="cloudtrain-bench-")
     atexit.register(shutil.rmtree, os.environ["AIRFLOW_HOME"], ignore_errors=True)
@@ -213,7 +215,7 @@ class AgentSim:
     def create_instances(self) -> list[str]:
         """N instances without our bootstrap in their user data: no agent process is started."""
         if self.side == "aws":
-            image = self.ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+            image = an_image(self.ec2)
             ids: list[str] = []
             while len(ids) < self.n:
                 k = min(500, self.n - len(ids))

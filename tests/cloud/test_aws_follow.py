@@ -15,6 +15,7 @@ import boto3
 from relay import relay
 from test_run_trigger_scale import Agent
 
+from airflow_cloudtrain.emulator.aws.images import an_image
 from airflow_cloudtrain.hooks import follow
 from airflow_cloudtrain.triggers.instances import InstanceStateTrigger
 
@@ -31,7 +32,7 @@ def test_a_connection_edited_while_an_instance_wait_runs_is_seen(emu, monkeypatc
     conn = json.loads(os.environ["AIRFLOW_CONN_AWS_DEFAULT"])
     monkeypatch.setenv("AIRFLOW_CONN_AWS_EDITED", json.dumps(conn))
     ec2 = boto3.client("ec2")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     (iid,) = [i["InstanceId"] for i in ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1)["Instances"]]
     try:
         with relay(emu.aws_endpoint) as r:
@@ -70,7 +71,7 @@ def test_a_connection_edited_while_a_run_wait_runs_is_seen_by_its_live_index(emu
     conn = json.loads(os.environ["AIRFLOW_CONN_AWS_DEFAULT"])
     monkeypatch.setenv("AIRFLOW_CONN_AWS_EDITED", json.dumps(conn))
     ec2 = boto3.client("ec2")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     (iid,) = [i["InstanceId"] for i in ec2.run_instances(ImageId=image, MinCount=1, MaxCount=1)["Instances"]]
     agent = Agent(iid)
     agent.say("started")

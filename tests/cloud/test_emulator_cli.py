@@ -26,6 +26,7 @@ from airflow_cloudtrain.cli_emulator import read_env_file
 from airflow_cloudtrain.cli_up import ephemeral_ports_start
 from airflow_cloudtrain.contract import runs
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET, PORT_OFFSETS
+from airflow_cloudtrain.emulator.aws.images import an_image
 
 DEADLINE_S = 120.0  # generous: the machine may be busy; every wait ends as soon as its condition holds
 
@@ -151,7 +152,7 @@ def test_emulator_serves_on_its_ports_writes_the_env_file_and_stops_cleanly_on_s
         metadata_poll_s=0.2,
     )
     s3.put_object(Bucket=DEFAULT_BUCKET, Key=f"{uri.split('/', 3)[3]}/{runs.SPEC_KEY}", Body=spec.to_json())
-    image = ec2.describe_images()["Images"][0]["ImageId"]
+    image = an_image(ec2)
     user_data = f"#!/bin/bash\nCT_RUN_URI='{uri}'\nCT_CLOUD=ec2\n"
     tags = [{"ResourceType": "instance", "Tags": [{"Key": runs.TAG_MANAGED, "Value": "true"}]}]
     launched = ec2.run_instances(
@@ -338,7 +339,7 @@ def test_a_state_dir_keeps_instances_and_buckets_across_a_restart_and_status_lis
     )
     spec_key = f"{uri.split('/', 3)[3]}/{runs.SPEC_KEY}"
     s3.put_object(Bucket=DEFAULT_BUCKET, Key=spec_key, Body=spec.to_json())
-    image = ec2.describe_images()["Images"][0]["ImageId"]
+    image = an_image(ec2)
     tags = [{"ResourceType": "instance", "Tags": [{"Key": runs.TAG_MANAGED, "Value": "true"}]}]
     iid = ec2.run_instances(
         ImageId=image,

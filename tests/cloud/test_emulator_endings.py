@@ -18,6 +18,8 @@ from typing import Any
 import boto3
 import pytest
 
+from airflow_cloudtrain.emulator.aws.images import an_image
+
 
 def test_a_describe_made_inside_a_reclaim_never_sees_it_terminated_without_its_reason(
     emu: Any, monkeypatch: pytest.MonkeyPatch
@@ -27,7 +29,7 @@ def test_a_describe_made_inside_a_reclaim_never_sees_it_terminated_without_its_r
     import moto.ec2.models.instances as moto_instances
 
     ec2 = boto3.client("ec2")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     launched = ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=3, MaxCount=3)
     ids = [i["InstanceId"] for i in launched["Instances"]]
     seen: list[tuple[str, str]] = []  # (state, reason code) of each describe asked inside a terminate
@@ -73,7 +75,7 @@ def test_an_ending_between_a_describes_reads_of_reason_and_state_waits_for_the_d
     from moto.core import serialize
 
     ec2 = boto3.client("ec2")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     iid = ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=1, MaxCount=1)["Instances"][0][
         "InstanceId"
     ]

@@ -26,6 +26,7 @@ from waiting import wait_for
 from airflow_cloudtrain.contract import runs
 from airflow_cloudtrain.contract.bootstrap import render_user_data
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET
+from airflow_cloudtrain.emulator.aws.images import an_image
 from airflow_cloudtrain.emulator.gcp.gce import EMULATOR_USER_AGENT, compute_client_kwargs
 from airflow_cloudtrain.emulator.runner import MACHINE_MARKER
 from airflow_cloudtrain.emulator.userdata import Bootstrap, parse_bootstrap
@@ -106,7 +107,7 @@ def test_ec2_hard_stop_ends_the_instance_even_when_its_agent_is_dead(hard_stops)
     user_data = render_user_data(uri, "ec2", hard_stop_s=30)
     assert "\nCT_HARD_STOP_S=30\n" in user_data
     ec2 = boto3.client("ec2")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     tags = [{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in MANAGED.items()]}]
     raw = ec2.run_instances(
         ImageId=image,
@@ -240,7 +241,7 @@ def test_gce_max_run_duration_is_validated_like_the_real_api(
 
 def test_an_instance_without_our_bootstrap_gets_no_agent(emu) -> None:
     ec2 = boto3.client("ec2")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     tags = [
         {
             "ResourceType": "instance",

@@ -30,6 +30,7 @@ from airflow_cloudtrain.contract import runs
 from airflow_cloudtrain.contract.bootstrap import render_user_data
 from airflow_cloudtrain.contract.workqueue import WorkerSettings
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET
+from airflow_cloudtrain.emulator.aws.images import an_image
 from airflow_cloudtrain.storage import open_run_folder
 
 ZONES = ["us-east-1a", "us-east-1b", "us-east-1c"]
@@ -80,7 +81,7 @@ def fleet(
     them; force-deleted (and every member gone) on the way out, whatever the test did."""
     ec2, asg = boto3.client("ec2"), boto3.client("autoscaling")
     name = f"ct-fleet-{uuid.uuid4().hex[:8]}"
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     tags = [{"Key": runs.TAG_MANAGED, "Value": "true"}, {"Key": runs.TAG_RUN_KEY, "Value": name}]
     ec2.create_launch_template(
         LaunchTemplateName=name,
@@ -143,7 +144,7 @@ def test_members_of_a_spot_policy_are_spot_and_name_their_group(emu) -> None:
 
 def test_an_instance_outside_any_group_has_no_group(emu) -> None:
     ec2 = boto3.client("ec2")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     tags = [{"ResourceType": "instance", "Tags": [{"Key": runs.TAG_MANAGED, "Value": "true"}]}]
     raw = ec2.run_instances(
         ImageId=image, InstanceType="t3.micro", MinCount=1, MaxCount=1, TagSpecifications=tags

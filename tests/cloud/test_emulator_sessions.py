@@ -26,6 +26,7 @@ SCRIPT = textwrap.dedent(
     from google.cloud import storage
 
     from airflow_cloudtrain.emulator import DEFAULT_BUCKET, Emulator
+    from airflow_cloudtrain.emulator.aws.images import an_image
 
 
     def account():
@@ -57,7 +58,7 @@ SCRIPT = textwrap.dedent(
         boto3.client("sqs").create_queue(QueueName="first-session-queue")
         boto3.client("s3").create_bucket(Bucket="first-session-bucket")
         ec2 = boto3.client("ec2")
-        image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        image = an_image(ec2)
         ec2.create_launch_template(
             LaunchTemplateName="first-session-template",
             LaunchTemplateData={"ImageId": image, "InstanceType": "m5.large"},

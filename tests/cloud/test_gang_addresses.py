@@ -23,6 +23,7 @@ from waiting import wait_for
 from airflow_cloudtrain.contract import runs
 from airflow_cloudtrain.contract.bootstrap import render_user_data
 from airflow_cloudtrain.emulator import DEFAULT_BUCKET, GCP_PROJECT
+from airflow_cloudtrain.emulator.aws.images import an_image
 from airflow_cloudtrain.emulator.gcp.gce import compute_client_kwargs
 from airflow_cloudtrain.storage import open_run_folder
 
@@ -85,7 +86,7 @@ def run_folder(scheme: str, command: str) -> str:
 
 def ec2_launch(uri: str) -> tuple[str, dict[str, Any]]:
     ec2 = boto3.client("ec2")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     tags = [{"ResourceType": "instance", "Tags": [{"Key": k, "Value": v} for k, v in MANAGED.items()]}]
     raw = ec2.run_instances(
         ImageId=image,

@@ -15,6 +15,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from airflow_cloudtrain.contract.runs import TAG_MANAGED, TAG_RUN_KEY
+from airflow_cloudtrain.emulator.aws.images import an_image
 
 REGION = "us-east-1"
 
@@ -74,7 +75,7 @@ def test_placement_groups_are_created_described_and_deleted_as_ec2_does(emu: Any
 
 def test_a_launch_into_an_unknown_placement_group_is_refused(emu: Any) -> None:
     client = ec2()
-    image = client.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(client)
     with pytest.raises(ClientError) as err:
         client.run_instances(
             ImageId=image, InstanceType="c5n.large", MinCount=1, MaxCount=1, Placement={"GroupName": "nope"}
@@ -85,7 +86,7 @@ def test_a_launch_into_an_unknown_placement_group_is_refused(emu: Any) -> None:
 def test_a_placement_group_with_a_live_instance_cannot_be_deleted(emu: Any) -> None:
     client, name = ec2(), f"pg-{uuid.uuid4().hex[:8]}"
     client.create_placement_group(GroupName=name, Strategy="cluster")
-    image = client.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(client)
     iid = client.run_instances(
         ImageId=image, InstanceType="c5n.large", MinCount=1, MaxCount=1, Placement={"GroupName": name}
     )["Instances"][0]["InstanceId"]
@@ -133,7 +134,7 @@ def test_the_gang_network_lets_in_only_its_members_and_goes_after_the_instances(
     assert placement["Strategy"] == "cluster"
 
     # a node of the gang, launched into both (and tagged with the run key, as every instance is)
-    image = client.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(client)
     node = client.run_instances(
         ImageId=image,
         InstanceType="c5n.large",

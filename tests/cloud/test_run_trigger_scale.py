@@ -28,6 +28,7 @@ from airflow_cloudtrain.agent.logs import LogStreamer
 from airflow_cloudtrain.agent.status import StatusWriter
 from airflow_cloudtrain.contract import runs
 from airflow_cloudtrain.core.records import LaunchRecord
+from airflow_cloudtrain.emulator.aws.images import an_image
 from airflow_cloudtrain.storage import open_run_folder
 from airflow_cloudtrain.triggers import instances, run, run_index
 from airflow_cloudtrain.triggers.run import RunTrigger
@@ -37,7 +38,7 @@ BUCKET = "s3://cloudtrain-emulated/scale-tests"
 
 def plain_instances(n: int) -> list[str]:
     ec2 = boto3.client("ec2")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     found = ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=n, MaxCount=n)
     return [i["InstanceId"] for i in found["Instances"]]
 

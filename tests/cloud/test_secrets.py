@@ -24,6 +24,7 @@ import pytest
 from dag_helpers import start_first_try, task_states, write_dag, xcom
 
 from airflow_cloudtrain.contract.runs import RunKey
+from airflow_cloudtrain.emulator.aws.images import an_image
 from airflow_cloudtrain.storage import open_run_folder
 
 CLOUD = {"aws": "ec2", "gcp": "gcloud"}
@@ -368,7 +369,7 @@ def test_a_deferred_task_killed_releases_the_run_s_secrets_with_its_instance(emu
     from airflow_cloudtrain.triggers.run import RunTrigger
 
     ec2 = boto3.client("ec2")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     iid = ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=1, MaxCount=1)["Instances"][0][
         "InstanceId"
     ]

@@ -8,11 +8,13 @@ import boto3
 import pytest
 from dag_helpers import task_states, write_dag
 
+from airflow_cloudtrain.emulator.aws.images import an_image
+
 
 def plain_instance() -> str:
     """An instance that is not ours (no cloudtrain tags): the emulator leaves it alone."""
     ec2 = boto3.client("ec2")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     return ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=1, MaxCount=1)["Instances"][0][
         "InstanceId"
     ]

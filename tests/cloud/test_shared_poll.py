@@ -8,13 +8,14 @@ from contextlib import aclosing
 import boto3
 
 from airflow_cloudtrain.core.records import LaunchRecord
+from airflow_cloudtrain.emulator.aws.images import an_image
 from airflow_cloudtrain.triggers.instances import InstanceStateTrigger
 from airflow_cloudtrain.triggers.run import RunTrigger
 
 
 def plain_instances(n: int) -> list[str]:
     ec2 = boto3.client("ec2")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     return [
         i["InstanceId"]
         for i in ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=n, MaxCount=n)[

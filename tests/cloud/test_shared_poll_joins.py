@@ -23,6 +23,7 @@ import pytest
 from relay import Relay, relay
 from test_run_trigger_scale import Agent
 
+from airflow_cloudtrain.emulator.aws.images import an_image
 from airflow_cloudtrain.triggers.instances import InstanceStateTrigger
 from airflow_cloudtrain.triggers.queue_depth import QueueDepthTrigger
 
@@ -71,7 +72,7 @@ def slow_aws(emu, monkeypatch) -> Iterator[Any]:
 
 def test_instance_triggers_joining_during_a_slow_describe(emu, slow_aws) -> None:
     ec2 = boto3.client("ec2")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     found = ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=12, MaxCount=12)
     ids = [i["InstanceId"] for i in found["Instances"]]
     r = slow_aws(r"DescribeInstances")
@@ -121,7 +122,7 @@ def test_run_triggers_recreated_during_a_slow_listing_never_call_a_beating_run_l
     never asked for a run's entry would read as "the agent never reported" (caught only by the
     run-folder check, with a false warning that the instance cannot write to the live index)."""
     ec2 = boto3.client("ec2")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     found = ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=8, MaxCount=8)
     ids = [i["InstanceId"] for i in found["Instances"]]
     agents = [Agent(i) for i in ids]

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from dag_helpers import task_states, write_dag, xcom
 
+from airflow_cloudtrain.emulator.aws.images import an_image
+
 JOBS = str(Path(__file__).resolve().parents[1] / "cloud" / "jobs")
 VERTEX_CODE = str(Path(__file__).resolve().parents[2] / "example_dags" / "mlengine_code")
 DEADLINE_S = 300.0  # a loaded machine boots an emulated instance slowly; the wait ends at the condition
@@ -182,7 +184,7 @@ def test_sensors_whose_condition_holds_return_without_deferring(emu, airflow_db,
     import boto3
 
     ec2, sqs = boto3.client("ec2"), boto3.client("sqs")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     iid = ec2.run_instances(ImageId=image, InstanceType="t3.micro", MinCount=1, MaxCount=1)["Instances"][0][
         "InstanceId"
     ]
