@@ -27,7 +27,8 @@ What a fork changes, and why it does not matter here:
 
 ``CLOUDTRAIN_EMULATOR_FORK_AGENTS=0`` starts every agent cold, to tell a fork's effect from the product's.
 
-Protocol, JSON lines: the client writes ``{"module", "args", "env", "cwd", "log"}`` on stdin and gets
+Protocol, JSON lines: the client writes ``{"module", "args", "env", "cwd", "log"}`` (and ``"stderr"``, a
+file of its own for the child's stderr, else the log takes both) on stdin and gets
 ``{"started": pid}`` (or ``{"error": text}``) on the stdout the parent was started with; every child's
 end comes as ``{"pid": pid, "returncode": rc}`` (``rc`` as ``subprocess`` gives it). When stdin closes
 the parent exits; children still running are left to whoever stopped the emulator (the runner kills
@@ -173,9 +174,19 @@ class AgentForkServer:
         return ""
 
     def spawn(
-        self, module: str, args: list[str], env: dict[str, str], cwd: str | None, log_path: Path
+        self,
+        module: str,
+        args: list[str],
+        env: dict[str, str],
+        cwd: str | None,
+        log_path: Path,
+        stderr_path: Path | None = None,
     ) -> ForkedProcess:
+        """``python -m module *args`` forked, its stdout (and its stderr, unless ``stderr_path``) to
+        ``log_path``."""
         request = {"module": module, "args": args, "env": env, "cwd": cwd, "log": str(log_path)}
+        if stderr_path is not None:
+            request["stderr"] = str(stderr_path)
         with self._lock:
             if not self._ready:
                 self._answer(READY_TIMEOUT_S, "ready")
@@ -261,11 +272,16 @@ def run_child(request: dict[str, Any], parents_fds: list[int], in_session: int) 
         os.environ.update(request["env"])
         null = os.open(os.devnull, os.O_RDONLY)
         out = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        err = (
+            os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            if "stderr" in request
+            else out
+        )
         os.dup2(null, 0)
         os.dup2(out, 1)
-        os.dup2(out, 2)
-        os.close(null)
-        os.close(out)
+        os.dup2(err, 2)
+        for fd in {null, out, err}:
+            os.close(fd)
         sys.argv = [request["module"], *request["args"]]
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 

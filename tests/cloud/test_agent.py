@@ -27,6 +27,7 @@ from typing import Any
 
 import boto3
 import pytest
+from agent_processes import start_agent
 from waiting import wait_for
 
 from airflow_cloudtrain.agent.jobs import build_job_command, notice_grace
@@ -62,7 +63,7 @@ class Run:
         }
         base = cmd or [sys.executable, "-m", "airflow_cloudtrain.agent"]
         argv = [*base, "--run-uri", self.uri, "--workdir", str(self.tmp / "work"), *args]
-        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = start_agent(argv, REPO, env)
         return self
 
     def wait(self, timeout: float = 120) -> runs.RunStatus:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_processes import AgentProcess, start_agent
 from waiting import wait_for
 
 from airflow_cloudtrain import checkpoint
@@ -88,7 +89,7 @@ class Agent:
         self.iid = f"{prefix}-{uuid.uuid4().hex[:12]}"
         self.folder, self.emu = folder, emu
         self.workdir = tmp / self.iid
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: AgentProcess | None = None
         self.stdout = self.stderr = ""
 
     def start(self) -> Agent:
@@ -100,7 +101,7 @@ class Agent:
         env.pop("PYTHONPATH", None)
         argv = [sys.executable, "-m", "airflow_cloudtrain.agent", "--run-uri", self.folder.uri]
         argv += ["--instance-id", self.iid, "--workdir", str(self.workdir)]
-        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = start_agent(argv, REPO, env)
         return self
 
     def wait(self, timeout: float = 180.0) -> runs.RunStatus:

@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import agent_processes
 import pytest
 
 from airflow_cloudtrain.agent.logs import NOTE_PREFIX
@@ -48,7 +49,7 @@ def run_agent(
     argv += ["--workdir", str(tmp / iid)]
     started = time.monotonic()
     try:
-        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+        done = agent_processes.run_agent(argv, REPO, env, timeout=240)
     except subprocess.TimeoutExpired as err:
         pytest.fail(f"the agent did not finish in 240 s: {str(err.stderr)[-3000:]}")
     took = time.monotonic() - started

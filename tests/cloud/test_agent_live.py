@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from agent_processes import AgentProcess, start_agent
 from waiting import wait_for
 
 from airflow_cloudtrain.agent.logs import NOTE_PREFIX
@@ -115,7 +116,7 @@ class Run:
         fields = {**FAST, "live_uri": self.live_uri if live else None, **spec}
         self.spec = runs.RunSpec(run_id="ct-live", run_uri=self.uri, cloud=cloud, **fields)
         self.folder.put_text(runs.SPEC_KEY, self.spec.to_json())
-        self.proc: subprocess.Popen[bytes] | None = None
+        self.proc: AgentProcess | None = None
 
     @property
     def beacon_uri(self) -> str:
@@ -131,7 +132,7 @@ class Run:
         argv = [sys.executable, "-m", "airflow_cloudtrain.agent", "--run-uri", self.uri]
         argv += ["--instance-id", self.iid, "--workdir", str(self.tmp / "work")]
         env = {**os.environ, **self.env()}
-        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = start_agent(argv, REPO, env)
         return self
 
     def wait(self, timeout: float = 180.0) -> runs.RunStatus:

@@ -30,6 +30,7 @@ from typing import Any
 
 import boto3
 import pytest
+from agent_processes import start_agent
 from waiting import wait_for
 
 from airflow_cloudtrain.agent.queue_pubsub import (
@@ -132,7 +133,7 @@ class Worker:
         argv += ["--instance-id", self.iid, "--workdir", str(fleet.tmp / self.iid)]
         if poweroff is not None:
             argv += ["--poweroff", f"touch '{poweroff}'"]
-        self.proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = start_agent(argv, REPO, env)
         self.stderr = ""
 
     def wait(self, timeout: float = 120.0) -> WorkerRecord:

@@ -56,6 +56,17 @@ def test_a_forked_child_gets_its_argv_cwd_environment_session_and_log(
     assert second == "to stderr"  # stdout and stderr both in the log
 
 
+def test_a_child_given_a_stderr_file_writes_its_stderr_there_and_its_stdout_to_the_log(
+    server: AgentForkServer, tmp_path: Path
+) -> None:
+    """As ``Popen(stdout=PIPE, stderr=PIPE)`` keeps them apart (the tests' own agents, ``agent_processes``)."""
+    log, errors = tmp_path / "agent.log", tmp_path / "agent.err"
+    child = server.spawn("zygote_probe", ["0"], {}, None, log, stderr_path=errors)
+    assert child.wait(timeout=120) == 0
+    assert [json.loads(line)["argv"] for line in log.read_text().splitlines()] == [["0"]]
+    assert errors.read_text() == "to stderr\n"
+
+
 def test_a_killed_childs_group_ends_and_is_reported_as_killed(
     server: AgentForkServer, tmp_path: Path
 ) -> None:
