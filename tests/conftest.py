@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from airflow_rehome import rehome as _rehome
 from api_calls_hook import _api_calls  # noqa: F401  (each operator run's calls vs the permission documents)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,6 +72,9 @@ os.environ["AIRFLOW__DAG_PROCESSOR__DAG_BUNDLE_CONFIG_LIST"] = json.dumps(
         {"name": "example-dags", "classpath": _LOCAL_BUNDLE, "kwargs": {"path": str(ROOT / "example_dags")}},
     ]
 )
+# A worker forked from the warm parent (``worker_zygote``) has Airflow imported with the controller's
+# home: it moves to this worker's now, before any test module or fixture reads Airflow's settings
+_rehome(os.environ["AIRFLOW_HOME"])
 
 
 @pytest.fixture(autouse=True)

@@ -3,13 +3,16 @@ per worker (``worker_fork`` asks for it).
 
 Why: each of ``make test``'s six workers imported the same libraries before its first test (the
 Google clients' generated messages, moto's EC2, libcst, SQLAlchemy, FastAPI and Cadwyn: about 7
-CPU-seconds each), all six at once at the start, on two cores. Forked from a parent that imported
-them, a worker only imports what is its own (Airflow, after ``conftest`` set its Airflow home).
+CPU-seconds each), then Airflow and the in-process Execution API (about 8 more), all six at once at
+the start, on two cores. Forked from a parent that did it once, a worker starts warm.
 
-What may be imported here: only libraries that read nothing of the worker's own settings at import
-(no Airflow, nothing of ours that imports it: checked before the first fork), and no thread or
-connection is made (checked before every fork). Objects are moved to the collector's permanent
-generation before forking, so the pages they sit on stay shared.
+What may be imported here: libraries that read nothing of the worker's own settings at import, and
+Airflow with what a worker prepares for its ``dag.test()`` runs (``try_zygote.warm``: our operators,
+the in-process Execution API and its routers), imported with the controller's Airflow home, which
+each fork replaces with its own before anything reads it (``airflow_rehome``, called by ``conftest``;
+``CLOUDTRAIN_TEST_PRELOAD_AIRFLOW=0``: the workers import Airflow themselves). No thread or connection
+is made (checked before every fork). Objects are moved to the collector's permanent generation before
+forking, so the pages they sit on stay shared.
 
 The fork becomes what ``python -u -c CODE`` would have started: the asker's stdin, stdout and
 stderr, environment, working directory, ``sys.argv``, ``sys.path[0] == ""``, a fresh ``__main__``;
@@ -65,12 +68,21 @@ PRELOAD = (
 )
 
 
+AIRFLOW_SETTING = "CLOUDTRAIN_TEST_PRELOAD_AIRFLOW"  # "0": the workers import Airflow themselves
+
+
 def preload() -> None:
     for name in PRELOAD:
         importlib.import_module(name)
-    leaked = sorted(m for m in sys.modules if m == "airflow" or m.startswith("airflow."))
-    if leaked:
-        raise RuntimeError(f"the warm parent imported Airflow, which reads its home at import: {leaked[:5]}")
+    if os.environ.get(AIRFLOW_SETTING, "1") != "0":
+        # Airflow, our operators and the in-process Execution API, as each worker's first tries' parent
+        # prepares them (``try_zygote.warm``), with the controller's Airflow home: each fork moves to its
+        # own before anything reads it (``airflow_rehome``, from ``conftest``)
+        import try_zygote  # beside this script, sys.path[0]
+
+        path = list(sys.path)
+        try_zygote.warm()
+        sys.path[:] = path  # a fork's path is what ``python -c`` has (``become``)
     gc.collect()
     gc.freeze()
 

@@ -239,6 +239,9 @@ def _find_rank(
     ranks: list[str] | None = None
     rank = spec.node_rank
     if rank is None:
+        # A relaunched gang shares the run folder with the gang before it, whose ranks stay there until
+        # the operator publishes this gang's, right after its launch: an agent up before that reads the
+        # old ranks, which do not name it, and waits for its own (up to the gang's timeout)
         while True:
             try:
                 text = folder.get_text(gang.RANKS_KEY)
@@ -246,16 +249,22 @@ def _find_rank(
                 note(f"gang: reading {gang.RANKS_KEY} failed ({type(err).__name__}: {err}); retrying")
                 text = None
             if text:
-                ranks = gang.parse_ranks(text)
-                break
+                seen = gang.parse_ranks(text)
+                if instance_id in seen:
+                    ranks = seen
+                    break
+                if ranks != seen:
+                    note(f"gang: {gang.RANKS_KEY} does not name {instance_id} (an earlier gang's?); waiting")
+                ranks = seen
             if stop := should_stop():
                 return None, None, (stop.state, None, stop.message)
             if clock() >= deadline:
-                message = f"gang barrier: no {gang.RANKS_KEY} after {spec.gang_timeout_s:g} s"
+                if ranks is not None:
+                    message = f"gang barrier: {instance_id} is not a node of {ranks} after {spec.gang_timeout_s:g} s"
+                else:
+                    message = f"gang barrier: no {gang.RANKS_KEY} after {spec.gang_timeout_s:g} s"
                 return None, None, (runs.FAILED, None, message)
             time.sleep(POLL_S)
-        if instance_id not in ranks:
-            return None, None, (runs.FAILED, None, f"gang barrier: {instance_id} is not a node of {ranks}")
         if len(ranks) != n:
             message = f"gang barrier: {len(ranks)} node(s) ranked, num_nodes is {n}"
             return None, None, (runs.FAILED, None, message)
