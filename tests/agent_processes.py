@@ -9,7 +9,8 @@ environment and working directory; what differs from a cold start is said in ``e
 
 ``start_agent`` returns what these tests used of ``subprocess.Popen(argv, stdout=PIPE, stderr=PIPE)``:
 ``pid``, ``returncode``, ``poll``, ``wait``, ``communicate`` (bytes, read from the files the fork wrote
-once it ended), ``send_signal``, ``terminate``, ``kill``. A command that is not ``python -m`` the agent
+once it ended), ``send_signal``, ``terminate``, ``kill``. A fork's ``/proc/<pid>/cmdline`` is its
+parent's, so what finds agents by their command line asks here too (``kill_naming``). A command that is not ``python -m`` the agent
 (a test's own wrapper) or ``CLOUDTRAIN_EMULATOR_FORK_AGENTS=0`` starts it as ``Popen`` did.
 """
 
@@ -107,6 +108,16 @@ def run_agent(
         raise subprocess.TimeoutExpired(argv, timeout, output=out.decode(), stderr=err.decode()) from expired
     assert proc.returncode is not None
     return subprocess.CompletedProcess(argv, proc.returncode, out.decode(), err.decode())
+
+
+def kill_naming(needle: str) -> None:
+    """SIGKILL the forked agents whose command line contains ``needle``: what a search of
+    ``/proc/<pid>/cmdline`` finds of a cold one (``test_agent_checkpoints.reap``), where a fork shows
+    its parent's command line instead of its own."""
+    with _lock:
+        named = [a for a in _started if needle in "\0".join(a.args)]
+    for agent in named:
+        agent.kill()
 
 
 @atexit.register

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_processes import AgentProcess, start_agent
+from agent_processes import AgentProcess, kill_naming, start_agent
 from waiting import wait_for
 
 from airflow_cloudtrain import checkpoint
@@ -157,6 +157,7 @@ def reap(tmp: Path) -> None:
     """SIGKILL every agent and job process whose command line or environment names ``tmp`` (their
     workdirs are below it; a job runs in its own session): a failed test leaves nothing running."""
     needle = (str(tmp) + "/").encode()  # "test_x1/" is not a prefix of "test_x10/"
+    kill_naming(needle.decode())  # the forked agents (``agent_processes``): their cmdline is their parent's
     for pid in [p for p in os.listdir("/proc") if p.isdigit() and int(p) != os.getpid()]:
         try:
             found = needle in Path(f"/proc/{pid}/cmdline").read_bytes()
