@@ -10,8 +10,9 @@ environment and working directory; what differs from a cold start is said in ``e
 ``start_agent`` returns what these tests used of ``subprocess.Popen(argv, stdout=PIPE, stderr=PIPE)``:
 ``pid``, ``returncode``, ``poll``, ``wait``, ``communicate`` (bytes, read from the files the fork wrote
 once it ended), ``send_signal``, ``terminate``, ``kill``. A fork's ``/proc/<pid>/cmdline`` is its
-parent's, so what finds agents by their command line asks here too (``kill_naming``). A command that is not ``python -m`` the agent
-(a test's own wrapper) or ``CLOUDTRAIN_EMULATOR_FORK_AGENTS=0`` starts it as ``Popen`` did.
+parent's, so what finds agents by their command line asks here too (``kill_naming``). A command that
+is not ``python -m`` the agent (a test's own wrapper) or ``CLOUDTRAIN_EMULATOR_FORK_AGENTS=0`` starts
+it as ``Popen`` did.
 """
 
 from __future__ import annotations
@@ -76,9 +77,7 @@ class ForkedAgent:
 AgentProcess = ForkedAgent | subprocess.Popen[bytes]
 
 
-def start_agent(
-    argv: list[str], cwd: Path | str, env: dict[str, str]
-) -> ForkedAgent | subprocess.Popen[bytes]:
+def start_agent(argv: list[str], cwd: Path | str, env: dict[str, str]) -> AgentProcess:
     """``subprocess.Popen(argv, cwd=cwd, env=env, stdout=PIPE, stderr=PIPE)``, forked when it can be."""
     module = module_of(argv)
     if module is None or not forking_enabled():
