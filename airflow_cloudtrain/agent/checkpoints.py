@@ -9,11 +9,14 @@ job has ended, also after an interruption notice or the agent's SIGTERM stopped 
    writing (``/proc``); a layout complete by its names (a rename, a marker, a state file written
    last) needs only to be closed, so it goes up without waiting. After the
    job was killed (a signal, not its own exit) a file it had open for writing when last seen alive
-   (a round's look, or ``job_stopping``'s right before the agent signals it) is taken as torn, and
-   so is a file written in place that it changed in its last ``TORN_WINDOW_S``
-   (a layout complete by its names, a rename or a state file written last, is not; a step-named
-   file is, since its name cannot tell a rename from ``torch.save`` to the final name); the version
-   the run folder has stays.
+   is taken as torn, and so is a file written in place that it changed after that look: nothing
+   tells whether such a write finished (a layout complete by its names, a rename or a state file
+   written last, is not; a step-named file is, since its name cannot tell a rename from
+   ``torch.save`` to the final name); the version the run folder has stays. The looks at a live
+   job: one when it starts, each round's, ``job_stopping``'s right before the agent's SIGTERM, and
+   one with the job frozen (SIGSTOP) right before the agent's SIGKILL, which is therefore exact. A
+   kill from outside (the kernel's OOM killer, a crash) is judged by the last round's look: a save
+   finished after it is given up for the version before, never guessed whole.
 2. **Plan** (``contract.checkpoint_layouts.plan``): the newest complete checkpoint of each framework
    layout (TensorFlow, Lightning, Orbax, Hugging Face, our step names) and, with snapshots on, every
    other stable file.
@@ -60,7 +63,6 @@ STAGING_PREFIX = ".cloudtrain-restore-"
 UPLOAD_PREFIX = ".cloudtrain-upload-"  # the hard links a round uploads from (see ``_pin``)
 OURS = (STAGING_PREFIX, UPLOAD_PREFIX)  # our own folders in the checkpoint directory: never looked at
 SETTLE_S = 1.0  # between the two looks of a round
-TORN_WINDOW_S = 2.0  # a killed job's files changed this close to its end are taken as torn
 KEEP_VERSIONS = 2  # complete versions kept in the run folder: the newest, and one to fall back to
 # a gang whose every rank keeps its own (``checkpoint_ranks="all"``): more, so that a rank whose
 # uploads lag a few saves behind the others still shares a step with them (``agent.gang.common_steps``)
@@ -220,14 +222,17 @@ class CheckpointSync:
         return runs.join(self.folder.uri, runs.checkpoint_prefix(version))
 
     def job_started(self, pid: int) -> None:
-        """The job's process: a look is trusted only if the job was still alive after it."""
+        """The job's process: a look is trusted only if the job was still alive after it. The first
+        look at the live job is taken now: what the restore put there, or an earlier job left, is not
+        the killed job's write."""
         self._job_pid = pid
+        self.job_stopping()
 
     def job_stopping(self) -> None:
-        """The agent is about to signal the job (a notice, a stop, max runtime): the last look while it
-        is alive is taken now. What it has open for writing at this moment is what a kill may tear; a
-        write it finished after the last round's look (Hugging Face's ``trainer_state.json`` of the
-        step just saved) is complete, not torn."""
+        """A look at the live job, taken by the agent before it signals the job (a notice, a stop, max
+        runtime; again with the job frozen before the SIGKILL) and when the job starts. What it has
+        open for writing at this moment is what a kill may tear; a write it finished after the last
+        round's look (Hugging Face's ``trainer_state.json`` of the step just saved) is complete."""
         taken = time.monotonic()
         seen, writing = look(self.local_dir), open_for_writing(self.local_dir)
         if self._job_pid is None or process_alive(self._job_pid):
@@ -248,8 +253,8 @@ class CheckpointSync:
         self, settle: bool
     ) -> tuple[dict[str, Look], Callable[[str], bool], Callable[[str], bool], Callable[[str], bool]]:
         """A look; what is stable (it agrees with the one before, not open for writing, not torn),
-        what is closed (not open for writing, not torn open) and what the killed job changed in its
-        last moments. ``settle``: the look before is taken ``settle_s`` earlier (else it is the
+        what is closed (not open for writing, not torn open) and what the killed job changed after it
+        was last seen alive. ``settle``: the look before is taken ``settle_s`` earlier (else it is the
         previous round's, which is all a layout complete by its names needs: no wait)."""
         taken = time.monotonic()
         if settle:
@@ -273,22 +278,21 @@ class CheckpointSync:
             self._remember_alive(taken, second, writing)
         self._previous_look = second
         torn_open: set[str] = set()  # open for writing the last time the killed job was seen alive
-        torn_recent: set[str] = set()  # changed by the killed job in its last moments
+        torn_unseen: set[str] = set()  # changed by the killed job after that: a write maybe unfinished
         if self._ended is not None and self._ended[1]:
-            end = self._ended[0]
             for rel, seen in second.items():
                 if rel in self._job_writing:
                     torn_open.add(rel)
-                elif self._job_look.get(rel) != seen and seen.mtime_ns >= (end - TORN_WINDOW_S) * 1e9:
-                    torn_recent.add(rel)
+                elif self._job_look.get(rel) != seen:
+                    torn_unseen.add(rel)
 
         def closed(rel: str) -> bool:  # enough for a layout complete by its names (rename, state file)
             return rel not in writing and rel not in torn_open
 
         def stable(rel: str) -> bool:  # what a file written in place needs
-            return first.get(rel) == second.get(rel) and closed(rel) and rel not in torn_recent
+            return first.get(rel) == second.get(rel) and closed(rel) and rel not in torn_unseen
 
-        return second, stable, closed, torn_recent.__contains__
+        return second, stable, closed, torn_unseen.__contains__
 
     # -- upload ------------------------------------------------------------------------------------
     def sync(self) -> int | None:

@@ -208,7 +208,9 @@ def run_process(
     ``on_exit(killed)`` is called as soon as the process is gone: whether a signal ended it (the
     agent's SIGKILL, or one it did not handle), which may have left a file half-written.
     ``on_stopping()`` is called just before the job gets its SIGTERM (the checkpoint sync's last look
-    at a live job); an error there never holds the stop back.
+    at a live job), and again just before the SIGKILL after the grace period, with the job's process
+    group frozen (SIGSTOP) so that what it has open for writing then is exactly what the kill tears;
+    an error there never holds the stop back.
     """
     proc = subprocess.Popen(
         argv,
@@ -241,6 +243,14 @@ def run_process(
     stop: StopRequest | None = None
     kill_at = float("inf")
     escalated = False
+
+    def last_look() -> None:
+        if on_stopping is not None:
+            try:
+                on_stopping()
+            except Exception as err:  # the stop matters more than the look
+                log.warning("before stopping the job: %s: %s", type(err).__name__, err)
+
     while True:
         try:
             returncode = proc.wait(timeout=tick)
@@ -250,14 +260,12 @@ def run_process(
         if stop is None:
             stop = should_stop()
             if stop is not None:
-                if on_stopping is not None:
-                    try:
-                        on_stopping()
-                    except Exception as err:  # the stop matters more than the look
-                        log.warning("before stopping the job: %s: %s", type(err).__name__, err)
+                last_look()
                 _signal_group(proc.pid, signal.SIGTERM)
                 kill_at = time.monotonic() + max(0.0, stop.grace_s)
         elif time.monotonic() >= kill_at:
+            _signal_group(proc.pid, signal.SIGSTOP)  # frozen: nothing it writes changes under the look
+            last_look()
             _signal_group(proc.pid, signal.SIGKILL)
             kill_at = float("inf")
             escalated = True

@@ -13,9 +13,9 @@ runs to the end. Checked:
 - the step it resumes from is the manifest's step (layouts with steps) and a step the job had
   completely saved (it printed ``saved N`` after the save returned);
 - it is the newest such step, except where the agent deliberately keeps the previous version: a file
-  written in place (Lightning's ``.ckpt`` files, ``checkpoint.pt``) that the killed job changed in
-  its last ``TORN_WINDOW_S`` is taken as torn, so the step must then be at least the newest one saved
-  before that window.
+  written in place (Lightning's ``.ckpt`` files, ``checkpoint.pt``) that the killed job changed after
+  the agent's last look at the live job is taken as torn, so the step must then be at least the
+  newest one saved before the last sync round that ended before the kill began.
 
 Prints (and writes to ``--out``) a table: framework, the names written (in order of first sight,
 steps generalised), versions uploaded, resumed step, result; and what ``plan`` left out.
@@ -39,12 +39,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Job, MemoryFolder, SyncLoop, Watcher, new_sync, reap_on_exit, table  # noqa: E402
 
-from airflow_cloudtrain.agent.checkpoints import TORN_WINDOW_S  # noqa: E402
 from airflow_cloudtrain.contract import runs  # noqa: E402
 
 JOBS = Path(__file__).resolve().parent / "framework_jobs.py"
 FRAMEWORKS = ["lightning", "huggingface", "orbax", "dcp", "torchsave"]
-IN_PLACE = {"lightning", "torchsave"}  # written in place: the torn window applies
+IN_PLACE = {"lightning", "torchsave"}  # written in place: a write after the last live look is torn
 NO_STEP = {"torchsave"}  # a snapshot of loose files: the manifest has no step
 SIGNALS = {"lightning": signal.SIGTERM}  # the rest: SIGKILL
 
@@ -82,6 +81,7 @@ def check(framework: str, work: Path, rng: random.Random, steps: int, every: int
     watcher, loop = Watcher(ckpt), SyncLoop(sync, 0.3)
     watcher.start()
     job = Job(cmd, log)
+    sync.job_started(job.proc.pid)  # as the agent: a look is trusted only while the job is alive
     loop.start()
     # a random point after the second save, before the last one
     target = rng.randint(2, max(2, steps // every - 3))
@@ -93,6 +93,7 @@ def check(framework: str, work: Path, rng: random.Random, steps: int, every: int
         return row
     time.sleep(rng.uniform(0, every * step_s))
     sig = SIGNALS.get(framework, signal.SIGKILL)
+    killed_at = time.time()
     os.killpg(job.proc.pid, sig)
     job.finish(60)
     ended = time.time()
@@ -130,12 +131,15 @@ def check(framework: str, work: Path, rng: random.Random, steps: int, every: int
     row["resumed"] = starts[0] if starts else None
     row["new_names"] = [n for n in watcher2.names() if n not in row["names"]]
     done = resumed.ints(r"^done (\d+)")
-    judge(row, saves, ended, done, steps)
+    looked = max((b for b, e in loop.spans if e < killed_at), default=float("-inf"))
+    judge(row, saves, looked, done, steps)
     return row
 
 
-def judge(row: dict, saves: list[tuple[int, float]], ended: float, done: list[int], steps: int) -> None:
-    """What a user would check after the relaunch; every failed check is a problem in the row."""
+def judge(row: dict, saves: list[tuple[int, float]], looked: float, done: list[int], steps: int) -> None:
+    """What a user would check after the relaunch; every failed check is a problem in the row.
+    ``looked``: when the last sync round that ended before the kill began (it saw every save that
+    had finished by then, with the job alive)."""
     problems = row["problems"]
     framework, got = row["framework"], row["resumed"]
     if row["resume_rc"] != 0 or got is None:
@@ -152,13 +156,12 @@ def judge(row: dict, saves: list[tuple[int, float]], ended: float, done: list[in
     if got not in [s for s, _ in saves]:
         problems.append(f"resumed from {got}, which the job never completely saved ({row['saved']})")
     newest = max((s for s, _ in saves), default=None)
-    # the newest save the agent cannot take as torn: finished before the killed job's last window
-    margin = 0.5  # the save's print comes a little after its file's mtime
-    safe = max((s for s, t in saves if t < ended - TORN_WINDOW_S - margin), default=None)
+    # the newest save the agent cannot take as torn: finished before a round's look at the live job
+    safe = max((s for s, t in saves if t < looked), default=None)
     row["newest_saved"], row["newest_safe"] = newest, safe
     if framework in IN_PLACE:
         if got is not None and safe is not None and got < safe:
-            problems.append(f"resumed from {got}, older than {safe} saved before the torn window")
+            problems.append(f"resumed from {got}, older than {safe}, which a round saw whole")
     elif got != newest:
         problems.append(f"resumed from {got}, not the newest complete save {newest}")
     row["result"] = "FAIL" if problems else "ok"

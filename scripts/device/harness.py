@@ -87,14 +87,17 @@ class SyncLoop(threading.Thread):
         self.sync, self.interval = sync, interval
         self.errors: list[str] = []
         self.rounds = 0
+        self.spans: list[tuple[float, float]] = []  # (began, ended) of every round, wall clock
         self._halt = threading.Event()
 
     def run(self) -> None:
         while not self._halt.is_set():
+            began = time.time()
             try:
                 self.sync.sync()
             except Exception as err:  # reported in the table: the agent must not fail here
                 self.errors.append(f"{type(err).__name__}: {err}")
+            self.spans.append((began, time.time()))
             self.rounds += 1
             self._halt.wait(self.interval)
 
