@@ -265,8 +265,10 @@ def run_process(
                 kill_at = time.monotonic() + max(0.0, stop.grace_s)
         elif time.monotonic() >= kill_at:
             _signal_group(proc.pid, signal.SIGSTOP)  # frozen: nothing it writes changes under the look
-            last_look()
-            _signal_group(proc.pid, signal.SIGKILL)
+            try:
+                last_look()
+            finally:  # never leave the job frozen, whatever interrupts the agent here
+                _signal_group(proc.pid, signal.SIGKILL)
             kill_at = float("inf")
             escalated = True
     if on_exit is not None:
