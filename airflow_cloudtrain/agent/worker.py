@@ -11,6 +11,7 @@ status, checkpoints (restored before the job, synced during and after it) and re
   and a heartbeat thread renews the lease every ``heartbeat_s`` while the item runs, so a long item
   stays with its worker while a worker that vanished (spot reclaim, crash) loses its item to another
   worker within ``lease_s``. A failed renewal is only logged: correctness does not depend on it.
+  How close a lease came to running out is measured (``LeaseGaps``) and kept in the worker's record.
 - Exactly one result per item: the first writer of ``outcomes/<id>.json`` wins. A worker checks for
   an outcome when it receives the item (already there: the message is deleted, nothing runs) and
   again before writing its own; a run that finished after the item had its result writes
@@ -111,6 +112,24 @@ def out_of_group(err: BaseException) -> bool:
     return getattr(err, "code", None) == 404  # google.api_core NotFound
 
 
+class LeaseGaps:
+    """How long an item's lease went, at most, without a call reaching the queue: from the start of
+    one call (the receive, a renewal) to the end of the next (a renewal, the ack). The queue restarts
+    the lease when it gets a call, and both of those moments lie inside that span, so a longest span
+    under ``lease_s`` means the lease never ran out; one over it (a starved machine, a slow queue)
+    means another worker may have run the item too."""
+
+    def __init__(self, since: float) -> None:
+        self.since = since  # the start of the last call (monotonic)
+        self.longest = 0.0
+
+    def call(self, fn: Callable[[], object]) -> None:
+        began = time.monotonic()
+        fn()
+        self.longest = max(self.longest, time.monotonic() - self.since)
+        self.since = began
+
+
 class Worker:
     """Takes items from the queue and runs each in an ``Agent`` until the queue stays empty."""
 
@@ -196,6 +215,7 @@ class Worker:
         while True:
             if self._stopping():
                 return INTERRUPTED
+            asked = time.monotonic()
             try:
                 lease = self.queue.receive()
             except QueueGone as err:
@@ -220,7 +240,7 @@ class Worker:
                 self._release(lease)
                 return INTERRUPTED
             try:
-                go_on = self._handle(lease)
+                go_on = self._handle(lease, LeaseGaps(asked))
             except Exception:
                 log.exception("item of message %s failed in the worker; releasing it", lease.message_id)
                 self._release(lease)
@@ -229,7 +249,7 @@ class Worker:
             if not go_on:
                 return INTERRUPTED
 
-    def _handle(self, lease: Lease) -> bool:
+    def _handle(self, lease: Lease, gaps: LeaseGaps) -> bool:
         """Run one leased item to its end; whether to take more work."""
         settings = self.settings
         try:
@@ -276,7 +296,10 @@ class Worker:
             if self._signal is not None:  # came just before: the item stops at once, as a notice
                 agent.stop_for_signal(self._signal)
         lease_chore = Periodic(
-            "lease", settings.heartbeat_s, lambda: self.queue.extend(lease), run_first=False
+            "lease",
+            settings.heartbeat_s,
+            lambda: gaps.call(lambda: self.queue.extend(lease)),
+            run_first=False,
         )
         interval = self.lease.interval_s
         fleet_lease = Periodic(
@@ -314,8 +337,10 @@ class Worker:
         )
         if state == runs.SUCCEEDED:
             self._record_outcome(outcome)
-            self.queue.done(lease)
+            gaps.call(lambda: self.queue.done(lease))
+            self._note_gaps(item_id, gaps)
             return True
+        self._note_gaps(item_id, gaps)
         if state == runs.INTERRUPTED:  # stopped by a notice / SIGTERM, checkpoint synced: send it again
             self.queue.requeue(lease, workqueue.encode_message(item_id, text, interruptions + 1))
             return False
@@ -327,6 +352,19 @@ class Worker:
         else:
             self._release(lease)
         return True
+
+    def _note_gaps(self, item_id: str, gaps: LeaseGaps) -> None:
+        """Keep the longest gap in the record; say when it was longer than the lease."""
+        longest = round(gaps.longest, 3)
+        self.record.longest_lease_gap_s = max(self.record.longest_lease_gap_s or 0.0, longest)
+        if longest > self.settings.lease_s:
+            log.warning(
+                "item %s: its lease went up to %.1f s without a call reaching the queue (lease %s s): "
+                "another worker may have run it too (its result is a duplicate)",
+                item_id,
+                longest,
+                self.settings.lease_s,
+            )
 
     # -- stopping ------------------------------------------------------------------------------------
     def stop_for_signal(self, name: str) -> None:

@@ -167,6 +167,9 @@ class WorkerRecord:
     items: list[str] = field(default_factory=list)  # attempts run here
     updated_at: float | None = None
     ended_at: float | None = None
+    # the longest an item's lease went without a call reaching the queue, at most (``agent.worker.
+    # LeaseGaps``): over the fleet's lease_s, another worker may have run that item too
+    longest_lease_gap_s: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
