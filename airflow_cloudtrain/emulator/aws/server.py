@@ -32,7 +32,16 @@ from collections import Counter
 from typing import Any
 
 from airflow_cloudtrain.emulator import calls
-from airflow_cloudtrain.emulator.aws import backend, bigkeys, groups, placement, pricing, ranges, wire
+from airflow_cloudtrain.emulator.aws import (
+    backend,
+    bigkeys,
+    groups,
+    placement,
+    pricing,
+    ranges,
+    sqs_receive,
+    wire,
+)
 from airflow_cloudtrain.emulator.faults import Throttle, is_own
 from airflow_cloudtrain.emulator.serving import InThread, keep_alive_handler
 
@@ -262,6 +271,7 @@ class MotoServer:
         from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
         _cache_moto_lookups()
+        sqs_receive.one_receive_at_a_time()  # one message never goes to two workers at once
         self.middleware = FaultsAndCounts(DomainDispatcherApplication(create_backend_app), throttle)
         self._serving: InThread | None = None
 
