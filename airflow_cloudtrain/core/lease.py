@@ -16,6 +16,7 @@ record and the same interval.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -31,7 +32,9 @@ log = logging.getLogger(__name__)
 class LeaseRenewer:
     """Rewrites one run folder's ``lease.json`` (``by`` names the watcher) when due.
 
-    ``orphan_timeout_s`` None: the run has no lease, ``renew`` writes nothing."""
+    ``orphan_timeout_s`` None: the run has no lease, ``renew`` writes nothing. Safe to share between
+    threads: one renewal at a time, so an older lease never lands over a newer one (two writes racing
+    to the store end with whichever finishes last) and a renewal just made is not made again."""
 
     def __init__(
         self,
@@ -49,6 +52,7 @@ class LeaseRenewer:
         self.renewed_at: float | None = None  # the last successful write
         self.writes = 0
         self._failing = False
+        self._renewing = threading.Lock()
 
     def folder(self) -> RunFolder:
         return self._folder() if callable(self._folder) else self._folder
@@ -61,7 +65,13 @@ class LeaseRenewer:
 
     def renew(self, force: bool = False) -> bool:
         """Write the lease when due (``force``: now); whether it was written. Never raises."""
-        if self.orphan_timeout_s is None or not (force or self.due()):
+        if self.orphan_timeout_s is None:
+            return False
+        with self._renewing:
+            return self._renew(force)
+
+    def _renew(self, force: bool) -> bool:
+        if not (force or self.due()):
             return False
         now = self.clock()
         record = Lease(renewed_at=now, orphan_timeout_s=self.orphan_timeout_s, by=self.by)

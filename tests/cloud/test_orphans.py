@@ -149,7 +149,12 @@ def test_a_run_nobody_watches_ends_itself(emu, airflow_db, capsys, tmp_path: Pat
     folder = _folder(dag_id, when)
     lease = Lease.from_json(folder.get_text(LEASE_KEY) or "")  # written before the launch
     assert lease.orphan_timeout_s == TIMEOUT_S and lease.by == "worker"
-    assert _status(folder).state == "running"  # the job runs on: nobody will renew its lease
+    # the job runs on: nobody will renew its lease (on a loaded machine the agent may have ended it
+    # already: the lease was renewed last up to a third of the 6 s timeout before the task died)
+    first = _status(folder)
+    assert first is not None and (
+        first.state == "running" or (first.message or "").startswith("orphaned: ")
+    ), first
 
     record = Orphaned.from_json(wait_for(lambda: folder.get_text(ORPHANED_KEY), message="orphaned.json"))
     assert record.ended_by == "agent"

@@ -131,6 +131,35 @@ def test_a_watcher_renews_at_most_every_renew_interval_and_survives_errors() -> 
     assert LeaseRenewer(cast(RunFolder, folder), None, "worker").renew(force=True) is False
 
 
+def test_two_threads_renewing_at_once_never_land_an_older_lease_over_a_newer_one() -> None:
+    """A wait's poll and another thread of the same watcher renew at the same moment; the store keeps
+    whichever write finishes last. One renewal at a time: the second finds the lease just renewed."""
+    entered, release = threading.Event(), threading.Event()
+
+    class SlowFolder(MemoryFolder):
+        def put_text(self, key: str, text: str) -> None:
+            if not entered.is_set():  # the first write is held in the store until the second asks
+                entered.set()
+                release.wait(60)
+            super().put_text(key, text)
+
+    folder, clock = SlowFolder(), Clock()
+    renewer = LeaseRenewer(cast(RunFolder, folder), 6.0, "worker", clock=clock)
+    first = threading.Thread(target=renewer.renew)
+    first.start()
+    assert entered.wait(60)
+    clock.now = T0 + 0.01  # the other thread's renewal, a moment later
+    second_result: list[bool] = []
+    second = threading.Thread(target=lambda: second_result.append(renewer.renew()))
+    second.start()
+    release.set()
+    first.join()
+    second.join()
+    assert second_result == [False]  # it waited for the first, which had just renewed
+    assert folder.puts == [LEASE_KEY]
+    assert Lease.from_json(folder.objects[LEASE_KEY]).renewed_at == renewer.renewed_at == T0
+
+
 def test_read_orphaned_says_what_the_agent_recorded() -> None:
     folder = MemoryFolder()
     assert read_orphaned(cast(RunFolder, folder)) is None
