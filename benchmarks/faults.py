@@ -435,10 +435,11 @@ class Sampler:
     """Samples the run's live instances through the cloud's API every half second, and plays the
     cloud-side faults that need a live instance (interruptions)."""
 
-    def __init__(self, s: Scenario, digest: str) -> None:
+    def __init__(self, s: Scenario, digest: str, folder: Any = None) -> None:
         from airflow_cloudtrain.clouds.registry import backend_for
 
         self.s, self.digest = s, digest
+        self.folder = folder  # the run folder: agent_crash waits for the agent's report there
         cloud = s.cloud if s.cloud != "vertex" else "gcspot"
         self.cloud = backend_for(cloud, region=REGION[s.provider]).cloud
         self.seen: set[str] = set()
@@ -466,10 +467,16 @@ class Sampler:
             self.quiet_since = None if alive else (self.quiet_since or now)
             for inst in running:
                 first_seen.setdefault(inst.id, now)
-            if AGENT_CRASH in self.s.faults and not self.crashed:  # once an agent has run a few seconds
-                # (its job started), it dies; its machine runs on
+            if AGENT_CRASH in self.s.faults and not self.crashed:  # once an agent has reported its job
+                # running (and run a few seconds), it dies; its machine runs on. Killed before its first
+                # report, it would be a bootstrap that never reported: startup_timeout's case, not the
+                # heartbeat watchdog's (a loaded machine's agent took more than 3 s to report: s900)
                 agents = _EMU.runner.pids()
-                ready = [i.id for i in running if i.id in agents and now - first_seen[i.id] > 3.0]
+                ready = [
+                    i.id
+                    for i in running
+                    if i.id in agents and now - first_seen[i.id] > 3.0 and self._job_running(i.id)
+                ]
                 if ready:
                     _EMU.crash_agent(ready[0])
                     self.crashed.append(ready[0])
@@ -477,6 +484,18 @@ class Sampler:
                 fault = pending.pop(0)
                 _EMU.interrupt(running[0].id, notice_s=2.0 if fault == "preempt_notice" else 0.0)
                 self.preempted.append(running[0].id)
+
+    def _job_running(self, instance_id: str) -> bool:
+        """The instance's agent has reported its job running (no folder given: assumed)."""
+        if self.folder is None:
+            return True
+        from airflow_cloudtrain.contract.runs import RunStatus, status_key
+
+        try:
+            raw = self.folder.get_text(status_key(instance_id))
+        except Exception:  # throttled: the next sample asks again
+            return False
+        return bool(raw) and RunStatus.from_json(raw).state == "running"
 
     def nothing_runs(self, for_s: float = 5.0) -> bool:
         """Every instance of the run seen has ended, and no sample saw one alive for ``for_s``: nothing
@@ -596,7 +615,7 @@ def _play(s: Scenario, out: Outcome) -> None:
         if s.writes_at_s < 0:  # from before the first try: the operator's first write is refused
             _EMU.fail_writes(folder.uri + "/", 1.0, WRITES_SIDES[s.writes_side], s.seed, _writes_kind(s))
         window.start()
-    with Sampler(s, key.digest) as sampler:
+    with Sampler(s, key.digest, folder) as sampler:
         state, log = _try(s, path, when, kill, 1)
         out.tries.append(state)
         if state == "killed" and kill not in ("lease_lapse", MARKED_FAILED):  # the task's retry
