@@ -226,13 +226,17 @@ class CheckpointSync:
         look at the live job is taken now: what the restore put there, or an earlier job left, is not
         the killed job's write."""
         self._job_pid = pid
-        self.job_stopping()
+        self._look_alive()
 
     def job_stopping(self) -> None:
-        """A look at the live job, taken by the agent before it signals the job (a notice, a stop, max
-        runtime; again with the job frozen before the SIGKILL) and when the job starts. What it has
-        open for writing at this moment is what a kill may tear; a write it finished after the last
-        round's look (Hugging Face's ``trainer_state.json`` of the step just saved) is complete."""
+        """The agent is about to signal the job (a notice, a stop, max runtime; again with the job
+        frozen before the SIGKILL): a last look at it alive. What it has open for writing at this
+        moment is what a kill may tear; a write it finished after the last round's look (Hugging
+        Face's ``trainer_state.json`` of the step just saved) is complete."""
+        self._look_alive()
+
+    def _look_alive(self) -> None:
+        """Look now, and keep the look if the job was still alive after it."""
         taken = time.monotonic()
         seen, writing = look(self.local_dir), open_for_writing(self.local_dir)
         if self._job_pid is None or process_alive(self._job_pid):

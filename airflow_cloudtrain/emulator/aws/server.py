@@ -234,9 +234,6 @@ def _tags_by_resource_id() -> None:
     the same list in the same order (``describe_tags`` yields a resource's tags in its table's order,
     and its id filter is an exact match: ``fnmatch`` pattern, ids have no wildcard). Applied only to the
     moto code it was checked against (digests above); other versions keep moto's own."""
-    import hashlib
-    import inspect
-
     from moto.ec2.models import core, tags
     from moto.ec2.utils import EC2_PREFIX_TO_RESOURCE, get_prefix
 
@@ -244,10 +241,10 @@ def _tags_by_resource_id() -> None:
     if getattr(scan, "by_id", False):
         return
     found = {
-        "TaggedEC2Resource.get_tags": inspect.getsource(scan),
-        "TagBackend.describe_tags": inspect.getsource(tags.TagBackend.describe_tags),
+        "TaggedEC2Resource.get_tags": bigkeys.source_digest(scan),
+        "TagBackend.describe_tags": bigkeys.source_digest(tags.TagBackend.describe_tags),
     }
-    if any(hashlib.sha256(code.encode()).hexdigest() != _TAG_CODE[name] for name, code in found.items()):
+    if found != _TAG_CODE:
         return
 
     def get_tags(self: Any) -> list[dict[str, str]]:

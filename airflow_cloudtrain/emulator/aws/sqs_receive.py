@@ -16,10 +16,10 @@ against (digests below); other versions keep moto's own.
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import threading
 from typing import Any
+
+from airflow_cloudtrain.emulator.aws.bigkeys import source_digest
 
 # sha256 of inspect.getsource(...) of the moto 5.2.5 code this module wraps
 _CODE = {
@@ -39,7 +39,7 @@ def one_receive_at_a_time() -> bool:
     if getattr(receive, "one_at_a_time", False):
         return True
     found: dict[str, Any] = {"SQSBackend.receive_message": receive, "Queue.wait_for_messages": wait}
-    if any(hashlib.sha256(inspect.getsource(fn).encode()).hexdigest() != _CODE[n] for n, fn in found.items()):
+    if any(source_digest(fn) != _CODE[name] for name, fn in found.items()):
         return False
 
     def receive_message(self: Any, *args: Any, **kwargs: Any) -> Any:
