@@ -121,6 +121,9 @@ def production_env(settings: Mapping[str, str]) -> dict[str, str]:
         "AIRFLOW__CELERY__RESULT_BACKEND": f"db+postgresql+psycopg2://{db}",
         # two workers share two cores here: eight slots each is what a blocking run or two leaves room for
         "AIRFLOW__CELERY__WORKER_CONCURRENCY": "8",
+        # warm workers: the provider and the cloud SDKs imported once per worker, before its pool forks
+        # (airflow_cloudtrain.worker_warmup: a task process no longer imports them itself)
+        "AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": "airflow_cloudtrain.celery_config.CELERY_CONFIG",
     }
 
 

@@ -254,6 +254,7 @@ def _running_jobs(emulator: Any) -> list[dict[str, Any]]:
 # is measured (``make test PYTEST_ARGS="--durations=0"`` of 2026-11-28): the files by their longest test,
 # then by their tests' total time; the order inside a file is kept.
 HEAVY_FIRST = (
+    "tests/deployment/test_production.py",
     "tests/deployment/test_ui_page.py",
     "tests/cloud/test_budget_stop.py",
     "tests/deployment/",

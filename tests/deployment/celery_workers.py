@@ -2,14 +2,14 @@
 worker lost with its whole process tree, and where the retry ran (``tests/deployment/test_production.py``).
 
 A lost machine does not come back, but ``cloudtrain up`` restarts a killed worker at once (its
-supervisor restarts any process that dies), under the same Celery name, consuming the same queue: left
-alone, the retry would land on whichever of the two workers asks Redis first. So the kill is staged
-the way an operator drains a machine: the DAG is paused before the kill (the scheduler queues no task
-of a paused DAG, so no retry can be sent yet), the restarted worker is told to stop consuming the
-queue once it answers (Celery's remote control: what ``airflow celery remove-queue`` sends), and only
-then is the DAG resumed. The retry can then only go to the other worker; each worker's own output
+supervisor restarts any process that dies), under the same Celery name: left alone, a retry would land
+on whichever worker asks Redis first. So the test routes work the way an operator of such a deployment
+does, with Celery queues: the two blocking DAGs' tasks go to a queue of their own (``PINNED``), which
+only the worker to be killed consumes (Celery's remote control: what ``airflow celery add-queue`` and
+``remove-queue`` send), and that worker takes nothing else. Once it is killed, the other worker is told
+to consume ``PINNED``; the restarted one consumes only what its command line names (the default queue),
+so every retry of a pinned task can only go to the other worker. Each worker's own output
 (``logs/<name>.out``: Celery's "Executing workload" line names the try's id) says where each try ran.
-Afterwards the restarted worker takes work again.
 """
 
 from __future__ import annotations
@@ -17,16 +17,15 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import psutil
-from deployment_helpers import Api, Up
+from deployment_helpers import Up
 from waiting import wait_for
 
 from airflow_cloudtrain.cli_up_production import WORKERS, production_settings
 
-QUEUE = "default"  # [operators] default_queue: the one queue both workers consume
+DEFAULT = "default"  # [operators] default_queue: the queue every worker consumes from its start
 CONTROL_TIMEOUT_S = 10.0  # how long a remote-control call waits for the workers' replies (then asked again)
 
 
@@ -41,46 +40,27 @@ def process_by_output(up: Up, name: str) -> psutil.Process:
     raise AssertionError(f"no {name} under cloudtrain up")
 
 
-def task_process(up: Up, ti_id: str) -> psutil.Process | None:
-    """The process running task instance ``ti_id`` in a Celery worker (titled ``airflow worker -- <id>``)."""
-    for proc in up.children():
-        with contextlib.suppress(psutil.Error):
-            if " ".join(proc.cmdline()).startswith(f"airflow worker -- {ti_id}"):
-                return proc
-    return None
-
-
-def worker_of(up: Up, proc: psutil.Process) -> str:
-    """Which of ``cloudtrain up``'s workers ``proc`` runs under (its session's ``<name>.out``)."""
-    leader = os.getsid(proc.pid)
-    for name in WORKERS:
-        if process_by_output(up, name).pid == leader:
-            return name
-    raise AssertionError(f"{proc.pid} runs under no worker")
+def output(up: Up, name: str) -> str:
+    """What ``cloudtrain up``'s process ``name`` wrote (its restarts append to the same file)."""
+    return (up.home / "logs" / f"{name}.out").read_text(errors="replace")
 
 
 def ran_in(up: Up, ti_id: str) -> list[str]:
     """The workers whose output says they executed try ``ti_id`` (a killed worker's restarts write to
     the same file, so a try that ran under any incarnation of it counts there)."""
-    found = []
-    for name in WORKERS:
-        out = (up.home / "logs" / f"{name}.out").read_text(errors="replace")
-        if any("Executing workload" in line and ti_id in line for line in out.splitlines()):
-            found.append(name)
-    return found
+    return [
+        name
+        for name in WORKERS
+        if any("Executing workload" in line and ti_id in line for line in output(up, name).splitlines())
+    ]
 
 
-def set_paused(api: Api, dag_id: str, paused: bool) -> None:
-    """Pause or resume ``dag_id`` (new DAGs start paused); asked again until the api-server answers."""
-
-    def patch() -> bool:
-        try:
-            api.call("PATCH", f"/dags/{dag_id}", {"is_paused": paused})
-            return True
-        except OSError:  # a timeout, a refused or reset connection
-            return False
-
-    wait_for(patch, timeout=300, interval=2, message=f"{dag_id} is_paused={paused}")
+def kill_tree(proc: psutil.Process) -> None:
+    """SIGKILL ``proc`` and every process under it (a Celery worker, its pool, the tasks), as a lost
+    machine would."""
+    for each in [*proc.children(recursive=True), proc]:
+        with contextlib.suppress(psutil.Error):
+            each.kill()
 
 
 @contextlib.contextmanager
@@ -96,7 +76,7 @@ def celery_control(up: Up) -> Iterator[Any]:
         app.close()
 
 
-def _celery_name(control: Any, name: str) -> str | None:
+def celery_name(control: Any, name: str) -> str | None:
     """The Celery name (``worker-1@<host>``) of ``cloudtrain up``'s worker ``name``, once it answers."""
     replies = control.ping(timeout=CONTROL_TIMEOUT_S) or []
     names = [host for reply in replies for host in reply if host.startswith(f"{name}@")]
@@ -109,53 +89,27 @@ def _queues(control: Any, hostname: str) -> list[str] | None:
     return [q["name"] for q in found[hostname]] if hostname in found else None
 
 
-def _consuming(control: Any, hostname: str, wanted: bool) -> bool:
-    """Ask ``hostname`` to start (``wanted``) or stop consuming QUEUE; whether it now does as asked."""
+def consume(control: Any, hostname: str, queue: str, wanted: bool) -> bool:
+    """Ask ``hostname`` to start (``wanted``) or stop consuming ``queue``; whether it now does as asked
+    (for ``wait_for`` to ask again until it does)."""
     if wanted:
-        control.add_consumer(QUEUE, destination=[hostname], reply=True, timeout=CONTROL_TIMEOUT_S)
+        control.add_consumer(queue, destination=[hostname], reply=True, timeout=CONTROL_TIMEOUT_S)
     else:
-        control.cancel_consumer(QUEUE, destination=[hostname], reply=True, timeout=CONTROL_TIMEOUT_S)
+        control.cancel_consumer(queue, destination=[hostname], reply=True, timeout=CONTROL_TIMEOUT_S)
     queues = _queues(control, hostname)
-    return queues is not None and (QUEUE in queues) == wanted
+    return queues is not None and (queue in queues) == wanted
 
 
-@dataclass
-class Kill:
-    killed: str  # the worker SIGKILLed while it ran the task
-    other: str  # the only worker the retry can go to
-    first_try: str  # the killed try's task instance id
-
-
-@contextlib.contextmanager
-def worker_killed_retry_elsewhere(up: Up, api: Api, dag_id: str, run_id: str, task_id: str) -> Iterator[Kill]:
-    """SIGKILL the worker running ``task_id``'s try with its whole process tree (the Celery worker, its
-    pool, the task), as a lost machine would; yield once the retry can only go to the other worker (see
-    the module's docstring); on the way out, the restarted worker consumes the queue again."""
-    first_try = str(api.task(dag_id, run_id, task_id)["id"])
-    task = wait_for(lambda: task_process(up, first_try), timeout=60, interval=1, message="its task's process")
-    killed = worker_of(up, task)
-    other = next(name for name in WORKERS if name != killed)
-    worker = process_by_output(up, killed)
-    set_paused(api, dag_id, True)  # before the kill: no retry is queued until the restarted worker is out
-    try:
-        for proc in [*worker.children(recursive=True), worker]:
-            with contextlib.suppress(psutil.Error):
-                proc.kill()
-        with celery_control(up) as control:
-            hostname = wait_for(
-                lambda: _celery_name(control, killed),
-                timeout=600,
-                interval=2,
-                message=f"cloudtrain up's restarted {killed} to answer Celery's ping",
-            )
-            assert process_by_output(up, killed).pid != worker.pid  # it is the restarted one that answers
+def route(up: Up, worker: str, queues: dict[str, bool]) -> None:
+    """Make ``cloudtrain up``'s ``worker`` consume (True) or not (False) each of ``queues``."""
+    with celery_control(up) as control:
+        hostname = wait_for(
+            lambda: celery_name(control, worker), timeout=300, interval=2, message=f"{worker} to answer"
+        )
+        for queue, wanted in queues.items():
             wait_for(
-                lambda: _consuming(control, hostname, False), timeout=300, interval=2, message="its drain"
+                lambda q=queue, w=wanted: consume(control, hostname, q, w),
+                timeout=300,
+                interval=2,
+                message=f"{worker} consuming {queue}={wanted}",
             )
-            set_paused(api, dag_id, False)
-            try:
-                yield Kill(killed, other, first_try)
-            finally:
-                wait_for(lambda: _consuming(control, hostname, True), timeout=300, interval=2)
-    finally:
-        set_paused(api, dag_id, False)

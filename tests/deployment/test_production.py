@@ -1,18 +1,18 @@
 """The provider in a production-shaped Airflow: ``cloudtrain up --production`` (PostgreSQL, Redis,
-CeleryExecutor with two workers, two triggerers), started once for the module (once per xdist worker
-that runs its cases), driven through the REST API and signals as an operator of such a deployment
-would, and stopped as Ctrl-C stops it at the end (the fixture checks that stop: exit status 0, nothing
-left running).
+CeleryExecutor with two warm workers, two triggerers), driven through the REST API, Celery's remote
+control and signals as an operator of such a deployment would, and stopped as Ctrl-C stops it at the
+end (exit status 0, nothing left running).
 
-Every case is in ``make faults`` (docs/testing.md: the deployment's start and runs are a tenth of
-``make test`` on 2 cores). 16 and 40 deferred runs of mixed operators (CloudTrainOperator and
-CheckpointResumeOperator on both clouds, a sensor) spread over both triggerers, one triggerer
-SIGKILLed mid-run: every run ends well, no instance launched twice, nothing left. A Celery worker
-SIGKILLed (its whole process tree, as a lost machine) during a blocking CheckpointResumeOperator run,
-and during a blocking SpotFleetOperator sweep: the retry runs on the other worker (``celery_workers``:
-how the restarted worker is kept out of the way) and adopts the same instance, or re-attaches to the
-same group. PostgreSQL and Redis come from the machine's packages: ``cloudtrain up --production``
-installs them with apt-get when they are missing (CI runs as root).
+One case, in ``make test``, on one deployment (its start is most of the cost, and every fault below
+happens at once, as on a bad day): 40 deferred runs of mixed operators (CloudTrainOperator and
+CheckpointResumeOperator on both clouds, a deferrable sensor) spread over both triggerers, while a
+blocking CheckpointResumeOperator run and a blocking SpotFleetOperator sweep run on the worker that is
+then lost. One triggerer and that Celery worker (its whole process tree) are SIGKILLed together:
+Airflow moves the dead triggerer's triggers to a live one, every deferred run ends well and no
+instance is launched twice; the blocking run's retry runs on the other worker and adopts the same
+instance; the sweep's retry runs on the other worker and re-attaches to the same group, every item
+done once; nothing is left on either cloud. PostgreSQL and Redis come from the machine's packages:
+``cloudtrain up --production`` installs them with apt-get when they are missing (CI runs as root).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from celery_workers import process_by_output, ran_in, set_paused, worker_killed_retry_elsewhere
+from celery_workers import DEFAULT, kill_tree, output, process_by_output, ran_in, route
 from dag_helpers import fleet_nothing_left
 from deployment_helpers import Api, Deployment, Up
 from waiting import wait_for
@@ -44,24 +44,21 @@ SETTINGS = {
     # each triggerer takes at most 12 triggers: of 16 (or 40) runs, both must hold some whatever their
     # timing; with 40, the rest wait in the table for a free slot
     "AIRFLOW__TRIGGERER__CAPACITY": "12",
-    # a task whose worker was killed is failed (and retried) after 120 s without a heartbeat, not 300 s
-    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "120",
+    # a task whose worker was killed is failed (and retried) after 60 s without a heartbeat, not 300 s
+    # (a live task's supervisor heartbeats every few seconds: a loaded machine is far from missing 60)
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
 }
-# (dag, cloud) -> how many runs
-MIX_16 = {
-    ("prod_train", "ec2"): 5,
-    ("prod_train", "gcloud"): 4,
-    ("prod_resume", "ec2spot"): 3,
-    ("prod_resume", "gcspot"): 2,
-    ("prod_sensor", "ec2"): 2,
-}
-MIX_40 = {
+# (dag, cloud) -> how many deferred runs
+MIX = {
     ("prod_train", "ec2"): 12,
     ("prod_train", "gcloud"): 10,
     ("prod_resume", "ec2spot"): 8,
     ("prod_resume", "gcspot"): 6,
     ("prod_sensor", "ec2"): 4,
 }
+PINNED = "pinned"  # the blocking DAGs' queue (production_dags/prod_dags.py): the killed worker's alone
+LOST, OTHER = WORKERS  # the worker lost mid-run, and the one every retry must go to
+FLEET_ITEMS = 3  # prod_fleet's items: the first runs to its end, the others hold until released
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +78,7 @@ def prod() -> Iterator[Deployment]:
         )
         for dag_id in DAG_IDS:
             wait_for(lambda d=dag_id: _has_dag(api, d), timeout=300, interval=1.0, message=f"{dag_id} parsed")
-            set_paused(api, dag_id, False)  # new DAGs start paused
+            _unpause(api, dag_id)  # new DAGs start paused
         yield Deployment(up, api)
         # after the module's cases (not inside one: they share this deployment), Ctrl-C's stop
         assert up.stop() == 0, up.stderr()[-3000:]
@@ -191,71 +188,31 @@ def _xcom(api: Api, dag_id: str, run_id: str, task_id: str = "train") -> Any:
     return wait_for(lambda: _patient(lambda: api.xcom(dag_id, run_id, task_id)), timeout=300, interval=2)
 
 
-def _mixed_runs(api: Api, mix: dict[tuple[str, str], int]) -> list[tuple[str, str, str]]:
-    # long enough that the kill lands while most runs are deferred, short enough for make test
+def _unpause(api: Api, dag_id: str) -> None:
+    def patch() -> bool:
+        try:
+            api.call("PATCH", f"/dags/{dag_id}", {"is_paused": False})
+            return True
+        except OSError:  # a timeout, a refused or reset connection
+            return False
+
+    wait_for(patch, timeout=300, interval=2, message=f"{dag_id} unpaused")
+
+
+def _mixed_runs(api: Api) -> list[tuple[str, str, str]]:
+    # long enough that the kill lands while most runs are deferred
     command = "echo start-$((1+1)); sleep 45; echo end-$((2+2))"
     runs = []
-    total = sum(mix.values())
-    for (dag_id, cloud), count in mix.items():
+    for (dag_id, cloud), count in MIX.items():
         for k in range(count):
-            run_id = _trigger(api, dag_id, f"mix{total}-{cloud}-{k}", {"cloud": cloud, "command": command})
-            runs.append((dag_id, cloud, run_id))
+            runs.append(
+                (
+                    dag_id,
+                    cloud,
+                    _trigger(api, dag_id, f"mix-{cloud}-{k}", {"cloud": cloud, "command": command}),
+                )
+            )
     return runs
-
-
-@pytest.mark.timeout(
-    3600
-)  # one start of the deployment, the runs on two shared cores; each wait has its deadline
-@pytest.mark.parametrize(
-    # the whole deployment's start and 16 runs cost ~220 CPU-seconds: a campaign, in make faults
-    "mix",
-    [
-        pytest.param(MIX_16, id="16", marks=pytest.mark.faults),
-        pytest.param(MIX_40, id="40", marks=pytest.mark.faults),
-    ],
-)
-def test_deferred_runs_over_two_triggerers_one_killed(
-    prod: Deployment, mix: dict[tuple[str, str], int]
-) -> None:
-    up, api = prod.up, prod.api
-    assert (
-        set(production_settings(up.home.resolve())) and (up.home / PROD_ENV_FILE).stat().st_mode & 0o077 == 0
-    )
-    for name in (*TRIGGERERS, *WORKERS):
-        process_by_output(up, name)  # all four run
-    runs = _mixed_runs(api, mix)
-    # both triggerers hold triggers (each takes at most 12): then one is killed mid-run
-    held = wait_for(
-        lambda: _both_hold(up), timeout=900, interval=2, message="both triggerers to hold triggers"
-    )
-    noticed = r"airflow triggerer-1 exited with signal SIGKILL.*restarting it"
-    before = len(re.findall(noticed, up.stderr()))  # an earlier case on this deployment killed it too
-    process_by_output(up, TRIGGERERS[0]).send_signal(signal.SIGKILL)  # as a lost machine would
-    wait_for(
-        lambda: len(re.findall(noticed, up.stderr())) > before,
-        timeout=180,
-        interval=1.0,
-        message="cloudtrain up to notice the killed triggerer",
-    )
-    # Airflow hands the dead triggerer's triggers to a live one (the other, or triggerer-1 restarted)
-    wait_for(
-        lambda: _triggers_on_silent_triggerers(up) == 0,
-        timeout=600,
-        interval=2,
-        message=f"the killed triggerer's triggers to move (before the kill: {held})",
-    )
-    ends = {run_id: _wait_run(api, dag_id, run_id, timeout=1500) for dag_id, _, run_id in runs}
-    failed = [r for r in runs if ends[r[2]] != "success"]
-    assert not failed, failed
-    results: dict[str, Any] = {run_id: _xcom(api, dag_id, run_id) for dag_id, _, run_id in runs}
-    assert all(r["exit_code"] == 0 for r in results.values()), results
-    # no instance launched twice: one EC2 instance per run (the emulated EC2 keeps terminated ones)
-    launches = _ec2_launches_per_run(up)
-    ec2_runs = [results[run_id]["run_id"] for _, cloud, run_id in runs if cloud.startswith("ec2")]
-    assert {run: launches[run] for run in ec2_runs} == dict.fromkeys(ec2_runs, 1), launches
-    # nothing left on either cloud, and Airflow's side of it: no trigger row left
-    assert up.running_instances() == []
-    assert _triggers_by_triggerer(up) == {}
 
 
 def _log_lines(api: Api, dag_id: str, run_id: str, task_id: str = "train", try_number: int = 1) -> list[str]:
@@ -264,35 +221,6 @@ def _log_lines(api: Api, dag_id: str, run_id: str, task_id: str = "train", try_n
         return api.log_lines(dag_id, run_id, task_id, try_number)
     except (AssertionError, OSError):  # 404 until the task instance (or that try) exists
         return []
-
-
-@pytest.mark.faults
-@pytest.mark.timeout(1800)
-def test_a_worker_killed_during_a_blocking_run_the_retry_adopts_the_instance(prod: Deployment) -> None:
-    up, api = prod.up, prod.api
-    command = "echo first-$((1+1)); sleep 120; echo done-$((2+2))"
-    run_id = _trigger(api, "prod_blocking", "blocking-1", {"cloud": "ec2spot", "command": command})
-    wait_for(
-        lambda: any("first-2" in line for line in _log_lines(api, "prod_blocking", run_id)),
-        timeout=600,
-        interval=2,
-        message="the job's first line in the blocking task's log",
-    )
-    instances = up.running_instances()
-    assert len(instances) == 1, instances
-    with worker_killed_retry_elsewhere(up, api, "prod_blocking", run_id, "train") as kill:
-        assert _wait_run(api, "prod_blocking", run_id, timeout=1200) == "success"
-    result = _xcom(api, "prod_blocking", run_id)
-    assert result["instance_id"] == instances[0]["id"] and result["exit_code"] == 0, result
-    assert _ec2_launches_per_run(up)[result["run_id"]] == 1  # one launch: the retry adopted it
-    retry = api.task("prod_blocking", run_id, "train")
-    assert retry["try_number"] == 2, retry
-    # the killed try ran in the killed worker, the retry in the other one
-    assert (ran_in(up, kill.first_try), ran_in(up, str(retry["id"]))) == ([kill.killed], [kill.other])
-    assert up.running_instances() == []
-
-
-FLEET_ITEMS = 3  # prod_fleet's items: the first runs to its end, the others hold until released
 
 
 def _found(pattern: str, lines: list[str]) -> str | None:
@@ -318,18 +246,40 @@ def _group_arn(asg: Any, group: str) -> str | None:
     return str(found[0]["AutoScalingGroupARN"]) if found else None
 
 
-@pytest.mark.faults
-@pytest.mark.timeout(1800)
-def test_a_worker_killed_mid_sweep_the_retry_re_attaches_to_the_same_group(
-    prod: Deployment, tmp_path: Path
-) -> None:
+def _try_id(api: Api, dag_id: str, run_id: str, task_id: str) -> str:
+    return str(api.task(dag_id, run_id, task_id)["id"])
+
+
+@pytest.mark.timeout(
+    3600
+)  # one start of the deployment, the runs on two shared cores; each wait has its deadline
+def test_a_bad_day_in_production(prod: Deployment, tmp_path: Path) -> None:
     from airflow_cloudtrain.clouds.aws.fleet import queue_name
 
     up, api = prod.up, prod.api
-    release = tmp_path / "release"  # the held items go on once it exists
-    run_id = _trigger(api, "prod_fleet", "fleet-1", {"release": str(release)})
+    assert (
+        set(production_settings(up.home.resolve())) and (up.home / PROD_ENV_FILE).stat().st_mode & 0o077 == 0
+    )
+    for name in (*TRIGGERERS, *WORKERS):
+        process_by_output(up, name)  # all four run
+    for name in WORKERS:  # warm workers: the provider and the SDKs imported before the pool forks
+        wait_for(lambda n=name: "cloudtrain warm-up:" in output(up, n), timeout=300, message=f"{name} warm")
+    # the worker to be lost takes the two blocking tasks and nothing else
+    route(up, LOST, {PINNED: True, DEFAULT: False})
+
+    # the two blocking runs hold on their instances until the test creates the release file
+    release = tmp_path / "release"
+    held = f"echo first-$((1+1)); until [ -e {release} ]; do sleep 1; done; echo done-$((2+2))"
+    blocking = _trigger(api, "prod_blocking", "blocking-1", {"cloud": "ec2spot", "command": held})
+    fleet = _trigger(api, "prod_fleet", "fleet-1", {"release": str(release)})
+    wait_for(
+        lambda: any("first-2" in line for line in _log_lines(api, "prod_blocking", blocking)),
+        timeout=600,
+        interval=2,
+        message="the blocking job's first line in its task log",
+    )
     group = wait_for(
-        lambda: _found(r"Created group (ct-\S+):", _log_lines(api, "prod_fleet", run_id, "sweep")),
+        lambda: _found(r"Created group (ct-\S+):", _log_lines(api, "prod_fleet", fleet, "sweep")),
         timeout=600,
         interval=2,
         message="the fleet's group in the sweep's log",
@@ -337,39 +287,93 @@ def test_a_worker_killed_mid_sweep_the_retry_re_attaches_to_the_same_group(
     asg, sqs = up.aws("autoscaling"), up.aws("sqs")
     queue_url = sqs.get_queue_url(QueueName=queue_name(group.removeprefix("ct-")))["QueueUrl"]
     wait_for(
-        lambda: _mid_sweep(api, run_id, sqs, queue_url),
+        lambda: _mid_sweep(api, fleet, sqs, queue_url),
         timeout=600,
         interval=2,
         message="one item done and the others in flight",
     )
     arn = _group_arn(asg, group)
     assert arn is not None
-    with worker_killed_retry_elsewhere(up, api, "prod_fleet", run_id, "sweep") as kill:
-        reattached = wait_for(
-            lambda: _found(
-                r"Re-attached to group (ct-\S+)", _log_lines(api, "prod_fleet", run_id, "sweep", 2)
-            ),
-            timeout=900,
-            interval=2,
-            message="the retry to re-attach",
-        )
-        assert (reattached, _group_arn(asg, group)) == (group, arn)  # the same group, not a new one
-        release.touch()  # the items held on the workers since before the kill go on
-        assert _wait_run(api, "prod_fleet", run_id, timeout=900) == "success"
-    result = _xcom(api, "prod_fleet", run_id, "sweep")
-    assert result["group"] == group, result
-    # every item ran once: the in-flight ones went on under the retry's watch, none was sent again
-    assert (result["items_succeeded"], result["items_failed"], result["items_duplicated"]) == (
+    first_tries = {dag: _try_id(api, dag, run, task) for dag, run, task in _BLOCKING(blocking, fleet)}
+    assert {dag: ran_in(up, ti) for dag, ti in first_tries.items()} == dict.fromkeys(first_tries, [LOST])
+
+    runs = _mixed_runs(api)
+    # both triggerers hold triggers (each takes at most 12): then one is lost, and the worker with it
+    before = wait_for(
+        lambda: _both_hold(up), timeout=900, interval=2, message="both triggerers to hold triggers"
+    )
+    noticed = r"airflow triggerer-1 exited with signal SIGKILL.*restarting it"
+    process_by_output(up, TRIGGERERS[0]).send_signal(signal.SIGKILL)
+    kill_tree(process_by_output(up, LOST))
+    route(up, OTHER, {PINNED: True})  # the restarted LOST consumes only the default queue
+    wait_for(
+        lambda: re.search(noticed, up.stderr()),
+        timeout=180,
+        interval=1.0,
+        message="cloudtrain up to notice the killed triggerer",
+    )
+    # Airflow hands the dead triggerer's triggers to a live one (the other, or triggerer-1 restarted)
+    wait_for(
+        lambda: _triggers_on_silent_triggerers(up) == 0,
+        timeout=600,
+        interval=2,
+        message=f"the killed triggerer's triggers to move (before the kill: {before})",
+    )
+    # the retries (after the heartbeat timeout) take over: the same instance, the same group
+    adopted = wait_for(
+        lambda: _found(
+            r"Adopting instance (\S+) launched by an earlier try",
+            _log_lines(api, "prod_blocking", blocking, "train", 2),
+        ),
+        timeout=900,
+        interval=2,
+        message="the blocking run's retry to adopt its instance",
+    )
+    reattached = wait_for(
+        lambda: _found(r"Re-attached to group (ct-\S+)", _log_lines(api, "prod_fleet", fleet, "sweep", 2)),
+        timeout=900,
+        interval=2,
+        message="the sweep's retry to re-attach",
+    )
+    assert (reattached, _group_arn(asg, group)) == (group, arn)  # the same group, not a new one
+    release.touch()  # the held job and items go on, under the retries' watch
+
+    ends = {run_id: _wait_run(api, dag_id, run_id, timeout=1500) for dag_id, _, run_id in runs}
+    ends[blocking] = _wait_run(api, "prod_blocking", blocking, timeout=900)
+    ends[fleet] = _wait_run(api, "prod_fleet", fleet, timeout=900)
+    assert [r for r, state in ends.items() if state != "success"] == []
+    results: dict[str, Any] = {run_id: _xcom(api, dag_id, run_id) for dag_id, _, run_id in runs}
+    assert all(r["exit_code"] == 0 for r in results.values()), results
+    # no instance launched twice: one EC2 instance per run (the emulated EC2 keeps terminated ones)
+    launches = _ec2_launches_per_run(up)
+    ec2_runs = [results[run_id]["run_id"] for _, cloud, run_id in runs if cloud.startswith("ec2")]
+    assert {run: launches[run] for run in ec2_runs} == dict.fromkeys(ec2_runs, 1), launches
+
+    # the blocking run: its retry adopted the instance try 1 launched, and ran on the other worker
+    result = _xcom(api, "prod_blocking", blocking)
+    assert (result["instance_id"], result["exit_code"], launches[result["run_id"]]) == (adopted, 0, 1), result
+    # the sweep: the retry re-attached, every item ran once, one group ever
+    sweep = _xcom(api, "prod_fleet", fleet, "sweep")
+    assert sweep["group"] == group, sweep
+    assert (sweep["items_succeeded"], sweep["items_failed"], sweep["items_duplicated"]) == (
         FLEET_ITEMS,
         [],
         [],
     )
-    assert [item["duplicate_runs"] for item in result["items"]] == [0] * FLEET_ITEMS, result["items"]
-    logs = [_log_lines(api, "prod_fleet", run_id, "sweep", n) for n in (1, 2)]
-    assert [sum("Created group" in line for line in lines) for lines in logs] == [1, 0]  # one group ever
-    retry = api.task("prod_fleet", run_id, "sweep")
-    assert retry["try_number"] == 2, retry
-    assert (ran_in(up, kill.first_try), ran_in(up, str(retry["id"]))) == ([kill.killed], [kill.other])
-    # nothing left: no queue, group, launch template or instance of the run
+    assert [item["duplicate_runs"] for item in sweep["items"]] == [0] * FLEET_ITEMS, sweep["items"]
+    logs = [_log_lines(api, "prod_fleet", fleet, "sweep", n) for n in (1, 2)]
+    assert [sum("Created group" in line for line in lines) for lines in logs] == [1, 0]
+    for dag, run, task in _BLOCKING(blocking, fleet):
+        retry = api.task(dag, run, task)
+        assert retry["try_number"] == 2, retry
+        assert (ran_in(up, first_tries[dag]), ran_in(up, str(retry["id"]))) == ([LOST], [OTHER])
+
+    # nothing left on either cloud, and Airflow's side of it: no trigger row left
     fleet_nothing_left(group.removeprefix("ct-"), up.aws)
     assert up.running_instances() == []
+    assert _triggers_by_triggerer(up) == {}
+
+
+def _BLOCKING(blocking: str, fleet: str) -> list[tuple[str, str, str]]:
+    """(dag, run, task) of the two blocking runs on the lost worker."""
+    return [("prod_blocking", blocking, "train"), ("prod_fleet", fleet, "sweep")]

@@ -45,6 +45,8 @@ FLOORS: list[tuple[str, ...]] = [
         "ui",
         "permissions",
         "cli_permissions",
+        "celery_config",
+        "worker_warmup",
     ),
 ]
 FLOOR = {room: i for i, rooms in enumerate(FLOORS) for room in rooms}

@@ -18,6 +18,8 @@ PARAMS = {
     "command": Param("sleep 5", type="string"),
 }
 ARGS = {"retries": 2, "retry_delay": timedelta(seconds=2)}
+# the two blocking DAGs' tasks go to a queue only the worker the test kills consumes (then the other)
+PINNED = "pinned"
 JOBS = str(Path(__file__).resolve().parents[2] / "cloud" / "jobs")  # item.py, the fleet tests' work item
 # the fleet's items: the first runs to its end; the others hold after their first step until the test
 # creates the run's release file, so the kill always lands with one item done and the rest in flight
@@ -83,6 +85,7 @@ with _dag("prod_blocking"):
         max_runtime="1h",
         poll_interval=1,
         deferrable=False,  # waits in its Celery worker's slot: the case of a worker lost mid-run
+        queue=PINNED,
     )
 
 with _dag("prod_fleet", {"release": Param("/nonexistent", type="string")}):
@@ -105,4 +108,5 @@ with _dag("prod_fleet", {"release": Param("/nonexistent", type="string")}):
         work_items=FLEET_ITEMS,  # templated: each held item's release file comes from the run's conf
         poll_interval=1,
         deferrable=False,  # the sweep waits in its Celery worker's slot: the case of a worker lost mid-sweep
+        queue=PINNED,
     )
