@@ -64,6 +64,13 @@ def _executions(up: Up) -> int:
     )
 
 
+def _parsed(api: Api, dag_id: str) -> bool:
+    try:
+        return bool(api.call("GET", f"/dags/{dag_id}"))
+    except AssertionError:  # 404 until the dag-processor has parsed it
+        return False
+
+
 def arm(config: str | None, runs: int) -> dict[str, Any]:
     base = Path(tempfile.mkdtemp(prefix="cloudtrain-warm-"))
     base.chmod(0o711)  # PostgreSQL runs as the postgres user: its folder must be reachable
@@ -74,7 +81,7 @@ def arm(config: str | None, runs: int) -> dict[str, Any]:
     try:
         up.start()
         api = wait_for(lambda: Api(up, home_secrets(up.home)["password"]), timeout=300, interval=2)
-        wait_for(lambda: api.call("GET", "/dags/prod_train"), timeout=300, interval=1)
+        wait_for(lambda: _parsed(api, "prod_train"), timeout=300, interval=1, message="prod_train parsed")
         api.call("PATCH", "/dags/prod_train", {"is_paused": False})
         before = _worker_trees_cpu(up)
         started = time.monotonic()
