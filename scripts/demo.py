@@ -272,9 +272,9 @@ def summarize_sweep(run, injected: list[dict]) -> bool:
         say(f"  task {ti.task_id:<14} {ti.state}")
     for item in injected:
         say(
-            f"  reclaimed    : worker {item['instance_id']} while it ran trial {item['item_id']} "
-            f"(at step {item['step']}, checkpoint step {item['checkpoint_step']} uploaded; "
-            f"{item['notice_s']:g} s notice)"
+            f"  reclaimed    : worker {item['instance_id']} while it ran trial {item['item_id']}: "
+            f"a {item['notice_s']:g} s notice at step {item['step']}, when its newest uploaded checkpoint "
+            f"was step {item['checkpoint_step']} (the job saves again on the notice's SIGTERM)"
         )
     result = run.get_task_instance("sweep").xcom_pull(task_ids="sweep")
     if not result:
