@@ -20,8 +20,10 @@ WORKER = textwrap.dedent(
     from airflow_cloudtrain.celery_config import CELERY_CONFIG
     app = Celery(config_source=CELERY_CONFIG)
     app.loader.import_default_modules()  # what the worker's start does, in its parent process
+    import gc
     warm = {
         "threads": threading.active_count(),
+        "frozen": gc.get_freeze_count(),
         "loaded": sorted(m for m in ("boto3", "google.cloud.compute_v1", "google.cloud.storage",
             "airflow_cloudtrain.lifecycle.run.engine", "airflow_cloudtrain.clouds.gcp.gce",
             "airflow_cloudtrain.clouds.aws.backend", "airflow_cloudtrain.agent.worker",
@@ -50,6 +52,8 @@ def test_a_warm_worker_has_the_sdks_and_no_thread_and_its_forks_build_clients() 
     warm = json.loads(done.stdout.strip().splitlines()[-1])
     # fork-safe: importing started no thread (a thread's locks would be copied held into the pool)
     assert warm["threads"] == 1, warm
+    # what it imported is frozen: a collection in a fork does not copy the shared pages
+    assert warm["frozen"] > 100_000, warm
     # the engines and both clouds' SDKs; not the instance's agent nor the emulator
     assert warm["loaded"] == [
         "airflow_cloudtrain.clouds.aws.backend",
