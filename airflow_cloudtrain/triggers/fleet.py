@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_cloudtrain.core.retry import TransientBudget
+from airflow_cloudtrain.triggers.handover import killed_by_user
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.core.backend import RunBackend
@@ -123,6 +124,8 @@ class FleetTrigger(BaseTrigger):
 
     async def on_kill(self) -> None:
         """The user killed the deferred task: delete group, template, queues and workers."""
+        if not await killed_by_user(self, self.log):
+            return
         await asyncio.to_thread(self._release)
         self.log.info("Released fleet %s because the task was killed", self.handle.get("run_id"))
 

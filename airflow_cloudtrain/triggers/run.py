@@ -33,6 +33,7 @@ from airflow_cloudtrain.core.records import ERROR, LaunchRecord, Outcome
 from airflow_cloudtrain.core.retry import TransientBudget, call_with_retry
 from airflow_cloudtrain.core.waiting import PROBE_DUE, RunWatch, parse_heartbeat, read_heartbeat
 from airflow_cloudtrain.triggers import shared_poll
+from airflow_cloudtrain.triggers.handover import killed_by_user
 from airflow_cloudtrain.triggers.heap import freeze_long_lived
 from airflow_cloudtrain.triggers.instances import watch_instances
 from airflow_cloudtrain.triggers.leases import BY, LEASES
@@ -498,6 +499,8 @@ class RunTrigger(BaseTrigger):
         The triggerer routes a trigger's lines to the task log only until it reports the trigger
         finished, and that report can overtake a line logged just before it: so what is about to
         happen is said first, while the task log surely still takes it, then the result."""
+        if not await killed_by_user(self, self.log):
+            return
         launch = LaunchRecord.from_dict(self.launch)
         self.log.warning(
             "The task was killed while deferred: terminating instance %s and releasing everything "

@@ -36,6 +36,7 @@ from airflow_cloudtrain.core.lease import LeaseRenewer
 from airflow_cloudtrain.core.retry import TransientBudget
 from airflow_cloudtrain.lifecycle.running_entry import RunningEntry
 from airflow_cloudtrain.triggers import shared_poll
+from airflow_cloudtrain.triggers.handover import killed_by_user
 
 if TYPE_CHECKING:
     from airflow_cloudtrain.clouds.gcp.vertex import VertexJobs
@@ -336,6 +337,8 @@ class VertexJobTrigger(BaseTrigger):
     async def on_kill(self) -> None:
         """The user killed the deferred task (or marked it failed): cancel the job, through the
         run's ledger like every other teardown (the job, and any other job of its run key)."""
+        if not await killed_by_user(self, self.log):
+            return
         cancelled = await asyncio.to_thread(self._cancel)
         index = RunningEntry.from_dict(self.index)
         if index is not None:

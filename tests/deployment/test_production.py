@@ -8,8 +8,10 @@ day; in ``make faults`` (docs/testing.md says why not yet in ``make test``): 40 
 mixed operators (CloudTrainOperator and CheckpointResumeOperator on both clouds, a deferrable sensor)
 spread over both triggerers, while a blocking CheckpointResumeOperator run and a blocking
 SpotFleetOperator sweep run on the worker that is then lost. One triggerer and that Celery worker
-(its whole process tree) are SIGKILLed together: Airflow moves the dead triggerer's triggers to a
-live one, every deferred run ends well and no instance is launched twice; the blocking run's retry runs on the other worker and adopts the same
+(its whole process tree) are SIGKILLed together, and the other triggerer is frozen (SIGSTOP) until
+Airflow has handed both triggerers' triggers to the killed one's restart, then thawed, so that for a
+while two triggerers run the same triggers: every deferred run ends well and no instance is launched
+twice; the blocking run's retry runs on the other worker and adopts the same
 instance; the sweep's retry runs on the other worker and re-attaches to the same group, every item
 done once; nothing is left on either cloud. The example DAGs are served beside the test's own (two
 DAG bundles), and the product's main job (``ec2_train``, ``gce_train``) runs there too. PostgreSQL and
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import re
 import shutil
 import signal
@@ -99,7 +102,8 @@ def prod() -> Iterator[Deployment]:
         assert "Stopped." in up.stdout()
     finally:
         up.kill_everything()
-        shutil.rmtree(base, ignore_errors=True)
+        if not os.environ.get("CLOUDTRAIN_TEST_KEEP_DEPLOYMENT"):  # set: its home stays, logs to read
+            shutil.rmtree(base, ignore_errors=True)
     assert up.left_running() == [], "processes of the deployment left running"
 
 
@@ -142,6 +146,15 @@ def _triggers_on_silent_triggerers(up: Up) -> int:
     sql = (
         "SELECT count(*) FROM trigger t JOIN job j ON t.triggerer_id = j.id "
         "WHERE j.latest_heartbeat < now() - interval '20 seconds'"
+    )
+    return int(_query(up, sql)[0][0])
+
+
+def _silent_triggerers(up: Up) -> int:
+    """Triggerer jobs that have stopped heartbeating (killed, or frozen) but were never ended."""
+    sql = (
+        "SELECT count(*) FROM job WHERE job_type = 'TriggererJob' AND state = 'running' "
+        "AND latest_heartbeat < now() - interval '20 seconds'"
     )
     return int(_query(up, sql)[0][0])
 
@@ -320,22 +333,35 @@ def test_a_bad_day_in_production(prod: Deployment, tmp_path: Path) -> None:
         lambda: _both_hold(up), timeout=900, interval=2, message="both triggerers to hold triggers"
     )
     noticed = r"airflow triggerer-1 exited with signal SIGKILL.*restarting it"
+    frozen = process_by_output(up, TRIGGERERS[1])
     process_by_output(up, TRIGGERERS[0]).send_signal(signal.SIGKILL)
-    kill_tree(process_by_output(up, LOST))
-    route(up, OTHER, {PINNED: True})  # the restarted LOST consumes only the default queue
-    wait_for(
-        lambda: re.search(noticed, up.stderr()),
-        timeout=180,
-        interval=1.0,
-        message="cloudtrain up to notice the killed triggerer",
-    )
-    # Airflow hands the dead triggerer's triggers to a live one (the other, or triggerer-1 restarted)
-    wait_for(
-        lambda: _triggers_on_silent_triggerers(up) == 0,
-        timeout=600,
-        interval=2,
-        message=f"the killed triggerer's triggers to move (before the kill: {before})",
-    )
+    # the other triggerer stalls (a long pause, a frozen VM) past the health check, and comes back
+    # after its triggers were handed over: for a while both it and their new owner run them
+    frozen.send_signal(signal.SIGSTOP)
+    try:
+        kill_tree(process_by_output(up, LOST))
+        route(up, OTHER, {PINNED: True})  # the restarted LOST consumes only the default queue
+        wait_for(
+            lambda: re.search(noticed, up.stderr()),
+            timeout=180,
+            interval=1.0,
+            message="cloudtrain up to notice the killed triggerer",
+        )
+        # Airflow hands the dead and the frozen triggerer's triggers to a live one (triggerer-1 restarted)
+        wait_for(
+            lambda: _silent_triggerers(up) >= 2,
+            timeout=300,
+            interval=2,
+            message="the killed and the frozen triggerer to be silent past the check's 20 s",
+        )
+        wait_for(
+            lambda: _triggers_on_silent_triggerers(up) == 0,
+            timeout=600,
+            interval=2,
+            message=f"the lost triggerers' triggers to move (before: {before})",
+        )
+    finally:
+        frozen.send_signal(signal.SIGCONT)
     # the retries (after the heartbeat timeout) take over: the same instance, the same group
     adopted = wait_for(
         lambda: _found(
