@@ -17,7 +17,6 @@ Each deferred run executes twice on a worker (the start, then ``execute_complete
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 import tempfile
@@ -28,6 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests" / "deployment"), str(ROOT / "tests")]
 
+from celery_workers import process_by_output  # noqa: E402
 from deployment_helpers import Api, Up  # noqa: E402
 from waiting import wait_for  # noqa: E402
 
@@ -44,16 +44,13 @@ def _worker_trees_cpu(up: Up) -> float:
 
     total = 0.0
     for name in WORKERS:
-        want = str((up.home / "logs" / f"{name}.out").resolve())
-        for proc in up.children():
+        worker = process_by_output(up, name)
+        for each in [worker, *worker.children(recursive=True)]:
             try:
-                if proc.pid != os.getsid(proc.pid) or os.readlink(f"/proc/{proc.pid}/fd/1") != want:
-                    continue
-                for each in [proc, *proc.children(recursive=True)]:
-                    t = each.cpu_times()
-                    total += t.user + t.system + t.children_user + t.children_system
-            except (psutil.Error, OSError):
+                t = each.cpu_times()
+            except psutil.Error:  # a task process that ended meanwhile: its parent's children_* has it
                 continue
+            total += t.user + t.system + t.children_user + t.children_system
     return total
 
 
@@ -62,13 +59,6 @@ def _executions(up: Up) -> int:
         (up.home / "logs" / f"{name}.out").read_text(errors="replace").count("Executing workload")
         for name in WORKERS
     )
-
-
-def _parsed(api: Api, dag_id: str) -> bool:
-    try:
-        return bool(api.call("GET", f"/dags/{dag_id}"))
-    except AssertionError:  # 404 until the dag-processor has parsed it
-        return False
 
 
 def arm(config: str | None, runs: int) -> dict[str, Any]:
@@ -81,7 +71,7 @@ def arm(config: str | None, runs: int) -> dict[str, Any]:
     try:
         up.start()
         api = wait_for(lambda: Api(up, home_secrets(up.home)["password"]), timeout=300, interval=2)
-        wait_for(lambda: _parsed(api, "prod_train"), timeout=300, interval=1, message="prod_train parsed")
+        wait_for(lambda: api.has_dag("prod_train"), timeout=300, interval=1, message="prod_train parsed")
         api.call("PATCH", "/dags/prod_train", {"is_paused": False})
         before = _worker_trees_cpu(up)
         started = time.monotonic()

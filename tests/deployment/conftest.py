@@ -20,18 +20,9 @@ def deployment(tmp_path: Path) -> Iterator[Deployment]:
     try:
         up.start()
         api = Api(up, home_secrets(up.home)["password"])
-        wait_for(
-            lambda: _has_dag(api, "ui_train"), timeout=300, interval=1.0, message="ui_train to be parsed"
-        )
+        wait_for(lambda: api.has_dag("ui_train"), timeout=300, interval=1.0, message="ui_train to be parsed")
         api.call("PATCH", "/dags/ui_train", {"is_paused": False})  # new DAGs start paused, as in Airflow
         yield Deployment(up, api)
     finally:
         up.kill_everything()
     assert up.left_running() == [], "processes of the deployment left running"
-
-
-def _has_dag(api: Api, dag_id: str) -> bool:
-    try:
-        return bool(api.call("GET", f"/dags/{dag_id}"))
-    except AssertionError:
-        return False

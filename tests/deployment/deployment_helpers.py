@@ -72,6 +72,13 @@ class Api:
     def run_state(self, dag_id: str, run_id: str) -> str:
         return str(self.call("GET", f"/dags/{dag_id}/dagRuns/{run_id}")["state"])
 
+    def has_dag(self, dag_id: str) -> bool:
+        """Whether the dag-processor has parsed ``dag_id`` yet (404 until then)."""
+        try:
+            return bool(self.call("GET", f"/dags/{dag_id}"))
+        except AssertionError:
+            return False
+
     def task(self, dag_id: str, run_id: str, task_id: str) -> dict[str, Any]:
         return dict(self.call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}"))
 

@@ -94,7 +94,12 @@ def prod() -> Iterator[Deployment]:
             lambda: _patient(lambda: Api(up, password)), timeout=300, interval=2, message="a token"
         )
         for dag_id in DAG_IDS:
-            wait_for(lambda d=dag_id: _has_dag(api, d), timeout=300, interval=1.0, message=f"{dag_id} parsed")
+            wait_for(
+                lambda d=dag_id: _patient(lambda: api.has_dag(d)),
+                timeout=300,
+                interval=1.0,
+                message=f"{dag_id} parsed",
+            )
             _unpause(api, dag_id)  # new DAGs start paused
         yield Deployment(up, api)
         # after the module's cases (not inside one: they share this deployment), Ctrl-C's stop
@@ -105,13 +110,6 @@ def prod() -> Iterator[Deployment]:
         if not os.environ.get("CLOUDTRAIN_TEST_KEEP_DEPLOYMENT"):  # set: its home stays, logs to read
             shutil.rmtree(base, ignore_errors=True)
     assert up.left_running() == [], "processes of the deployment left running"
-
-
-def _has_dag(api: Api, dag_id: str) -> bool:
-    try:
-        return bool(api.call("GET", f"/dags/{dag_id}"))
-    except (AssertionError, OSError):
-        return False
 
 
 def _query(up: Up, sql: str) -> list[tuple[Any, ...]]:
@@ -141,21 +139,19 @@ def _triggers_by_triggerer(up: Up) -> dict[int | None, int]:
     return {row[0]: int(row[1]) for row in rows}
 
 
+# a triggerer job that stopped heartbeating (TEST_SETTINGS: every 3 s; replaced after 15 s)
+SILENT = "j.latest_heartbeat < now() - interval '20 seconds'"
+
+
 def _triggers_on_silent_triggerers(up: Up) -> int:
-    """Triggers still assigned to a triggerer that stopped heartbeating (TEST_SETTINGS: every 3 s)."""
-    sql = (
-        "SELECT count(*) FROM trigger t JOIN job j ON t.triggerer_id = j.id "
-        "WHERE j.latest_heartbeat < now() - interval '20 seconds'"
-    )
+    """Triggers still assigned to a silent triggerer."""
+    sql = f"SELECT count(*) FROM trigger t JOIN job j ON t.triggerer_id = j.id WHERE {SILENT}"
     return int(_query(up, sql)[0][0])
 
 
 def _silent_triggerers(up: Up) -> int:
     """Triggerer jobs that have stopped heartbeating (killed, or frozen) but were never ended."""
-    sql = (
-        "SELECT count(*) FROM job WHERE job_type = 'TriggererJob' AND state = 'running' "
-        "AND latest_heartbeat < now() - interval '20 seconds'"
-    )
+    sql = f"SELECT count(*) FROM job j WHERE j.job_type = 'TriggererJob' AND j.state = 'running' AND {SILENT}"
     return int(_query(up, sql)[0][0])
 
 
@@ -216,14 +212,12 @@ def _xcom(api: Api, dag_id: str, run_id: str, task_id: str = "train") -> Any:
 
 
 def _unpause(api: Api, dag_id: str) -> None:
-    def patch() -> bool:
-        try:
-            api.call("PATCH", f"/dags/{dag_id}", {"is_paused": False})
-            return True
-        except OSError:  # a timeout, a refused or reset connection
-            return False
-
-    wait_for(patch, timeout=300, interval=2, message=f"{dag_id} unpaused")
+    wait_for(
+        lambda: _patient(lambda: api.call("PATCH", f"/dags/{dag_id}", {"is_paused": False})) is not None,
+        timeout=300,
+        interval=2,
+        message=f"{dag_id} unpaused",
+    )
 
 
 def _mixed_runs(api: Api) -> list[tuple[str, str, str]]:
@@ -323,7 +317,8 @@ def test_a_bad_day_in_production(prod: Deployment, tmp_path: Path) -> None:
     )
     arn = _group_arn(asg, group)
     assert arn is not None
-    first_tries = {dag: _try_id(api, dag, run, task) for dag, run, task in _BLOCKING(blocking, fleet)}
+    pinned = [("prod_blocking", blocking, "train"), ("prod_fleet", fleet, "sweep")]  # (dag, run, task)
+    first_tries = {dag: _try_id(api, dag, run, task) for dag, run, task in pinned}
     assert {dag: ran_in(up, ti) for dag, ti in first_tries.items()} == dict.fromkeys(first_tries, [LOST])
 
     runs = _mixed_runs(api)
@@ -409,7 +404,7 @@ def test_a_bad_day_in_production(prod: Deployment, tmp_path: Path) -> None:
     assert [item["duplicate_runs"] for item in sweep["items"]] == [0] * FLEET_ITEMS, sweep["items"]
     logs = [_log_lines(api, "prod_fleet", fleet, "sweep", n) for n in (1, 2)]
     assert [sum("Created group" in line for line in lines) for lines in logs] == [1, 0]
-    for dag, run, task in _BLOCKING(blocking, fleet):
+    for dag, run, task in pinned:
         retry = api.task(dag, run, task)
         assert retry["try_number"] == 2, retry
         assert (ran_in(up, first_tries[dag]), ran_in(up, str(retry["id"]))) == ([LOST], [OTHER])
@@ -418,8 +413,3 @@ def test_a_bad_day_in_production(prod: Deployment, tmp_path: Path) -> None:
     fleet_nothing_left(group.removeprefix("ct-"), up.aws)
     assert up.running_instances() == []
     assert _triggers_by_triggerer(up) == {}
-
-
-def _BLOCKING(blocking: str, fleet: str) -> list[tuple[str, str, str]]:
-    """(dag, run, task) of the two blocking runs on the lost worker."""
-    return [("prod_blocking", blocking, "train"), ("prod_fleet", fleet, "sweep")]

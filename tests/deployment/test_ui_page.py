@@ -97,13 +97,6 @@ def _get(url: str, token: str | None = None) -> tuple[int, Any]:
         return err.code, err.read()
 
 
-def _has_dag(api: Api, dag_id: str) -> bool:
-    try:
-        return bool(api.call("GET", f"/dags/{dag_id}"))
-    except AssertionError:
-        return False
-
-
 def _wait_run(api: Api, dag_id: str, run_id: str) -> str:
     """The run's final state; a REST call the loaded api-server answers too late is asked again."""
 
@@ -135,7 +128,7 @@ def test_the_cloud_training_page_in_a_browser(emu: Any, tmp_path: Path) -> None:
         password = home_secrets(home)["password"]
         api = Api(airflow, password)
         for dag_id in ("retrain_spot", "ui_train"):
-            wait_for(lambda d=dag_id: _has_dag(api, d), timeout=300, interval=1.0, message=f"{dag_id} parsed")
+            wait_for(lambda d=dag_id: api.has_dag(d), timeout=300, interval=1.0, message=f"{dag_id} parsed")
             api.call("PATCH", f"/dags/{dag_id}", {"is_paused": False})
 
         # the plugin is loaded: the nav entry and the task instance tab are what the UI is told to show
