@@ -4,7 +4,7 @@ control and signals as an operator of such a deployment would, and stopped as Ct
 end (exit status 0, nothing left running).
 
 One case on one deployment (its start is most of the cost), every fault below at once, as on a bad
-day; in ``make faults`` (docs/testing.md says why not yet in ``make test``): 40 deferred runs of
+day; in ``make test`` (dealt to a worker first: the longest case): 40 deferred runs of
 mixed operators (CloudTrainOperator and CheckpointResumeOperator on both clouds, a deferrable sensor)
 spread over both triggerers, while a blocking CheckpointResumeOperator run and a blocking
 SpotFleetOperator sweep run on the worker that is then lost. One triggerer and that Celery worker
@@ -271,10 +271,8 @@ def _try_id(api: Api, dag_id: str, run_id: str, task_id: str) -> str:
     return str(api.task(dag_id, run_id, task_id)["id"])
 
 
-# One start of the deployment, the runs on two shared cores; each wait has its own deadline. In make
-# faults, not make test, until the planners decide (docs/testing.md): about 240 CPU-seconds, which
-# would take make test past issue 23's 10 minutes on CI.
-@pytest.mark.faults
+# One start of the deployment, the runs on two shared cores; each wait has its own deadline. About
+# 200-280 CPU-seconds of make test's ~1,300 (docs/testing.md).
 @pytest.mark.timeout(3600)
 def test_a_bad_day_in_production(prod: Deployment, tmp_path: Path) -> None:
     from airflow_cloudtrain.clouds.aws.fleet import queue_name

@@ -34,12 +34,26 @@ WORKER = textwrap.dedent(
         import boto3
         from google.auth.credentials import AnonymousCredentials
         from google.cloud import compute_v1
+        from airflow_cloudtrain.storage import service_models, share_service_models
+        files = service_models().file_loader
+        parsed = []
+        read = files._load_file
+        def load(path, *args):  # a file read and parsed (None: no such file, looked for)
+            data = read(path, *args)
+            parsed.extend([path] if data is not None else [])
+            return data
+        files._load_file = load
         before = set(sys.modules)
-        boto3.client("ec2", region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="y",
-                     endpoint_url="http://127.0.0.1:9")
+        # as the hook builds them: a new session per task, on the process's shared models
+        session = share_service_models(boto3.session.Session(region_name="us-east-1",
+            aws_access_key_id="x", aws_secret_access_key="y"))
+        for service in ("ec2", "s3", "sqs", "autoscaling"):
+            client = session.client(service, endpoint_url="http://127.0.0.1:9")
+        ec2 = session.client("ec2", endpoint_url="http://127.0.0.1:9")
+        ec2.get_paginator("describe_instances"), ec2.get_waiter("instance_running")
         compute_v1.InstancesClient(credentials=AnonymousCredentials(), transport="rest")
         heavy = [m for m in set(sys.modules) - before if m.startswith(("google.cloud.", "boto3."))]
-        os._exit(10 if heavy else 0)
+        os._exit(10 if heavy else 11 if parsed else 0)
     warm["child"] = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
     print(json.dumps(warm))
     """
@@ -63,7 +77,8 @@ def test_a_warm_worker_has_the_sdks_and_no_thread_and_its_forks_build_clients() 
         "google.cloud.compute_v1",
         "google.cloud.storage",
     ], warm
-    # a forked task process builds an EC2 and a Compute Engine client without importing an SDK again
+    # a forked task process builds its AWS clients (a new session, as the hook makes one per task)
+    # and a Compute Engine client without importing an SDK again (10) or parsing a botocore model (11)
     assert warm["child"] == 0, warm
     assert "cloudtrain warm-up:" in done.stderr
 
