@@ -47,7 +47,21 @@ STOP_STAGES = (
     ("redis",),
     ("postgres",),
 )
-APT_INSTALL = "apt-get install -y postgresql redis-server"
+APT_INSTALL = "apt-get install -y postgresql redis-server"  # as the error tells a user to run it
+# As it is run here: without the packages' recommends (none is needed to run them), and waiting up to
+# 10 minutes for another apt-get (a second install started beside it, e.g. another test's) to finish
+# instead of failing at once on dpkg's lock
+APT_LOCK_WAIT = ("-o", "DPkg::Lock::Timeout=600")
+APT_RUN = [
+    "apt-get",
+    "install",
+    "-y",
+    "-q",
+    "--no-install-recommends",
+    *APT_LOCK_WAIT,
+    "postgresql",
+    "redis-server",
+]
 DB_NAME = DB_USER = "airflow"
 SERVICE_WAIT_S = 120.0
 
@@ -75,10 +89,10 @@ def ensure_packages() -> dict[str, str]:
         )
     print(f"Installing PostgreSQL and Redis ({missing} not found): {APT_INSTALL} ...", flush=True)
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    done = subprocess.run(APT_INSTALL.split(), env=env, capture_output=True, text=True, check=False)
+    done = subprocess.run(APT_RUN, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:  # the package lists may be missing on a fresh machine: update once
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, check=False)
-        done = subprocess.run(APT_INSTALL.split(), env=env, capture_output=True, text=True, check=False)
+        subprocess.run(["apt-get", *APT_LOCK_WAIT, "update"], env=env, capture_output=True, check=False)
+        done = subprocess.run(APT_RUN, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise UpError(f"`{APT_INSTALL}` failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
     return ensure_packages()

@@ -280,10 +280,12 @@ class Emulator:
             },
         )
         from airflow_cloudtrain.contract.botocore_logs import quiet_botocore
+        from airflow_cloudtrain.storage import share_service_models
 
         config = Config(user_agent_extra=EMULATOR_USER_AGENT, retries={"max_attempts": 1})
         with quiet_botocore():  # the emulator's own client: no "Found endpoint ..." lines in the test's log
-            s3 = boto3.session.Session(region_name=self.region).client("s3", config=config)
+            session = share_service_models(boto3.session.Session(region_name=self.region))
+            s3 = session.client("s3", config=config)
         for bucket in self.buckets:
             s3.create_bucket(Bucket=bucket)
             self.gcs.create_bucket(bucket)

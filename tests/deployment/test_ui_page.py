@@ -61,7 +61,10 @@ UI_TRAIN_CONF = {"cloud": "ec2", "cpus": 4, "ram": "8g", "bid": "", "command": "
 # libraries, a printer dialog, perl's web stack, and upgrades of systemd and perl they pull in) cost a
 # fresh machine's `make test` about twice the time and CPU of the install, and headless Chromium uses
 # none of them (the fonts come with fontconfig's dependencies). docs/testing.md has the figures.
-APT_INSTALL = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]
+# DPkg::Lock::Timeout: wait for another apt-get (the production case installs PostgreSQL and Redis at
+# the same time on a fresh machine) instead of failing on dpkg's lock and skipping
+APT_LOCK_WAIT = ["-o", "DPkg::Lock::Timeout=600"]
+APT_INSTALL = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *APT_LOCK_WAIT, "chromium"]
 
 
 def _chromium() -> str:
@@ -70,7 +73,7 @@ def _chromium() -> str:
         if shutil.which("apt-get") is None:
             pytest.skip("no Chromium and no apt-get to install it")
         apt_env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        for args in (APT_INSTALL, ["apt-get", "update"]):
+        for args in (APT_INSTALL, ["apt-get", *APT_LOCK_WAIT, "update"]):
             subprocess.run(args, capture_output=True, text=True, timeout=1200, check=False, env=apt_env)
         if not CHROMIUM.exists():
             done = subprocess.run(APT_INSTALL, capture_output=True, text=True, timeout=1200, env=apt_env)

@@ -44,9 +44,12 @@ class AwsInstances:
         import boto3
         from botocore.config import Config
 
+        from airflow_cloudtrain.storage import share_service_models
+
         config = Config(user_agent_extra=EMULATOR_USER_AGENT, retries={"max_attempts": 1})
         with quiet_botocore():  # the emulator's own clients: no "Found endpoint ..." lines in the test's log
-            session = boto3.session.Session(region_name=default_region)
+            # on the process's parsed service models: a test worker starts an emulator per session
+            session = share_service_models(boto3.session.Session(region_name=default_region))
             self.ec2 = {r: session.client("ec2", region_name=r, config=config) for r in regions}
         addresses.patch_moto()  # each instance its own loopback address (``emulator.addresses``)
         self.metadata = metadata

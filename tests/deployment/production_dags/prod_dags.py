@@ -18,6 +18,9 @@ PARAMS = {
     "command": Param("sleep 5", type="string"),
 }
 ARGS = {"retries": 2, "retry_delay": timedelta(seconds=2)}
+# every wait polls every 5 s (the operators' default is 10): 40 deferred runs, two blocking ones and a
+# sensor at 1 s were a quarter of the case's CPU in the triggerers, the workers and the emulated clouds
+POLL_S = 5
 # the two blocking DAGs' tasks go to a queue only the worker the test kills consumes (then the other)
 PINNED = "pinned"
 JOBS = str(Path(__file__).resolve().parents[2] / "cloud" / "jobs")  # item.py, the fleet tests' work item
@@ -38,7 +41,7 @@ with _dag("prod_train"):
         command="{{ params.command }}",
         bucket=BUCKET,
         max_runtime="1h",
-        poll_interval=1,
+        poll_interval=POLL_S,
         deferrable=True,
     )
 
@@ -50,7 +53,7 @@ with _dag("prod_resume"):
         bucket=BUCKET,
         checkpoint_dir="/tmp/ckpt",
         max_runtime="1h",
-        poll_interval=1,
+        poll_interval=POLL_S,
         deferrable=True,
     )
 
@@ -61,7 +64,7 @@ with _dag("prod_sensor"):
         command="{{ params.command }}",
         bucket="s3://cloudtrain-emulated/prod",
         max_runtime="1h",
-        poll_interval=1,
+        poll_interval=POLL_S,
         deferrable=True,
     )
     watch = InstanceStatusSensor(
@@ -70,7 +73,7 @@ with _dag("prod_sensor"):
         run_id="{{ ti.xcom_pull(task_ids='train')['run_id'] }}",
         target_state="terminated",
         missing_as_terminated=True,
-        poke_interval=1,
+        poke_interval=POLL_S,
         deferrable=True,
     )
     train >> watch
@@ -83,7 +86,7 @@ with _dag("prod_blocking"):
         bucket=BUCKET,
         checkpoint_dir="/tmp/ckpt",
         max_runtime="1h",
-        poll_interval=1,
+        poll_interval=POLL_S,
         deferrable=False,  # waits in its Celery worker's slot: the case of a worker lost mid-run
         queue=PINNED,
     )
@@ -106,7 +109,7 @@ with _dag("prod_fleet", {"release": Param("/nonexistent", type="string")}):
         num_workers=len(FLEET_ITEMS),
         max_workers=len(FLEET_ITEMS),
         work_items=FLEET_ITEMS,  # templated: each held item's release file comes from the run's conf
-        poll_interval=1,
+        poll_interval=POLL_S,
         deferrable=False,  # the sweep waits in its Celery worker's slot: the case of a worker lost mid-sweep
         queue=PINNED,
     )
