@@ -72,31 +72,17 @@ class CloudTrainAwsHook(CallerFromFrames, AwsBaseHook):
         # ledger's find/delete of a fleet's queues, templates and groups asks for three each time;
         # boto3's clients are thread-safe, and a refreshed credential reaches them through the session
         self._clients: dict[tuple[str, str | None, Any], Any] = {}
-        # (region, deferrable) -> session: the Amazon provider makes a new one per get_session, and a
-        # run's cloud asks for three clients (``aws_cloud``: EC2 twice, SSM), each a session (10-20 ms
-        # of CPU: botocore registers its handlers and resolves the credentials again) otherwise
-        self._sessions: dict[tuple[str | None, bool], Any] = {}
-        # re-entrant: client() holds it while it asks get_session; one session's clients are made one at
-        # a time (a boto3 session is not thread-safe)
-        self._clients_lock = threading.RLock()
+        self._clients_lock = threading.Lock()
 
     def get_session(self, region_name: str | None = None, deferrable: bool = False) -> Any:
-        """The connection's session (as the Amazon provider makes it), sharing parsed service models,
-        one per region for the hook's life; botocore's "Found credentials/endpoint" INFO lines stay out
-        of the task log (``botocore_logs``)."""
-        with self._clients_lock:
-            session = self._sessions.get((region_name, deferrable))
-            if session is None:
-                with quiet_botocore():
-                    session = share_service_models(
-                        super().get_session(region_name=region_name, deferrable=deferrable)
-                    )
-                self._sessions[(region_name, deferrable)] = session
-            return session
+        """The connection's session (as the Amazon provider makes it), sharing parsed service models;
+        botocore's "Found credentials/endpoint" INFO lines stay out of the task log (``botocore_logs``)."""
+        with quiet_botocore():
+            return share_service_models(super().get_session(region_name=region_name, deferrable=deferrable))
 
     def get_client_type(self, *args: Any, **kwargs: Any) -> Any:
         """The Amazon provider's client (``self.conn``), without botocore's "Found ..." INFO lines."""
-        with self._clients_lock, quiet_botocore():
+        with quiet_botocore():
             return super().get_client_type(*args, **kwargs)
 
     def client(self, service: str, region: str | None = None, config: Any = None) -> Any:

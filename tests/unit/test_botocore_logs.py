@@ -72,35 +72,3 @@ def test_a_logger_set_to_debug_keeps_them(bare_connection: str, caplog) -> None:
     with caplog.at_level(logging.DEBUG, logger="botocore.configprovider"):
         CloudTrainAwsHook(aws_conn_id=bare_connection, region_name="us-east-1").client("ec2")
     assert any(line.startswith("Found endpoint for ec2") for line in found_lines(caplog))
-
-
-def test_a_run_s_clients_come_from_one_session_per_region(bare_connection: str) -> None:
-    """A run's cloud asks the hook for three clients (``aws_cloud``); the Amazon provider makes a session
-    per ``get_session``: ours makes one per region for the hook's life, and its clients work from
-    several threads at once (a trigger's pollers)."""
-    import botocore.session
-
-    made: list[object] = []
-    init = botocore.session.Session.__init__
-
-    def counting(self: object, *args: object, **kwargs: object) -> None:
-        made.append(self)
-        init(self, *args, **kwargs)  # type: ignore[arg-type]
-
-    hook = CloudTrainAwsHook(aws_conn_id=bare_connection, region_name="us-east-1")
-    botocore.session.Session.__init__ = counting  # type: ignore[method-assign]
-    try:
-        aws_cloud(hook)
-        hook.client("s3"), hook.client("sqs"), hook.client("s3", region="us-west-2")
-    finally:
-        botocore.session.Session.__init__ = init  # type: ignore[method-assign]
-    assert len(made) == 2, made  # us-east-1 (EC2 twice, SSM, S3, SQS) and us-west-2 (S3)
-    assert hook.get_session("us-east-1") is hook.get_session("us-east-1")
-
-    from concurrent.futures import ThreadPoolExecutor
-
-    fresh = CloudTrainAwsHook(aws_conn_id=bare_connection, region_name="us-east-1")
-    with ThreadPoolExecutor(8) as pool:
-        clients = list(pool.map(lambda s: fresh.client(s), ["ec2", "s3", "sqs", "ssm"] * 4))
-    assert {c.meta.service_model.service_name for c in clients} == {"ec2", "s3", "sqs", "ssm"}
-    assert len({id(c) for c in clients}) == 4  # one per service, whichever thread asked first
