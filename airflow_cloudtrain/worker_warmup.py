@@ -17,7 +17,10 @@ the collector from touching (and so copying) those pages in the forks.
 
 What is imported is read from our own source, not a hand list (``celery_config.modules_to_warm``):
 every module of the Airflow side of the package (not the agent, the emulator, the UI or the command
-line) and every third-party module they import, at the top or inside a function.
+line) and every third-party module they import, at the top or inside a function. Then the botocore
+models of the AWS services the Airflow side calls (named by the generated permission documents) are
+parsed into the process's shared loader (``celery_config.load_service_models``), so a task's clients
+do not parse them again.
 """
 
 from __future__ import annotations
