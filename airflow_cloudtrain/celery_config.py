@@ -118,14 +118,14 @@ def load_service_models(services: list[str]) -> int:
     import boto3
     from botocore.exceptions import DataNotFoundError
 
-    from airflow_cloudtrain.storage import service_models, share_service_models
+    from airflow_cloudtrain.storage import share_service_models
 
     session = share_service_models(
         boto3.session.Session(
             region_name="us-east-1", aws_access_key_id="warm-up", aws_secret_access_key="warm-up"
         )
     )
-    loader = service_models(session._session.get_config_variable("data_path"))
+    loader = session._session.get_component("data_loader")  # the shared one share_service_models set
     for service in services:
         try:
             session.client(service, endpoint_url="http://127.0.0.1:9")

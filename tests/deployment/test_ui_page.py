@@ -40,6 +40,7 @@ from deployment_helpers import TEST_SETTINGS, Api
 from waiting import wait_for
 
 from airflow_cloudtrain.cli_up import EXAMPLE_DAGS, free_port, home_secrets, local_airflow
+from airflow_cloudtrain.cli_up_production import APT_LOCK_WAIT
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -61,9 +62,9 @@ UI_TRAIN_CONF = {"cloud": "ec2", "cpus": 4, "ram": "8g", "bid": "", "command": "
 # libraries, a printer dialog, perl's web stack, and upgrades of systemd and perl they pull in) cost a
 # fresh machine's `make test` about twice the time and CPU of the install, and headless Chromium uses
 # none of them (the fonts come with fontconfig's dependencies). docs/testing.md has the figures.
-# DPkg::Lock::Timeout: wait for another apt-get (the production case installs PostgreSQL and Redis at
-# the same time on a fresh machine) instead of failing on dpkg's lock and skipping
-APT_LOCK_WAIT = ["-o", "DPkg::Lock::Timeout=600"]
+# APT_LOCK_WAIT (as `cloudtrain up --production` runs apt-get): wait for another apt-get (the production
+# case installs PostgreSQL and Redis at the same time on a fresh machine) instead of failing on dpkg's
+# lock and skipping
 APT_INSTALL = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *APT_LOCK_WAIT, "chromium"]
 
 
