@@ -28,6 +28,7 @@ TEST_SETTINGS = {
     # the DAG files do not change while a test's deployment runs: parsed once at the start, not again
     # every 30 s (the default); the two deployments of make test: 41 parsing processes -> 17, ~2 CPU-s
     "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",
+    "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "3",
 }
 UP_DEADLINE_S = 600.0  # migrating and starting four Airflow processes on a busy machine
 

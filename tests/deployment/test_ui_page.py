@@ -4,8 +4,9 @@ scheduler, dag-processor, triggerer over the example DAGs), here next to the tes
 clouds so that the test can take spot instances away (``cloudtrain up``'s clouds live in its own
 process, out of a test's reach).
 
-``retrain_spot`` runs with two injected interruptions and ``ui_train`` on demand, both writing to a
-bucket of this test's own; then, as a user: a request without a login is refused, the page (logged
+``retrain_spot`` runs with two injected interruptions and ``ui_train`` on demand (triggered through the
+REST API with the params form's values: they reach the operator, the job's lines reach the task log),
+both writing to a bucket of this test's own; then, as a user: a request without a login is refused, the page (logged
 in through Airflow's own login form) lists both runs with the costs their XComs report and the totals
 ``cloudtrain costs --json`` prints, ``retrain_spot``'s timeline shows its three attempts in launch
 order with the two interruptions marked, and the task instance's "Cloud run" tab opens that run.
@@ -39,8 +40,10 @@ import pytest
 from deployment_helpers import TEST_SETTINGS, Api
 from waiting import wait_for
 
+from airflow_cloudtrain.catalog import choose_offer
 from airflow_cloudtrain.cli_up import EXAMPLE_DAGS, free_port, home_secrets, local_airflow
 from airflow_cloudtrain.cli_up_production import APT_LOCK_WAIT
+from airflow_cloudtrain.spec import Hardware
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -55,7 +58,17 @@ CHROMIUM_ARGS = [
 # retrain_spot's first instance is taken (5 s notice) once its job passed step 15, the second once
 # its job passed step 30 (example_dags/spot_interrupter.py); the third finishes
 PLAN = [(15, 5.0), (30, 5.0)]
-UI_TRAIN_CONF = {"cloud": "ec2", "cpus": 4, "ram": "8g", "bid": "", "command": "sleep 10; echo done"}
+# the params form's values, as the UI's trigger form sends them. The job's lines are computed by the
+# shell, so the command's own text (in the log too) never matches them; 10 s first: a job ending within
+# a second or two of the deferral can race Airflow's LocalExecutor (its late "success" for the
+# deferring half fails the resumed task on a busy machine), which is Airflow's, not the case under test
+UI_TRAIN_CONF = {
+    "cloud": "ec2",
+    "cpus": 4,
+    "ram": "8g",
+    "bid": "",
+    "command": "sleep 10; echo job-a-$((40+2)); echo job-b-$((50+3))",
+}
 
 
 # Chromium and its dependencies only: its recommends (107 packages against 19: udev, avahi, samba's
@@ -159,6 +172,13 @@ def test_the_cloud_training_page_in_a_browser(emu: Any, tmp_path: Path) -> None:
         assert len(injected) == 2, injected
         spot = api.xcom("retrain_spot", spot_run, "train")
         ui = api.xcom("ui_train", ui_run, "train")
+        # the form's values reached the operator: on-demand, the cheapest type with >= 4 vCPUs and 8 GiB,
+        # the job's lines in the task log once each
+        assert ui["cloud"] == "ec2" and ui["spot"] is False and ui["exit_code"] == 0, ui
+        assert ui["instance_type"] == choose_offer("ec2", Hardware(4, 0, "8g"), "us-east-1").instance_type
+        lines = api.log_lines("ui_train", ui_run, "train")
+        assert sum("job-a-42" in line for line in lines) == 1, lines
+        assert sum("job-b-53" in line for line in lines) == 1, lines
         spot_ids = [row["instance_id"] for row in spot["attempts"]]
         assert spot_ids[:2] == [i["instance_id"] for i in injected] and len(spot_ids) == 3
 
