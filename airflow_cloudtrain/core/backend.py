@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
     from logging import Logger
 
     from airflow_cloudtrain.catalog.offers import Offer
@@ -52,6 +52,14 @@ class RunBackend(Protocol):
 
     def location(self, zone: str | None) -> str | None:
         """Where the ledger records an instance in ``zone`` (EC2: the region; GCE: the zone)."""
+        ...
+
+    def spot_placement_scores(
+        self, instance_type: str, nodes: int, zones: Sequence[str], logger: Logger | None
+    ) -> dict[str, float] | None:
+        """The cloud's forecast (higher: likelier) that a spot request for ``nodes`` instances of
+        ``instance_type`` succeeds in each of ``zones`` now, for ranking them; None where the cloud
+        has none (GCE) or would not say (EC2's Spot placement scores, best effort)."""
         ...
 
     def terminate_instances(self, instances: list[tuple[str, str | None]]) -> None:

@@ -476,6 +476,17 @@ class Emulator:
             self.moto.middleware.capacity_faults.add((instance_type, zone))
             self.moto.middleware.capacity_after[(instance_type, zone)] = int(after)
 
+    def set_spot_placement_score(self, zone: str, score: int, instance_type: str | None = None) -> None:
+        """From now on EC2's GetSpotPlacementScores gives ``zone`` (a zone name, e.g. us-east-1b)
+        ``score`` (1-10) for ``instance_type`` (None: for every type without its own); a zone never
+        set scores 5 (``emulator.aws.spot_scores``). Launches are not affected: a score is a forecast."""
+        self.moto.middleware.spot_scores.set(zone, score, instance_type)
+
+    def deny_spot_placement_scores(self, denied: bool = True) -> None:
+        """GetSpotPlacementScores answers ``UnauthorizedOperation``, as for a role without
+        ``ec2:GetSpotPlacementScores`` (or an account EC2 does not give scores to)."""
+        self.moto.middleware.spot_scores.denied = denied
+
     def set_spot_price(self, instance_type: str, zone: str, usd_per_hour: float) -> float:
         """From now on an EC2 spot ``instance_type`` in ``zone`` (a zone name, e.g. us-east-1a) costs
         ``usd_per_hour``: DescribeSpotPriceHistory shows the change from this moment, which it returns."""
@@ -522,13 +533,15 @@ class Emulator:
         self._throttle.fail_writes(rate, "s3" if scheme == "s3" else "storage", rest, side, seed, kind)
 
     def clear_faults(self) -> None:
-        """No capacity faults, no throttling and no server errors any more, in every cloud."""
+        """No capacity faults, no throttling and no server errors any more, in every cloud; no Spot
+        placement scores set or denied either."""
         self.gce.clear_faults()
         self._throttle.clear()
         with self.moto.middleware.lock:
             self.moto.middleware.capacity_faults.clear()
             self.moto.middleware.capacity_after.clear()
             self.moto.middleware.spot_capacity_faults.clear()
+        self.moto.middleware.spot_scores.clear()
 
     def request_counts(self) -> dict[str, int]:
         """Requests per operation made by anyone but the emulator itself, since start or reset; those

@@ -7,13 +7,19 @@ at least one of 9 zones 99% of the time, in a given one 64%). This module is the
 turns those observations into an order; the operator's resume loop and the simulator both call it,
 so the benchmark measures the ranking the operator uses.
 
+Where the cloud also says how likely a spot request is to succeed in each zone now (EC2's Spot
+placement score, 1-10, asked at each spot launch when the account allows it), that breaks the ties
+between zones the run has no fresh trouble in: first-hand trouble outranks the cloud's estimate, and
+the estimate outranks the offer's fixed order. The traces carry no scores, so the simulator ranks
+without them.
+
 Pure stdlib, no cloud calls. Times are hours since the job started (as in :mod:`.base`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,6 +31,11 @@ TROUBLE_HALF_LIFE_HOURS = 0.5
 
 WEIGHTS: dict[str, float] = {"preempted": 1.0, "capacity_error": 0.6, "launched": 0.0}
 """A preemption says more than a capacity error (it also cost the work since the last checkpoint)."""
+
+SCORED_TIE = 0.1
+"""With placement scores, trouble is compared in steps of this: zones in the same step count as
+equally troubled and the score decides between them. Below one step is no fresh trouble (a
+preemption more than about 1.7 h ago, a capacity error more than 1.3 h ago)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,12 +59,25 @@ def zone_trouble(zone: str, events: Sequence[ZoneEvent], now: float) -> float:
     return total
 
 
-def rank_zones(zones: Sequence[str], events: Sequence[ZoneEvent], now: float) -> list[str]:
+def rank_zones(
+    zones: Sequence[str],
+    events: Sequence[ZoneEvent],
+    now: float,
+    scores: Mapping[str, float] | None = None,
+) -> list[str]:
     """``zones`` in the order to try spot in, least recent trouble first.
 
-    Ties keep the caller's order (the offer's own zone order, cheapest first), so a run that has
-    seen nothing behaves exactly as before this module existed. Duplicates are dropped.
+    ``scores`` (zone -> the cloud's placement score, higher is likelier; None or empty: none known)
+    orders the zones whose trouble falls in the same step of ``SCORED_TIE``, highest score first; a
+    zone without a score counts as the lowest. Remaining ties keep the caller's order (the offer's own
+    zone order, cheapest first), so a run that has seen nothing and has no scores behaves exactly as
+    before this module existed. Duplicates are dropped.
     """
     unique = list(dict.fromkeys(zones))
     order = {z: i for i, z in enumerate(unique)}
-    return sorted(unique, key=lambda z: (round(zone_trouble(z, events, now), 9), order[z]))
+    if not scores:
+        return sorted(unique, key=lambda z: (round(zone_trouble(z, events, now), 9), order[z]))
+    trouble = {z: zone_trouble(z, events, now) for z in unique}
+    return sorted(
+        unique, key=lambda z: (math.floor(trouble[z] / SCORED_TIE + 1e-9), -scores.get(z, 0.0), order[z])
+    )

@@ -11,6 +11,10 @@ third's ``moved_from`` names A with the reason, the printed table shows the move
 
 With ``zones=[A]`` the same events relaunch spot in A every time, as a run with ``zone=A`` always did:
 B is never tried and no row is a move.
+
+On EC2 each ranked spot launch also asks for the zones' Spot placement scores: a run that has seen
+nothing launches where EC2 scores highest, and where the role may not ask (``UnauthorizedOperation``)
+it launches in the user's order, asking once.
 """
 
 from __future__ import annotations
@@ -109,3 +113,27 @@ def test_with_one_zone_allowed_it_relaunches_there_as_before(emu, airflow_db, tm
     ]
     assert all(r["no_capacity_in"] == [] and r["moved_from"] is None for r in rows)
     assert rows[2]["restored_step"] > 0
+
+
+@pytest.mark.parametrize("denied", [False, True], ids=["scored", "refused"])
+def test_the_first_spot_launch_goes_where_ec2_scores_highest_else_in_the_users_order(
+    emu, airflow_db, denied: bool
+) -> None:
+    first, other = ZONES["aws"]
+    emu.set_spot_placement_score(first, 2)
+    emu.set_spot_placement_score(other, 9, instance_type=TYPE["aws"])
+    emu.set_spot_placement_score("us-east-1c", 10, instance_type="m5.large")  # another type's: not ours
+    if denied:
+        emu.deny_spot_placement_scores()
+    emu.reset_counts()
+    extra = f"instance_type={TYPE['aws']!r}, zones={[first, other]!r}"
+    dag = resume_dag(
+        f"zone_scores_{'refused' if denied else 'scored'}", "aws", "python3 steps.py 2 1 0.1", extra=extra
+    )
+    run = dag.test()
+    assert task_states(run) == {"train": "success"}
+    rows = xcom(run, "train")["attempts"]
+    assert [(r["spot"], r["zone"], r["ended"]) for r in rows] == [
+        (True, first if denied else other, "finished")
+    ]
+    assert emu.request_counts().get("GetSpotPlacementScores") == 1

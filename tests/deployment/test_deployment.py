@@ -9,8 +9,7 @@ in ``make test``, is ``make airflow``'s own path (start, the example DAGs parsed
 home's ``emulator.env``, Ctrl-C's stop leaving nothing). A DAG run through the REST API, the params
 form and the real scheduler, triggerer and LocalExecutor is the browser test's (``test_ui_page``:
 the same processes, ``cli_up.local_airflow``, with the test's own emulated clouds), and on
-``cloudtrain up --production`` the production test's; a third deployment for one more run cost
-``make test`` about 60 CPU-seconds. The second, the faults of a deployment (a killed triggerer, a
+``cloudtrain up --production`` the production test's: running one here too repeated them. The second, the faults of a deployment (a killed triggerer, a
 task failed from outside, a stop and a start with a run deferred), is marked ``faults`` and runs in
 ``make faults`` (docs/testing.md)."""
 

@@ -151,3 +151,24 @@ def test_the_deadline_policy_relaunches_spot_after_a_preemption_and_says_why_it_
     step = next_step(nowhere, settings, 1, T0 + 300)
     assert step.kind in ("wait", "launch") and step.cloud != "gcspot"
     assert f"no spot capacity in any allowed zone tried ({B}, {A})" in step.reason
+
+
+def test_placement_scores_are_asked_only_for_a_ranked_spot_launch_and_order_it() -> None:
+    asked: list[list[str]] = []
+
+    def scores(zones: list[str]) -> dict[str, float]:
+        asked.append(list(zones))
+        return {A: 2.0, B: 9.0, C: 6.0}
+
+    assert launch_order(history(), (A, B, C), True, GCE, [A, B, C], T0, LOG, scores) == [B, C, A]
+    assert asked == [[A, B, C]]
+    once = history(row(1, "interrupted_no_notice", B))  # the best-scored zone just preempted the run
+    assert launch_order(once, (A, B, C), True, GCE, [A, B, C], T0 + 1000, LOG, scores) == [C, A, B]
+    # not asked where nothing is ranked: on-demand, one zone, no zones argument
+    asked.clear()
+    assert launch_order(once, (A, B, C), False, GCE, [A, B, C], T0, LOG, scores) == [A, B, C]
+    assert launch_order(once, (A,), True, GCE, [A, B, C], T0, LOG, scores) == [A]
+    assert launch_order(once, (), True, EC2, [None], T0, LOG, scores) == [None]
+    assert asked == []
+    # the cloud gives none (GCE) or would not say: the order without scores
+    assert launch_order(history(), (A, B, C), True, GCE, [A, B, C], T0, LOG, lambda z: None) == [A, B, C]

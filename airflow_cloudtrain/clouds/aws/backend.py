@@ -12,7 +12,7 @@ from airflow_cloudtrain.hooks.aws import CloudTrainAwsHook
 
 if TYPE_CHECKING:
     import logging
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from airflow_cloudtrain.catalog.offers import Offer
     from airflow_cloudtrain.core.billing import PriceHistory
@@ -33,6 +33,7 @@ class AwsRunBackend:
         self.region: str | None = self.hook.conn_region_name
         self._cloud: AwsCloud | None = None
         self._s3: Any = None  # one S3 client for the run folders (thread-safe; a client costs ~50 ms)
+        self._scores_refused = False  # GetSpotPlacementScores refused once: not asked again
 
     @property
     def cloud(self) -> AwsCloud:
@@ -108,6 +109,29 @@ class AwsRunBackend:
 
     def location(self, zone: str | None) -> str | None:
         return self.region
+
+    def spot_placement_scores(
+        self, instance_type: str, nodes: int, zones: Sequence[str], logger: logging.Logger | None
+    ) -> dict[str, float] | None:
+        """EC2's Spot placement score of each of ``zones`` for ``nodes`` instances of ``instance_type``
+        (``clouds.aws.spot_scores``); None when not known: refused (then never asked again by this
+        backend: the role or account gets none) or failed (said, and asked again next time)."""
+        if self._scores_refused or not self.region:
+            return None
+        from airflow_cloudtrain.clouds.aws.spot_scores import ScoresRefused, spot_placement_scores
+
+        try:
+            found = spot_placement_scores(self.hook.client("ec2"), instance_type, nodes, zones, self.region)
+        except ScoresRefused as err:
+            self._scores_refused = True
+            if logger is not None:
+                logger.info("No Spot placement scores (the zones are ranked without them): %s", err)
+            return None
+        except Exception as err:  # best effort: the ranking goes on without scores
+            if logger is not None:
+                logger.warning("Spot placement scores not read this time: %s", err)
+            return None
+        return {zone: float(score) for zone, score in found.items()}
 
     def terminate_instances(self, instances: list[tuple[str, str | None]]) -> None:
         by_region: dict[str | None, list[str]] = {}

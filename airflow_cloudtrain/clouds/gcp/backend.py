@@ -13,7 +13,7 @@ from airflow_cloudtrain.hooks.gcp import CloudTrainGcpHook
 
 if TYPE_CHECKING:
     import logging
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from airflow_cloudtrain.catalog.offers import Offer
     from airflow_cloudtrain.core.billing import PriceHistory
@@ -131,6 +131,12 @@ class GcpRunBackend:
         session = billing_session(self.hook._client_kwargs("compute_endpoint")["credentials"])
         url = self.hook._get_field("billing_endpoint") or BILLING_URL
         return spot_sku_history(session, url, region, instance_type, start)
+
+    def spot_placement_scores(
+        self, instance_type: str, nodes: int, zones: Sequence[str], logger: logging.Logger | None
+    ) -> dict[str, float] | None:
+        """Compute Engine publishes no forecast of Spot capacity per zone: the ranking goes without."""
+        return None
 
     def zones_for(self, zone: str | None, offer: Offer) -> list[str | None]:
         """A capacity error in one zone tries the offer's other zones before the next offer."""

@@ -5,8 +5,8 @@ excluded), answers the Pricing API and DescribeSpotPriceHistory from the price s
 refuses a share of them as throttled when asked (``RequestLimitExceeded`` for EC2,
 ``SlowDown`` for S3, ``Throttling``/``ThrottlingException`` elsewhere), with the service's server error,
 or (a run folder's writes, ``fail_writes``) with S3's 403 ``AccessDenied`` (``wire.refused``), answers RunInstances of a type
-without capacity with ``InsufficientInstanceCapacity``, serves the placement groups moto lacks
-(``placement``), and sends one ``Server`` header, not moto's
+without capacity with ``InsufficientInstanceCapacity``, serves the placement groups and the Spot placement scores moto lacks
+(``placement``, ``spot_scores``), and sends one ``Server`` header, not moto's
 ``amazon.com`` on top of Werkzeug's (aiohttp rejects a repeated one in debug mode). Requests that
 may change Auto Scaling groups (every Auto Scaling request, and EC2 TerminateInstances, whose handler
 replaces members) go through ``groups.request``: one at a time with the emulator's group reconcile,
@@ -39,6 +39,7 @@ from airflow_cloudtrain.emulator.aws import (
     placement,
     pricing,
     ranges,
+    spot_scores,
     sqs_receive,
     wire,
 )
@@ -67,6 +68,7 @@ class FaultsAndCounts:
         self.spot_capacity_faults: set[tuple[str, str | None]] = set()  # spot launches only
         self.placement_groups = placement.PlacementGroups()  # moto has none (``placement``)
         self.spot_prices = pricing.SpotPrices()  # ``Emulator.set_spot_price``
+        self.spot_scores = spot_scores.SpotPlacementScores()  # moto has none (``spot_scores``)
         self.counts: Counter[str] = Counter()
         self.completing = threading.Lock()  # CompleteMultipartUpload (see the module doc)
 
@@ -106,6 +108,8 @@ class FaultsAndCounts:
             )
         if call.operation == "DescribeInstanceTypeOfferings" and pricing.wants_zone_offerings(form):
             return self._send(start_response, pricing.zone_offerings(_region(environ), form))
+        if call.protocol == "ec2" and call.operation == spot_scores.OPERATION:
+            return self._send(start_response, self.spot_scores.answer(_region(environ) or "us-east-1", form))
         if call.protocol == "ec2" and call.operation in placement.OPERATIONS:
             region = _region(environ) or "us-east-1"
             return self._send(start_response, self.placement_groups.answer(call.operation, region, form))

@@ -205,8 +205,16 @@ class RecoveryLoop:
 
     def zone_order(self, spot: bool, offer: Offer, zones: list[str | None]) -> list[str | None]:
         """The zones an attempt tries ``offer`` in (``RunContext.zone_order``): the allowed ones, a
-        spot launch's least recent trouble first (``lifecycle.resume.zones``)."""
-        return launch_order(self.history, self.settings.zones, spot, offer, zones, time.time(), self.log)
+        spot launch's least recent trouble first, then the cloud's placement score
+        (``lifecycle.resume.zones``)."""
+        nodes = self.ctx.gang.num_nodes if self.ctx.gang is not None else 1
+
+        def scores(named: list[str]) -> dict[str, float] | None:
+            return self.ctx.backend.spot_placement_scores(offer.instance_type, nodes, named, self.log)
+
+        return launch_order(
+            self.history, self.settings.zones, spot, offer, zones, time.time(), self.log, scores
+        )
 
     def launch_failed(self, cloud: str, err: Exception) -> None:
         """No offer had capacity: a ledger row (it spends the interruption budget) and no cost."""

@@ -7,20 +7,22 @@ from the bucket there (the run folder is the bucket's, not the zone's: a move co
 
 Everything here is derived from the ledger's rows (``AttemptRow.zone``, ``ended``, ``no_capacity_in``
 and their times), so a loop rebuilt after a deferral, a killed worker or an Airflow retry ranks the
-zones exactly as the loop before it did. Pure: no cloud calls.
+zones exactly as the loop before it did (the placement scores excepted: a forecast of now, asked
+anew at each launch). No cloud calls of its own: the scores come through the caller's function.
 
 - ``allowed_zones``: the zones an offer may launch in: the user's ``zones`` it is sold in (in the
   user's order), else what the backend's ``zones_for`` gives (today's behaviour).
 - ``launch_order``: those zones ranked by ``policy.zones.rank_zones`` for a spot launch with two or
-  more of the user's zones; one zone, or no ``zones`` argument (the offers' own zones, EC2 placing the
-  instance itself) is left exactly as it was.
+  more of the user's zones, with the cloud's placement scores where it gives them (EC2's Spot
+  placement score, asked through the backend only then); one zone, or no ``zones`` argument (the
+  offers' own zones, EC2 placing the instance itself) is left exactly as it was.
 - ``note_move``: an attempt that ran in another zone than the attempt before gets ``moved_from`` and
   ``move_reason`` (the ledger's table prints it, the XCom's ``attempts`` carry it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from airflow_cloudtrain.lifecycle.resume.history import SPOT_ENDINGS, AttemptRow, RunHistory
@@ -90,24 +92,34 @@ def launch_order(
     default: Sequence[str | None],
     now: float,
     log: logging.Logger | None = None,
+    scores: Callable[[list[str]], Mapping[str, float] | None] | None = None,
 ) -> list[str | None]:
     """The zones to try ``offer`` in, in order: for spot with two or more of the user's ``zones``, least
-    recent trouble first (ties keep the allowed order, so a run that saw nothing launches as before).
-    Without ``zones`` the order is ``zones_for``'s, as before this module: moving is opted into."""
+    recent trouble first, then the highest placement score (``scores(zones)``, asked only here; None:
+    the cloud gives none), then the allowed order, so a run that saw nothing and has no scores
+    launches as before. Without ``zones`` the order is ``zones_for``'s, as before this module: moving
+    is opted into."""
     allowed = allowed_zones(zones, offer, default)
     named = [z for z in allowed if z]
     if not zones or not spot or len(named) < 2 or len(named) != len(allowed):
         return allowed
     events = zone_events(history)
     at = _hours(history, now)
-    ranked = rank_zones(named, events, at)
-    if ranked != named and log is not None:
+    scored = scores(named) if scores is not None else None
+    ranked = rank_zones(named, events, at, scored)
+    if (ranked != named or scored) and log is not None:
         log.info(
-            "Spot zones for %s, least recent trouble first: %s",
+            "Spot zones for %s, least recent trouble first%s: %s",
             offer.instance_type,
-            ", ".join(f"{z} ({zone_trouble(z, events, at):.2f})" for z in ranked),
+            ", then Spot placement score" if scored else "",
+            ", ".join(_said(z, zone_trouble(z, events, at), scored) for z in ranked),
         )
     return list(ranked)
+
+
+def _said(zone: str, trouble: float, scores: Mapping[str, float] | None) -> str:
+    score = f", score {scores[zone]:g}" if scores and zone in scores else ""
+    return f"{zone} (trouble {trouble:.2f}{score})"
 
 
 def note_move(history: RunHistory, rows: list[AttemptRow]) -> None:
