@@ -24,7 +24,6 @@ from airflow_cloudtrain.emulator.aws.backend import ACCOUNT_ID, ec2_backend
 
 OPERATIONS = ("CreatePlacementGroup", "DescribePlacementGroups", "DeletePlacementGroup")
 STRATEGIES = ("cluster", "spread", "partition")
-_NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
 
 
 @dataclass
@@ -53,14 +52,16 @@ class PlacementGroups:
                     return self._describe(region, form)
                 return self._delete(region, form)
             except _Error as err:
-                return _error(err.code, err.message)
+                return wire.ec2_error(err.code, err.message)
 
     def check_launch(self, region: str, form: dict[str, list[str]]) -> wire.Reply | None:
         """RunInstances' ``Placement.GroupName``: refused when there is no such group."""
         name = _one(form, "Placement.GroupName")
         with self._lock:
             if name and (region, name) not in self._groups:
-                return _error("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown.")
+                return wire.ec2_error(
+                    "InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown."
+                )
         return None
 
     # -- the calls -----------------------------------------------------------------------------------
@@ -89,11 +90,11 @@ class PlacementGroups:
         )
         self._groups[(region, name)] = group
         body = f"<placementGroup>{_item_xml(group)}</placementGroup>"
-        return _ok("CreatePlacementGroupResponse", body)
+        return wire.ec2_ok("CreatePlacementGroupResponse", body)
 
     def _describe(self, region: str, form: dict[str, list[str]]) -> wire.Reply:
         mine = [g for (r, _), g in sorted(self._groups.items()) if r == region]
-        names, ids = _list(form, "GroupName"), _list(form, "GroupId")
+        names, ids = wire.query_list(form, "GroupName"), wire.query_list(form, "GroupId")
         for name in names:
             if not any(g.name == name for g in mine):
                 raise _Error("InvalidPlacementGroup.Unknown", f"The Placement Group '{name}' is unknown.")
@@ -106,7 +107,9 @@ class PlacementGroups:
         for fname, values in _filters(form):
             found = [g for g in found if _matches(g, fname, values)]
         items = "".join(f"<item>{_item_xml(g)}</item>" for g in found)
-        return _ok("DescribePlacementGroupsResponse", f"<placementGroupSet>{items}</placementGroupSet>")
+        return wire.ec2_ok(
+            "DescribePlacementGroupsResponse", f"<placementGroupSet>{items}</placementGroupSet>"
+        )
 
     def _delete(self, region: str, form: dict[str, list[str]]) -> wire.Reply:
         name = _one(form, "GroupName") or ""
@@ -118,7 +121,7 @@ class PlacementGroups:
                 f"The placement group '{name}' is in use and may not be deleted.",
             )
         del self._groups[(region, name)]
-        return _ok("DeletePlacementGroupResponse", "<return>true</return>")
+        return wire.ec2_ok("DeletePlacementGroupResponse", "<return>true</return>")
 
     def names(self, region: str) -> list[str]:
         """The region's group names (tests)."""
@@ -154,16 +157,6 @@ def _one(form: dict[str, list[str]], key: str) -> str | None:
     return values[0] if values else None
 
 
-def _list(form: dict[str, list[str]], prefix: str) -> list[str]:
-    """``GroupName.1``, ``GroupName.2``, ... in order."""
-    out = []
-    n = 1
-    while (value := _one(form, f"{prefix}.{n}")) is not None:
-        out.append(value)
-        n += 1
-    return out
-
-
 def _tags(form: dict[str, list[str]]) -> dict[str, str]:
     tags: dict[str, str] = {}
     s = 1
@@ -184,7 +177,7 @@ def _filters(form: dict[str, list[str]]) -> list[tuple[str, list[str]]]:
     out = []
     f = 1
     while (name := _one(form, f"Filter.{f}.Name")) is not None:
-        out.append((name, _list(form, f"Filter.{f}.Value")))
+        out.append((name, wire.query_list(form, f"Filter.{f}.Value")))
         f += 1
     return out
 
@@ -216,26 +209,4 @@ def _item_xml(group: Group) -> str:
         f"<groupName>{escape(group.name)}</groupName><groupId>{group.id}</groupId><state>available</state>"
         f"<strategy>{group.strategy}</strategy>{partitions}<groupArn>{escape(arn)}</groupArn>"
         f"<tagSet>{tags}</tagSet>"
-    )
-
-
-def _ok(root: str, inner: str) -> wire.Reply:
-    body = (
-        f'<?xml version="1.0" encoding="UTF-8"?>\n<{root} xmlns="{_NS}"><requestId>{secrets.token_hex(16)}'
-        f"</requestId>{inner}</{root}>"
-    )
-    data = body.encode()
-    return "200 OK", [("Content-Type", "text/xml;charset=UTF-8"), ("Content-Length", str(len(data)))], data
-
-
-def _error(code: str, message: str) -> wire.Reply:
-    body = (
-        f'<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}</Code><Message>'
-        f"{escape(message)}</Message></Error></Errors><RequestID>{secrets.token_hex(16)}</RequestID></Response>"
-    )
-    data = body.encode()
-    return (
-        "400 Bad Request",
-        [("Content-Type", "text/xml;charset=UTF-8"), ("Content-Length", str(len(data)))],
-        data,
     )

@@ -12,7 +12,6 @@ run that asks sees every zone alike unless a test or a user of ``cloudtrain up``
 
 from __future__ import annotations
 
-import secrets
 import threading
 from xml.sax.saxutils import escape
 
@@ -21,7 +20,6 @@ from airflow_cloudtrain.emulator.aws.backend import ec2_backend
 
 OPERATION = "GetSpotPlacementScores"
 DEFAULT_SCORE = 5
-_NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
 
 
 class SpotPlacementScores:
@@ -52,18 +50,22 @@ class SpotPlacementScores:
 
     def answer(self, region: str, form: dict[str, list[str]]) -> wire.Reply:
         if self.denied:
-            return _error(
+            return wire.ec2_error(
                 "UnauthorizedOperation", "You are not authorized to perform this operation.", "403 Forbidden"
             )
-        types = _list(form, "InstanceType")
+        types = wire.query_list(form, "InstanceType")
         if "InstanceRequirementsWithMetadata.ArchitectureType.1" in form and types:
-            return _error("InvalidParameterValue", "Specify InstanceTypes or InstanceRequirements, not both.")
+            return wire.ec2_error(
+                "InvalidParameterValue", "Specify InstanceTypes or InstanceRequirements, not both."
+            )
         if not types:
-            return _error("MissingParameter", "The request must contain the parameter InstanceTypes.")
+            return wire.ec2_error("MissingParameter", "The request must contain the parameter InstanceTypes.")
         capacity = (form.get("TargetCapacity") or [""])[0]
         if not capacity.isdigit() or not 1 <= int(capacity) <= 2_000_000:
-            return _error("InvalidParameterValue", f"Invalid TargetCapacity: {capacity or '(missing)'}")
-        regions = _list(form, "RegionName") or [region]
+            return wire.ec2_error(
+                "InvalidParameterValue", f"Invalid TargetCapacity: {capacity or '(missing)'}"
+            )
+        regions = wire.query_list(form, "RegionName") or [region]
         items = []
         for name in regions:
             for zone in ec2_backend(name).describe_availability_zones():
@@ -72,33 +74,7 @@ class SpotPlacementScores:
                     f"<item><region>{escape(name)}</region><availabilityZoneId>{escape(zone.zone_id)}"
                     f"</availabilityZoneId><score>{score}</score></item>"
                 )
-        return _ok(f"<spotPlacementScoreSet>{''.join(items)}</spotPlacementScoreSet>")
-
-
-def _list(form: dict[str, list[str]], prefix: str) -> list[str]:
-    """``InstanceType.1``, ``InstanceType.2``, ... in order (the query protocol's list)."""
-    out = []
-    n = 1
-    while f"{prefix}.{n}" in form:
-        out.append(form[f"{prefix}.{n}"][0])
-        n += 1
-    return out
-
-
-def _ok(inner: str) -> wire.Reply:
-    root = "GetSpotPlacementScoresResponse"
-    body = (
-        f'<?xml version="1.0" encoding="UTF-8"?>\n<{root} xmlns="{_NS}"><requestId>{secrets.token_hex(16)}'
-        f"</requestId>{inner}</{root}>"
-    )
-    data = body.encode()
-    return "200 OK", [("Content-Type", "text/xml;charset=UTF-8"), ("Content-Length", str(len(data)))], data
-
-
-def _error(code: str, message: str, status: str = "400 Bad Request") -> wire.Reply:
-    body = (
-        f'<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}</Code><Message>'
-        f"{escape(message)}</Message></Error></Errors><RequestID>{secrets.token_hex(16)}</RequestID></Response>"
-    )
-    data = body.encode()
-    return status, [("Content-Type", "text/xml;charset=UTF-8"), ("Content-Length", str(len(data)))], data
+        return wire.ec2_ok(
+            "GetSpotPlacementScoresResponse",
+            f"<spotPlacementScoreSet>{''.join(items)}</spotPlacementScoreSet>",
+        )

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 import uuid
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, unquote
 from xml.sax.saxutils import escape
+
+EC2_NS = "http://ec2.amazonaws.com/doc/2016-11-15/"
 
 _SCOPE = re.compile(r"Credential=[^/,\s]+/\d{8}/[^/]+/([^/]+)/aws4_request")
 
@@ -175,6 +178,34 @@ def capacity_error(instance_type: str, zone: str | None) -> Reply:
         "additional capacity.</Message></Error></Errors><RequestID>cloudtrain-emulator</RequestID></Response>"
     )
     return _reply("500 Internal Server Error", "text/xml", body.encode())
+
+
+def query_list(form: dict[str, list[str]], prefix: str) -> list[str]:
+    """A query-protocol list: ``prefix.1``, ``prefix.2``, ... in order (``GroupName.1``)."""
+    out = []
+    n = 1
+    while values := form.get(f"{prefix}.{n}"):
+        out.append(values[0])
+        n += 1
+    return out
+
+
+def ec2_ok(root: str, inner: str) -> Reply:
+    """An EC2 (query protocol) answer: ``<root>`` with a request id and ``inner``'s XML."""
+    body = (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<{root} xmlns="{EC2_NS}"><requestId>{secrets.token_hex(16)}'
+        f"</requestId>{inner}</{root}>"
+    )
+    return _reply("200 OK", "text/xml;charset=UTF-8", body.encode())
+
+
+def ec2_error(code: str, message: str, status: str = "400 Bad Request") -> Reply:
+    """An EC2 error answer: ``code`` and ``message`` (escaped), HTTP ``status``."""
+    body = (
+        f'<?xml version="1.0" encoding="UTF-8"?>\n<Response><Errors><Error><Code>{code}</Code><Message>'
+        f"{escape(message)}</Message></Error></Errors><RequestID>{secrets.token_hex(16)}</RequestID></Response>"
+    )
+    return _reply(status, "text/xml;charset=UTF-8", body.encode())
 
 
 def group_not_found(name: str) -> Reply:
